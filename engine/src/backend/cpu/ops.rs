@@ -1,0 +1,130 @@
+//! Element-wise and normalisation kernels of the CPU backend, in f32.
+
+/// RMSNorm of each `w.len()`-wide row of `x` into `out`: `x / sqrt(mean(x²) + eps) * w`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let inv = 1.0 / (ss + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * inv * g;
+        }
+    }
+}
+
+/// In-place RMSNorm of each `w.len()`-wide row.
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    for xr in x.chunks_exact_mut(d) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let inv = 1.0 / (ss + eps).sqrt();
+        for (v, &g) in xr.iter_mut().zip(w) {
+            *v = *v * inv * g;
+        }
+    }
+}
+
+/// `silu(gate) * up`, written into `gate`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let s = *g / (1.0 + (-*g).exp());
+        *g = s * u;
+    }
+}
+
+/// Precomputed inverse frequencies of rotary embeddings for one head width.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f64>,
+    interleaved: bool,
+}
+
+impl Rope {
+    /// Frequencies `theta^(-2i/d)`; `interleaved` pairs (2i, 2i+1), otherwise (i, i+d/2).
+    pub fn new(head_dim: usize, theta: f32, interleaved: bool) -> Self {
+        let inv_freq = (0..head_dim / 2).map(|i| 1.0 / (theta as f64).powf(2.0 * i as f64 / head_dim as f64)).collect();
+        Rope { inv_freq, interleaved }
+    }
+
+    /// Rotates every head (`head_dim`-wide chunk) of one token's vector at position `pos`.
+    pub fn apply(&self, x: &mut [f32], pos: u32) {
+        let half = self.inv_freq.len();
+        let d = half * 2;
+        let (cos, sin): (Vec<f32>, Vec<f32>) = self
+            .inv_freq
+            .iter()
+            .map(|f| {
+                // Same rounding as an f32 reference: angle in f32, then cos/sin.
+                let a = (pos as f32) * (*f as f32);
+                (a.cos(), a.sin())
+            })
+            .unzip();
+        for head in x.chunks_exact_mut(d) {
+            for i in 0..half {
+                let (a, b) = if self.interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos[i] - x1 * sin[i];
+                head[b] = x0 * sin[i] + x1 * cos[i];
+            }
+        }
+    }
+}
+
+/// Numerically stable in-place softmax.
+pub fn softmax(x: &mut [f32]) {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut s = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        s += *v;
+    }
+    let inv = 1.0 / s;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Log-softmax of a row of logits, in f64 for the normaliser.
+pub fn log_softmax(x: &[f32]) -> Vec<f32> {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = x.iter().map(|&v| ((v - m) as f64).exp()).sum();
+    let lse = m as f64 + s.ln();
+    x.iter().map(|&v| (v as f64 - lse) as f32).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_styles_agree_up_to_permutation() {
+        let d = 8;
+        let x: Vec<f32> = (0..d).map(|i| i as f32 + 1.0).collect();
+        // Interleaved layout of the same vector: (x0, x4, x1, x5, ...)
+        let mut inter: Vec<f32> = (0..d / 2).flat_map(|i| [x[i], x[i + d / 2]]).collect();
+        let mut neox = x.clone();
+        Rope::new(d, 10000.0, true).apply(&mut inter, 7);
+        Rope::new(d, 10000.0, false).apply(&mut neox, 7);
+        for i in 0..d / 2 {
+            assert!((inter[2 * i] - neox[i]).abs() < 1e-5);
+            assert!((inter[2 * i + 1] - neox[i + d / 2]).abs() < 1e-5);
+        }
+        // Position 0 is the identity.
+        let mut y = x.clone();
+        Rope::new(d, 10000.0, false).apply(&mut y, 0);
+        assert_eq!(y, x);
+    }
+
+    #[test]
+    fn norms_and_softmax() {
+        let mut out = [0f32; 2];
+        rms_norm(&[3.0, 4.0], &[1.0, 2.0], 0.0, &mut out);
+        let r = (12.5f32).sqrt();
+        assert!((out[0] - 3.0 / r).abs() < 1e-6 && (out[1] - 8.0 / r).abs() < 1e-6);
+        let mut p = [1.0f32, 2.0, 3.0];
+        softmax(&mut p);
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6 && p[2] > p[1]);
+        let lp = log_softmax(&[1.0, 2.0, 3.0]);
+        assert!((lp.iter().map(|v| v.exp()).sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+}

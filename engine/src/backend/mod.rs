@@ -1,0 +1,109 @@
+//! The backend seam: what the engine asks of a device (CPU today, CUDA next).
+//!
+//! A backend owns the model weights and the paged KV cache and runs one forward pass over a
+//! flattened batch of tokens from many sequences ([`ForwardBatch`]), returning logits for the
+//! rows asked for. Scheduling, block allocation and sampling live above this seam and never see
+//! device memory; kernels live below it and never see requests.
+
+pub mod cpu;
+
+use crate::config::ModelConfig;
+
+/// One sequence's part of a [`ForwardBatch`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqSlice {
+    /// Index of the sequence's first token in the batch.
+    pub query_start: usize,
+    /// Number of tokens of this sequence in the batch (1 for a decode step).
+    pub query_len: usize,
+    /// Tokens of context after this step (cached prefix + this step's tokens).
+    pub context_len: usize,
+    /// Physical KV block of each logical block of the sequence.
+    pub block_table: Vec<u32>,
+}
+
+/// A flattened batch of tokens for one forward pass (the varlen layout of seed 002).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ForwardBatch {
+    /// Token ids, sequences one after another.
+    pub token_ids: Vec<u32>,
+    /// Position of each token in its sequence.
+    pub positions: Vec<u32>,
+    /// KV cache slot (`block * block_size + offset`) where each token's K and V are written.
+    pub slot_mapping: Vec<u32>,
+    /// The sequences, in batch order.
+    pub seqs: Vec<SeqSlice>,
+    /// Batch rows whose logits are returned, in this order.
+    pub logits_indices: Vec<usize>,
+}
+
+impl ForwardBatch {
+    /// Appends a sequence's tokens at positions `start_pos..`, with slots derived from its
+    /// block table, and asks for the logits of its last token (or of all its tokens).
+    pub fn push_seq(&mut self, tokens: &[u32], start_pos: usize, block_table: &[u32], block_size: usize, all_logits: bool) {
+        let query_start = self.token_ids.len();
+        for (i, &t) in tokens.iter().enumerate() {
+            let pos = start_pos + i;
+            self.token_ids.push(t);
+            self.positions.push(pos as u32);
+            let block = block_table.get(pos / block_size).copied().unwrap_or(u32::MAX);
+            self.slot_mapping.push(block.saturating_mul(block_size as u32).saturating_add((pos % block_size) as u32));
+            if all_logits {
+                self.logits_indices.push(query_start + i);
+            }
+        }
+        if !all_logits && !tokens.is_empty() {
+            self.logits_indices.push(query_start + tokens.len() - 1);
+        }
+        self.seqs.push(SeqSlice {
+            query_start,
+            query_len: tokens.len(),
+            context_len: start_pos + tokens.len(),
+            block_table: block_table.to_vec(),
+        });
+    }
+
+    /// Number of tokens in the batch.
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+}
+
+/// Shape of a backend's paged KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheSpec {
+    /// Number of physical blocks.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Bytes one block occupies (all layers, K and V).
+    pub bytes_per_block: usize,
+}
+
+/// Which CPU kernels run the linear layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelPath {
+    /// Weights dequantised to f32, f32 accumulation: the reference every faster path is checked
+    /// against.
+    #[default]
+    Exact,
+}
+
+/// A forward pass was refused or failed.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum BackendError {
+    /// The batch is inconsistent (lengths disagree, a slot or block is out of range, ...).
+    #[error("invalid forward batch: {0}")]
+    InvalidBatch(String),
+}
+
+/// A device that runs the model.
+pub trait ModelBackend: Send {
+    /// The model's hyper-parameters.
+    fn config(&self) -> &ModelConfig;
+    /// Shape of the KV cache this backend holds.
+    fn kv_cache_spec(&self) -> KvCacheSpec;
+    /// Runs one forward pass: writes each token's K/V into its slot, attends through the block
+    /// tables, and returns `logits_indices.len() × vocab_size` logits, row-major.
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, BackendError>;
+}

@@ -1,0 +1,240 @@
+//! Model hyper-parameters (`ModelConfig`), read from GGUF metadata or a Hugging Face
+//! `config.json`. Nothing here is hard-coded for a particular model: every value comes from the
+//! file, with the format's documented defaults where a key is optional.
+
+use serde::Deserialize;
+
+use crate::gguf::GgufFile;
+use crate::LoadError;
+
+/// Supported model architectures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama (SmolLM2, Llama-2/3 shapes).
+    Llama,
+    /// Qwen3: Llama plus an RMSNorm on each head's query and key.
+    Qwen3,
+}
+
+impl Arch {
+    /// The GGUF `general.architecture` string.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// How rotary embeddings pair the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs (2i, 2i+1): GGUF Llama weights, whose Q/K rows the converter permuted.
+    Interleaved,
+    /// Pairs (i, i + d/2), "rotate half": Hugging Face weights and GGUF Qwen3.
+    Neox,
+}
+
+/// Shape and numeric constants of a decoder-only transformer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Architecture.
+    pub arch: Arch,
+    /// Human-readable model name, when the file has one.
+    pub name: String,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// Number of transformer blocks.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (GQA when fewer than query heads).
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Hidden width of the SwiGLU MLP.
+    pub intermediate_size: usize,
+    /// Vocabulary size (rows of the embedding table).
+    pub vocab_size: usize,
+    /// Context length the model was trained for.
+    pub max_position_embeddings: usize,
+    /// RoPE base frequency.
+    pub rope_theta: f32,
+    /// Epsilon of every RMSNorm.
+    pub rms_norm_eps: f32,
+    /// Pairing of rotary dimensions for these weights.
+    pub rope_style: RopeStyle,
+    /// Whether the LM head reuses the token embedding.
+    pub tie_word_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// Width of all query heads together.
+    pub fn q_size(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    /// Width of all key (or value) heads together.
+    pub fn kv_size(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Checks internal consistency.
+    pub fn validate(&self) -> Result<(), LoadError> {
+        let bad = |m: String| Err(LoadError::Config(m));
+        if self.hidden_size == 0 || self.num_layers == 0 || self.num_heads == 0 || self.num_kv_heads == 0 {
+            return bad(format!("zero-sized model dimension in {self:?}"));
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return bad(format!("{} query heads not divisible by {} KV heads", self.num_heads, self.num_kv_heads));
+        }
+        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+            return bad(format!("head_dim {} must be even and positive", self.head_dim));
+        }
+        if !(self.rms_norm_eps > 0.0) || !(self.rope_theta > 0.0) {
+            return bad(format!("invalid rms_norm_eps {} or rope_theta {}", self.rms_norm_eps, self.rope_theta));
+        }
+        Ok(())
+    }
+
+    /// Reads the configuration from GGUF metadata (`{arch}.*` keys).
+    pub fn from_gguf(f: &GgufFile) -> Result<ModelConfig, LoadError> {
+        let arch_name = f
+            .get("general.architecture")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| LoadError::Config("GGUF has no general.architecture".into()))?;
+        let arch = match arch_name {
+            "llama" => Arch::Llama,
+            "qwen3" => Arch::Qwen3,
+            other => return Err(LoadError::UnsupportedArchitecture(other.to_string())),
+        };
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let req = |k: &str| -> Result<usize, LoadError> {
+            f.get(&key(k))
+                .and_then(|v| v.as_u64())
+                .map(|v| v as usize)
+                .ok_or_else(|| LoadError::Config(format!("GGUF metadata lacks integer '{}'", key(k))))
+        };
+        let opt_u = |k: &str| f.get(&key(k)).and_then(|v| v.as_u64()).map(|v| v as usize);
+        let opt_f = |k: &str| f.get(&key(k)).and_then(|v| v.as_f64()).map(|v| v as f32);
+        if f.tensor("rope_freqs.weight").is_some() || f.get(&key("rope.scaling.type")).is_some_and(|v| v.as_str() != Some("none")) {
+            return Err(LoadError::Config("RoPE scaling is not supported yet".into()));
+        }
+        let hidden_size = req("embedding_length")?;
+        let num_heads = req("attention.head_count")?;
+        let embd = f.tensor("token_embd.weight").ok_or_else(|| LoadError::MissingTensor("token_embd.weight".into()))?;
+        let vocab_size = opt_u("vocab_size").unwrap_or(embd.dims.get(1).copied().unwrap_or(0) as usize);
+        let cfg = ModelConfig {
+            arch,
+            name: f.get("general.name").and_then(|v| v.as_str()).unwrap_or(arch_name).to_string(),
+            hidden_size,
+            num_layers: req("block_count")?,
+            num_heads,
+            num_kv_heads: opt_u("attention.head_count_kv").unwrap_or(num_heads),
+            head_dim: opt_u("attention.key_length").unwrap_or(if num_heads > 0 { hidden_size / num_heads } else { 0 }),
+            intermediate_size: req("feed_forward_length")?,
+            vocab_size,
+            max_position_embeddings: opt_u("context_length").unwrap_or(2048),
+            rope_theta: opt_f("rope.freq_base").unwrap_or(10_000.0),
+            rms_norm_eps: opt_f("attention.layer_norm_rms_epsilon")
+                .ok_or_else(|| LoadError::Config(format!("GGUF metadata lacks '{}'", key("attention.layer_norm_rms_epsilon"))))?,
+            rope_style: match arch {
+                Arch::Llama => RopeStyle::Interleaved,
+                Arch::Qwen3 => RopeStyle::Neox,
+            },
+            tie_word_embeddings: f.tensor("output.weight").is_none(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads a Hugging Face `config.json`.
+    pub fn from_hf_json(text: &str) -> Result<ModelConfig, LoadError> {
+        let c: HfConfig = serde_json::from_str(text).map_err(|e| LoadError::Config(format!("config.json: {e}")))?;
+        let arch_name = c
+            .architectures
+            .as_ref()
+            .and_then(|a| a.first().cloned())
+            .or_else(|| c.model_type.clone())
+            .unwrap_or_default();
+        let arch = match arch_name.as_str() {
+            "LlamaForCausalLM" | "llama" => Arch::Llama,
+            "Qwen3ForCausalLM" | "qwen3" => Arch::Qwen3,
+            other => return Err(LoadError::UnsupportedArchitecture(other.to_string())),
+        };
+        if c.attention_bias.unwrap_or(false) || c.mlp_bias.unwrap_or(false) {
+            return Err(LoadError::Config("attention/MLP biases are not supported".into()));
+        }
+        if c.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(LoadError::Config("RoPE scaling is not supported yet".into()));
+        }
+        let cfg = ModelConfig {
+            arch,
+            name: c.model_type.clone().unwrap_or_else(|| arch_name.clone()),
+            hidden_size: c.hidden_size,
+            num_layers: c.num_hidden_layers,
+            num_heads: c.num_attention_heads,
+            num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
+            head_dim: c.head_dim.unwrap_or(if c.num_attention_heads > 0 { c.hidden_size / c.num_attention_heads } else { 0 }),
+            intermediate_size: c.intermediate_size,
+            vocab_size: c.vocab_size,
+            max_position_embeddings: c.max_position_embeddings.unwrap_or(2048),
+            rope_theta: c.rope_theta.unwrap_or(10_000.0),
+            rms_norm_eps: c.rms_norm_eps.unwrap_or(1e-6),
+            rope_style: RopeStyle::Neox,
+            tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// The subset of a Hugging Face `config.json` the engine reads.
+#[derive(Deserialize)]
+struct HfConfig {
+    architectures: Option<Vec<String>>,
+    model_type: Option<String>,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    intermediate_size: usize,
+    vocab_size: usize,
+    max_position_embeddings: Option<usize>,
+    rope_theta: Option<f32>,
+    rms_norm_eps: Option<f32>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    rope_scaling: Option<serde_json::Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hf_config_qwen3() {
+        let c = ModelConfig::from_hf_json(
+            r#"{"architectures":["Qwen3ForCausalLM"],"hidden_size":64,"num_hidden_layers":2,
+            "num_attention_heads":4,"num_key_value_heads":2,"head_dim":32,"intermediate_size":128,
+            "vocab_size":300,"rope_theta":1000000.0,"rms_norm_eps":1e-6,"tie_word_embeddings":true,
+            "rope_scaling":null}"#,
+        )
+        .unwrap();
+        assert_eq!(c.arch, Arch::Qwen3);
+        assert_eq!(c.head_dim, 32);
+        assert_eq!(c.q_size(), 128);
+        assert_eq!(c.rope_style, RopeStyle::Neox);
+    }
+
+    #[test]
+    fn hf_config_errors_are_clear() {
+        let e = ModelConfig::from_hf_json(r#"{"architectures":["GPT2LMHeadModel"],"hidden_size":1,"num_hidden_layers":1,"num_attention_heads":1,"intermediate_size":1,"vocab_size":1}"#).unwrap_err();
+        assert!(e.to_string().contains("GPT2LMHeadModel"), "{e}");
+        let e = ModelConfig::from_hf_json(r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":1,"num_attention_heads":3,"num_key_value_heads":2,"intermediate_size":1,"vocab_size":1}"#).unwrap_err();
+        assert!(e.to_string().contains("not divisible"), "{e}");
+        let e = ModelConfig::from_hf_json("{").unwrap_err();
+        assert!(e.to_string().contains("config.json"), "{e}");
+    }
+}

@@ -1,0 +1,28 @@
+//! Tandem's inference engine: model files (GGUF, safetensors), tokenizer and chat templates,
+//! the backend seam with its CPU implementation, sampling, and generation.
+//!
+//! The request path of seed 002 — Scheduler → BlockManager → ModelRunner — is built on the
+//! pieces here: [`backend::ForwardBatch`] is the flattened, paged batch a model runner hands to a
+//! [`backend::ModelBackend`].
+
+pub mod backend;
+pub mod chat_template;
+pub mod config;
+pub mod detokenizer;
+pub mod dtype;
+mod error;
+pub mod generate;
+pub mod gguf;
+pub mod model;
+pub mod model_fetch;
+pub mod sampler;
+pub mod sampling_params;
+pub mod tokenizer;
+pub mod weights;
+
+pub use chat_template::{ChatMessage, ChatTemplate, TemplateError};
+pub use config::{Arch, ModelConfig};
+pub use error::LoadError;
+pub use generate::{generate, score, FinishReason, Generation, GenerateError};
+pub use model::{LoadOptions, Model};
+pub use sampling_params::SamplingParams;

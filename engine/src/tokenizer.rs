@@ -1,0 +1,222 @@
+//! `Tokenizer`: text <-> token ids, built from GGUF metadata (byte-level BPE) or from a
+//! Hugging Face `tokenizer.json`.
+//!
+//! GGUF pre-tokenizer profiles are a closed table: an unknown `tokenizer.ggml.pre` is refused
+//! rather than guessed, because a wrong guess silently changes token ids.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::AddedToken;
+
+use crate::gguf::{GgufFile, GgufValue};
+use crate::LoadError;
+
+/// GGUF token types (llama.cpp `llama_token_type`).
+const TOKEN_TYPE_CONTROL: u64 = 3;
+const TOKEN_TYPE_USER_DEFINED: u64 = 4;
+
+/// A model's tokenizer with its special token ids.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Beginning-of-sequence token, when the model has one.
+    pub bos_token_id: Option<u32>,
+    /// Tokens that end generation.
+    pub eos_token_ids: Vec<u32>,
+    /// Whether prompts get a BOS token prepended.
+    pub add_bos_token: bool,
+    special_ids: HashSet<u32>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("bos_token_id", &self.bos_token_id)
+            .field("eos_token_ids", &self.eos_token_ids)
+            .finish()
+    }
+}
+
+fn strings(f: &GgufFile, key: &str) -> Result<Vec<String>, LoadError> {
+    let arr = f
+        .get(key)
+        .and_then(|v| v.as_array())
+        .ok_or_else(|| LoadError::Tokenizer(format!("GGUF metadata lacks array '{key}'")))?;
+    arr.iter()
+        .map(|v| v.as_str().map(str::to_string).ok_or_else(|| LoadError::Tokenizer(format!("'{key}' holds a non-string"))))
+        .collect()
+}
+
+fn token_id(f: &GgufFile, key: &str) -> Option<u32> {
+    f.get(key).and_then(GgufValue::as_u64).map(|v| v as u32)
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer described by GGUF metadata (`tokenizer.ggml.*`).
+    pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer, LoadError> {
+        let model = f.get("tokenizer.ggml.model").and_then(|v| v.as_str()).unwrap_or("");
+        if model != "gpt2" {
+            return Err(LoadError::Tokenizer(format!(
+                "tokenizer model '{model}' is not supported (supported: gpt2 byte-level BPE)"
+            )));
+        }
+        let pre = f.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
+        let pre_tokenizer = pre_tokenizer_for(pre)?;
+        let tokens = strings(f, "tokenizer.ggml.tokens")?;
+        let merges: Vec<(String, String)> = strings(f, "tokenizer.ggml.merges")?
+            .into_iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| LoadError::Tokenizer(format!("merge '{m}' has no space")))
+            })
+            .collect::<Result<_, _>>()?;
+        let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(|e| LoadError::Tokenizer(format!("cannot build BPE: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(pre_tokenizer));
+        inner.with_decoder(Some(ByteLevel::default()));
+        let types: Vec<u64> = match f.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
+            Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
+            None => vec![1; tokens.len()],
+        };
+        let mut special_ids = HashSet::new();
+        let mut added = Vec::new();
+        for (i, (t, ty)) in tokens.iter().zip(&types).enumerate() {
+            match *ty {
+                TOKEN_TYPE_CONTROL => {
+                    special_ids.insert(i as u32);
+                    added.push(AddedToken::from(t.clone(), true));
+                }
+                TOKEN_TYPE_USER_DEFINED => added.push(AddedToken::from(t.clone(), false)),
+                _ => {}
+            }
+        }
+        inner.add_special_tokens(added).map_err(|e| LoadError::Tokenizer(format!("special tokens: {e}")))?;
+        let bos = token_id(f, "tokenizer.ggml.bos_token_id");
+        let eos = token_id(f, "tokenizer.ggml.eos_token_id");
+        let eot = token_id(f, "tokenizer.ggml.eot_token_id");
+        let eos_token_ids: Vec<u32> = eos.into_iter().chain(eot.filter(|t| Some(*t) != eos)).collect();
+        for id in bos.iter().chain(&eos_token_ids) {
+            if *id as usize >= tokens.len() {
+                return Err(LoadError::Tokenizer(format!("special token id {id} is outside the vocabulary")));
+            }
+        }
+        Ok(Tokenizer {
+            inner,
+            bos_token_id: bos,
+            eos_token_ids,
+            add_bos_token: f.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+            special_ids,
+        })
+    }
+
+    /// Loads `tokenizer.json` (and special ids from `tokenizer_config.json` / `config.json`) from
+    /// a Hugging Face model directory.
+    pub fn from_hf_dir(dir: &Path) -> Result<Tokenizer, LoadError> {
+        let path = dir.join("tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| LoadError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let cfg = read_json(&dir.join("tokenizer_config.json"));
+        let model_cfg = read_json(&dir.join("config.json"));
+        let special_ids: HashSet<u32> = inner.get_added_tokens_decoder().iter().filter(|(_, t)| t.special).map(|(id, _)| *id).collect();
+        let id_of_cfg_token = |key: &str| -> Option<u32> {
+            let v = cfg.get(key)?;
+            let s = v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str()))?;
+            inner.token_to_id(s)
+        };
+        let bos_token_id = id_of_cfg_token("bos_token")
+            .or_else(|| model_cfg.get("bos_token_id").and_then(|v| v.as_u64()).map(|v| v as u32));
+        let mut eos_token_ids: Vec<u32> = id_of_cfg_token("eos_token").into_iter().collect();
+        match model_cfg.get("eos_token_id") {
+            Some(serde_json::Value::Number(n)) => eos_token_ids.extend(n.as_u64().map(|v| v as u32)),
+            Some(serde_json::Value::Array(a)) => eos_token_ids.extend(a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32)),
+            _ => {}
+        }
+        eos_token_ids.dedup();
+        let mut seen = HashSet::new();
+        eos_token_ids.retain(|t| seen.insert(*t));
+        Ok(Tokenizer {
+            inner,
+            bos_token_id,
+            eos_token_ids,
+            add_bos_token: cfg.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+            special_ids,
+        })
+    }
+
+    /// Number of entries in the vocabulary, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Encodes text; special tokens written in the text are recognised. When `add_special` is
+    /// set and the model asks for it, a BOS token is prepended.
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizeError> {
+        let enc = self.inner.encode_fast(text, false).map_err(|e| TokenizeError(e.to_string()))?;
+        let mut ids = Vec::with_capacity(enc.get_ids().len() + 1);
+        if add_special && self.add_bos_token {
+            ids.extend(self.bos_token_id);
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// Decodes ids to text. Invalid UTF-8 (an incomplete character) becomes U+FFFD.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizeError> {
+        self.inner.decode(ids, skip_special).map_err(|e| TokenizeError(e.to_string()))
+    }
+
+    /// Whether `id` is a special (control) token.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special_ids.contains(&id)
+    }
+
+    /// The token string for an id.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The id of a token string.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// The pre-tokenizer of a GGUF `tokenizer.ggml.pre` profile.
+fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper, LoadError> {
+    let byte_level = || PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true));
+    match pre {
+        // GPT-2's regex alone.
+        "gpt2" | "default" => Ok(byte_level()),
+        // SmolLM: each digit is its own piece, then GPT-2's regex.
+        "smollm" => Ok(PreTokenizerWrapper::Sequence(Sequence::new(vec![
+            PreTokenizerWrapper::Digits(Digits::new(true)),
+            byte_level(),
+        ]))),
+        other => Err(LoadError::Tokenizer(format!(
+            "GGUF pre-tokenizer profile '{other}' is not supported (supported: gpt2, default, smollm)"
+        ))),
+    }
+}
+
+/// Tokenization failed.
+#[derive(Debug, thiserror::Error)]
+#[error("tokenization failed: {0}")]
+pub struct TokenizeError(pub String);
