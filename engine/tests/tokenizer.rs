@@ -1,0 +1,72 @@
+//! The default model's tokenizer, built from GGUF metadata: special tokens, the `smollm`
+//! digit split, and streaming detokenization that never emits a broken character.
+
+use tandem_engine::detokenizer::IncrementalDetokenizer;
+use tandem_engine::gguf::GgufFile;
+use tandem_engine::model_fetch;
+use tandem_engine::tokenizer::Tokenizer;
+
+fn tokenizer() -> Tokenizer {
+    let f = GgufFile::open(&model_fetch::default_model_path().unwrap()).unwrap();
+    Tokenizer::from_gguf(&f).unwrap()
+}
+
+#[test]
+fn special_ids_and_digits() {
+    let t = tokenizer();
+    assert_eq!(t.bos_token_id, Some(1));
+    assert_eq!(t.eos_token_ids, vec![2]);
+    assert!(!t.add_bos_token);
+    let ids = t.encode("<|im_start|>user\nhi<|im_end|>", true).unwrap();
+    assert_eq!(ids[0], 1);
+    assert_eq!(*ids.last().unwrap(), 2);
+    assert!(t.is_special(1) && !t.is_special(ids[1]));
+    // `smollm` splits every digit into its own token.
+    let ids = t.encode("year 20245", false).unwrap();
+    let pieces: Vec<String> = ids.iter().map(|&i| t.decode(&[i], false).unwrap()).collect();
+    assert_eq!(&pieces[pieces.len() - 5..], ["2", "0", "2", "4", "5"]);
+}
+
+#[test]
+fn streaming_never_emits_broken_characters() {
+    let t = tokenizer();
+    let texts = [
+        "héllo 日本語 🎉🚀 naïve café — “quotes” ⟨math⟩ ∑ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+        "Ünïcödé: 東京の人口は約1400万人です。👩‍👩‍👧‍👦 family",
+        "plain ascii with numbers 12345 and symbols !@#$%^&*()",
+    ];
+    for text in texts {
+        let ids = t.encode(text, false).unwrap();
+        let mut d = IncrementalDetokenizer::new(&[], true);
+        let mut streamed = String::new();
+        let mut held_back = 0;
+        for &id in &ids {
+            let piece = d.push(&t, id).unwrap();
+            assert!(!piece.contains('\u{FFFD}'), "broken character streamed for {text:?}: {piece:?}");
+            if piece.is_empty() {
+                held_back += 1;
+            }
+            streamed.push_str(&piece);
+        }
+        streamed.push_str(&d.flush(&t).unwrap());
+        assert_eq!(streamed, text);
+        if text.contains('🎉') {
+            // Multi-byte characters split over tokens exist in this text and were held back.
+            assert!(held_back > 0);
+        }
+    }
+}
+
+#[test]
+fn streaming_after_a_prompt_emits_only_new_text() {
+    let t = tokenizer();
+    let prompt = t.encode("The answer is", false).unwrap();
+    let cont = t.encode(" forty-two, 四十二.", false).unwrap();
+    let mut d = IncrementalDetokenizer::new(&prompt, true);
+    let mut s = String::new();
+    for &id in &cont {
+        s.push_str(&d.push(&t, id).unwrap());
+    }
+    s.push_str(&d.flush(&t).unwrap());
+    assert_eq!(s, " forty-two, 四十二.");
+}
