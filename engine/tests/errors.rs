@@ -205,3 +205,26 @@ fn bad_safetensors_are_reported() {
     std::fs::write(dir.join("config.json"), "{\"hidden_size\": ").unwrap();
     assert!(err(&dir).contains("config.json"));
 }
+
+#[test]
+fn byte_flips_in_a_real_header_never_panic() {
+    // The first 64 KiB of the default model hold its whole metadata and tensor directory.
+    let path = tandem_engine::model_fetch::default_model_path().unwrap();
+    let mut head = vec![0u8; 1 << 16];
+    use std::io::Read;
+    std::fs::File::open(&path).unwrap().read_exact(&mut head).unwrap();
+    let mut state = 0x2545F4914F6CDD1Du64;
+    for round in 0..300 {
+        let mut b = head.clone();
+        for _ in 0..1 + round % 6 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            // Bias towards the header's first 8 KiB where counts and lengths live.
+            let i = (state % if round % 2 == 0 { 8192 } else { b.len() as u64 }) as usize;
+            b[i] = (state >> 40) as u8;
+        }
+        // Truncated at 64 KiB, so every variant must fail cleanly.
+        assert!(tandem_engine::gguf::GgufFile::from_bytes(b).is_err());
+    }
+}
