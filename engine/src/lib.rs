@@ -6,6 +6,8 @@
 //! [`backend::ModelBackend`].
 
 pub mod backend;
+pub mod block_hash;
+pub mod block_manager;
 pub mod chat_template;
 pub mod config;
 pub mod detokenizer;

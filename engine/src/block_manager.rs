@@ -1,0 +1,424 @@
+//! `BlockManager`: the physical KV blocks of one device — free list, reference counts,
+//! copy-on-write fork (seed 000 alg. 7), the hash-based prefix cache, and the host-side swap
+//! space.
+//!
+//! Free blocks sit in one LRU queue. A freed block keeps its [`BlockHash`] and can be revived by
+//! a prefix hit until it reaches the front of the queue and is reused (evicted). Only full
+//! blocks are ever hashed and shared through the cache. This module tracks ownership only; it
+//! never touches KV data — copies and swaps are returned as block pairs for the backend.
+
+use std::collections::HashMap;
+
+use crate::block_hash::BlockHash;
+
+/// The physical blocks a sequence holds, in logical order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlockTable {
+    /// Physical block of each logical block.
+    pub blocks: Vec<u32>,
+    /// Leading blocks already registered in (or taken from) the prefix cache.
+    pub num_hashed: usize,
+}
+
+impl BlockTable {
+    /// Number of blocks.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+}
+
+/// Not enough free blocks for the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("out of KV blocks: need {needed}, {free} free")]
+pub struct NoFreeBlocks {
+    /// Blocks the operation needed.
+    pub needed: usize,
+    /// Blocks that were free.
+    pub free: usize,
+}
+
+const NIL: u32 = u32::MAX;
+
+/// Counters of the prefix cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Full prompt blocks looked up.
+    pub queries: u64,
+    /// Of those, blocks found in the cache.
+    pub hits: u64,
+    /// Cached blocks evicted to make room.
+    pub evictions: u64,
+}
+
+/// Owner of the device's KV blocks and of the host swap space.
+#[derive(Debug)]
+pub struct BlockManager {
+    block_size: usize,
+    ref_count: Vec<u32>,
+    hash: Vec<Option<BlockHash>>,
+    // Doubly linked LRU free queue over block ids; front is reused first.
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    in_free: Vec<bool>,
+    head: u32,
+    tail: u32,
+    num_free: usize,
+    cached: HashMap<BlockHash, u32>,
+    enable_prefix_caching: bool,
+    host_free: Vec<u32>,
+    num_host_blocks: usize,
+    stats: PrefixCacheStats,
+}
+
+impl BlockManager {
+    /// `num_blocks` device blocks of `block_size` tokens and `num_host_blocks` of swap space.
+    pub fn new(num_blocks: usize, block_size: usize, num_host_blocks: usize, enable_prefix_caching: bool) -> Self {
+        let mut m = BlockManager {
+            block_size,
+            ref_count: vec![0; num_blocks],
+            hash: vec![None; num_blocks],
+            prev: vec![NIL; num_blocks],
+            next: vec![NIL; num_blocks],
+            in_free: vec![false; num_blocks],
+            head: NIL,
+            tail: NIL,
+            num_free: 0,
+            cached: HashMap::new(),
+            enable_prefix_caching,
+            host_free: (0..num_host_blocks as u32).rev().collect(),
+            num_host_blocks,
+            stats: PrefixCacheStats::default(),
+        };
+        for b in 0..num_blocks as u32 {
+            m.push_back(b);
+        }
+        m
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+    /// Total device blocks.
+    pub fn num_blocks(&self) -> usize {
+        self.ref_count.len()
+    }
+    /// Blocks not held by any sequence (cached ones included: they can be evicted).
+    pub fn num_free_blocks(&self) -> usize {
+        self.num_free
+    }
+    /// Fraction of blocks held by sequences.
+    pub fn usage(&self) -> f64 {
+        if self.num_blocks() == 0 {
+            return 0.0;
+        }
+        1.0 - self.num_free as f64 / self.num_blocks() as f64
+    }
+    /// Free host (swap) blocks.
+    pub fn num_free_host_blocks(&self) -> usize {
+        self.host_free.len()
+    }
+    /// Total host (swap) blocks.
+    pub fn num_host_blocks(&self) -> usize {
+        self.num_host_blocks
+    }
+    /// Prefix cache counters.
+    pub fn stats(&self) -> PrefixCacheStats {
+        self.stats
+    }
+    /// Whether full blocks are shared through the prefix cache.
+    pub fn prefix_caching(&self) -> bool {
+        self.enable_prefix_caching
+    }
+    /// References held on a block.
+    pub fn ref_count(&self, block: u32) -> u32 {
+        self.ref_count[block as usize]
+    }
+
+    fn push_back(&mut self, b: u32) {
+        debug_assert!(!self.in_free[b as usize]);
+        self.prev[b as usize] = self.tail;
+        self.next[b as usize] = NIL;
+        if self.tail != NIL {
+            self.next[self.tail as usize] = b;
+        } else {
+            self.head = b;
+        }
+        self.tail = b;
+        self.in_free[b as usize] = true;
+        self.num_free += 1;
+    }
+
+    fn push_front(&mut self, b: u32) {
+        debug_assert!(!self.in_free[b as usize]);
+        self.next[b as usize] = self.head;
+        self.prev[b as usize] = NIL;
+        if self.head != NIL {
+            self.prev[self.head as usize] = b;
+        } else {
+            self.tail = b;
+        }
+        self.head = b;
+        self.in_free[b as usize] = true;
+        self.num_free += 1;
+    }
+
+    fn unlink(&mut self, b: u32) {
+        debug_assert!(self.in_free[b as usize]);
+        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        if p != NIL {
+            self.next[p as usize] = n;
+        } else {
+            self.head = n;
+        }
+        if n != NIL {
+            self.prev[n as usize] = p;
+        } else {
+            self.tail = p;
+        }
+        self.in_free[b as usize] = false;
+        self.num_free -= 1;
+    }
+
+    /// Takes a fresh block from the front of the free queue, evicting its cached hash.
+    fn take_free(&mut self) -> u32 {
+        let b = self.head;
+        debug_assert!(b != NIL);
+        self.unlink(b);
+        if let Some(h) = self.hash[b as usize].take() {
+            if self.cached.get(&h) == Some(&b) {
+                self.cached.remove(&h);
+                self.stats.evictions += 1;
+            }
+        }
+        self.ref_count[b as usize] = 1;
+        b
+    }
+
+    fn take_ref(&mut self, b: u32) {
+        if self.ref_count[b as usize] == 0 {
+            self.unlink(b);
+        }
+        self.ref_count[b as usize] += 1;
+    }
+
+    fn drop_ref(&mut self, b: u32) {
+        let rc = &mut self.ref_count[b as usize];
+        debug_assert!(*rc > 0, "double free of block {b}");
+        *rc -= 1;
+        if *rc == 0 {
+            if self.hash[b as usize].is_some() {
+                self.push_back(b); // reusable content: evict last
+            } else {
+                self.push_front(b); // nothing worth keeping: reuse first
+            }
+        }
+    }
+
+    /// The longest run of leading `hashes` present in the prefix cache (no references taken).
+    /// Counts the lookups in the prefix-cache statistics when `record` is set.
+    pub fn lookup_prefix(&mut self, hashes: &[BlockHash], record: bool) -> Vec<u32> {
+        if !self.enable_prefix_caching {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for h in hashes {
+            match self.cached.get(h) {
+                Some(&b) => out.push(b),
+                None => break,
+            }
+        }
+        if record {
+            self.stats.queries += hashes.len() as u64;
+            self.stats.hits += out.len() as u64;
+        }
+        out
+    }
+
+    /// Whether `table` can grow to cover `num_tokens` tokens, first reusing `cached` blocks.
+    pub fn can_allocate(&self, table: &BlockTable, cached: &[u32], num_tokens: usize) -> bool {
+        self.blocks_needed(table, cached, num_tokens) <= self.num_free
+    }
+
+    fn blocks_needed(&self, table: &BlockTable, cached: &[u32], num_tokens: usize) -> usize {
+        let total = num_tokens.div_ceil(self.block_size);
+        let fresh = total.saturating_sub(table.len() + cached.len());
+        // Reviving a cached block that is free also takes it off the free queue.
+        let revived = cached.iter().filter(|&&b| self.ref_count[b as usize] == 0).count();
+        fresh + revived
+    }
+
+    /// Appends the prefix-cache hits `cached` (full blocks) to an empty `table`, then fresh
+    /// blocks until it covers `num_tokens` tokens. All or nothing.
+    pub fn allocate(&mut self, table: &mut BlockTable, cached: &[u32], num_tokens: usize) -> Result<(), NoFreeBlocks> {
+        let needed = self.blocks_needed(table, cached, num_tokens);
+        if needed > self.num_free {
+            return Err(NoFreeBlocks { needed, free: self.num_free });
+        }
+        debug_assert!(cached.is_empty() || table.is_empty());
+        for &b in cached {
+            self.take_ref(b);
+            table.blocks.push(b);
+        }
+        table.num_hashed = table.num_hashed.max(cached.len());
+        while table.len() * self.block_size < num_tokens {
+            let b = self.take_free();
+            table.blocks.push(b);
+        }
+        Ok(())
+    }
+
+    /// Makes room for tokens `first_new..num_tokens` to be written: appends blocks and copies
+    /// any shared block that will be written (copy-on-write). Returns `(src, dst)` block copies
+    /// the backend must perform before the write. All or nothing.
+    pub fn append_slots(&mut self, table: &mut BlockTable, first_new: usize, num_tokens: usize) -> Result<Vec<(u32, u32)>, NoFreeBlocks> {
+        let bs = self.block_size;
+        let existing = table.len();
+        let first_block = first_new / bs;
+        let cow: Vec<usize> = (first_block..existing.min(num_tokens.div_ceil(bs)))
+            .filter(|&i| self.ref_count[table.blocks[i] as usize] > 1)
+            .collect();
+        let grow = num_tokens.div_ceil(bs).saturating_sub(existing);
+        let needed = grow + cow.len();
+        if needed > self.num_free {
+            return Err(NoFreeBlocks { needed, free: self.num_free });
+        }
+        let mut copies = Vec::with_capacity(cow.len());
+        for i in cow {
+            let src = table.blocks[i];
+            let dst = self.take_free();
+            self.drop_ref(src);
+            table.blocks[i] = dst;
+            table.num_hashed = table.num_hashed.min(i);
+            copies.push((src, dst));
+        }
+        for _ in 0..grow {
+            let b = self.take_free();
+            table.blocks.push(b);
+        }
+        Ok(copies)
+    }
+
+    /// Registers the table's full blocks (hashes in `hashes`, one per full computed block) in
+    /// the prefix cache. A block whose content is already cached elsewhere is left unshared.
+    pub fn cache_blocks(&mut self, table: &mut BlockTable, hashes: &[BlockHash]) {
+        if !self.enable_prefix_caching {
+            return;
+        }
+        let upto = hashes.len().min(table.len());
+        for i in table.num_hashed..upto {
+            let b = table.blocks[i];
+            let h = hashes[i];
+            if self.hash[b as usize].is_none() && !self.cached.contains_key(&h) && self.ref_count[b as usize] == 1 {
+                self.hash[b as usize] = Some(h);
+                self.cached.insert(h, b);
+            }
+        }
+        table.num_hashed = table.num_hashed.max(upto);
+    }
+
+    /// Releases every block of `table` (tail first, so a prefix stays cached longest).
+    pub fn free(&mut self, table: &mut BlockTable) {
+        for &b in table.blocks.iter().rev() {
+            self.drop_ref(b);
+        }
+        table.blocks.clear();
+        table.num_hashed = 0;
+    }
+
+    /// A child table sharing every block of `parent` (copy-on-write on the next write).
+    pub fn fork(&mut self, parent: &BlockTable) -> BlockTable {
+        for &b in &parent.blocks {
+            self.ref_count[b as usize] += 1;
+        }
+        parent.clone()
+    }
+
+    /// Moves a table to host memory: returns the host table and `(device, host)` copies to run
+    /// before the device blocks are reused. All or nothing.
+    pub fn swap_out(&mut self, table: &mut BlockTable) -> Result<(Vec<u32>, Vec<(u32, u32)>), NoFreeBlocks> {
+        if self.host_free.len() < table.len() {
+            return Err(NoFreeBlocks { needed: table.len(), free: self.host_free.len() });
+        }
+        let mut host = Vec::with_capacity(table.len());
+        let mut copies = Vec::with_capacity(table.len());
+        for &b in &table.blocks {
+            let h = self.host_free.pop().expect("checked above");
+            host.push(h);
+            copies.push((b, h));
+        }
+        self.free(table);
+        Ok((host, copies))
+    }
+
+    /// Whether a swapped-out table of `n` host blocks fits back on the device.
+    pub fn can_swap_in(&self, n: usize) -> bool {
+        n <= self.num_free
+    }
+
+    /// Brings a host table back: returns the device table and `(host, device)` copies.
+    pub fn swap_in(&mut self, host: &mut Vec<u32>) -> Result<(BlockTable, Vec<(u32, u32)>), NoFreeBlocks> {
+        if host.len() > self.num_free {
+            return Err(NoFreeBlocks { needed: host.len(), free: self.num_free });
+        }
+        let mut table = BlockTable::default();
+        let mut copies = Vec::with_capacity(host.len());
+        for &h in host.iter() {
+            let b = self.take_free();
+            table.blocks.push(b);
+            copies.push((h, b));
+        }
+        self.free_host(host);
+        Ok((table, copies))
+    }
+
+    /// Releases host blocks (a swapped sequence that was aborted).
+    pub fn free_host(&mut self, host: &mut Vec<u32>) {
+        self.host_free.extend(host.drain(..));
+    }
+
+    /// Checks every invariant against the complete list of holders; returns a description of the
+    /// first violation. For tests and debug assertions.
+    pub fn check_invariants(&self, holders: &[&BlockTable], host_holders: &[&Vec<u32>]) -> Result<(), String> {
+        let mut counts = vec![0u32; self.num_blocks()];
+        for t in holders {
+            for &b in &t.blocks {
+                counts[b as usize] += 1;
+            }
+        }
+        for (b, (&want, &have)) in counts.iter().zip(&self.ref_count).enumerate() {
+            if want != have {
+                return Err(format!("block {b}: ref count {have}, held by {want}"));
+            }
+            if (have == 0) != self.in_free[b] {
+                return Err(format!("block {b}: ref count {have} but in free queue = {}", self.in_free[b]));
+            }
+        }
+        let mut n = 0;
+        let mut cur = self.head;
+        while cur != NIL {
+            n += 1;
+            if n > self.num_blocks() {
+                return Err("free queue has a cycle".into());
+            }
+            cur = self.next[cur as usize];
+        }
+        if n != self.num_free {
+            return Err(format!("free queue length {n} != num_free {}", self.num_free));
+        }
+        for (h, &b) in &self.cached {
+            if self.hash[b as usize] != Some(*h) {
+                return Err(format!("cache entry {h:?} -> {b} but block hash is {:?}", self.hash[b as usize]));
+            }
+        }
+        let held_host: usize = host_holders.iter().map(|h| h.len()).sum();
+        if held_host + self.host_free.len() != self.num_host_blocks {
+            return Err(format!("host blocks: {held_host} held + {} free != {}", self.host_free.len(), self.num_host_blocks));
+        }
+        Ok(())
+    }
+}
