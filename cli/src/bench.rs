@@ -54,7 +54,7 @@ fn engine(a: EngineArgs) -> Result<()> {
     let path = crate::generate_cmd::model_path(a.model)?;
     let total = a.prompt_tokens + a.decode_tokens;
     let t0 = Instant::now();
-    let mut model = Model::load(&path, LoadOptions { kv_cache_tokens: total, ..Default::default() })?;
+    let mut model = Model::load(&path, LoadOptions::with_kv_tokens(total))?;
     let load_s = t0.elapsed().as_secs_f64();
     let spec = model.backend.kv_cache_spec();
     let table: Vec<u32> = (0..spec.num_blocks as u32).collect();

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use tandem_engine::sampler::TokenLogprob;
-use tandem_engine::{generate, model_fetch, ChatMessage, LoadOptions, Model, SamplingParams};
+use tandem_engine::{model_fetch, ChatMessage, EngineConfig, LLMEngine, LoadOptions, Model, Prompt, SamplingParams};
 
 /// Arguments of `tandem generate`.
 #[derive(Args, Debug)]
@@ -81,7 +81,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     let path = model_path(a.model)?;
     let max_ctx = 16 * 1024;
-    let mut model = Model::load(&path, LoadOptions { kv_cache_tokens: max_ctx, ..Default::default() })
+    let model = Model::load(&path, LoadOptions::with_kv_tokens(max_ctx))
         .with_context(|| format!("loading {}", path.display()))?;
     let text = if a.chat { model.apply_chat_template(&[ChatMessage::new("user", &prompt)])? } else { prompt };
     let prompt_ids = model.tokenizer.encode(&text, true)?;
@@ -91,13 +91,15 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         ignore_eos: a.ignore_eos,
         seed: a.seed,
         logprobs: if a.json || a.top_logprobs > 0 { Some(a.top_logprobs) } else { None },
+        ..Default::default()
     };
+    let mut engine = LLMEngine::new(model, EngineConfig::default());
     let stdout = std::io::stdout();
     let out = if a.json {
-        generate(&mut model, &prompt_ids, &params, &mut |_| {})?
+        engine.generate(Prompt::TokenIds(prompt_ids), params, &mut |_| {})?
     } else {
         let mut lock = stdout.lock();
-        let g = generate(&mut model, &prompt_ids, &params, &mut |piece| {
+        let g = engine.generate(Prompt::TokenIds(prompt_ids), params, &mut |piece| {
             let _ = lock.write_all(piece.as_bytes());
             let _ = lock.flush();
         })?;

@@ -11,6 +11,17 @@ use crate::tokenizer::Tokenizer;
 use crate::weights::ModelFiles;
 use crate::LoadError;
 
+/// How much memory the KV cache pool gets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvCacheSize {
+    /// Room for this many tokens (rounded up to whole blocks).
+    Tokens(usize),
+    /// A memory budget in bytes.
+    Bytes(u64),
+    /// A fraction of the memory available after the weights are loaded.
+    Fraction(f64),
+}
+
 /// How to load a model.
 #[derive(Debug, Clone, Copy)]
 pub struct LoadOptions {
@@ -18,14 +29,30 @@ pub struct LoadOptions {
     pub kernel: KernelPath,
     /// Tokens per KV block.
     pub block_size: usize,
-    /// KV cache capacity in tokens (rounded up to whole blocks).
-    pub kv_cache_tokens: usize,
+    /// Size of the KV cache pool.
+    pub kv_cache: KvCacheSize,
+    /// Host memory for swapped-out KV blocks, in bytes.
+    pub swap_space_bytes: u64,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { kernel: KernelPath::Exact, block_size: 16, kv_cache_tokens: 8192 }
+        LoadOptions { kernel: KernelPath::Exact, block_size: 16, kv_cache: KvCacheSize::Bytes(512 << 20), swap_space_bytes: 256 << 20 }
     }
+}
+
+impl LoadOptions {
+    /// Options with a KV cache of `tokens` tokens and no swap space.
+    pub fn with_kv_tokens(tokens: usize) -> Self {
+        LoadOptions { kv_cache: KvCacheSize::Tokens(tokens), swap_space_bytes: 0, ..Default::default() }
+    }
+}
+
+/// Memory the OS reports available (`MemAvailable`), in bytes.
+pub fn available_memory_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
 
 /// A model ready to run.
@@ -73,11 +100,31 @@ impl Model {
             )?),
             None => None,
         };
-        let num_blocks = opts.kv_cache_tokens.div_ceil(opts.block_size.max(1));
+        if opts.block_size == 0 {
+            return Err(LoadError::Config("block size must be positive".into()));
+        }
+        let per_block = CpuBackend::kv_bytes_per_block(&config, opts.block_size) as u64;
+        let num_blocks = match opts.kv_cache {
+            KvCacheSize::Tokens(t) => t.div_ceil(opts.block_size),
+            KvCacheSize::Bytes(b) => (b / per_block) as usize,
+            KvCacheSize::Fraction(f) => {
+                if !(f > 0.0 && f <= 1.0) {
+                    return Err(LoadError::Config(format!("KV cache fraction {f} must be in (0, 1]")));
+                }
+                // f32 weights of the exact path take about 4 bytes per parameter.
+                let weights = 4 * files_num_params(&files);
+                let avail = available_memory_bytes().unwrap_or(0).saturating_sub(weights);
+                ((avail as f64 * f) as u64 / per_block) as usize
+            }
+        };
+        if num_blocks == 0 {
+            return Err(LoadError::Config(format!("the KV cache budget holds no block of {per_block} bytes")));
+        }
+        let num_host_blocks = (opts.swap_space_bytes / per_block) as usize;
         let backend = CpuBackend::load(
             &files,
             &config,
-            CpuBackendOptions { kernel: opts.kernel, block_size: opts.block_size, num_blocks },
+            CpuBackendOptions { kernel: opts.kernel, block_size: opts.block_size, num_blocks, num_host_blocks },
         )?;
         Ok(Model { config, tokenizer, chat_template, backend: Box::new(backend) })
     }
@@ -85,6 +132,13 @@ impl Model {
     /// Renders a conversation with the model's chat template, ready for the assistant's reply.
     pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, TemplateError> {
         self.chat_template.as_ref().ok_or(TemplateError::Missing)?.render(messages, true)
+    }
+}
+
+fn files_num_params(files: &ModelFiles) -> u64 {
+    match files {
+        ModelFiles::Gguf(f) => f.tensors.iter().map(|t| t.num_elements()).sum(),
+        ModelFiles::Safetensors(st) => st.num_elements(),
     }
 }
 

@@ -1,9 +1,11 @@
-//! `Sampler`: picks the next token from a row of logits, and reports log-probabilities.
+//! `Sampler`: turns one row of logits into the next token under a request's
+//! [`SamplingParams`]: penalties, `min_tokens` masking, greedy or temperature sampling with
+//! min-p / top-k / top-p filtering, and log-probabilities of the model's own distribution.
 
 use crate::backend::cpu::ops::log_softmax;
 use crate::sampling_params::SamplingParams;
 
-/// A token with its log-probability under the model (before temperature).
+/// A token with its log-probability under the model (before penalties and temperature).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TokenLogprob {
     /// Token id.
@@ -72,36 +74,139 @@ pub fn top_k(lp: &[f32], k: usize) -> Vec<TokenLogprob> {
     idx.into_iter().map(|i| TokenLogprob { token_id: i, logprob: lp[i as usize] }).collect()
 }
 
-/// Chooses a token from `logits` under `params`, drawing from `rng` when sampling.
-pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> SampledToken {
-    let lp = log_softmax(logits);
-    let id = if params.temperature == 0.0 {
-        top_k(&lp, 1)[0].token_id
-    } else {
-        let inv_t = 1.0 / params.temperature as f64;
-        let m = lp.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let w: Vec<f64> = lp.iter().map(|&l| ((l as f64 - m) * inv_t).exp()).collect();
-        let total: f64 = w.iter().sum();
-        let mut u = rng.next_f64() * total;
-        let mut pick = w.len() - 1;
-        for (i, &wi) in w.iter().enumerate() {
-            if u < wi {
-                pick = i;
-                break;
-            }
-            u -= wi;
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
         }
-        pick as u32
+    }
+    best as u32
+}
+
+/// What the sampler needs to know about the sequence besides its params.
+pub struct SamplingContext<'a> {
+    /// Prompt token ids (for the repetition penalty).
+    pub prompt: &'a [u32],
+    /// Tokens generated so far.
+    pub output: &'a [u32],
+    /// End-of-sequence ids of the model (masked while below `min_tokens`).
+    pub eos_token_ids: &'a [u32],
+}
+
+/// Applies penalties and `min_tokens` masking to `logits` in place.
+pub fn process_logits(logits: &mut [f32], p: &SamplingParams, ctx: &SamplingContext) {
+    if p.has_penalties() {
+        let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+        for &t in ctx.output {
+            *counts.entry(t).or_default() += 1;
+        }
+        if p.repetition_penalty != 1.0 {
+            let mut seen: std::collections::HashSet<u32> = ctx.prompt.iter().copied().collect();
+            seen.extend(counts.keys());
+            for t in seen {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                }
+            }
+        }
+        for (&t, &c) in &counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= p.frequency_penalty * c as f32 + p.presence_penalty;
+            }
+        }
+    }
+    if ctx.output.len() < p.min_tokens {
+        let eos = if p.ignore_eos { &[][..] } else { ctx.eos_token_ids };
+        for &t in eos.iter().chain(&p.stop_token_ids) {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// Samples from processed logits: temperature, then min-p, top-k and top-p filters.
+fn sample_filtered(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
+    let inv_t = 1.0 / p.temperature as f64;
+    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let mut cand: Vec<(u32, f64)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, &l)| l > f32::NEG_INFINITY)
+        .map(|(i, &l)| (i as u32, ((l as f64 - m) * inv_t).exp()))
+        .collect();
+    if p.min_p > 0.0 {
+        // Relative to the most likely token, whose weight is 1 after the shift by the max.
+        let floor = p.min_p as f64;
+        cand.retain(|&(_, w)| w >= floor);
+    }
+    let k = if p.top_k > 0 { p.top_k as usize } else { usize::MAX };
+    if k < cand.len() || p.top_p < 1.0 {
+        let by_weight = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, by_weight);
+            cand.truncate(k);
+        }
+        cand.sort_by(by_weight);
+        if p.top_p < 1.0 {
+            let total: f64 = cand.iter().map(|c| c.1).sum();
+            let mut acc = 0.0;
+            let mut keep = cand.len();
+            for (i, c) in cand.iter().enumerate() {
+                acc += c.1;
+                if acc >= p.top_p as f64 * total {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep);
+        }
+    }
+    let total: f64 = cand.iter().map(|c| c.1).sum();
+    let mut u = rng.next_f64() * total;
+    for &(id, w) in &cand {
+        if u < w {
+            return id;
+        }
+        u -= w;
+    }
+    cand.last().map(|c| c.0).unwrap_or(0)
+}
+
+/// Chooses the next token from raw `logits` under `p`, drawing from `rng` when sampling.
+/// Log-probabilities are those of the raw model distribution.
+pub fn sample_token(logits: &[f32], p: &SamplingParams, ctx: &SamplingContext, rng: &mut Rng) -> SampledToken {
+    let lp = log_softmax(logits);
+    let needs_processing = p.has_penalties() || ctx.output.len() < p.min_tokens;
+    let processed;
+    let work: &[f32] = if needs_processing {
+        let mut l = logits.to_vec();
+        process_logits(&mut l, p, ctx);
+        processed = l;
+        &processed
+    } else {
+        logits
     };
+    let id = if p.is_greedy() { argmax(work) } else { sample_filtered(work, p, rng) };
     SampledToken {
         chosen: TokenLogprob { token_id: id, logprob: lp[id as usize] },
-        top: params.logprobs.map(|k| top_k(&lp, k)).unwrap_or_default(),
+        top: p.logprobs.map(|k| top_k(&lp, k)).unwrap_or_default(),
     }
+}
+
+/// Samples with no history (no penalties apply, no `min_tokens` masking).
+pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> SampledToken {
+    sample_token(logits, p, &SamplingContext { prompt: &[], output: &[], eos_token_ids: &[] }, rng)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ctx<'a>(prompt: &'a [u32], output: &'a [u32]) -> SamplingContext<'a> {
+        SamplingContext { prompt, output, eos_token_ids: &[0] }
+    }
 
     #[test]
     fn greedy_picks_argmax_and_reports_top() {
@@ -120,7 +225,41 @@ mod tests {
             (0..4000).map(|_| sample(&logits, &p, &mut rng).chosen.token_id).collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
         let ones = draw(7).iter().filter(|&&t| t == 1).count() as f64 / 4000.0;
         assert!((ones - 0.75).abs() < 0.03, "{ones}");
+    }
+
+    #[test]
+    fn penalties_follow_openai_and_vllm_semantics() {
+        let p = SamplingParams { presence_penalty: 0.5, frequency_penalty: 0.25, repetition_penalty: 2.0, ..Default::default() };
+        let mut l = vec![1.0f32, 2.0, -2.0, 4.0];
+        process_logits(&mut l, &p, &ctx(&[3], &[1, 1, 2]));
+        assert_eq!(l[0], 1.0); // unseen
+        assert_eq!(l[1], 2.0 / 2.0 - 0.25 * 2.0 - 0.5); // repetition, then twice frequency + presence
+        assert_eq!(l[2], -2.0 * 2.0 - 0.25 - 0.5);
+        assert_eq!(l[3], 4.0 / 2.0); // prompt-only: repetition penalty only
+    }
+
+    #[test]
+    fn min_tokens_masks_eos_and_stop_ids() {
+        let p = SamplingParams { min_tokens: 2, stop_token_ids: vec![2], ..SamplingParams::greedy(4) };
+        let logits = [9.0f32, 1.0, 8.0, 0.0];
+        assert_eq!(sample_token(&logits, &p, &ctx(&[], &[5]), &mut Rng::new(0)).chosen.token_id, 1);
+        assert_eq!(sample_token(&logits, &p, &ctx(&[], &[5, 5]), &mut Rng::new(0)).chosen.token_id, 0);
+    }
+
+    #[test]
+    fn filters_restrict_the_support() {
+        let logits = [0.0f32, 1.0, 2.0, 3.0];
+        let mut rng = Rng::new(3);
+        let topk = SamplingParams { top_k: 2, ..Default::default() };
+        let topp = SamplingParams { top_p: 0.5, ..Default::default() };
+        let minp = SamplingParams { min_p: 0.3, ..Default::default() };
+        for _ in 0..500 {
+            assert!(sample(&logits, &topk, &mut rng).chosen.token_id >= 2);
+            assert_eq!(sample(&logits, &topp, &mut rng).chosen.token_id, 3); // p(3) = 0.64
+            assert!(sample(&logits, &minp, &mut rng).chosen.token_id >= 2); // e^-1 = 0.37 >= 0.3
+        }
     }
 }

@@ -158,6 +158,11 @@ fn hf_name(gguf: &str) -> Option<String> {
 }
 
 impl SafetensorsModel {
+    /// Total number of elements over all tensors.
+    pub fn num_elements(&self) -> u64 {
+        self.index.values().map(|(_, _, shape, _)| shape.iter().product::<usize>() as u64).sum()
+    }
+
     /// Maps every `*.safetensors` file of `dir` and indexes their tensors.
     pub fn open(dir: &Path) -> Result<SafetensorsModel, LoadError> {
         let io = |p: &Path| {

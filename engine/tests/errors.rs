@@ -60,7 +60,7 @@ fn tiny_gguf(name: &str, edit: impl FnOnce(&mut GgufWriter)) -> PathBuf {
 }
 
 fn load(p: &Path) -> Result<Model, LoadError> {
-    Model::load(p, LoadOptions { kv_cache_tokens: 64, ..Default::default() })
+    Model::load(p, LoadOptions::with_kv_tokens(64))
 }
 
 fn err(p: &Path) -> String {

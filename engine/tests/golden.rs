@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 use serde::Deserialize;
-use tandem_engine::{generate, model_fetch, score, ChatMessage, LoadOptions, Model, SamplingParams};
+use tandem_engine::{model_fetch, score, ChatMessage, EngineConfig, LLMEngine, LoadOptions, Model, Prompt, SamplingParams};
 
 const LOGPROB_TOL: f32 = 0.02;
 const TEACHER_FORCED_POSITIONS: usize = 16;
@@ -53,7 +53,7 @@ fn golden(name: &str) -> Golden {
 }
 
 fn load(path: &std::path::Path) -> Model {
-    Model::load(path, LoadOptions { kv_cache_tokens: 1024, ..Default::default() }).unwrap_or_else(|e| panic!("load {}: {e}", path.display()))
+    Model::load(path, LoadOptions::with_kv_tokens(1024)).unwrap_or_else(|e| panic!("load {}: {e}", path.display()))
 }
 
 fn smollm2() -> &'static Mutex<Model> {
@@ -96,10 +96,12 @@ fn check_teacher_forced(model: &mut Model, g: &Golden) -> f32 {
     worst
 }
 
-fn check_greedy(model: &mut Model, g: &Golden) {
+/// Greedy decoding through the full engine (scheduler, block manager, paged KV cache).
+fn check_greedy(path: &std::path::Path, g: &Golden) {
+    let mut engine = LLMEngine::new(load(path), EngineConfig::default());
     for c in &g.cases {
         let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(c.greedy_token_ids.len()) };
-        let out = generate(model, &c.prompt_token_ids, &params, &mut |_| {}).unwrap();
+        let out = engine.generate(Prompt::TokenIds(c.prompt_token_ids.clone()), params, &mut |_| {}).unwrap();
         if let Some(i) = out.token_ids.iter().zip(&c.greedy_token_ids).position(|(a, b)| a != b) {
             // Everything before `i` matched, so both saw the same context: the reference's
             // choice at `i` itself must have been a near-tie.
@@ -135,24 +137,26 @@ fn smollm2_teacher_forced_logprobs_match_reference() {
 #[test]
 fn smollm2_greedy_matches_reference() {
     let g = golden("smollm2-135m-instruct-q4_1.json");
-    check_greedy(&mut smollm2().lock().unwrap(), &g);
+    check_greedy(&model_fetch::default_model_path().unwrap(), &g);
 }
 
 #[test]
 fn safetensors_llama_f16_matches_reference() {
     let g = golden("tiny-llama.json");
-    let mut m = load(&repo().join("tests/data/tiny-llama"));
+    let dir = repo().join("tests/data/tiny-llama");
+    let mut m = load(&dir);
     check_prompt_ids(&m, &g);
     check_teacher_forced(&mut m, &g);
-    check_greedy(&mut m, &g);
+    check_greedy(&dir, &g);
 }
 
 #[test]
 fn safetensors_qwen3_bf16_matches_reference() {
     let g = golden("tiny-qwen3.json");
-    let mut m = load(&repo().join("tests/data/tiny-qwen3"));
+    let dir = repo().join("tests/data/tiny-qwen3");
+    let mut m = load(&dir);
     assert_eq!(m.config.arch, tandem_engine::Arch::Qwen3);
     check_prompt_ids(&m, &g);
     check_teacher_forced(&mut m, &g);
-    check_greedy(&mut m, &g);
+    check_greedy(&dir, &g);
 }

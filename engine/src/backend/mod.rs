@@ -106,4 +106,12 @@ pub trait ModelBackend: Send {
     /// Runs one forward pass: writes each token's K/V into its slot, attends through the block
     /// tables, and returns `logits_indices.len() × vocab_size` logits, row-major.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, BackendError>;
+    /// Copies whole blocks `(src, dst)` within the device pool (copy-on-write).
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError>;
+    /// Copies device blocks to host swap blocks `(device, host)`.
+    fn swap_out(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError>;
+    /// Copies host swap blocks back to device blocks `(host, device)`.
+    fn swap_in(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError>;
+    /// Number of host swap blocks this backend holds.
+    fn num_host_blocks(&self) -> usize;
 }

@@ -10,13 +10,67 @@ pub struct CpuKvCache {
     block_size: usize,
     /// `kv_heads * head_dim`: floats per token per layer in K (and in V).
     token_width: usize,
+    /// Host swap space: one buffer per host block holding all layers' K then V.
+    host: Vec<Vec<f32>>,
 }
 
 impl CpuKvCache {
     /// Allocates a zeroed pool.
     pub fn new(num_layers: usize, num_blocks: usize, block_size: usize, token_width: usize) -> Self {
         let n = num_layers * num_blocks * block_size * token_width;
-        CpuKvCache { k: vec![0.0; n], v: vec![0.0; n], num_layers, num_blocks, block_size, token_width }
+        CpuKvCache { k: vec![0.0; n], v: vec![0.0; n], num_layers, num_blocks, block_size, token_width, host: Vec::new() }
+    }
+
+    /// Reserves `n` host swap blocks (allocated lazily on first use).
+    pub fn with_host_blocks(mut self, n: usize) -> Self {
+        self.host = vec![Vec::new(); n];
+        self
+    }
+
+    /// Number of host swap blocks.
+    pub fn num_host_blocks(&self) -> usize {
+        self.host.len()
+    }
+
+    /// Floats of one block in one layer's K (or V).
+    fn block_floats(&self) -> usize {
+        self.block_size * self.token_width
+    }
+
+    /// Copies block `src` to `dst` in every layer.
+    pub fn copy_block(&mut self, src: usize, dst: usize) {
+        let bf = self.block_floats();
+        for l in 0..self.num_layers {
+            let (s, d) = (self.offset(l, src * self.block_size), self.offset(l, dst * self.block_size));
+            self.k.copy_within(s..s + bf, d);
+            self.v.copy_within(s..s + bf, d);
+        }
+    }
+
+    /// Saves device block `dev` into host block `host`.
+    pub fn save_to_host(&mut self, dev: usize, host: usize) {
+        let bf = self.block_floats();
+        let mut buf = std::mem::take(&mut self.host[host]);
+        buf.clear();
+        for l in 0..self.num_layers {
+            let s = self.offset(l, dev * self.block_size);
+            buf.extend_from_slice(&self.k[s..s + bf]);
+            buf.extend_from_slice(&self.v[s..s + bf]);
+        }
+        self.host[host] = buf;
+    }
+
+    /// Restores host block `host` into device block `dev`.
+    pub fn load_from_host(&mut self, host: usize, dev: usize) {
+        let bf = self.block_floats();
+        let buf = std::mem::take(&mut self.host[host]);
+        for l in 0..self.num_layers {
+            let d = self.offset(l, dev * self.block_size);
+            let base = l * 2 * bf;
+            self.k[d..d + bf].copy_from_slice(&buf[base..base + bf]);
+            self.v[d..d + bf].copy_from_slice(&buf[base + bf..base + 2 * bf]);
+        }
+        self.host[host] = buf;
     }
 
     /// Number of physical blocks.

@@ -29,6 +29,8 @@ pub struct CpuBackendOptions {
     pub block_size: usize,
     /// Number of KV blocks in the pool.
     pub num_blocks: usize,
+    /// Number of host swap blocks.
+    pub num_host_blocks: usize,
 }
 
 fn load_linear(files: &ModelFiles, name: &str, n: usize, k: usize, _kernel: KernelPath) -> Result<Box<dyn Linear>, LoadError> {
@@ -116,7 +118,7 @@ impl CpuBackend {
             lm_head,
             rope: Rope::new(cfg.head_dim, cfg.rope_theta, cfg.rope_style == RopeStyle::Interleaved),
             layers,
-            kv: CpuKvCache::new(cfg.num_layers, opts.num_blocks, opts.block_size, kv),
+            kv: CpuKvCache::new(cfg.num_layers, opts.num_blocks, opts.block_size, kv).with_host_blocks(opts.num_host_blocks),
         })
     }
 
@@ -201,7 +203,44 @@ impl CpuBackend {
     }
 }
 
+impl CpuBackend {
+    fn check_pairs(&self, pairs: &[(u32, u32)], src_limit: usize, dst_limit: usize) -> Result<(), BackendError> {
+        match pairs.iter().find(|(s, d)| *s as usize >= src_limit || *d as usize >= dst_limit) {
+            Some(p) => Err(BackendError::InvalidBatch(format!("block pair {p:?} out of range"))),
+            None => Ok(()),
+        }
+    }
+}
+
 impl ModelBackend for CpuBackend {
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        self.check_pairs(pairs, self.kv.num_blocks(), self.kv.num_blocks())?;
+        for &(s, d) in pairs {
+            self.kv.copy_block(s as usize, d as usize);
+        }
+        Ok(())
+    }
+
+    fn swap_out(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        self.check_pairs(pairs, self.kv.num_blocks(), self.kv.num_host_blocks())?;
+        for &(d, h) in pairs {
+            self.kv.save_to_host(d as usize, h as usize);
+        }
+        Ok(())
+    }
+
+    fn swap_in(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        self.check_pairs(pairs, self.kv.num_host_blocks(), self.kv.num_blocks())?;
+        for &(h, d) in pairs {
+            self.kv.load_from_host(h as usize, d as usize);
+        }
+        Ok(())
+    }
+
+    fn num_host_blocks(&self) -> usize {
+        self.kv.num_host_blocks()
+    }
+
     fn config(&self) -> &ModelConfig {
         &self.cfg
     }

@@ -1,0 +1,404 @@
+//! `LLMEngine`: seed 000's engine API — `add_request`, `abort_request`, `step`,
+//! `has_unfinished_requests`, `get_num_unfinished_requests` — over the Scheduler → BlockManager
+//! → ModelRunner flow of seed 002.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::backend::BackendError;
+use crate::block_hash::salt_digest;
+use crate::block_manager::BlockManager;
+use crate::model::Model;
+use crate::model_runner::ModelRunner;
+use crate::request_output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput};
+use crate::sampler::{sample_token, Rng, SamplingContext};
+use crate::sampling_params::SamplingParams;
+use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
+use crate::sequence::{SeqId, Sequence, SequenceStatus};
+use crate::tokenizer::{TokenizeError, Tokenizer};
+use crate::ModelConfig;
+
+/// A prompt as text or as token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// Text, tokenized by the engine.
+    Text(String),
+    /// Token ids.
+    TokenIds(Vec<u32>),
+}
+
+/// Per-request options beyond sampling.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestOptions {
+    /// Arrival time (seconds since the Unix epoch); now when absent.
+    pub arrival_time: Option<f64>,
+    /// Scheduling priority (lower is served first) under the priority policy.
+    pub priority: i32,
+    /// Prefix-cache salt: requests with different salts never share cached blocks.
+    pub cache_salt: Option<String>,
+}
+
+/// Engine configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineConfig {
+    /// Scheduler limits and policies.
+    pub scheduler: SchedulerConfig,
+    /// Share full blocks between requests through the prefix cache.
+    pub enable_prefix_caching: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { scheduler: SchedulerConfig::default(), enable_prefix_caching: true }
+    }
+}
+
+/// A request was refused or a step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The request is invalid (the message is fit for an API error).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// A request with this id is already running.
+    #[error("request id '{0}' is already in use")]
+    DuplicateRequestId(String),
+    /// The backend failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// Tokenization failed.
+    #[error(transparent)]
+    Tokenize(#[from] TokenizeError),
+}
+
+/// Counters since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineStats {
+    /// Steps run.
+    pub steps: u64,
+    /// Prompt (and recomputed) tokens whose KV was computed.
+    pub prefill_tokens_computed: u64,
+    /// Tokens generated.
+    pub generation_tokens: u64,
+    /// Preemptions.
+    pub num_preemptions: u64,
+    /// Prompt blocks looked up in the prefix cache.
+    pub prefix_cache_queries: u64,
+    /// Of those, hits.
+    pub prefix_cache_hits: u64,
+}
+
+struct RequestState {
+    seq_ids: Vec<SeqId>,
+    prompt: Arc<Vec<u32>>,
+    n: usize,
+    finished: usize,
+}
+
+/// The engine: model, scheduler and runner.
+pub struct LLMEngine {
+    /// Model hyper-parameters.
+    pub model_config: ModelConfig,
+    /// The model's tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The model's chat template.
+    pub chat_template: Option<crate::ChatTemplate>,
+    runner: ModelRunner,
+    scheduler: Scheduler,
+    requests: HashMap<String, RequestState>,
+    pending: Vec<RequestOutput>,
+    next_seq_id: SeqId,
+    next_arrival: u64,
+    max_model_len: usize,
+    stats: EngineStats,
+    last_schedule: SchedulerOutput,
+}
+
+fn now_secs() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+fn child_rng(seed: Option<u64>, index: usize, fallback: u64) -> Rng {
+    match seed {
+        Some(s) => Rng::new(s ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        None => Rng::new(fallback ^ (index as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)),
+    }
+}
+
+impl LLMEngine {
+    /// An engine over a loaded model.
+    pub fn new(model: Model, config: EngineConfig) -> Self {
+        let spec = model.backend.kv_cache_spec();
+        let host = model.backend.num_host_blocks();
+        let bm = BlockManager::new(spec.num_blocks, spec.block_size, host, config.enable_prefix_caching);
+        let max_model_len = model.config.max_position_embeddings.min(spec.num_blocks * spec.block_size);
+        let mut sched_cfg = config.scheduler;
+        sched_cfg.max_model_len = max_model_len;
+        LLMEngine {
+            model_config: model.config,
+            tokenizer: model.tokenizer,
+            chat_template: model.chat_template,
+            runner: ModelRunner::new(model.backend),
+            scheduler: Scheduler::new(sched_cfg, bm),
+            requests: HashMap::new(),
+            pending: Vec::new(),
+            next_seq_id: 0,
+            next_arrival: 0,
+            max_model_len,
+            stats: EngineStats::default(),
+            last_schedule: SchedulerOutput::default(),
+        }
+    }
+
+    /// Longest context (prompt + output) a request may reach.
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    /// Queues a request.
+    pub fn add_request(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams, arrival_time: Option<f64>) -> Result<(), EngineError> {
+        self.add_request_with(request_id, prompt, params, RequestOptions { arrival_time, ..Default::default() })
+    }
+
+    /// Queues a request with priority and cache salt.
+    pub fn add_request_with(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams, opts: RequestOptions) -> Result<(), EngineError> {
+        params.validate().map_err(EngineError::InvalidRequest)?;
+        if self.requests.contains_key(request_id) {
+            return Err(EngineError::DuplicateRequestId(request_id.to_string()));
+        }
+        let ids = match prompt {
+            Prompt::Text(t) => self.tokenizer.encode(&t, true)?,
+            Prompt::TokenIds(ids) => ids,
+        };
+        if ids.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.model_config.vocab_size) {
+            return Err(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary of {}", self.model_config.vocab_size)));
+        }
+        if ids.len() + params.max_tokens > self.max_model_len {
+            return Err(EngineError::InvalidRequest(format!(
+                "this model's maximum context length is {} tokens; the request has {} prompt tokens and asks for {} more",
+                self.max_model_len,
+                ids.len(),
+                params.max_tokens
+            )));
+        }
+        let arrival = opts.arrival_time.unwrap_or_else(now_secs);
+        let params = Arc::new(params);
+        let prompt = Arc::new(ids.clone());
+        let id = self.next_seq_id;
+        self.next_seq_id += 1;
+        let fallback = now_secs().to_bits() ^ id;
+        let metrics = RequestMetrics { arrival_time: arrival, ..Default::default() };
+        let mut seq = Sequence::new(id, request_id.to_string(), ids, params.clone(), child_rng(params.seed, 0, fallback), metrics);
+        seq.priority = opts.priority;
+        seq.arrival_seq = self.next_arrival;
+        self.next_arrival += 1;
+        seq.salt = opts.cache_salt.as_deref().map(salt_digest).unwrap_or(0);
+        self.scheduler.add(seq);
+        self.requests.insert(request_id.to_string(), RequestState { seq_ids: vec![id], prompt, n: params.n, finished: 0 });
+        Ok(())
+    }
+
+    /// Aborts a request in any state, freeing everything it holds. Its final output (finish
+    /// reason `abort`) comes with the next `step`. Returns whether the request was known.
+    pub fn abort_request(&mut self, request_id: &str) -> bool {
+        let Some(req) = self.requests.remove(request_id) else { return false };
+        let mut outputs = Vec::new();
+        let mut metrics = RequestMetrics::default();
+        for id in req.seq_ids {
+            if let Some(mut seq) = self.scheduler.remove(id) {
+                if !seq.status.is_finished() {
+                    seq.finish(FinishReason::Abort, None);
+                }
+                metrics = seq.metrics;
+                outputs.extend(seq.take_delta());
+            }
+        }
+        metrics.finished_time = Some(now_secs());
+        self.pending.push(RequestOutput { request_id: request_id.to_string(), prompt_token_ids: req.prompt, outputs, finished: true, metrics });
+        true
+    }
+
+    /// Whether any request is unfinished.
+    pub fn has_unfinished_requests(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    /// Number of unfinished requests.
+    pub fn get_num_unfinished_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> EngineStats {
+        let pc = self.scheduler.block_manager.stats();
+        EngineStats {
+            num_preemptions: self.scheduler.num_preemptions,
+            prefix_cache_queries: pc.queries,
+            prefix_cache_hits: pc.hits,
+            ..self.stats
+        }
+    }
+
+    /// The plan of the last step (for tests and metrics).
+    pub fn last_schedule(&self) -> &SchedulerOutput {
+        &self.last_schedule
+    }
+
+    /// The block manager (KV usage, free blocks).
+    pub fn block_manager(&self) -> &BlockManager {
+        &self.scheduler.block_manager
+    }
+
+    /// Waiting, running and swapped sequence counts.
+    pub fn queue_lengths(&self) -> (usize, usize, usize) {
+        self.scheduler.queue_lengths()
+    }
+
+    /// Checks block ownership invariants (for tests).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.scheduler.check_invariants()
+    }
+
+    /// Runs one scheduler iteration and returns the news of every request that changed.
+    pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        let mut results = std::mem::take(&mut self.pending);
+        let now = now_secs();
+        let plan = self.scheduler.schedule(now);
+        self.stats.steps += 1;
+        let logits = self.runner.execute(&plan, &self.scheduler.seqs)?;
+        let mut touched: Vec<String> = Vec::new();
+        for s in &plan.scheduled {
+            let seq = &self.scheduler.seqs[&s.seq_id];
+            if !seq.is_decoding() {
+                self.stats.prefill_tokens_computed += s.num_tokens as u64;
+            }
+            self.scheduler.mark_computed(s.seq_id, s.num_tokens);
+        }
+        let mut finished: Vec<SeqId> = Vec::new();
+        for (id, row) in logits {
+            self.sample_and_append(id, &row, now, &mut finished)?;
+            let rid = self.scheduler.seqs[&id].request_id.clone();
+            if !touched.contains(&rid) {
+                touched.push(rid);
+            }
+        }
+        let mut finished_seqs: HashMap<SeqId, Sequence> = HashMap::new();
+        for id in finished {
+            if let Some(seq) = self.scheduler.finish(id) {
+                finished_seqs.insert(id, seq);
+            }
+        }
+        for rid in touched {
+            let Some(req) = self.requests.get_mut(&rid) else { continue };
+            let mut outputs: Vec<CompletionOutput> = Vec::new();
+            let mut metrics = RequestMetrics::default();
+            for id in &req.seq_ids {
+                let seq = match finished_seqs.get_mut(id) {
+                    Some(s) => {
+                        req.finished += 1;
+                        s
+                    }
+                    None => match self.scheduler.seqs.get_mut(id) {
+                        Some(s) => s,
+                        None => continue,
+                    },
+                };
+                metrics = seq.metrics;
+                outputs.extend(seq.take_delta());
+            }
+            let done = req.finished >= req.n && req.seq_ids.len() >= req.n;
+            if done {
+                metrics.finished_time = Some(now_secs());
+            }
+            if !outputs.is_empty() || done {
+                outputs.sort_by_key(|o| o.index);
+                results.push(RequestOutput { request_id: rid.clone(), prompt_token_ids: req.prompt.clone(), outputs, finished: done, metrics });
+            }
+            if done {
+                self.requests.remove(&rid);
+            }
+        }
+        self.last_schedule = plan;
+        Ok(results)
+    }
+
+    fn sample_and_append(&mut self, id: SeqId, row: &[f32], now: f64, finished: &mut Vec<SeqId>) -> Result<(), EngineError> {
+        let eos = self.tokenizer.eos_token_ids.clone();
+        let seq = self.scheduler.seqs.get_mut(&id).expect("sampled sequence exists");
+        if seq.metrics.first_token_time.is_none() {
+            seq.metrics.first_token_time = Some(now_secs());
+        }
+        let _ = now;
+        // n > 1: fork the completions off the finished prompt, sharing its blocks.
+        let mut children = Vec::new();
+        if seq.pending_forks > 0 {
+            let forks = std::mem::take(&mut seq.pending_forks);
+            let fallback = seq.rng.next_u64();
+            for i in 1..=forks {
+                let child_id = self.next_seq_id;
+                self.next_seq_id += 1;
+                let seq = &self.scheduler.seqs[&id];
+                let mut child = seq.fork(child_id, i, child_rng(seq.params.seed, i, fallback));
+                child.block_table = self.scheduler.block_manager.fork(&seq.block_table);
+                child.status = SequenceStatus::Running;
+                children.push(child);
+            }
+        }
+        let mut all: Vec<SeqId> = vec![id];
+        for child in children {
+            let cid = child.seq_id;
+            let rid = child.request_id.clone();
+            self.scheduler.add_running(child);
+            if let Some(r) = self.requests.get_mut(&rid) {
+                r.seq_ids.push(cid);
+            }
+            all.push(cid);
+        }
+        for sid in all {
+            let seq = self.scheduler.seqs.get_mut(&sid).expect("sequence exists");
+            let s = {
+                let mut rng = seq.rng.clone();
+                let ctx = SamplingContext { prompt: &seq.token_ids[..seq.prompt_len], output: seq.output_ids(), eos_token_ids: &eos };
+                let s = sample_token(row, &seq.params, &ctx, &mut rng);
+                seq.rng = rng;
+                s
+            };
+            self.stats.generation_tokens += 1;
+            if seq.append_token(s, &self.tokenizer, self.max_model_len)? {
+                seq.metrics.finished_time = Some(now_secs());
+                finished.push(sid);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs requests to completion (the offline path): returns, per request id, the
+    /// accumulated completions in index order.
+    pub fn run_to_completion(&mut self) -> Result<HashMap<String, Vec<CompletionOutput>>, EngineError> {
+        let mut acc: HashMap<String, Vec<CompletionOutput>> = HashMap::new();
+        while self.has_unfinished_requests() || !self.pending.is_empty() {
+            for out in self.step()? {
+                let entry = acc.entry(out.request_id.clone()).or_default();
+                for o in out.outputs {
+                    match entry.iter_mut().find(|e| e.index == o.index) {
+                        Some(e) => {
+                            e.text.push_str(&o.text);
+                            e.token_ids.extend(o.token_ids);
+                            e.logprobs.extend(o.logprobs);
+                            e.cumulative_logprob = o.cumulative_logprob;
+                            if o.finish_reason.is_some() {
+                                e.finish_reason = o.finish_reason;
+                                e.stop_reason = o.stop_reason;
+                            }
+                        }
+                        None => entry.push(o),
+                    }
+                }
+                entry.sort_by_key(|e| e.index);
+            }
+        }
+        Ok(acc)
+    }
+}

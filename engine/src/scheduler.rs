@@ -1,0 +1,356 @@
+//! `Scheduler`: continuous batching with chunked prefill and preemption (seed 000 alg. 3, 6
+//! and 8; the Scheduler → BlockManager step of seed 002).
+//!
+//! Each step fills a token budget: first one token for every decoding sequence (so long prompts
+//! cannot starve decodes), then the chunks of prompts already being prefilled, then swapped-out
+//! sequences, then new requests (reusing prefix-cache hits). When a sequence cannot get a block,
+//! the lowest-priority / newest sequence not yet scheduled is preempted — by recompute (blocks
+//! freed, sequence re-queued) or by swap (blocks copied to host memory). The scheduler owns the
+//! sequences and the block manager; it decides, and never runs the model.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::block_manager::BlockManager;
+use crate::sequence::{SeqId, Sequence, SequenceStatus};
+
+/// How preempted sequences give their blocks back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PreemptionMode {
+    /// Free the blocks; recompute the KV when rescheduled.
+    #[default]
+    Recompute,
+    /// Copy the blocks to host memory and back (falls back to recompute without swap space).
+    Swap,
+}
+
+/// Order in which requests are served and victims chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedulingPolicy {
+    /// First come, first served; the newest request is preempted first.
+    #[default]
+    Fcfs,
+    /// Lowest `priority` value first (then arrival); the lowest priority is preempted first.
+    Priority,
+}
+
+/// Scheduler limits.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerConfig {
+    /// Token budget of one step (decode tokens + prefill chunks).
+    pub max_num_batched_tokens: usize,
+    /// Most sequences running at once.
+    pub max_num_seqs: usize,
+    /// Preemption mode.
+    pub preemption_mode: PreemptionMode,
+    /// Scheduling policy.
+    pub policy: SchedulingPolicy,
+    /// Split long prompts into chunks across steps.
+    pub enable_chunked_prefill: bool,
+    /// Longest context a sequence may reach.
+    pub max_model_len: usize,
+    /// Seed of the block hash.
+    pub hash_seed: u64,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_num_batched_tokens: 512,
+            max_num_seqs: 64,
+            preemption_mode: PreemptionMode::Recompute,
+            policy: SchedulingPolicy::Fcfs,
+            enable_chunked_prefill: true,
+            max_model_len: 8192,
+            hash_seed: crate::block_hash::DEFAULT_HASH_SEED,
+        }
+    }
+}
+
+/// One sequence's work in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    /// The sequence.
+    pub seq_id: SeqId,
+    /// Tokens to compute in this step, from `num_computed_tokens`.
+    pub num_tokens: usize,
+}
+
+/// The plan of one step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SchedulerOutput {
+    /// Sequences to run, decodes first.
+    pub scheduled: Vec<ScheduledSeq>,
+    /// `(device, host)` copies for sequences swapped out in this step.
+    pub blocks_to_swap_out: Vec<(u32, u32)>,
+    /// `(src, dst)` device copies (copy-on-write).
+    pub blocks_to_copy: Vec<(u32, u32)>,
+    /// `(host, device)` copies for sequences swapped in.
+    pub blocks_to_swap_in: Vec<(u32, u32)>,
+    /// Sequences preempted in this step.
+    pub preempted: Vec<SeqId>,
+    /// Tokens in the step.
+    pub num_batched_tokens: usize,
+}
+
+impl SchedulerOutput {
+    /// Whether there is nothing to run.
+    pub fn is_empty(&self) -> bool {
+        self.scheduled.is_empty() && self.blocks_to_swap_out.is_empty()
+    }
+}
+
+/// The scheduler with its queues, sequences and block manager.
+#[derive(Debug)]
+pub struct Scheduler {
+    /// Limits and policies.
+    pub config: SchedulerConfig,
+    /// Block ownership.
+    pub block_manager: BlockManager,
+    /// Every live sequence.
+    pub seqs: HashMap<SeqId, Sequence>,
+    waiting: VecDeque<SeqId>,
+    running: Vec<SeqId>,
+    swapped: VecDeque<SeqId>,
+    /// Preemptions since start.
+    pub num_preemptions: u64,
+}
+
+impl Scheduler {
+    /// A scheduler over `block_manager`.
+    pub fn new(config: SchedulerConfig, block_manager: BlockManager) -> Self {
+        Scheduler {
+            config,
+            block_manager,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            swapped: VecDeque::new(),
+            num_preemptions: 0,
+        }
+    }
+
+    /// Queues a new sequence.
+    pub fn add(&mut self, seq: Sequence) {
+        let id = seq.seq_id;
+        self.seqs.insert(id, seq);
+        self.waiting.push_back(id);
+    }
+
+    /// Adds a forked sequence that is already running (its blocks are already held).
+    pub fn add_running(&mut self, seq: Sequence) {
+        let id = seq.seq_id;
+        self.seqs.insert(id, seq);
+        self.running.push(id);
+    }
+
+    /// Numbers of waiting, running and swapped sequences.
+    pub fn queue_lengths(&self) -> (usize, usize, usize) {
+        (self.waiting.len(), self.running.len(), self.swapped.len())
+    }
+
+    /// Whether any sequence is unfinished.
+    pub fn has_unfinished(&self) -> bool {
+        !(self.waiting.is_empty() && self.running.is_empty() && self.swapped.is_empty())
+    }
+
+    fn key(&self, id: SeqId) -> (i32, u64, usize) {
+        let s = &self.seqs[&id];
+        let prio = if self.config.policy == SchedulingPolicy::Priority { s.priority } else { 0 };
+        (prio, s.arrival_seq, s.index)
+    }
+
+    /// Removes a sequence from the queues and frees its blocks; returns it.
+    pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
+        let mut seq = self.seqs.remove(&id)?;
+        self.waiting.retain(|&x| x != id);
+        self.running.retain(|&x| x != id);
+        self.swapped.retain(|&x| x != id);
+        self.block_manager.free(&mut seq.block_table);
+        self.block_manager.free_host(&mut seq.host_blocks);
+        Some(seq)
+    }
+
+    fn preempt(&mut self, id: SeqId, out: &mut SchedulerOutput) {
+        self.num_preemptions += 1;
+        out.preempted.push(id);
+        self.running.retain(|&x| x != id);
+        let seq = self.seqs.get_mut(&id).expect("running sequence exists");
+        if self.config.preemption_mode == PreemptionMode::Swap {
+            if let Ok((host, copies)) = self.block_manager.swap_out(&mut seq.block_table) {
+                seq.host_blocks = host;
+                seq.status = SequenceStatus::Swapped;
+                out.blocks_to_swap_out.extend(copies);
+                self.swapped.push_back(id);
+                return;
+            }
+        }
+        self.block_manager.free(&mut seq.block_table);
+        seq.num_computed_tokens = 0;
+        seq.status = SequenceStatus::Waiting;
+        self.waiting.push_front(id);
+    }
+
+    /// Gives `id` the blocks for `n` more tokens, preempting others (or itself) when memory is
+    /// short. Returns whether `id` is still scheduled.
+    fn reserve(&mut self, id: SeqId, n: usize, order: &[SeqId], done: &[SeqId], out: &mut SchedulerOutput) -> bool {
+        loop {
+            let seq = self.seqs.get_mut(&id).expect("sequence exists");
+            let from = seq.num_computed_tokens;
+            match self.block_manager.append_slots(&mut seq.block_table, from, from + n) {
+                Ok(copies) => {
+                    out.blocks_to_copy.extend(copies);
+                    return true;
+                }
+                Err(_) => {
+                    let victim = order
+                        .iter()
+                        .rev()
+                        .copied()
+                        .find(|v| *v != id && !done.contains(v) && self.running.contains(v));
+                    match victim {
+                        Some(v) => self.preempt(v, out),
+                        None => {
+                            self.preempt(id, out);
+                            return false;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Plans the next step.
+    pub fn schedule(&mut self, now: f64) -> SchedulerOutput {
+        let mut out = SchedulerOutput::default();
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut running = std::mem::take(&mut self.running);
+        running.sort_by_key(|&id| self.key(id));
+        self.running = running.clone();
+        // Decodes first, then prompts being prefilled, each in priority order.
+        let (decodes, prefills): (Vec<SeqId>, Vec<SeqId>) = running.iter().partition(|id| self.seqs[id].is_decoding());
+        let order: Vec<SeqId> = decodes.into_iter().chain(prefills).collect();
+        let mut done: Vec<SeqId> = Vec::new();
+        for &id in &order {
+            if !self.running.contains(&id) {
+                continue; // preempted earlier in this step
+            }
+            let want = self.seqs[&id].num_uncomputed();
+            let n = want.min(budget);
+            if n == 0 {
+                break;
+            }
+            if self.reserve(id, n, &order, &done, &mut out) {
+                done.push(id);
+                out.scheduled.push(ScheduledSeq { seq_id: id, num_tokens: n });
+                budget -= n;
+            }
+        }
+        let preempted_now = !out.preempted.is_empty();
+        // Swapped sequences come back before new work is admitted.
+        if !preempted_now {
+            let mut swapped: Vec<SeqId> = self.swapped.iter().copied().collect();
+            swapped.sort_by_key(|&id| self.key(id));
+            for id in swapped {
+                if self.running.len() >= self.config.max_num_seqs || budget == 0 {
+                    break;
+                }
+                let bs = self.block_manager.block_size();
+                let seq = &self.seqs[&id];
+                let n = seq.num_uncomputed().min(budget);
+                // Blocks for its KV and for this step's tokens, so the reservation below cannot
+                // preempt a sequence whose swap-in is already planned.
+                let need = seq.host_blocks.len().max((seq.num_computed_tokens + n).div_ceil(bs));
+                if !self.block_manager.can_swap_in(need) {
+                    break;
+                }
+                let seq = self.seqs.get_mut(&id).expect("swapped sequence exists");
+                let (table, copies) = self.block_manager.swap_in(&mut seq.host_blocks).expect("checked can_swap_in");
+                seq.block_table = table;
+                seq.status = SequenceStatus::Running;
+                out.blocks_to_swap_in.extend(copies);
+                self.swapped.retain(|&x| x != id);
+                self.running.push(id);
+                if self.reserve(id, n, &[], &done, &mut out) {
+                    done.push(id);
+                    out.scheduled.push(ScheduledSeq { seq_id: id, num_tokens: n });
+                    budget -= n;
+                }
+            }
+        }
+        if !preempted_now && self.swapped.is_empty() {
+            self.admit_waiting(&mut budget, now, &mut out);
+        }
+        out.num_batched_tokens = out.scheduled.iter().map(|s| s.num_tokens).sum();
+        out
+    }
+
+    fn admit_waiting(&mut self, budget: &mut usize, now: f64, out: &mut SchedulerOutput) {
+        if self.config.policy == SchedulingPolicy::Priority {
+            let mut w: Vec<SeqId> = self.waiting.drain(..).collect();
+            w.sort_by_key(|&id| self.key(id));
+            self.waiting = w.into();
+        }
+        let bs = self.block_manager.block_size();
+        while let Some(&id) = self.waiting.front() {
+            if self.running.len() >= self.config.max_num_seqs || *budget == 0 {
+                break;
+            }
+            let seed = self.config.hash_seed;
+            let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
+            seq.update_block_hashes(seed, bs);
+            // At least one token is always computed, to produce logits.
+            let usable = (seq.len() - 1) / bs;
+            let first_time = seq.metrics.first_scheduled_time.is_none();
+            let cached = self.block_manager.lookup_prefix(&seq.block_hashes[..usable], first_time);
+            let num_cached = cached.len() * bs;
+            let remaining = seq.len() - num_cached;
+            let n = if self.config.enable_chunked_prefill {
+                remaining.min(*budget)
+            } else if remaining <= *budget {
+                remaining
+            } else {
+                break;
+            };
+            if !self.block_manager.can_allocate(&seq.block_table, &cached, num_cached + n) {
+                break;
+            }
+            self.block_manager
+                .allocate(&mut seq.block_table, &cached, num_cached + n)
+                .expect("checked can_allocate");
+            seq.num_computed_tokens = num_cached;
+            seq.status = SequenceStatus::Running;
+            if first_time {
+                seq.metrics.first_scheduled_time = Some(now);
+                seq.metrics.num_cached_tokens = num_cached;
+            }
+            self.waiting.pop_front();
+            self.running.push(id);
+            out.scheduled.push(ScheduledSeq { seq_id: id, num_tokens: n });
+            *budget -= n;
+        }
+    }
+
+    /// After a step: records computed tokens and registers newly full blocks in the prefix cache.
+    pub fn mark_computed(&mut self, id: SeqId, n: usize) {
+        let seed = self.config.hash_seed;
+        let bs = self.block_manager.block_size();
+        let Some(seq) = self.seqs.get_mut(&id) else { return };
+        seq.num_computed_tokens += n;
+        seq.update_block_hashes(seed, bs);
+        let full = seq.num_computed_tokens / bs;
+        let hashes = seq.block_hashes[..full.min(seq.block_hashes.len())].to_vec();
+        self.block_manager.cache_blocks(&mut seq.block_table, &hashes);
+    }
+
+    /// Removes a finished sequence from the running set and frees its blocks.
+    pub fn finish(&mut self, id: SeqId) -> Option<Sequence> {
+        self.remove(id)
+    }
+
+    /// Checks block ownership against the sequences (for tests).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let tables: Vec<_> = self.seqs.values().map(|s| &s.block_table).collect();
+        let hosts: Vec<_> = self.seqs.values().map(|s| &s.host_blocks).collect();
+        self.block_manager.check_invariants(&tables, &hosts)
+    }
+}

@@ -1,0 +1,311 @@
+//! `Sequence`: one completion's state — its tokens, how many have KV computed, its blocks, its
+//! place in the request state machine, and its output bookkeeping (stop strings, streaming
+//! deltas). Seed 000's `SequenceState`.
+
+use std::sync::Arc;
+
+use crate::block_hash::BlockHash;
+use crate::block_manager::BlockTable;
+use crate::detokenizer::IncrementalDetokenizer;
+use crate::request_output::{CompletionOutput, FinishReason, RequestMetrics, StopReason};
+use crate::sampler::{Rng, SampledToken};
+use crate::sampling_params::SamplingParams;
+use crate::tokenizer::{TokenizeError, Tokenizer};
+
+/// Engine-wide identifier of a sequence.
+pub type SeqId = u64;
+
+/// States of seed 000's request state machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequenceStatus {
+    /// In the waiting queue; holds no KV blocks.
+    Waiting,
+    /// Scheduled; KV on the device.
+    Running,
+    /// Preempted by swapping; KV in host memory.
+    Swapped,
+    /// Ended by a stop condition.
+    FinishedStopped,
+    /// Ended by `max_tokens` or the context length.
+    FinishedLength,
+    /// Aborted.
+    FinishedAborted,
+}
+
+impl SequenceStatus {
+    /// Whether the sequence has ended.
+    pub fn is_finished(self) -> bool {
+        matches!(self, SequenceStatus::FinishedStopped | SequenceStatus::FinishedLength | SequenceStatus::FinishedAborted)
+    }
+}
+
+/// One completion being generated.
+#[derive(Debug)]
+pub struct Sequence {
+    /// Engine-wide id.
+    pub seq_id: SeqId,
+    /// The request it belongs to.
+    pub request_id: String,
+    /// Completion index within the request.
+    pub index: usize,
+    /// Prompt followed by generated tokens.
+    pub token_ids: Vec<u32>,
+    /// Number of prompt tokens.
+    pub prompt_len: usize,
+    /// Tokens whose KV is in the cache.
+    pub num_computed_tokens: usize,
+    /// State.
+    pub status: SequenceStatus,
+    /// Device blocks (when running).
+    pub block_table: BlockTable,
+    /// Host blocks (when swapped).
+    pub host_blocks: Vec<u32>,
+    /// Sampling parameters (shared by the request's completions).
+    pub params: Arc<SamplingParams>,
+    /// Scheduling priority: lower values are served first.
+    pub priority: i32,
+    /// Order of arrival (ties of priority are served first come, first served).
+    pub arrival_seq: u64,
+    /// Digest of the cache salt.
+    pub salt: u64,
+    /// Chained hashes of the full blocks of `token_ids`.
+    pub block_hashes: Vec<BlockHash>,
+    /// This completion's random stream.
+    pub rng: Rng,
+    /// Completions still to fork from this one once its prompt is done (n > 1).
+    pub pending_forks: usize,
+    /// Timing.
+    pub metrics: RequestMetrics,
+    /// Log-probabilities of generated tokens (when asked for).
+    pub logprobs: Vec<SampledToken>,
+    /// Sum of generated tokens' log-probabilities.
+    pub cumulative_logprob: f64,
+    /// Why it finished.
+    pub finish_reason: Option<FinishReason>,
+    /// What stopped it.
+    pub stop_reason: Option<StopReason>,
+    detok: IncrementalDetokenizer,
+    output_text: String,
+    emitted_text: usize,
+    emitted_tokens: usize,
+    emitted_logprobs: usize,
+    finish_reported: bool,
+}
+
+impl Sequence {
+    /// A new waiting sequence.
+    pub fn new(seq_id: SeqId, request_id: String, prompt: Vec<u32>, params: Arc<SamplingParams>, rng: Rng, metrics: RequestMetrics) -> Self {
+        let detok = IncrementalDetokenizer::new(&prompt, params.skip_special_tokens);
+        Sequence {
+            seq_id,
+            request_id,
+            index: 0,
+            prompt_len: prompt.len(),
+            token_ids: prompt,
+            num_computed_tokens: 0,
+            status: SequenceStatus::Waiting,
+            block_table: BlockTable::default(),
+            host_blocks: Vec::new(),
+            pending_forks: params.n.saturating_sub(1),
+            params,
+            priority: 0,
+            arrival_seq: 0,
+            salt: 0,
+            block_hashes: Vec::new(),
+            rng,
+            metrics,
+            logprobs: Vec::new(),
+            cumulative_logprob: 0.0,
+            finish_reason: None,
+            stop_reason: None,
+            detok,
+            output_text: String::new(),
+            emitted_text: 0,
+            emitted_tokens: 0,
+            emitted_logprobs: 0,
+            finish_reported: false,
+        }
+    }
+
+    /// A copy for completion `index` (n > 1): same tokens and state, its own random stream;
+    /// the caller gives it its block table.
+    pub fn fork(&self, seq_id: SeqId, index: usize, rng: Rng) -> Sequence {
+        Sequence {
+            seq_id,
+            request_id: self.request_id.clone(),
+            index,
+            token_ids: self.token_ids.clone(),
+            prompt_len: self.prompt_len,
+            num_computed_tokens: self.num_computed_tokens,
+            status: self.status,
+            block_table: BlockTable::default(),
+            host_blocks: Vec::new(),
+            params: self.params.clone(),
+            priority: self.priority,
+            arrival_seq: self.arrival_seq,
+            salt: self.salt,
+            block_hashes: self.block_hashes.clone(),
+            rng,
+            pending_forks: 0,
+            metrics: self.metrics,
+            logprobs: self.logprobs.clone(),
+            cumulative_logprob: self.cumulative_logprob,
+            finish_reason: None,
+            stop_reason: None,
+            detok: self.detok.clone(),
+            output_text: self.output_text.clone(),
+            emitted_text: self.emitted_text,
+            emitted_tokens: self.emitted_tokens,
+            emitted_logprobs: self.emitted_logprobs,
+            finish_reported: false,
+        }
+    }
+
+    /// Total tokens (prompt + generated).
+    pub fn len(&self) -> usize {
+        self.token_ids.len()
+    }
+    /// Whether there are no tokens (never true for a valid request).
+    pub fn is_empty(&self) -> bool {
+        self.token_ids.is_empty()
+    }
+    /// Generated tokens.
+    pub fn output_ids(&self) -> &[u32] {
+        &self.token_ids[self.prompt_len..]
+    }
+    /// Number of generated tokens.
+    pub fn num_output_tokens(&self) -> usize {
+        self.token_ids.len() - self.prompt_len
+    }
+    /// Whether all its tokens but the newest are computed (a decode step computes one).
+    pub fn is_decoding(&self) -> bool {
+        self.num_computed_tokens + 1 == self.token_ids.len() && self.num_output_tokens() > 0
+    }
+    /// Tokens still to compute before the next sample.
+    pub fn num_uncomputed(&self) -> usize {
+        self.token_ids.len() - self.num_computed_tokens
+    }
+
+    /// Extends `block_hashes` to every full block of `token_ids`.
+    pub fn update_block_hashes(&mut self, seed: u64, block_size: usize) {
+        let full = self.token_ids.len() / block_size;
+        while self.block_hashes.len() < full {
+            let i = self.block_hashes.len();
+            let parent = i.checked_sub(1).map(|p| self.block_hashes[p]);
+            let h = BlockHash::new(seed, parent, &self.token_ids[i * block_size..(i + 1) * block_size], self.salt);
+            self.block_hashes.push(h);
+        }
+    }
+
+    /// Appends a sampled token and applies the stop conditions; returns whether it finished.
+    pub fn append_token(&mut self, s: SampledToken, tok: &Tokenizer, max_model_len: usize) -> Result<bool, TokenizeError> {
+        let id = s.chosen.token_id;
+        self.token_ids.push(id);
+        self.cumulative_logprob += s.chosen.logprob as f64;
+        if self.params.logprobs.is_some() {
+            self.logprobs.push(s);
+        }
+        let p = self.params.clone();
+        let n_out = self.num_output_tokens();
+        let may_stop = n_out >= p.min_tokens;
+        if may_stop && ((!p.ignore_eos && tok.eos_token_ids.contains(&id)) || p.stop_token_ids.contains(&id)) {
+            self.finish(FinishReason::Stop, Some(StopReason::Token(id)));
+            return Ok(true);
+        }
+        let prev_len = self.output_text.len();
+        let piece = self.detok.push(tok, id)?;
+        self.output_text.push_str(&piece);
+        if may_stop && !p.stop.is_empty() {
+            if let Some((at, stop)) = find_stop(&self.output_text, prev_len, &p.stop) {
+                let end = if p.include_stop_str_in_output { at + stop.len() } else { at };
+                self.output_text.truncate(end);
+                self.finish(FinishReason::Stop, Some(StopReason::Str(stop)));
+                return Ok(true);
+            }
+        }
+        if n_out >= p.max_tokens || self.token_ids.len() >= max_model_len {
+            let tail = self.detok.flush(tok)?;
+            self.output_text.push_str(&tail);
+            self.finish(FinishReason::Length, None);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Marks the sequence finished.
+    pub fn finish(&mut self, reason: FinishReason, stop: Option<StopReason>) {
+        self.status = match reason {
+            FinishReason::Stop => SequenceStatus::FinishedStopped,
+            FinishReason::Length => SequenceStatus::FinishedLength,
+            FinishReason::Abort => SequenceStatus::FinishedAborted,
+        };
+        self.finish_reason = Some(reason);
+        self.stop_reason = stop;
+    }
+
+    /// The output since the last call, or None when nothing changed. While stop strings are
+    /// active, the last `max_stop_len - 1` bytes are held back: they may begin a stop string.
+    pub fn take_delta(&mut self) -> Option<CompletionOutput> {
+        let finished = self.status.is_finished();
+        let mut upto = self.output_text.len();
+        if !finished && !self.params.include_stop_str_in_output {
+            let hold = self.params.stop.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1);
+            upto = upto.saturating_sub(hold).max(self.emitted_text);
+            while !self.output_text.is_char_boundary(upto) {
+                upto -= 1;
+            }
+        }
+        let upto = upto.max(self.emitted_text);
+        let n_tokens = self.num_output_tokens();
+        let report_finish = finished && !self.finish_reported;
+        if upto == self.emitted_text && n_tokens == self.emitted_tokens && !report_finish {
+            return None;
+        }
+        let out = CompletionOutput {
+            index: self.index,
+            text: self.output_text[self.emitted_text..upto].to_string(),
+            token_ids: self.token_ids[self.prompt_len + self.emitted_tokens..].to_vec(),
+            cumulative_logprob: self.cumulative_logprob,
+            logprobs: self.logprobs[self.emitted_logprobs..].to_vec(),
+            finish_reason: if report_finish { self.finish_reason } else { None },
+            stop_reason: if report_finish { self.stop_reason.clone() } else { None },
+        };
+        self.emitted_text = upto;
+        self.emitted_tokens = n_tokens;
+        self.emitted_logprobs = self.logprobs.len();
+        self.finish_reported |= report_finish;
+        Some(out)
+    }
+}
+
+/// Finds the earliest stop string that ends after byte `prev_len` of `text` (only new text can
+/// complete a match, but the match may start in older text).
+fn find_stop(text: &str, prev_len: usize, stops: &[String]) -> Option<(usize, String)> {
+    let mut best: Option<(usize, String)> = None;
+    for s in stops {
+        let mut from = prev_len.saturating_sub(s.len().saturating_sub(1));
+        while !text.is_char_boundary(from) {
+            from -= 1;
+        }
+        if let Some(i) = text[from..].find(s.as_str()) {
+            let at = from + i;
+            if best.as_ref().is_none_or(|(b, _)| at < *b) {
+                best = Some((at, s.clone()));
+            }
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_found_across_appends() {
+        assert_eq!(find_stop("hello wor", 5, &["world".into()]), None);
+        assert_eq!(find_stop("hello world", 9, &["world".into()]), Some((6, "world".into())));
+        assert_eq!(find_stop("a\n\nb", 2, &["\n\n".into(), "b".into()]), Some((1, "\n\n".into())));
+        assert_eq!(find_stop("日本語です", 6, &["語で".into()]), Some((6, "語で".into())));
+    }
+}
