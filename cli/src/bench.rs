@@ -11,13 +11,51 @@ use tandem_engine::{LoadOptions, Model};
 /// Benchmark subcommands.
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
-    /// Offline engine benchmark: prompt processing and decode speed of one stream.
+    /// One stream on the bare backend: prompt processing and decode speed (llama-bench's
+    /// pp/tg workloads).
+    Single(SingleArgs),
+    /// Offline engine throughput: many requests through LLMEngine (continuous batching).
     Engine(EngineArgs),
 }
 
 /// Arguments of `tandem bench engine`.
 #[derive(Args, Debug)]
 pub struct EngineArgs {
+    /// Model file or directory; default: the embedded default model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Workload preset: `nano-vllm` is nano-vllm's bench.py (256 requests, input and output
+    /// lengths uniform in 100..=1024); overrides the length flags.
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Number of requests.
+    #[arg(long, default_value_t = 64)]
+    pub num_prompts: usize,
+    /// Largest prompt length (uniform in min..=max).
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    /// Smallest prompt length.
+    #[arg(long, default_value_t = 128)]
+    pub min_input_len: usize,
+    /// Largest output length.
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// Smallest output length.
+    #[arg(long, default_value_t = 128)]
+    pub min_output_len: usize,
+    #[command(flatten)]
+    pub engine: crate::engine_args::EngineArgs,
+    /// Seed of the workload.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `tandem bench single`.
+#[derive(Args, Debug)]
+pub struct SingleArgs {
     /// Model file or directory; default: the embedded default model.
     #[arg(long)]
     pub model: Option<PathBuf>,
@@ -46,11 +84,84 @@ pub fn peak_rss_bytes() -> Option<u64> {
 /// Runs a benchmark.
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
+        BenchCommand::Single(a) => single(a),
         BenchCommand::Engine(a) => engine(a),
     }
 }
 
 fn engine(a: EngineArgs) -> Result<()> {
+    use tandem_engine::{LLMEngine, Prompt, SamplingParams};
+    let mut a = a;
+    if let Some(p) = a.preset.as_deref() {
+        match p {
+            "nano-vllm" => {
+                a.num_prompts = 256;
+                (a.min_input_len, a.input_len, a.min_output_len, a.output_len) = (100, 1024, 100, 1024);
+            }
+            other => anyhow::bail!("unknown preset '{other}' (known: nano-vllm)"),
+        }
+    }
+    anyhow::ensure!(a.min_input_len >= 1 && a.min_input_len <= a.input_len, "need 1 <= --min-input-len <= --input-len");
+    anyhow::ensure!(a.min_output_len >= 1 && a.min_output_len <= a.output_len, "need 1 <= --min-output-len <= --output-len");
+    let path = crate::generate_cmd::model_path(a.model.clone())?;
+    let model = Model::load(&path, a.engine.load_options()?)?;
+    let vocab = model.config.vocab_size as u64;
+    let mut engine = LLMEngine::new(model, a.engine.engine_config());
+    let mut rng = tandem_engine::sampler::Rng::new(a.seed);
+    let mut pick = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
+    let mut total_in = 0;
+    let mut total_out = 0;
+    let mut reqs = Vec::new();
+    for i in 0..a.num_prompts {
+        let (li, lo) = (pick(a.min_input_len, a.input_len), pick(a.min_output_len, a.output_len));
+        let ids: Vec<u32> = (0..li as u64).map(|j| ((i as u64 * 7919 + j * 104_729) % (vocab - 200) + 100) as u32).collect();
+        total_in += li;
+        total_out += lo;
+        reqs.push((ids, lo));
+    }
+    for (i, (ids, lo)) in reqs.into_iter().enumerate() {
+        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(lo) };
+        engine.add_request(&format!("b{i}"), Prompt::TokenIds(ids), params, None)?;
+    }
+    let bar = indicatif::ProgressBar::new(a.num_prompts as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests {msg}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let t = Instant::now();
+    let mut generated = 0usize;
+    while engine.has_unfinished_requests() {
+        for out in engine.step()? {
+            generated += out.outputs.iter().map(|o| o.token_ids.len()).sum::<usize>();
+            if out.finished {
+                bar.inc(1);
+            }
+        }
+        bar.set_message(format!("{:.1} out tok/s", generated as f64 / t.elapsed().as_secs_f64()));
+    }
+    bar.finish_and_clear();
+    let secs = t.elapsed().as_secs_f64();
+    let stats = engine.stats();
+    let rss = peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64;
+    let report = serde_json::json!({
+        "model": path.display().to_string(), "requests": a.num_prompts, "input_tokens": total_in, "output_tokens": total_out,
+        "seconds": secs, "output_tok_per_s": total_out as f64 / secs, "total_tok_per_s": (total_in + total_out) as f64 / secs,
+        "requests_per_s": a.num_prompts as f64 / secs, "preemptions": stats.num_preemptions, "steps": stats.steps, "peak_rss_mib": rss,
+    });
+    if a.json {
+        println!("{report}");
+    } else {
+        println!("requests         {}", a.num_prompts);
+        println!("input tokens     {total_in}");
+        println!("output tokens    {total_out}");
+        println!("time             {secs:.2} s");
+        println!("throughput       {:.1} output tok/s, {:.1} total tok/s, {:.2} req/s", total_out as f64 / secs, (total_in + total_out) as f64 / secs, a.num_prompts as f64 / secs);
+        println!("steps            {} ({} preemptions)", stats.steps, stats.num_preemptions);
+        println!("peak RSS         {rss:.0} MiB");
+    }
+    Ok(())
+}
+
+fn single(a: SingleArgs) -> Result<()> {
     let path = crate::generate_cmd::model_path(a.model)?;
     let total = a.prompt_tokens + a.decode_tokens;
     let t0 = Instant::now();

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use tandem_engine::sampler::TokenLogprob;
-use tandem_engine::{model_fetch, ChatMessage, EngineConfig, LLMEngine, LoadOptions, Model, Prompt, SamplingParams};
+use tandem_engine::{model_fetch, ChatMessage, LLMEngine, Model, Prompt, SamplingParams};
 
 /// Arguments of `tandem generate`.
 #[derive(Args, Debug)]
@@ -40,6 +40,8 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub engine: crate::engine_args::EngineArgs,
 }
 
 #[derive(Serialize)]
@@ -80,9 +82,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         bail!("the prompt is empty (pass --prompt TEXT or pipe it on stdin)");
     }
     let path = model_path(a.model)?;
-    let max_ctx = 16 * 1024;
-    let model = Model::load(&path, LoadOptions::with_kv_tokens(max_ctx))
-        .with_context(|| format!("loading {}", path.display()))?;
+    let model = Model::load(&path, a.engine.load_options()?).with_context(|| format!("loading {}", path.display()))?;
     let text = if a.chat { model.apply_chat_template(&[ChatMessage::new("user", &prompt)])? } else { prompt };
     let prompt_ids = model.tokenizer.encode(&text, true)?;
     let params = SamplingParams {
@@ -93,7 +93,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         logprobs: if a.json || a.top_logprobs > 0 { Some(a.top_logprobs) } else { None },
         ..Default::default()
     };
-    let mut engine = LLMEngine::new(model, EngineConfig::default());
+    let mut engine = LLMEngine::new(model, a.engine.engine_config());
     let stdout = std::io::stdout();
     let out = if a.json {
         engine.generate(Prompt::TokenIds(prompt_ids), params, &mut |_| {})?

@@ -1,6 +1,7 @@
 //! `tandem`: the command-line entry point (generate, bench).
 
 mod bench;
+mod engine_args;
 mod generate_cmd;
 
 use clap::{Parser, Subcommand};

@@ -220,6 +220,12 @@ impl LLMEngine {
         true
     }
 
+    /// States of a request's sequences, when the request is unfinished.
+    pub fn request_status(&self, request_id: &str) -> Option<Vec<SequenceStatus>> {
+        let req = self.requests.get(request_id)?;
+        Some(req.seq_ids.iter().filter_map(|id| self.scheduler.seqs.get(id).map(|s| s.status)).collect())
+    }
+
     /// Whether any request is unfinished.
     pub fn has_unfinished_requests(&self) -> bool {
         !self.requests.is_empty()

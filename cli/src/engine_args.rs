@@ -1,0 +1,130 @@
+//! Engine flags shared by every command that runs the engine (`generate`, `bench engine`, and
+//! the workers): KV cache budget, block size, swap space, scheduler limits and policies.
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use tandem_engine::scheduler::{PreemptionMode, SchedulerConfig, SchedulingPolicy};
+use tandem_engine::{EngineConfig, KvCacheSize, LoadOptions};
+
+/// How preempted sequences release memory.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PreemptionArg {
+    /// Free blocks and recompute later.
+    Recompute,
+    /// Copy blocks to host memory.
+    Swap,
+}
+
+/// Scheduling policy.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PolicyArg {
+    /// First come, first served.
+    Fcfs,
+    /// Lowest priority value first.
+    Priority,
+}
+
+/// Engine configuration flags.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// KV cache memory budget, e.g. `512MiB`, `2GiB` or a byte count.
+    #[arg(long, value_name = "SIZE")]
+    pub kv_cache_memory: Option<String>,
+    /// KV cache budget as a fraction of the memory available after loading weights.
+    #[arg(long, value_name = "F", conflicts_with = "kv_cache_memory")]
+    pub kv_cache_fraction: Option<f64>,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Host memory for swapped-out KV blocks, e.g. `256MiB`.
+    #[arg(long, value_name = "SIZE", default_value = "256MiB")]
+    pub swap_space: String,
+    /// Token budget of one engine step.
+    #[arg(long, default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+    /// Most sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// How preempted sequences release memory.
+    #[arg(long, value_enum, default_value = "recompute")]
+    pub preemption_mode: PreemptionArg,
+    /// Scheduling policy.
+    #[arg(long, value_enum, default_value = "fcfs")]
+    pub scheduling_policy: PolicyArg,
+    /// Do not share prompt blocks between requests.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Process prompts whole instead of in chunks.
+    #[arg(long)]
+    pub no_chunked_prefill: bool,
+}
+
+/// Parses `512MiB`, `2GiB`, `1.5GB`, `4096` (bytes).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().map_err(|_| anyhow::anyhow!("invalid size '{s}'"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1048576.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1073741824.0,
+        other => bail!("invalid size unit '{other}' in '{s}' (use B, KiB, MiB, GiB, KB, MB, GB)"),
+    };
+    Ok((v * mult) as u64)
+}
+
+impl EngineArgs {
+    /// Model loading options from these flags.
+    pub fn load_options(&self) -> Result<LoadOptions> {
+        let kv_cache = match (&self.kv_cache_memory, self.kv_cache_fraction) {
+            (Some(m), _) => KvCacheSize::Bytes(parse_size(m)?),
+            (None, Some(f)) => KvCacheSize::Fraction(f),
+            (None, None) => LoadOptions::default().kv_cache,
+        };
+        if self.block_size == 0 || self.block_size > 1024 {
+            bail!("--block-size must be between 1 and 1024");
+        }
+        Ok(LoadOptions { kv_cache, block_size: self.block_size, swap_space_bytes: parse_size(&self.swap_space)?, ..Default::default() })
+    }
+
+    /// Engine configuration from these flags.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            scheduler: SchedulerConfig {
+                max_num_batched_tokens: self.max_num_batched_tokens.max(1),
+                max_num_seqs: self.max_num_seqs.max(1),
+                preemption_mode: match self.preemption_mode {
+                    PreemptionArg::Recompute => PreemptionMode::Recompute,
+                    PreemptionArg::Swap => PreemptionMode::Swap,
+                },
+                policy: match self.scheduling_policy {
+                    PolicyArg::Fcfs => SchedulingPolicy::Fcfs,
+                    PolicyArg::Priority => SchedulingPolicy::Priority,
+                },
+                enable_chunked_prefill: !self.no_chunked_prefill,
+                ..Default::default()
+            },
+            enable_prefix_caching: !self.no_prefix_caching,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("MiB").is_err());
+    }
+}
