@@ -56,6 +56,9 @@ pub struct EngineArgs {
 /// Arguments of `tandem bench single`.
 #[derive(Args, Debug)]
 pub struct SingleArgs {
+    /// CPU kernels.
+    #[arg(long, value_enum, default_value = "fast")]
+    pub kernel: crate::engine_args::KernelArg,
     /// Model file or directory; default: the embedded default model.
     #[arg(long)]
     pub model: Option<PathBuf>,
@@ -165,7 +168,7 @@ fn single(a: SingleArgs) -> Result<()> {
     let path = crate::generate_cmd::model_path(a.model)?;
     let total = a.prompt_tokens + a.decode_tokens;
     let t0 = Instant::now();
-    let mut model = Model::load(&path, LoadOptions::with_kv_tokens(total))?;
+    let mut model = Model::load(&path, LoadOptions { kernel: a.kernel.path(), ..LoadOptions::with_kv_tokens(total) })?;
     let load_s = t0.elapsed().as_secs_f64();
     let spec = model.backend.kv_cache_spec();
     let table: Vec<u32> = (0..spec.num_blocks as u32).collect();
@@ -192,7 +195,7 @@ fn single(a: SingleArgs) -> Result<()> {
     if a.json {
         println!(
             "{}",
-            serde_json::json!({"model": path.display().to_string(), "kernel": "exact", "prompt_tokens": a.prompt_tokens,
+            serde_json::json!({"model": path.display().to_string(), "kernel": format!("{:?}", a.kernel), "prompt_tokens": a.prompt_tokens,
                 "decode_tokens": a.decode_tokens, "prompt_tok_per_s": best_pp, "decode_tok_per_s": best_tg,
                 "load_s": load_s, "peak_rss_mib": rss, "threads": rayon_threads()})
         );

@@ -4,6 +4,7 @@
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use tandem_engine::scheduler::{PreemptionMode, SchedulerConfig, SchedulingPolicy};
+use tandem_engine::backend::KernelPath;
 use tandem_engine::{EngineConfig, KvCacheSize, LoadOptions};
 
 /// How preempted sequences release memory.
@@ -24,9 +25,31 @@ pub enum PolicyArg {
     Priority,
 }
 
+/// CPU kernels of the linear layers.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum KernelArg {
+    /// Quantised weights and activations, SIMD integer dot products.
+    Fast,
+    /// f32 weights and accumulation (the reference).
+    Exact,
+}
+
+impl KernelArg {
+    /// The engine's kernel path.
+    pub fn path(self) -> KernelPath {
+        match self {
+            KernelArg::Fast => KernelPath::Fast,
+            KernelArg::Exact => KernelPath::Exact,
+        }
+    }
+}
+
 /// Engine configuration flags.
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
+    /// CPU kernels: `fast` (quantised) or `exact` (f32 reference).
+    #[arg(long, value_enum, default_value = "fast")]
+    pub kernel: KernelArg,
     /// KV cache memory budget, e.g. `512MiB`, `2GiB` or a byte count.
     #[arg(long, value_name = "SIZE")]
     pub kv_cache_memory: Option<String>,
@@ -89,7 +112,7 @@ impl EngineArgs {
         if self.block_size == 0 || self.block_size > 1024 {
             bail!("--block-size must be between 1 and 1024");
         }
-        Ok(LoadOptions { kv_cache, block_size: self.block_size, swap_space_bytes: parse_size(&self.swap_space)?, ..Default::default() })
+        Ok(LoadOptions { kernel: self.kernel.path(), kv_cache, block_size: self.block_size, swap_space_bytes: parse_size(&self.swap_space)? })
     }
 
     /// Engine configuration from these flags.

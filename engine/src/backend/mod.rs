@@ -87,6 +87,9 @@ pub enum KernelPath {
     /// against.
     #[default]
     Exact,
+    /// Q4_0/Q4_1/Q8_0 weights kept quantised, activations quantised to 8 bits per matmul, SIMD
+    /// integer dot products (AVX-512 VNNI, AVX-VNNI or AVX2, chosen at run time).
+    Fast,
 }
 
 /// A forward pass was refused or failed.

@@ -34,7 +34,7 @@ impl ExactLinear {
 }
 
 /// f32 dot product with eight independent partial sums (vectorisable, deterministic order).
-#[inline]
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let chunks = a.len() / 8;
@@ -102,6 +102,116 @@ mod tests {
             for r in 0..n {
                 let want: f32 = (0..k).map(|i| x[ti * k + i] * w[r * k + i]).sum();
                 assert!((out[ti * n + r] - want).abs() < 1e-3, "{ti},{r}");
+            }
+        }
+    }
+}
+
+/// A linear layer with quantised weights (Q4_1 / Q4_0 / Q8_0 kept as loaded) and 8-bit
+/// activations: the CPU fast path.
+pub struct QuantLinear {
+    w: Arc<super::quant::QMatrix>,
+    kernel: super::quant::QKernel,
+}
+
+/// Raw output pointer shared by the threads of one matmul; each writes disjoint rows.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: threads write disjoint output rows (see `QuantLinear::forward_quantized`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+thread_local! {
+    static ACTS: std::cell::RefCell<super::quant::QActs> = std::cell::RefCell::new(super::quant::QActs::default());
+}
+
+/// Rows per parallel task: enough work to amortise scheduling, enough tasks to balance.
+fn row_chunk(n: usize, k: usize, t: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    if n * k * t < 64 * 1024 {
+        return n; // too small to split
+    }
+    n.div_ceil(threads * 4).clamp(8, 512)
+}
+
+impl QuantLinear {
+    /// Wraps a repacked matrix; `kernel` is usually [`super::quant::QKernel::detect`].
+    pub fn new(w: Arc<super::quant::QMatrix>, kernel: super::quant::QKernel) -> Self {
+        QuantLinear { w, kernel }
+    }
+
+    /// The weights.
+    pub fn matrix(&self) -> &super::quant::QMatrix {
+        &self.w
+    }
+
+    /// `out = a · wᵀ` for already quantised activations.
+    pub fn forward_quantized(&self, a: &super::quant::QActs, out: &mut [f32]) {
+        let (n, t) = (self.w.n, a.t);
+        debug_assert_eq!(out.len(), t * n);
+        let ptr = OutPtr(out.as_mut_ptr());
+        let chunk = row_chunk(n, self.w.k, t);
+        let kernel = self.kernel;
+        let w = &*self.w;
+        if chunk >= n || rayon::current_num_threads() == 1 {
+            // SAFETY: one task writes every row of a buffer of t × n floats.
+            unsafe { super::quant::matmul_rows(kernel, w, a, 0..n, ptr.0) };
+            return;
+        }
+        (0..n.div_ceil(chunk)).into_par_iter().for_each(move |c| {
+            let p = ptr;
+            let rows = c * chunk..((c + 1) * chunk).min(n);
+            // SAFETY: tasks cover disjoint row ranges of a buffer of t × n floats.
+            unsafe { super::quant::matmul_rows(kernel, w, a, rows, p.0) };
+        });
+    }
+}
+
+impl Linear for QuantLinear {
+    fn in_features(&self) -> usize {
+        self.w.k
+    }
+    fn out_features(&self) -> usize {
+        self.w.n
+    }
+    fn forward(&self, x: &[f32], t: usize, out: &mut [f32]) {
+        ACTS.with(|cell| {
+            let mut a = cell.borrow_mut();
+            a.quantize(x, t, self.w.k);
+            self.forward_quantized(&a, out);
+        });
+    }
+}
+
+#[cfg(test)]
+mod quant_tests {
+    use super::super::quant::{scalar, QActs, QKernel, QMatrix};
+    use super::*;
+    use crate::dtype::GgmlType;
+
+    #[test]
+    fn every_kernel_matches_the_scalar_oracle() {
+        let kernels = QKernel::available();
+        eprintln!("kernels on this CPU: {kernels:?}");
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
+            for &(n, k, t) in &[(37, 96, 1), (64, 576, 5), (200, 1536, 9), (3, 32, 4)] {
+                let data = super::super::quant::tests_support::random_gguf(ty, n, k, (n * k + t) as u64);
+                let w = QMatrix::from_gguf(ty, &data, n, k).unwrap();
+                let mut rng = crate::sampler::Rng::new(7);
+                let x: Vec<f32> = (0..t * k).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
+                let mut a = QActs::default();
+                a.quantize(&x, t, k);
+                for &kernel in &kernels {
+                    let mut out = vec![0f32; t * n];
+                    QuantLinear::new(Arc::new(w.clone()), kernel).forward_quantized(&a, &mut out);
+                    for r in 0..n {
+                        for ti in 0..t {
+                            let want = scalar::dot(&w, r, &a, ti);
+                            let got = out[ti * n + r];
+                            assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{kernel:?} {ty:?} {n}x{k} t{t} [{ti},{r}]: {got} vs {want}");
+                        }
+                    }
+                }
             }
         }
     }

@@ -7,6 +7,9 @@
 pub mod kv_cache;
 pub mod linear;
 pub mod ops;
+pub mod quant;
+#[cfg(target_arch = "x86_64")]
+mod quant_x86;
 
 use std::sync::Arc;
 
@@ -17,7 +20,8 @@ use crate::config::{Arch, ModelConfig, RopeStyle};
 use crate::weights::ModelFiles;
 use crate::LoadError;
 use kv_cache::CpuKvCache;
-use linear::{ExactLinear, Linear};
+use linear::{ExactLinear, Linear, QuantLinear};
+use quant::{QKernel, QMatrix};
 use ops::Rope;
 
 /// How to build a [`CpuBackend`].
@@ -33,28 +37,59 @@ pub struct CpuBackendOptions {
     pub num_host_blocks: usize,
 }
 
-fn load_linear(files: &ModelFiles, name: &str, n: usize, k: usize, _kernel: KernelPath) -> Result<Box<dyn Linear>, LoadError> {
-    let t = files.require(name, &[n, k])?;
-    Ok(Box::new(ExactLinear::new(t.to_f32().into(), n, k)))
+/// Loads one or more weight matrices with the same input width as one fused linear layer
+/// (rows stacked in order). The fast path keeps Q4_0/Q4_1/Q8_0 weights quantised when every
+/// part has the same quantised format; anything else is dequantised to f32.
+fn load_fused(files: &ModelFiles, parts: &[(String, usize)], k: usize, kernel: KernelPath) -> Result<Arc<dyn Linear>, LoadError> {
+    let tensors = parts.iter().map(|(name, n)| files.require(name, &[*n, k])).collect::<Result<Vec<_>, _>>()?;
+    let n_total: usize = parts.iter().map(|p| p.1).sum();
+    if kernel == KernelPath::Fast {
+        let mats: Option<Vec<QMatrix>> = tensors.iter().map(|t| QMatrix::from_gguf(t.dtype, t.bytes, t.shape[0], k)).collect();
+        if let Some(mats) = mats {
+            if mats.iter().all(|m| m.format == mats[0].format) {
+                let m = if mats.len() == 1 { mats.into_iter().next().expect("one part") } else { QMatrix::concat(&mats) };
+                return Ok(Arc::new(QuantLinear::new(Arc::new(m), QKernel::detect())));
+            }
+        }
+    }
+    let mut w = Vec::with_capacity(n_total * k);
+    for t in &tensors {
+        w.extend(t.to_f32());
+    }
+    Ok(Arc::new(ExactLinear::new(w.into(), n_total, k)))
 }
 
 fn load_vec(files: &ModelFiles, name: &str, n: usize) -> Result<Vec<f32>, LoadError> {
     Ok(files.require(name, &[n])?.to_f32())
 }
 
+/// The token embedding table, f32 or quantised (shared with a tied LM head).
+enum Embedding {
+    F32(Arc<[f32]>),
+    Quant(Arc<QMatrix>),
+}
+
+impl Embedding {
+    fn row(&self, tok: usize, h: usize, out: &mut [f32]) {
+        match self {
+            Embedding::F32(w) => out.copy_from_slice(&w[tok * h..(tok + 1) * h]),
+            Embedding::Quant(m) => m.row_f32(tok, out),
+        }
+    }
+}
+
 struct Attention {
-    q: Box<dyn Linear>,
-    k: Box<dyn Linear>,
-    v: Box<dyn Linear>,
-    o: Box<dyn Linear>,
+    /// Fused q, k and v projections: `[q_size + 2 · kv_size, hidden]`.
+    qkv: Arc<dyn Linear>,
+    o: Arc<dyn Linear>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
 }
 
 struct Mlp {
-    gate: Box<dyn Linear>,
-    up: Box<dyn Linear>,
-    down: Box<dyn Linear>,
+    /// Fused gate and up projections: `[2 · intermediate, hidden]`.
+    gate_up: Arc<dyn Linear>,
+    down: Arc<dyn Linear>,
 }
 
 struct DecoderLayer {
@@ -67,12 +102,13 @@ struct DecoderLayer {
 /// The model on CPU with its KV cache.
 pub struct CpuBackend {
     cfg: ModelConfig,
-    embed: Arc<[f32]>,
+    embed: Embedding,
     layers: Vec<DecoderLayer>,
     norm: Vec<f32>,
-    lm_head: Box<dyn Linear>,
+    lm_head: Arc<dyn Linear>,
     rope: Rope,
     kv: CpuKvCache,
+    simd: bool,
 }
 
 impl CpuBackend {
@@ -80,7 +116,23 @@ impl CpuBackend {
     pub fn load(files: &ModelFiles, cfg: &ModelConfig, opts: CpuBackendOptions) -> Result<CpuBackend, LoadError> {
         let (h, q, kv, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
         let kp = opts.kernel;
-        let embed: Arc<[f32]> = files.require("token_embd.weight", &[cfg.vocab_size, h])?.to_f32().into();
+        if opts.block_size == 0 || opts.num_blocks == 0 {
+            return Err(LoadError::Config("KV cache needs a positive block size and block count".into()));
+        }
+        let embd = files.require("token_embd.weight", &[cfg.vocab_size, h])?;
+        let quant_embd = if kp == KernelPath::Fast { QMatrix::from_gguf(embd.dtype, embd.bytes, cfg.vocab_size, h) } else { None };
+        let (embed, tied_head): (Embedding, Option<Arc<dyn Linear>>) = match quant_embd {
+            Some(m) => {
+                let m = Arc::new(m);
+                let head: Arc<dyn Linear> = Arc::new(QuantLinear::new(m.clone(), QKernel::detect()));
+                (Embedding::Quant(m), Some(head))
+            }
+            None => {
+                let w: Arc<[f32]> = embd.to_f32().into();
+                let head: Arc<dyn Linear> = Arc::new(ExactLinear::new(w.clone(), cfg.vocab_size, h));
+                (Embedding::F32(w), Some(head))
+            }
+        };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
@@ -88,29 +140,22 @@ impl CpuBackend {
             layers.push(DecoderLayer {
                 attn_norm: load_vec(files, &p("attn_norm"), h)?,
                 attn: Attention {
-                    q: load_linear(files, &p("attn_q"), q, h, kp)?,
-                    k: load_linear(files, &p("attn_k"), kv, h, kp)?,
-                    v: load_linear(files, &p("attn_v"), kv, h, kp)?,
-                    o: load_linear(files, &p("attn_output"), h, q, kp)?,
+                    qkv: load_fused(files, &[(p("attn_q"), q), (p("attn_k"), kv), (p("attn_v"), kv)], h, kp)?,
+                    o: load_fused(files, &[(p("attn_output"), h)], q, kp)?,
                     q_norm: if qk_norm { Some(load_vec(files, &p("attn_q_norm"), cfg.head_dim)?) } else { None },
                     k_norm: if qk_norm { Some(load_vec(files, &p("attn_k_norm"), cfg.head_dim)?) } else { None },
                 },
                 ffn_norm: load_vec(files, &p("ffn_norm"), h)?,
                 mlp: Mlp {
-                    gate: load_linear(files, &p("ffn_gate"), ff, h, kp)?,
-                    up: load_linear(files, &p("ffn_up"), ff, h, kp)?,
-                    down: load_linear(files, &p("ffn_down"), h, ff, kp)?,
+                    gate_up: load_fused(files, &[(p("ffn_gate"), ff), (p("ffn_up"), ff)], h, kp)?,
+                    down: load_fused(files, &[(p("ffn_down"), h)], ff, kp)?,
                 },
             });
         }
-        let lm_head: Box<dyn Linear> = if cfg.tie_word_embeddings {
-            Box::new(ExactLinear::new(embed.clone(), cfg.vocab_size, h))
-        } else {
-            load_linear(files, "output.weight", cfg.vocab_size, h, kp)?
+        let lm_head = match (cfg.tie_word_embeddings, tied_head) {
+            (true, Some(head)) => head,
+            _ => load_fused(files, &[("output.weight".to_string(), cfg.vocab_size)], h, kp)?,
         };
-        if opts.block_size == 0 || opts.num_blocks == 0 {
-            return Err(LoadError::Config("KV cache needs a positive block size and block count".into()));
-        }
         Ok(CpuBackend {
             cfg: cfg.clone(),
             embed,
@@ -119,6 +164,7 @@ impl CpuBackend {
             rope: Rope::new(cfg.head_dim, cfg.rope_theta, cfg.rope_style == RopeStyle::Interleaved),
             layers,
             kv: CpuKvCache::new(cfg.num_layers, opts.num_blocks, opts.block_size, kv).with_host_blocks(opts.num_host_blocks),
+            simd: simd_available(),
         })
     }
 
@@ -171,36 +217,82 @@ impl CpuBackend {
     fn attend(&self, layer: usize, q: &[f32], b: &ForwardBatch, out: &mut [f32]) {
         let cfg = &self.cfg;
         let (hd, nh) = (cfg.head_dim, cfg.num_heads);
-        let group = cfg.num_heads / cfg.num_kv_heads;
-        let bs = self.kv.block_size();
-        let scale = 1.0 / (hd as f32).sqrt();
         let mut tok_seq = vec![0usize; b.num_tokens()];
         for (si, s) in b.seqs.iter().enumerate() {
             tok_seq[s.query_start..s.query_start + s.query_len].fill(si);
         }
+        let simd = self.simd;
         out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
             let (ti, h) = (idx / nh, idx % nh);
+            let qh = &q[ti * nh * hd + h * hd..ti * nh * hd + (h + 1) * hd];
             let s = &b.seqs[tok_seq[ti]];
             let ctx = b.positions[ti] as usize + 1;
-            let kvh = h / group;
-            let qh = &q[ti * nh * hd + h * hd..ti * nh * hd + (h + 1) * hd];
-            let mut scores: Vec<f32> = (0..ctx)
-                .map(|p| {
-                    let slot = s.block_table[p / bs] as usize * bs + p % bs;
-                    linear::dot(qh, &self.kv.k(layer, slot)[kvh * hd..(kvh + 1) * hd]) * scale
-                })
-                .collect();
-            ops::softmax(&mut scores);
-            o.fill(0.0);
-            for (p, &w) in scores.iter().enumerate() {
-                let slot = s.block_table[p / bs] as usize * bs + p % bs;
-                let v = &self.kv.v(layer, slot)[kvh * hd..(kvh + 1) * hd];
-                for (a, &x) in o.iter_mut().zip(v) {
-                    *a += w * x;
-                }
+            if simd {
+                // SAFETY: `simd` is set only when the CPU has AVX2 and FMA.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    attend_head_avx2(self, layer, qh, h, &s.block_table, ctx, o)
+                };
+            } else {
+                attend_head(self, layer, qh, h, &s.block_table, ctx, o);
             }
         });
     }
+}
+
+fn simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// One query head over `ctx` cached positions: softmax(q·Kᵀ/√d)·V, in f32. Walks the block
+/// table block by block (no per-position division).
+#[inline(always)]
+fn attend_head(be: &CpuBackend, layer: usize, qh: &[f32], h: usize, table: &[u32], ctx: usize, o: &mut [f32]) {
+    let hd = be.cfg.head_dim;
+    let kvh = h / (be.cfg.num_heads / be.cfg.num_kv_heads);
+    let bs = be.kv.block_size();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut scores: Vec<f32> = Vec::with_capacity(ctx);
+    for (bi, &blk) in table.iter().enumerate() {
+        let base = blk as usize * bs;
+        let n = bs.min(ctx.saturating_sub(bi * bs));
+        for off in 0..n {
+            scores.push(linear::dot(qh, &be.kv.k(layer, base + off)[kvh * hd..(kvh + 1) * hd]) * scale);
+        }
+        if n < bs {
+            break;
+        }
+    }
+    ops::softmax(&mut scores);
+    o.fill(0.0);
+    for (bi, &blk) in table.iter().enumerate() {
+        let base = blk as usize * bs;
+        let n = bs.min(ctx.saturating_sub(bi * bs));
+        for off in 0..n {
+            let w = scores[bi * bs + off];
+            let v = &be.kv.v(layer, base + off)[kvh * hd..(kvh + 1) * hd];
+            for (a, &x) in o.iter_mut().zip(v) {
+                *a += w * x;
+            }
+        }
+        if n < bs {
+            break;
+        }
+    }
+}
+
+/// [`attend_head`] compiled for AVX2/FMA (the same arithmetic, vectorised by the compiler).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_head_avx2(be: &CpuBackend, layer: usize, qh: &[f32], h: usize, table: &[u32], ctx: usize, o: &mut [f32]) {
+    attend_head(be, layer, qh, h, table, ctx, o)
 }
 
 impl CpuBackend {
@@ -252,47 +344,53 @@ impl ModelBackend for CpuBackend {
     fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
         self.validate(b)?;
         let cfg = self.cfg.clone();
-        let (h, qs, kvs, ff, hd) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size, cfg.head_dim);
+        let (h, qs, kvs, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
         let t = b.num_tokens();
         let eps = cfg.rms_norm_eps;
+        let qkv_w = qs + 2 * kvs;
         let mut x = vec![0f32; t * h];
         for (i, &tok) in b.token_ids.iter().enumerate() {
-            x[i * h..(i + 1) * h].copy_from_slice(&self.embed[tok as usize * h..(tok as usize + 1) * h]);
+            self.embed.row(tok as usize, h, &mut x[i * h..(i + 1) * h]);
         }
         let mut hbuf = vec![0f32; t * h];
-        let (mut q, mut k, mut v) = (vec![0f32; t * qs], vec![0f32; t * kvs], vec![0f32; t * kvs]);
+        let mut qkv = vec![0f32; t * qkv_w];
+        let mut q = vec![0f32; t * qs];
         let mut att = vec![0f32; t * qs];
         let mut proj = vec![0f32; t * h];
-        let (mut gate, mut up) = (vec![0f32; t * ff], vec![0f32; t * ff]);
+        let mut gate_up = vec![0f32; t * 2 * ff];
+        let mut act = vec![0f32; t * ff];
         for li in 0..self.layers.len() {
             let layer = &self.layers[li];
             ops::rms_norm(&x, &layer.attn_norm, eps, &mut hbuf);
-            layer.attn.q.forward(&hbuf, t, &mut q);
-            layer.attn.k.forward(&hbuf, t, &mut k);
-            layer.attn.v.forward(&hbuf, t, &mut v);
-            if let (Some(qn), Some(kn)) = (&layer.attn.q_norm, &layer.attn.k_norm) {
-                ops::rms_norm_inplace(&mut q, qn, eps);
-                ops::rms_norm_inplace(&mut k, kn, eps);
-            }
+            layer.attn.qkv.forward(&hbuf, t, &mut qkv);
             for ti in 0..t {
-                self.rope.apply(&mut q[ti * qs..(ti + 1) * qs], b.positions[ti]);
-                self.rope.apply(&mut k[ti * kvs..(ti + 1) * kvs], b.positions[ti]);
-            }
-            for ti in 0..t {
-                self.kv.write(li, b.slot_mapping[ti] as usize, &k[ti * kvs..(ti + 1) * kvs], &v[ti * kvs..(ti + 1) * kvs]);
+                let row = &mut qkv[ti * qkv_w..(ti + 1) * qkv_w];
+                let (qr, rest) = row.split_at_mut(qs);
+                let (kr, vr) = rest.split_at_mut(kvs);
+                if let (Some(qn), Some(kn)) = (&layer.attn.q_norm, &layer.attn.k_norm) {
+                    ops::rms_norm_inplace(qr, qn, eps);
+                    ops::rms_norm_inplace(kr, kn, eps);
+                }
+                self.rope.apply(qr, b.positions[ti]);
+                self.rope.apply(kr, b.positions[ti]);
+                q[ti * qs..(ti + 1) * qs].copy_from_slice(qr);
+                self.kv.write(li, b.slot_mapping[ti] as usize, kr, vr);
             }
             self.attend(li, &q, b, &mut att);
             let layer = &self.layers[li];
             layer.attn.o.forward(&att, t, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
             ops::rms_norm(&x, &layer.ffn_norm, eps, &mut hbuf);
-            layer.mlp.gate.forward(&hbuf, t, &mut gate);
-            layer.mlp.up.forward(&hbuf, t, &mut up);
-            ops::silu_mul(&mut gate, &up);
-            layer.mlp.down.forward(&gate, t, &mut proj);
+            layer.mlp.gate_up.forward(&hbuf, t, &mut gate_up);
+            for ti in 0..t {
+                let row = &gate_up[ti * 2 * ff..(ti + 1) * 2 * ff];
+                let a = &mut act[ti * ff..(ti + 1) * ff];
+                a.copy_from_slice(&row[..ff]);
+                ops::silu_mul(a, &row[ff..]);
+            }
+            layer.mlp.down.forward(&act, t, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
         }
-        let _ = hd;
         let rows = b.logits_indices.len();
         let mut sel = vec![0f32; rows * h];
         for (r, &i) in b.logits_indices.iter().enumerate() {

@@ -1,0 +1,218 @@
+//! x86-64 SIMD kernels for [`super::quant`]: AVX-512 VNNI, AVX-VNNI and plain AVX2, each
+//! computing a tile of one weight row against up to four activation rows, so that the unpacked
+//! weights are reused across the batch. Selected at run time; never AMX.
+
+use std::arch::x86_64::*;
+
+use super::quant::{QActs, QFormat, QKernel, QMatrix};
+
+/// Tokens per tile.
+const NT: usize = 4;
+
+/// Dispatches to the kernel's tile loop.
+///
+/// # Safety
+/// The CPU must support `kernel`; `out` as in [`super::quant::matmul_rows`].
+pub unsafe fn matmul_rows(kernel: QKernel, w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+    match kernel {
+        QKernel::Avx512Vnni => rows_avx512(w, a, rows, out),
+        QKernel::AvxVnni => rows_avx2::<true>(w, a, rows, out),
+        _ => rows_avx2::<false>(w, a, rows, out),
+    }
+}
+
+#[inline(always)]
+unsafe fn pair_f64(p: *const f32) -> f64 {
+    std::ptr::read_unaligned(p as *const f64)
+}
+
+/// `Σ m_w·s_a` over the row's blocks: the minimum / offset terms.
+#[inline(always)]
+fn min_terms(w: &QMatrix, r: usize, a: &QActs, t: usize) -> f32 {
+    let n2 = w.npairs * 2;
+    let wm = &w.m[r * n2..(r + 1) * n2];
+    let s = &a.s[t * n2..(t + 1) * n2];
+    let mut acc = [0f32; 4];
+    for (c, (x, y)) in wm.chunks_exact(4).zip(s.chunks_exact(4)).enumerate() {
+        let _ = c;
+        for j in 0..4 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let mut sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for i in (n2 / 4) * 4..n2 {
+        sum += wm[i] * s[i];
+    }
+    sum
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+unsafe fn rows_avx512(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+    for r in rows {
+        let mut t0 = 0;
+        while t0 < a.t {
+            let nt = (a.t - t0).min(NT);
+            match nt {
+                4 => tile_avx512::<4>(w, r, a, t0, out),
+                3 => tile_avx512::<3>(w, r, a, t0, out),
+                2 => tile_avx512::<2>(w, r, a, t0, out),
+                _ => tile_avx512::<1>(w, r, a, t0, out),
+            }
+            t0 += nt;
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+unsafe fn tile_avx512<const T: usize>(w: &QMatrix, r: usize, a: &QActs, t0: usize, out: *mut f32) {
+    let np = w.npairs;
+    let pb = w.format.pair_bytes();
+    let wq = w.qs.as_ptr().add(r * np * pb);
+    let wd = w.d.as_ptr().add(r * np * 2);
+    let mask = _mm256_set1_epi8(0x0F);
+    // Two accumulators per token: consecutive pairs feed independent FMA chains.
+    let mut acc = [[_mm512_setzero_ps(); 2]; T];
+    let load_w = |p: usize| -> __m512i {
+        match w.format {
+            QFormat::Q4_1 => {
+                let v = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
+                let lo = _mm256_and_si256(v, mask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+            }
+            QFormat::Q8_0 => _mm512_loadu_si512(wq.add(p * 64) as *const _),
+        }
+    };
+    let mut p = 0;
+    while p < np {
+        let lanes = if p + 1 < np { 2 } else { 1 };
+        for (u, pp) in (p..p + lanes).enumerate() {
+            let wz = load_w(pp);
+            let dw = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(wd.add(pp * 2))));
+            for (t, acc_t) in acc.iter_mut().enumerate() {
+                let ti = t0 + t;
+                let az = _mm512_loadu_si512(a.qs.as_ptr().add((ti * np + pp) * 64) as *const _);
+                let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wz, az);
+                let da = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(a.d.as_ptr().add((ti * np + pp) * 2))));
+                acc_t[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da), acc_t[u]);
+            }
+        }
+        p += lanes;
+    }
+    for (t, acc_t) in acc.iter().enumerate() {
+        let ti = t0 + t;
+        *out.add(ti * w.n + r) = _mm512_reduce_add_ps(_mm512_add_ps(acc_t[0], acc_t[1])) + min_terms(w, r, a, ti);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,avxvnni")]
+unsafe fn rows_avx2_vnni(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+    rows_avx2_body::<true>(w, a, rows, out)
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_avx2_plain(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+    rows_avx2_body::<false>(w, a, rows, out)
+}
+
+unsafe fn rows_avx2<const VNNI: bool>(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+    if VNNI {
+        rows_avx2_vnni(w, a, rows, out)
+    } else {
+        rows_avx2_plain(w, a, rows, out)
+    }
+}
+
+#[inline(always)]
+unsafe fn rows_avx2_body<const VNNI: bool>(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+    for r in rows {
+        let mut t0 = 0;
+        while t0 < a.t {
+            let nt = (a.t - t0).min(NT);
+            match nt {
+                4 => tile_avx2::<4, VNNI>(w, r, a, t0, out),
+                3 => tile_avx2::<3, VNNI>(w, r, a, t0, out),
+                2 => tile_avx2::<2, VNNI>(w, r, a, t0, out),
+                _ => tile_avx2::<1, VNNI>(w, r, a, t0, out),
+            }
+            t0 += nt;
+        }
+    }
+}
+
+/// `u8 × i8` dot of 32 bytes into eight i32 lanes, added to `acc`.
+#[inline(always)]
+unsafe fn dot_u8i8<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_avx_epi32(acc, u, s)
+    } else {
+        let p16 = _mm256_maddubs_epi16(u, s);
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    let x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+    _mm_cvtss_f32(x)
+}
+
+#[inline(always)]
+unsafe fn tile_avx2<const T: usize, const VNNI: bool>(w: &QMatrix, r: usize, a: &QActs, t0: usize, out: *mut f32) {
+    let np = w.npairs;
+    let pb = w.format.pair_bytes();
+    let wq = w.qs.as_ptr().add(r * np * pb);
+    let wd = w.d.as_ptr().add(r * np * 2);
+    let mask = _mm256_set1_epi8(0x0F);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for p in 0..np {
+        let (wlo, whi) = match w.format {
+            QFormat::Q4_1 => {
+                let v = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
+                (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16(v, 4), mask))
+            }
+            QFormat::Q8_0 => (
+                _mm256_loadu_si256(wq.add(p * 64) as *const __m256i),
+                _mm256_loadu_si256(wq.add(p * 64 + 32) as *const __m256i),
+            ),
+        };
+        let dw = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(wd.add(p * 2))));
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let ti = t0 + t;
+            let ap = a.qs.as_ptr().add((ti * np + p) * 64);
+            let alo = _mm256_loadu_si256(ap as *const __m256i);
+            let ahi = _mm256_loadu_si256(ap.add(32) as *const __m256i);
+            let isum = if VNNI {
+                dot_u8i8::<true>(dot_u8i8::<true>(_mm256_setzero_si256(), wlo, alo), whi, ahi)
+            } else if w.format == QFormat::Q8_0 {
+                // u8 weights up to 255 could saturate maddubs' i16 pairs: widen in two steps.
+                let lo = dot_u8i8_wide(wlo, alo);
+                _mm256_add_epi32(lo, dot_u8i8_wide(whi, ahi))
+            } else {
+                dot_u8i8::<false>(dot_u8i8::<false>(_mm256_setzero_si256(), wlo, alo), whi, ahi)
+            };
+            let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add((ti * np + p) * 2))));
+            *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), *acc_t);
+        }
+    }
+    for (t, acc_t) in acc.iter().enumerate() {
+        let ti = t0 + t;
+        *out.add(ti * w.n + r) = hsum256(*acc_t) + min_terms(w, r, a, ti);
+    }
+}
+
+/// Exact `u8 × i8` dot into i32 lanes without i16 saturation (AVX2 without VNNI): split the
+/// unsigned bytes into high and low nibbles, each product fits `maddubs`' i16 pairs.
+#[inline(always)]
+unsafe fn dot_u8i8_wide(u: __m256i, s: __m256i) -> __m256i {
+    let mask = _mm256_set1_epi8(0x0F);
+    let ulo = _mm256_and_si256(u, mask);
+    let uhi = _mm256_and_si256(_mm256_srli_epi16(u, 4), mask);
+    let ones = _mm256_set1_epi16(1);
+    let plo = _mm256_madd_epi16(_mm256_maddubs_epi16(ulo, s), ones);
+    let phi = _mm256_madd_epi16(_mm256_maddubs_epi16(uhi, s), ones);
+    _mm256_add_epi32(plo, _mm256_slli_epi32(phi, 4))
+}
