@@ -10,6 +10,12 @@
 //! `Σ_blocks d_w·d_a·dot + m_w·s_a`, with `m_w` the Q4_1 minimum or `-128·d_w` for Q8_0 and
 //! `s_a = d_a·Σq_a`. Activations use the Q8 layout of a Q8_0 pair (signed).
 //!
+//! Activations carry two int8 vectors per block: `x ≈ d·(q₁ + q₂/256)`, the second holding the
+//! rounding residual of the first. Kernels combine them in the integer domain,
+//! `(Σ w·q₁ << 8) + Σ w·q₂`, which gives the dot products ~15-bit activation precision for one
+//! extra multiply-add instruction: a single int8 level alone moves this model's log-probs by
+//! 0.06 nats in the median and up to 0.75.
+//!
 //! [`scalar`] is the reference the SIMD kernels in `quant_x86.rs` are tested against.
 
 use crate::dtype::GgmlType;
@@ -177,9 +183,11 @@ pub struct QActs {
     pub t: usize,
     /// Block pairs per row.
     pub npairs: usize,
-    /// Values, `t × npairs × 64`.
+    /// First-level values, `t × npairs × 64`.
     pub qs: Vec<i8>,
-    /// Scales, `t × npairs × 2`.
+    /// Residual values at 1/256 of the scale, same layout.
+    pub qs2: Vec<i8>,
+    /// Scales of the combined integer `256·q₁ + q₂`, i.e. `d/256`, `t × npairs × 2`.
     pub d: Vec<f32>,
     /// `d · Σq` per block, `t × npairs × 2`.
     pub s: Vec<f32>,
@@ -194,6 +202,8 @@ impl QActs {
         self.npairs = npairs;
         self.qs.clear();
         self.qs.resize(t * npairs * 64, 0);
+        self.qs2.clear();
+        self.qs2.resize(t * npairs * 64, 0);
         self.d.clear();
         self.d.resize(t * npairs * 2, 0.0);
         self.s.clear();
@@ -207,15 +217,18 @@ impl QActs {
                 let (p, b) = (blk / 2, blk % 2);
                 let base = (ti * npairs + p) * 64;
                 let mut sum = 0i32;
+                let id2 = id * 256.0;
                 for (j, &v) in src.iter().enumerate() {
-                    let q = (v * id).round() as i32;
-                    let q = q.clamp(-127, 127);
-                    sum += q;
+                    let q = ((v * id).round() as i32).clamp(-127, 127);
+                    let r = v - q as f32 * d;
+                    let q2 = ((r * id2).round() as i32).clamp(-127, 127);
+                    sum += 256 * q + q2;
                     self.qs[base + q8_pos(b, j)] = q as i8;
+                    self.qs2[base + q8_pos(b, j)] = q2 as i8;
                 }
                 let si = (ti * npairs + p) * 2 + b;
-                self.d[si] = d;
-                self.s[si] = d * sum as f32;
+                self.d[si] = d / 256.0;
+                self.s[si] = d / 256.0 * sum as f32;
             }
         }
     }
@@ -231,19 +244,25 @@ pub mod scalar {
         let mut acc = 0f32;
         for p in 0..w.npairs {
             let wq = &w.qs[(r * w.npairs + p) * pb..(r * w.npairs + p + 1) * pb];
-            let aq = &a.qs[(t * a.npairs + p) * 64..(t * a.npairs + p + 1) * 64];
+            let range = (t * a.npairs + p) * 64..(t * a.npairs + p + 1) * 64;
             let mut isum = [0i32; 2];
-            match w.format {
-                QFormat::Q4_1 => {
-                    for i in 0..32 {
-                        let b = (i / 4) % 2;
-                        isum[b] += (wq[i] & 0x0F) as i32 * aq[i] as i32 + (wq[i] >> 4) as i32 * aq[32 + i] as i32;
+            for (level, aq) in [&a.qs[range.clone()], &a.qs2[range.clone()]].into_iter().enumerate() {
+                let mut part = [0i32; 2];
+                match w.format {
+                    QFormat::Q4_1 => {
+                        for i in 0..32 {
+                            let b = (i / 4) % 2;
+                            part[b] += (wq[i] & 0x0F) as i32 * aq[i] as i32 + (wq[i] >> 4) as i32 * aq[32 + i] as i32;
+                        }
+                    }
+                    QFormat::Q8_0 => {
+                        for i in 0..64 {
+                            part[(i / 4) % 2] += wq[i] as i32 * aq[i] as i32;
+                        }
                     }
                 }
-                QFormat::Q8_0 => {
-                    for i in 0..64 {
-                        isum[(i / 4) % 2] += wq[i] as i32 * aq[i] as i32;
-                    }
+                for b in 0..2 {
+                    isum[b] = if level == 0 { part[b] << 8 } else { isum[b] + part[b] };
                 }
             }
             for b in 0..2 {
@@ -392,9 +411,9 @@ mod tests {
                 for ti in 0..t {
                     let exact: f32 = (0..k).map(|i| w[r * k + i] * x[ti * k + i]).sum();
                     let q = scalar::dot(&m, r, &a, ti);
-                    // Only the activation quantisation differs: ~0.4% of the row's L1 mass.
+                    // Two-level activations: error ~1/65000 of the row's L1 mass.
                     let mass: f32 = (0..k).map(|i| (w[r * k + i] * x[ti * k + i]).abs()).sum();
-                    assert!((q - exact).abs() <= 0.01 * mass, "{ty:?} {r},{ti}: {q} vs {exact}");
+                    assert!((q - exact).abs() <= 1e-4 * mass, "{ty:?} {r},{ti}: {q} vs {exact}");
                 }
             }
         }

@@ -92,8 +92,11 @@ unsafe fn tile_avx512<const T: usize>(w: &QMatrix, r: usize, a: &QActs, t0: usiz
             let dw = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(wd.add(pp * 2))));
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 let ti = t0 + t;
-                let az = _mm512_loadu_si512(a.qs.as_ptr().add((ti * np + pp) * 64) as *const _);
-                let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wz, az);
+                let off = (ti * np + pp) * 64;
+                let az = _mm512_loadu_si512(a.qs.as_ptr().add(off) as *const _);
+                let az2 = _mm512_loadu_si512(a.qs2.as_ptr().add(off) as *const _);
+                let isum = _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wz, az), 8);
+                let isum = _mm512_dpbusd_epi32(isum, wz, az2);
                 let da = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(a.d.as_ptr().add((ti * np + pp) * 2))));
                 acc_t[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da), acc_t[u]);
             }
@@ -182,18 +185,21 @@ unsafe fn tile_avx2<const T: usize, const VNNI: bool>(w: &QMatrix, r: usize, a: 
         let dw = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(wd.add(p * 2))));
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let ti = t0 + t;
-            let ap = a.qs.as_ptr().add((ti * np + p) * 64);
-            let alo = _mm256_loadu_si256(ap as *const __m256i);
-            let ahi = _mm256_loadu_si256(ap.add(32) as *const __m256i);
-            let isum = if VNNI {
-                dot_u8i8::<true>(dot_u8i8::<true>(_mm256_setzero_si256(), wlo, alo), whi, ahi)
-            } else if w.format == QFormat::Q8_0 {
-                // u8 weights up to 255 could saturate maddubs' i16 pairs: widen in two steps.
-                let lo = dot_u8i8_wide(wlo, alo);
-                _mm256_add_epi32(lo, dot_u8i8_wide(whi, ahi))
-            } else {
-                dot_u8i8::<false>(dot_u8i8::<false>(_mm256_setzero_si256(), wlo, alo), whi, ahi)
+            let off = (ti * np + p) * 64;
+            let level = |qs: &[i8]| -> __m256i {
+                let ap = qs.as_ptr().add(off);
+                let alo = _mm256_loadu_si256(ap as *const __m256i);
+                let ahi = _mm256_loadu_si256(ap.add(32) as *const __m256i);
+                if VNNI {
+                    dot_u8i8::<true>(dot_u8i8::<true>(_mm256_setzero_si256(), wlo, alo), whi, ahi)
+                } else if w.format == QFormat::Q8_0 {
+                    // u8 weights up to 255 could saturate maddubs' i16 pairs: widen in two steps.
+                    _mm256_add_epi32(dot_u8i8_wide(wlo, alo), dot_u8i8_wide(whi, ahi))
+                } else {
+                    dot_u8i8::<false>(dot_u8i8::<false>(_mm256_setzero_si256(), wlo, alo), whi, ahi)
+                }
             };
+            let isum = _mm256_add_epi32(_mm256_slli_epi32(level(&a.qs), 8), level(&a.qs2));
             let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add((ti * np + p) * 2))));
             *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), *acc_t);
         }
