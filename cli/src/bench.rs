@@ -132,12 +132,21 @@ fn engine(a: EngineArgs) -> Result<()> {
     );
     let t = Instant::now();
     let mut generated = 0usize;
+    let mut started = std::collections::HashSet::new();
+    // When every request has its first token: the end of the prefill phase.
+    let mut prefill_done: Option<(f64, usize)> = None;
     while engine.has_unfinished_requests() {
         for out in engine.step()? {
             generated += out.outputs.iter().map(|o| o.token_ids.len()).sum::<usize>();
+            if !out.outputs.is_empty() {
+                started.insert(out.request_id.clone());
+            }
             if out.finished {
                 bar.inc(1);
             }
+        }
+        if prefill_done.is_none() && started.len() == a.num_prompts {
+            prefill_done = Some((t.elapsed().as_secs_f64(), generated));
         }
         bar.set_message(format!("{:.1} out tok/s", generated as f64 / t.elapsed().as_secs_f64()));
     }
@@ -145,7 +154,11 @@ fn engine(a: EngineArgs) -> Result<()> {
     let secs = t.elapsed().as_secs_f64();
     let stats = engine.stats();
     let rss = peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64;
+    let (pf_s, pf_gen) = prefill_done.unwrap_or((secs, generated));
+    let decode_tps = if secs > pf_s { (generated - pf_gen) as f64 / (secs - pf_s) } else { 0.0 };
     let report = serde_json::json!({
+        "prefill_seconds": pf_s, "decode_seconds": secs - pf_s, "decode_tok_per_s": decode_tps,
+        "prefill_tok_per_s": total_in as f64 / pf_s,
         "model": path.display().to_string(), "requests": a.num_prompts, "input_tokens": total_in, "output_tokens": total_out,
         "seconds": secs, "output_tok_per_s": total_out as f64 / secs, "total_tok_per_s": (total_in + total_out) as f64 / secs,
         "requests_per_s": a.num_prompts as f64 / secs, "preemptions": stats.num_preemptions, "steps": stats.steps, "peak_rss_mib": rss,
@@ -158,6 +171,8 @@ fn engine(a: EngineArgs) -> Result<()> {
         println!("output tokens    {total_out}");
         println!("time             {secs:.2} s");
         println!("throughput       {:.1} output tok/s, {:.1} total tok/s, {:.2} req/s", total_out as f64 / secs, (total_in + total_out) as f64 / secs, a.num_prompts as f64 / secs);
+        println!("prefill phase    {pf_s:.2} s ({:.1} prompt tok/s)", total_in as f64 / pf_s);
+        println!("decode phase     {:.2} s ({decode_tps:.1} tok/s)", secs - pf_s);
         println!("steps            {} ({} preemptions)", stats.steps, stats.num_preemptions);
         println!("peak RSS         {rss:.0} MiB");
     }

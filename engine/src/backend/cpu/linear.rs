@@ -114,9 +114,16 @@ pub struct QuantLinear {
     kernel: super::quant::QKernel,
 }
 
-/// Raw output pointer shared by the threads of one matmul; each writes disjoint rows.
+/// Raw output pointer shared by the threads of one parallel region; each writes a disjoint part.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the `Sync` wrapper, not the raw pointer).
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 // SAFETY: threads write disjoint output rows (see `QuantLinear::forward_quantized`).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
@@ -125,13 +132,13 @@ thread_local! {
     static ACTS: std::cell::RefCell<super::quant::QActs> = std::cell::RefCell::new(super::quant::QActs::default());
 }
 
-/// Rows per parallel task: enough work to amortise scheduling, enough tasks to balance.
-fn row_chunk(n: usize, k: usize, t: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
-    if n * k * t < 64 * 1024 {
+/// Rows per parallel task: enough work to amortise the hand-off, enough tasks to balance.
+fn row_chunk(n: usize, k: usize, t: usize, threads: usize) -> usize {
+    if n * k * t < 32 * 1024 {
         return n; // too small to split
     }
-    n.div_ceil(threads * 4).clamp(8, 512)
+    let tasks = threads * 4;
+    n.div_ceil(tasks).clamp(8, 1024)
 }
 
 impl QuantLinear {
@@ -150,19 +157,14 @@ impl QuantLinear {
         let (n, t) = (self.w.n, a.t);
         debug_assert_eq!(out.len(), t * n);
         let ptr = OutPtr(out.as_mut_ptr());
-        let chunk = row_chunk(n, self.w.k, t);
+        let pool = super::pool::ThreadPool::global();
+        let chunk = row_chunk(n, self.w.k, t, pool.num_threads());
         let kernel = self.kernel;
         let w = &*self.w;
-        if chunk >= n || rayon::current_num_threads() == 1 {
-            // SAFETY: one task writes every row of a buffer of t × n floats.
-            unsafe { super::quant::matmul_rows(kernel, w, a, 0..n, ptr.0) };
-            return;
-        }
-        (0..n.div_ceil(chunk)).into_par_iter().for_each(move |c| {
-            let p = ptr;
+        pool.run(n.div_ceil(chunk), &|c| {
             let rows = c * chunk..((c + 1) * chunk).min(n);
             // SAFETY: tasks cover disjoint row ranges of a buffer of t × n floats.
-            unsafe { super::quant::matmul_rows(kernel, w, a, rows, p.0) };
+            unsafe { super::quant::matmul_rows(kernel, w, a, rows, ptr.get()) };
         });
     }
 }

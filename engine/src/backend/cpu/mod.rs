@@ -7,13 +7,12 @@
 pub mod kv_cache;
 pub mod linear;
 pub mod ops;
+pub mod pool;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod quant_x86;
 
 use std::sync::Arc;
-
-use rayon::prelude::*;
 
 use crate::backend::{BackendError, ForwardBatch, KernelPath, KvCacheSpec, ModelBackend};
 use crate::config::{Arch, ModelConfig, RopeStyle};
@@ -222,7 +221,14 @@ impl CpuBackend {
             tok_seq[s.query_start..s.query_start + s.query_len].fill(si);
         }
         let simd = self.simd;
-        out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
+        let optr = linear::OutPtr(out.as_mut_ptr());
+        let n_items = b.num_tokens() * nh;
+        let pool = pool::ThreadPool::global();
+        let per_task = n_items.div_ceil(pool.num_threads() * 4).max(1);
+        pool.run(n_items.div_ceil(per_task), &|task| {
+          for idx in task * per_task..((task + 1) * per_task).min(n_items) {
+            // SAFETY: each (token, head) item owns its own head_dim-wide slice of `out`.
+            let o = unsafe { std::slice::from_raw_parts_mut(optr.get().add(idx * hd), hd) };
             let (ti, h) = (idx / nh, idx % nh);
             let qh = &q[ti * nh * hd + h * hd..ti * nh * hd + (h + 1) * hd];
             let s = &b.seqs[tok_seq[ti]];
@@ -236,6 +242,7 @@ impl CpuBackend {
             } else {
                 attend_head(self, layer, qh, h, &s.block_table, ctx, o);
             }
+          }
         });
     }
 }

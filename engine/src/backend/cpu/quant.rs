@@ -191,47 +191,114 @@ pub struct QActs {
     pub d: Vec<f32>,
     /// `d · Σq` per block, `t × npairs × 2`.
     pub s: Vec<f32>,
+    /// `s / 8`, for kernels that spread a pair's minimum term over eight lanes.
+    pub s8: Vec<f32>,
 }
 
 impl QActs {
-    /// Quantises `t` rows of `k` floats (`k` a multiple of 32), reusing the buffers.
+    /// Quantises `t` rows of `k` floats (`k` a multiple of 32), reusing the buffers. Rows are
+    /// spread over the CPU pool when there are many.
     pub fn quantize(&mut self, x: &[f32], t: usize, k: usize) {
         let nb = k / QK;
         let npairs = nb.div_ceil(2);
         self.t = t;
         self.npairs = npairs;
-        self.qs.clear();
-        self.qs.resize(t * npairs * 64, 0);
-        self.qs2.clear();
-        self.qs2.resize(t * npairs * 64, 0);
-        self.d.clear();
-        self.d.resize(t * npairs * 2, 0.0);
-        self.s.clear();
-        self.s.resize(t * npairs * 2, 0.0);
-        for ti in 0..t {
-            for blk in 0..nb {
-                let src = &x[ti * k + blk * QK..ti * k + (blk + 1) * QK];
-                let amax = src.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let d = amax / 127.0;
-                let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-                let (p, b) = (blk / 2, blk % 2);
-                let base = (ti * npairs + p) * 64;
-                let mut sum = 0i32;
-                let id2 = id * 256.0;
-                for (j, &v) in src.iter().enumerate() {
-                    let q = ((v * id).round() as i32).clamp(-127, 127);
-                    let r = v - q as f32 * d;
-                    let q2 = ((r * id2).round() as i32).clamp(-127, 127);
-                    sum += 256 * q + q2;
-                    self.qs[base + q8_pos(b, j)] = q as i8;
-                    self.qs2[base + q8_pos(b, j)] = q2 as i8;
-                }
-                let si = (ti * npairs + p) * 2 + b;
-                self.d[si] = d / 256.0;
-                self.s[si] = d / 256.0 * sum as f32;
+        for v in [&mut self.qs, &mut self.qs2] {
+            v.clear();
+            v.resize(t * npairs * 64, 0);
+        }
+        for v in [&mut self.d, &mut self.s, &mut self.s8] {
+            v.clear();
+            v.resize(t * npairs * 2, 0.0);
+        }
+        let ptrs = RowPtrs {
+            qs: self.qs.as_mut_ptr(),
+            qs2: self.qs2.as_mut_ptr(),
+            d: self.d.as_mut_ptr(),
+            s: self.s.as_mut_ptr(),
+            s8: self.s8.as_mut_ptr(),
+        };
+        let rows_per_task = if t >= 16 { t.div_ceil(8) } else { t };
+        super::pool::ThreadPool::global().run(t.div_ceil(rows_per_task), &|task| {
+            let p = ptrs;
+            for ti in task * rows_per_task..((task + 1) * rows_per_task).min(t) {
+                // SAFETY: each row writes only its own region of the four buffers.
+                unsafe { quantize_row(&x[ti * k..(ti + 1) * k], npairs, p.at(ti, npairs)) };
             }
+        });
+    }
+}
+
+/// Output pointers of one activation row (or of row 0, offset with [`RowPtrs::at`]).
+#[derive(Clone, Copy)]
+struct RowPtrs {
+    qs: *mut i8,
+    qs2: *mut i8,
+    d: *mut f32,
+    s: *mut f32,
+    s8: *mut f32,
+}
+// SAFETY: rows are written by one task each.
+unsafe impl Send for RowPtrs {}
+unsafe impl Sync for RowPtrs {}
+
+impl RowPtrs {
+    unsafe fn at(self, row: usize, npairs: usize) -> RowPtrs {
+        RowPtrs {
+            qs: self.qs.add(row * npairs * 64),
+            qs2: self.qs2.add(row * npairs * 64),
+            d: self.d.add(row * npairs * 2),
+            s: self.s.add(row * npairs * 2),
+            s8: self.s8.add(row * npairs * 2),
         }
     }
+}
+
+#[inline(always)]
+unsafe fn quantize_row_body(src: &[f32], npairs: usize, out: RowPtrs) {
+    let qs = std::slice::from_raw_parts_mut(out.qs, npairs * 64);
+    let qs2 = std::slice::from_raw_parts_mut(out.qs2, npairs * 64);
+    let d_out = std::slice::from_raw_parts_mut(out.d, npairs * 2);
+    let s_out = std::slice::from_raw_parts_mut(out.s, npairs * 2);
+    let s8_out = std::slice::from_raw_parts_mut(out.s8, npairs * 2);
+    for (blk, x) in src.chunks_exact(QK).enumerate() {
+        let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let id2 = id * 256.0;
+        let (p, b) = (blk / 2, blk % 2);
+        let mut q1 = [0f32; QK];
+        let mut q2 = [0f32; QK];
+        for j in 0..QK {
+            q1[j] = (x[j] * id).round_ties_even().clamp(-127.0, 127.0);
+            q2[j] = ((x[j] - q1[j] * d) * id2).round_ties_even().clamp(-127.0, 127.0);
+        }
+        let mut sum = 0f32;
+        for j in 0..QK {
+            sum += 256.0 * q1[j] + q2[j];
+            qs[p * 64 + q8_pos(b, j)] = q1[j] as i8;
+            qs2[p * 64 + q8_pos(b, j)] = q2[j] as i8;
+        }
+        d_out[p * 2 + b] = d / 256.0;
+        s_out[p * 2 + b] = d / 256.0 * sum;
+        s8_out[p * 2 + b] = d / 256.0 * sum * 0.125;
+    }
+}
+
+unsafe fn quantize_row(src: &[f32], npairs: usize, out: RowPtrs) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") {
+            return quantize_row_avx2(src, npairs, out);
+        }
+    }
+    quantize_row_body(src, npairs, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_row_avx2(src: &[f32], npairs: usize, out: RowPtrs) {
+    quantize_row_body(src, npairs, out)
 }
 
 /// Portable reference kernels.

@@ -48,64 +48,87 @@ fn min_terms(w: &QMatrix, r: usize, a: &QActs, t: usize) -> f32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
 unsafe fn rows_avx512(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
-    for r in rows {
+    // Tiles of RT rows × T tokens: short rows (9 pairs at k = 576) make per-row overhead matter,
+    // so decode (one token) takes four rows at a time; batches take two rows × four tokens.
+    let mut r = rows.start;
+    while r < rows.end {
+        let nr = rows.end - r;
         let mut t0 = 0;
+        if a.t == 1 && nr >= 4 {
+            tile_avx512::<4, 1>(w, r, a, 0, out);
+            r += 4;
+            continue;
+        }
+        let rt = if nr >= 2 { 2 } else { 1 };
         while t0 < a.t {
             let nt = (a.t - t0).min(NT);
-            match nt {
-                4 => tile_avx512::<4>(w, r, a, t0, out),
-                3 => tile_avx512::<3>(w, r, a, t0, out),
-                2 => tile_avx512::<2>(w, r, a, t0, out),
-                _ => tile_avx512::<1>(w, r, a, t0, out),
+            match (rt, nt) {
+                (2, 4) => tile_avx512::<2, 4>(w, r, a, t0, out),
+                (2, 3) => tile_avx512::<2, 3>(w, r, a, t0, out),
+                (2, 2) => tile_avx512::<2, 2>(w, r, a, t0, out),
+                (2, _) => tile_avx512::<2, 1>(w, r, a, t0, out),
+                (_, 4) => tile_avx512::<1, 4>(w, r, a, t0, out),
+                (_, 3) => tile_avx512::<1, 3>(w, r, a, t0, out),
+                (_, 2) => tile_avx512::<1, 2>(w, r, a, t0, out),
+                _ => tile_avx512::<1, 1>(w, r, a, t0, out),
             }
             t0 += nt;
         }
+        r += rt;
     }
 }
 
+#[inline(always)]
+unsafe fn load_w512(w: &QMatrix, row_base: *const u8, p: usize) -> __m512i {
+    match w.format {
+        QFormat::Q4_1 => {
+            let mask = _mm256_set1_epi8(0x0F);
+            let v = _mm256_loadu_si256(row_base.add(p * 32) as *const __m256i);
+            let lo = _mm256_and_si256(v, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+        }
+        QFormat::Q8_0 => _mm512_loadu_si512(row_base.add(p * 64) as *const _),
+    }
+}
+
+/// RT rows × T tokens. The minimum terms ride along in the same accumulators: a pair's
+/// `(m₀·s₀, m₁·s₁)` pattern over 16 lanes sums to eight times the pair's value, hence `s/8`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
-unsafe fn tile_avx512<const T: usize>(w: &QMatrix, r: usize, a: &QActs, t0: usize, out: *mut f32) {
+unsafe fn tile_avx512<const RT: usize, const T: usize>(w: &QMatrix, r0: usize, a: &QActs, t0: usize, out: *mut f32) {
     let np = w.npairs;
     let pb = w.format.pair_bytes();
-    let wq = w.qs.as_ptr().add(r * np * pb);
-    let wd = w.d.as_ptr().add(r * np * 2);
-    let mask = _mm256_set1_epi8(0x0F);
-    // Two accumulators per token: consecutive pairs feed independent FMA chains.
-    let mut acc = [[_mm512_setzero_ps(); 2]; T];
-    let load_w = |p: usize| -> __m512i {
-        match w.format {
-            QFormat::Q4_1 => {
-                let v = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
-                let lo = _mm256_and_si256(v, mask);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-                _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-            }
-            QFormat::Q8_0 => _mm512_loadu_si512(wq.add(p * 64) as *const _),
+    let mut acc = [[_mm512_setzero_ps(); T]; RT];
+    for p in 0..np {
+        let mut wz = [_mm512_setzero_si512(); RT];
+        let mut dw = [_mm512_setzero_ps(); RT];
+        let mut mw = [_mm512_setzero_ps(); RT];
+        for i in 0..RT {
+            let r = r0 + i;
+            wz[i] = load_w512(w, w.qs.as_ptr().add(r * np * pb), p);
+            dw[i] = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(w.d.as_ptr().add((r * np + p) * 2))));
+            mw[i] = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(w.m.as_ptr().add((r * np + p) * 2))));
         }
-    };
-    let mut p = 0;
-    while p < np {
-        let lanes = if p + 1 < np { 2 } else { 1 };
-        for (u, pp) in (p..p + lanes).enumerate() {
-            let wz = load_w(pp);
-            let dw = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(wd.add(pp * 2))));
-            for (t, acc_t) in acc.iter_mut().enumerate() {
-                let ti = t0 + t;
-                let off = (ti * np + pp) * 64;
-                let az = _mm512_loadu_si512(a.qs.as_ptr().add(off) as *const _);
-                let az2 = _mm512_loadu_si512(a.qs2.as_ptr().add(off) as *const _);
-                let isum = _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wz, az), 8);
-                let isum = _mm512_dpbusd_epi32(isum, wz, az2);
-                let da = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(a.d.as_ptr().add((ti * np + pp) * 2))));
-                acc_t[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da), acc_t[u]);
+        for t in 0..T {
+            let ti = t0 + t;
+            let off = (ti * np + p) * 64;
+            let az = _mm512_loadu_si512(a.qs.as_ptr().add(off) as *const _);
+            let az2 = _mm512_loadu_si512(a.qs2.as_ptr().add(off) as *const _);
+            let da = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(a.d.as_ptr().add((ti * np + p) * 2))));
+            let sa = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(a.s8.as_ptr().add((ti * np + p) * 2))));
+            for i in 0..RT {
+                let isum = _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wz[i], az), 8);
+                let isum = _mm512_dpbusd_epi32(isum, wz[i], az2);
+                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw[i], da), acc[i][t]);
+                acc[i][t] = _mm512_fmadd_ps(mw[i], sa, v);
             }
         }
-        p += lanes;
     }
-    for (t, acc_t) in acc.iter().enumerate() {
-        let ti = t0 + t;
-        *out.add(ti * w.n + r) = _mm512_reduce_add_ps(_mm512_add_ps(acc_t[0], acc_t[1])) + min_terms(w, r, a, ti);
+    for i in 0..RT {
+        for t in 0..T {
+            *out.add((t0 + t) * w.n + r0 + i) = _mm512_reduce_add_ps(acc[i][t]);
+        }
     }
 }
 
