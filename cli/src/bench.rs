@@ -16,6 +16,19 @@ pub enum BenchCommand {
     Single(SingleArgs),
     /// Offline engine throughput: many requests through LLMEngine (continuous batching).
     Engine(EngineArgs),
+    /// The fast path's matmuls alone, over the default model's shapes with synthetic weights.
+    Kernels(KernelArgs),
+}
+
+/// Arguments of `tandem bench kernels`.
+#[derive(Args, Debug)]
+pub struct KernelArgs {
+    /// Tokens per matmul (1 = single-stream decode).
+    #[arg(long, default_value_t = 1)]
+    pub tokens: usize,
+    /// Passes over all layers.
+    #[arg(long, default_value_t = 50)]
+    pub iters: usize,
 }
 
 /// Arguments of `tandem bench engine`.
@@ -71,6 +84,10 @@ pub struct SingleArgs {
     /// Repetitions; the best is reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// Decode after the prompt (context grows from `--prompt-tokens`) instead of from a
+    /// one-token context.
+    #[arg(long)]
+    pub decode_after_prompt: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -89,7 +106,47 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Single(a) => single(a),
         BenchCommand::Engine(a) => engine(a),
+        BenchCommand::Kernels(a) => kernels(a),
     }
+}
+
+fn kernels(a: KernelArgs) -> Result<()> {
+    use std::sync::Arc;
+    use tandem_engine::backend::cpu::linear::{Linear, QuantLinear};
+    use tandem_engine::backend::cpu::quant::{QKernel, QMatrix};
+    use tandem_engine::dtype::GgmlType;
+    let mut rng = tandem_engine::sampler::Rng::new(1);
+    let mut mat = |ty: GgmlType, n: usize, k: usize| {
+        let bytes: Vec<u8> = (0..ty.bytes_for(n * k)).map(|i| if i % ty.block_bytes() < 4 { 0x20 } else { rng.next_u64() as u8 }).collect();
+        QuantLinear::new(Arc::new(QMatrix::from_gguf(ty, &bytes, n, k).expect("valid blocks")), QKernel::detect())
+    };
+    // SmolLM2-135M: 30 x (qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536) + head 49152x576.
+    let mut layers = Vec::new();
+    for _ in 0..30 {
+        layers.push(mat(GgmlType::Q4_1, 960, 576));
+        layers.push(mat(GgmlType::Q4_1, 576, 576));
+        layers.push(mat(GgmlType::Q4_1, 3072, 576));
+        layers.push(mat(GgmlType::Q4_1, 576, 1536));
+    }
+    let head = mat(GgmlType::Q8_0, 49152, 576);
+    let t = a.tokens;
+    let x: Vec<f32> = (0..t * 1536).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let mut out = vec![0f32; t * 49152];
+    let run = |out: &mut [f32]| {
+        for l in &layers {
+            l.forward(&x[..t * l.in_features()], t, &mut out[..t * l.out_features()]);
+        }
+        head.forward(&x[..t * 576], t, out);
+    };
+    run(&mut out);
+    let start = Instant::now();
+    for _ in 0..a.iters {
+        run(&mut out);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let threads = tandem_engine::backend::cpu::pool::ThreadPool::global().num_threads();
+    println!("kernel {:?}, threads {threads}, tokens {t}: {:.1} tok/s (matmuls only)", QKernel::detect(), (a.iters * t) as f64 / secs);
+    Ok(())
 }
 
 fn engine(a: EngineArgs) -> Result<()> {
@@ -197,11 +254,19 @@ fn single(a: SingleArgs) -> Result<()> {
         let t = Instant::now();
         let logits = model.backend.forward(&b)?;
         best_pp = best_pp.max(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+        // Generation is measured on its own from a one-token context, as llama-bench's tg test
+        // does (`--decode-after-prompt` measures it after the prompt instead).
         let mut next = argmax(&logits);
+        let start = if a.decode_after_prompt { a.prompt_tokens } else { 0 };
+        if !a.decode_after_prompt {
+            let mut b = ForwardBatch::default();
+            b.push_seq(&prompt[..1], 0, &table, spec.block_size, false);
+            next = argmax(&model.backend.forward(&b)?);
+        }
         let t = Instant::now();
         for i in 0..a.decode_tokens {
             let mut b = ForwardBatch::default();
-            b.push_seq(&[next], a.prompt_tokens + i, &table, spec.block_size, false);
+            b.push_seq(&[next], start.max(1) + i, &table, spec.block_size, false);
             next = argmax(&model.backend.forward(&b)?);
         }
         best_tg = best_tg.max(a.decode_tokens as f64 / t.elapsed().as_secs_f64());

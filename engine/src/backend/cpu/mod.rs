@@ -213,36 +213,40 @@ impl CpuBackend {
     }
 
     /// Attention of every batch token over its sequence's cached context, into `out` (`t × q_size`).
+    /// Work items are (token, KV head): the query heads sharing a KV head are computed together,
+    /// so each cached K and V row is read once per group.
     fn attend(&self, layer: usize, q: &[f32], b: &ForwardBatch, out: &mut [f32]) {
         let cfg = &self.cfg;
-        let (hd, nh) = (cfg.head_dim, cfg.num_heads);
+        let (hd, nh, nkv) = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
+        let group = nh / nkv;
         let mut tok_seq = vec![0usize; b.num_tokens()];
         for (si, s) in b.seqs.iter().enumerate() {
             tok_seq[s.query_start..s.query_start + s.query_len].fill(si);
         }
         let simd = self.simd;
         let optr = linear::OutPtr(out.as_mut_ptr());
-        let n_items = b.num_tokens() * nh;
+        let n_items = b.num_tokens() * nkv;
         let pool = pool::ThreadPool::global();
         let per_task = n_items.div_ceil(pool.num_threads() * 4).max(1);
         pool.run(n_items.div_ceil(per_task), &|task| {
-          for idx in task * per_task..((task + 1) * per_task).min(n_items) {
-            // SAFETY: each (token, head) item owns its own head_dim-wide slice of `out`.
-            let o = unsafe { std::slice::from_raw_parts_mut(optr.get().add(idx * hd), hd) };
-            let (ti, h) = (idx / nh, idx % nh);
-            let qh = &q[ti * nh * hd + h * hd..ti * nh * hd + (h + 1) * hd];
-            let s = &b.seqs[tok_seq[ti]];
-            let ctx = b.positions[ti] as usize + 1;
-            if simd {
-                // SAFETY: `simd` is set only when the CPU has AVX2 and FMA.
-                #[cfg(target_arch = "x86_64")]
-                unsafe {
-                    attend_head_avx2(self, layer, qh, h, &s.block_table, ctx, o)
-                };
-            } else {
-                attend_head(self, layer, qh, h, &s.block_table, ctx, o);
+            for idx in task * per_task..((task + 1) * per_task).min(n_items) {
+                let (ti, kvh) = (idx / nkv, idx % nkv);
+                let h0 = kvh * group;
+                // SAFETY: each (token, KV head) item owns the output slices of its query heads.
+                let o = unsafe { std::slice::from_raw_parts_mut(optr.get().add((ti * nh + h0) * hd), group * hd) };
+                let qg = &q[(ti * nh + h0) * hd..(ti * nh + h0 + group) * hd];
+                let s = &b.seqs[tok_seq[ti]];
+                let ctx = b.positions[ti] as usize + 1;
+                if simd {
+                    // SAFETY: `simd` is set only when the CPU has AVX2 and FMA.
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        attend_group_avx2(self, layer, qg, kvh, &s.block_table, ctx, o)
+                    };
+                } else {
+                    attend_group(self, layer, qg, kvh, &s.block_table, ctx, o);
+                }
             }
-          }
         });
     }
 }
@@ -258,48 +262,57 @@ fn simd_available() -> bool {
     }
 }
 
-/// One query head over `ctx` cached positions: softmax(q·Kᵀ/√d)·V, in f32. Walks the block
-/// table block by block (no per-position division).
+/// The query heads `qg` (`group × head_dim`) sharing KV head `kvh`, over `ctx` cached
+/// positions: softmax(q·Kᵀ/√d)·V per head, in f32. Walks the block table block by block.
 #[inline(always)]
-fn attend_head(be: &CpuBackend, layer: usize, qh: &[f32], h: usize, table: &[u32], ctx: usize, o: &mut [f32]) {
+fn attend_group(be: &CpuBackend, layer: usize, qg: &[f32], kvh: usize, table: &[u32], ctx: usize, o: &mut [f32]) {
     let hd = be.cfg.head_dim;
-    let kvh = h / (be.cfg.num_heads / be.cfg.num_kv_heads);
+    let group = qg.len() / hd;
     let bs = be.kv.block_size();
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut scores: Vec<f32> = Vec::with_capacity(ctx);
-    for (bi, &blk) in table.iter().enumerate() {
+    let mut scores = vec![0f32; group * ctx];
+    let mut p = 0;
+    for &blk in table {
         let base = blk as usize * bs;
-        let n = bs.min(ctx.saturating_sub(bi * bs));
-        for off in 0..n {
-            scores.push(linear::dot(qh, &be.kv.k(layer, base + off)[kvh * hd..(kvh + 1) * hd]) * scale);
+        for off in 0..bs.min(ctx - p) {
+            let k = &be.kv.k(layer, base + off)[kvh * hd..(kvh + 1) * hd];
+            for g in 0..group {
+                scores[g * ctx + p + off] = linear::dot(&qg[g * hd..(g + 1) * hd], k) * scale;
+            }
         }
-        if n < bs {
+        p += bs;
+        if p >= ctx {
             break;
         }
     }
-    ops::softmax(&mut scores);
+    for g in 0..group {
+        ops::softmax(&mut scores[g * ctx..(g + 1) * ctx]);
+    }
     o.fill(0.0);
-    for (bi, &blk) in table.iter().enumerate() {
+    let mut p = 0;
+    for &blk in table {
         let base = blk as usize * bs;
-        let n = bs.min(ctx.saturating_sub(bi * bs));
-        for off in 0..n {
-            let w = scores[bi * bs + off];
+        for off in 0..bs.min(ctx - p) {
             let v = &be.kv.v(layer, base + off)[kvh * hd..(kvh + 1) * hd];
-            for (a, &x) in o.iter_mut().zip(v) {
-                *a += w * x;
+            for g in 0..group {
+                let w = scores[g * ctx + p + off];
+                for (a, &x) in o[g * hd..(g + 1) * hd].iter_mut().zip(v) {
+                    *a += w * x;
+                }
             }
         }
-        if n < bs {
+        p += bs;
+        if p >= ctx {
             break;
         }
     }
 }
 
-/// [`attend_head`] compiled for AVX2/FMA (the same arithmetic, vectorised by the compiler).
+/// [`attend_group`] compiled for AVX2/FMA (the same arithmetic, vectorised by the compiler).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_head_avx2(be: &CpuBackend, layer: usize, qh: &[f32], h: usize, table: &[u32], ctx: usize, o: &mut [f32]) {
-    attend_head(be, layer, qh, h, table, ctx, o)
+unsafe fn attend_group_avx2(be: &CpuBackend, layer: usize, qg: &[f32], kvh: usize, table: &[u32], ctx: usize, o: &mut [f32]) {
+    attend_group(be, layer, qg, kvh, table, ctx, o)
 }
 
 impl CpuBackend {
