@@ -2,7 +2,7 @@
 //! [`SamplingParams`]: penalties, `min_tokens` masking, greedy or temperature sampling with
 //! min-p / top-k / top-p filtering, and log-probabilities of the model's own distribution.
 
-use crate::backend::cpu::ops::log_softmax;
+use crate::backend::cpu::ops::log_sum_exp;
 use crate::sampling_params::SamplingParams;
 
 /// A token with its log-probability under the model (before penalties and temperature).
@@ -177,7 +177,8 @@ fn sample_filtered(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
 /// Chooses the next token from raw `logits` under `p`, drawing from `rng` when sampling.
 /// Log-probabilities are those of the raw model distribution.
 pub fn sample_token(logits: &[f32], p: &SamplingParams, ctx: &SamplingContext, rng: &mut Rng) -> SampledToken {
-    let lp = log_softmax(logits);
+    // Log-probabilities are `logit - log Σ e^logit`; only the requested ones are formed.
+    let lse = log_sum_exp(logits);
     let needs_processing = p.has_penalties() || ctx.output.len() < p.min_tokens;
     let processed;
     let work: &[f32] = if needs_processing {
@@ -189,10 +190,11 @@ pub fn sample_token(logits: &[f32], p: &SamplingParams, ctx: &SamplingContext, r
         logits
     };
     let id = if p.is_greedy() { argmax(work) } else { sample_filtered(work, p, rng) };
-    SampledToken {
-        chosen: TokenLogprob { token_id: id, logprob: lp[id as usize] },
-        top: p.logprobs.map(|k| top_k(&lp, k)).unwrap_or_default(),
+    let mut top = p.logprobs.map(|k| top_k(logits, k)).unwrap_or_default();
+    for t in &mut top {
+        t.logprob -= lse;
     }
+    SampledToken { chosen: TokenLogprob { token_id: id, logprob: logits[id as usize] - lse }, top }
 }
 
 /// Samples with no history (no penalties apply, no `min_tokens` masking).

@@ -274,10 +274,18 @@ unsafe fn quantize_row_body(src: &[f32], npairs: usize, out: RowPtrs) {
             q2[j] = ((x[j] - q1[j] * d) * id2).round_ties_even().clamp(-127.0, 127.0);
         }
         let mut sum = 0f32;
+        let mut b1 = [0i8; QK];
+        let mut b2 = [0i8; QK];
         for j in 0..QK {
             sum += 256.0 * q1[j] + q2[j];
-            qs[p * 64 + q8_pos(b, j)] = q1[j] as i8;
-            qs2[p * 64 + q8_pos(b, j)] = q2[j] as i8;
+            b1[j] = q1[j] as i8;
+            b2[j] = q2[j] as i8;
+        }
+        // Four consecutive elements occupy four consecutive bytes of the pair layout.
+        for g in 0..QK / 4 {
+            let at = p * 64 + q8_pos(b, g * 4);
+            qs[at..at + 4].copy_from_slice(&b1[g * 4..g * 4 + 4]);
+            qs2[at..at + 4].copy_from_slice(&b2[g * 4..g * 4 + 4]);
         }
         d_out[p * 2 + b] = d / 256.0;
         s_out[p * 2 + b] = d / 256.0 * sum;
