@@ -244,7 +244,7 @@ impl CpuBackend {
                         attend_group_avx2(self, layer, qg, kvh, &s.block_table, ctx, o)
                     };
                 } else {
-                    attend_group(self, layer, qg, kvh, &s.block_table, ctx, o);
+                    attend_group(self, layer, qg, kvh, &s.block_table, ctx, o, false);
                 }
             }
         });
@@ -265,7 +265,7 @@ fn simd_available() -> bool {
 /// The query heads `qg` (`group × head_dim`) sharing KV head `kvh`, over `ctx` cached
 /// positions: softmax(q·Kᵀ/√d)·V per head, in f32. Walks the block table block by block.
 #[inline(always)]
-fn attend_group(be: &CpuBackend, layer: usize, qg: &[f32], kvh: usize, table: &[u32], ctx: usize, o: &mut [f32]) {
+fn attend_group(be: &CpuBackend, layer: usize, qg: &[f32], kvh: usize, table: &[u32], ctx: usize, o: &mut [f32], fast_exp: bool) {
     let hd = be.cfg.head_dim;
     let group = qg.len() / hd;
     let bs = be.kv.block_size();
@@ -286,7 +286,11 @@ fn attend_group(be: &CpuBackend, layer: usize, qg: &[f32], kvh: usize, table: &[
         }
     }
     for g in 0..group {
-        ops::softmax(&mut scores[g * ctx..(g + 1) * ctx]);
+        if fast_exp {
+            ops::softmax_fast(&mut scores[g * ctx..(g + 1) * ctx]);
+        } else {
+            ops::softmax(&mut scores[g * ctx..(g + 1) * ctx]);
+        }
     }
     o.fill(0.0);
     let mut p = 0;
@@ -312,7 +316,7 @@ fn attend_group(be: &CpuBackend, layer: usize, qg: &[f32], kvh: usize, table: &[
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_group_avx2(be: &CpuBackend, layer: usize, qg: &[f32], kvh: usize, table: &[u32], ctx: usize, o: &mut [f32]) {
-    attend_group(be, layer, qg, kvh, table, ctx, o)
+    attend_group(be, layer, qg, kvh, table, ctx, o, true)
 }
 
 impl CpuBackend {

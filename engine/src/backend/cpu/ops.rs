@@ -135,6 +135,21 @@ pub fn log_sum_exp(x: &[f32]) -> f32 {
     log_sum_exp_body(x)
 }
 
+/// Softmax with [`exp_fast`], for the SIMD attention path.
+#[inline(always)]
+pub fn softmax_fast(x: &mut [f32]) {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut s = 0f32;
+    for v in x.iter_mut() {
+        *v = exp_fast(*v - m);
+        s += *v;
+    }
+    let inv = 1.0 / s;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
 /// Log-softmax of a row of logits, in f64 for the normaliser.
 pub fn log_softmax(x: &[f32]) -> Vec<f32> {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
