@@ -4,6 +4,8 @@
 //! [`ModelFiles`] and run over a [`ForwardBatch`]. The linear layers sit behind the
 //! [`linear::Linear`] trait so that quantised kernels can replace the exact f32 ones.
 
+#[cfg(target_arch = "x86_64")]
+mod attention_x86;
 pub mod kv_cache;
 pub mod linear;
 pub mod ops;
@@ -237,8 +239,19 @@ impl CpuBackend {
                 let qg = &q[(ti * nh + h0) * hd..(ti * nh + h0 + group) * hd];
                 let s = &b.seqs[tok_seq[ti]];
                 let ctx = b.positions[ti] as usize + 1;
-                if simd {
-                    // SAFETY: `simd` is set only when the CPU has AVX2 and FMA.
+                if simd && hd % 8 == 0 {
+                    // SAFETY: `simd` is set only when the CPU has AVX2 and FMA; hd is a multiple of 8.
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        SCRATCH.with(|sc| {
+                            let mut sc = sc.borrow_mut();
+                            sc.resize(group * ctx, 0.0);
+                            let scale = 1.0 / (hd as f32).sqrt();
+                            attention_x86::attend_group(&self.kv, layer, qg, kvh, hd, &s.block_table, ctx, scale, &mut sc, o)
+                        })
+                    };
+                } else if simd {
+                    // SAFETY: as above.
                     #[cfg(target_arch = "x86_64")]
                     unsafe {
                         attend_group_avx2(self, layer, qg, kvh, &s.block_table, ctx, o)
@@ -249,6 +262,11 @@ impl CpuBackend {
             }
         });
     }
+}
+
+thread_local! {
+    /// Attention score scratch, reused across calls.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn simd_available() -> bool {
