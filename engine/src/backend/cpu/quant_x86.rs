@@ -63,10 +63,14 @@ unsafe fn rows_avx512(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out:
             r += 4;
             continue;
         }
-        let rt = if nr >= 2 { 2 } else { 1 };
+        let rt = if nr >= 3 { 3 } else if nr >= 2 { 2 } else { 1 };
         while t0 < a.t {
             let nt = (a.t - t0).min(NT);
             match (rt, nt) {
+                (3, 4) => tile_avx512::<3, 4>(w, r, a, t0, out),
+                (3, 3) => tile_avx512::<3, 3>(w, r, a, t0, out),
+                (3, 2) => tile_avx512::<3, 2>(w, r, a, t0, out),
+                (3, _) => tile_avx512::<3, 1>(w, r, a, t0, out),
                 (2, 4) => tile_avx512::<2, 4>(w, r, a, t0, out),
                 (2, 3) => tile_avx512::<2, 3>(w, r, a, t0, out),
                 (2, 2) => tile_avx512::<2, 2>(w, r, a, t0, out),
