@@ -81,7 +81,7 @@ pub struct SingleArgs {
     /// Tokens decoded after the prompt.
     #[arg(long, default_value_t = 128)]
     pub decode_tokens: usize,
-    /// Repetitions; the best is reported.
+    /// Repetitions; the mean is reported (and the best).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
     /// Decode after the prompt (context grows from `--prompt-tokens`) instead of from a
@@ -247,13 +247,17 @@ fn single(a: SingleArgs) -> Result<()> {
     let vocab = model.config.vocab_size as u32;
     // A deterministic pseudo-random prompt of ordinary tokens.
     let prompt: Vec<u32> = (0..a.prompt_tokens as u64).map(|i| ((i * 2654435761 + 17) % (vocab as u64 - 100) + 100) as u32).collect();
+    // Mean over repetitions, as llama-bench reports (`*_best` fields carry the maxima).
     let (mut best_pp, mut best_tg) = (0f64, 0f64);
+    let (mut sum_pp, mut sum_tg) = (0f64, 0f64);
     for _ in 0..a.repeat.max(1) {
         let mut b = ForwardBatch::default();
         b.push_seq(&prompt, 0, &table, spec.block_size, false);
         let t = Instant::now();
         let logits = model.backend.forward(&b)?;
-        best_pp = best_pp.max(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+        let pp = a.prompt_tokens as f64 / t.elapsed().as_secs_f64();
+        best_pp = best_pp.max(pp);
+        sum_pp += pp;
         // Generation is measured on its own from a one-token context, as llama-bench's tg test
         // does (`--decode-after-prompt` measures it after the prompt instead).
         let mut next = argmax(&logits);
@@ -269,22 +273,27 @@ fn single(a: SingleArgs) -> Result<()> {
             b.push_seq(&[next], start.max(1) + i, &table, spec.block_size, false);
             next = argmax(&model.backend.forward(&b)?);
         }
-        best_tg = best_tg.max(a.decode_tokens as f64 / t.elapsed().as_secs_f64());
+        let tg = a.decode_tokens as f64 / t.elapsed().as_secs_f64();
+        best_tg = best_tg.max(tg);
+        sum_tg += tg;
     }
+    let reps = a.repeat.max(1) as f64;
+    let (mean_pp, mean_tg) = (sum_pp / reps, sum_tg / reps);
     let rss = peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64;
     if a.json {
         println!(
             "{}",
             serde_json::json!({"model": path.display().to_string(), "kernel": format!("{:?}", a.kernel), "prompt_tokens": a.prompt_tokens,
-                "decode_tokens": a.decode_tokens, "prompt_tok_per_s": best_pp, "decode_tok_per_s": best_tg,
+                "decode_tokens": a.decode_tokens, "prompt_tok_per_s": mean_pp, "decode_tok_per_s": mean_tg,
+                "prompt_tok_per_s_best": best_pp, "decode_tok_per_s_best": best_tg, "repeat": a.repeat,
                 "load_s": load_s, "peak_rss_mib": rss, "threads": rayon_threads()})
         );
     } else {
         println!("model            {}", path.display());
         println!("threads          {}", rayon_threads());
         println!("load             {load_s:.2} s");
-        println!("prompt ({:>4} tok) {best_pp:.1} tok/s", a.prompt_tokens);
-        println!("decode ({:>4} tok) {best_tg:.1} tok/s", a.decode_tokens);
+        println!("prompt ({:>4} tok) {mean_pp:.1} tok/s (best {best_pp:.1})", a.prompt_tokens);
+        println!("decode ({:>4} tok) {mean_tg:.1} tok/s (best {best_tg:.1})", a.decode_tokens);
         println!("peak RSS         {rss:.0} MiB");
     }
     Ok(())
