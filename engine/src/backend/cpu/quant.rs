@@ -55,10 +55,9 @@ pub struct QMatrix {
     pub npairs: usize,
     /// Quantised values, `n × npairs × pair_bytes`.
     pub qs: Vec<u8>,
-    /// Scales, `n × npairs × 2`.
-    pub d: Vec<f32>,
-    /// Minimum terms, `n × npairs × 2`.
-    pub m: Vec<f32>,
+    /// Per pair `(d₀, d₁, m₀, m₁)` as f16 (as the file stores them; lossless), `n × npairs × 4`:
+    /// scales and minimum terms of the two blocks.
+    pub dm: Vec<half::f16>,
 }
 
 /// Position of element `j` (0..32) of block `b` (0 or 1) within a 64-byte Q8 pair.
@@ -94,7 +93,7 @@ impl QMatrix {
         let nb = k / QK;
         let npairs = nb.div_ceil(2);
         let pb = format.pair_bytes();
-        let mut m = QMatrix { format, n, k, npairs, qs: vec![0; n * npairs * pb], d: vec![0.0; n * npairs * 2], m: vec![0.0; n * npairs * 2] };
+        let mut m = QMatrix { format, n, k, npairs, qs: vec![0; n * npairs * pb], dm: vec![half::f16::ZERO; n * npairs * 4] };
         if format == QFormat::Q8_0 {
             // Padding blocks must contribute zero: value 128 stands for 0 with d = 0.
             m.qs.fill(128);
@@ -105,27 +104,28 @@ impl QMatrix {
                 let src = &data[(r * nb + blk) * bb..(r * nb + blk + 1) * bb];
                 let (p, b) = (blk / 2, blk % 2);
                 let base = (r * npairs + p) * pb;
-                let si = (r * npairs + p) * 2 + b;
+                let si = (r * npairs + p) * 4 + b;
+                let f16 = |x: f32| half::f16::from_f32(x);
                 match ty {
                     GgmlType::Q4_1 => {
-                        m.d[si] = f16le(&src[0..2]);
-                        m.m[si] = f16le(&src[2..4]);
+                        m.dm[si] = f16(f16le(&src[0..2]));
+                        m.dm[si + 2] = f16(f16le(&src[2..4]));
                         for j in 0..16 {
                             m.qs[base + q4_pos(b, j)] = src[4 + j];
                         }
                     }
                     GgmlType::Q4_0 => {
                         let d = f16le(&src[0..2]);
-                        m.d[si] = d;
-                        m.m[si] = -8.0 * d;
+                        m.dm[si] = f16(d);
+                        m.dm[si + 2] = f16(-8.0 * d); // exact: a power-of-two multiple
                         for j in 0..16 {
                             m.qs[base + q4_pos(b, j)] = src[2 + j];
                         }
                     }
                     GgmlType::Q8_0 => {
                         let d = f16le(&src[0..2]);
-                        m.d[si] = d;
-                        m.m[si] = -128.0 * d;
+                        m.dm[si] = f16(d);
+                        m.dm[si + 2] = f16(-128.0 * d); // exact unless |d| > 511 (never in practice)
                         for j in 0..QK {
                             m.qs[base + q8_pos(b, j)] = (src[2 + j] as i8 as i16 + 128) as u8;
                         }
@@ -141,12 +141,11 @@ impl QMatrix {
     pub fn concat(parts: &[QMatrix]) -> QMatrix {
         let first = &parts[0];
         assert!(parts.iter().all(|p| p.format == first.format && p.k == first.k), "concat of unlike matrices");
-        let mut out = QMatrix { format: first.format, n: 0, k: first.k, npairs: first.npairs, qs: Vec::new(), d: Vec::new(), m: Vec::new() };
+        let mut out = QMatrix { format: first.format, n: 0, k: first.k, npairs: first.npairs, qs: Vec::new(), dm: Vec::new() };
         for p in parts {
             out.n += p.n;
             out.qs.extend_from_slice(&p.qs);
-            out.d.extend_from_slice(&p.d);
-            out.m.extend_from_slice(&p.m);
+            out.dm.extend_from_slice(&p.dm);
         }
         out
     }
@@ -158,7 +157,6 @@ impl QMatrix {
             let (blk, j) = (e / QK, e % QK);
             let (p, b) = (blk / 2, blk % 2);
             let base = (r * self.npairs + p) * pb;
-            let si = (r * self.npairs + p) * 2 + b;
             let q = match self.format {
                 QFormat::Q4_1 => {
                     let byte = self.qs[base + q4_pos(b, j % 16)];
@@ -166,13 +164,25 @@ impl QMatrix {
                 }
                 QFormat::Q8_0 => self.qs[base + q8_pos(b, j)] as f32,
             };
-            out[e] = q * self.d[si] + self.m[si];
+            out[e] = q * self.scale(r, p, b) + self.min(r, p, b);
         }
+    }
+
+    /// Scale of block `b` of pair `p` of row `r`.
+    #[inline]
+    pub fn scale(&self, r: usize, p: usize, b: usize) -> f32 {
+        self.dm[(r * self.npairs + p) * 4 + b].to_f32()
+    }
+
+    /// Minimum term of block `b` of pair `p` of row `r`.
+    #[inline]
+    pub fn min(&self, r: usize, p: usize, b: usize) -> f32 {
+        self.dm[(r * self.npairs + p) * 4 + 2 + b].to_f32()
     }
 
     /// Bytes of weight data.
     pub fn nbytes(&self) -> usize {
-        self.qs.len() + 4 * (self.d.len() + self.m.len())
+        self.qs.len() + 2 * self.dm.len()
     }
 }
 
@@ -341,9 +351,8 @@ pub mod scalar {
                 }
             }
             for b in 0..2 {
-                let wi = (r * w.npairs + p) * 2 + b;
                 let ai = (t * a.npairs + p) * 2 + b;
-                acc += w.d[wi] * a.d[ai] * isum[b] as f32 + w.m[wi] * a.s[ai];
+                acc += w.scale(r, p, b) * a.d[ai] * isum[b] as f32 + w.min(r, p, b) * a.s[ai];
             }
         }
         acc
@@ -371,7 +380,7 @@ impl QKernel {
             if std::env::var("TANDEM_CPU_KERNEL").is_ok_and(|v| v == "scalar") {
                 return QKernel::Scalar;
             }
-            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
             let no512 = std::env::var("TANDEM_CPU_KERNEL").is_ok_and(|v| v == "avx2");
             if avx2 && !no512 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni") {
                 return QKernel::Avx512Vnni;
@@ -392,7 +401,7 @@ impl QKernel {
         let mut v = vec![QKernel::Scalar];
         #[cfg(target_arch = "x86_64")]
         {
-            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
             if avx2 {
                 v.push(QKernel::Avx2);
                 if is_x86_feature_detected!("avxvnni") {

@@ -30,27 +30,13 @@ unsafe fn pair_f64(p: *const f32) -> f64 {
     std::ptr::read_unaligned(p as *const f64)
 }
 
-/// `Σ m_w·s_a` over the row's blocks: the minimum / offset terms.
+/// A pair's `(d₀, d₁, m₀, m₁)`, converted from f16.
 #[inline(always)]
-fn min_terms(w: &QMatrix, r: usize, a: &QActs, t: usize) -> f32 {
-    let n2 = w.npairs * 2;
-    let wm = &w.m[r * n2..(r + 1) * n2];
-    let s = &a.s[t * n2..(t + 1) * n2];
-    let mut acc = [0f32; 4];
-    for (c, (x, y)) in wm.chunks_exact(4).zip(s.chunks_exact(4)).enumerate() {
-        let _ = c;
-        for j in 0..4 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    let mut sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    for i in (n2 / 4) * 4..n2 {
-        sum += wm[i] * s[i];
-    }
-    sum
+unsafe fn pair_dm(w: &QMatrix, r: usize, p: usize) -> __m128 {
+    _mm_cvtph_ps(_mm_loadl_epi64(w.dm.as_ptr().add((r * w.npairs + p) * 4) as *const __m128i))
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn rows_avx512(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
     // Tiles of RT rows × T tokens: short rows (9 pairs at k = 576) make per-row overhead matter,
     // so decode (one token) takes four rows at a time; batches take two rows × four tokens.
@@ -103,7 +89,7 @@ unsafe fn load_w512(w: &QMatrix, row_base: *const u8, p: usize) -> __m512i {
 /// RT rows × T tokens. The minimum terms ride along in the same accumulators: a pair's
 /// `(m₀·s₀, m₁·s₁)` pattern over 16 lanes sums to eight times the pair's value, hence `s/8`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile_avx512<const RT: usize, const T: usize>(w: &QMatrix, r0: usize, a: &QActs, t0: usize, out: *mut f32) {
     let np = w.npairs;
     let pb = w.format.pair_bytes();
@@ -115,8 +101,9 @@ unsafe fn tile_avx512<const RT: usize, const T: usize>(w: &QMatrix, r0: usize, a
         for i in 0..RT {
             let r = r0 + i;
             wz[i] = load_w512(w, w.qs.as_ptr().add(r * np * pb), p);
-            dw[i] = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(w.d.as_ptr().add((r * np + p) * 2))));
-            mw[i] = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(w.m.as_ptr().add((r * np + p) * 2))));
+            let dm = pair_dm(w, r, p);
+            dw[i] = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(dm)));
+            mw[i] = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm))));
         }
         for t in 0..T {
             let ti = t0 + t;
@@ -140,12 +127,12 @@ unsafe fn tile_avx512<const RT: usize, const T: usize>(w: &QMatrix, r0: usize, a
     }
 }
 
-#[target_feature(enable = "avx2,fma,avxvnni")]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn rows_avx2_vnni(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
     rows_avx2_body::<true>(w, a, rows, out)
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_avx2_plain(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
     rows_avx2_body::<false>(w, a, rows, out)
 }
@@ -199,7 +186,6 @@ unsafe fn tile_avx2<const T: usize, const VNNI: bool>(w: &QMatrix, r: usize, a: 
     let np = w.npairs;
     let pb = w.format.pair_bytes();
     let wq = w.qs.as_ptr().add(r * np * pb);
-    let wd = w.d.as_ptr().add(r * np * 2);
     let mask = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); T];
     for p in 0..np {
@@ -213,7 +199,11 @@ unsafe fn tile_avx2<const T: usize, const VNNI: bool>(w: &QMatrix, r: usize, a: 
                 _mm256_loadu_si256(wq.add(p * 64 + 32) as *const __m256i),
             ),
         };
-        let dw = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(wd.add(p * 2))));
+        let dm = pair_dm(w, r, p);
+        let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
+        // Eight lanes carry the pair's (m₀·s₀, m₁·s₁) four times: 2·m against s/8.
+        let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm))));
+        let mw = _mm256_add_ps(mw, mw);
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let ti = t0 + t;
             let off = (ti * np + p) * 64;
@@ -232,12 +222,14 @@ unsafe fn tile_avx2<const T: usize, const VNNI: bool>(w: &QMatrix, r: usize, a: 
             };
             let isum = _mm256_add_epi32(_mm256_slli_epi32(level(&a.qs), 8), level(&a.qs2));
             let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add((ti * np + p) * 2))));
-            *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), *acc_t);
+            let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s8.as_ptr().add((ti * np + p) * 2))));
+            let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), *acc_t);
+            *acc_t = _mm256_fmadd_ps(mw, sa, v);
         }
     }
     for (t, acc_t) in acc.iter().enumerate() {
         let ti = t0 + t;
-        *out.add(ti * w.n + r) = hsum256(*acc_t) + min_terms(w, r, a, ti);
+        *out.add(ti * w.n + r) = hsum256(*acc_t);
     }
 }
 
