@@ -401,6 +401,15 @@ impl ModelBackend for CpuBackend {
         let mut proj = vec![0f32; t * h];
         let mut gate_up = vec![0f32; t * 2 * ff];
         let mut act = vec![0f32; t * ff];
+        // Rotary angles per token, shared by every layer.
+        let half = cfg.head_dim / 2;
+        let (mut cos, mut sin) = (vec![0f32; t * half], vec![0f32; t * half]);
+        let (mut c1, mut s1) = (Vec::with_capacity(half), Vec::with_capacity(half));
+        for ti in 0..t {
+            self.rope.angles(b.positions[ti], &mut c1, &mut s1);
+            cos[ti * half..(ti + 1) * half].copy_from_slice(&c1);
+            sin[ti * half..(ti + 1) * half].copy_from_slice(&s1);
+        }
         for li in 0..self.layers.len() {
             let layer = &self.layers[li];
             ops::rms_norm(&x, &layer.attn_norm, eps, &mut hbuf);
@@ -413,8 +422,9 @@ impl ModelBackend for CpuBackend {
                     ops::rms_norm_inplace(qr, qn, eps);
                     ops::rms_norm_inplace(kr, kn, eps);
                 }
-                self.rope.apply(qr, b.positions[ti]);
-                self.rope.apply(kr, b.positions[ti]);
+                let (c, sn) = (&cos[ti * half..(ti + 1) * half], &sin[ti * half..(ti + 1) * half]);
+                self.rope.apply_with(qr, c, sn);
+                self.rope.apply_with(kr, c, sn);
                 q[ti * qs..(ti + 1) * qs].copy_from_slice(qr);
                 self.kv.write(li, b.slot_mapping[ti] as usize, kr, vr);
             }

@@ -24,12 +24,30 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// `silu(gate) * up`, written into `gate`.
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+#[inline(always)]
+fn silu_mul_body(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        let s = *g / (1.0 + (-*g).exp());
+        let s = *g / (1.0 + exp_fast(-*g));
         *g = s * u;
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
+    silu_mul_body(gate, up)
+}
+
+/// `silu(gate) * up`, written into `gate` (vectorised exp).
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { silu_mul_avx2(gate, up) };
+        }
+    }
+    silu_mul_body(gate, up)
 }
 
 /// Precomputed inverse frequencies of rotary embeddings for one head width.
@@ -46,19 +64,29 @@ impl Rope {
         Rope { inv_freq, interleaved }
     }
 
+    /// `(cos, sin)` of every frequency at `pos`, for [`Rope::apply_with`].
+    pub fn angles(&self, pos: u32, cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
+        cos.clear();
+        sin.clear();
+        for f in &self.inv_freq {
+            // Same rounding as an f32 reference: angle in f32, then cos/sin.
+            let a = (pos as f32) * (*f as f32);
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+
     /// Rotates every head (`head_dim`-wide chunk) of one token's vector at position `pos`.
     pub fn apply(&self, x: &mut [f32], pos: u32) {
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        self.angles(pos, &mut cos, &mut sin);
+        self.apply_with(x, &cos, &sin);
+    }
+
+    /// Rotates every head of one token's vector with precomputed [`Rope::angles`].
+    pub fn apply_with(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
         let half = self.inv_freq.len();
         let d = half * 2;
-        let (cos, sin): (Vec<f32>, Vec<f32>) = self
-            .inv_freq
-            .iter()
-            .map(|f| {
-                // Same rounding as an f32 reference: angle in f32, then cos/sin.
-                let a = (pos as f32) * (*f as f32);
-                (a.cos(), a.sin())
-            })
-            .unzip();
         for head in x.chunks_exact_mut(d) {
             for i in 0..half {
                 let (a, b) = if self.interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
