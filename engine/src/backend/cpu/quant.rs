@@ -313,10 +313,52 @@ unsafe fn quantize_row(src: &[f32], npairs: usize, out: RowPtrs) {
     quantize_row_body(src, npairs, out)
 }
 
+/// [`quantize_row_body`] with explicit AVX2: the same rounding (nearest, ties to even), clamps
+/// and layout; checked against it in the tests.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_row_avx2(src: &[f32], npairs: usize, out: RowPtrs) {
-    quantize_row_body(src, npairs, out)
+unsafe fn quantize_row_avx2(src: &[f32], _npairs: usize, out: RowPtrs) {
+    use std::arch::x86_64::*;
+    const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    let sign = _mm256_set1_ps(-0.0);
+    let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+    for (blk, x) in src.chunks_exact(QK).enumerate() {
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(i * 8)));
+        let m = _mm256_max_ps(
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
+        );
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let (vd, vid, vid2) = (_mm256_set1_ps(d), _mm256_set1_ps(id), _mm256_set1_ps(id * 256.0));
+        let (p, b) = (blk / 2, blk % 2);
+        let mut sum = _mm256_setzero_ps();
+        for (i, xi) in v.iter().enumerate() {
+            let q1 = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps::<NEAREST>(_mm256_mul_ps(*xi, vid)), lo), hi);
+            let r = _mm256_sub_ps(*xi, _mm256_mul_ps(q1, vd));
+            let q2 = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps::<NEAREST>(_mm256_mul_ps(r, vid2)), lo), hi);
+            sum = _mm256_add_ps(sum, _mm256_fmadd_ps(q1, _mm256_set1_ps(256.0), q2));
+            for (level, q) in [(out.qs, q1), (out.qs2, q2)] {
+                let qi = _mm256_cvtps_epi32(q);
+                let p16 = _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
+                let p8 = _mm_packs_epi16(p16, p16);
+                // Elements 8i..8i+8 are groups 2i and 2i+1 of four bytes.
+                for (k, word) in [_mm_cvtsi128_si32(p8), _mm_extract_epi32::<1>(p8)].into_iter().enumerate() {
+                    let at = p * 64 + q8_pos(b, (2 * i + k) * 4);
+                    std::ptr::write_unaligned(level.add(at) as *mut i32, word);
+                }
+            }
+        }
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let total = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+        *out.d.add(p * 2 + b) = d / 256.0;
+        *out.s.add(p * 2 + b) = d / 256.0 * total;
+        *out.s8.add(p * 2 + b) = d / 256.0 * total * 0.125;
+    }
 }
 
 /// Portable reference kernels.
@@ -462,6 +504,27 @@ pub(crate) mod tests_support {
 mod tests {
     use super::tests_support::random_gguf;
     use super::*;
+
+    #[test]
+    fn simd_quantisation_equals_the_portable_one() {
+        let (t, k) = (3, 160);
+        let mut rng = crate::sampler::Rng::new(11);
+        let x: Vec<f32> = (0..t * k).map(|i| if i % 37 == 0 { 0.0 } else { (rng.next_f64() as f32 - 0.5) * 9.0 }).collect();
+        let mut a = QActs::default();
+        a.quantize(&x, t, k);
+        let npairs = a.npairs;
+        let mut b = QActs { t, npairs, qs: vec![0; a.qs.len()], qs2: vec![0; a.qs.len()], d: vec![0.0; a.d.len()], s: vec![0.0; a.d.len()], s8: vec![0.0; a.d.len()] };
+        for ti in 0..t {
+            let ptrs = RowPtrs { qs: b.qs.as_mut_ptr(), qs2: b.qs2.as_mut_ptr(), d: b.d.as_mut_ptr(), s: b.s.as_mut_ptr(), s8: b.s8.as_mut_ptr() };
+            unsafe { quantize_row_body(&x[ti * k..(ti + 1) * k], npairs, ptrs.at(ti, npairs)) };
+        }
+        assert_eq!(a.qs, b.qs);
+        assert_eq!(a.qs2, b.qs2);
+        assert_eq!(a.d, b.d);
+        for (u, v) in a.s.iter().zip(&b.s) {
+            assert!((u - v).abs() <= 1e-5 * (1.0 + v.abs()));
+        }
+    }
 
     #[test]
     fn repack_is_lossless() {
