@@ -110,6 +110,35 @@ pub struct CpuBackend {
     rope: Rope,
     kv: CpuKvCache,
     simd: bool,
+    /// Working buffers of `forward`, kept between calls so a step allocates nothing once the
+    /// largest batch has been seen.
+    scratch: Scratch,
+}
+
+/// The forward pass's working buffers.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    hbuf: Vec<f32>,
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    att: Vec<f32>,
+    proj: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    c1: Vec<f32>,
+    s1: Vec<f32>,
+    sel: Vec<f32>,
+    tok_seq: Vec<usize>,
+}
+
+/// `v` resized to `n` zeros, reusing its capacity.
+fn zeroed(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.clear();
+    v.resize(n, 0.0);
+    v
 }
 
 impl CpuBackend {
@@ -166,6 +195,7 @@ impl CpuBackend {
             layers,
             kv: CpuKvCache::new(cfg.num_layers, opts.num_blocks, opts.block_size, kv).with_host_blocks(opts.num_host_blocks),
             simd: simd_available(),
+            scratch: Scratch::default(),
         })
     }
 
@@ -217,14 +247,10 @@ impl CpuBackend {
     /// Attention of every batch token over its sequence's cached context, into `out` (`t × q_size`).
     /// Work items are (token, KV head): the query heads sharing a KV head are computed together,
     /// so each cached K and V row is read once per group.
-    fn attend(&self, layer: usize, q: &[f32], b: &ForwardBatch, out: &mut [f32]) {
+    fn attend(&self, layer: usize, q: &[f32], b: &ForwardBatch, tok_seq: &[usize], out: &mut [f32]) {
         let cfg = &self.cfg;
         let (hd, nh, nkv) = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
         let group = nh / nkv;
-        let mut tok_seq = vec![0usize; b.num_tokens()];
-        for (si, s) in b.seqs.iter().enumerate() {
-            tok_seq[s.query_start..s.query_start + s.query_len].fill(si);
-        }
         let simd = self.simd;
         let optr = linear::OutPtr(out.as_mut_ptr());
         let n_items = b.num_tokens() * nkv;
@@ -390,30 +416,36 @@ impl ModelBackend for CpuBackend {
         let t = b.num_tokens();
         let eps = cfg.rms_norm_eps;
         let qkv_w = qs + 2 * kvs;
-        let mut x = vec![0f32; t * h];
+        let mut sc = std::mem::take(&mut self.scratch);
+        let Scratch { x, hbuf, qkv, q, att, proj, gate_up, act, cos, sin, c1, s1, sel, tok_seq } = &mut sc;
+        let x = zeroed(x, t * h);
         for (i, &tok) in b.token_ids.iter().enumerate() {
             self.embed.row(tok as usize, h, &mut x[i * h..(i + 1) * h]);
         }
-        let mut hbuf = vec![0f32; t * h];
-        let mut qkv = vec![0f32; t * qkv_w];
-        let mut q = vec![0f32; t * qs];
-        let mut att = vec![0f32; t * qs];
-        let mut proj = vec![0f32; t * h];
-        let mut gate_up = vec![0f32; t * 2 * ff];
-        let mut act = vec![0f32; t * ff];
+        let hbuf = zeroed(hbuf, t * h);
+        let qkv = zeroed(qkv, t * qkv_w);
+        let q = zeroed(q, t * qs);
+        let att = zeroed(att, t * qs);
+        let proj = zeroed(proj, t * h);
+        let gate_up = zeroed(gate_up, t * 2 * ff);
+        let act = zeroed(act, t * ff);
+        tok_seq.clear();
+        tok_seq.resize(t, 0);
+        for (si, s) in b.seqs.iter().enumerate() {
+            tok_seq[s.query_start..s.query_start + s.query_len].fill(si);
+        }
         // Rotary angles per token, shared by every layer.
         let half = cfg.head_dim / 2;
-        let (mut cos, mut sin) = (vec![0f32; t * half], vec![0f32; t * half]);
-        let (mut c1, mut s1) = (Vec::with_capacity(half), Vec::with_capacity(half));
+        let (cos, sin) = (zeroed(cos, t * half), zeroed(sin, t * half));
         for ti in 0..t {
-            self.rope.angles(b.positions[ti], &mut c1, &mut s1);
-            cos[ti * half..(ti + 1) * half].copy_from_slice(&c1);
-            sin[ti * half..(ti + 1) * half].copy_from_slice(&s1);
+            self.rope.angles(b.positions[ti], c1, s1);
+            cos[ti * half..(ti + 1) * half].copy_from_slice(c1);
+            sin[ti * half..(ti + 1) * half].copy_from_slice(s1);
         }
         for li in 0..self.layers.len() {
             let layer = &self.layers[li];
-            ops::rms_norm(&x, &layer.attn_norm, eps, &mut hbuf);
-            layer.attn.qkv.forward(&hbuf, t, &mut qkv);
+            ops::rms_norm(x, &layer.attn_norm, eps, hbuf);
+            layer.attn.qkv.forward(hbuf, t, qkv);
             for ti in 0..t {
                 let row = &mut qkv[ti * qkv_w..(ti + 1) * qkv_w];
                 let (qr, rest) = row.split_at_mut(qs);
@@ -428,28 +460,29 @@ impl ModelBackend for CpuBackend {
                 q[ti * qs..(ti + 1) * qs].copy_from_slice(qr);
                 self.kv.write(li, b.slot_mapping[ti] as usize, kr, vr);
             }
-            self.attend(li, &q, b, &mut att);
+            self.attend(li, q, b, tok_seq, att);
             let layer = &self.layers[li];
-            layer.attn.o.forward(&att, t, &mut proj);
-            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
-            ops::rms_norm(&x, &layer.ffn_norm, eps, &mut hbuf);
-            layer.mlp.gate_up.forward(&hbuf, t, &mut gate_up);
+            layer.attn.o.forward(att, t, proj);
+            x.iter_mut().zip(proj.iter()).for_each(|(a, b)| *a += b);
+            ops::rms_norm(x, &layer.ffn_norm, eps, hbuf);
+            layer.mlp.gate_up.forward(hbuf, t, gate_up);
             for ti in 0..t {
                 let row = &gate_up[ti * 2 * ff..(ti + 1) * 2 * ff];
                 let a = &mut act[ti * ff..(ti + 1) * ff];
                 a.copy_from_slice(&row[..ff]);
                 ops::silu_mul(a, &row[ff..]);
             }
-            layer.mlp.down.forward(&act, t, &mut proj);
-            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+            layer.mlp.down.forward(act, t, proj);
+            x.iter_mut().zip(proj.iter()).for_each(|(a, b)| *a += b);
         }
         let rows = b.logits_indices.len();
-        let mut sel = vec![0f32; rows * h];
+        let sel = zeroed(sel, rows * h);
         for (r, &i) in b.logits_indices.iter().enumerate() {
             ops::rms_norm(&x[i * h..(i + 1) * h], &self.norm, eps, &mut sel[r * h..(r + 1) * h]);
         }
         let mut logits = vec![0f32; rows * cfg.vocab_size];
-        self.lm_head.forward(&sel, rows, &mut logits);
+        self.lm_head.forward(sel, rows, &mut logits);
+        self.scratch = sc;
         Ok(logits)
     }
 }
