@@ -117,4 +117,9 @@ pub trait ModelBackend: Send {
     fn swap_in(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError>;
     /// Number of host swap blocks this backend holds.
     fn num_host_blocks(&self) -> usize;
+    /// The KV page of one block: for each layer, K then V, each `block_size × kv_heads ×
+    /// head_dim` little-endian f32 (`kv_cache_spec().bytes_per_block` bytes).
+    fn read_block(&self, block: u32) -> Result<Vec<u8>, BackendError>;
+    /// Writes a KV page (as [`ModelBackend::read_block`] returns it) into `block`.
+    fn write_block(&mut self, block: u32, page: &[u8]) -> Result<(), BackendError>;
 }

@@ -47,6 +47,32 @@ impl CpuKvCache {
         }
     }
 
+    /// Appends block `blk`'s page (per layer: K then V) to `out` as little-endian bytes.
+    pub fn read_page(&self, blk: usize, out: &mut Vec<u8>) {
+        let bf = self.block_floats();
+        for l in 0..self.num_layers {
+            let s = self.offset(l, blk * self.block_size);
+            for src in [&self.k[s..s + bf], &self.v[s..s + bf]] {
+                out.extend(src.iter().flat_map(|x| x.to_le_bytes()));
+            }
+        }
+    }
+
+    /// Fills block `blk` from a page laid out as [`CpuKvCache::read_page`] writes it.
+    pub fn write_page(&mut self, blk: usize, page: &[u8]) {
+        let bf = self.block_floats();
+        let mut floats = page.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        for l in 0..self.num_layers {
+            let s = self.offset(l, blk * self.block_size);
+            for x in &mut self.k[s..s + bf] {
+                *x = floats.next().unwrap_or(0.0);
+            }
+            for x in &mut self.v[s..s + bf] {
+                *x = floats.next().unwrap_or(0.0);
+            }
+        }
+    }
+
     /// Saves device block `dev` into host block `host`.
     pub fn save_to_host(&mut self, dev: usize, host: usize) {
         let bf = self.block_floats();

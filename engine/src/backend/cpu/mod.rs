@@ -401,6 +401,26 @@ impl ModelBackend for CpuBackend {
         self.kv.num_host_blocks()
     }
 
+    fn read_block(&self, block: u32) -> Result<Vec<u8>, BackendError> {
+        if block as usize >= self.kv.num_blocks() {
+            return Err(BackendError::InvalidBatch(format!("block {block} outside the pool of {}", self.kv.num_blocks())));
+        }
+        let mut out = Vec::with_capacity(self.kv.bytes_per_block());
+        self.kv.read_page(block as usize, &mut out);
+        Ok(out)
+    }
+
+    fn write_block(&mut self, block: u32, page: &[u8]) -> Result<(), BackendError> {
+        if block as usize >= self.kv.num_blocks() {
+            return Err(BackendError::InvalidBatch(format!("block {block} outside the pool of {}", self.kv.num_blocks())));
+        }
+        if page.len() != self.kv.bytes_per_block() {
+            return Err(BackendError::InvalidBatch(format!("page of {} bytes, blocks hold {}", page.len(), self.kv.bytes_per_block())));
+        }
+        self.kv.write_page(block as usize, page);
+        Ok(())
+    }
+
     fn config(&self) -> &ModelConfig {
         &self.cfg
     }

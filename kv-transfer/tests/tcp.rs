@@ -1,0 +1,174 @@
+//! KV pages over loopback TCP between two real backends of the default model, and the failure
+//! cases: refused handshake, corrupt page, stalled sender, vanished sender.
+
+use std::time::{Duration, Instant};
+
+use tandem_engine::backend::{ForwardBatch, KernelPath, ModelBackend};
+use tandem_engine::block_hash::DEFAULT_HASH_SEED;
+use tandem_engine::{model_fetch, LoadOptions, Model};
+use tandem_kv_transfer::tcp::{PageSink, TcpReceiver, TcpSender};
+use tandem_kv_transfer::{KvDtype, KvLayout, KvPage, TransferError};
+
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+fn model() -> Model {
+    let opts = LoadOptions { kernel: KernelPath::Fast, ..LoadOptions::with_kv_tokens(256) };
+    Model::load(&model_fetch::default_model_path().unwrap(), opts).unwrap()
+}
+
+fn layout(m: &Model) -> KvLayout {
+    let c = &m.config;
+    let spec = m.backend.kv_cache_spec();
+    KvLayout {
+        model_id: c.name.clone(),
+        dtype: KvDtype::F32,
+        block_size: spec.block_size as u32,
+        num_layers: c.num_layers as u32,
+        num_kv_heads: c.num_kv_heads as u32,
+        head_dim: c.head_dim as u32,
+        hash_seed: DEFAULT_HASH_SEED,
+    }
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    (0..x.len()).max_by(|&a, &b| x[a].total_cmp(&x[b])).unwrap() as u32
+}
+
+fn decode(b: &mut dyn ModelBackend, first: u32, start: usize, table: &[u32], n: usize) -> Vec<u32> {
+    let bs = b.kv_cache_spec().block_size;
+    let mut out = vec![first];
+    for i in 0..n {
+        let mut batch = ForwardBatch::default();
+        batch.push_seq(&[*out.last().unwrap()], start + i, table, bs, false);
+        out.push(argmax(&b.forward(&batch).unwrap()));
+    }
+    out
+}
+
+/// Writes page `i` into `table[i]` of a backend.
+struct BackendSink<'a> {
+    backend: &'a mut dyn ModelBackend,
+    table: Vec<u32>,
+}
+
+impl PageSink for BackendSink<'_> {
+    fn target(&mut self, _id: u64, index: u32, _hash: u64) -> Option<u32> {
+        self.table.get(index as usize).copied()
+    }
+    fn write(&mut self, block: u32, payload: &[u8]) -> Result<(), String> {
+        self.backend.write_block(block, payload).map_err(|e| e.to_string())
+    }
+}
+
+#[test]
+fn decode_after_transfer_equals_local_decode() {
+    let mut prefill = model();
+    let mut decoder = model();
+    let prompt = prefill.tokenizer.encode("The history of the Roman Empire spans many centuries, from the founding of the city of Rome to the fall of Constantinople", false).unwrap();
+    assert!(prompt.len() > 16 && prompt.len() % 16 != 0, "prompt of {} tokens: want full and partial blocks", prompt.len());
+    let bs = 16;
+    let n_blocks = (prompt.len() + 24).div_ceil(bs);
+    let src_table: Vec<u32> = (0..n_blocks as u32).collect();
+    // The decoder's blocks are elsewhere in its pool.
+    let dst_table: Vec<u32> = (0..n_blocks as u32).map(|i| 15 - 2 * i).collect();
+    let mut batch = ForwardBatch::default();
+    batch.push_seq(&prompt, 0, &src_table, bs, false);
+    let first = argmax(&prefill.backend.forward(&batch).unwrap());
+
+    let receiver = TcpReceiver::bind("127.0.0.1:0", layout(&decoder), TIMEOUT).unwrap();
+    let addr = receiver.local_addr().unwrap();
+    let pages = prompt.len().div_ceil(bs);
+    std::thread::scope(|scope| {
+        let backend = &mut *decoder.backend;
+        let table = dst_table.clone();
+        let rx = scope.spawn(move || receiver.serve_one(&mut BackendSink { backend, table }));
+        let mut tx = TcpSender::connect(addr, &layout(&prefill), TIMEOUT).unwrap();
+        for i in 0..pages {
+            let payload = prefill.backend.read_block(src_table[i]).unwrap();
+            tx.send(&KvPage { transfer_id: 42, index: i as u32, block_hash: i as u64, payload }).unwrap();
+        }
+        assert_eq!(tx.finish(42, pages as u32).unwrap(), pages as u32);
+        let summary = rx.join().unwrap().unwrap();
+        assert_eq!(summary.pages, pages as u32);
+        assert_eq!(summary.bytes, (pages * layout(&prefill).page_bytes()) as u64);
+    });
+    let local = decode(&mut *prefill.backend, first, prompt.len(), &src_table, 24);
+    let remote = decode(&mut *decoder.backend, first, prompt.len(), &dst_table, 24);
+    assert_eq!(remote, local);
+}
+
+struct NullSink(u32);
+impl PageSink for NullSink {
+    fn target(&mut self, _: u64, index: u32, _: u64) -> Option<u32> {
+        Some(index)
+    }
+    fn write(&mut self, _: u32, _: &[u8]) -> Result<(), String> {
+        self.0 += 1;
+        Ok(())
+    }
+}
+
+fn small_layout() -> KvLayout {
+    KvLayout { model_id: "m".into(), dtype: KvDtype::F32, block_size: 16, num_layers: 2, num_kv_heads: 1, head_dim: 8, hash_seed: 1 }
+}
+
+#[test]
+fn layout_mismatch_is_refused_with_the_field() {
+    let receiver = TcpReceiver::bind("127.0.0.1:0", small_layout(), TIMEOUT).unwrap();
+    let addr = receiver.local_addr().unwrap();
+    let rx = std::thread::spawn(move || receiver.serve_one(&mut NullSink(0)));
+    let theirs = KvLayout { block_size: 32, ..small_layout() };
+    let err = TcpSender::connect(addr, &theirs, TIMEOUT).err().expect("refused");
+    assert!(matches!(&err, TransferError::Refused(m) if m.contains("block_size")), "{err}");
+    assert!(matches!(rx.join().unwrap(), Err(TransferError::LayoutMismatch { field: "block_size", .. })));
+}
+
+#[test]
+fn corrupt_page_is_rejected_and_reported_to_the_sender() {
+    let receiver = TcpReceiver::bind("127.0.0.1:0", small_layout(), TIMEOUT).unwrap();
+    let addr = receiver.local_addr().unwrap();
+    let rx = std::thread::spawn(move || {
+        let mut sink = NullSink(0);
+        (receiver.serve_one(&mut sink), sink.0)
+    });
+    let mut tx = TcpSender::connect(addr, &small_layout(), TIMEOUT).unwrap();
+    let page = KvPage { transfer_id: 1, index: 0, block_hash: 5, payload: vec![7; small_layout().page_bytes()] };
+    let mut frame = page.encode();
+    let last = frame.len() - 1;
+    frame[last] ^= 0x40;
+    tx.send_raw(&frame).unwrap();
+    let err = tx.finish(1, 1).unwrap_err();
+    assert!(err.to_string().contains("corrupt"), "{err}");
+    let (res, written) = rx.join().unwrap();
+    assert!(matches!(res, Err(TransferError::Checksum { index: 0, .. })));
+    assert_eq!(written, 0, "a corrupt page must never reach the blocks");
+}
+
+#[test]
+fn stalled_and_vanished_senders_are_detected_in_bounded_time() {
+    for vanish in [false, true] {
+        let receiver = TcpReceiver::bind("127.0.0.1:0", small_layout(), TIMEOUT).unwrap();
+        let addr = receiver.local_addr().unwrap();
+        let rx = std::thread::spawn(move || {
+            let t = Instant::now();
+            (receiver.serve_one(&mut NullSink(0)), t.elapsed())
+        });
+        let mut tx = TcpSender::connect(addr, &small_layout(), TIMEOUT).unwrap();
+        let page = KvPage { transfer_id: 1, index: 0, block_hash: 5, payload: vec![7; small_layout().page_bytes()] };
+        let frame = page.encode();
+        tx.send_raw(&frame[..frame.len() / 2]).unwrap();
+        if vanish {
+            drop(tx);
+        } else {
+            std::thread::sleep(TIMEOUT * 3);
+        }
+        let (res, took) = rx.join().unwrap();
+        let err = res.unwrap_err();
+        if vanish {
+            assert!(err.to_string().contains("closed"), "{err}");
+        } else {
+            assert!(matches!(err, TransferError::Timeout(_)), "{err}");
+        }
+        assert!(took < TIMEOUT * 4, "detected after {took:?}");
+    }
+}
