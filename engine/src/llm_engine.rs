@@ -87,9 +87,9 @@ pub struct EngineStats {
     pub prefix_cache_hits: u64,
 }
 
-struct RequestState {
-    seq_ids: Vec<SeqId>,
-    prompt: Arc<Vec<u32>>,
+pub(crate) struct RequestState {
+    pub(crate) seq_ids: Vec<SeqId>,
+    pub(crate) prompt: Arc<Vec<u32>>,
     n: usize,
     finished: usize,
 }
@@ -102,18 +102,18 @@ pub struct LLMEngine {
     pub tokenizer: Tokenizer,
     /// The model's chat template.
     pub chat_template: Option<crate::ChatTemplate>,
-    runner: ModelRunner,
-    scheduler: Scheduler,
-    requests: HashMap<String, RequestState>,
-    pending: Vec<RequestOutput>,
+    pub(crate) runner: ModelRunner,
+    pub(crate) scheduler: Scheduler,
+    pub(crate) requests: HashMap<String, RequestState>,
+    pub(crate) pending: Vec<RequestOutput>,
     next_seq_id: SeqId,
     next_arrival: u64,
-    max_model_len: usize,
+    pub(crate) max_model_len: usize,
     stats: EngineStats,
     last_schedule: SchedulerOutput,
 }
 
-fn now_secs() -> f64 {
+pub(crate) fn now_secs() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 

@@ -111,6 +111,9 @@ pub struct Scheduler {
     waiting: VecDeque<SeqId>,
     running: Vec<SeqId>,
     swapped: VecDeque<SeqId>,
+    /// Sequences holding blocks while their prompt's KV arrives from a prefill worker; never
+    /// scheduled until unparked.
+    parked: Vec<SeqId>,
     /// Preemptions since start.
     pub num_preemptions: u64,
 }
@@ -125,6 +128,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             swapped: VecDeque::new(),
+            parked: Vec::new(),
             num_preemptions: 0,
         }
     }
@@ -150,7 +154,61 @@ impl Scheduler {
 
     /// Whether any sequence is unfinished.
     pub fn has_unfinished(&self) -> bool {
-        !(self.waiting.is_empty() && self.running.is_empty() && self.swapped.is_empty())
+        !(self.waiting.is_empty() && self.running.is_empty() && self.swapped.is_empty() && self.parked.is_empty())
+    }
+
+    /// Moves a waiting sequence to the parked set with blocks for its whole prompt, reusing
+    /// prefix-cache hits. Returns the number of prompt tokens already cached, or None (and
+    /// leaves it waiting) when the blocks are not available.
+    pub fn park(&mut self, id: SeqId) -> Option<usize> {
+        let bs = self.block_manager.block_size();
+        let seed = self.config.hash_seed;
+        let seq = self.seqs.get_mut(&id)?;
+        if seq.status != SequenceStatus::Waiting || !self.waiting.contains(&id) {
+            return None;
+        }
+        seq.update_block_hashes(seed, bs);
+        let usable = (seq.len() - 1) / bs;
+        let cached = self.block_manager.lookup_prefix(&seq.block_hashes[..usable], true);
+        let len = seq.len();
+        if !self.block_manager.can_allocate(&seq.block_table, &cached, len) {
+            return None;
+        }
+        self.block_manager.allocate(&mut seq.block_table, &cached, len).expect("checked can_allocate");
+        seq.num_computed_tokens = cached.len() * bs;
+        seq.metrics.num_cached_tokens = seq.num_computed_tokens;
+        self.waiting.retain(|&x| x != id);
+        self.parked.push(id);
+        Some(seq.num_computed_tokens)
+    }
+
+    /// A parked sequence whose KV has arrived joins the running set.
+    pub fn unpark_running(&mut self, id: SeqId) -> bool {
+        if !self.parked.contains(&id) {
+            return false;
+        }
+        self.parked.retain(|&x| x != id);
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.status = SequenceStatus::Running;
+            self.running.push(id);
+        }
+        true
+    }
+
+    /// A parked sequence whose transfer failed goes back to the front of the waiting queue, its
+    /// blocks freed, to be prefilled locally.
+    pub fn unpark_waiting(&mut self, id: SeqId) -> bool {
+        if !self.parked.contains(&id) {
+            return false;
+        }
+        self.parked.retain(|&x| x != id);
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            self.block_manager.free(&mut seq.block_table);
+            seq.num_computed_tokens = 0;
+            seq.status = SequenceStatus::Waiting;
+            self.waiting.push_front(id);
+        }
+        true
     }
 
     fn key(&self, id: SeqId) -> (i32, u64, usize) {
@@ -165,6 +223,7 @@ impl Scheduler {
         self.waiting.retain(|&x| x != id);
         self.running.retain(|&x| x != id);
         self.swapped.retain(|&x| x != id);
+        self.parked.retain(|&x| x != id);
         self.block_manager.free(&mut seq.block_table);
         self.block_manager.free_host(&mut seq.host_blocks);
         Some(seq)

@@ -1,0 +1,103 @@
+//! Disaggregated prefill on the decode side: a request whose prompt KV is computed by a prefill
+//! worker. The engine reserves blocks for the prompt (reusing its own prefix-cache hits), the
+//! transport writes the remote pages into them, and the request then continues from the first
+//! token the prefill worker sampled. A failed transfer falls back to local prefill (`recompute`)
+//! or aborts (`fail`); blocks are freed either way.
+
+use crate::llm_engine::{now_secs, EngineError, LLMEngine, Prompt, RequestOptions};
+use crate::request_output::RequestOutput;
+use crate::sampler::SampledToken;
+use crate::sampling_params::SamplingParams;
+
+/// Blocks reserved for a remote prefill.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemotePrefill {
+    /// Prompt token ids.
+    pub prompt_token_ids: Vec<u32>,
+    /// The sequence's blocks, in logical order; page `i` goes into `block_table[i]`.
+    pub block_table: Vec<u32>,
+    /// Leading prompt tokens already in this engine's prefix cache (their pages need not be
+    /// sent: a multiple of the block size).
+    pub num_cached_tokens: usize,
+}
+
+impl LLMEngine {
+    fn single_seq(&self, request_id: &str) -> Option<u64> {
+        let r = self.requests.get(request_id)?;
+        (r.seq_ids.len() == 1).then(|| r.seq_ids[0])
+    }
+
+    /// Queues a request whose prompt KV will arrive from a prefill worker. Returns the blocks to
+    /// fill, or `None` when the request is instead prefilled here (no free blocks, or `n > 1`).
+    pub fn add_remote_prefill(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams, opts: RequestOptions) -> Result<Option<RemotePrefill>, EngineError> {
+        let local = params.n > 1;
+        self.add_request_with(request_id, prompt, params, opts)?;
+        let id = self.single_seq(request_id).expect("just added");
+        if local {
+            return Ok(None);
+        }
+        let Some(cached) = self.scheduler.park(id) else { return Ok(None) };
+        let seq = &self.scheduler.seqs[&id];
+        Ok(Some(RemotePrefill { prompt_token_ids: seq.token_ids.clone(), block_table: seq.block_table.blocks.clone(), num_cached_tokens: cached }))
+    }
+
+    /// Writes a received KV page into one of this engine's blocks.
+    pub fn write_kv_block(&mut self, block: u32, page: &[u8]) -> Result<(), EngineError> {
+        Ok(self.runner.backend.write_block(block, page)?)
+    }
+
+    /// Reads the KV page of one of this engine's blocks.
+    pub fn read_kv_block(&self, block: u32) -> Result<Vec<u8>, EngineError> {
+        Ok(self.runner.backend.read_block(block)?)
+    }
+
+    /// Every page has arrived: the request continues from `first`, the token the prefill worker
+    /// sampled (its news comes with the next `step`).
+    pub fn finish_remote_prefill(&mut self, request_id: &str, first: SampledToken) -> Result<(), EngineError> {
+        let id = self.single_seq(request_id).ok_or_else(|| EngineError::InvalidRequest(format!("unknown request '{request_id}'")))?;
+        let now = now_secs();
+        {
+            let seq = self.scheduler.seqs.get_mut(&id).expect("request's sequence exists");
+            if first.chosen.token_id as usize >= self.model_config.vocab_size {
+                return Err(EngineError::InvalidRequest(format!("first token {} is outside the vocabulary", first.chosen.token_id)));
+            }
+            seq.metrics.first_scheduled_time.get_or_insert(now);
+            seq.metrics.first_token_time = Some(now);
+            // The prefill worker drew once from this request's random stream.
+            if !seq.params.is_greedy() {
+                seq.rng.next_f64();
+            }
+        }
+        if !self.scheduler.unpark_running(id) {
+            return Err(EngineError::InvalidRequest(format!("request '{request_id}' is not waiting for KV")));
+        }
+        let n = self.scheduler.seqs[&id].len() - self.scheduler.seqs[&id].num_computed_tokens;
+        self.scheduler.mark_computed(id, n);
+        let max_len = self.max_model_len;
+        let seq = self.scheduler.seqs.get_mut(&id).expect("request's sequence exists");
+        let finished = seq.append_token(first, &self.tokenizer, max_len)?;
+        if finished {
+            seq.metrics.finished_time = Some(now_secs());
+        }
+        let metrics = seq.metrics;
+        let outputs: Vec<_> = seq.take_delta().into_iter().collect();
+        let prompt = self.requests[request_id].prompt.clone();
+        if finished {
+            self.scheduler.finish(id);
+            self.requests.remove(request_id);
+        }
+        self.pending.push(RequestOutput { request_id: request_id.to_string(), prompt_token_ids: prompt, outputs, finished, metrics });
+        Ok(())
+    }
+
+    /// The transfer failed: with `recompute` the request is prefilled here instead, otherwise it
+    /// is aborted. Its blocks are freed either way. Returns whether the request was waiting.
+    pub fn fail_remote_prefill(&mut self, request_id: &str, recompute: bool) -> bool {
+        let Some(id) = self.single_seq(request_id) else { return false };
+        if recompute {
+            self.scheduler.unpark_waiting(id)
+        } else {
+            self.abort_request(request_id)
+        }
+    }
+}

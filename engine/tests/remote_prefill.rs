@@ -1,0 +1,146 @@
+//! The decode side of disaggregated prefill: KV pages computed by another backend are written
+//! into the blocks the engine reserved, and the request continues from the shipped first token.
+//! Outputs equal a colocated run; failures recompute locally or abort; blocks always return.
+
+use tandem_engine::backend::{ForwardBatch, ModelBackend};
+use tandem_engine::sampler::{sample, Rng};
+use tandem_engine::{model_fetch, CompletionOutput, EngineConfig, FinishReason, LLMEngine, LoadOptions, Model, Prompt, RequestOptions, SamplingParams};
+
+fn model() -> Model {
+    Model::load(&model_fetch::default_model_path().unwrap(), LoadOptions::with_kv_tokens(1024)).unwrap()
+}
+
+fn engine() -> LLMEngine {
+    LLMEngine::new(model(), EngineConfig::default())
+}
+
+fn params() -> SamplingParams {
+    SamplingParams { ignore_eos: true, logprobs: Some(2), ..SamplingParams::greedy(20) }
+}
+
+fn collect(e: &mut LLMEngine, id: &str) -> CompletionOutput {
+    let mut acc: Option<CompletionOutput> = None;
+    let mut finished = false;
+    for _ in 0..10_000 {
+        if finished {
+            break;
+        }
+        for out in e.step().unwrap() {
+            assert_eq!(out.request_id, id);
+            finished |= out.finished;
+            for o in out.outputs {
+                match acc.as_mut() {
+                    None => acc = Some(o),
+                    Some(a) => {
+                        a.token_ids.extend(o.token_ids);
+                        a.text.push_str(&o.text);
+                        a.logprobs.extend(o.logprobs);
+                        a.finish_reason = o.finish_reason.or(a.finish_reason);
+                    }
+                }
+            }
+        }
+    }
+    acc.unwrap()
+}
+
+/// Prefill worker stand-in: computes the prompt's KV on its own backend, samples the first token
+/// and returns `(first token, pages)`.
+fn remote_prefill(prefill: &mut Model, prompt: &[u32]) -> (tandem_engine::sampler::SampledToken, Vec<Vec<u8>>) {
+    let bs = prefill.backend.kv_cache_spec().block_size;
+    let table: Vec<u32> = (0..prompt.len().div_ceil(bs) as u32).collect();
+    let mut b = ForwardBatch::default();
+    b.push_seq(prompt, 0, &table, bs, false);
+    let logits = prefill.backend.forward(&b).unwrap();
+    let first = sample(&logits, &params(), &mut Rng::new(0));
+    let pages = table.iter().map(|&blk| prefill.backend.read_block(blk).unwrap()).collect();
+    (first, pages)
+}
+
+fn colocated(prompt: &[u32]) -> CompletionOutput {
+    let mut e = engine();
+    e.add_request("r", Prompt::TokenIds(prompt.to_vec()), params(), None).unwrap();
+    collect(&mut e, "r")
+}
+
+#[test]
+fn decode_after_remote_prefill_equals_colocated() {
+    let mut prefill = model();
+    let mut dec = engine();
+    let prompt = dec.tokenizer.encode("Write a short story about a lighthouse keeper who finds a message in a bottle.", false).unwrap();
+    let (first, pages) = remote_prefill(&mut prefill, &prompt);
+    let baseline = dec.block_manager().num_free_blocks();
+    let rp = dec.add_remote_prefill("r", Prompt::TokenIds(prompt.clone()), params(), RequestOptions::default()).unwrap().expect("blocks available");
+    assert_eq!(rp.num_cached_tokens, 0);
+    assert_eq!(rp.block_table.len(), pages.len());
+    // Nothing is scheduled while the pages are in flight.
+    assert!(dec.step().unwrap().is_empty());
+    for (i, page) in pages.iter().enumerate() {
+        dec.write_kv_block(rp.block_table[i], page).unwrap();
+    }
+    dec.finish_remote_prefill("r", first).unwrap();
+    let got = collect(&mut dec, "r");
+    let want = colocated(&prompt);
+    assert_eq!(got.token_ids, want.token_ids);
+    assert_eq!(got.text, want.text);
+    assert_eq!(got.finish_reason, Some(FinishReason::Length));
+    assert!((got.logprobs[0].chosen.logprob - want.logprobs[0].chosen.logprob).abs() < 1e-4);
+    dec.check_invariants().unwrap();
+    assert_eq!(dec.block_manager().num_free_blocks(), baseline);
+}
+
+#[test]
+fn decode_side_prefix_hits_need_only_the_suffix_pages() {
+    let mut prefill = model();
+    let mut dec = engine();
+    let system = "You are a careful assistant. Answer briefly and cite the source of every claim you make. ".repeat(3);
+    let warm = dec.tokenizer.encode(&format!("{system}Question: what is the boiling point of water?"), false).unwrap();
+    dec.add_request("warm", Prompt::TokenIds(warm), SamplingParams::greedy(2), None).unwrap();
+    collect(&mut dec, "warm");
+    let prompt = dec.tokenizer.encode(&format!("{system}Question: who wrote Hamlet?"), false).unwrap();
+    let (first, pages) = remote_prefill(&mut prefill, &prompt);
+    let rp = dec.add_remote_prefill("r", Prompt::TokenIds(prompt.clone()), params(), RequestOptions::default()).unwrap().unwrap();
+    assert!(rp.num_cached_tokens >= 48, "cached {}", rp.num_cached_tokens);
+    for i in rp.num_cached_tokens / 16..pages.len() {
+        dec.write_kv_block(rp.block_table[i], &pages[i]).unwrap();
+    }
+    dec.finish_remote_prefill("r", first).unwrap();
+    assert_eq!(collect(&mut dec, "r").token_ids, colocated(&prompt).token_ids);
+}
+
+#[test]
+fn failed_transfers_recompute_or_abort_and_free_blocks() {
+    let mut dec = engine();
+    let prompt = dec.tokenizer.encode("The three primary colors are red, yellow and blue, and mixing them gives", false).unwrap();
+    let baseline = dec.block_manager().num_free_blocks();
+    // recompute: prefilled locally, same output.
+    dec.add_remote_prefill("r", Prompt::TokenIds(prompt.clone()), params(), RequestOptions::default()).unwrap().unwrap();
+    dec.write_kv_block(0, &vec![0u8; dec.read_kv_block(0).unwrap().len()]).unwrap(); // a half-finished transfer
+    assert!(dec.fail_remote_prefill("r", true));
+    assert_eq!(collect(&mut dec, "r").token_ids, colocated(&prompt).token_ids);
+    assert_eq!(dec.block_manager().num_free_blocks(), baseline);
+    // fail: aborted.
+    dec.add_remote_prefill("f", Prompt::TokenIds(prompt.clone()), params(), RequestOptions::default()).unwrap().unwrap();
+    assert!(dec.block_manager().num_free_blocks() < baseline);
+    assert!(dec.fail_remote_prefill("f", false));
+    let out = collect(&mut dec, "f");
+    assert_eq!(out.finish_reason, Some(FinishReason::Abort));
+    assert_eq!(dec.block_manager().num_free_blocks(), baseline);
+    // A client that goes away while pages are in flight.
+    dec.add_remote_prefill("a", Prompt::TokenIds(prompt), params(), RequestOptions::default()).unwrap().unwrap();
+    assert!(dec.abort_request("a"));
+    dec.step().unwrap();
+    assert!(!dec.has_unfinished_requests());
+    dec.check_invariants().unwrap();
+    assert_eq!(dec.block_manager().num_free_blocks(), baseline);
+}
+
+#[test]
+fn n_greater_than_one_is_prefilled_locally() {
+    let mut dec = engine();
+    let p = SamplingParams { n: 2, ..params() };
+    assert!(dec.add_remote_prefill("n2", Prompt::Text("Hello there".into()), p, RequestOptions::default()).unwrap().is_none());
+    while dec.has_unfinished_requests() {
+        dec.step().unwrap();
+    }
+}
