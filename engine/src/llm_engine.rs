@@ -36,6 +36,9 @@ pub struct RequestOptions {
     pub priority: i32,
     /// Prefix-cache salt: requests with different salts never share cached blocks.
     pub cache_salt: Option<String>,
+    /// Prefill only (a prefill worker's request): stop after the first token and keep the
+    /// prompt's blocks until [`LLMEngine::release_prefill`], so their KV pages can be shipped.
+    pub prefill_only: bool,
 }
 
 /// Engine configuration.
@@ -109,6 +112,8 @@ pub struct LLMEngine {
     next_seq_id: SeqId,
     next_arrival: u64,
     pub(crate) max_model_len: usize,
+    /// Blocks of finished prefill-only requests, held until released.
+    pub(crate) pinned: HashMap<String, crate::block_manager::BlockTable>,
     stats: EngineStats,
     last_schedule: SchedulerOutput,
 }
@@ -144,6 +149,7 @@ impl LLMEngine {
             next_seq_id: 0,
             next_arrival: 0,
             max_model_len,
+            pinned: HashMap::new(),
             stats: EngineStats::default(),
             last_schedule: SchedulerOutput::default(),
         }
@@ -162,7 +168,10 @@ impl LLMEngine {
     /// Queues a request with priority and cache salt.
     pub fn add_request_with(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams, opts: RequestOptions) -> Result<(), EngineError> {
         params.validate().map_err(EngineError::InvalidRequest)?;
-        if self.requests.contains_key(request_id) {
+        if opts.prefill_only && params.n > 1 {
+            return Err(EngineError::InvalidRequest("a prefill-only request has one completion (n = 1)".into()));
+        }
+        if self.requests.contains_key(request_id) || self.pinned.contains_key(request_id) {
             return Err(EngineError::DuplicateRequestId(request_id.to_string()));
         }
         let ids = match prompt {
@@ -195,6 +204,7 @@ impl LLMEngine {
         seq.arrival_seq = self.next_arrival;
         self.next_arrival += 1;
         seq.salt = opts.cache_salt.as_deref().map(salt_digest).unwrap_or(0);
+        seq.prefill_only = opts.prefill_only;
         self.scheduler.add(seq);
         self.requests.insert(request_id.to_string(), RequestState { seq_ids: vec![id], prompt, n: params.n, finished: 0 });
         Ok(())
@@ -264,7 +274,10 @@ impl LLMEngine {
 
     /// Checks block ownership invariants (for tests).
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.scheduler.check_invariants()
+        let mut tables: Vec<_> = self.scheduler.seqs.values().map(|s| &s.block_table).collect();
+        tables.extend(self.pinned.values());
+        let hosts: Vec<_> = self.scheduler.seqs.values().map(|s| &s.host_blocks).collect();
+        self.scheduler.block_manager.check_invariants(&tables, &hosts)
     }
 
     /// Runs one scheduler iteration and returns the news of every request that changed.
@@ -292,7 +305,12 @@ impl LLMEngine {
         }
         let mut finished_seqs: HashMap<SeqId, Sequence> = HashMap::new();
         for id in finished {
-            if let Some(seq) = self.scheduler.finish(id) {
+            let pin = self.scheduler.seqs.get(&id).is_some_and(|s| s.prefill_only);
+            let seq = if pin { self.scheduler.detach(id) } else { self.scheduler.finish(id) };
+            if let Some(mut seq) = seq {
+                if pin {
+                    self.pinned.insert(seq.request_id.clone(), std::mem::take(&mut seq.block_table));
+                }
                 finished_seqs.insert(id, seq);
             }
         }
@@ -372,7 +390,13 @@ impl LLMEngine {
                 s
             };
             self.stats.generation_tokens += 1;
-            if seq.append_token(s, &self.tokenizer, self.max_model_len)? {
+            let mut done = seq.append_token(s, &self.tokenizer, self.max_model_len)?;
+            if seq.prefill_only && !done {
+                // The prefill stage ends at its first token; a decode worker continues.
+                seq.finish(crate::request_output::FinishReason::Length, None);
+                done = true;
+            }
+            if done {
                 seq.metrics.finished_time = Some(now_secs());
                 finished.push(sid);
             }

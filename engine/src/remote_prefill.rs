@@ -22,6 +22,23 @@ pub struct RemotePrefill {
 }
 
 impl LLMEngine {
+    /// The blocks of a finished prefill-only request (pages to ship, in logical order).
+    pub fn prefill_blocks(&self, request_id: &str) -> Option<Vec<u32>> {
+        self.pinned.get(request_id).map(|t| t.blocks.clone())
+    }
+
+    /// Releases a prefill-only request's blocks once its pages were acknowledged (or the
+    /// transfer failed). Full blocks stay in the prefix cache. Returns whether any were held.
+    pub fn release_prefill(&mut self, request_id: &str) -> bool {
+        match self.pinned.remove(request_id) {
+            Some(mut table) => {
+                self.scheduler.free_table(&mut table);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn single_seq(&self, request_id: &str) -> Option<u64> {
         let r = self.requests.get(request_id)?;
         (r.seq_ids.len() == 1).then(|| r.seq_ids[0])

@@ -401,9 +401,25 @@ impl Scheduler {
         self.block_manager.cache_blocks(&mut seq.block_table, &hashes);
     }
 
+    /// Removes a sequence from the queues without freeing its blocks (the caller takes its block
+    /// table and must free it later).
+    pub fn detach(&mut self, id: SeqId) -> Option<Sequence> {
+        let seq = self.seqs.remove(&id)?;
+        self.waiting.retain(|&x| x != id);
+        self.running.retain(|&x| x != id);
+        self.swapped.retain(|&x| x != id);
+        self.parked.retain(|&x| x != id);
+        Some(seq)
+    }
+
     /// Removes a finished sequence from the running set and frees its blocks.
     pub fn finish(&mut self, id: SeqId) -> Option<Sequence> {
         self.remove(id)
+    }
+
+    /// Frees a block table detached with [`Scheduler::detach`].
+    pub fn free_table(&mut self, table: &mut crate::block_manager::BlockTable) {
+        self.block_manager.free(table);
     }
 
     /// Checks block ownership against the sequences (for tests).

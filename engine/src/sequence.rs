@@ -74,6 +74,8 @@ pub struct Sequence {
     pub rng: Rng,
     /// Completions still to fork from this one once its prompt is done (n > 1).
     pub pending_forks: usize,
+    /// Stop after the first token and keep the blocks (a prefill worker's request).
+    pub prefill_only: bool,
     /// Timing.
     pub metrics: RequestMetrics,
     /// Log-probabilities of generated tokens (when asked for).
@@ -107,6 +109,7 @@ impl Sequence {
             block_table: BlockTable::default(),
             host_blocks: Vec::new(),
             pending_forks: params.n.saturating_sub(1),
+            prefill_only: false,
             params,
             priority: 0,
             arrival_seq: 0,
@@ -147,6 +150,7 @@ impl Sequence {
             block_hashes: self.block_hashes.clone(),
             rng,
             pending_forks: 0,
+            prefill_only: false,
             metrics: self.metrics,
             logprobs: self.logprobs.clone(),
             cumulative_logprob: self.cumulative_logprob,

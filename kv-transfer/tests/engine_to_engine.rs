@@ -1,0 +1,127 @@
+//! Disaggregated prefill between two engines over loopback TCP: the prefill engine runs the
+//! prompt in chunks and stops at the first token with its blocks pinned; the pages travel over
+//! the TCP transport into the blocks the decode engine reserved; the decode engine continues.
+//! The tokens equal a colocated engine's, and both sides return to their free-block baselines.
+
+use std::time::Duration;
+
+use tandem_engine::block_hash::DEFAULT_HASH_SEED;
+use tandem_engine::scheduler::SchedulerConfig;
+use tandem_engine::{model_fetch, CompletionOutput, EngineConfig, LLMEngine, LoadOptions, Model, Prompt, RequestOptions, SamplingParams};
+use tandem_kv_transfer::tcp::{PageSink, TcpReceiver, TcpSender};
+use tandem_kv_transfer::{KvDtype, KvLayout, KvPage};
+
+fn engine(budget: usize) -> LLMEngine {
+    let m = Model::load(&model_fetch::default_model_path().unwrap(), LoadOptions::with_kv_tokens(1024)).unwrap();
+    let cfg = EngineConfig { scheduler: SchedulerConfig { max_num_batched_tokens: budget, ..Default::default() }, ..Default::default() };
+    LLMEngine::new(m, cfg)
+}
+
+fn layout(e: &LLMEngine) -> KvLayout {
+    let c = &e.model_config;
+    KvLayout {
+        model_id: c.name.clone(),
+        dtype: KvDtype::F32,
+        block_size: e.block_manager().block_size() as u32,
+        num_layers: c.num_layers as u32,
+        num_kv_heads: c.num_kv_heads as u32,
+        head_dim: c.head_dim as u32,
+        hash_seed: DEFAULT_HASH_SEED,
+    }
+}
+
+struct EngineSink<'a> {
+    engine: &'a mut LLMEngine,
+    table: Vec<u32>,
+}
+
+impl PageSink for EngineSink<'_> {
+    fn target(&mut self, _id: u64, index: u32, _hash: u64) -> Option<u32> {
+        self.table.get(index as usize).copied()
+    }
+    fn write(&mut self, block: u32, payload: &[u8]) -> Result<(), String> {
+        self.engine.write_kv_block(block, payload).map_err(|e| e.to_string())
+    }
+}
+
+fn drain(e: &mut LLMEngine) -> Vec<CompletionOutput> {
+    let mut outs: Vec<CompletionOutput> = Vec::new();
+    for _ in 0..10_000 {
+        let step = e.step().unwrap();
+        let done = step.iter().any(|o| o.finished);
+        for o in step.into_iter().flat_map(|o| o.outputs) {
+            match outs.last_mut() {
+                Some(a) => {
+                    a.token_ids.extend(o.token_ids);
+                    a.text.push_str(&o.text);
+                    a.finish_reason = o.finish_reason.or(a.finish_reason);
+                }
+                None => outs.push(o),
+            }
+        }
+        if done && !e.has_unfinished_requests() {
+            break;
+        }
+    }
+    outs
+}
+
+#[test]
+fn prefill_engine_to_decode_engine_over_tcp_equals_colocated() {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) };
+    let mut prefill = engine(32); // 32-token budget: the prompt is prefilled in chunks
+    let mut decode = engine(512);
+    let prompt = prefill.tokenizer.encode(&"In the beginning of the industrial revolution, factories ".repeat(9), false).unwrap();
+    assert!(prompt.len() > 64);
+    let (p_base, d_base) = (prefill.block_manager().num_free_blocks(), decode.block_manager().num_free_blocks());
+
+    // Prefill worker: prompt only, first token out, blocks pinned.
+    let opts = RequestOptions { prefill_only: true, ..Default::default() };
+    prefill.add_request_with("req", Prompt::TokenIds(prompt.clone()), params.clone(), opts).unwrap();
+    let mut first = None;
+    let mut steps = 0;
+    while first.is_none() {
+        steps += 1;
+        for o in prefill.step().unwrap() {
+            assert!(o.finished);
+            first = o.outputs[0].logprobs.first().cloned().or_else(|| {
+                let id = o.outputs[0].token_ids[0];
+                let logprob = o.outputs[0].cumulative_logprob as f32;
+                Some(tandem_engine::sampler::SampledToken { chosen: tandem_engine::sampler::TokenLogprob { token_id: id, logprob }, top: vec![] })
+            });
+        }
+    }
+    assert!(steps >= prompt.len() / 32, "the prompt should take several chunked steps, took {steps}");
+    let src = prefill.prefill_blocks("req").expect("pinned blocks");
+    prefill.check_invariants().unwrap();
+
+    // Decode worker: reserve blocks, receive pages over TCP, continue.
+    let rp = decode.add_remote_prefill("req", Prompt::TokenIds(prompt.clone()), params.clone(), RequestOptions::default()).unwrap().unwrap();
+    let receiver = TcpReceiver::bind("127.0.0.1:0", layout(&decode), Duration::from_secs(2)).unwrap();
+    let addr = receiver.local_addr().unwrap();
+    let skip = rp.num_cached_tokens / 16;
+    std::thread::scope(|scope| {
+        let sink_engine = &mut decode;
+        let table = rp.block_table.clone();
+        let rx = scope.spawn(move || receiver.serve_one(&mut EngineSink { engine: sink_engine, table }));
+        let mut tx = TcpSender::connect(addr, &layout(&prefill), Duration::from_secs(2)).unwrap();
+        for (i, &blk) in src.iter().enumerate().skip(skip) {
+            let payload = prefill.read_kv_block(blk).unwrap();
+            tx.send(&KvPage { transfer_id: 1, index: i as u32, block_hash: 0, payload }).unwrap();
+        }
+        tx.finish(1, (src.len() - skip) as u32).unwrap();
+        rx.join().unwrap().unwrap();
+    });
+    assert!(prefill.release_prefill("req"));
+    assert_eq!(prefill.block_manager().num_free_blocks(), p_base, "prefill side frees (and caches) its blocks");
+    decode.finish_remote_prefill("req", first.unwrap()).unwrap();
+    let got = drain(&mut decode);
+    decode.check_invariants().unwrap();
+    assert_eq!(decode.block_manager().num_free_blocks(), d_base);
+
+    let mut colo = engine(512);
+    colo.add_request("req", Prompt::TokenIds(prompt), params, None).unwrap();
+    let want = drain(&mut colo);
+    assert_eq!(got[0].token_ids, want[0].token_ids);
+    assert_eq!(got[0].text, want[0].text);
+}
