@@ -98,18 +98,24 @@ impl Rope {
     }
 }
 
-/// Numerically stable in-place softmax.
-pub fn softmax(x: &mut [f32]) {
+/// Numerically stable in-place softmax with the given exponential.
+#[inline(always)]
+fn softmax_with(x: &mut [f32], exp: impl Fn(f32) -> f32) {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut s = 0f32;
     for v in x.iter_mut() {
-        *v = (*v - m).exp();
+        *v = exp(*v - m);
         s += *v;
     }
     let inv = 1.0 / s;
     for v in x.iter_mut() {
         *v *= inv;
     }
+}
+
+/// Numerically stable in-place softmax.
+pub fn softmax(x: &mut [f32]) {
+    softmax_with(x, f32::exp)
 }
 
 /// `e^x` by range reduction (`x = n·ln2 + r`) and a degree-6 polynomial; relative error below
@@ -166,16 +172,7 @@ pub fn log_sum_exp(x: &[f32]) -> f32 {
 /// Softmax with [`exp_fast`], for the SIMD attention path.
 #[inline(always)]
 pub fn softmax_fast(x: &mut [f32]) {
-    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut s = 0f32;
-    for v in x.iter_mut() {
-        *v = exp_fast(*v - m);
-        s += *v;
-    }
-    let inv = 1.0 / s;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
+    softmax_with(x, exp_fast)
 }
 
 /// Log-softmax of a row of logits, in f64 for the normaliser.
