@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use tandem_engine::backend::ForwardBatch;
+use tandem_engine::backend::{ForwardBatch, Logits};
+use tandem_engine::sampler::argmax;
 use tandem_engine::{LoadOptions, Model};
 
 /// Benchmark subcommands.
@@ -144,7 +145,7 @@ fn kernels(a: KernelArgs) -> Result<()> {
         run(&mut out);
     }
     let secs = start.elapsed().as_secs_f64();
-    let threads = tandem_engine::backend::cpu::pool::ThreadPool::global().num_threads();
+    let threads = cpu_threads();
     println!("kernel {:?}, threads {threads}, tokens {t}: {:.1} tok/s (matmuls only)", QKernel::detect(), (a.iters * t) as f64 / secs);
     Ok(())
 }
@@ -252,7 +253,7 @@ fn single(a: SingleArgs) -> Result<()> {
     let (mut sum_pp, mut sum_tg) = (0f64, 0f64);
     for _ in 0..a.repeat.max(1) {
         let mut b = ForwardBatch::default();
-        b.push_seq(&prompt, 0, &table, spec.block_size, false);
+        b.push_seq(&prompt, 0, &table, spec.block_size, Logits::Last);
         let t = Instant::now();
         let logits = model.backend.forward(&b)?;
         let pp = a.prompt_tokens as f64 / t.elapsed().as_secs_f64();
@@ -264,13 +265,13 @@ fn single(a: SingleArgs) -> Result<()> {
         let start = if a.decode_after_prompt { a.prompt_tokens } else { 0 };
         if !a.decode_after_prompt {
             let mut b = ForwardBatch::default();
-            b.push_seq(&prompt[..1], 0, &table, spec.block_size, false);
+            b.push_seq(&prompt[..1], 0, &table, spec.block_size, Logits::Last);
             next = argmax(&model.backend.forward(&b)?);
         }
         let t = Instant::now();
         for i in 0..a.decode_tokens {
             let mut b = ForwardBatch::default();
-            b.push_seq(&[next], start.max(1) + i, &table, spec.block_size, false);
+            b.push_seq(&[next], start.max(1) + i, &table, spec.block_size, Logits::Last);
             next = argmax(&model.backend.forward(&b)?);
         }
         let tg = a.decode_tokens as f64 / t.elapsed().as_secs_f64();
@@ -286,11 +287,11 @@ fn single(a: SingleArgs) -> Result<()> {
             serde_json::json!({"model": path.display().to_string(), "kernel": format!("{:?}", a.kernel), "prompt_tokens": a.prompt_tokens,
                 "decode_tokens": a.decode_tokens, "prompt_tok_per_s": mean_pp, "decode_tok_per_s": mean_tg,
                 "prompt_tok_per_s_best": best_pp, "decode_tok_per_s_best": best_tg, "repeat": a.repeat,
-                "load_s": load_s, "peak_rss_mib": rss, "threads": rayon_threads()})
+                "load_s": load_s, "peak_rss_mib": rss, "threads": cpu_threads()})
         );
     } else {
         println!("model            {}", path.display());
-        println!("threads          {}", rayon_threads());
+        println!("threads          {}", cpu_threads());
         println!("load             {load_s:.2} s");
         println!("prompt ({:>4} tok) {mean_pp:.1} tok/s (best {best_pp:.1})", a.prompt_tokens);
         println!("decode ({:>4} tok) {mean_tg:.1} tok/s (best {best_tg:.1})", a.decode_tokens);
@@ -299,16 +300,7 @@ fn single(a: SingleArgs) -> Result<()> {
     Ok(())
 }
 
-fn rayon_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
+/// Threads of the CPU backend's pool (`TANDEM_NUM_THREADS`, else one per core).
+fn cpu_threads() -> usize {
+    tandem_engine::backend::cpu::pool::ThreadPool::global().num_threads()
 }

@@ -2,7 +2,7 @@
 //! ([`LLMEngine::generate`]), and teacher-forced scoring of a token sequence ([`score`]).
 
 use crate::backend::cpu::ops::log_softmax;
-use crate::backend::{BackendError, ForwardBatch};
+use crate::backend::{BackendError, ForwardBatch, Logits};
 use crate::llm_engine::{EngineError, LLMEngine, Prompt};
 use crate::model::Model;
 use crate::request_output::FinishReason;
@@ -74,7 +74,7 @@ pub fn score(model: &mut Model, ids: &[u32]) -> Result<Vec<Vec<f32>>, EngineErro
     }
     let table: Vec<u32> = (0..need as u32).collect();
     let mut batch = ForwardBatch::default();
-    batch.push_seq(ids, 0, &table, spec.block_size, true);
+    batch.push_seq(ids, 0, &table, spec.block_size, Logits::All);
     let logits = model.backend.forward(&batch)?;
     Ok(logits.chunks_exact(model.config.vocab_size).map(log_softmax).collect())
 }

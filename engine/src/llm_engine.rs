@@ -297,7 +297,7 @@ impl LLMEngine {
         }
         let mut finished: Vec<SeqId> = Vec::new();
         for (id, row) in logits {
-            self.sample_and_append(id, &row, now, &mut finished)?;
+            self.sample_and_append(id, &row, &mut finished)?;
             let rid = self.scheduler.seqs[&id].request_id.clone();
             if !touched.contains(&rid) {
                 touched.push(rid);
@@ -306,7 +306,7 @@ impl LLMEngine {
         let mut finished_seqs: HashMap<SeqId, Sequence> = HashMap::new();
         for id in finished {
             let pin = self.scheduler.seqs.get(&id).is_some_and(|s| s.prefill_only);
-            let seq = if pin { self.scheduler.detach(id) } else { self.scheduler.finish(id) };
+            let seq = if pin { self.scheduler.detach(id) } else { self.scheduler.remove(id) };
             if let Some(mut seq) = seq {
                 if pin {
                     self.pinned.insert(seq.request_id.clone(), std::mem::take(&mut seq.block_table));
@@ -348,13 +348,11 @@ impl LLMEngine {
         Ok(results)
     }
 
-    fn sample_and_append(&mut self, id: SeqId, row: &[f32], now: f64, finished: &mut Vec<SeqId>) -> Result<(), EngineError> {
-        let eos = self.tokenizer.eos_token_ids.clone();
+    fn sample_and_append(&mut self, id: SeqId, row: &[f32], finished: &mut Vec<SeqId>) -> Result<(), EngineError> {
         let seq = self.scheduler.seqs.get_mut(&id).expect("sampled sequence exists");
         if seq.metrics.first_token_time.is_none() {
             seq.metrics.first_token_time = Some(now_secs());
         }
-        let _ = now;
         // n > 1: fork the completions off the finished prompt, sharing its blocks.
         let mut children = Vec::new();
         if seq.pending_forks > 0 {
@@ -384,7 +382,7 @@ impl LLMEngine {
             let seq = self.scheduler.seqs.get_mut(&sid).expect("sequence exists");
             let s = {
                 let mut rng = seq.rng.clone();
-                let ctx = SamplingContext { prompt: &seq.token_ids[..seq.prompt_len], output: seq.output_ids(), eos_token_ids: &eos };
+                let ctx = SamplingContext { prompt: &seq.token_ids[..seq.prompt_len], output: seq.output_ids(), eos_token_ids: &self.tokenizer.eos_token_ids };
                 let s = sample_token(row, &seq.params, &ctx, &mut rng);
                 seq.rng = rng;
                 s

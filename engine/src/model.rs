@@ -111,8 +111,7 @@ impl Model {
                 if !(f > 0.0 && f <= 1.0) {
                     return Err(LoadError::Config(format!("KV cache fraction {f} must be in (0, 1]")));
                 }
-                // f32 weights of the exact path take about 4 bytes per parameter.
-                let weights = 4 * files_num_params(&files);
+                let weights = resident_weight_bytes(&files, opts.kernel);
                 let avail = available_memory_bytes().unwrap_or(0).saturating_sub(weights);
                 ((avail as f64 * f) as u64 / per_block) as usize
             }
@@ -135,10 +134,13 @@ impl Model {
     }
 }
 
-fn files_num_params(files: &ModelFiles) -> u64 {
-    match files {
-        ModelFiles::Gguf(f) => f.tensors.iter().map(|t| t.num_elements()).sum(),
-        ModelFiles::Safetensors(st) => st.num_elements(),
+/// Memory the loaded weights will take: the fast path keeps GGUF blocks as stored (about their
+/// file size); otherwise weights become f32, 4 bytes per parameter.
+fn resident_weight_bytes(files: &ModelFiles, kernel: KernelPath) -> u64 {
+    match (files, kernel) {
+        (ModelFiles::Gguf(f), KernelPath::Fast) => f.tensors.iter().map(|t| t.size).sum(),
+        (ModelFiles::Gguf(f), KernelPath::Exact) => 4 * f.tensors.iter().map(|t| t.num_elements()).sum::<u64>(),
+        (ModelFiles::Safetensors(st), _) => 4 * st.num_elements(),
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::backend::{BackendError, ForwardBatch, ModelBackend};
+use crate::backend::{BackendError, ForwardBatch, Logits, ModelBackend};
 use crate::scheduler::SchedulerOutput;
 use crate::sequence::{SeqId, Sequence};
 
@@ -31,10 +31,9 @@ impl ModelRunner {
             let start = seq.num_computed_tokens;
             let end = start + s.num_tokens;
             let completes = end == seq.len();
-            batch.push_seq(&seq.token_ids[start..end], start, &seq.block_table.blocks, bs, false);
-            if !completes {
-                batch.logits_indices.pop();
-            } else {
+            let logits = if completes { Logits::Last } else { Logits::None };
+            batch.push_seq(&seq.token_ids[start..end], start, &seq.block_table.blocks, bs, logits);
+            if completes {
                 sampled.push(s.seq_id);
             }
         }

@@ -32,7 +32,7 @@ impl LLMEngine {
     pub fn release_prefill(&mut self, request_id: &str) -> bool {
         match self.pinned.remove(request_id) {
             Some(mut table) => {
-                self.scheduler.free_table(&mut table);
+                self.scheduler.block_manager.free(&mut table);
                 true
             }
             None => false,
@@ -100,7 +100,7 @@ impl LLMEngine {
         let outputs: Vec<_> = seq.take_delta().into_iter().collect();
         let prompt = self.requests[request_id].prompt.clone();
         if finished {
-            self.scheduler.finish(id);
+            self.scheduler.remove(id);
             self.requests.remove(request_id);
         }
         self.pending.push(RequestOutput { request_id: request_id.to_string(), prompt_token_ids: prompt, outputs, finished, metrics });

@@ -74,7 +74,8 @@ pub fn top_k(lp: &[f32], k: usize) -> Vec<TokenLogprob> {
     idx.into_iter().map(|i| TokenLogprob { token_id: i, logprob: lp[i as usize] }).collect()
 }
 
-fn argmax(x: &[f32]) -> u32 {
+/// Index of the largest value (the first one on ties): greedy decoding.
+pub fn argmax(x: &[f32]) -> u32 {
     let mut best = 0usize;
     for (i, &v) in x.iter().enumerate() {
         if v > x[best] {

@@ -411,21 +411,4 @@ impl Scheduler {
         self.parked.retain(|&x| x != id);
         Some(seq)
     }
-
-    /// Removes a finished sequence from the running set and frees its blocks.
-    pub fn finish(&mut self, id: SeqId) -> Option<Sequence> {
-        self.remove(id)
-    }
-
-    /// Frees a block table detached with [`Scheduler::detach`].
-    pub fn free_table(&mut self, table: &mut crate::block_manager::BlockTable) {
-        self.block_manager.free(table);
-    }
-
-    /// Checks block ownership against the sequences (for tests).
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let tables: Vec<_> = self.seqs.values().map(|s| &s.block_table).collect();
-        let hosts: Vec<_> = self.seqs.values().map(|s| &s.host_blocks).collect();
-        self.block_manager.check_invariants(&tables, &hosts)
-    }
 }

@@ -80,14 +80,6 @@ impl ModelFiles {
         }
     }
 
-    /// The GGUF file, when the model is one.
-    pub fn gguf(&self) -> Option<&GgufFile> {
-        match self {
-            ModelFiles::Gguf(f) => Some(f),
-            ModelFiles::Safetensors(_) => None,
-        }
-    }
-
     /// Looks a tensor up by its GGUF name.
     pub fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
         match self {

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tandem_engine::backend::{BackendError, ForwardBatch};
+use tandem_engine::backend::{BackendError, ForwardBatch, Logits};
 use tandem_engine::gguf::GgufWriter;
 use tandem_engine::{ChatMessage, LoadError, LoadOptions, Model, TemplateError};
 
@@ -75,7 +75,7 @@ fn tiny_model_loads_and_runs() {
     let mut m = load(&tiny_gguf("ok.gguf", |_| {})).unwrap();
     let table: Vec<u32> = (0..4).collect();
     let mut b = ForwardBatch::default();
-    b.push_seq(&[0, 5, 7], 0, &table, 16, false);
+    b.push_seq(&[0, 5, 7], 0, &table, 16, Logits::Last);
     let logits = m.backend.forward(&b).unwrap();
     assert_eq!(logits.len(), VOCAB as usize);
     assert!(logits.iter().all(|x| x.is_finite()));
@@ -171,13 +171,13 @@ fn bad_batches_are_refused_not_panicking() {
     let mut m = load(&tiny_gguf("batch.gguf", |_| {})).unwrap();
     let table: Vec<u32> = (0..4).collect();
     let mut b = ForwardBatch::default();
-    b.push_seq(&[VOCAB as u32 + 3], 0, &table, 16, false);
+    b.push_seq(&[VOCAB as u32 + 3], 0, &table, 16, Logits::Last);
     assert!(matches!(m.backend.forward(&b), Err(BackendError::InvalidBatch(e)) if e.contains("outside the vocabulary")));
     let mut b = ForwardBatch::default();
-    b.push_seq(&[1, 2], 0, &[99], 16, false);
+    b.push_seq(&[1, 2], 0, &[99], 16, Logits::Last);
     assert!(m.backend.forward(&b).is_err());
     let mut b = ForwardBatch::default();
-    b.push_seq(&[1; 20], 0, &[0], 16, false); // 20 tokens, one 16-token block
+    b.push_seq(&[1; 20], 0, &[0], 16, Logits::Last); // 20 tokens, one 16-token block
     assert!(m.backend.forward(&b).is_err());
 }
 

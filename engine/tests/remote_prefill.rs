@@ -2,7 +2,7 @@
 //! into the blocks the engine reserved, and the request continues from the shipped first token.
 //! Outputs equal a colocated run; failures recompute locally or abort; blocks always return.
 
-use tandem_engine::backend::{ForwardBatch, ModelBackend};
+use tandem_engine::backend::{ForwardBatch, Logits};
 use tandem_engine::sampler::{sample, Rng};
 use tandem_engine::{model_fetch, CompletionOutput, EngineConfig, FinishReason, LLMEngine, LoadOptions, Model, Prompt, RequestOptions, SamplingParams};
 
@@ -50,7 +50,7 @@ fn remote_prefill(prefill: &mut Model, prompt: &[u32]) -> (tandem_engine::sample
     let bs = prefill.backend.kv_cache_spec().block_size;
     let table: Vec<u32> = (0..prompt.len().div_ceil(bs) as u32).collect();
     let mut b = ForwardBatch::default();
-    b.push_seq(prompt, 0, &table, bs, false);
+    b.push_seq(prompt, 0, &table, bs, Logits::Last);
     let logits = prefill.backend.forward(&b).unwrap();
     let first = sample(&logits, &params(), &mut Rng::new(0));
     let pages = table.iter().map(|&blk| prefill.backend.read_block(blk).unwrap()).collect();

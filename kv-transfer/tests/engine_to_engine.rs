@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use tandem_engine::block_hash::DEFAULT_HASH_SEED;
+use tandem_engine::sampler::{SampledToken, TokenLogprob};
 use tandem_engine::scheduler::SchedulerConfig;
 use tandem_engine::{model_fetch, CompletionOutput, EngineConfig, LLMEngine, LoadOptions, Model, Prompt, RequestOptions, SamplingParams};
 use tandem_kv_transfer::tcp::{PageSink, TcpReceiver, TcpSender};
@@ -84,11 +85,10 @@ fn prefill_engine_to_decode_engine_over_tcp_equals_colocated() {
         steps += 1;
         for o in prefill.step().unwrap() {
             assert!(o.finished);
-            first = o.outputs[0].logprobs.first().cloned().or_else(|| {
-                let id = o.outputs[0].token_ids[0];
-                let logprob = o.outputs[0].cumulative_logprob as f32;
-                Some(tandem_engine::sampler::SampledToken { chosen: tandem_engine::sampler::TokenLogprob { token_id: id, logprob }, top: vec![] })
-            });
+            let c = &o.outputs[0];
+            assert_eq!(c.token_ids.len(), 1, "a prefill-only request yields exactly its first token");
+            let chosen = TokenLogprob { token_id: c.token_ids[0], logprob: c.cumulative_logprob as f32 };
+            first = Some(SampledToken { chosen, top: vec![] });
         }
     }
     assert!(steps >= prompt.len() / 32, "the prompt should take several chunked steps, took {steps}");

@@ -22,6 +22,17 @@ pub struct SeqSlice {
     pub block_table: Vec<u32>,
 }
 
+/// Which of a sequence's batch rows return logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// None (a prefill chunk that does not finish the prompt).
+    None,
+    /// The last token's (the next token is sampled from it).
+    Last,
+    /// Every token's (teacher-forced scoring).
+    All,
+}
+
 /// A flattened batch of tokens for one forward pass (the varlen layout of seed 002).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ForwardBatch {
@@ -39,8 +50,8 @@ pub struct ForwardBatch {
 
 impl ForwardBatch {
     /// Appends a sequence's tokens at positions `start_pos..`, with slots derived from its
-    /// block table, and asks for the logits of its last token (or of all its tokens).
-    pub fn push_seq(&mut self, tokens: &[u32], start_pos: usize, block_table: &[u32], block_size: usize, all_logits: bool) {
+    /// block table, asking for the `logits` rows named.
+    pub fn push_seq(&mut self, tokens: &[u32], start_pos: usize, block_table: &[u32], block_size: usize, logits: Logits) {
         let query_start = self.token_ids.len();
         for (i, &t) in tokens.iter().enumerate() {
             let pos = start_pos + i;
@@ -48,11 +59,11 @@ impl ForwardBatch {
             self.positions.push(pos as u32);
             let block = block_table.get(pos / block_size).copied().unwrap_or(u32::MAX);
             self.slot_mapping.push(block.saturating_mul(block_size as u32).saturating_add((pos % block_size) as u32));
-            if all_logits {
+            if logits == Logits::All {
                 self.logits_indices.push(query_start + i);
             }
         }
-        if !all_logits && !tokens.is_empty() {
+        if logits == Logits::Last && !tokens.is_empty() {
             self.logits_indices.push(query_start + tokens.len() - 1);
         }
         self.seqs.push(SeqSlice {

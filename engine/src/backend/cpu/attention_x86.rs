@@ -2,7 +2,7 @@
 //! q·Kᵀ for eight cached positions at a time (eight independent FMA chains, then one
 //! transposing reduction instead of eight horizontal sums), softmax with the vectorised exp, and
 //! P·V with one head's output held in registers. Same mathematics as the portable
-//! `attend_group`; the summation order differs (tested to 1e-5).
+//! `super::attend_group`; the summation order differs (tested to 1e-5).
 
 use std::arch::x86_64::*;
 
@@ -20,10 +20,11 @@ unsafe fn transpose_sum8(a: &[__m256; 8]) -> __m256 {
     _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31))
 }
 
-/// See the module doc. `scores` is scratch of `group × ctx` floats.
+/// See the module doc; arguments as the portable `super::attend_group` (`slots`: the cache slot
+/// of each context position; `scores`: scratch of `group × slots.len()` floats).
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA; `hd % 8 == 0`; the block table covers `ctx` positions.
+/// The CPU must have AVX2 and FMA; `hd % 8 == 0`.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn attend_group(
@@ -32,17 +33,15 @@ pub unsafe fn attend_group(
     qg: &[f32],
     kvh: usize,
     hd: usize,
-    table: &[u32],
-    ctx: usize,
+    slots: &[usize],
     scale: f32,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
     let group = qg.len() / hd;
-    let bs = kv.block_size();
-    let slot_of = |p: usize| table[p / bs] as usize * bs + p % bs;
-    let kptr = |p: usize| kv.k(layer, slot_of(p)).as_ptr().add(kvh * hd);
-    let vptr = |p: usize| kv.v(layer, slot_of(p)).as_ptr().add(kvh * hd);
+    let ctx = slots.len();
+    let kptr = |p: usize| kv.k(layer, slots[p]).as_ptr().add(kvh * hd);
+    let vptr = |p: usize| kv.v(layer, slots[p]).as_ptr().add(kvh * hd);
     let vscale = _mm256_set1_ps(scale);
     for g in 0..group {
         let q = qg.as_ptr().add(g * hd);
@@ -121,22 +120,25 @@ mod tests {
                 kv.write(l, slot, &k, &v);
             }
         }
-        let table = [4u32, 1, 5, 0];
+        let table = [4usize, 1, 5, 0];
         for ctx in [1, 7, 8, 9, 16, 33, 61] {
+            let slots: Vec<usize> = (0..ctx).map(|p| table[p / bs] * bs + p % bs).collect();
             let qg: Vec<f32> = (0..group * hd).map(|_| r()).collect();
             let scale = 1.0 / (hd as f32).sqrt();
-            let mut o = vec![0f32; group * hd];
+            let (mut o, mut want) = (vec![0f32; group * hd], vec![0f32; group * hd]);
             let mut scratch = vec![0f32; group * ctx];
-            unsafe { attend_group(&kv, 1, &qg, 1, hd, &table, ctx, scale, &mut scratch, &mut o) };
+            unsafe { attend_group(&kv, 1, &qg, 1, hd, &slots, scale, &mut scratch, &mut o) };
+            super::super::attend_group(&kv, 1, &qg, 1, hd, &slots, scale, &mut scratch, &mut want);
             for g in 0..group {
-                let slot = |p: usize| table[p / bs] as usize * bs + p % bs;
-                let mut s: Vec<f32> = (0..ctx)
-                    .map(|p| (0..hd).map(|d| qg[g * hd + d] * kv.k(1, slot(p))[hd + d]).sum::<f32>() * scale)
-                    .collect();
-                crate::backend::cpu::ops::softmax(&mut s);
+                // The textbook formula, head by head.
+                let s0: Vec<f32> = (0..ctx).map(|p| (0..hd).map(|d| qg[g * hd + d] * kv.k(1, slots[p])[hd + d]).sum::<f32>() * scale).collect();
+                let m = s0.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let z: f32 = s0.iter().map(|x| (x - m).exp()).sum();
                 for d in 0..hd {
-                    let want: f32 = (0..ctx).map(|p| s[p] * kv.v(1, slot(p))[hd + d]).sum();
-                    assert!((o[g * hd + d] - want).abs() < 1e-5, "ctx {ctx} head {g} dim {d}: {} vs {want}", o[g * hd + d]);
+                    let naive: f32 = (0..ctx).map(|p| (s0[p] - m).exp() / z * kv.v(1, slots[p])[hd + d]).sum();
+                    let i = g * hd + d;
+                    assert!((want[i] - naive).abs() < 1e-5, "portable, ctx {ctx} head {g} dim {d}: {} vs {naive}", want[i]);
+                    assert!((o[i] - naive).abs() < 1e-5, "AVX2, ctx {ctx} head {g} dim {d}: {} vs {naive}", o[i]);
                 }
             }
         }

@@ -111,7 +111,12 @@ impl CpuKvCache {
 
     /// Bytes of one block over all layers, K and V.
     pub fn bytes_per_block(&self) -> usize {
-        2 * self.num_layers * self.block_size * self.token_width * std::mem::size_of::<f32>()
+        Self::block_bytes(self.num_layers, self.block_size, self.token_width)
+    }
+
+    /// Bytes of one block for a pool of this shape (before one exists, to size it).
+    pub fn block_bytes(num_layers: usize, block_size: usize, token_width: usize) -> usize {
+        2 * num_layers * block_size * token_width * std::mem::size_of::<f32>()
     }
 
     /// Number of slots (`num_blocks * block_size`).

@@ -147,11 +147,6 @@ impl QuantLinear {
         QuantLinear { w, kernel }
     }
 
-    /// The weights.
-    pub fn matrix(&self) -> &super::quant::QMatrix {
-        &self.w
-    }
-
     /// `out = a · wᵀ` for already quantised activations.
     pub fn forward_quantized(&self, a: &super::quant::QActs, out: &mut [f32]) {
         let (n, t) = (self.w.n, a.t);

@@ -201,7 +201,7 @@ impl CpuBackend {
 
     /// Bytes of KV cache one block takes for `cfg` in this backend (f32 K and V).
     pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize) -> usize {
-        2 * cfg.num_layers * block_size * cfg.kv_size() * std::mem::size_of::<f32>()
+        CpuKvCache::block_bytes(cfg.num_layers, block_size, cfg.kv_size())
     }
 
     fn validate(&self, b: &ForwardBatch) -> Result<(), BackendError> {
@@ -251,48 +251,58 @@ impl CpuBackend {
         let cfg = &self.cfg;
         let (hd, nh, nkv) = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
         let group = nh / nkv;
-        let simd = self.simd;
+        let bs = self.kv.block_size();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let kernel = self.simd && hd % 8 == 0;
         let optr = linear::OutPtr(out.as_mut_ptr());
         let n_items = b.num_tokens() * nkv;
         let pool = pool::ThreadPool::global();
         let per_task = n_items.div_ceil(pool.num_threads() * 4).max(1);
         pool.run(n_items.div_ceil(per_task), &|task| {
-            for idx in task * per_task..((task + 1) * per_task).min(n_items) {
-                let (ti, kvh) = (idx / nkv, idx % nkv);
-                let h0 = kvh * group;
-                // SAFETY: each (token, KV head) item owns the output slices of its query heads.
-                let o = unsafe { std::slice::from_raw_parts_mut(optr.get().add((ti * nh + h0) * hd), group * hd) };
-                let qg = &q[(ti * nh + h0) * hd..(ti * nh + h0 + group) * hd];
-                let s = &b.seqs[tok_seq[ti]];
-                let ctx = b.positions[ti] as usize + 1;
-                if simd && hd % 8 == 0 {
-                    // SAFETY: `simd` is set only when the CPU has AVX2 and FMA; hd is a multiple of 8.
+            ATTN_SCRATCH.with(|sc| {
+                let mut sc = sc.borrow_mut();
+                let AttnScratch { slots, scores } = &mut *sc;
+                for idx in task * per_task..((task + 1) * per_task).min(n_items) {
+                    let (ti, kvh) = (idx / nkv, idx % nkv);
+                    let h0 = kvh * group;
+                    // SAFETY: each (token, KV head) item owns the output slices of its query heads.
+                    let o = unsafe { std::slice::from_raw_parts_mut(optr.get().add((ti * nh + h0) * hd), group * hd) };
+                    let qg = &q[(ti * nh + h0) * hd..(ti * nh + h0 + group) * hd];
+                    // The cache slot of every context position, walking the block table once.
+                    let ctx = b.positions[ti] as usize + 1;
+                    slots.clear();
+                    for &blk in &b.seqs[tok_seq[ti]].block_table {
+                        let base = blk as usize * bs;
+                        slots.extend(base..base + bs.min(ctx - slots.len()));
+                        if slots.len() == ctx {
+                            break;
+                        }
+                    }
+                    scores.clear();
+                    scores.resize(group * ctx, 0.0);
                     #[cfg(target_arch = "x86_64")]
-                    unsafe {
-                        SCRATCH.with(|sc| {
-                            let mut sc = sc.borrow_mut();
-                            sc.resize(group * ctx, 0.0);
-                            let scale = 1.0 / (hd as f32).sqrt();
-                            attention_x86::attend_group(&self.kv, layer, qg, kvh, hd, &s.block_table, ctx, scale, &mut sc, o)
-                        })
-                    };
-                } else if simd {
-                    // SAFETY: as above.
-                    #[cfg(target_arch = "x86_64")]
-                    unsafe {
-                        attend_group_avx2(self, layer, qg, kvh, &s.block_table, ctx, o)
-                    };
-                } else {
-                    attend_group(self, layer, qg, kvh, &s.block_table, ctx, o, false);
+                    if kernel {
+                        // SAFETY: `simd` is set only when the CPU has AVX2 and FMA; hd is a multiple of 8.
+                        unsafe { attention_x86::attend_group(&self.kv, layer, qg, kvh, hd, slots, scale, scores, o) };
+                        continue;
+                    }
+                    let _ = kernel;
+                    attend_group(&self.kv, layer, qg, kvh, hd, slots, scale, scores, o);
                 }
-            }
+            })
         });
     }
 }
 
+/// Per-thread attention buffers, reused across calls.
+#[derive(Default)]
+struct AttnScratch {
+    slots: Vec<usize>,
+    scores: Vec<f32>,
+}
+
 thread_local! {
-    /// Attention score scratch, reused across calls.
-    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ATTN_SCRATCH: std::cell::RefCell<AttnScratch> = std::cell::RefCell::new(AttnScratch::default());
 }
 
 fn simd_available() -> bool {
@@ -306,61 +316,32 @@ fn simd_available() -> bool {
     }
 }
 
-/// The query heads `qg` (`group × head_dim`) sharing KV head `kvh`, over `ctx` cached
-/// positions: softmax(q·Kᵀ/√d)·V per head, in f32. Walks the block table block by block.
-#[inline(always)]
-fn attend_group(be: &CpuBackend, layer: usize, qg: &[f32], kvh: usize, table: &[u32], ctx: usize, o: &mut [f32], fast_exp: bool) {
-    let hd = be.cfg.head_dim;
+/// The query heads `qg` (`group × head_dim`) sharing KV head `kvh`, over the cached positions
+/// in `slots`: softmax(q·Kᵀ·scale)·V per head, in f32. The portable reference of
+/// `attention_x86::attend_group`; `scores` is scratch of `group × slots.len()` floats.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_group(kv: &CpuKvCache, layer: usize, qg: &[f32], kvh: usize, hd: usize, slots: &[usize], scale: f32, scores: &mut [f32], o: &mut [f32]) {
     let group = qg.len() / hd;
-    let bs = be.kv.block_size();
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut scores = vec![0f32; group * ctx];
-    let mut p = 0;
-    for &blk in table {
-        let base = blk as usize * bs;
-        for off in 0..bs.min(ctx - p) {
-            let k = &be.kv.k(layer, base + off)[kvh * hd..(kvh + 1) * hd];
-            for g in 0..group {
-                scores[g * ctx + p + off] = linear::dot(&qg[g * hd..(g + 1) * hd], k) * scale;
-            }
-        }
-        p += bs;
-        if p >= ctx {
-            break;
+    let ctx = slots.len();
+    for (p, &slot) in slots.iter().enumerate() {
+        let k = &kv.k(layer, slot)[kvh * hd..(kvh + 1) * hd];
+        for g in 0..group {
+            scores[g * ctx + p] = linear::dot(&qg[g * hd..(g + 1) * hd], k) * scale;
         }
     }
     for g in 0..group {
-        if fast_exp {
-            ops::softmax_fast(&mut scores[g * ctx..(g + 1) * ctx]);
-        } else {
-            ops::softmax(&mut scores[g * ctx..(g + 1) * ctx]);
-        }
+        ops::softmax(&mut scores[g * ctx..(g + 1) * ctx]);
     }
     o.fill(0.0);
-    let mut p = 0;
-    for &blk in table {
-        let base = blk as usize * bs;
-        for off in 0..bs.min(ctx - p) {
-            let v = &be.kv.v(layer, base + off)[kvh * hd..(kvh + 1) * hd];
-            for g in 0..group {
-                let w = scores[g * ctx + p + off];
-                for (a, &x) in o[g * hd..(g + 1) * hd].iter_mut().zip(v) {
-                    *a += w * x;
-                }
+    for (p, &slot) in slots.iter().enumerate() {
+        let v = &kv.v(layer, slot)[kvh * hd..(kvh + 1) * hd];
+        for g in 0..group {
+            let w = scores[g * ctx + p];
+            for (a, &x) in o[g * hd..(g + 1) * hd].iter_mut().zip(v) {
+                *a += w * x;
             }
         }
-        p += bs;
-        if p >= ctx {
-            break;
-        }
     }
-}
-
-/// [`attend_group`] compiled for AVX2/FMA (the same arithmetic, vectorised by the compiler).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_group_avx2(be: &CpuBackend, layer: usize, qg: &[f32], kvh: usize, table: &[u32], ctx: usize, o: &mut [f32]) {
-    attend_group(be, layer, qg, kvh, table, ctx, o, true)
 }
 
 impl CpuBackend {
@@ -431,10 +412,10 @@ impl ModelBackend for CpuBackend {
 
     fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
         self.validate(b)?;
-        let cfg = self.cfg.clone();
+        let cfg = &self.cfg;
         let (h, qs, kvs, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
+        let (eps, half, vocab) = (cfg.rms_norm_eps, cfg.head_dim / 2, cfg.vocab_size);
         let t = b.num_tokens();
-        let eps = cfg.rms_norm_eps;
         let qkv_w = qs + 2 * kvs;
         let mut sc = std::mem::take(&mut self.scratch);
         let Scratch { x, hbuf, qkv, q, att, proj, gate_up, act, cos, sin, c1, s1, sel, tok_seq } = &mut sc;
@@ -455,7 +436,6 @@ impl ModelBackend for CpuBackend {
             tok_seq[s.query_start..s.query_start + s.query_len].fill(si);
         }
         // Rotary angles per token, shared by every layer.
-        let half = cfg.head_dim / 2;
         let (cos, sin) = (zeroed(cos, t * half), zeroed(sin, t * half));
         for ti in 0..t {
             self.rope.angles(b.positions[ti], c1, s1);
@@ -500,7 +480,7 @@ impl ModelBackend for CpuBackend {
         for (r, &i) in b.logits_indices.iter().enumerate() {
             ops::rms_norm(&x[i * h..(i + 1) * h], &self.norm, eps, &mut sel[r * h..(r + 1) * h]);
         }
-        let mut logits = vec![0f32; rows * cfg.vocab_size];
+        let mut logits = vec![0f32; rows * vocab];
         self.lm_head.forward(sel, rows, &mut logits);
         self.scratch = sc;
         Ok(logits)

@@ -76,13 +76,6 @@ impl Rope {
         }
     }
 
-    /// Rotates every head (`head_dim`-wide chunk) of one token's vector at position `pos`.
-    pub fn apply(&self, x: &mut [f32], pos: u32) {
-        let (mut cos, mut sin) = (Vec::new(), Vec::new());
-        self.angles(pos, &mut cos, &mut sin);
-        self.apply_with(x, &cos, &sin);
-    }
-
     /// Rotates every head of one token's vector with precomputed [`Rope::angles`].
     pub fn apply_with(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
         let half = self.inv_freq.len();
@@ -187,6 +180,12 @@ pub fn log_softmax(x: &[f32]) -> Vec<f32> {
 mod tests {
     use super::*;
 
+    fn rotate(rope: &Rope, x: &mut [f32], pos: u32) {
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        rope.angles(pos, &mut cos, &mut sin);
+        rope.apply_with(x, &cos, &sin);
+    }
+
     #[test]
     fn rope_styles_agree_up_to_permutation() {
         let d = 8;
@@ -194,15 +193,15 @@ mod tests {
         // Interleaved layout of the same vector: (x0, x4, x1, x5, ...)
         let mut inter: Vec<f32> = (0..d / 2).flat_map(|i| [x[i], x[i + d / 2]]).collect();
         let mut neox = x.clone();
-        Rope::new(d, 10000.0, true).apply(&mut inter, 7);
-        Rope::new(d, 10000.0, false).apply(&mut neox, 7);
+        rotate(&Rope::new(d, 10000.0, true), &mut inter, 7);
+        rotate(&Rope::new(d, 10000.0, false), &mut neox, 7);
         for i in 0..d / 2 {
             assert!((inter[2 * i] - neox[i]).abs() < 1e-5);
             assert!((inter[2 * i + 1] - neox[i + d / 2]).abs() < 1e-5);
         }
         // Position 0 is the identity.
         let mut y = x.clone();
-        Rope::new(d, 10000.0, false).apply(&mut y, 0);
+        rotate(&Rope::new(d, 10000.0, false), &mut y, 0);
         assert_eq!(y, x);
     }
 

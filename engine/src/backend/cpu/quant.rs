@@ -180,10 +180,6 @@ impl QMatrix {
         self.dm[(r * self.npairs + p) * 4 + 2 + b].to_f32()
     }
 
-    /// Bytes of weight data.
-    pub fn nbytes(&self) -> usize {
-        self.qs.len() + 2 * self.dm.len()
-    }
 }
 
 /// Activations of `t` rows quantised to the Q8 pair layout.
