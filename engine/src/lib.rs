@@ -34,5 +34,5 @@ pub use error::LoadError;
 pub use generate::{score, Generation};
 pub use llm_engine::{EngineConfig, EngineError, LLMEngine, Prompt, RequestOptions};
 pub use request_output::{CompletionOutput, FinishReason, RequestOutput};
-pub use model::{KvCacheSize, LoadOptions, Model};
+pub use model::{KvCacheSize, LoadOptions, Model, ModelInfo};
 pub use sampling_params::SamplingParams;

@@ -272,6 +272,18 @@ impl LLMEngine {
         self.scheduler.queue_lengths()
     }
 
+    /// Whether outputs are waiting for the next [`LLMEngine::step`] (e.g. after an abort or a
+    /// remote prefill's first token), even with no request left to run.
+    pub fn has_pending_outputs(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Prompt tokens not yet computed, over every waiting and running sequence (the prefill
+    /// work queued on this engine).
+    pub fn queued_prefill_tokens(&self) -> usize {
+        self.scheduler.seqs.values().filter(|s| !s.status.is_finished()).map(|s| s.prompt_len.saturating_sub(s.num_computed_tokens)).sum()
+    }
+
     /// Checks block ownership invariants (for tests).
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut tables: Vec<_> = self.scheduler.seqs.values().map(|s| &s.block_table).collect();

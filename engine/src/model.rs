@@ -73,9 +73,22 @@ impl std::fmt::Debug for Model {
     }
 }
 
-impl Model {
-    /// Opens `path` (a `.gguf` file or a Hugging Face directory) and loads it on the CPU.
-    pub fn load(path: &Path, opts: LoadOptions) -> Result<Model, LoadError> {
+/// What a model is without its weights loaded: configuration, tokenizer and chat template
+/// (the router tokenizes and validates requests with this; workers load the weights).
+pub struct ModelInfo {
+    /// Hyper-parameters.
+    pub config: ModelConfig,
+    /// Tokenizer and special ids.
+    pub tokenizer: Tokenizer,
+    /// The model's chat template, when it has one.
+    pub chat_template: Option<ChatTemplate>,
+    files: ModelFiles,
+}
+
+impl ModelInfo {
+    /// Opens `path` (a `.gguf` file or a Hugging Face directory) and reads everything but the
+    /// weights (GGUF tensors are memory-mapped, not read).
+    pub fn open(path: &Path) -> Result<ModelInfo, LoadError> {
         let (files, config) = ModelFiles::open(path)?;
         let (tokenizer, template_src) = match &files {
             ModelFiles::Gguf(f) => (
@@ -100,6 +113,19 @@ impl Model {
             )?),
             None => None,
         };
+        Ok(ModelInfo { config, tokenizer, chat_template, files })
+    }
+}
+
+impl Model {
+    /// Opens `path` (a `.gguf` file or a Hugging Face directory) and loads it on the CPU.
+    pub fn load(path: &Path, opts: LoadOptions) -> Result<Model, LoadError> {
+        Model::from_info(ModelInfo::open(path)?, opts)
+    }
+
+    /// Loads the weights of an opened model on the CPU.
+    pub fn from_info(info: ModelInfo, opts: LoadOptions) -> Result<Model, LoadError> {
+        let ModelInfo { config, tokenizer, chat_template, files } = info;
         if opts.block_size == 0 {
             return Err(LoadError::Config("block size must be positive".into()));
         }

@@ -1,0 +1,125 @@
+//! Conversions between the gRPC messages and the engine's types.
+
+use tandem_engine::request_output::{CompletionOutput, StopReason};
+use tandem_engine::sampler::{SampledToken, TokenLogprob};
+use tandem_engine::SamplingParams;
+use tandem_proto::v1 as pb;
+
+/// The engine's parameters from the wire (every field is sent explicitly).
+pub fn params_from_proto(p: &pb::SamplingParams) -> SamplingParams {
+    SamplingParams {
+        n: p.n as usize,
+        temperature: p.temperature,
+        top_p: p.top_p,
+        top_k: p.top_k,
+        min_p: p.min_p,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        repetition_penalty: p.repetition_penalty,
+        max_tokens: p.max_tokens as usize,
+        min_tokens: p.min_tokens as usize,
+        stop: p.stop.clone(),
+        stop_token_ids: p.stop_token_ids.clone(),
+        include_stop_str_in_output: p.include_stop_str_in_output,
+        ignore_eos: p.ignore_eos,
+        logprobs: p.logprobs.map(|k| k as usize),
+        seed: p.seed,
+        skip_special_tokens: p.skip_special_tokens,
+    }
+}
+
+/// The wire form of the engine's parameters.
+pub fn params_to_proto(p: &SamplingParams) -> pb::SamplingParams {
+    pb::SamplingParams {
+        n: p.n as u32,
+        temperature: p.temperature,
+        top_p: p.top_p,
+        top_k: p.top_k,
+        min_p: p.min_p,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        repetition_penalty: p.repetition_penalty,
+        max_tokens: p.max_tokens as u32,
+        min_tokens: p.min_tokens as u32,
+        stop: p.stop.clone(),
+        stop_token_ids: p.stop_token_ids.clone(),
+        include_stop_str_in_output: p.include_stop_str_in_output,
+        ignore_eos: p.ignore_eos,
+        logprobs: p.logprobs.map(|k| k as u32),
+        seed: p.seed,
+        skip_special_tokens: p.skip_special_tokens,
+    }
+}
+
+fn lp_to_proto(t: &TokenLogprob) -> pb::TokenLogprob {
+    pb::TokenLogprob { token_id: t.token_id, logprob: t.logprob }
+}
+
+fn lp_from_proto(t: &pb::TokenLogprob) -> TokenLogprob {
+    TokenLogprob { token_id: t.token_id, logprob: t.logprob }
+}
+
+/// Wire form of a sampled token.
+pub fn sampled_to_proto(s: &SampledToken) -> pb::SampledToken {
+    pb::SampledToken { chosen: Some(lp_to_proto(&s.chosen)), top: s.top.iter().map(lp_to_proto).collect() }
+}
+
+/// A sampled token from the wire.
+pub fn sampled_from_proto(s: &pb::SampledToken) -> Option<SampledToken> {
+    Some(SampledToken { chosen: lp_from_proto(s.chosen.as_ref()?), top: s.top.iter().map(lp_from_proto).collect() })
+}
+
+/// Wire form of one completion's delta.
+pub fn delta_to_proto(c: &CompletionOutput) -> pb::CompletionDelta {
+    pb::CompletionDelta {
+        index: c.index as u32,
+        text: c.text.clone(),
+        token_ids: c.token_ids.clone(),
+        logprobs: c.logprobs.iter().map(sampled_to_proto).collect(),
+        cumulative_logprob: c.cumulative_logprob,
+        finish_reason: c.finish_reason.map(|f| f.as_str().to_string()).unwrap_or_default(),
+        stop_reason: match &c.stop_reason {
+            Some(StopReason::Str(s)) => s.clone(),
+            Some(StopReason::Token(t)) => t.to_string(),
+            None => String::new(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_round_trip() {
+        let p = SamplingParams {
+            n: 3,
+            temperature: 0.7,
+            top_p: 0.9,
+            top_k: 40,
+            min_p: 0.05,
+            presence_penalty: 0.5,
+            frequency_penalty: -0.5,
+            repetition_penalty: 1.1,
+            max_tokens: 77,
+            min_tokens: 3,
+            stop: vec!["\n\n".into(), "END".into()],
+            stop_token_ids: vec![2, 7],
+            include_stop_str_in_output: true,
+            ignore_eos: true,
+            logprobs: Some(5),
+            seed: Some(42),
+            skip_special_tokens: false,
+        };
+        assert_eq!(params_from_proto(&params_to_proto(&p)), p);
+        let d = SamplingParams::default();
+        assert_eq!(params_from_proto(&params_to_proto(&d)), d);
+    }
+
+    #[test]
+    fn sampled_round_trip() {
+        let s = SampledToken { chosen: TokenLogprob { token_id: 5, logprob: -0.25 }, top: vec![TokenLogprob { token_id: 9, logprob: -0.1 }] };
+        assert_eq!(sampled_from_proto(&sampled_to_proto(&s)).unwrap(), s);
+        assert!(sampled_from_proto(&pb::SampledToken::default()).is_none());
+    }
+}

@@ -1,0 +1,231 @@
+//! `EngineHandle`: an [`LLMEngine`] driven by its own thread, as a server runs it.
+//!
+//! The engine is synchronous and owns the KV cache; every access goes through closures sent to
+//! its thread and run between steps, so a page write, an abort and a new request never race a
+//! forward pass. Each request's outputs go to the sink subscribed for it. The thread sleeps when
+//! there is nothing to run and exits when the last handle is dropped.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tandem_engine::llm_engine::EngineStats;
+use tandem_engine::{LLMEngine, RequestOutput};
+
+use crate::metrics as m;
+
+/// What a request's subscriber hears.
+#[derive(Debug)]
+pub enum EngineEvent {
+    /// One step's news about the request.
+    Output(RequestOutput),
+    /// The engine failed the request (the message says why); nothing follows.
+    Failed(String),
+}
+
+/// Receives a request's events on the engine thread (it must not block).
+pub type Sink = Box<dyn FnMut(EngineEvent) + Send>;
+
+/// The engine and the subscribers of its requests, as seen by closures run on its thread.
+pub struct LoopState {
+    /// The engine.
+    pub engine: LLMEngine,
+    sinks: HashMap<String, Sink>,
+    last_token: HashMap<String, Instant>,
+}
+
+impl LoopState {
+    /// Routes the events of `request_id` to `sink` until it finishes.
+    pub fn subscribe(&mut self, request_id: &str, sink: Sink) {
+        self.sinks.insert(request_id.to_string(), sink);
+    }
+
+    /// Fails a request: its subscriber hears `message`, and the request is aborted with its
+    /// blocks freed.
+    pub fn fail(&mut self, request_id: &str, message: &str) {
+        if let Some(mut s) = self.sinks.remove(request_id) {
+            s(EngineEvent::Failed(message.to_string()));
+        }
+        self.engine.abort_request(request_id);
+        self.last_token.remove(request_id);
+    }
+
+    /// Aborts a request quietly (its client is gone); returns whether it was known.
+    pub fn abort(&mut self, request_id: &str) -> bool {
+        self.sinks.remove(request_id);
+        self.last_token.remove(request_id);
+        self.engine.abort_request(request_id) | self.engine.release_prefill(request_id)
+    }
+
+    fn dispatch(&mut self, outs: Vec<RequestOutput>) {
+        let now = Instant::now();
+        for out in outs {
+            let new_tokens: usize = out.outputs.iter().map(|c| c.token_ids.len()).sum();
+            if new_tokens > 0 {
+                if let Some(prev) = self.last_token.insert(out.request_id.clone(), now) {
+                    m::observe_inter_token(now.duration_since(prev).as_secs_f64() / new_tokens as f64);
+                }
+            }
+            m::count_generation_tokens(new_tokens as u64);
+            if out.finished {
+                m::observe_finished(&out.metrics, out.prompt_token_ids.len());
+                self.last_token.remove(&out.request_id);
+            }
+            let finished = out.finished;
+            let id = out.request_id.clone();
+            if let Some(sink) = self.sinks.get_mut(&id) {
+                sink(EngineEvent::Output(out));
+            }
+            if finished {
+                self.sinks.remove(&id);
+            }
+        }
+    }
+
+    fn fail_all(&mut self, message: &str) {
+        let ids: Vec<String> = self.sinks.keys().cloned().collect();
+        for id in ids {
+            self.fail(&id, message);
+        }
+    }
+}
+
+/// A point-in-time view of the engine, refreshed after every step (read without waiting for
+/// the engine thread).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Snapshot {
+    /// Sequences waiting for their first schedule (or recompute).
+    pub waiting: usize,
+    /// Sequences running.
+    pub running: usize,
+    /// Sequences swapped to host memory.
+    pub swapped: usize,
+    /// KV blocks in the pool.
+    pub num_blocks: usize,
+    /// KV blocks free or evictable.
+    pub free_blocks: usize,
+    /// Prompt tokens not yet computed.
+    pub queued_prefill_tokens: usize,
+    /// Counters since start.
+    pub stats: EngineStats,
+    /// Whether the last step failed.
+    pub failed: bool,
+}
+
+type Job = Box<dyn FnOnce(&mut LoopState) + Send>;
+
+/// A cloneable handle on the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Job>,
+    snapshot: Arc<Mutex<Snapshot>>,
+}
+
+impl EngineHandle {
+    /// Starts the engine thread.
+    pub fn spawn(engine: LLMEngine) -> EngineHandle {
+        let (tx, rx) = channel::<Job>();
+        let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+        let snap = snapshot.clone();
+        let mut state = LoopState { engine, sinks: HashMap::new(), last_token: HashMap::new() };
+        publish(&state, &snap, false);
+        std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || run(&mut state, &rx, &snap))
+            .expect("spawn the engine thread");
+        EngineHandle { tx, snapshot }
+    }
+
+    /// Runs `job` on the engine thread between steps. Returns false when the thread is gone.
+    pub fn submit(&self, job: impl FnOnce(&mut LoopState) + Send + 'static) -> bool {
+        self.tx.send(Box::new(job)).is_ok()
+    }
+
+    /// Runs `f` on the engine thread and returns its result.
+    pub async fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut LoopState) -> R + Send + 'static) -> Option<R> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if !self.submit(move |s| {
+            let _ = tx.send(f(s));
+        }) {
+            return None;
+        }
+        rx.await.ok()
+    }
+
+    /// Like [`EngineHandle::call`], blocking the calling (non-async) thread.
+    pub fn call_blocking<R: Send + 'static>(&self, f: impl FnOnce(&mut LoopState) -> R + Send + 'static) -> Option<R> {
+        let (tx, rx) = channel();
+        if !self.submit(move |s| {
+            let _ = tx.send(f(s));
+        }) {
+            return None;
+        }
+        rx.recv().ok()
+    }
+
+    /// The engine's state after its last step.
+    pub fn snapshot(&self) -> Snapshot {
+        *self.snapshot.lock().expect("snapshot lock")
+    }
+}
+
+fn publish(state: &LoopState, snap: &Mutex<Snapshot>, failed: bool) {
+    let e = &state.engine;
+    let (waiting, running, swapped) = e.queue_lengths();
+    let bm = e.block_manager();
+    let s = Snapshot {
+        waiting,
+        running,
+        swapped,
+        num_blocks: bm.num_blocks(),
+        free_blocks: bm.num_free_blocks(),
+        queued_prefill_tokens: e.queued_prefill_tokens(),
+        stats: e.stats(),
+        failed,
+    };
+    let prev = std::mem::replace(&mut *snap.lock().expect("snapshot lock"), s);
+    m::publish_engine(&prev, &s);
+}
+
+fn run(state: &mut LoopState, rx: &Receiver<Job>, snap: &Mutex<Snapshot>) {
+    let mut failed = false;
+    loop {
+        let busy = state.engine.has_unfinished_requests() || state.engine.has_pending_outputs();
+        if !busy {
+            match rx.recv() {
+                Ok(job) => job(state),
+                Err(_) => return,
+            }
+        }
+        while let Ok(job) = rx.try_recv() {
+            job(state);
+        }
+        if !(state.engine.has_unfinished_requests() || state.engine.has_pending_outputs()) {
+            publish(state, snap, failed);
+            continue;
+        }
+        match state.engine.step() {
+            Ok(outs) => {
+                let idle = outs.is_empty() && state.engine.last_schedule().is_empty();
+                failed = false;
+                state.dispatch(outs);
+                publish(state, snap, failed);
+                if idle {
+                    // Only requests waiting for remote KV: wait for news instead of spinning.
+                    match rx.recv_timeout(Duration::from_millis(2)) {
+                        Ok(job) => job(state),
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "engine step failed; failing its requests");
+                failed = true;
+                state.fail_all(&format!("engine step failed: {e}"));
+                publish(state, snap, failed);
+            }
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! What every Tandem worker process shares.
+//!
+//! - [`engine_loop`]: the engine on its own thread, driven by closures, with per-request sinks.
+//! - [`convert`]: gRPC messages to engine types and back.
+//! - [`metrics`]: the Prometheus recorder and the `tandem_` series.
+//! - [`status`]: the `Worker.Status` RPC.
+//! - [`serve`]: gRPC and HTTP on one port, the ready line, shutdown.
+
+pub mod convert;
+pub mod engine_loop;
+pub mod metrics;
+pub mod serve;
+pub mod status;
+
+pub use engine_loop::{EngineEvent, EngineHandle, LoopState, Snapshot};

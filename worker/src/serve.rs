@@ -1,0 +1,85 @@
+//! Serving a worker: gRPC and HTTP (`/metrics`, `/health`) on one port, a ready line for the
+//! process that started it, and shutdown on Ctrl-C, SIGTERM or (when started by `tandem up`)
+//! the parent's exit.
+
+use std::net::SocketAddr;
+
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+
+use crate::engine_loop::EngineHandle;
+
+/// Prints the line `tandem up` and the tests wait for: `TANDEM_READY <role> <addr>`.
+pub fn announce_ready(role: &str, addr: SocketAddr) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "TANDEM_READY {role} {addr}");
+    let _ = out.flush();
+}
+
+/// Resolves on Ctrl-C, SIGTERM, or — with `watch_stdin` — when standard input closes (the
+/// parent process is gone).
+pub async fn shutdown_signal(watch_stdin: bool) {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    let stdin = async {
+        if !watch_stdin {
+            return std::future::pending::<()>().await;
+        }
+        // A blocking read on its own thread: EOF or an error means the parent went away.
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 64];
+            let mut stdin = std::io::stdin();
+            while matches!(stdin.read(&mut buf), Ok(n) if n > 0) {}
+            let _ = tx.send(());
+        });
+        let _ = rx.await;
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+        _ = stdin => {},
+    }
+}
+
+/// The HTTP side of a worker: `/metrics` (Prometheus text) and `/health` (200 only while the
+/// engine thread runs and its last step succeeded).
+pub fn http_routes(metrics: PrometheusHandle, engine: EngineHandle) -> axum::Router {
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    axum::Router::new()
+        .route("/metrics", get(move || std::future::ready(metrics.render())))
+        .route(
+            "/health",
+            get(move || {
+                let ok = engine.submit(|_| {}) && !engine.snapshot().failed;
+                let code = if ok { axum::http::StatusCode::OK } else { axum::http::StatusCode::SERVICE_UNAVAILABLE };
+                std::future::ready((code, if ok { "ok" } else { "engine unavailable" }))
+            }),
+        )
+}
+
+/// Serves `grpc` and `http` on `listener` until `shutdown` resolves.
+pub async fn serve(listener: TcpListener, grpc: tonic::service::Routes, http: axum::Router, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let app = grpc.into_axum_router().merge(http);
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+    Ok(())
+}
