@@ -1,3 +1,105 @@
 //! Decode worker: continuous batching over the paged KV cache.
 //!
-//! This crate is a placeholder in the workspace layout; its service lands in a later change.
+//! A request arrives with its prompt's token ids and, in disaggregated serving, the prefill
+//! worker the router chose. The worker reserves KV blocks (reusing its own prefix-cache hits),
+//! asks the prefill worker for the uncached suffix, receives its pages over TCP straight into
+//! those blocks, and decodes from the prefill worker's first token. Short suffixes, `n > 1`
+//! and requests with no prefill worker are prefilled locally (conditional disaggregation).
+//!
+//! - [`service`]: the `DecodeWorker` and `KvTransfer` gRPC services.
+//! - [`remote`]: the remote prefill of one request and its failure policy.
+//! - [`transfers`]: pending transfers and the TCP page receiver.
+
+pub mod remote;
+pub mod service;
+pub mod transfers;
+
+use std::time::Duration;
+
+use tandem_engine::LLMEngine;
+use tandem_proto::v1 as pb;
+use tandem_worker::serve::{announce_ready, http_routes, serve, shutdown_signal};
+use tandem_worker::status::{new_epoch, StatusService};
+use tandem_worker::EngineHandle;
+
+/// What to do when a KV transfer fails or stalls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Prefill the prompt on the decode worker instead.
+    Recompute,
+    /// Fail the request with an error.
+    Fail,
+}
+
+/// Decode worker settings.
+#[derive(Debug, Clone)]
+pub struct DecodeConfig {
+    /// Served model name (metrics label, status).
+    pub model_name: String,
+    /// This worker's id.
+    pub worker_id: String,
+    /// Address of the gRPC/HTTP listener, e.g. `127.0.0.1:0`.
+    pub listen: String,
+    /// Address of the KV page listener, e.g. `127.0.0.1:0`.
+    pub kv_listen: String,
+    /// A transfer with no progress for this long has failed.
+    pub transfer_timeout: Duration,
+    /// Longest a remote prefill may take in all.
+    pub prefill_timeout: Duration,
+    /// What a failed transfer does to its request.
+    pub failure_policy: FailurePolicy,
+    /// Uncached prompt tokens below this are prefilled locally.
+    pub min_remote_prefill_tokens: usize,
+    /// "decode", or "both" when this worker serves alone (colocated).
+    pub role: String,
+    /// Exit when standard input closes (started by `tandem up`).
+    pub watch_stdin: bool,
+}
+
+impl Default for DecodeConfig {
+    fn default() -> Self {
+        DecodeConfig {
+            model_name: String::new(),
+            worker_id: "decode-0".into(),
+            listen: "127.0.0.1:0".into(),
+            kv_listen: "127.0.0.1:0".into(),
+            transfer_timeout: Duration::from_secs(2),
+            prefill_timeout: Duration::from_secs(300),
+            failure_policy: FailurePolicy::Recompute,
+            min_remote_prefill_tokens: 16,
+            role: "decode".into(),
+            watch_stdin: false,
+        }
+    }
+}
+
+/// Runs a decode worker until shutdown: gRPC (`DecodeWorker`, `KvTransfer`, `Worker`) and HTTP
+/// (`/metrics`, `/health`) on `cfg.listen`, KV pages on `cfg.kv_listen`. Prints
+/// `TANDEM_READY <role> <addr>` once serving.
+pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
+    let metrics = tandem_worker::metrics::install(&cfg.model_name, &cfg.role, &cfg.worker_id)?;
+    let layout = tandem_worker::kv::kv_layout(&engine);
+    let block_size = engine.block_manager().block_size();
+    let max_model_len = engine.max_model_len() as u32;
+    let handle = EngineHandle::spawn(engine);
+    let transfers = transfers::Transfers::default();
+    let kv_addr = transfers::start_receiver(&cfg.kv_listen, layout, cfg.transfer_timeout, handle.clone(), transfers.clone())?;
+    let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
+    let addr = listener.local_addr()?;
+    let status = StatusService {
+        engine: handle.clone(),
+        worker_id: cfg.worker_id.clone(),
+        role: cfg.role.clone(),
+        model: cfg.model_name.clone(),
+        epoch: new_epoch(),
+        max_model_len,
+    };
+    let watch = cfg.watch_stdin;
+    let svc = service::DecodeService::new(handle.clone(), cfg, transfers, kv_addr.to_string(), block_size);
+    let grpc = tonic::service::Routes::new(pb::decode_worker_server::DecodeWorkerServer::new(svc.clone()))
+        .add_service(pb::kv_transfer_server::KvTransferServer::new(svc))
+        .add_service(pb::worker_server::WorkerServer::new(status));
+    tracing::info!(%addr, %kv_addr, "decode worker serving");
+    announce_ready("decode", addr);
+    serve(listener, grpc, http_routes(metrics, handle), shutdown_signal(watch)).await
+}

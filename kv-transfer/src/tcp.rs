@@ -20,8 +20,12 @@ const ACK_MAGIC: u32 = u32::from_le_bytes(*b"TKVA");
 pub trait PageSink {
     /// The block that page `index` of `transfer_id` must be written to, if any.
     fn target(&mut self, transfer_id: u64, index: u32, block_hash: u64) -> Option<u32>;
-    /// Writes a verified page's payload into `block`.
-    fn write(&mut self, block: u32, payload: &[u8]) -> Result<(), String>;
+    /// Writes a verified page's payload into `block` (it may be queued until [`PageSink::flush`]).
+    fn write(&mut self, block: u32, payload: Vec<u8>) -> Result<(), String>;
+    /// Completes every queued write; called before the transfer is acknowledged.
+    fn flush(&mut self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// What a receiver got.
@@ -150,7 +154,18 @@ impl TcpReceiver {
     /// Accepts one connection and receives its transfer into `sink`. Errors (mismatch, corrupt
     /// page, stall, missing target) are reported to the sender before the connection closes.
     pub fn serve_one(&self, sink: &mut dyn PageSink) -> Result<TransferSummary, TransferError> {
-        let (mut s, _) = self.listener.accept()?;
+        let s = self.accept()?;
+        self.serve_connection(s, sink)
+    }
+
+    /// Waits for the next sender's connection.
+    pub fn accept(&self) -> Result<TcpStream, TransferError> {
+        Ok(self.listener.accept()?.0)
+    }
+
+    /// Receives the transfer session of one accepted connection into `sink` (connections can
+    /// be served on separate threads, one per sender).
+    pub fn serve_connection(&self, mut s: TcpStream, sink: &mut dyn PageSink) -> Result<TransferSummary, TransferError> {
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(self.timeout))?;
         s.set_write_timeout(Some(self.timeout))?;
@@ -206,6 +221,7 @@ impl TcpReceiver {
                     return Err(TransferError::Protocol(format!("sender announced {count} pages of transfer {id}, received {}", sum.pages)));
                 }
                 sum.transfer_id = id;
+                sink.flush().map_err(TransferError::Protocol)?;
                 return Ok(sum);
             }
             if magic_v != PAGE_MAGIC {
@@ -222,7 +238,7 @@ impl TcpReceiver {
             read_exact(s, &mut payload, t)?;
             let page = KvPage::verified(id, index, hash, payload, crc)?;
             let block = sink.target(id, index, hash).ok_or(TransferError::NoTarget { transfer_id: id, index })?;
-            sink.write(block, &page.payload).map_err(TransferError::Protocol)?;
+            sink.write(block, page.payload).map_err(TransferError::Protocol)?;
             sum.transfer_id = id;
             sum.pages += 1;
             sum.bytes += len as u64;

@@ -40,8 +40,8 @@ impl PageSink for EngineSink<'_> {
     fn target(&mut self, _id: u64, index: u32, _hash: u64) -> Option<u32> {
         self.table.get(index as usize).copied()
     }
-    fn write(&mut self, block: u32, payload: &[u8]) -> Result<(), String> {
-        self.engine.write_kv_block(block, payload).map_err(|e| e.to_string())
+    fn write(&mut self, block: u32, payload: Vec<u8>) -> Result<(), String> {
+        self.engine.write_kv_block(block, &payload).map_err(|e| e.to_string())
     }
 }
 

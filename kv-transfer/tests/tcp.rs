@@ -52,8 +52,8 @@ impl PageSink for BackendSink<'_> {
     fn target(&mut self, _id: u64, index: u32, _hash: u64) -> Option<u32> {
         self.table.get(index as usize).copied()
     }
-    fn write(&mut self, block: u32, payload: &[u8]) -> Result<(), String> {
-        self.backend.write_block(block, payload).map_err(|e| e.to_string())
+    fn write(&mut self, block: u32, payload: Vec<u8>) -> Result<(), String> {
+        self.backend.write_block(block, &payload).map_err(|e| e.to_string())
     }
 }
 
@@ -99,7 +99,7 @@ impl PageSink for NullSink {
     fn target(&mut self, _: u64, index: u32, _: u64) -> Option<u32> {
         Some(index)
     }
-    fn write(&mut self, _: u32, _: &[u8]) -> Result<(), String> {
+    fn write(&mut self, _: u32, _: Vec<u8>) -> Result<(), String> {
         self.0 += 1;
         Ok(())
     }

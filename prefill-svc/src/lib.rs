@@ -1,3 +1,70 @@
 //! Prefill worker: chunked prefill and KV page shipping.
 //!
-//! This crate is a placeholder in the workspace layout; its service lands in a later change.
+//! A decode worker calls `PrefillWorker.Prefill` with a prompt, the address of its KV page
+//! listener and the number of leading blocks it already holds. The prefill worker runs the
+//! prompt through chunked prefill (reusing its own prefix cache), samples the first token,
+//! streams the remaining blocks' pages over TCP into the decode worker's reserved blocks, and
+//! answers with the first token once the decode worker acknowledged every page. Its blocks are
+//! then released; full ones stay in its prefix cache for the next prompt that shares them.
+
+pub mod service;
+
+use std::time::Duration;
+
+use tandem_engine::LLMEngine;
+use tandem_proto::v1 as pb;
+use tandem_worker::serve::{announce_ready, http_routes, serve, shutdown_signal};
+use tandem_worker::status::{new_epoch, StatusService};
+use tandem_worker::EngineHandle;
+
+pub use service::{Fault, PrefillService};
+
+/// Prefill worker settings.
+#[derive(Debug, Clone)]
+pub struct PrefillConfig {
+    /// Served model name (metrics label, status).
+    pub model_name: String,
+    /// This worker's id.
+    pub worker_id: String,
+    /// Address of the gRPC/HTTP listener, e.g. `127.0.0.1:0`.
+    pub listen: String,
+    /// A transfer with no progress for this long has failed.
+    pub transfer_timeout: Duration,
+    /// Exit when standard input closes (started by `tandem up`).
+    pub watch_stdin: bool,
+    /// Injected fault, for tests.
+    pub fault: Option<Fault>,
+}
+
+impl Default for PrefillConfig {
+    fn default() -> Self {
+        PrefillConfig { model_name: String::new(), worker_id: "prefill-0".into(), listen: "127.0.0.1:0".into(), transfer_timeout: Duration::from_secs(2), watch_stdin: false, fault: None }
+    }
+}
+
+/// Runs a prefill worker until shutdown: gRPC (`PrefillWorker`, `Worker`) and HTTP
+/// (`/metrics`, `/health`) on `cfg.listen`. Prints `TANDEM_READY prefill <addr>` once serving.
+pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
+    let metrics = tandem_worker::metrics::install(&cfg.model_name, "prefill", &cfg.worker_id)?;
+    let layout = tandem_worker::kv::kv_layout(&engine);
+    let max_model_len = engine.max_model_len() as u32;
+    let handle = EngineHandle::spawn(engine);
+    let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
+    let addr = listener.local_addr()?;
+    let status = StatusService {
+        engine: handle.clone(),
+        worker_id: cfg.worker_id.clone(),
+        role: "prefill".into(),
+        model: cfg.model_name.clone(),
+        epoch: new_epoch(),
+        max_model_len,
+    };
+    let svc = PrefillService { engine: handle.clone(), layout, transfer_timeout: cfg.transfer_timeout, fault: cfg.fault };
+    if let Some(f) = cfg.fault {
+        tracing::warn!(fault = ?f, "fault injection is on");
+    }
+    let grpc = tonic::service::Routes::new(pb::prefill_worker_server::PrefillWorkerServer::new(svc)).add_service(pb::worker_server::WorkerServer::new(status));
+    tracing::info!(%addr, "prefill worker serving");
+    announce_ready("prefill", addr);
+    serve(listener, grpc, http_routes(metrics, handle), shutdown_signal(cfg.watch_stdin)).await
+}

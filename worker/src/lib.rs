@@ -1,6 +1,7 @@
 //! What every Tandem worker process shares.
 //!
 //! - [`engine_loop`]: the engine on its own thread, driven by closures, with per-request sinks.
+//! - [`kv`]: the KV layout of the engine on the wire.
 //! - [`convert`]: gRPC messages to engine types and back.
 //! - [`metrics`]: the Prometheus recorder and the `tandem_` series.
 //! - [`status`]: the `Worker.Status` RPC.
@@ -8,6 +9,7 @@
 
 pub mod convert;
 pub mod engine_loop;
+pub mod kv;
 pub mod metrics;
 pub mod serve;
 pub mod status;

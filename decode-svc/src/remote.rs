@@ -1,0 +1,118 @@
+//! Remote prefill: ask a prefill worker for the uncached part of a prompt, wait for its pages
+//! and its first token, and continue the request here. A transfer that fails or stalls is
+//! detected in bounded time (the receiver's I/O timeout and HTTP/2 keep-alive pings on the RPC);
+//! the request is then prefilled locally (`recompute`) or failed (`fail`). Blocks are freed on
+//! both sides either way.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tandem_engine::remote_prefill::RemotePrefill;
+use tandem_proto::v1 as pb;
+use tandem_proto::v1::prefill_worker_client::PrefillWorkerClient;
+use tandem_worker::convert::sampled_from_proto;
+use tandem_worker::metrics::{count_transfer_failure, observe_transfer};
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Status;
+
+use crate::service::DecodeService;
+use crate::FailurePolicy;
+
+/// gRPC channels to prefill workers, one per address, reused across requests.
+#[derive(Default)]
+pub struct PrefillClients {
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl PrefillClients {
+    /// A client for the prefill worker at `addr` ("host:port"); the channel connects lazily
+    /// and pings the peer so a stalled worker is noticed within `stall`.
+    pub fn get(&self, addr: &str, stall: Duration) -> Result<PrefillWorkerClient<Channel>, String> {
+        let mut map = self.channels.lock().expect("clients lock");
+        if let Some(c) = map.get(addr) {
+            return Ok(PrefillWorkerClient::new(c.clone()));
+        }
+        let ch = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("bad prefill worker address '{addr}': {e}"))?
+            .connect_timeout(stall)
+            .http2_keep_alive_interval(stall / 2)
+            .keep_alive_timeout(stall / 2)
+            .keep_alive_while_idle(true)
+            .connect_lazy();
+        map.insert(addr.to_string(), ch.clone());
+        Ok(PrefillWorkerClient::new(ch))
+    }
+}
+
+type Tx = mpsc::UnboundedSender<Result<pb::GenerateResponse, Status>>;
+
+/// Runs the remote prefill of `req` into the blocks of `rp`, then hands the request back to
+/// the engine: continuing from the prefill worker's first token, recomputing locally, or
+/// failing it, by the configured policy.
+pub(crate) async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: RemotePrefill, tx: Tx) {
+    let transfer_id = svc.next_transfer_id();
+    let rid = req.request_id.clone();
+    let mut failed_rx = svc.transfers.register(transfer_id, &rid, rp.block_table.clone());
+    let stall = svc.cfg.transfer_timeout;
+    let started = Instant::now();
+    let pre = pb::PrefillRequest {
+        request_id: rid.clone(),
+        prompt_token_ids: req.prompt_token_ids.clone(),
+        params: req.params.clone(),
+        cache_salt: req.cache_salt.clone(),
+        kv_destination: svc.kv_addr.clone(),
+        transfer_id,
+        skip_blocks: (rp.num_cached_tokens / svc.block_size) as u32,
+    };
+    let outcome: Result<pb::PrefillResponse, (&'static str, String)> = async {
+        let mut client = svc.clients.get(&req.prefill_worker, stall).map_err(|e| ("connect", e))?;
+        let mut call = tonic::Request::new(pre);
+        call.set_timeout(svc.cfg.prefill_timeout);
+        tokio::select! {
+            r = client.prefill(call) => r.map(|r| r.into_inner()).map_err(|s| ("rpc", format!("prefill worker {}: {}", req.prefill_worker, s.message()))),
+            msg = &mut failed_rx => Err(("receive", msg.unwrap_or_else(|_| "transfer cancelled".into()))),
+            _ = tx.closed() => Err(("cancelled", "client went away".into())),
+        }
+    }
+    .await;
+    let policy = svc.cfg.failure_policy;
+    let transfers = svc.transfers.clone();
+    match outcome {
+        Ok(resp) => {
+            observe_transfer(resp.bytes_sent, resp.transfer_seconds);
+            tracing::info!(request_id = %rid, pages = resp.pages_sent, bytes = resp.bytes_sent, prefill_s = resp.prefill_seconds, transfer_s = resp.transfer_seconds, total_s = started.elapsed().as_secs_f64(), "remote prefill done");
+            let first = resp.first_token.as_ref().and_then(sampled_from_proto);
+            svc.engine.submit(move |s| {
+                transfers.remove(transfer_id);
+                let res = match first {
+                    Some(f) => s.engine.finish_remote_prefill(&rid, f).map_err(|e| e.to_string()),
+                    None => Err("the prefill worker sent no first token".to_string()),
+                };
+                if let Err(e) = res {
+                    if s.engine.request_status(&rid).is_some() {
+                        tracing::warn!(request_id = %rid, error = %e, "remote prefill result refused; recomputing locally");
+                        s.engine.fail_remote_prefill(&rid, true);
+                    }
+                }
+            });
+        }
+        Err(("cancelled", _)) => {
+            svc.engine.submit(move |_| transfers.remove(transfer_id));
+        }
+        Err((reason, msg)) => {
+            count_transfer_failure(reason);
+            let recompute = policy == FailurePolicy::Recompute;
+            tracing::warn!(request_id = %rid, reason, error = %msg, recompute, "remote prefill failed");
+            svc.engine.submit(move |s| {
+                transfers.remove(transfer_id);
+                if recompute {
+                    s.engine.fail_remote_prefill(&rid, true);
+                } else {
+                    s.fail(&rid, &format!("KV transfer failed: {msg}"));
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! The `DecodeWorker` gRPC service: a request's entry point on a decode worker.
+//!
+//! Each request is prefilled here or on the prefill worker the router named (conditional
+//! disaggregation), then decoded with continuous batching; its deltas stream back until it
+//! finishes. Dropping the stream (the client went away) aborts the request and frees its
+//! blocks.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tandem_engine::{Prompt, RequestOptions, RequestOutput};
+use tandem_proto::v1 as pb;
+use tandem_worker::convert::{delta_to_proto, params_from_proto};
+use tandem_worker::metrics::count_disagg_decision;
+use tandem_worker::{EngineEvent, EngineHandle};
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::remote::{remote_prefill, PrefillClients};
+use crate::transfers::Transfers;
+use crate::DecodeConfig;
+
+/// The decode service (cheap to clone: its state is shared).
+#[derive(Clone)]
+pub struct DecodeService(Arc<Shared>);
+
+impl std::ops::Deref for DecodeService {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// State shared by the decode service's handlers.
+pub struct Shared {
+    pub(crate) engine: EngineHandle,
+    pub(crate) cfg: DecodeConfig,
+    pub(crate) transfers: Transfers,
+    pub(crate) kv_addr: String,
+    pub(crate) block_size: usize,
+    pub(crate) clients: PrefillClients,
+    next_transfer: AtomicU64,
+}
+
+impl DecodeService {
+    /// The service over `engine`, receiving KV pages at `kv_addr`.
+    pub fn new(engine: EngineHandle, cfg: DecodeConfig, transfers: Transfers, kv_addr: String, block_size: usize) -> DecodeService {
+        let seed = tandem_worker::status::new_epoch() & 0xFFFF_FFFF;
+        DecodeService(Arc::new(Shared { engine, cfg, transfers, kv_addr, block_size, clients: PrefillClients::default(), next_transfer: AtomicU64::new(seed << 32) }))
+    }
+
+    pub(crate) fn next_transfer_id(&self) -> u64 {
+        self.next_transfer.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A response stream that aborts its request when dropped.
+pub struct GenerateStream {
+    rx: mpsc::UnboundedReceiver<Result<pb::GenerateResponse, Status>>,
+    on_drop: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Stream for GenerateStream {
+    type Item = Result<pb::GenerateResponse, Status>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for GenerateStream {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_drop.take() {
+            f();
+        }
+    }
+}
+
+fn response(out: &RequestOutput, prefill: &str) -> pb::GenerateResponse {
+    let m = &out.metrics;
+    pb::GenerateResponse {
+        request_id: out.request_id.clone(),
+        outputs: out.outputs.iter().map(delta_to_proto).collect(),
+        finished: out.finished,
+        prompt_tokens: out.prompt_token_ids.len() as u32,
+        timing: Some(pb::RequestTiming {
+            arrival_time: m.arrival_time,
+            first_token_time: m.first_token_time.unwrap_or(0.0),
+            finished_time: m.finished_time.unwrap_or(0.0),
+            num_cached_tokens: m.num_cached_tokens as u32,
+            prefill: prefill.to_string(),
+        }),
+    }
+}
+
+/// How the prompt of a request gets its KV.
+pub(crate) enum Placement {
+    Local(&'static str),
+    Remote(tandem_engine::remote_prefill::RemotePrefill),
+}
+
+#[tonic::async_trait]
+impl pb::decode_worker_server::DecodeWorker for DecodeService {
+    type GenerateStream = GenerateStream;
+
+    async fn generate(&self, req: Request<pb::GenerateRequest>) -> Result<Response<GenerateStream>, Status> {
+        let r = req.into_inner();
+        if r.request_id.is_empty() {
+            return Err(Status::invalid_argument("request_id is empty"));
+        }
+        let params = params_from_proto(r.params.as_ref().ok_or_else(|| Status::invalid_argument("params are missing"))?);
+        params.validate().map_err(Status::invalid_argument)?;
+        let span = tracing::info_span!("generate", request_id = %r.request_id);
+        let _enter = span.enter();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let want_remote = !r.prefill_worker.is_empty();
+        let local_reason = if !want_remote {
+            "local_no_worker"
+        } else if params.n > 1 {
+            "local_n"
+        } else {
+            ""
+        };
+        let min_remote = self.cfg.min_remote_prefill_tokens;
+        let id = r.request_id.clone();
+        let opts = RequestOptions { priority: r.priority, cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()), ..Default::default() };
+        let prompt = Prompt::TokenIds(r.prompt_token_ids.clone());
+        let sink_tx = tx.clone();
+        let placement = self
+            .engine
+            .call(move |s| {
+                let prefill_label = if local_reason.is_empty() { "remote" } else { "local" };
+                let mut sink_label = prefill_label;
+                let placement = if local_reason.is_empty() {
+                    match s.engine.add_remote_prefill(&id, prompt, params, opts)? {
+                        Some(rp) if rp.prompt_token_ids.len() - rp.num_cached_tokens >= min_remote.max(1) => Placement::Remote(rp),
+                        Some(_) => {
+                            s.engine.fail_remote_prefill(&id, true);
+                            sink_label = "local";
+                            Placement::Local("local_short")
+                        }
+                        None => {
+                            sink_label = "local";
+                            Placement::Local("local_no_blocks")
+                        }
+                    }
+                } else {
+                    s.engine.add_request_with(&id, prompt, params, opts)?;
+                    Placement::Local(local_reason)
+                };
+                s.subscribe(
+                    &id,
+                    Box::new(move |ev| {
+                        let _ = sink_tx.send(match ev {
+                            EngineEvent::Output(o) => Ok(response(&o, sink_label)),
+                            EngineEvent::Failed(msg) => Err(Status::internal(msg)),
+                        });
+                    }),
+                );
+                Ok::<_, tandem_engine::EngineError>(placement)
+            })
+            .await
+            .ok_or_else(|| Status::unavailable("the engine has stopped"))?
+            .map_err(|e| match e {
+                tandem_engine::EngineError::InvalidRequest(m) => Status::invalid_argument(m),
+                tandem_engine::EngineError::DuplicateRequestId(_) => Status::already_exists(e.to_string()),
+                other => Status::internal(other.to_string()),
+            })?;
+        match placement {
+            Placement::Local(reason) => {
+                count_disagg_decision(reason);
+                tracing::debug!(decision = reason, "prefilling locally");
+            }
+            Placement::Remote(rp) => {
+                count_disagg_decision("remote");
+                tracing::debug!(prefill_worker = %r.prefill_worker, cached = rp.num_cached_tokens, "prefilling remotely");
+                tokio::spawn(remote_prefill(self.clone(), r.clone(), rp, tx.clone()));
+            }
+        }
+        let (engine, transfers, id) = (self.engine.clone(), self.transfers.clone(), r.request_id.clone());
+        let on_drop = Box::new(move || {
+            engine.submit(move |s| {
+                transfers.remove_request(&id);
+                if s.abort(&id) {
+                    tracing::info!(request_id = %id, "request aborted: its client went away");
+                }
+            });
+        });
+        Ok(Response::new(GenerateStream { rx, on_drop: Some(on_drop) }))
+    }
+
+    async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
+        let id = req.into_inner().request_id;
+        let transfers = self.transfers.clone();
+        let found = self
+            .engine
+            .call(move |s| {
+                transfers.remove_request(&id);
+                let known = s.engine.request_status(&id).is_some();
+                s.fail(&id, "aborted");
+                known
+            })
+            .await
+            .unwrap_or(false);
+        Ok(Response::new(pb::AbortResponse { found }))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::kv_transfer_server::KvTransfer for DecodeService {
+    async fn endpoint(&self, _req: Request<pb::EndpointRequest>) -> Result<Response<pb::TransferEndpoint>, Status> {
+        let l = self.engine.call(|s| tandem_worker::kv::kv_layout(&s.engine)).await.ok_or_else(|| Status::unavailable("the engine has stopped"))?;
+        Ok(Response::new(pb::TransferEndpoint {
+            transport: "tcp".into(),
+            address: self.kv_addr.clone(),
+            nccl_unique_id: Vec::new(),
+            layout: Some(pb::KvLayout {
+                model_id: l.model_id,
+                dtype: l.dtype as u32,
+                block_size: l.block_size,
+                num_layers: l.num_layers,
+                num_kv_heads: l.num_kv_heads,
+                head_dim: l.head_dim,
+                hash_seed: l.hash_seed,
+            }),
+        }))
+    }
+}

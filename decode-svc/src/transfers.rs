@@ -1,0 +1,157 @@
+//! `Transfers`: the KV transfers a decode worker is waiting for, and the TCP receiver that
+//! writes their pages into the blocks reserved for them.
+//!
+//! A page is written only while its transfer is registered, and both the write and the
+//! transfer's removal run on the engine thread, so a page can never land in a block that was
+//! freed (the request was aborted, failed or finished) in the meantime.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tandem_kv_transfer::tcp::{PageSink, TcpReceiver};
+use tandem_kv_transfer::{KvLayout, TransferError};
+use tandem_worker::EngineHandle;
+use tokio::sync::oneshot;
+
+struct Transfer {
+    request_id: String,
+    blocks: Vec<u32>,
+    on_fail: Option<oneshot::Sender<String>>,
+}
+
+/// The registry of pending transfers (shared by the request tasks and the receiver threads).
+#[derive(Clone, Default)]
+pub struct Transfers {
+    inner: Arc<Mutex<HashMap<u64, Transfer>>>,
+}
+
+impl Transfers {
+    /// Registers transfer `id` of `request_id` into `blocks`; the receiver reports its failure
+    /// on the returned channel.
+    pub fn register(&self, id: u64, request_id: &str, blocks: Vec<u32>) -> oneshot::Receiver<String> {
+        let (tx, rx) = oneshot::channel();
+        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx) });
+        rx
+    }
+
+    /// Forgets transfer `id` (call on the engine thread, with the request's state change).
+    pub fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Forgets every transfer of `request_id` (call on the engine thread).
+    pub fn remove_request(&self, request_id: &str) {
+        self.lock().retain(|_, t| t.request_id != request_id);
+    }
+
+    /// Transfers in flight.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn contains(&self, id: u64) -> bool {
+        self.lock().contains_key(&id)
+    }
+
+    fn block(&self, id: u64, index: u32) -> Option<u32> {
+        self.lock().get(&id).and_then(|t| t.blocks.get(index as usize).copied())
+    }
+
+    fn report_failure(&self, id: u64, message: String) {
+        if let Some(tx) = self.lock().get_mut(&id).and_then(|t| t.on_fail.take()) {
+            let _ = tx.send(message);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Transfer>> {
+        self.inner.lock().expect("transfers lock")
+    }
+}
+
+/// Writes a connection's pages through the engine thread; writes are queued without waiting
+/// and completed by `flush`, so receiving overlaps the engine's steps.
+struct EngineSink {
+    engine: EngineHandle,
+    transfers: Transfers,
+    current: Option<u64>,
+    error: Arc<Mutex<Option<String>>>,
+}
+
+impl PageSink for EngineSink {
+    fn target(&mut self, transfer_id: u64, index: u32, _block_hash: u64) -> Option<u32> {
+        self.current = Some(transfer_id);
+        self.transfers.block(transfer_id, index)
+    }
+
+    fn write(&mut self, block: u32, payload: Vec<u8>) -> Result<(), String> {
+        let id = self.current.expect("target precedes write");
+        let (transfers, error) = (self.transfers.clone(), self.error.clone());
+        let queued = self.engine.submit(move |s| {
+            // Re-checked on the engine thread: the transfer may have been cancelled since.
+            let res = if !transfers.contains(id) {
+                Err(format!("transfer {id} was cancelled"))
+            } else {
+                s.engine.write_kv_block(block, &payload).map_err(|e| e.to_string())
+            };
+            if let Err(e) = res {
+                error.lock().expect("sink error lock").get_or_insert(e);
+            }
+        });
+        if !queued {
+            return Err("the engine has stopped".into());
+        }
+        match self.error.lock().expect("sink error lock").clone() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        self.engine.call_blocking(|_| ()).ok_or("the engine has stopped")?;
+        match self.error.lock().expect("sink error lock").clone() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Listens for KV pages on `addr`, one thread per sending connection. Returns the bound
+/// address. A connection that fails (layout mismatch, corrupt page, stall beyond `timeout`)
+/// reports the failure to the transfer's request task.
+pub fn start_receiver(addr: &str, layout: KvLayout, timeout: Duration, engine: EngineHandle, transfers: Transfers) -> Result<std::net::SocketAddr, TransferError> {
+    let receiver = Arc::new(TcpReceiver::bind(addr, layout, timeout)?);
+    let local = receiver.local_addr()?;
+    std::thread::Builder::new()
+        .name("kv-receiver".into())
+        .spawn(move || loop {
+            let conn = match receiver.accept() {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "KV receiver accept failed");
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            let (receiver, engine, transfers) = (receiver.clone(), engine.clone(), transfers.clone());
+            std::thread::spawn(move || {
+                let mut sink = EngineSink { engine, transfers: transfers.clone(), current: None, error: Arc::default() };
+                match receiver.serve_connection(conn, &mut sink) {
+                    Ok(sum) => tracing::debug!(transfer_id = sum.transfer_id, pages = sum.pages, bytes = sum.bytes, "KV pages received"),
+                    Err(e) => {
+                        tracing::warn!(transfer_id = ?sink.current, error = %e, "KV transfer failed on the receiving side");
+                        if let Some(id) = sink.current {
+                            transfers.report_failure(id, e.to_string());
+                        }
+                    }
+                }
+            });
+        })
+        .map_err(TransferError::Io)?;
+    Ok(local)
+}
