@@ -82,6 +82,17 @@ pub struct EngineArgs {
     pub no_chunked_prefill: bool,
 }
 
+/// The command-line spelling of a value-enum flag.
+trait ValueEnumName {
+    fn name(&self) -> String;
+}
+
+impl<T: ValueEnum> ValueEnumName for T {
+    fn name(&self) -> String {
+        self.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
+    }
+}
+
 /// Parses `512MiB`, `2GiB`, `1.5GB`, `4096` (bytes).
 pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
@@ -102,6 +113,33 @@ pub fn parse_size(s: &str) -> Result<u64> {
 }
 
 impl EngineArgs {
+    /// These flags as command-line arguments (to start a worker process with them).
+    pub fn to_args(&self) -> Vec<String> {
+        let name = |v: &dyn ValueEnumName| v.name();
+        let mut a = vec![
+            format!("--kernel={}", name(&self.kernel)),
+            format!("--block-size={}", self.block_size),
+            format!("--swap-space={}", self.swap_space),
+            format!("--max-num-batched-tokens={}", self.max_num_batched_tokens),
+            format!("--max-num-seqs={}", self.max_num_seqs),
+            format!("--preemption-mode={}", name(&self.preemption_mode)),
+            format!("--scheduling-policy={}", name(&self.scheduling_policy)),
+        ];
+        if let Some(m) = &self.kv_cache_memory {
+            a.push(format!("--kv-cache-memory={m}"));
+        }
+        if let Some(f) = self.kv_cache_fraction {
+            a.push(format!("--kv-cache-fraction={f}"));
+        }
+        if self.no_prefix_caching {
+            a.push("--no-prefix-caching".into());
+        }
+        if self.no_chunked_prefill {
+            a.push("--no-chunked-prefill".into());
+        }
+        a
+    }
+
     /// Model loading options from these flags.
     pub fn load_options(&self) -> Result<LoadOptions> {
         let kv_cache = match (&self.kv_cache_memory, self.kv_cache_fraction) {
@@ -149,5 +187,21 @@ mod tests {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert!(parse_size("12 parsecs").is_err());
         assert!(parse_size("MiB").is_err());
+    }
+
+    #[derive(clap::Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        e: EngineArgs,
+    }
+
+    #[test]
+    fn flags_round_trip() {
+        use clap::Parser;
+        let argv = ["x", "--kernel", "exact", "--block-size", "32", "--kv-cache-memory", "64MiB", "--preemption-mode", "swap", "--no-prefix-caching"];
+        let w = Wrap::parse_from(argv);
+        let again = Wrap::parse_from(std::iter::once("x".to_string()).chain(w.e.to_args()));
+        assert_eq!(format!("{:?}", w.e), format!("{:?}", again.e));
+        assert!(again.e.no_prefix_caching && again.e.block_size == 32);
     }
 }

@@ -1,8 +1,11 @@
-//! `tandem`: the command-line entry point (generate, bench).
+//! `tandem`: the command-line entry point (up, generate, bench, and the services: router,
+//! prefill, decode).
 
 mod bench;
 mod engine_args;
 mod generate_cmd;
+mod serve_cmd;
+mod up_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -10,28 +13,55 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "tandem", version, about)]
 struct Cli {
+    /// Log format on standard error.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (structured fields, request ids).
+    Json,
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI API on 127.0.0.1 with a router, a prefill and a decode worker on CPU.
+    Up(up_cmd::UpArgs),
     /// Generate text from a prompt with a local model.
     Generate(generate_cmd::GenerateArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run the OpenAI-compatible router.
+    Router(serve_cmd::RouterArgs),
+    /// Run a prefill worker.
+    Prefill(serve_cmd::PrefillArgs),
+    /// Run a decode worker.
+    Decode(serve_cmd::DecodeArgs),
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .init();
     let cli = Cli::parse();
+    let server = matches!(cli.command, Command::Up(_) | Command::Router(_) | Command::Prefill(_) | Command::Decode(_));
+    let default_filter = if server { "info,h2=warn,tower=warn,hyper=warn" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
+    let fmt = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
+    match cli.log_format {
+        LogFormat::Text => fmt.init(),
+        LogFormat::Json => fmt.json().with_current_span(true).init(),
+    }
     let result = match cli.command {
+        Command::Up(a) => up_cmd::run(a),
         Command::Generate(a) => generate_cmd::run(a),
         Command::Bench(b) => bench::run(b),
+        Command::Router(a) => serve_cmd::run_router(a),
+        Command::Prefill(a) => serve_cmd::run_prefill(a),
+        Command::Decode(a) => serve_cmd::run_decode(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -1,0 +1,222 @@
+//! `tandem decode`, `tandem prefill`, `tandem router`: the three services as processes.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use tandem_engine::{model_fetch, LLMEngine, Model, ModelInfo};
+
+use crate::engine_args::EngineArgs;
+
+/// Model selection shared by the services.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Model file (.gguf) or Hugging Face directory; default: SmolLM2-135M-Instruct, fetched
+    /// into the cache on first use.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The name clients use for the model; default: the file name up to its first dot.
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+}
+
+impl ModelArgs {
+    /// The model path, fetching the default model if needed.
+    pub fn path(&self) -> Result<PathBuf> {
+        match &self.model {
+            Some(p) => Ok(p.clone()),
+            None => Ok(model_fetch::default_model_path()?),
+        }
+    }
+
+    /// The served name for the model at `path`.
+    pub fn served_name(&self, path: &Path) -> String {
+        if let Some(n) = &self.served_model_name {
+            return n.clone();
+        }
+        let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+        file.split('.').next().filter(|s| !s.is_empty()).unwrap_or("model").to_string()
+    }
+}
+
+/// Parses durations such as `2s`, `500ms`, `1.5s`, `5m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, mult) = if let Some(v) = t.strip_suffix("ms") {
+        (v, 1e-3)
+    } else if let Some(v) = t.strip_suffix('s') {
+        (v, 1.0)
+    } else if let Some(v) = t.strip_suffix('m') {
+        (v, 60.0)
+    } else {
+        (t, 1.0)
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("invalid duration '{s}' (use e.g. 2s, 500ms)"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("duration '{s}' must be positive"));
+    }
+    Ok(Duration::from_secs_f64(v * mult))
+}
+
+/// What a failed KV transfer does.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PolicyArg {
+    /// Prefill locally on the decode worker.
+    Recompute,
+    /// Fail the request.
+    Fail,
+}
+
+/// Arguments of `tandem decode`.
+#[derive(Args, Debug, Clone)]
+pub struct DecodeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// gRPC and HTTP (`/metrics`, `/health`) listen address.
+    #[arg(long, default_value = "127.0.0.1:50061")]
+    pub listen: String,
+    /// KV page listen address.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub kv_listen: String,
+    /// Worker id (metrics label, status).
+    #[arg(long, default_value = "decode-0")]
+    pub worker_id: String,
+    /// A KV transfer with no progress for this long has failed.
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    pub transfer_timeout: Duration,
+    /// Longest a remote prefill may take in all.
+    #[arg(long, value_parser = parse_duration, default_value = "300s")]
+    pub prefill_timeout: Duration,
+    /// What a failed or stalled KV transfer does to its request.
+    #[arg(long, value_enum, default_value = "recompute")]
+    pub kv_failure_policy: PolicyArg,
+    /// Prompts with fewer uncached tokens than this are prefilled here, not remotely.
+    #[arg(long, default_value_t = 16)]
+    pub disagg_min_tokens: usize,
+    /// This worker serves alone (prefill and decode): its role label is `both`.
+    #[arg(long)]
+    pub colocated: bool,
+    /// Exit when standard input closes.
+    #[arg(long, hide = true)]
+    pub watch_stdin: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Arguments of `tandem prefill`.
+#[derive(Args, Debug, Clone)]
+pub struct PrefillArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// gRPC and HTTP (`/metrics`, `/health`) listen address.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub listen: String,
+    /// Worker id (metrics label, status).
+    #[arg(long, default_value = "prefill-0")]
+    pub worker_id: String,
+    /// A KV transfer with no progress for this long has failed.
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    pub transfer_timeout: Duration,
+    /// Exit when standard input closes.
+    #[arg(long, hide = true)]
+    pub watch_stdin: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Arguments of `tandem router`.
+#[derive(Args, Debug, Clone)]
+pub struct RouterArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// HTTP listen address of the OpenAI API.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: String,
+    /// Decode workers' gRPC addresses, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub decode_workers: Vec<String>,
+    /// Prefill workers' gRPC addresses, comma-separated (none: decode workers prefill).
+    #[arg(long, value_delimiter = ',')]
+    pub prefill_workers: Vec<String>,
+    /// Exit when standard input closes.
+    #[arg(long, hide = true)]
+    pub watch_stdin: bool,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    // The engine runs on its own thread; the runtime only moves bytes.
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
+}
+
+fn load_engine(model: &ModelArgs, engine: &EngineArgs) -> Result<(LLMEngine, String)> {
+    let path = model.path()?;
+    let name = model.served_name(&path);
+    let m = Model::load(&path, engine.load_options()?).with_context(|| format!("loading {}", path.display()))?;
+    Ok((LLMEngine::new(m, engine.engine_config()), name))
+}
+
+/// `tandem decode`.
+pub fn run_decode(a: DecodeArgs) -> Result<()> {
+    let (engine, name) = load_engine(&a.model, &a.engine)?;
+    let cfg = tandem_decode::DecodeConfig {
+        model_name: name,
+        worker_id: a.worker_id,
+        listen: a.listen,
+        kv_listen: a.kv_listen,
+        transfer_timeout: a.transfer_timeout,
+        prefill_timeout: a.prefill_timeout,
+        failure_policy: match a.kv_failure_policy {
+            PolicyArg::Recompute => tandem_decode::FailurePolicy::Recompute,
+            PolicyArg::Fail => tandem_decode::FailurePolicy::Fail,
+        },
+        min_remote_prefill_tokens: a.disagg_min_tokens,
+        role: if a.colocated { "both".into() } else { "decode".into() },
+        watch_stdin: a.watch_stdin,
+    };
+    runtime()?.block_on(tandem_decode::run(engine, cfg))
+}
+
+/// `tandem prefill`.
+pub fn run_prefill(a: PrefillArgs) -> Result<()> {
+    let (engine, name) = load_engine(&a.model, &a.engine)?;
+    let fault = std::env::var("TANDEM_FAULT_INJECT").ok().and_then(|s| tandem_prefill::Fault::parse(&s));
+    let cfg = tandem_prefill::PrefillConfig { model_name: name, worker_id: a.worker_id, listen: a.listen, transfer_timeout: a.transfer_timeout, watch_stdin: a.watch_stdin, fault };
+    runtime()?.block_on(tandem_prefill::run(engine, cfg))
+}
+
+/// `tandem router`.
+pub fn run_router(a: RouterArgs) -> Result<()> {
+    let path = a.model.path()?;
+    let info = ModelInfo::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let cfg = tandem_router::RouterConfig {
+        listen: a.listen,
+        model_name: a.model.served_name(&path),
+        decode_workers: a.decode_workers,
+        prefill_workers: a.prefill_workers,
+        watch_stdin: a.watch_stdin,
+    };
+    runtime()?.block_on(tandem_router::run(info, cfg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn served_names() {
+        let m = ModelArgs { model: None, served_model_name: None };
+        assert_eq!(m.served_name(Path::new("/c/SmolLM2-135M-Instruct.Q4_1.gguf")), "SmolLM2-135M-Instruct");
+        let m = ModelArgs { model: None, served_model_name: Some("x".into()) };
+        assert_eq!(m.served_name(Path::new("/c/a.gguf")), "x");
+    }
+}

@@ -1,0 +1,469 @@
+//! The HTTP handlers: `/v1/completions`, `/v1/chat/completions` (whole or streamed as
+//! server-sent events), `/v1/models`, `/health` and `/metrics`.
+//!
+//! A generation request is parsed and validated here (every mistake is a 4xx with OpenAI's
+//! error JSON), tokenized, and sent to a decode worker — one `Generate` stream per prompt — with
+//! the prefill worker to use. When the client goes away, the worker streams are dropped, which
+//! aborts the requests on the workers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use metrics::{counter, histogram};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::{json, Value};
+use tandem_engine::{ModelInfo, SamplingParams};
+use tandem_proto::v1 as pb;
+use tandem_worker::convert::params_to_proto;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::error::ApiError;
+use crate::openai::{self, ChatRequest, CommonParams, CompletionRequest, PromptInput};
+use crate::responses::{self, Choice, Endpoint, Header};
+use crate::workers::{InflightGuard, WorkerPool};
+
+/// Most prompts one completions request may carry.
+const MAX_BATCH: usize = 64;
+
+/// Everything the handlers share.
+pub struct AppState {
+    /// The name clients use for the model.
+    pub model_name: String,
+    /// Tokenizer, chat template and configuration of the model.
+    pub info: ModelInfo,
+    /// Decode and prefill workers.
+    pub pool: WorkerPool,
+    /// Renders `/metrics`, when a recorder is installed.
+    pub metrics: Option<PrometheusHandle>,
+    /// When the router started (Unix seconds).
+    pub started: u64,
+    ids: AtomicU64,
+}
+
+impl AppState {
+    /// The state over a model and its workers.
+    pub fn new(model_name: String, info: ModelInfo, pool: WorkerPool, metrics: Option<PrometheusHandle>) -> AppState {
+        let started = unix_now();
+        let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 40;
+        AppState { model_name, info, pool, metrics, started, ids: AtomicU64::new(seed) }
+    }
+
+    fn new_id(&self, prefix: &str) -> String {
+        let n = self.ids.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
+    fn max_model_len(&self) -> usize {
+        match self.pool.max_model_len() {
+            0 => self.info.config.max_position_embeddings,
+            n => n,
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// A validated generation request.
+struct Prepared {
+    ep: Endpoint,
+    id: String,
+    created: u64,
+    prompts: Vec<Vec<u32>>,
+    echo: Vec<Option<String>>,
+    params: Vec<SamplingParams>,
+    n: usize,
+    stream: bool,
+    include_usage: bool,
+    logprobs: bool,
+    cache_salt: String,
+    priority: i32,
+}
+
+fn check_model(st: &AppState, c: &CommonParams) -> Result<(), ApiError> {
+    match &c.model {
+        None => Err(ApiError::invalid(Some("model"), "you must provide a model parameter")),
+        Some(m) if *m != st.model_name => Err(ApiError::model_not_found(m)),
+        Some(_) => Ok(()),
+    }
+}
+
+fn token_prompt(st: &AppState, ids: &[i64], param: &str) -> Result<Vec<u32>, ApiError> {
+    let vocab = st.info.config.vocab_size as i64;
+    ids.iter()
+        .map(|&t| if (0..vocab).contains(&t) { Ok(t as u32) } else { Err(ApiError::invalid(Some(param), format!("token id {t} is outside the vocabulary (0..{vocab})"))) })
+        .collect()
+}
+
+fn encode(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+    st.info.tokenizer.encode(text, true).map_err(|e| ApiError::invalid(Some("prompt"), format!("the prompt cannot be tokenized: {e}")))
+}
+
+fn finish_prepare(st: &AppState, ep: Endpoint, c: &CommonParams, prompts: Vec<Vec<u32>>, echo: Vec<Option<String>>, base: SamplingParams, max_param: &str, requested: Option<i64>, default_max: Option<usize>, logprobs: bool) -> Result<Prepared, ApiError> {
+    let max_len = st.max_model_len();
+    let params = prompts
+        .iter()
+        .map(|p| openai::max_tokens(max_param, requested, default_max, p.len(), max_len).map(|m| SamplingParams { max_tokens: m, ..base.clone() }))
+        .collect::<Result<Vec<_>, _>>()?;
+    let prefix = if ep == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
+    Ok(Prepared {
+        ep,
+        id: st.new_id(prefix),
+        created: unix_now(),
+        n: base.n,
+        prompts,
+        echo,
+        params,
+        stream: c.stream.unwrap_or(false),
+        include_usage: c.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
+        logprobs,
+        cache_salt: c.cache_salt.clone().unwrap_or_default(),
+        priority: c.priority.unwrap_or(0),
+    })
+}
+
+fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+    let r: CompletionRequest = openai::parse_body(body)?;
+    check_model(st, &r.common)?;
+    if r.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid(Some("suffix"), "suffix is not supported"));
+    }
+    let logprobs = r.logprobs.map(|k| openai::logprob_count("logprobs", k)).transpose()?;
+    let base = openai::sampling_params(&r.common, logprobs)?;
+    if let Some(b) = r.best_of {
+        if b != base.n as i64 {
+            return Err(ApiError::invalid(Some("best_of"), format!("best_of must equal n ({}) when given, got {b}", base.n)));
+        }
+    }
+    let echo = r.echo.unwrap_or(false);
+    if echo && logprobs.is_some() {
+        return Err(ApiError::invalid(Some("echo"), "echo together with logprobs is not supported"));
+    }
+    let (prompts, texts): (Vec<Vec<u32>>, Vec<Option<String>>) = match r.prompt {
+        None => return Err(ApiError::invalid(Some("prompt"), "prompt is required")),
+        Some(PromptInput::Text(t)) => (vec![encode(st, &t)?], vec![Some(t)]),
+        Some(PromptInput::Texts(ts)) => {
+            let ids = ts.iter().map(|t| encode(st, t)).collect::<Result<Vec<_>, _>>()?;
+            (ids, ts.into_iter().map(Some).collect())
+        }
+        Some(PromptInput::Tokens(ids)) => (vec![token_prompt(st, &ids, "prompt")?], vec![None]),
+        Some(PromptInput::TokenLists(ls)) => (ls.iter().map(|l| token_prompt(st, l, "prompt")).collect::<Result<Vec<_>, _>>()?, vec![None; ls.len()]),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid(Some("prompt"), "prompt must not be an empty list"));
+    }
+    if prompts.len() > MAX_BATCH {
+        return Err(ApiError::invalid(Some("prompt"), format!("at most {MAX_BATCH} prompts per request, got {}", prompts.len())));
+    }
+    let echo_texts: Vec<Option<String>> = if echo {
+        prompts.iter().zip(texts).map(|(ids, t)| Some(t.unwrap_or_else(|| st.info.tokenizer.decode(ids, false).unwrap_or_default()))).collect()
+    } else {
+        vec![None; prompts.len()]
+    };
+    finish_prepare(st, Endpoint::Completions, &r.common, prompts, echo_texts, base, "max_tokens", r.common.max_tokens, Some(16), logprobs.is_some())
+}
+
+fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+    let r: ChatRequest = openai::parse_body(body)?;
+    check_model(st, &r.common)?;
+    if r.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::invalid(Some("tools"), "tool calling is not supported by this server"));
+    }
+    if let Some(f) = &r.response_format {
+        if f.get("type").and_then(Value::as_str) != Some("text") {
+            return Err(ApiError::invalid(Some("response_format"), "only response_format {\"type\": \"text\"} is supported"));
+        }
+    }
+    let want = r.logprobs.unwrap_or(false);
+    let top = r.top_logprobs.map(|k| openai::logprob_count("top_logprobs", k)).transpose()?;
+    if top.is_some_and(|k| k > 0) && !want {
+        return Err(ApiError::invalid(Some("top_logprobs"), "top_logprobs requires logprobs to be true"));
+    }
+    let base = openai::sampling_params(&r.common, want.then(|| top.unwrap_or(0)))?;
+    let messages = openai::chat_messages(r.messages.as_deref().ok_or_else(|| ApiError::invalid(Some("messages"), "messages is required"))?)?;
+    let template = st.info.chat_template.as_ref().ok_or_else(|| ApiError::invalid(None, "this model has no chat template; use /v1/completions"))?;
+    let text = template.render(&messages, true).map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+    let ids = encode(st, &text)?;
+    let requested = r.max_completion_tokens.or(r.common.max_tokens);
+    let param = if r.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
+    finish_prepare(st, Endpoint::Chat, &r.common, vec![ids], vec![None], base, param, requested, None, want)
+}
+
+type WorkerStream = tonic::Streaming<pb::GenerateResponse>;
+
+/// Starts one `Generate` stream per prompt on a decode worker; a worker that cannot be reached
+/// is marked failed and another one is tried.
+async fn start(st: &AppState, p: &Prepared) -> Result<(InflightGuard, Vec<WorkerStream>), ApiError> {
+    let mut last_err = ApiError::unavailable("no decode worker is configured");
+    for _attempt in 0..st.pool.decode.len().max(1) {
+        let Some((guard, prefill)) = st.pool.route() else { break };
+        let worker = guard.worker().clone();
+        let prefill_addr = prefill.as_ref().map(|w| w.addr.clone()).unwrap_or_default();
+        counter!("tandem_router_decisions_total", "decode_worker" => worker.addr.clone(), "prefill_worker" => if prefill_addr.is_empty() { "none".to_string() } else { prefill_addr.clone() }).increment(1);
+        tracing::info!(request_id = %p.id, decode_worker = %worker.addr, prefill_worker = %prefill_addr, prompts = p.prompts.len(), prompt_tokens = p.prompts.iter().map(Vec::len).sum::<usize>(), "routing request");
+        let mut streams = Vec::with_capacity(p.prompts.len());
+        let mut failed = None;
+        for (i, (ids, params)) in p.prompts.iter().zip(&p.params).enumerate() {
+            let req = pb::GenerateRequest {
+                request_id: if p.prompts.len() == 1 { p.id.clone() } else { format!("{}-{i}", p.id) },
+                prompt_token_ids: ids.clone(),
+                params: Some(params_to_proto(params)),
+                priority: p.priority,
+                cache_salt: p.cache_salt.clone(),
+                prefill_worker: prefill_addr.clone(),
+            };
+            match worker.decode_client().generate(req).await {
+                Ok(s) => streams.push(s.into_inner()),
+                Err(s) => {
+                    failed = Some(s);
+                    break;
+                }
+            }
+        }
+        match failed {
+            None => return Ok((guard, streams)),
+            Some(s) if s.code() == tonic::Code::Unavailable => {
+                tracing::warn!(request_id = %p.id, decode_worker = %worker.addr, error = %s.message(), "decode worker unreachable; trying another");
+                worker.mark_failed();
+                last_err = ApiError::from_status(&s);
+            }
+            Some(s) => return Err(ApiError::from_status(&s)),
+        }
+    }
+    Err(last_err)
+}
+
+fn merged(streams: Vec<WorkerStream>) -> impl futures_util::Stream<Item = (usize, Result<pb::GenerateResponse, tonic::Status>)> + Send + Unpin {
+    futures_util::stream::select_all(streams.into_iter().enumerate().map(|(i, s)| s.map(move |r| (i, r)).boxed()))
+}
+
+fn record_done(ep: Endpoint, code: StatusCode, started: Instant) {
+    counter!("tandem_router_requests_total", "endpoint" => ep.label(), "code" => code.as_u16().to_string()).increment(1);
+    if code.is_success() {
+        histogram!("tandem_e2e_request_latency_seconds").record(started.elapsed().as_secs_f64());
+    }
+}
+
+async fn collect(st: &AppState, p: &Prepared, streams: Vec<WorkerStream>, started: Instant) -> Result<Value, ApiError> {
+    let mut choices = vec![Choice::default(); p.prompts.len() * p.n];
+    let mut prompt_tokens = vec![0usize; p.prompts.len()];
+    let mut finished = vec![false; p.prompts.len()];
+    let mut first = true;
+    let mut s = merged(streams);
+    while let Some((pi, r)) = s.next().await {
+        let resp = r.map_err(|e| ApiError::from_status(&e))?;
+        prompt_tokens[pi] = resp.prompt_tokens as usize;
+        for d in &resp.outputs {
+            if first && !d.token_ids.is_empty() {
+                first = false;
+                histogram!("tandem_time_to_first_token_seconds").record(started.elapsed().as_secs_f64());
+            }
+            if let Some(c) = choices.get_mut(pi * p.n + d.index as usize) {
+                c.push(d);
+            }
+        }
+        finished[pi] |= resp.finished;
+    }
+    if finished.iter().any(|f| !f) {
+        return Err(ApiError::upstream("the decode worker closed the stream before the request finished"));
+    }
+    let h = Header { id: &p.id, created: p.created, model: &st.model_name };
+    Ok(responses::full_response(p.ep, &h, &st.info.tokenizer, &choices, p.logprobs, prompt_tokens.iter().sum(), &p.echo))
+}
+
+fn sse_data(v: &Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+/// Streams a request's chunks; stops (dropping the worker streams, which aborts the requests)
+/// as soon as the client goes away.
+async fn stream_task(st: Arc<AppState>, p: Prepared, guard: InflightGuard, streams: Vec<WorkerStream>, tx: tokio::sync::mpsc::Sender<Event>, started: Instant) {
+    let _guard = guard;
+    let h = Header { id: &p.id, created: p.created, model: &st.model_name };
+    let tok = &st.info.tokenizer;
+    let total = p.prompts.len() * p.n;
+    let mut offsets = vec![0usize; total];
+    let mut tokens = vec![0usize; total];
+    let mut prompt_tokens = vec![0usize; p.prompts.len()];
+    let mut finished = vec![false; p.prompts.len()];
+    let mut first = true;
+    macro_rules! send {
+        ($ev:expr) => {
+            if tx.send($ev).await.is_err() {
+                tracing::info!(request_id = %p.id, "client disconnected; aborting");
+                return;
+            }
+        };
+    }
+    if p.ep == Endpoint::Chat {
+        for i in 0..total {
+            send!(sse_data(&responses::chunk(p.ep, &h, vec![responses::chat_role_choice(i)])));
+        }
+    }
+    for (pi, e) in p.echo.iter().enumerate() {
+        if let Some(text) = e {
+            for j in 0..p.n {
+                let i = pi * p.n + j;
+                offsets[i] = text.len();
+                send!(sse_data(&responses::chunk(p.ep, &h, vec![responses::chunk_choice(p.ep, tok, i, text, &[], false, 0, None, None)])));
+            }
+        }
+    }
+    let mut s = merged(streams);
+    loop {
+        let next = tokio::select! {
+            n = s.next() => n,
+            _ = tx.closed() => {
+                tracing::info!(request_id = %p.id, "client disconnected; aborting");
+                return;
+            }
+        };
+        let Some((pi, r)) = next else { break };
+        let resp = match r {
+            Ok(r) => r,
+            Err(e) => {
+                let err = ApiError::from_status(&e);
+                tracing::warn!(request_id = %p.id, error = %err.message, "worker stream failed");
+                record_done(p.ep, err.status, started);
+                send!(sse_data(&json!({ "error": err.body() })));
+                let _ = tx.send(Event::default().data("[DONE]")).await;
+                return;
+            }
+        };
+        prompt_tokens[pi] = resp.prompt_tokens as usize;
+        finished[pi] |= resp.finished;
+        for d in &resp.outputs {
+            let i = pi * p.n + d.index as usize;
+            if i >= total {
+                continue;
+            }
+            if first && !d.token_ids.is_empty() {
+                first = false;
+                histogram!("tandem_time_to_first_token_seconds").record(started.elapsed().as_secs_f64());
+            }
+            let finish = (!d.finish_reason.is_empty()).then_some(d.finish_reason.as_str());
+            if d.text.is_empty() && d.logprobs.is_empty() && finish.is_none() {
+                tokens[i] += d.token_ids.len();
+                continue;
+            }
+            let stop = (!d.stop_reason.is_empty()).then_some(d.stop_reason.as_str());
+            let c = responses::chunk_choice(p.ep, tok, i, &d.text, &d.logprobs, p.logprobs, offsets[i], finish, stop);
+            offsets[i] += d.text.len();
+            tokens[i] += d.token_ids.len();
+            send!(sse_data(&responses::chunk(p.ep, &h, vec![c])));
+        }
+    }
+    if finished.iter().any(|f| !f) {
+        let err = ApiError::upstream("the decode worker closed the stream before the request finished");
+        record_done(p.ep, err.status, started);
+        send!(sse_data(&json!({ "error": err.body() })));
+    } else {
+        record_done(p.ep, StatusCode::OK, started);
+        if p.include_usage {
+            let mut u = responses::chunk(p.ep, &h, vec![]);
+            u["usage"] = responses::usage(prompt_tokens.iter().sum(), tokens.iter().sum());
+            send!(sse_data(&u));
+        }
+    }
+    let _ = tx.send(Event::default().data("[DONE]")).await;
+}
+
+async fn generate(st: Arc<AppState>, ep: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
+    let started = Instant::now();
+    let prepared = body
+        .map_err(|e| ApiError { status: e.status(), ..ApiError::invalid(None, e.body_text()) })
+        .and_then(|b| match ep {
+            Endpoint::Completions => prepare_completion(&st, &b),
+            Endpoint::Chat => prepare_chat(&st, &b),
+        });
+    let p = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::info!(status = e.status.as_u16(), error = %e.message, "request refused");
+            record_done(ep, e.status, started);
+            return e.into_response();
+        }
+    };
+    let (guard, streams) = match start(&st, &p).await {
+        Ok(x) => x,
+        Err(e) => {
+            record_done(ep, e.status, started);
+            return e.into_response();
+        }
+    };
+    if p.stream {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
+        tokio::spawn(stream_task(st.clone(), p, guard, streams, tx, started));
+        let events = ReceiverStream::new(rx).map(Ok::<Event, std::convert::Infallible>);
+        return Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response();
+    }
+    let _guard = guard;
+    match collect(&st, &p, streams, started).await {
+        Ok(v) => {
+            record_done(ep, StatusCode::OK, started);
+            axum::Json(v).into_response()
+        }
+        Err(e) => {
+            record_done(ep, e.status, started);
+            e.into_response()
+        }
+    }
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(st, Endpoint::Completions, body).await
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(st, Endpoint::Chat, body).await
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let m = json!({ "id": st.model_name, "object": "model", "created": st.started, "owned_by": "tandem", "root": st.model_name, "max_model_len": st.max_model_len() });
+    axum::Json(json!({ "object": "list", "data": [m] })).into_response()
+}
+
+/// `GET /health`: 200 only when at least one decode worker answers its status check.
+pub async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let checks = st.pool.check_all(Duration::from_secs(1)).await;
+    let decode_ok = checks.iter().any(|(_, role, r)| *role == "decode" && r.is_ok());
+    let workers: Vec<Value> = checks
+        .iter()
+        .map(|(addr, role, r)| match r {
+            Ok(s) => json!({ "address": addr, "role": role, "healthy": true, "worker_id": s.worker_id, "running": s.running, "waiting": s.waiting, "free_blocks": s.free_blocks, "num_blocks": s.num_blocks }),
+            Err(e) => json!({ "address": addr, "role": role, "healthy": false, "error": e }),
+        })
+        .collect();
+    let code = if decode_ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, axum::Json(json!({ "status": if decode_ok { "ok" } else { "unavailable" }, "workers": workers }))).into_response()
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    match &st.metrics {
+        Some(h) => h.render().into_response(),
+        None => (StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
+    }
+}
+
+/// Unknown paths: OpenAI-style 404.
+pub async fn not_found(uri: axum::http::Uri) -> Response {
+    ApiError { status: StatusCode::NOT_FOUND, message: format!("no route for {}", uri.path()), kind: "not_found_error", param: None, code: None }.into_response()
+}
+
+/// Wrong method on a known path: OpenAI-style 405.
+pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    ApiError { status: StatusCode::METHOD_NOT_ALLOWED, message: format!("method {method} is not allowed on {}", uri.path()), kind: "invalid_request_error", param: None, code: None }.into_response()
+}

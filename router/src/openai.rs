@@ -1,0 +1,356 @@
+//! The OpenAI request bodies the gateway accepts (with vLLM's extra sampling fields) and their
+//! validation into token ids and the engine's [`SamplingParams`].
+//!
+//! Numbers are parsed wide (signed integers, f64) so an out-of-range value gets a message that
+//! names the parameter and its range instead of a bare type error. Unknown fields are ignored,
+//! as vLLM does.
+
+use serde::Deserialize;
+use tandem_engine::sampling_params::MAX_LOGPROBS;
+use tandem_engine::{ChatMessage, SamplingParams};
+
+use crate::error::ApiError;
+
+/// `prompt`: a string, a list of strings, a list of token ids, or a list of those.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    /// One text prompt.
+    Text(String),
+    /// One tokenized prompt.
+    Tokens(Vec<i64>),
+    /// Several text prompts.
+    Texts(Vec<String>),
+    /// Several tokenized prompts.
+    TokenLists(Vec<Vec<i64>>),
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with token usage.
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// Sampling fields shared by both endpoints (OpenAI's and vLLM's extras).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CommonParams {
+    /// Model name.
+    pub model: Option<String>,
+    /// Completion token limit.
+    pub max_tokens: Option<i64>,
+    /// Temperature, 0..=2.
+    pub temperature: Option<f64>,
+    /// Nucleus mass, (0, 1].
+    pub top_p: Option<f64>,
+    /// Completions per prompt.
+    pub n: Option<i64>,
+    /// Stream server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Stop strings.
+    pub stop: Option<StopInput>,
+    /// Presence penalty, -2..=2.
+    pub presence_penalty: Option<f64>,
+    /// Frequency penalty, -2..=2.
+    pub frequency_penalty: Option<f64>,
+    /// Seed of the request's random stream.
+    pub seed: Option<i64>,
+    /// Token biases (not supported: refused unless empty).
+    pub logit_bias: Option<std::collections::HashMap<String, f64>>,
+    /// vLLM: top-k filter.
+    pub top_k: Option<i64>,
+    /// vLLM: min-p filter.
+    pub min_p: Option<f64>,
+    /// vLLM: repetition penalty.
+    pub repetition_penalty: Option<f64>,
+    /// vLLM: minimum completion tokens.
+    pub min_tokens: Option<i64>,
+    /// vLLM: stop token ids.
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// vLLM: keep going past end-of-sequence.
+    pub ignore_eos: Option<bool>,
+    /// vLLM: leave special tokens out of the text.
+    pub skip_special_tokens: Option<bool>,
+    /// vLLM: keep the matched stop string in the text.
+    pub include_stop_str_in_output: Option<bool>,
+    /// Prefix-cache isolation salt.
+    pub cache_salt: Option<String>,
+    /// Scheduling priority (lower first).
+    pub priority: Option<i32>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    /// The prompt(s).
+    pub prompt: Option<PromptInput>,
+    /// Log-probabilities of this many alternatives per token (0..=20).
+    pub logprobs: Option<i64>,
+    /// Prepend the prompt to the completion.
+    pub echo: Option<bool>,
+    /// Must equal `n` when given.
+    pub best_of: Option<i64>,
+    /// Not supported.
+    pub suffix: Option<String>,
+    /// The sampling fields.
+    #[serde(flatten)]
+    pub common: CommonParams,
+}
+
+/// Message content: a string or a list of parts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Content parts (`{"type": "text", "text": ...}`).
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    /// Part type; only `text` is supported.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    pub text: Option<String>,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Message {
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The content.
+    pub content: Option<Content>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    /// The conversation.
+    pub messages: Option<Vec<Message>>,
+    /// Newer name of `max_tokens`.
+    pub max_completion_tokens: Option<i64>,
+    /// Return log-probabilities.
+    pub logprobs: Option<bool>,
+    /// Alternatives per token with `logprobs` (0..=20).
+    pub top_logprobs: Option<i64>,
+    /// `{"type": "text"}` only.
+    pub response_format: Option<serde_json::Value>,
+    /// Tools are not supported; refused unless empty.
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// The sampling fields.
+    #[serde(flatten)]
+    pub common: CommonParams,
+}
+
+/// Parses a JSON body, naming the offending field in the error.
+pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::invalid(None, "the request body is empty; expected a JSON object"));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            return ApiError::invalid(None, format!("the request body is not valid JSON: {inner}"));
+        }
+        let param = (path != "." && !path.is_empty()).then_some(path);
+        let msg = match &param {
+            Some(p) => format!("invalid value for '{p}': {inner}"),
+            None => format!("invalid request body: {inner}"),
+        };
+        ApiError::invalid(param.as_deref(), msg)
+    })
+}
+
+fn range_f(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Result<f32, ApiError> {
+    let v = v.unwrap_or(default);
+    if !v.is_finite() || v < lo || v > hi {
+        return Err(ApiError::invalid(Some(name), format!("{name} must be between {lo} and {hi}, got {v}")));
+    }
+    Ok(v as f32)
+}
+
+/// The validated sampling parameters (without `max_tokens`, which needs the prompt length).
+pub fn sampling_params(c: &CommonParams, logprobs: Option<usize>) -> Result<SamplingParams, ApiError> {
+    let n = c.n.unwrap_or(1);
+    if !(1..=128).contains(&n) {
+        return Err(ApiError::invalid(Some("n"), format!("n must be between 1 and 128, got {n}")));
+    }
+    let temperature = range_f("temperature", c.temperature, 0.0, 2.0, 1.0)?;
+    let top_p = c.top_p.unwrap_or(1.0);
+    if !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid(Some("top_p"), format!("top_p must be in (0, 1], got {top_p}")));
+    }
+    let stop = match &c.stop {
+        None => Vec::new(),
+        Some(StopInput::One(s)) => vec![s.clone()],
+        Some(StopInput::Many(v)) => v.clone(),
+    };
+    if stop.len() > 16 {
+        return Err(ApiError::invalid(Some("stop"), format!("at most 16 stop sequences are allowed, got {}", stop.len())));
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(Some("stop"), "stop sequences must not be empty"));
+    }
+    if c.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+        return Err(ApiError::invalid(Some("logit_bias"), "logit_bias is not supported"));
+    }
+    let seed = match c.seed {
+        Some(s) if s < 0 => return Err(ApiError::invalid(Some("seed"), format!("seed must be non-negative, got {s}"))),
+        s => s.map(|s| s as u64),
+    };
+    let top_k = c.top_k.unwrap_or(0);
+    if top_k < -1 || top_k > i32::MAX as i64 {
+        return Err(ApiError::invalid(Some("top_k"), format!("top_k must be -1 (disabled) or a positive count, got {top_k}")));
+    }
+    let min_tokens = c.min_tokens.unwrap_or(0);
+    if min_tokens < 0 {
+        return Err(ApiError::invalid(Some("min_tokens"), format!("min_tokens must be non-negative, got {min_tokens}")));
+    }
+    let p = SamplingParams {
+        n: n as usize,
+        temperature,
+        top_p: top_p as f32,
+        top_k: top_k as i32,
+        min_p: range_f("min_p", c.min_p, 0.0, 1.0, 0.0)?,
+        presence_penalty: range_f("presence_penalty", c.presence_penalty, -2.0, 2.0, 0.0)?,
+        frequency_penalty: range_f("frequency_penalty", c.frequency_penalty, -2.0, 2.0, 0.0)?,
+        repetition_penalty: {
+            let r = c.repetition_penalty.unwrap_or(1.0);
+            if !(r.is_finite() && r > 0.0 && r <= 2.0) {
+                return Err(ApiError::invalid(Some("repetition_penalty"), format!("repetition_penalty must be in (0, 2], got {r}")));
+            }
+            r as f32
+        },
+        max_tokens: 1,
+        min_tokens: min_tokens as usize,
+        stop,
+        stop_token_ids: c.stop_token_ids.clone().unwrap_or_default(),
+        include_stop_str_in_output: c.include_stop_str_in_output.unwrap_or(false),
+        ignore_eos: c.ignore_eos.unwrap_or(false),
+        logprobs,
+        seed,
+        skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
+    };
+    Ok(p)
+}
+
+/// The completion budget: `requested` if it fits, else an error saying by how much the request
+/// exceeds the context; with no request, what is left of the context (or `default`).
+pub fn max_tokens(param: &str, requested: Option<i64>, default: Option<usize>, prompt_len: usize, max_model_len: usize) -> Result<usize, ApiError> {
+    if prompt_len == 0 {
+        return Err(ApiError::invalid(Some("prompt"), "the prompt is empty"));
+    }
+    if prompt_len >= max_model_len {
+        return Err(ApiError::invalid(
+            Some("messages"),
+            format!("This model's maximum context length is {max_model_len} tokens. However, your prompt has {prompt_len} tokens, leaving no room for a completion. Please reduce the length of the prompt."),
+        ));
+    }
+    match requested {
+        Some(m) if m < 1 => Err(ApiError::invalid(Some(param), format!("{param} must be at least 1, got {m}"))),
+        Some(m) if prompt_len as i64 + m > max_model_len as i64 => Err(ApiError::invalid(
+            Some(param),
+            format!(
+                "This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens ({prompt_len} in the prompt, {m} in the completion). Please reduce the length of the prompt or of the completion.",
+                prompt_len as i64 + m
+            ),
+        )),
+        Some(m) => Ok(m as usize),
+        None => Ok(default.unwrap_or(usize::MAX).min(max_model_len - prompt_len)),
+    }
+}
+
+/// Checks `logprobs`-style counts.
+pub fn logprob_count(param: &str, v: i64) -> Result<usize, ApiError> {
+    if v < 0 || v as usize > MAX_LOGPROBS {
+        return Err(ApiError::invalid(Some(param), format!("{param} must be between 0 and {MAX_LOGPROBS}, got {v}")));
+    }
+    Ok(v as usize)
+}
+
+/// The conversation as the chat template sees it.
+pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid(Some("messages"), "messages must contain at least one message"));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        if !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant" | "tool") {
+            return Err(ApiError::invalid(Some(&format!("messages[{i}].role")), format!("unknown role '{}' (expected system, developer, user, assistant or tool)", m.role)));
+        }
+        let text = match &m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut t = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(s)) => t.push_str(s),
+                        ("text", None) => return Err(ApiError::invalid(Some(&format!("messages[{i}].content[{j}].text")), "a text part needs 'text'")),
+                        (k, _) => return Err(ApiError::invalid(Some(&format!("messages[{i}].content[{j}].type")), format!("content parts of type '{k}' are not supported; this model reads text only"))),
+                    }
+                }
+                t
+            }
+        };
+        let role = if m.role == "developer" { "system" } else { m.role.as_str() };
+        out.push(ChatMessage::new(role, &text));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_errors_name_the_field() {
+        let e = parse_body::<CompletionRequest>(br#"{"model": "m", "prompt": "x", "temperature": "hot"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"), "{e:?}");
+        let e = parse_body::<CompletionRequest>(b"{not json").unwrap_err();
+        assert!(e.message.contains("not valid JSON"), "{e:?}");
+        let e = parse_body::<CompletionRequest>(b"").unwrap_err();
+        assert!(e.message.contains("empty"), "{e:?}");
+    }
+
+    #[test]
+    fn budget() {
+        assert_eq!(max_tokens("max_tokens", Some(10), None, 5, 100).unwrap(), 10);
+        assert_eq!(max_tokens("max_tokens", None, None, 5, 100).unwrap(), 95);
+        assert_eq!(max_tokens("max_tokens", None, Some(16), 5, 100).unwrap(), 16);
+        assert!(max_tokens("max_tokens", Some(96), None, 5, 100).unwrap_err().message.contains("maximum context length is 100"));
+        assert!(max_tokens("max_tokens", Some(0), None, 5, 100).is_err());
+        assert!(max_tokens("max_tokens", Some(-3), None, 5, 100).is_err());
+        assert!(max_tokens("max_tokens", None, None, 100, 100).is_err());
+    }
+
+    #[test]
+    fn ranges() {
+        let c = CommonParams { temperature: Some(2.5), ..Default::default() };
+        assert_eq!(sampling_params(&c, None).unwrap_err().param.as_deref(), Some("temperature"));
+        let c = CommonParams { n: Some(0), ..Default::default() };
+        assert_eq!(sampling_params(&c, None).unwrap_err().param.as_deref(), Some("n"));
+        let c = CommonParams { stop: Some(StopInput::One("\n".into())), seed: Some(3), ..Default::default() };
+        let p = sampling_params(&c, Some(2)).unwrap();
+        assert_eq!((p.stop.clone(), p.seed, p.logprobs), (vec!["\n".to_string()], Some(3), Some(2)));
+    }
+}

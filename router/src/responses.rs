@@ -1,0 +1,165 @@
+//! OpenAI response bodies: whole responses, streamed chunks, log-probabilities and usage,
+//! built from the decode workers' deltas.
+
+use serde_json::{json, Value};
+use tandem_engine::tokenizer::Tokenizer;
+use tandem_proto::v1 as pb;
+
+/// Which endpoint's shapes to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
+}
+
+impl Endpoint {
+    /// The metrics label of the endpoint.
+    pub fn label(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "completions",
+            Endpoint::Chat => "chat_completions",
+        }
+    }
+}
+
+/// One choice accumulated from its deltas (non-streaming responses).
+#[derive(Debug, Default, Clone)]
+pub struct Choice {
+    /// Text so far.
+    pub text: String,
+    /// Tokens generated.
+    pub num_tokens: usize,
+    /// Log-probabilities of the tokens, when asked for.
+    pub logprobs: Vec<pb::SampledToken>,
+    /// Finish reason.
+    pub finish_reason: Option<String>,
+    /// Stop string or token.
+    pub stop_reason: Option<String>,
+}
+
+impl Choice {
+    /// Adds a delta.
+    pub fn push(&mut self, d: &pb::CompletionDelta) {
+        self.text.push_str(&d.text);
+        self.num_tokens += d.token_ids.len();
+        self.logprobs.extend(d.logprobs.iter().cloned());
+        if !d.finish_reason.is_empty() {
+            self.finish_reason = Some(d.finish_reason.clone());
+            self.stop_reason = (!d.stop_reason.is_empty()).then(|| d.stop_reason.clone());
+        }
+    }
+}
+
+fn token_text(tok: &Tokenizer, id: u32) -> String {
+    tok.decode(&[id], false).unwrap_or_default()
+}
+
+/// The legacy completions `logprobs` object; `offset` is where the text of these tokens starts.
+pub fn completion_logprobs(tok: &Tokenizer, lps: &[pb::SampledToken], mut offset: usize) -> Value {
+    let (mut tokens, mut token_lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    for s in lps {
+        let Some(c) = &s.chosen else { continue };
+        let t = token_text(tok, c.token_id);
+        offsets.push(offset);
+        offset += t.len();
+        tokens.push(t);
+        token_lps.push(c.logprob);
+        let mut top = serde_json::Map::new();
+        for a in &s.top {
+            top.insert(token_text(tok, a.token_id), json!(a.logprob));
+        }
+        tops.push(Value::Object(top));
+    }
+    json!({ "tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets })
+}
+
+/// The chat `logprobs` object (`{"content": [...]}`).
+pub fn chat_logprobs(tok: &Tokenizer, lps: &[pb::SampledToken]) -> Value {
+    let entry = |id: u32, lp: f32| {
+        let t = token_text(tok, id);
+        json!({ "token": t, "logprob": lp, "bytes": t.as_bytes() })
+    };
+    let content: Vec<Value> = lps
+        .iter()
+        .filter_map(|s| {
+            let c = s.chosen.as_ref()?;
+            let mut e = entry(c.token_id, c.logprob);
+            e["top_logprobs"] = Value::Array(s.top.iter().map(|a| entry(a.token_id, a.logprob)).collect());
+            Some(e)
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// `usage`.
+pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({ "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens })
+}
+
+/// What a response is about.
+pub struct Header<'a> {
+    /// Response id.
+    pub id: &'a str,
+    /// Unix seconds.
+    pub created: u64,
+    /// Served model name.
+    pub model: &'a str,
+}
+
+/// A whole (non-streaming) response.
+pub fn full_response(ep: Endpoint, h: &Header, tok: &Tokenizer, choices: &[Choice], logprobs: bool, prompt_tokens: usize, echo: &[Option<String>]) -> Value {
+    let completion_tokens: usize = choices.iter().map(|c| c.num_tokens).sum();
+    let n_per_prompt = choices.len() / echo.len().max(1);
+    let items: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| match ep {
+            Endpoint::Completions => {
+                let prefix = echo.get(i / n_per_prompt.max(1)).cloned().flatten().unwrap_or_default();
+                let lp = if logprobs { completion_logprobs(tok, &c.logprobs, prefix.len()) } else { Value::Null };
+                json!({ "index": i, "text": format!("{prefix}{}", c.text), "logprobs": lp, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason })
+            }
+            Endpoint::Chat => {
+                let lp = if logprobs { chat_logprobs(tok, &c.logprobs) } else { Value::Null };
+                json!({ "index": i, "message": { "role": "assistant", "content": c.text }, "logprobs": lp, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason })
+            }
+        })
+        .collect();
+    let object = match ep {
+        Endpoint::Completions => "text_completion",
+        Endpoint::Chat => "chat.completion",
+    };
+    json!({ "id": h.id, "object": object, "created": h.created, "model": h.model, "choices": items, "usage": usage(prompt_tokens, completion_tokens) })
+}
+
+/// One streamed chunk with the given choices.
+pub fn chunk(ep: Endpoint, h: &Header, choices: Vec<Value>) -> Value {
+    let object = match ep {
+        Endpoint::Completions => "text_completion",
+        Endpoint::Chat => "chat.completion.chunk",
+    };
+    json!({ "id": h.id, "object": object, "created": h.created, "model": h.model, "choices": choices })
+}
+
+/// A streamed choice for a delta. `offset` is the length of the choice's text so far.
+#[allow(clippy::too_many_arguments)]
+pub fn chunk_choice(ep: Endpoint, tok: &Tokenizer, index: usize, text: &str, lps: &[pb::SampledToken], logprobs: bool, offset: usize, finish: Option<&str>, stop_reason: Option<&str>) -> Value {
+    match ep {
+        Endpoint::Completions => {
+            let lp = if logprobs { completion_logprobs(tok, lps, offset) } else { Value::Null };
+            json!({ "index": index, "text": text, "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason })
+        }
+        Endpoint::Chat => {
+            let lp = if logprobs { chat_logprobs(tok, lps) } else { Value::Null };
+            let delta = if text.is_empty() && finish.is_some() { json!({}) } else { json!({ "content": text }) };
+            json!({ "index": index, "delta": delta, "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason })
+        }
+    }
+}
+
+/// The chat stream's opening choice: the assistant role with empty content.
+pub fn chat_role_choice(index: usize) -> Value {
+    json!({ "index": index, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null })
+}
