@@ -1,0 +1,228 @@
+//! Helpers of the serving tests: start the real `tandem` binary's services as processes on
+//! loopback, talk HTTP to them, read their Prometheus metrics.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The default model (fetched on first use).
+pub fn model() -> String {
+    tandem_engine::model_fetch::default_model_path().expect("default model").display().to_string()
+}
+
+/// Served model name of the default model.
+pub const MODEL: &str = "SmolLM2-135M-Instruct";
+
+/// A running service process; killed when dropped.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    _stdin: Option<ChildStdin>,
+    /// Its gRPC/HTTP address.
+    pub addr: String,
+    /// Where its standard error goes.
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `tandem <args>` with `env` and waits for its ready line.
+    pub fn start(name: &str, args: &[String], env: &[(&str, &str)]) -> Proc {
+        let log = std::env::temp_dir().join(format!("tandem-test-{}-{name}-{}.log", std::process::id(), Instant::now().elapsed().as_nanos()));
+        let err = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
+        cmd.args(args);
+        if args.first().map(String::as_str) != Some("up") {
+            cmd.arg("--watch-stdin");
+        }
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(err);
+        cmd.env("TANDEM_NUM_THREADS", "1");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn tandem");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            for l in lines.by_ref().map_while(Result::ok) {
+                if let Some(rest) = l.strip_prefix("TANDEM_READY ") {
+                    let _ = tx.send(rest.split_whitespace().nth(1).unwrap_or_default().to_string());
+                    break;
+                }
+            }
+            for _ in lines.map_while(Result::ok) {}
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(180)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("{name} did not become ready; its log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+            }
+        };
+        Proc { name: name.to_string(), child, _stdin: stdin, addr, log }
+    }
+
+    /// Kills the process (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Its log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+/// A decode worker with the exact kernels and `extra` flags.
+pub fn decode(extra: &[&str], env: &[(&str, &str)]) -> Proc {
+    let mut a = s(&["decode", "--listen=127.0.0.1:0", "--kernel=exact", "--kv-cache-memory=128MiB", "--model"]);
+    a.push(model());
+    a.extend(s(extra));
+    Proc::start("decode", &a, env)
+}
+
+/// A prefill worker with the exact kernels and `extra` flags.
+pub fn prefill(extra: &[&str], env: &[(&str, &str)]) -> Proc {
+    let mut a = s(&["prefill", "--listen=127.0.0.1:0", "--kernel=exact", "--kv-cache-memory=128MiB", "--max-num-batched-tokens=32", "--model"]);
+    a.push(model());
+    a.extend(s(extra));
+    Proc::start("prefill", &a, env)
+}
+
+/// A router over the given workers.
+pub fn router(decode: &[&Proc], prefill: &[&Proc]) -> Proc {
+    let mut a = s(&["router", "--listen=127.0.0.1:0", "--model"]);
+    a.push(model());
+    a.push(format!("--decode-workers={}", decode.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")));
+    if !prefill.is_empty() {
+        a.push(format!("--prefill-workers={}", prefill.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")));
+    }
+    Proc::start("router", &a, &[])
+}
+
+/// An HTTP/1.1 response.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(nl) = b.windows(2).position(|w| w == b"\r\n") else { break };
+        let size = usize::from_str_radix(std::str::from_utf8(&b[..nl]).unwrap_or("0").split(';').next().unwrap().trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = nl + 2;
+        out.extend_from_slice(&b[start..(start + size).min(b.len())]);
+        b = &b[(start + size + 2).min(b.len())..];
+    }
+    out
+}
+
+/// Sends raw request bytes and reads the whole response (the connection closes after it).
+pub fn http_raw(addr: &str, request: &[u8], timeout: Duration) -> std::io::Result<HttpResponse> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(request)?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let split = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(buf.len());
+    let head = String::from_utf8_lossy(&buf[..split]).to_string();
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let raw = &buf[(split + 4).min(buf.len())..];
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(raw) } else { raw.to_vec() };
+    Ok(HttpResponse { status, body: String::from_utf8_lossy(&body).into_owned() })
+}
+
+/// `method path` with an optional JSON body.
+pub fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> HttpResponse {
+    let body = body.unwrap_or("");
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    http_raw(addr, req.as_bytes(), Duration::from_secs(120)).expect("HTTP request")
+}
+
+/// Opens a streaming request and returns the socket after the response head.
+pub fn open_stream(addr: &str, path: &str, body: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let req = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    s.write_all(req.as_bytes()).unwrap();
+    s
+}
+
+/// Reads from a stream until `needle` appeared (or EOF); returns everything read.
+pub fn read_until(s: &mut TcpStream, needle: &str) -> String {
+    let mut acc = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => acc.extend_from_slice(&buf[..n]),
+        }
+        if String::from_utf8_lossy(&acc).contains(needle) {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&acc).into_owned()
+}
+
+/// The value of the first sample of `name` (with every label in `labels`) on `addr`'s
+/// `/metrics`.
+pub fn metric(addr: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    let text = http(addr, "GET", "/metrics", None).body;
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| (l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} "))) && labels.iter().all(|x| l.contains(x)))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Waits (up to 10 s) for `name` on `addr` to equal `want`; returns the last value seen.
+pub fn wait_metric(addr: &str, name: &str, want: f64) -> Option<f64> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = metric(addr, name, &[]);
+        if v == Some(want) || Instant::now() > deadline {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Free KV blocks of a worker.
+pub fn free_blocks(w: &Proc) -> f64 {
+    metric(&w.addr, "tandem_kv_cache_free_blocks", &[]).expect("free-blocks gauge")
+}
+
+/// A prompt long enough to be prefilled remotely (several blocks).
+pub fn long_prompt() -> String {
+    "The history of the printing press begins in the fifteenth century, when ".repeat(4)
+}

@@ -1,0 +1,106 @@
+//! End to end with real processes on loopback: the official `openai` Python SDK (installed
+//! from PyPI by `scripts/test/python_env.sh`) against a router, a prefill worker and a decode
+//! worker. Greedy outputs through the disaggregated path must equal `tandem generate`'s, token
+//! for token, on the exact kernels.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+const MAX_TOKENS: usize = 24;
+const CHAT_PROMPT: &str = "What is the capital of France?";
+
+fn python() -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test/python_env.sh");
+    let out = Command::new("bash").arg(script).output().expect("run python_env.sh");
+    assert!(out.status.success(), "setting up the openai SDK failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// `tandem generate --json` on the exact kernels: the reference.
+fn reference(prompt: &str, chat: bool, kernel: &str) -> Value {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
+    cmd.args(["generate", "--json", "--top-logprobs=2", &format!("--kernel={kernel}"), &format!("--max-tokens={MAX_TOKENS}"), "--model", &model(), "--prompt", prompt]);
+    if chat {
+        cmd.arg("--chat");
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn run_client(base: &str) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/openai_client.py");
+    let out = Command::new(python()).args([script, &format!("http://{base}/v1"), MODEL, &long_prompt(), CHAT_PROMPT, &MAX_TOKENS.to_string()]).output().unwrap();
+    assert!(out.status.success(), "the openai client failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The reference text cut before the first stop string, if any.
+fn cut_at_stop(text: &str, stops: &[&str]) -> (String, &'static str) {
+    match stops.iter().filter_map(|s| text.find(s)).min() {
+        Some(i) => (text[..i].to_string(), "stop"),
+        None => (text.to_string(), "length"),
+    }
+}
+
+#[test]
+fn openai_sdk_against_disaggregated_services_equals_tandem_generate() {
+    // Every prompt goes to the prefill worker, also when the decode worker already caches most
+    // of it (then only the blocks it lacks are shipped).
+    let d = decode(&["--disagg-min-tokens=1"], &[]);
+    let p = prefill(&[], &[]);
+    let r = router(&[&d], &[&p]);
+    let (d_base, p_base) = (free_blocks(&d), free_blocks(&p));
+    let got = run_client(&r.addr);
+    let want = reference(&long_prompt(), false, "exact");
+    let want_chat = reference(CHAT_PROMPT, true, "exact");
+    let text = want["text"].as_str().unwrap();
+    let n = want["token_ids"].as_array().unwrap().len();
+
+    assert_eq!(got["models"], serde_json::json!([MODEL]));
+    assert_eq!(got["completion"]["text"], want["text"], "completion differs from tandem generate");
+    assert_eq!(got["completion"]["usage"]["completion_tokens"].as_u64().unwrap() as usize, n);
+    assert_eq!(got["completion"]["usage"]["prompt_tokens"].as_u64().unwrap() as usize, want["prompt_token_ids"].as_array().unwrap().len());
+    let lps: Vec<f64> = want["logprobs"].as_array().unwrap().iter().map(|l| l["logprob"].as_f64().unwrap()).collect();
+    for (i, (a, b)) in got["completion"]["token_logprobs"].as_array().unwrap().iter().zip(&lps).enumerate() {
+        assert!((a.as_f64().unwrap() - b).abs() < 1e-3, "token {i}: logprob {a} vs reference {b}");
+    }
+    assert_eq!(got["completion_stream"]["text"], want["text"], "streamed completion differs");
+    assert_eq!(got["completion_stream"]["usage"]["completion_tokens"].as_u64().unwrap() as usize, n, "include_usage chunk");
+    assert_eq!(got["chat"]["text"], want_chat["text"], "chat differs from tandem generate --chat");
+    assert_eq!(got["chat_stream"]["text"], want_chat["text"], "streamed chat differs");
+    let finish = if want_chat["finish_reason"] == "stop" { "stop" } else { "length" };
+    assert_eq!(got["chat"]["finish_reason"], finish);
+    let (cut, reason) = cut_at_stop(text, &[" the", "\n"]);
+    assert_eq!(got["stop"]["text"], cut.as_str());
+    assert_eq!(got["stop"]["finish_reason"], reason);
+    assert_eq!(got["n2"].as_array().unwrap().len(), 2);
+    assert_eq!(got["unknown_model"], 404);
+    assert!(got["bad_request"].as_str().unwrap().contains("max_tokens"), "{}", got["bad_request"]);
+
+    // The single-completion prompts above were prefilled remotely and shipped as pages
+    // (n = 2 is prefilled locally: its completions fork the prompt's blocks).
+    let remote = metric(&d.addr, "tandem_disagg_decisions_total", &["decision=\"remote\""]).unwrap_or(0.0);
+    assert!(remote >= 6.0, "expected remote prefills on the decode worker, got {remote}");
+    assert!(metric(&p.addr, "tandem_kv_transfer_bytes_total", &[]).unwrap_or(0.0) > 0.0);
+    assert!(metric(&r.addr, "tandem_router_requests_total", &["code=\"200\""]).unwrap_or(0.0) >= 1.0);
+    // Nothing leaked on either side.
+    assert_eq!(wait_metric(&d.addr, "tandem_kv_cache_free_blocks", d_base), Some(d_base));
+    assert_eq!(wait_metric(&p.addr, "tandem_kv_cache_free_blocks", p_base), Some(p_base));
+}
+
+#[test]
+fn tandem_up_colocated_serves_the_openai_api() {
+    let up = Proc::start("up", &["up".into(), "--colocated".into(), "--port=0".into(), "--kernel=exact".into(), "--model".into(), model()], &[]);
+    let body = serde_json::json!({ "model": MODEL, "prompt": long_prompt(), "max_tokens": MAX_TOKENS, "temperature": 0 }).to_string();
+    let res = http(&up.addr, "POST", "/v1/completions", Some(&body));
+    assert_eq!(res.status, 200, "{}", res.body);
+    assert_eq!(res.json()["choices"][0]["text"], reference(&long_prompt(), false, "exact")["text"]);
+    let health = http(&up.addr, "GET", "/health", None);
+    assert_eq!(health.status, 200, "{}", health.body);
+    assert_eq!(health.json()["workers"][0]["healthy"], true);
+}
