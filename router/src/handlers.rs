@@ -132,13 +132,13 @@ fn finish_prepare(st: &AppState, ep: Endpoint, c: &CommonParams, prompts: Vec<Ve
 }
 
 fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let r: CompletionRequest = openai::parse_body(body)?;
-    check_model(st, &r.common)?;
+    let (r, common): (CompletionRequest, CommonParams) = openai::parse_body(body)?;
+    check_model(st, &common)?;
     if r.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(Some("suffix"), "suffix is not supported"));
     }
     let logprobs = r.logprobs.map(|k| openai::logprob_count("logprobs", k)).transpose()?;
-    let base = openai::sampling_params(&r.common, logprobs)?;
+    let base = openai::sampling_params(&common, logprobs)?;
     if let Some(b) = r.best_of {
         if b != base.n as i64 {
             return Err(ApiError::invalid(Some("best_of"), format!("best_of must equal n ({}) when given, got {b}", base.n)));
@@ -169,12 +169,12 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     } else {
         vec![None; prompts.len()]
     };
-    finish_prepare(st, Endpoint::Completions, &r.common, prompts, echo_texts, base, "max_tokens", r.common.max_tokens, Some(16), logprobs.is_some())
+    finish_prepare(st, Endpoint::Completions, &common, prompts, echo_texts, base, "max_tokens", common.max_tokens, Some(16), logprobs.is_some())
 }
 
 fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let r: ChatRequest = openai::parse_body(body)?;
-    check_model(st, &r.common)?;
+    let (r, common): (ChatRequest, CommonParams) = openai::parse_body(body)?;
+    check_model(st, &common)?;
     if r.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::invalid(Some("tools"), "tool calling is not supported by this server"));
     }
@@ -188,14 +188,14 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     if top.is_some_and(|k| k > 0) && !want {
         return Err(ApiError::invalid(Some("top_logprobs"), "top_logprobs requires logprobs to be true"));
     }
-    let base = openai::sampling_params(&r.common, want.then(|| top.unwrap_or(0)))?;
+    let base = openai::sampling_params(&common, want.then(|| top.unwrap_or(0)))?;
     let messages = openai::chat_messages(r.messages.as_deref().ok_or_else(|| ApiError::invalid(Some("messages"), "messages is required"))?)?;
     let template = st.info.chat_template.as_ref().ok_or_else(|| ApiError::invalid(None, "this model has no chat template; use /v1/completions"))?;
     let text = template.render(&messages, true).map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
     let ids = encode(st, &text)?;
-    let requested = r.max_completion_tokens.or(r.common.max_tokens);
+    let requested = r.max_completion_tokens.or(common.max_tokens);
     let param = if r.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
-    finish_prepare(st, Endpoint::Chat, &r.common, vec![ids], vec![None], base, param, requested, None, want)
+    finish_prepare(st, Endpoint::Chat, &common, vec![ids], vec![None], base, param, requested, None, want)
 }
 
 type WorkerStream = tonic::Streaming<pb::GenerateResponse>;

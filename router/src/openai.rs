@@ -105,9 +105,6 @@ pub struct CompletionRequest {
     pub best_of: Option<i64>,
     /// Not supported.
     pub suffix: Option<String>,
-    /// The sampling fields.
-    #[serde(flatten)]
-    pub common: CommonParams,
 }
 
 /// Message content: a string or a list of parts.
@@ -154,23 +151,25 @@ pub struct ChatRequest {
     pub response_format: Option<serde_json::Value>,
     /// Tools are not supported; refused unless empty.
     pub tools: Option<Vec<serde_json::Value>>,
-    /// The sampling fields.
-    #[serde(flatten)]
-    pub common: CommonParams,
 }
 
-/// Parses a JSON body, naming the offending field in the error.
-pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+/// Parses a JSON body into the endpoint's own fields and the shared sampling fields, naming the
+/// offending field in any error.
+pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<(T, CommonParams), ApiError> {
     if body.is_empty() {
         return Err(ApiError::invalid(None, "the request body is empty; expected a JSON object"));
     }
-    let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ApiError::invalid(None, format!("the request body is not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::invalid(None, "the request body must be a JSON object"));
+    }
+    Ok((typed(&v)?, typed(&v)?))
+}
+
+fn typed<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            return ApiError::invalid(None, format!("the request body is not valid JSON: {inner}"));
-        }
         let param = (path != "." && !path.is_empty()).then_some(path);
         let msg = match &param {
             Some(p) => format!("invalid value for '{p}': {inner}"),
@@ -324,6 +323,12 @@ mod tests {
 
     #[test]
     fn parse_errors_name_the_field() {
+        let e = parse_body::<CompletionRequest>(br#"{"model": "m", "prompt": "x", "temperature": "hot"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"), "{e:?}");
+        let e = parse_body::<CompletionRequest>(br#"{"model": "m", "prompt": 4}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"), "{e:?}");
+        let e = parse_body::<CompletionRequest>(b"[1]").unwrap_err();
+        assert!(e.message.contains("JSON object"), "{e:?}");
         let e = parse_body::<CompletionRequest>(br#"{"model": "m", "prompt": "x", "temperature": "hot"}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"), "{e:?}");
         let e = parse_body::<CompletionRequest>(b"{not json").unwrap_err();
