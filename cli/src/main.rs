@@ -56,7 +56,7 @@ fn main() {
         LogFormat::Json => fmt.json().with_current_span(true).init(),
     }
     let result = match cli.command {
-        Command::Up(a) => up_cmd::run(a),
+        Command::Up(a) => up_cmd::run(a, matches!(cli.log_format, LogFormat::Json)),
         Command::Generate(a) => generate_cmd::run(a),
         Command::Bench(b) => bench::run(b),
         Command::Router(a) => serve_cmd::run_router(a),

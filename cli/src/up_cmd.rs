@@ -100,11 +100,14 @@ fn stop_all(services: &mut [Service]) {
     }
 }
 
-/// `tandem up`.
-pub fn run(a: UpArgs) -> Result<()> {
+/// `tandem up`; `log_json` passes structured logging on to the services.
+pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
     let path = a.model.path()?;
     let name = a.model.served_name(&path);
-    let common = vec!["--model".to_string(), path.display().to_string(), "--served-model-name".to_string(), name.clone()];
+    let mut common = vec!["--model".to_string(), path.display().to_string(), "--served-model-name".to_string(), name.clone()];
+    if log_json {
+        common.push("--log-format=json".into());
+    }
     let engine = a.engine.to_args();
     let split = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     let mut services: Vec<Service> = Vec::new();
