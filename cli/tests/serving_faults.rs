@@ -161,7 +161,7 @@ fn client_going_away_aborts_the_request_and_frees_its_blocks() {
     assert_eq!(wait_metric(&d.addr, "tandem_num_requests_running", 0.0), Some(0.0));
     // A non-streaming client that hangs up is aborted too.
     let body = json!({ "model": MODEL, "prompt": long_prompt(), "max_tokens": 2000, "ignore_eos": true, "temperature": 0 }).to_string();
-    let mut s = open_stream(&r.addr, "/v1/completions", &body);
+    let s = open_stream(&r.addr, "/v1/completions", &body);
     let deadline = Instant::now() + Duration::from_secs(20);
     while metric(&d.addr, "tandem_num_requests_running", &[]) != Some(1.0) {
         assert!(Instant::now() < deadline, "the request never started");

@@ -108,11 +108,19 @@ fn encode(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
     st.info.tokenizer.encode(text, true).map_err(|e| ApiError::invalid(Some("prompt"), format!("the prompt cannot be tokenized: {e}")))
 }
 
-fn finish_prepare(st: &AppState, ep: Endpoint, c: &CommonParams, prompts: Vec<Vec<u32>>, echo: Vec<Option<String>>, base: SamplingParams, max_param: &str, requested: Option<i64>, default_max: Option<usize>, logprobs: bool) -> Result<Prepared, ApiError> {
+/// The completion budget a request asked for: the parameter's name, its value and the default.
+struct Budget<'a> {
+    param: &'a str,
+    requested: Option<i64>,
+    default: Option<usize>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish_prepare(st: &AppState, ep: Endpoint, c: &CommonParams, prompts: Vec<Vec<u32>>, echo: Vec<Option<String>>, base: SamplingParams, budget: Budget, logprobs: bool) -> Result<Prepared, ApiError> {
     let max_len = st.max_model_len();
     let params = prompts
         .iter()
-        .map(|p| openai::max_tokens(max_param, requested, default_max, p.len(), max_len).map(|m| SamplingParams { max_tokens: m, ..base.clone() }))
+        .map(|p| openai::max_tokens(budget.param, budget.requested, budget.default, p.len(), max_len).map(|m| SamplingParams { max_tokens: m, ..base.clone() }))
         .collect::<Result<Vec<_>, _>>()?;
     let prefix = if ep == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
     Ok(Prepared {
@@ -169,7 +177,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     } else {
         vec![None; prompts.len()]
     };
-    finish_prepare(st, Endpoint::Completions, &common, prompts, echo_texts, base, "max_tokens", common.max_tokens, Some(16), logprobs.is_some())
+    finish_prepare(st, Endpoint::Completions, &common, prompts, echo_texts, base, Budget { param: "max_tokens", requested: common.max_tokens, default: Some(16) }, logprobs.is_some())
 }
 
 fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
@@ -195,7 +203,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let ids = encode(st, &text)?;
     let requested = r.max_completion_tokens.or(common.max_tokens);
     let param = if r.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
-    finish_prepare(st, Endpoint::Chat, &common, vec![ids], vec![None], base, param, requested, None, want)
+    finish_prepare(st, Endpoint::Chat, &common, vec![ids], vec![None], base, Budget { param, requested, default: None }, want)
 }
 
 type WorkerStream = tonic::Streaming<pb::GenerateResponse>;
