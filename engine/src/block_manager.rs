@@ -72,6 +72,18 @@ pub struct BlockManager {
     host_free: Vec<u32>,
     num_host_blocks: usize,
     stats: PrefixCacheStats,
+    events: Option<Vec<KvEvent>>,
+}
+
+/// A change to the set of blocks in the prefix cache, as routers learn it (KV events).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    /// These blocks entered the cache, in order.
+    Stored(Vec<BlockHash>),
+    /// These blocks left the cache (evicted for reuse).
+    Removed(Vec<BlockHash>),
+    /// Every block left the cache.
+    Cleared,
 }
 
 impl BlockManager {
@@ -92,6 +104,7 @@ impl BlockManager {
             host_free: (0..num_host_blocks as u32).rev().collect(),
             num_host_blocks,
             stats: PrefixCacheStats::default(),
+            events: None,
         };
         for b in 0..num_blocks as u32 {
             m.push_back(b);
@@ -193,6 +206,12 @@ impl BlockManager {
             if self.cached.get(&h) == Some(&b) {
                 self.cached.remove(&h);
                 self.stats.evictions += 1;
+                if let Some(ev) = &mut self.events {
+                    match ev.last_mut() {
+                        Some(KvEvent::Removed(v)) => v.push(h),
+                        _ => ev.push(KvEvent::Removed(vec![h])),
+                    }
+                }
             }
         }
         self.ref_count[b as usize] = 1;
@@ -303,6 +322,28 @@ impl BlockManager {
         Ok(copies)
     }
 
+    /// Starts recording [`KvEvent`]s (a server publishes them; nothing else needs them). The
+    /// first event is [`KvEvent::Cleared`] followed by every block already cached.
+    pub fn enable_kv_events(&mut self) {
+        let mut all: Vec<BlockHash> = self.cached.keys().copied().collect();
+        all.sort();
+        let mut ev = vec![KvEvent::Cleared];
+        if !all.is_empty() {
+            ev.push(KvEvent::Stored(all));
+        }
+        self.events = Some(ev);
+    }
+
+    /// The events recorded since the last call.
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Every block hash in the prefix cache (for a router's resync).
+    pub fn cached_hashes(&self) -> Vec<BlockHash> {
+        self.cached.keys().copied().collect()
+    }
+
     /// Registers the table's full blocks (hashes in `hashes`, one per full computed block) in
     /// the prefix cache. A block whose content is already cached elsewhere is left unshared.
     pub fn cache_blocks(&mut self, table: &mut BlockTable, hashes: &[BlockHash]) {
@@ -310,13 +351,18 @@ impl BlockManager {
             return;
         }
         let upto = hashes.len().min(table.len());
+        let mut stored = Vec::new();
         for i in table.num_hashed..upto {
             let b = table.blocks[i];
             let h = hashes[i];
             if self.hash[b as usize].is_none() && !self.cached.contains_key(&h) && self.ref_count[b as usize] == 1 {
                 self.hash[b as usize] = Some(h);
                 self.cached.insert(h, b);
+                stored.push(h);
             }
+        }
+        if let (Some(ev), false) = (&mut self.events, stored.is_empty()) {
+            ev.push(KvEvent::Stored(stored));
         }
         table.num_hashed = table.num_hashed.max(upto);
     }

@@ -272,6 +272,16 @@ impl LLMEngine {
         self.scheduler.queue_lengths()
     }
 
+    /// Starts recording KV cache events (see [`crate::block_manager::KvEvent`]).
+    pub fn enable_kv_events(&mut self) {
+        self.scheduler.block_manager.enable_kv_events();
+    }
+
+    /// KV cache events since the last call.
+    pub fn take_kv_events(&mut self) -> Vec<crate::block_manager::KvEvent> {
+        self.scheduler.block_manager.take_kv_events()
+    }
+
     /// Whether outputs are waiting for the next [`LLMEngine::step`] (e.g. after an abort or a
     /// remote prefill's first token), even with no request left to run.
     pub fn has_pending_outputs(&self) -> bool {

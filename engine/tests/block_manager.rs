@@ -3,7 +3,7 @@
 //! free and held, the cache index is consistent, and everything is free at the end.
 
 use tandem_engine::block_hash::{BlockHash, DEFAULT_HASH_SEED};
-use tandem_engine::block_manager::{BlockManager, BlockTable};
+use tandem_engine::block_manager::{BlockManager, BlockTable, KvEvent};
 use tandem_engine::sampler::Rng;
 
 const BS: usize = 4;
@@ -21,6 +21,9 @@ fn hashes(tokens: &[u32]) -> Vec<BlockHash> {
 fn run(seed: u64, prefix_caching: bool) {
     let mut rng = Rng::new(seed);
     let mut m = BlockManager::new(40, BS, 24, prefix_caching);
+    m.enable_kv_events();
+    // A router's view, rebuilt from the events alone.
+    let mut seen: std::collections::HashSet<BlockHash> = std::collections::HashSet::new();
     let mut seqs: Vec<Seq> = Vec::new();
     let mut r = |n: u64| (rng.next_u64() % n) as usize;
     for step in 0..3000 {
@@ -108,6 +111,18 @@ fn run(seed: u64, prefix_caching: bool) {
             }
             _ => {}
         }
+        for ev in m.take_kv_events() {
+            match ev {
+                KvEvent::Stored(v) => v.into_iter().for_each(|h| assert!(seen.insert(h), "stored twice")),
+                KvEvent::Removed(v) => v.into_iter().for_each(|h| assert!(seen.remove(&h), "removed unknown")),
+                KvEvent::Cleared => seen.clear(),
+            }
+        }
+        let mut cached = m.cached_hashes();
+        cached.sort();
+        let mut view: Vec<BlockHash> = seen.iter().copied().collect();
+        view.sort();
+        assert_eq!(view, cached, "seed {seed} step {step}: the event stream disagrees with the cache");
         let holders: Vec<&BlockTable> = seqs.iter().map(|s| &s.table).collect();
         let hosts: Vec<&Vec<u32>> = seqs.iter().filter_map(|s| s.host.as_ref()).collect();
         if let Err(e) = m.check_invariants(&holders, &hosts) {
