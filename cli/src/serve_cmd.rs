@@ -97,6 +97,9 @@ pub struct DecodeArgs {
     /// This worker serves alone (prefill and decode): its role label is `both`.
     #[arg(long)]
     pub colocated: bool,
+    /// Publish KV cache events to this Redis (`redis://host:port`) for prefix-aware routing.
+    #[arg(long, env = "TANDEM_REDIS_URL")]
+    pub redis_url: Option<String>,
     /// Exit when standard input closes.
     #[arg(long, hide = true)]
     pub watch_stdin: bool,
@@ -118,6 +121,9 @@ pub struct PrefillArgs {
     /// A KV transfer with no progress for this long has failed.
     #[arg(long, value_parser = parse_duration, default_value = "2s")]
     pub transfer_timeout: Duration,
+    /// Publish KV cache events to this Redis (`redis://host:port`) for prefix-aware routing.
+    #[arg(long, env = "TANDEM_REDIS_URL")]
+    pub redis_url: Option<String>,
     /// Exit when standard input closes.
     #[arg(long, hide = true)]
     pub watch_stdin: bool,
@@ -173,6 +179,7 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
         min_remote_prefill_tokens: a.disagg_min_tokens,
         role: if a.colocated { "both".into() } else { "decode".into() },
         watch_stdin: a.watch_stdin,
+        redis_url: a.redis_url,
     };
     runtime()?.block_on(tandem_decode::run(engine, cfg))
 }
@@ -181,7 +188,7 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
 pub fn run_prefill(a: PrefillArgs) -> Result<()> {
     let (engine, name) = load_engine(&a.model, &a.engine)?;
     let fault = std::env::var("TANDEM_FAULT_INJECT").ok().and_then(|s| tandem_prefill::Fault::parse(&s));
-    let cfg = tandem_prefill::PrefillConfig { model_name: name, worker_id: a.worker_id, listen: a.listen, transfer_timeout: a.transfer_timeout, watch_stdin: a.watch_stdin, fault };
+    let cfg = tandem_prefill::PrefillConfig { model_name: name, worker_id: a.worker_id, listen: a.listen, transfer_timeout: a.transfer_timeout, watch_stdin: a.watch_stdin, fault, redis_url: a.redis_url };
     runtime()?.block_on(tandem_prefill::run(engine, cfg))
 }
 

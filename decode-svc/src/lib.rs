@@ -54,6 +54,8 @@ pub struct DecodeConfig {
     pub role: String,
     /// Exit when standard input closes (started by `tandem up`).
     pub watch_stdin: bool,
+    /// Publish KV cache events to this Redis (`redis://host:port`).
+    pub redis_url: Option<String>,
 }
 
 impl Default for DecodeConfig {
@@ -69,6 +71,7 @@ impl Default for DecodeConfig {
             min_remote_prefill_tokens: 16,
             role: "decode".into(),
             watch_stdin: false,
+            redis_url: None,
         }
     }
 }
@@ -81,7 +84,9 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
     let layout = tandem_worker::kv::kv_layout(&engine);
     let block_size = engine.block_manager().block_size();
     let max_model_len = engine.max_model_len() as u32;
-    let handle = EngineHandle::spawn(engine);
+    let epoch = new_epoch();
+    let kv_sink = cfg.redis_url.as_ref().map(|url| tandem_worker::kv_events::spawn_publisher(url.clone(), cfg.worker_id.clone(), epoch));
+    let handle = EngineHandle::spawn_with_events(engine, kv_sink);
     let transfers = transfers::Transfers::default();
     let kv_addr = transfers::start_receiver(&cfg.kv_listen, layout, cfg.transfer_timeout, handle.clone(), transfers.clone())?;
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
@@ -91,8 +96,9 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
         worker_id: cfg.worker_id.clone(),
         role: cfg.role.clone(),
         model: cfg.model_name.clone(),
-        epoch: new_epoch(),
+        epoch,
         max_model_len,
+        block_size: block_size as u32,
     };
     let watch = cfg.watch_stdin;
     let svc = service::DecodeService::new(handle.clone(), cfg, transfers, kv_addr.to_string(), block_size);

@@ -32,13 +32,15 @@ pub struct PrefillConfig {
     pub transfer_timeout: Duration,
     /// Exit when standard input closes (started by `tandem up`).
     pub watch_stdin: bool,
+    /// Publish KV cache events to this Redis (`redis://host:port`).
+    pub redis_url: Option<String>,
     /// Injected fault, for tests.
     pub fault: Option<Fault>,
 }
 
 impl Default for PrefillConfig {
     fn default() -> Self {
-        PrefillConfig { model_name: String::new(), worker_id: "prefill-0".into(), listen: "127.0.0.1:0".into(), transfer_timeout: Duration::from_secs(2), watch_stdin: false, fault: None }
+        PrefillConfig { model_name: String::new(), worker_id: "prefill-0".into(), listen: "127.0.0.1:0".into(), transfer_timeout: Duration::from_secs(2), watch_stdin: false, fault: None, redis_url: None }
     }
 }
 
@@ -48,7 +50,10 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
     let metrics = tandem_worker::metrics::install(&cfg.model_name, "prefill", &cfg.worker_id)?;
     let layout = tandem_worker::kv::kv_layout(&engine);
     let max_model_len = engine.max_model_len() as u32;
-    let handle = EngineHandle::spawn(engine);
+    let block_size = engine.block_manager().block_size();
+    let epoch = new_epoch();
+    let kv_sink = cfg.redis_url.as_ref().map(|url| tandem_worker::kv_events::spawn_publisher(url.clone(), cfg.worker_id.clone(), epoch));
+    let handle = EngineHandle::spawn_with_events(engine, kv_sink);
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;
     let status = StatusService {
@@ -56,8 +61,9 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
         worker_id: cfg.worker_id.clone(),
         role: "prefill".into(),
         model: cfg.model_name.clone(),
-        epoch: new_epoch(),
+        epoch,
         max_model_len,
+        block_size: block_size as u32,
     };
     let svc = PrefillService { engine: handle.clone(), layout, transfer_timeout: cfg.transfer_timeout, fault: cfg.fault };
     if let Some(f) = cfg.fault {

@@ -10,6 +10,7 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tandem_engine::block_manager::KvEvent;
 use tandem_engine::llm_engine::EngineStats;
 use tandem_engine::{LLMEngine, RequestOutput};
 
@@ -33,9 +34,26 @@ pub struct LoopState {
     pub engine: LLMEngine,
     sinks: HashMap<String, Sink>,
     last_token: HashMap<String, Instant>,
+    kv_sink: Option<KvEventSink>,
+    kv_seq: u64,
 }
 
+/// Where a worker's KV events go, numbered from 1 (see [`crate::kv_events`]).
+pub type KvEventSink = tokio::sync::mpsc::UnboundedSender<(u64, KvEvent)>;
+
 impl LoopState {
+    /// Numbers and hands over the engine's pending KV events; returns the last sequence number
+    /// (the state the prefix cache is in now corresponds exactly to the events up to it).
+    pub fn flush_kv_events(&mut self) -> u64 {
+        if let Some(sink) = &self.kv_sink {
+            for ev in self.engine.take_kv_events() {
+                self.kv_seq += 1;
+                let _ = sink.send((self.kv_seq, ev));
+            }
+        }
+        self.kv_seq
+    }
+
     /// Routes the events of `request_id` to `sink` until it finishes.
     pub fn subscribe(&mut self, request_id: &str, sink: Sink) {
         self.sinks.insert(request_id.to_string(), sink);
@@ -111,6 +129,8 @@ pub struct Snapshot {
     pub stats: EngineStats,
     /// Whether the last step failed.
     pub failed: bool,
+    /// Sequence number of the last KV event handed to the publisher.
+    pub event_seq: u64,
 }
 
 type Job = Box<dyn FnOnce(&mut LoopState) + Send>;
@@ -125,11 +145,19 @@ pub struct EngineHandle {
 impl EngineHandle {
     /// Starts the engine thread.
     pub fn spawn(engine: LLMEngine) -> EngineHandle {
+        EngineHandle::spawn_with_events(engine, None)
+    }
+
+    /// Starts the engine thread; with `kv_sink`, the engine's KV events go there.
+    pub fn spawn_with_events(mut engine: LLMEngine, kv_sink: Option<KvEventSink>) -> EngineHandle {
         let (tx, rx) = channel::<Job>();
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
         let snap = snapshot.clone();
-        let mut state = LoopState { engine, sinks: HashMap::new(), last_token: HashMap::new() };
-        publish(&state, &snap, false);
+        if kv_sink.is_some() {
+            engine.enable_kv_events();
+        }
+        let mut state = LoopState { engine, sinks: HashMap::new(), last_token: HashMap::new(), kv_sink, kv_seq: 0 };
+        publish(&mut state, &snap, false);
         std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || run(&mut state, &rx, &snap))
@@ -170,7 +198,8 @@ impl EngineHandle {
     }
 }
 
-fn publish(state: &LoopState, snap: &Mutex<Snapshot>, failed: bool) {
+fn publish(state: &mut LoopState, snap: &Mutex<Snapshot>, failed: bool) {
+    state.flush_kv_events();
     let e = &state.engine;
     let (waiting, running, swapped) = e.queue_lengths();
     let bm = e.block_manager();
@@ -183,6 +212,7 @@ fn publish(state: &LoopState, snap: &Mutex<Snapshot>, failed: bool) {
         queued_prefill_tokens: e.queued_prefill_tokens(),
         stats: e.stats(),
         failed,
+        event_seq: state.kv_seq,
     };
     let prev = std::mem::replace(&mut *snap.lock().expect("snapshot lock"), s);
     m::publish_engine(&prev, &s);

@@ -10,7 +10,9 @@
 pub mod convert;
 pub mod engine_loop;
 pub mod kv;
+pub mod kv_events;
 pub mod metrics;
+pub mod redis;
 pub mod serve;
 pub mod status;
 

@@ -19,13 +19,30 @@ pub struct StatusService {
     pub epoch: u64,
     /// Longest prompt plus output the engine accepts.
     pub max_model_len: u32,
+    /// Tokens per KV block.
+    pub block_size: u32,
 }
 
 #[tonic::async_trait]
 impl pb::worker_server::Worker for StatusService {
-    async fn status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::WorkerStatus>, Status> {
-        let alive = self.engine.submit(|_| {});
+    async fn status(&self, req: Request<pb::StatusRequest>) -> Result<Response<pb::WorkerStatus>, Status> {
+        let with_hashes = req.into_inner().include_block_hashes;
         let s = self.engine.snapshot();
+        let (alive, event_seq, cached_block_hashes) = if with_hashes {
+            // On the engine thread: the hashes and the event number describe the same moment.
+            let polled = self
+                .engine
+                .call(|s| {
+                    let seq = s.flush_kv_events();
+                    (seq, s.engine.block_manager().cached_hashes().into_iter().map(|h| h.0).collect::<Vec<u64>>())
+                })
+                .await;
+            let alive = polled.is_some();
+            let (seq, hashes) = polled.unwrap_or_default();
+            (alive, seq, hashes)
+        } else {
+            (self.engine.submit(|_| {}), s.event_seq, Vec::new())
+        };
         Ok(Response::new(pb::WorkerStatus {
             worker_id: self.worker_id.clone(),
             role: self.role.clone(),
@@ -37,8 +54,10 @@ impl pb::worker_server::Worker for StatusService {
             running: s.running as u32,
             waiting: s.waiting as u32,
             queued_prefill_tokens: s.queued_prefill_tokens as u64,
-            cached_block_hashes: Vec::new(),
+            cached_block_hashes,
             max_model_len: self.max_model_len,
+            block_size: self.block_size,
+            event_seq,
         }))
     }
 }
