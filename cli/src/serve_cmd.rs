@@ -145,9 +145,39 @@ pub struct RouterArgs {
     /// Prefill workers' gRPC addresses, comma-separated (none: decode workers prefill).
     #[arg(long, value_delimiter = ',')]
     pub prefill_workers: Vec<String>,
+    /// Redis for the workers' KV events and load shared among routers (`redis://host:port`);
+    /// without it, routing uses an approximate index of this router's own decisions.
+    #[arg(long, env = "TANDEM_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// How workers are chosen.
+    #[arg(long, value_enum, default_value = "kv")]
+    pub routing_policy: RoutingPolicyArg,
+    /// Weight of the prefill term (uncached prompt blocks plus queued prefill) against decode load.
+    #[arg(long, default_value_t = 1.0)]
+    pub overlap_weight: f64,
+    /// Workers within this fraction of the best cost are picked at random among.
+    #[arg(long, default_value_t = 0.05)]
+    pub route_margin: f64,
+    /// How long the approximate index remembers where a prompt went.
+    #[arg(long, value_parser = parse_duration, default_value = "120s")]
+    pub approx_ttl: Duration,
+    /// This router's name in metrics (default: random).
+    #[arg(long)]
+    pub router_id: Option<String>,
     /// Exit when standard input closes.
     #[arg(long, hide = true)]
     pub watch_stdin: bool,
+}
+
+/// Routing policy.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RoutingPolicyArg {
+    /// Cached prefix against load.
+    Kv,
+    /// In turn.
+    RoundRobin,
+    /// Least booked load.
+    LeastLoaded,
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -202,6 +232,18 @@ pub fn run_router(a: RouterArgs) -> Result<()> {
         decode_workers: a.decode_workers,
         prefill_workers: a.prefill_workers,
         watch_stdin: a.watch_stdin,
+        redis_url: a.redis_url,
+        routing: tandem_router::routing::RoutingConfig {
+            policy: match a.routing_policy {
+                RoutingPolicyArg::Kv => tandem_router::routing::Policy::Kv,
+                RoutingPolicyArg::RoundRobin => tandem_router::routing::Policy::RoundRobin,
+                RoutingPolicyArg::LeastLoaded => tandem_router::routing::Policy::LeastLoaded,
+            },
+            cost: tandem_router::cost::CostConfig { overlap_weight: a.overlap_weight, margin: a.route_margin, ..Default::default() },
+            approx_ttl: a.approx_ttl,
+            ..Default::default()
+        },
+        router_id: a.router_id.unwrap_or_else(|| format!("router-{:x}", std::process::id())),
     };
     runtime()?.block_on(tandem_router::run(info, cfg))
 }

@@ -28,7 +28,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::error::ApiError;
 use crate::openai::{self, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use crate::responses::{self, Choice, Endpoint, Header};
-use crate::workers::{InflightGuard, WorkerPool};
+use crate::routing::{Route, Routing};
+use crate::workers::WorkerPool;
 
 /// Most prompts one completions request may carry.
 const MAX_BATCH: usize = 64;
@@ -41,6 +42,8 @@ pub struct AppState {
     pub info: ModelInfo,
     /// Decode and prefill workers.
     pub pool: WorkerPool,
+    /// Worker choice: indexes, load, decisions.
+    pub routing: Routing,
     /// Renders `/metrics`, when a recorder is installed.
     pub metrics: Option<PrometheusHandle>,
     /// When the router started (Unix seconds).
@@ -50,10 +53,10 @@ pub struct AppState {
 
 impl AppState {
     /// The state over a model and its workers.
-    pub fn new(model_name: String, info: ModelInfo, pool: WorkerPool, metrics: Option<PrometheusHandle>) -> AppState {
+    pub fn new(model_name: String, info: ModelInfo, pool: WorkerPool, routing: Routing, metrics: Option<PrometheusHandle>) -> AppState {
         let started = unix_now();
         let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 40;
-        AppState { model_name, info, pool, metrics, started, ids: AtomicU64::new(seed) }
+        AppState { model_name, info, pool, routing, metrics, started, ids: AtomicU64::new(seed) }
     }
 
     fn new_id(&self, prefix: &str) -> String {
@@ -210,11 +213,13 @@ type WorkerStream = tonic::Streaming<pb::GenerateResponse>;
 
 /// Starts one `Generate` stream per prompt on a decode worker; a worker that cannot be reached
 /// is marked failed and another one is tried.
-async fn start(st: &AppState, p: &Prepared) -> Result<(InflightGuard, Vec<WorkerStream>), ApiError> {
+async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>), ApiError> {
     let mut last_err = ApiError::unavailable("no decode worker is configured");
+    let mut tried: Vec<String> = Vec::new();
     for _attempt in 0..st.pool.decode.len().max(1) {
-        let Some((guard, prefill)) = st.pool.route() else { break };
-        let worker = guard.worker().clone();
+        let Some(route) = st.routing.route(&st.pool, &p.id, &p.prompts[0], &p.cache_salt, &tried) else { break };
+        let worker = route.decode.worker().clone();
+        let prefill = route.prefill.clone();
         let prefill_addr = prefill.as_ref().map(|w| w.addr.clone()).unwrap_or_default();
         counter!("tandem_router_decisions_total", "decode_worker" => worker.addr.clone(), "prefill_worker" => if prefill_addr.is_empty() { "none".to_string() } else { prefill_addr.clone() }).increment(1);
         tracing::info!(request_id = %p.id, decode_worker = %worker.addr, prefill_worker = %prefill_addr, prompts = p.prompts.len(), prompt_tokens = p.prompts.iter().map(Vec::len).sum::<usize>(), "routing request");
@@ -238,10 +243,11 @@ async fn start(st: &AppState, p: &Prepared) -> Result<(InflightGuard, Vec<Worker
             }
         }
         match failed {
-            None => return Ok((guard, streams)),
+            None => return Ok((route, streams)),
             Some(s) if s.code() == tonic::Code::Unavailable => {
                 tracing::warn!(request_id = %p.id, decode_worker = %worker.addr, error = %s.message(), "decode worker unreachable; trying another");
                 worker.mark_failed();
+                tried.push(worker.addr.clone());
                 last_err = ApiError::from_status(&s);
             }
             Some(s) => return Err(ApiError::from_status(&s)),
@@ -261,7 +267,7 @@ fn record_done(ep: Endpoint, code: StatusCode, started: Instant) {
     }
 }
 
-async fn collect(st: &AppState, p: &Prepared, streams: Vec<WorkerStream>, started: Instant) -> Result<Value, ApiError> {
+async fn collect(st: &AppState, p: &Prepared, route: &mut Route, streams: Vec<WorkerStream>, started: Instant) -> Result<Value, ApiError> {
     let mut choices = vec![Choice::default(); p.prompts.len() * p.n];
     let mut prompt_tokens = vec![0usize; p.prompts.len()];
     let mut finished = vec![false; p.prompts.len()];
@@ -273,6 +279,7 @@ async fn collect(st: &AppState, p: &Prepared, streams: Vec<WorkerStream>, starte
         for d in &resp.outputs {
             if first && !d.token_ids.is_empty() {
                 first = false;
+                route.ticket.first_token();
                 histogram!("tandem_time_to_first_token_seconds").record(started.elapsed().as_secs_f64());
             }
             if let Some(c) = choices.get_mut(pi * p.n + d.index as usize) {
@@ -294,8 +301,7 @@ fn sse_data(v: &Value) -> Event {
 
 /// Streams a request's chunks; stops (dropping the worker streams, which aborts the requests)
 /// as soon as the client goes away.
-async fn stream_task(st: Arc<AppState>, p: Prepared, guard: InflightGuard, streams: Vec<WorkerStream>, tx: tokio::sync::mpsc::Sender<Event>, started: Instant) {
-    let _guard = guard;
+async fn stream_task(st: Arc<AppState>, p: Prepared, mut route: Route, streams: Vec<WorkerStream>, tx: tokio::sync::mpsc::Sender<Event>, started: Instant) {
     let h = Header { id: &p.id, created: p.created, model: &st.model_name };
     let tok = &st.info.tokenizer;
     let total = p.prompts.len() * p.n;
@@ -356,6 +362,7 @@ async fn stream_task(st: Arc<AppState>, p: Prepared, guard: InflightGuard, strea
             }
             if first && !d.token_ids.is_empty() {
                 first = false;
+                route.ticket.first_token();
                 histogram!("tandem_time_to_first_token_seconds").record(started.elapsed().as_secs_f64());
             }
             let finish = (!d.finish_reason.is_empty()).then_some(d.finish_reason.as_str());
@@ -401,7 +408,7 @@ async fn generate(st: Arc<AppState>, ep: Endpoint, body: Result<Bytes, BytesReje
             return e.into_response();
         }
     };
-    let (guard, streams) = match start(&st, &p).await {
+    let (mut route, streams) = match start(&st, &p).await {
         Ok(x) => x,
         Err(e) => {
             record_done(ep, e.status, started);
@@ -410,12 +417,11 @@ async fn generate(st: Arc<AppState>, ep: Endpoint, body: Result<Bytes, BytesReje
     };
     if p.stream {
         let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
-        tokio::spawn(stream_task(st.clone(), p, guard, streams, tx, started));
+        tokio::spawn(stream_task(st.clone(), p, route, streams, tx, started));
         let events = ReceiverStream::new(rx).map(Ok::<Event, std::convert::Infallible>);
         return Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response();
     }
-    let _guard = guard;
-    match collect(&st, &p, streams, started).await {
+    match collect(&st, &p, &mut route, streams, started).await {
         Ok(v) => {
             record_done(ep, StatusCode::OK, started);
             axum::Json(v).into_response()
@@ -456,6 +462,12 @@ pub async fn health(State(st): State<Arc<AppState>>) -> Response {
         .collect();
     let code = if decode_ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (code, axum::Json(json!({ "status": if decode_ok { "ok" } else { "unavailable" }, "workers": workers }))).into_response()
+}
+
+/// `GET /debug/routing`: the index, the loads and the last routing decisions with every
+/// candidate's cached blocks, load and cost.
+pub async fn debug_routing(State(st): State<Arc<AppState>>) -> Response {
+    axum::Json(st.routing.debug(&st.pool)).into_response()
 }
 
 /// `GET /metrics`.

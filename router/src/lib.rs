@@ -8,13 +8,21 @@
 //! - [`openai`]: request bodies and their validation.
 //! - [`responses`]: response bodies and streamed chunks.
 //! - [`handlers`]: the HTTP handlers.
-//! - [`workers`]: worker channels, health and load.
+//! - [`routing`]: worker choice — [`kv_index`] (exact from KV events, approximate from
+//!   decisions), [`cost`] (cached prefix against load), [`load`] (booked load shared among
+//!   replicas) and [`sync`] (the Redis side of both).
+//! - [`workers`]: worker channels and health.
 //! - [`error`]: OpenAI error JSON.
 
+pub mod cost;
 pub mod error;
 pub mod handlers;
+pub mod kv_index;
+pub mod load;
 pub mod openai;
 pub mod responses;
+pub mod routing;
+pub mod sync;
 pub mod workers;
 
 use std::sync::Arc;
@@ -40,6 +48,12 @@ pub struct RouterConfig {
     pub prefill_workers: Vec<String>,
     /// Exit when standard input closes (started by `tandem up`).
     pub watch_stdin: bool,
+    /// Redis for KV events and shared load (`redis://host:port`); none: approximate routing.
+    pub redis_url: Option<String>,
+    /// Routing policy and weights.
+    pub routing: routing::RoutingConfig,
+    /// This replica's name (metrics label).
+    pub router_id: String,
 }
 
 /// Largest request body accepted.
@@ -53,6 +67,7 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
         .route("/v1/models", get(handlers::models))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
+        .route("/debug/routing", get(handlers::debug_routing))
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -61,23 +76,34 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
 
 /// Runs the router until shutdown. Prints `TANDEM_READY router <addr>` once serving.
 pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
-    let metrics = tandem_worker::metrics::install(&cfg.model_name, "router", "router-0")?;
+    let metrics = tandem_worker::metrics::install(&cfg.model_name, "router", &cfg.router_id)?;
     metrics::describe_counter!("tandem_router_decisions_total", "Requests routed, by decode and prefill worker.");
     metrics::describe_counter!("tandem_router_requests_total", "HTTP generation requests, by endpoint and status code.");
     let pool = WorkerPool::new(&cfg.decode_workers, &cfg.prefill_workers)?;
-    let state = Arc::new(AppState::new(cfg.model_name.clone(), info, pool, Some(metrics)));
+    let routing = routing::Routing::new(cfg.routing.clone());
+    let state = Arc::new(AppState::new(cfg.model_name.clone(), info, pool, routing, Some(metrics)));
+    // Learn the workers (ids, block size) before routing or reading events.
+    state.pool.check_all(Duration::from_secs(1)).await;
     let checker = state.clone();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
             for (addr, role, r) in checker.pool.check_all(Duration::from_secs(1)).await {
                 if let Err(e) = r {
                     tracing::debug!(%addr, role, error = %e, "worker status check failed");
+                    if let Some(w) = checker.pool.all().find(|w| w.addr == addr) {
+                        checker.routing.forget(w);
+                    }
                 }
             }
+            checker.routing.publish_gauges(&checker.pool);
         }
     });
+    if let Some(url) = &cfg.redis_url {
+        let router_id = format!("{:016x}", tandem_worker::status::new_epoch() ^ (std::process::id() as u64) << 32);
+        sync::spawn(state.clone(), url.clone(), router_id);
+    }
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, decode = ?cfg.decode_workers, prefill = ?cfg.prefill_workers, "router serving the OpenAI API");

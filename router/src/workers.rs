@@ -1,11 +1,11 @@
 //! The workers a router sends requests to: their gRPC channels, health and load.
 //!
-//! Decode workers are chosen by fewest requests in flight from this router (ties broken round
-//! robin), skipping workers whose last status check failed; prefill workers the same way.
-//! Prefix-aware routing replaces this choice in a later stage.
+//! Which worker takes a request is decided in [`crate::routing`]; this module knows the
+//! workers: their channels, what their status checks said (health, id, block size, epoch) and
+//! how many requests this router has in flight on each.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tandem_proto::v1 as pb;
@@ -21,6 +21,9 @@ pub struct Worker {
     inflight: AtomicUsize,
     healthy: AtomicBool,
     max_model_len: AtomicU32,
+    block_size: AtomicU32,
+    epoch: AtomicU64,
+    worker_id: Mutex<String>,
 }
 
 impl Worker {
@@ -30,7 +33,26 @@ impl Worker {
             .http2_keep_alive_interval(Duration::from_secs(1))
             .keep_alive_timeout(Duration::from_secs(2))
             .connect_lazy();
-        Ok(Worker { addr: addr.to_string(), channel, inflight: AtomicUsize::new(0), healthy: AtomicBool::new(true), max_model_len: AtomicU32::new(0) })
+        Ok(Worker {
+            addr: addr.to_string(),
+            channel,
+            inflight: AtomicUsize::new(0),
+            healthy: AtomicBool::new(true),
+            max_model_len: AtomicU32::new(0),
+            block_size: AtomicU32::new(0),
+            epoch: AtomicU64::new(0),
+            worker_id: Mutex::new(String::new()),
+        })
+    }
+
+    /// The worker's id, as its status reported it (empty until the first check).
+    pub fn worker_id(&self) -> String {
+        self.worker_id.lock().expect("worker id lock").clone()
+    }
+
+    /// Tokens per KV block the worker reported (0 until the first check).
+    pub fn block_size(&self) -> usize {
+        self.block_size.load(Ordering::Relaxed) as usize
     }
 
     /// Requests this router has in flight on the worker.
@@ -50,8 +72,13 @@ impl Worker {
 
     /// Asks the worker for its status (bounded by `timeout`) and records its health.
     pub async fn check(&self, timeout: Duration) -> Result<pb::WorkerStatus, String> {
+        self.status(timeout, false).await
+    }
+
+    /// Asks the worker for its status, with every cached block hash when `hashes`.
+    pub async fn status(&self, timeout: Duration, hashes: bool) -> Result<pb::WorkerStatus, String> {
         let mut client = WorkerClient::new(self.channel.clone());
-        let mut req = tonic::Request::new(pb::StatusRequest { include_block_hashes: false });
+        let mut req = tonic::Request::new(pb::StatusRequest { include_block_hashes: hashes });
         req.set_timeout(timeout);
         let res = match tokio::time::timeout(timeout, client.status(req)).await {
             Ok(Ok(r)) => {
@@ -68,6 +95,9 @@ impl Worker {
         self.healthy.store(res.is_ok(), Ordering::Relaxed);
         if let Ok(s) = &res {
             self.max_model_len.store(s.max_model_len, Ordering::Relaxed);
+            self.block_size.store(s.block_size, Ordering::Relaxed);
+            self.epoch.store(s.epoch, Ordering::Relaxed);
+            *self.worker_id.lock().expect("worker id lock") = s.worker_id.clone();
         }
         res
     }
@@ -82,6 +112,12 @@ impl Worker {
 pub struct InflightGuard(Arc<Worker>);
 
 impl InflightGuard {
+    /// Counts one more request on `w`.
+    pub fn new(w: Arc<Worker>) -> InflightGuard {
+        w.inflight.fetch_add(1, Ordering::Relaxed);
+        InflightGuard(w)
+    }
+
     /// The worker.
     pub fn worker(&self) -> &Arc<Worker> {
         &self.0
@@ -100,30 +136,28 @@ pub struct WorkerPool {
     pub decode: Vec<Arc<Worker>>,
     /// Prefill workers (empty: every prompt is prefilled on its decode worker).
     pub prefill: Vec<Arc<Worker>>,
-    rr: AtomicUsize,
-}
-
-fn pick(workers: &[Arc<Worker>], rr: usize) -> Option<Arc<Worker>> {
-    let healthy: Vec<&Arc<Worker>> = workers.iter().filter(|w| w.healthy()).collect();
-    let pool = if healthy.is_empty() { workers.iter().collect() } else { healthy };
-    let n = pool.len();
-    (0..n).map(|i| pool[(rr + i) % n]).min_by_key(|w| w.inflight()).cloned()
 }
 
 impl WorkerPool {
     /// A pool over the given addresses.
     pub fn new(decode: &[String], prefill: &[String]) -> anyhow::Result<WorkerPool> {
         let mk = |v: &[String]| v.iter().map(|a| Worker::new(a).map(Arc::new)).collect::<anyhow::Result<Vec<_>>>();
-        Ok(WorkerPool { decode: mk(decode)?, prefill: mk(prefill)?, rr: AtomicUsize::new(0) })
+        Ok(WorkerPool { decode: mk(decode)?, prefill: mk(prefill)? })
     }
 
-    /// Picks a decode worker and (when there are any) a prefill worker for one request.
-    pub fn route(&self) -> Option<(InflightGuard, Option<Arc<Worker>>)> {
-        let rr = self.rr.fetch_add(1, Ordering::Relaxed);
-        let d = pick(&self.decode, rr)?;
-        d.inflight.fetch_add(1, Ordering::Relaxed);
-        let p = pick(&self.prefill, rr).filter(|p| p.healthy());
-        Some((InflightGuard(d), p))
+    /// Every worker, decode first.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Worker>> {
+        self.decode.iter().chain(self.prefill.iter())
+    }
+
+    /// The worker with id `id`.
+    pub fn by_id(&self, id: &str) -> Option<&Arc<Worker>> {
+        self.all().find(|w| w.worker_id() == id)
+    }
+
+    /// The block size the workers use (the first one reported), or `default`.
+    pub fn block_size(&self, default: usize) -> usize {
+        self.all().map(|w| w.block_size()).find(|&b| b > 0).unwrap_or(default)
     }
 
     /// The smallest context length a healthy decode worker reported (0: none known yet).

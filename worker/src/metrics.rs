@@ -23,6 +23,7 @@ pub fn install(model: &str, role: &str, worker: &str) -> anyhow::Result<Promethe
         .add_global_label("worker", worker)
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)?
         .set_buckets_for_metric(Matcher::Suffix("_tokens".into()), &TOKEN_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Suffix("_blocks".into()), &TOKEN_BUCKETS)?
         .install_recorder()?;
     describe();
     Ok(handle)

@@ -1,0 +1,163 @@
+//! The router's Redis side: reading the workers' KV events into the exact index, and sharing
+//! booked load with the other router replicas. Both loops reconnect by themselves; while Redis
+//! is away the router routes with its approximate index and its own load, and no request fails
+//! because of it.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{counter, gauge};
+use tandem_worker::kv_events::{decode, EVENTS_STREAM};
+use tandem_worker::redis::{RedisConn, Reply};
+
+use crate::handlers::AppState;
+use crate::kv_index::Applied;
+use crate::load::Load;
+
+const LOAD_PREFIX: &str = "tandem:load:";
+
+/// Starts both loops.
+pub fn spawn(state: Arc<AppState>, url: String, router_id: String) {
+    tokio::spawn(events_loop(state.clone(), url.clone()));
+    tokio::spawn(load_loop(state, url, router_id));
+}
+
+/// Replaces the index entries of every worker that needs it with a snapshot from its Status.
+async fn resync(state: &AppState, all: bool) {
+    let wanted = if all {
+        state.pool.all().map(|w| w.worker_id()).collect::<Vec<_>>()
+    } else {
+        state.routing.exact.lock().expect("index lock").needing_resync()
+    };
+    for w in state.pool.all() {
+        let id = w.worker_id();
+        if !(all || wanted.contains(&id)) {
+            continue;
+        }
+        match w.status(Duration::from_secs(2), true).await {
+            Ok(s) => {
+                state.routing.exact.lock().expect("index lock").resync(&s.worker_id, s.epoch, s.event_seq, &s.cached_block_hashes);
+                counter!("tandem_router_index_resyncs_total").increment(1);
+                tracing::info!(worker = %s.worker_id, blocks = s.cached_block_hashes.len(), seq = s.event_seq, "index resynchronised from the worker's status");
+            }
+            Err(e) => {
+                tracing::warn!(worker = %w.addr, error = %e, "resync failed; the worker is left out of the index");
+                state.routing.forget(w);
+            }
+        }
+    }
+}
+
+async fn events_loop(state: Arc<AppState>, url: String) {
+    loop {
+        let mut conn = match RedisConn::connect(&url, Duration::from_secs(1)).await {
+            Ok(c) => c,
+            Err(e) => {
+                state.routing.exact_live.store(false, Ordering::Relaxed);
+                gauge!("tandem_router_redis_up").set(0.0);
+                tracing::debug!(error = %e, "redis unreachable; routing on the approximate index");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        // Start after the newest entry, then take a snapshot: every later event is applied on
+        // top of it, every earlier one is already in it (by sequence number).
+        let mut last = match conn.cmd(&[b"XREVRANGE", EVENTS_STREAM.as_bytes(), b"+", b"-", b"COUNT", b"1"]).await {
+            Ok(r) => r.items().first().and_then(|e| e.items().first()).and_then(Reply::text).unwrap_or_else(|| "0-0".into()),
+            Err(_) => continue,
+        };
+        resync(&state, true).await;
+        state.routing.exact_live.store(true, Ordering::Relaxed);
+        gauge!("tandem_router_redis_up").set(1.0);
+        tracing::info!(%url, "reading KV events; routing on the exact index");
+        loop {
+            let args: [&[u8]; 7] = [b"XREAD", b"COUNT", b"1000", b"BLOCK", b"500", b"STREAMS", EVENTS_STREAM.as_bytes()];
+            let mut full: Vec<&[u8]> = args.to_vec();
+            full.push(last.as_bytes());
+            let reply = match conn.cmd_timeout(&full, Duration::from_secs(3)).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "lost redis; routing on the approximate index until it returns");
+                    break;
+                }
+            };
+            let mut next_last = None;
+            for stream in reply.items() {
+                for entry in stream.items().get(1).map(Reply::items).unwrap_or(&[]) {
+                    let items = entry.items();
+                    if let Some(id) = items.first().and_then(Reply::text) {
+                        next_last = Some(id);
+                    }
+                    let Some(ev) = items.get(1).and_then(|f| decode(f.items())) else { continue };
+                    let applied = state.routing.exact.lock().expect("index lock").apply(&ev.worker, ev.epoch, ev.seq, &ev.event);
+                    let kind = match applied {
+                        Applied::Ok => "applied",
+                        Applied::NewEpoch => "new_epoch",
+                        Applied::Stale => "stale",
+                        Applied::Gap => "gap",
+                    };
+                    counter!("tandem_router_kv_events_total", "result" => kind).increment(1);
+                    if applied == Applied::NewEpoch {
+                        tracing::info!(worker = %ev.worker, epoch = ev.epoch, "worker restarted: its old index entries are purged");
+                    }
+                }
+            }
+            if let Some(l) = next_last {
+                last = l;
+            }
+            if !state.routing.exact.lock().expect("index lock").needing_resync().is_empty() {
+                resync(&state, false).await;
+            }
+            state.routing.publish_gauges(&state.pool);
+        }
+        state.routing.exact_live.store(false, Ordering::Relaxed);
+        gauge!("tandem_router_redis_up").set(0.0);
+    }
+}
+
+async fn load_loop(state: Arc<AppState>, url: String, router_id: String) {
+    let key = format!("{LOAD_PREFIX}{router_id}");
+    let mut conn: Option<RedisConn> = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        if conn.is_none() {
+            conn = RedisConn::connect(&url, Duration::from_secs(1)).await.ok();
+        }
+        let Some(c) = conn.as_mut() else {
+            state.routing.load.set_remote(HashMap::new());
+            continue;
+        };
+        let mine = serde_json::to_vec(&state.routing.local_loads()).unwrap_or_default();
+        let res: Result<HashMap<String, Load>, tandem_worker::redis::RedisError> = async {
+            c.cmd(&[b"SET", key.as_bytes(), &mine, b"PX", b"2000"]).await?;
+            let keys = c.cmd(&[b"KEYS", format!("{LOAD_PREFIX}*").as_bytes()]).await?;
+            let others: Vec<String> = keys.items().iter().filter_map(Reply::text).filter(|k| *k != key).collect();
+            let mut sum: HashMap<String, Load> = HashMap::new();
+            if !others.is_empty() {
+                let mut args: Vec<&[u8]> = vec![b"MGET"];
+                args.extend(others.iter().map(|k| k.as_bytes()));
+                for v in c.cmd(&args).await?.items() {
+                    let Some(m) = v.bytes().and_then(|b| serde_json::from_slice::<HashMap<String, Load>>(b).ok()) else { continue };
+                    for (w, l) in m {
+                        let e = sum.entry(w).or_default();
+                        e.prefill_tokens += l.prefill_tokens;
+                        e.decode_blocks += l.decode_blocks;
+                    }
+                }
+            }
+            Ok(sum)
+        }
+        .await;
+        match res {
+            Ok(sum) => state.routing.load.set_remote(sum),
+            Err(e) => {
+                tracing::debug!(error = %e, "sharing load through redis failed");
+                state.routing.load.set_remote(HashMap::new());
+                conn = None;
+            }
+        }
+    }
+}
