@@ -44,6 +44,8 @@ pub struct AppState {
     pub pool: WorkerPool,
     /// Worker choice: indexes, load, decisions.
     pub routing: Routing,
+    /// Load shared with other router replicas (with Redis).
+    pub load_sync: Option<crate::sync::LoadSync>,
     /// Renders `/metrics`, when a recorder is installed.
     pub metrics: Option<PrometheusHandle>,
     /// When the router started (Unix seconds).
@@ -56,7 +58,7 @@ impl AppState {
     pub fn new(model_name: String, info: ModelInfo, pool: WorkerPool, routing: Routing, metrics: Option<PrometheusHandle>) -> AppState {
         let started = unix_now();
         let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 40;
-        AppState { model_name, info, pool, routing, metrics, started, ids: AtomicU64::new(seed) }
+        AppState { model_name, info, pool, routing, load_sync: None, metrics, started, ids: AtomicU64::new(seed) }
     }
 
     fn new_id(&self, prefix: &str) -> String {
@@ -213,11 +215,23 @@ type WorkerStream = tonic::Streaming<pb::GenerateResponse>;
 
 /// Starts one `Generate` stream per prompt on a decode worker; a worker that cannot be reached
 /// is marked failed and another one is tried.
-async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>), ApiError> {
+async fn start(st: &Arc<AppState>, p: &Prepared) -> Result<(Route, Vec<WorkerStream>), ApiError> {
     let mut last_err = ApiError::unavailable("no decode worker is configured");
     let mut tried: Vec<String> = Vec::new();
     for _attempt in 0..st.pool.decode.len().max(1) {
+        // See the other replicas' latest load, decide, and let them see ours at once.
+        if let Some(sync) = &st.load_sync {
+            sync.exchange(st, Duration::from_millis(100)).await;
+        }
         let Some(route) = st.routing.route(&st.pool, &p.id, &p.prompts[0], &p.cache_salt, &tried) else { break };
+        if st.load_sync.is_some() {
+            let st2 = st.clone();
+            tokio::spawn(async move {
+                if let Some(sync) = &st2.load_sync {
+                    sync.exchange(&st2, Duration::from_millis(500)).await;
+                }
+            });
+        }
         let worker = route.decode.worker().clone();
         let prefill = route.prefill.clone();
         let prefill_addr = prefill.as_ref().map(|w| w.addr.clone()).unwrap_or_default();

@@ -81,7 +81,11 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     metrics::describe_counter!("tandem_router_requests_total", "HTTP generation requests, by endpoint and status code.");
     let pool = WorkerPool::new(&cfg.decode_workers, &cfg.prefill_workers)?;
     let routing = routing::Routing::new(cfg.routing.clone());
-    let state = Arc::new(AppState::new(cfg.model_name.clone(), info, pool, routing, Some(metrics)));
+    let mut state = AppState::new(cfg.model_name.clone(), info, pool, routing, Some(metrics));
+    if let Some(url) = &cfg.redis_url {
+        state.load_sync = Some(sync::LoadSync::new(url.clone(), &cfg.router_id));
+    }
+    let state = Arc::new(state);
     // Learn the workers (ids, block size) before routing or reading events.
     state.pool.check_all(Duration::from_secs(1)).await;
     let checker = state.clone();
@@ -101,8 +105,7 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
         }
     });
     if let Some(url) = &cfg.redis_url {
-        let router_id = format!("{:016x}", tandem_worker::status::new_epoch() ^ (std::process::id() as u64) << 32);
-        sync::spawn(state.clone(), url.clone(), router_id);
+        sync::spawn(state.clone(), url.clone());
     }
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;

@@ -19,9 +19,9 @@ use crate::load::Load;
 const LOAD_PREFIX: &str = "tandem:load:";
 
 /// Starts both loops.
-pub fn spawn(state: Arc<AppState>, url: String, router_id: String) {
-    tokio::spawn(events_loop(state.clone(), url.clone()));
-    tokio::spawn(load_loop(state, url, router_id));
+pub fn spawn(state: Arc<AppState>, url: String) {
+    tokio::spawn(events_loop(state.clone(), url));
+    tokio::spawn(load_loop(state));
 }
 
 /// Replaces the index entries of every worker that needs it with a snapshot from its Status.
@@ -117,24 +117,34 @@ async fn events_loop(state: Arc<AppState>, url: String) {
     }
 }
 
-async fn load_loop(state: Arc<AppState>, url: String, router_id: String) {
-    let key = format!("{LOAD_PREFIX}{router_id}");
-    let mut conn: Option<RedisConn> = None;
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    loop {
-        tick.tick().await;
-        if conn.is_none() {
-            conn = RedisConn::connect(&url, Duration::from_secs(1)).await.ok();
-        }
-        let Some(c) = conn.as_mut() else {
-            state.routing.load.set_remote(HashMap::new());
-            continue;
-        };
-        let mine = serde_json::to_vec(&state.routing.local_loads()).unwrap_or_default();
-        let res: Result<HashMap<String, Load>, tandem_worker::redis::RedisError> = async {
-            c.cmd(&[b"SET", key.as_bytes(), &mine, b"PX", b"2000"]).await?;
+/// Exchanges this router's booked load with the other replicas' through Redis: publishes its
+/// own totals (with an expiry, so a dead replica's load vanishes) and sums the others'. Called
+/// before every routing decision and after every booking, and on a timer.
+pub struct LoadSync {
+    url: String,
+    key: String,
+    conn: tokio::sync::Mutex<Option<RedisConn>>,
+}
+
+impl LoadSync {
+    /// A syncer for router `router_id`.
+    pub fn new(url: String, router_id: &str) -> LoadSync {
+        LoadSync { url, key: format!("{LOAD_PREFIX}{router_id}"), conn: tokio::sync::Mutex::new(None) }
+    }
+
+    /// One exchange, bounded by `timeout`; on failure the other replicas' load is taken as
+    /// unknown (zero) until the next success.
+    pub async fn exchange(&self, state: &AppState, timeout: Duration) {
+        let Ok(mut guard) = tokio::time::timeout(timeout, self.conn.lock()).await else { return };
+        let fut = async {
+            if guard.is_none() {
+                *guard = Some(RedisConn::connect(&self.url, Duration::from_millis(500)).await?);
+            }
+            let c = guard.as_mut().expect("connected above");
+            let mine = serde_json::to_vec(&state.routing.local_loads()).unwrap_or_default();
+            c.cmd(&[b"SET", self.key.as_bytes(), &mine, b"PX", b"2000"]).await?;
             let keys = c.cmd(&[b"KEYS", format!("{LOAD_PREFIX}*").as_bytes()]).await?;
-            let others: Vec<String> = keys.items().iter().filter_map(Reply::text).filter(|k| *k != key).collect();
+            let others: Vec<String> = keys.items().iter().filter_map(Reply::text).filter(|k| *k != self.key).collect();
             let mut sum: HashMap<String, Load> = HashMap::new();
             if !others.is_empty() {
                 let mut args: Vec<&[u8]> = vec![b"MGET"];
@@ -148,16 +158,29 @@ async fn load_loop(state: Arc<AppState>, url: String, router_id: String) {
                     }
                 }
             }
-            Ok(sum)
-        }
-        .await;
-        match res {
-            Ok(sum) => state.routing.load.set_remote(sum),
-            Err(e) => {
+            Ok::<_, tandem_worker::redis::RedisError>(sum)
+        };
+        match tokio::time::timeout(timeout, fut).await {
+            Ok(Ok(sum)) => state.routing.load.set_remote(sum),
+            Ok(Err(e)) => {
                 tracing::debug!(error = %e, "sharing load through redis failed");
                 state.routing.load.set_remote(HashMap::new());
-                conn = None;
+                *guard = None;
             }
+            Err(_) => {
+                state.routing.load.set_remote(HashMap::new());
+                *guard = None;
+            }
+        }
+    }
+}
+
+async fn load_loop(state: Arc<AppState>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        if let Some(sync) = &state.load_sync {
+            sync.exchange(&state, Duration::from_millis(500)).await;
         }
     }
 }

@@ -104,6 +104,9 @@ pub fn decode(extra: &[&str], env: &[(&str, &str)]) -> Proc {
 pub fn prefill(extra: &[&str], env: &[(&str, &str)]) -> Proc {
     let mut a = s(&["prefill", "--listen=127.0.0.1:0", "--kernel=exact", "--kv-cache-memory=128MiB", "--max-num-batched-tokens=32", "--model"]);
     a.push(model());
+    if extra.iter().any(|x| x.starts_with("--listen=")) {
+        a.remove(1);
+    }
     a.extend(s(extra));
     Proc::start("prefill", &a, env)
 }
@@ -224,4 +227,49 @@ pub fn free_blocks(w: &Proc) -> f64 {
 /// A prompt long enough to be prefilled remotely (several blocks).
 pub fn long_prompt() -> String {
     "The history of the printing press begins in the fifteenth century, when ".repeat(4)
+}
+
+/// A `redis-server` on a free loopback port; stopped when dropped.
+pub struct RedisServer {
+    child: Child,
+    /// `redis://127.0.0.1:port`.
+    pub url: String,
+    /// Its port.
+    pub port: u16,
+}
+
+impl RedisServer {
+    /// Starts one (on `port`, or a free one).
+    pub fn start(port: Option<u16>) -> RedisServer {
+        let port = port.unwrap_or_else(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (Debian package redis-server; .ci/run installs it)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        RedisServer { child, url: format!("redis://127.0.0.1:{port}"), port }
+    }
+
+    /// Stops it.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A router's `/debug/routing`.
+pub fn debug_routing(router: &Proc) -> serde_json::Value {
+    http(&router.addr, "GET", "/debug/routing", None).json()
 }
