@@ -344,3 +344,23 @@ fn invalid_requests_are_refused() {
     e.add_request("dup", Prompt::Text("hi".into()), SamplingParams::default(), None).unwrap();
     assert!(e.add_request("dup", Prompt::Text("hi".into()), SamplingParams::default(), None).unwrap_err().to_string().contains("already in use"));
 }
+
+/// The fast kernels over a prompt longer than the step budget: the chunks that end mid-prompt
+/// ask for no logits rows (a zero-row matmul), and the output equals an unchunked run.
+#[test]
+fn fast_kernels_chunked_prefill_of_a_long_prompt() {
+    let load = |budget: usize, chunked: bool| {
+        let opts = LoadOptions { kernel: tandem_engine::backend::KernelPath::Fast, kv_cache: KvCacheSize::Tokens(2048), swap_space_bytes: 0, ..Default::default() };
+        let cfg = EngineConfig { scheduler: SchedulerConfig { max_num_batched_tokens: budget, enable_chunked_prefill: chunked, ..Default::default() }, ..Default::default() };
+        LLMEngine::new(Model::load(&model_path(), opts).unwrap(), cfg)
+    };
+    let mut chunked = load(128, true);
+    let prompt = tokens(&chunked, &"Rivers carry water from the mountains to the sea, shaping valleys on the way. ".repeat(30));
+    assert!(prompt.len() > 3 * 128, "{} tokens", prompt.len());
+    let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
+    let a = run(&mut chunked, &[("r", prompt.clone(), p.clone())]);
+    let mut whole = load(2048, false);
+    let b = run(&mut whole, &[("r", prompt, p)]);
+    assert_eq!(greedy_ids(&a, "r").len(), 8);
+    assert_eq!(greedy_ids(&a, "r"), greedy_ids(&b, "r"));
+}

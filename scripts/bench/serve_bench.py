@@ -3,10 +3,13 @@
 Usage: python serve_bench.py BASE_URL MODEL [--requests 32] [--concurrency 32]
                              [--input-len 64] [--output-len 64] [--seed 0]
 
-Prompts are random token ids (distinct per request, so no prefix-cache hits), sent as token
-lists so every prompt has exactly --input-len tokens; every request generates exactly
---output-len tokens (ignore_eos). Prints one JSON object: output tok/s, TTFT and inter-token
-latency percentiles, end-to-end latency.
+Workloads (prompts are random token ids, sent as token lists so lengths are exact; every
+request generates exactly --output-len tokens, ignore_eos):
+- random: distinct prompts of --input-len tokens (no prefix-cache hits).
+- shared-prefix: --num-prefixes system prompts of --prefix-len tokens; each request is one of
+  them (chosen at random) followed by its own --input-len-token user turn.
+Prints one JSON object: output tok/s, TTFT and inter-token latency percentiles, end-to-end
+latency.
 """
 import argparse
 import asyncio
@@ -54,9 +57,17 @@ async def main():
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workload", choices=["random", "shared-prefix"], default="random")
+    ap.add_argument("--num-prefixes", type=int, default=8)
+    ap.add_argument("--prefix-len", type=int, default=512)
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    prompts = [[rng.randrange(1000, 40000) for _ in range(a.input_len)] for _ in range(a.requests)]
+    toks = lambda n: [rng.randrange(1000, 40000) for _ in range(n)]
+    if a.workload == "random":
+        prompts = [toks(a.input_len) for _ in range(a.requests)]
+    else:
+        prefixes = [toks(a.prefix_len) for _ in range(a.num_prefixes)]
+        prompts = [rng.choice(prefixes) + toks(a.input_len) for _ in range(a.requests)]
     client = openai.AsyncOpenAI(base_url=a.base_url, api_key="unused", timeout=600, max_retries=0)
     # One warm-up request.
     await one(client, a.model, prompts[0][:8], 4, asyncio.Semaphore(1))
@@ -69,7 +80,7 @@ async def main():
     itl = [x for r in res for x in r["itl"]]
     e2e = [r["e2e"] for r in res]
     print(json.dumps({
-        "requests": a.requests, "concurrency": a.concurrency, "input_len": a.input_len, "output_len": a.output_len,
+        "workload": a.workload, "requests": a.requests, "concurrency": a.concurrency, "input_len": a.input_len, "output_len": a.output_len,
         "wall_s": round(wall, 3), "output_tokens": out, "output_tok_s": round(out / wall, 1),
         "ttft_p50_s": round(pct(ttft, 50), 3), "ttft_p99_s": round(pct(ttft, 99), 3),
         "itl_p50_ms": round(1000 * pct(itl, 50), 1), "itl_p99_ms": round(1000 * pct(itl, 99), 1),

@@ -160,7 +160,14 @@ impl EngineHandle {
         publish(&mut state, &snap, false);
         std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || run(&mut state, &rx, &snap))
+            .spawn(move || {
+                // A panic leaves the engine in an unknown state: fail loudly and let the
+                // supervisor (tandem up, Kubernetes) restart the process.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&mut state, &rx, &snap))).is_err() {
+                    tracing::error!("the engine thread panicked; exiting");
+                    std::process::exit(70);
+                }
+            })
             .expect("spawn the engine thread");
         EngineHandle { tx, snapshot }
     }

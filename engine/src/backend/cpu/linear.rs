@@ -172,6 +172,10 @@ impl Linear for QuantLinear {
         self.w.n
     }
     fn forward(&self, x: &[f32], t: usize, out: &mut [f32]) {
+        if t == 0 {
+            // A step can ask for no rows (e.g. logits of a prefill chunk that ends mid-prompt).
+            return;
+        }
         ACTS.with(|cell| {
             let mut a = cell.borrow_mut();
             a.quantize(x, t, self.w.k);
