@@ -152,9 +152,12 @@ pub struct RouterArgs {
     /// How workers are chosen.
     #[arg(long, value_enum, default_value = "kv")]
     pub routing_policy: RoutingPolicyArg,
-    /// Weight of the prefill term (uncached prompt blocks plus queued prefill) against decode load.
+    /// Weight of the prefill term (uncached prompt blocks plus queued prefill, in blocks).
     #[arg(long, default_value_t = 1.0)]
     pub overlap_weight: f64,
+    /// Weight of the decode term (KV blocks of requests decoding on the worker).
+    #[arg(long, default_value_t = 0.1)]
+    pub decode_weight: f64,
     /// Workers within this fraction of the best cost are picked at random among.
     #[arg(long, default_value_t = 0.05)]
     pub route_margin: f64,
@@ -239,7 +242,7 @@ pub fn run_router(a: RouterArgs) -> Result<()> {
                 RoutingPolicyArg::RoundRobin => tandem_router::routing::Policy::RoundRobin,
                 RoutingPolicyArg::LeastLoaded => tandem_router::routing::Policy::LeastLoaded,
             },
-            cost: tandem_router::cost::CostConfig { overlap_weight: a.overlap_weight, margin: a.route_margin, ..Default::default() },
+            cost: tandem_router::cost::CostConfig { overlap_weight: a.overlap_weight, decode_weight: a.decode_weight, margin: a.route_margin, ..Default::default() },
             approx_ttl: a.approx_ttl,
             ..Default::default()
         },

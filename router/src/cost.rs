@@ -2,19 +2,25 @@
 //!
 //! ```text
 //! cost = overlap_weight · max(queued_prefill_tokens + prompt_tokens − cached_tokens, 0) / block_size
-//!        + active_decode_blocks
+//!        + decode_weight · active_decode_blocks
 //! ```
 //!
 //! i.e. the prefill work the worker would have queued (in blocks) if it took the request, after
-//! the credit for the prompt blocks it already caches, plus its decode load. The pick is random
+//! the credit for the prompt blocks it already caches, plus its decode load. A decoding
+//! sequence's blocks cost memory and a little compute per step, a queued prefill block costs a
+//! block of compute before the first token: `decode_weight` (default 0.1) says how much less
+//! a decode block weighs. With 1.0 (Dynamo's form), a worker busy decoding a long prompt loses
+//! its cached prefix to an idle cold worker and the prefix is recomputed elsewhere. The pick is random
 //! among candidates within `margin` of the best, so router replicas with the same view do not
 //! all send the same request shape to the same worker.
 
 /// Routing weights and thresholds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostConfig {
-    /// Weight of the prefill term against the decode term.
+    /// Weight of the prefill term.
     pub overlap_weight: f64,
+    /// Weight of the decode term.
+    pub decode_weight: f64,
     /// Candidates within this fraction of the best cost (and at least `margin_blocks`) are
     /// equally good.
     pub margin: f64,
@@ -24,7 +30,7 @@ pub struct CostConfig {
 
 impl Default for CostConfig {
     fn default() -> Self {
-        CostConfig { overlap_weight: 1.0, margin: 0.05, margin_blocks: 1.0 }
+        CostConfig { overlap_weight: 1.0, decode_weight: 0.1, margin: 0.05, margin_blocks: 1.0 }
     }
 }
 
@@ -46,7 +52,7 @@ pub struct Candidate {
 /// The cost of sending a `prompt_tokens`-token prompt to a worker.
 pub fn cost(cfg: &CostConfig, block_size: usize, prompt_tokens: usize, cached_tokens: usize, queued_prefill_tokens: f64, active_decode_blocks: f64) -> f64 {
     let prefill = (queued_prefill_tokens + prompt_tokens as f64 - cached_tokens as f64).max(0.0);
-    cfg.overlap_weight * prefill / block_size.max(1) as f64 + active_decode_blocks
+    cfg.overlap_weight * prefill / block_size.max(1) as f64 + cfg.decode_weight * active_decode_blocks
 }
 
 /// The candidates within the margin of the best (never empty when `cands` is not).
@@ -71,13 +77,13 @@ mod tests {
     use super::*;
 
     fn cand(index: usize, cached: usize, queued: f64, decode: f64) -> Candidate {
-        let cost = cost(&CostConfig::default(), 16, 512, cached, queued, decode);
+        let cost = cost(&CostConfig { decode_weight: 1.0, ..CostConfig::default() }, 16, 512, cached, queued, decode);
         Candidate { index, cached_tokens: cached, queued_prefill_tokens: queued, active_decode_blocks: decode, cost }
     }
 
     #[test]
     fn formula() {
-        let c = CostConfig::default();
+        let c = CostConfig { decode_weight: 1.0, ..CostConfig::default() };
         // 512-token prompt, 256 cached, nothing queued: 16 blocks to prefill.
         assert_eq!(cost(&c, 16, 512, 256, 0.0, 0.0), 16.0);
         // Queued work and decode load add; the prefill term never goes negative.
@@ -85,6 +91,8 @@ mod tests {
         assert_eq!(cost(&c, 16, 16, 512, 0.0, 3.0), 3.0);
         let heavy = CostConfig { overlap_weight: 2.0, ..c };
         assert_eq!(cost(&heavy, 16, 512, 256, 0.0, 1.0), 33.0);
+        // By default a decode block weighs a tenth of a queued prefill block.
+        assert_eq!(cost(&CostConfig::default(), 16, 512, 256, 0.0, 30.0), 19.0);
     }
 
     #[test]
@@ -103,7 +111,7 @@ mod tests {
 
     #[test]
     fn near_ties_are_picked_at_random() {
-        let cfg = CostConfig::default();
+        let cfg = CostConfig { decode_weight: 1.0, ..CostConfig::default() };
         let cands = [cand(0, 0, 0.0, 10.0), cand(1, 0, 0.0, 10.5), cand(2, 0, 0.0, 30.0)];
         let near: Vec<usize> = near_best(&cfg, &cands).iter().map(|c| c.index).collect();
         assert_eq!(near, vec![0, 1]);
