@@ -5,10 +5,15 @@
 
 mod common;
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
+
+/// The scenarios run one at a time: the load-balance check needs its burst of requests to be
+/// routed before the first of them finishes.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 fn system_prompt(i: usize) -> String {
     let topics = ["the history of astronomy", "baking sourdough bread", "the rules of chess", "sailing across the Atlantic"];
@@ -49,6 +54,7 @@ fn wait_indexed(routers: &[&Proc], worker_id: &str, at_least: u64) {
 
 #[test]
 fn prefix_aware_routing_across_router_replicas() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let redis = RedisServer::start(None);
     let rflag = format!("--redis-url={}", redis.url);
     let prefills: Vec<Proc> = (0..3).map(|i| prefill(&[&rflag, &format!("--worker-id=prefill-{i}")], &[])).collect();
@@ -86,8 +92,6 @@ fn prefix_aware_routing_across_router_replicas() {
             } else {
                 assert!(matched > 0, "prefix {s} round {round} was sent where it is not cached: {dec}");
             }
-            let wid = prefills.iter().find(|p| p.addr == chosen).map(|p| p.name.clone()).unwrap();
-            let _ = wid;
             let worker_id = dec["prefill"]["candidates"].as_array().unwrap().iter().find(|c| c["worker"] == chosen.as_str()).unwrap()["worker_id"].as_str().unwrap().to_string();
             wait_indexed(&[&routers[0], &routers[1]], &worker_id, 1);
         }
@@ -136,14 +140,12 @@ fn prefix_aware_routing_across_router_replicas() {
 
 #[test]
 fn restarted_worker_is_purged_and_redis_outage_degrades_gracefully() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut redis = RedisServer::start(None);
     let rflag = format!("--redis-url={}", redis.url);
     let mut p0 = prefill(&[&rflag, "--worker-id=prefill-0"], &[]);
     let p1 = prefill(&[&rflag, "--worker-id=prefill-1"], &[]);
     let d = decode(&[&rflag, "--worker-id=decode-0", "--disagg-min-tokens=1"], &[]);
-    let r = router(&[&d], &[&p0, &p1]);
-    // (the helper starts the router without Redis; start one with it)
-    drop(r);
     let mut a: Vec<String> = vec!["router".into(), "--listen=127.0.0.1:0".into(), rflag.clone(), "--model".into(), model()];
     a.push(format!("--decode-workers={}", d.addr));
     a.push(format!("--prefill-workers={},{}", p0.addr, p1.addr));

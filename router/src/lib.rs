@@ -79,6 +79,15 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     let metrics = tandem_worker::metrics::install(&cfg.model_name, "router", &cfg.router_id)?;
     metrics::describe_counter!("tandem_router_decisions_total", "Requests routed, by decode and prefill worker.");
     metrics::describe_counter!("tandem_router_requests_total", "HTTP generation requests, by endpoint and status code.");
+    metrics::describe_counter!("tandem_router_routed_total", "Routing decisions, by the index used (exact or approximate).");
+    metrics::describe_histogram!("tandem_router_prefix_match_blocks", "Prompt blocks the chosen worker already caches.");
+    metrics::describe_gauge!("tandem_router_index_blocks", "Blocks in the routing indexes (exact, approximate).");
+    metrics::describe_gauge!("tandem_router_exact_index_live", "1 while KV events flow from Redis into the exact index.");
+    metrics::describe_gauge!("tandem_router_redis_up", "1 while the router reads KV events from Redis.");
+    metrics::describe_gauge!("tandem_router_worker_queued_prefill_tokens", "Prompt tokens booked for prefill on a worker, all routers.");
+    metrics::describe_gauge!("tandem_router_worker_active_decode_blocks", "KV blocks booked for decoding on a worker, all routers.");
+    metrics::describe_counter!("tandem_router_kv_events_total", "KV events read, by result (applied, new_epoch, stale, gap).");
+    metrics::describe_counter!("tandem_router_index_resyncs_total", "Workers resynchronised from their Status.");
     let pool = WorkerPool::new(&cfg.decode_workers, &cfg.prefill_workers)?;
     let routing = routing::Routing::new(cfg.routing.clone());
     let mut state = AppState::new(cfg.model_name.clone(), info, pool, routing, Some(metrics));
