@@ -19,6 +19,8 @@ pub enum BenchCommand {
     Engine(EngineArgs),
     /// The fast path's matmuls alone, over the default model's shapes with synthetic weights.
     Kernels(KernelArgs),
+    /// A serving benchmark against any OpenAI-compatible server (vllm bench serve's metrics).
+    Serve(crate::bench_serve::ServeArgs),
 }
 
 /// Arguments of `tandem bench kernels`.
@@ -108,6 +110,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Single(a) => single(a),
         BenchCommand::Engine(a) => engine(a),
         BenchCommand::Kernels(a) => kernels(a),
+        BenchCommand::Serve(a) => crate::bench_serve::run(a),
     }
 }
 

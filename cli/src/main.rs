@@ -2,6 +2,7 @@
 //! prefill, decode).
 
 mod bench;
+mod bench_serve;
 mod engine_args;
 mod generate_cmd;
 mod serve_cmd;

@@ -1,0 +1,338 @@
+//! `tandem bench serve`: a serving benchmark against any OpenAI-compatible endpoint (Tandem,
+//! llama.cpp's `llama-server`, vLLM, …), measured as `vllm bench serve` measures.
+
+mod http;
+pub mod metrics;
+pub mod plot;
+pub mod workload;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde_json::{json, Value};
+use tandem_engine::sampler::Rng;
+
+use metrics::{report, Report, Slo, Timeline};
+use workload::{PromptBody, RequestSpec, WorkloadConfig};
+
+/// Workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WorkloadKind {
+    /// Random token prompts, lengths uniform within ± range ratio.
+    Random,
+    /// N system prompts × user turns.
+    SharedPrefix,
+    /// Conversations that grow turn by turn (chat endpoint).
+    MultiTurn,
+}
+
+/// Arguments of `tandem bench serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// The server's OpenAI base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8000/v1")]
+    pub base_url: String,
+    /// Model name to request (default: the first of the server's `/v1/models`).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Workload.
+    #[arg(long, value_enum, default_value = "random")]
+    pub workload: WorkloadKind,
+    /// Requests to make (multi-turn: conversations × turns).
+    #[arg(long, default_value_t = 32)]
+    pub num_prompts: usize,
+    /// Prompt length in tokens (shared-prefix, multi-turn: the user turn).
+    #[arg(long, default_value_t = 64)]
+    pub input_len: usize,
+    /// Output length in tokens.
+    #[arg(long, default_value_t = 64)]
+    pub output_len: usize,
+    /// Lengths are uniform in `len·(1 − r) ..= len·(1 + r)`.
+    #[arg(long, default_value_t = 0.0)]
+    pub range_ratio: f64,
+    /// Shared-prefix: number of system prompts.
+    #[arg(long, default_value_t = 8)]
+    pub num_prefixes: usize,
+    /// Shared-prefix: system prompt length in tokens.
+    #[arg(long, default_value_t = 512)]
+    pub prefix_len: usize,
+    /// Multi-turn: turns per conversation.
+    #[arg(long, default_value_t = 4)]
+    pub turns: usize,
+    /// Requests in flight at most (closed loop); default: all at once.
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Open loop: Poisson arrivals at this many requests per second (default: all at once).
+    #[arg(long)]
+    pub request_rate: Option<f64>,
+    /// Ask the server to ignore end-of-sequence tokens (exact output lengths).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Service-level objectives for goodput, e.g. `--slo ttft:500 --slo tpot:50` (ms).
+    #[arg(long)]
+    pub slo: Vec<String>,
+    /// Seed of the workload and of the arrivals.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Token ids of random prompts are drawn below this.
+    #[arg(long, default_value_t = 32000)]
+    pub vocab: u32,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Run once per concurrency in this list (closed loop), e.g. `--sweep 1,4,16,32`.
+    #[arg(long, value_delimiter = ',')]
+    pub sweep: Vec<usize>,
+    /// Write the result as JSON here (`-` for standard output; the table then goes to stderr).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write a PNG plot here: latency CDFs, or throughput and TTFT against concurrency with
+    /// `--sweep`.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// A name for this run in the JSON (e.g. the server's).
+    #[arg(long, default_value = "")]
+    pub label: String,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+fn specs(a: &ServeArgs) -> Vec<RequestSpec> {
+    let c = WorkloadConfig {
+        num_prompts: a.num_prompts,
+        input_len: a.input_len,
+        output_len: a.output_len,
+        range_ratio: a.range_ratio,
+        num_prefixes: a.num_prefixes,
+        prefix_len: a.prefix_len,
+        turns: a.turns,
+        seed: a.seed,
+        vocab: a.vocab,
+    };
+    match a.workload {
+        WorkloadKind::Random => workload::random(&c),
+        WorkloadKind::SharedPrefix => workload::shared_prefix(&c),
+        WorkloadKind::MultiTurn => workload::multi_turn(&c),
+    }
+}
+
+struct Client {
+    addr: String,
+    prefix: String,
+    model: String,
+    ignore_eos: bool,
+    timeout: Duration,
+}
+
+impl Client {
+    /// Sends one request; returns its timeline (times from its start) and the text it got.
+    async fn request(&self, prompt: Value, chat: bool, output_len: usize, prompt_tokens: usize) -> (Timeline, String) {
+        let mut body = json!({ "model": self.model, "max_tokens": output_len, "temperature": 0, "stream": true, "stream_options": { "include_usage": true } });
+        if chat {
+            body["messages"] = prompt;
+        } else {
+            body["prompt"] = prompt;
+        }
+        if self.ignore_eos {
+            body["ignore_eos"] = json!(true);
+        }
+        let path = format!("{}/{}", self.prefix, if chat { "chat/completions" } else { "completions" });
+        let start = Instant::now();
+        let mut t = Timeline { prompt_tokens, ..Default::default() };
+        let mut text = String::new();
+        let (mut chunks, mut usage_out, mut stream_err) = (0usize, None, None);
+        let res = http::post_events(&self.addr, &path, body.to_string().as_bytes(), self.timeout, &mut |d: &str| {
+            if d == "[DONE]" {
+                return;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(d) else { return };
+            if v.get("error").is_some() {
+                stream_err = Some("stream_error".to_string());
+                return;
+            }
+            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+                usage_out = u["completion_tokens"].as_u64().map(|x| x as usize);
+                if let Some(p) = u["prompt_tokens"].as_u64() {
+                    t.prompt_tokens = p as usize;
+                }
+            }
+            let piece = v["choices"].get(0).map(|c| c["text"].as_str().or_else(|| c["delta"]["content"].as_str()).unwrap_or("").to_string()).unwrap_or_default();
+            if !piece.is_empty() {
+                t.chunk_times.push(start.elapsed().as_secs_f64());
+                text.push_str(&piece);
+                chunks += 1;
+            }
+        })
+        .await;
+        t.end = start.elapsed().as_secs_f64();
+        t.output_tokens = usage_out.unwrap_or(chunks);
+        t.error = match res {
+            Err(kind) => Some(kind),
+            Ok(()) if stream_err.is_some() => stream_err,
+            Ok(()) if t.chunk_times.is_empty() => Some("empty_response".into()),
+            Ok(()) => None,
+        };
+        (t, text)
+    }
+}
+
+async fn discover_model(addr: &str, prefix: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+    s.write_all(format!("GET {prefix}/models HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await??;
+    let text = String::from_utf8_lossy(&buf);
+    let body = &text[text.find('{').context("no JSON in the /models answer")?..text.rfind('}').context("no JSON in the /models answer")? + 1];
+    let v: Value = serde_json::from_str(body)?;
+    v["data"][0]["id"].as_str().map(str::to_string).context("the server lists no model; pass --model")
+}
+
+/// Runs the workload once with at most `concurrency` requests (or conversations) in flight.
+async fn run_once(client: Arc<Client>, specs: &[RequestSpec], concurrency: usize, rate: Option<f64>, seed: u64, progress: &indicatif::ProgressBar) -> (Vec<Timeline>, f64) {
+    let sem = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
+    let results = Arc::new(Mutex::new(Vec::with_capacity(specs.len())));
+    // Units of work: single requests, or whole conversations (turns in order).
+    let mut units: Vec<Vec<RequestSpec>> = Vec::new();
+    for s in specs {
+        match s.conversation {
+            Some(c) if units.last().is_some_and(|u| u[0].conversation == Some(c)) => units.last_mut().expect("checked").push(s.clone()),
+            _ => units.push(vec![s.clone()]),
+        }
+    }
+    let mut rng = Rng::new(seed ^ 0xA5A5_5A5A);
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for unit in units {
+        if let Some(r) = rate.filter(|r| r.is_finite() && *r > 0.0) {
+            // Poisson arrivals: exponential gaps.
+            let gap = -(1.0 - rng.next_f64()).ln() / r;
+            tokio::time::sleep(Duration::from_secs_f64(gap)).await;
+        }
+        let permit = sem.clone().acquire_owned().await.expect("semaphore open");
+        let (client, results, progress) = (client.clone(), results.clone(), progress.clone());
+        handles.push(tokio::spawn(async move {
+            let _permit = permit;
+            let mut history: Vec<Value> = Vec::new();
+            for spec in unit {
+                let (t, text) = match &spec.prompt {
+                    PromptBody::Tokens(ids) => client.request(json!(ids), false, spec.output_len, ids.len()).await,
+                    PromptBody::ChatTurn(msg) => {
+                        history.push(json!({ "role": "user", "content": msg }));
+                        client.request(Value::Array(history.clone()), true, spec.output_len, 0).await
+                    }
+                };
+                let failed = t.error.is_some();
+                if matches!(spec.prompt, PromptBody::ChatTurn(_)) {
+                    history.push(json!({ "role": "assistant", "content": text }));
+                }
+                results.lock().expect("results lock").push(t);
+                progress.inc(1);
+                if failed {
+                    break;
+                }
+            }
+        }));
+    }
+    for h in handles {
+        let _ = h.await;
+    }
+    let duration = start.elapsed().as_secs_f64();
+    let v = std::mem::take(&mut *results.lock().expect("results lock"));
+    (v, duration)
+}
+
+fn emit(a: &ServeArgs, value: &Value, tables: &str) -> Result<()> {
+    match &a.json {
+        Some(p) if p.as_os_str() == "-" => {
+            eprint!("{tables}");
+            println!("{}", serde_json::to_string_pretty(value)?);
+        }
+        Some(p) => {
+            print!("{tables}");
+            std::fs::write(p, serde_json::to_string_pretty(value)?).with_context(|| format!("writing {}", p.display()))?;
+        }
+        None => print!("{tables}"),
+    }
+    Ok(())
+}
+
+/// Runs `tandem bench serve`.
+pub fn run(a: ServeArgs) -> Result<()> {
+    let (addr, prefix) = http::split_base_url(&a.base_url).map_err(anyhow::Error::msg)?;
+    let slo = Slo::parse(&a.slo).map_err(anyhow::Error::msg)?;
+    if a.num_prompts == 0 {
+        bail!("--num-prompts must be at least 1");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let model = match &a.model {
+            Some(m) => m.clone(),
+            None => discover_model(&addr, &prefix).await?,
+        };
+        let client = Arc::new(Client { addr, prefix, model: model.clone(), ignore_eos: a.ignore_eos, timeout: Duration::from_secs(a.timeout) });
+        let specs = specs(&a);
+        // Warm-up: one short request, not measured.
+        let (w, _) = client.request(json!([1000, 1001, 1002, 1003]), false, 2, 4).await;
+        if let Some(e) = w.error {
+            bail!("the warm-up request to {} failed ({e}); is the server up, and is '{model}' its model?", a.base_url);
+        }
+        let levels: Vec<usize> = if a.sweep.is_empty() { vec![a.concurrency.unwrap_or(specs.len())] } else { a.sweep.clone() };
+        let mut runs: Vec<(usize, Report, Vec<Timeline>)> = Vec::new();
+        let mut tables = String::new();
+        for &c in &levels {
+            let pb = if a.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(specs.len() as u64) };
+            pb.set_style(indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} requests {elapsed}").expect("valid template").progress_chars("=> "));
+            pb.set_prefix(format!("concurrency {c}"));
+            let (tl, dur) = run_once(client.clone(), &specs, c, a.request_rate, a.seed, &pb).await;
+            pb.finish_and_clear();
+            let r = report(&tl, dur, &slo);
+            let title = if levels.len() > 1 { format!("Serving Benchmark Result (concurrency {c})") } else { "Serving Benchmark Result".to_string() };
+            tables.push_str(&r.table(&title));
+            runs.push((c, r, tl));
+        }
+        let config = json!({
+            "base_url": a.base_url, "model": model, "workload": format!("{:?}", a.workload), "num_prompts": a.num_prompts,
+            "input_len": a.input_len, "output_len": a.output_len, "range_ratio": a.range_ratio, "num_prefixes": a.num_prefixes,
+            "prefix_len": a.prefix_len, "turns": a.turns, "request_rate": a.request_rate, "ignore_eos": a.ignore_eos, "seed": a.seed, "slo": slo,
+        });
+        let value = if runs.len() == 1 {
+            json!({ "label": a.label, "config": config, "concurrency": runs[0].0, "result": runs[0].1 })
+        } else {
+            json!({ "label": a.label, "config": config, "sweep": runs.iter().map(|(c, r, _)| json!({ "concurrency": c, "result": r })).collect::<Vec<_>>() })
+        };
+        if let Some(p) = &a.plot {
+            let canvas = if runs.len() == 1 {
+                let tl = &runs[0].2;
+                let ok: Vec<&Timeline> = tl.iter().filter(|t| t.error.is_none()).collect();
+                let ms = |v: Vec<f64>| v.into_iter().map(|x| x * 1000.0).collect::<Vec<_>>();
+                plot::chart(
+                    "LATENCY CDF",
+                    "MILLISECONDS",
+                    "FRACTION",
+                    &[
+                        ("TTFT".to_string(), plot::cdf(&ms(ok.iter().filter_map(|t| t.ttft()).collect()))),
+                        ("E2E".to_string(), plot::cdf(&ms(ok.iter().map(|t| t.end).collect()))),
+                        ("ITL".to_string(), plot::cdf(&ms(ok.iter().flat_map(|t| t.itls()).collect()))),
+                    ],
+                )
+            } else {
+                plot::chart(
+                    "OUTPUT TOK/S AND TTFT P50 (MS/10) VS CONCURRENCY",
+                    "CONCURRENCY",
+                    "VALUE",
+                    &[
+                        ("OUT TOK/S".to_string(), runs.iter().map(|(c, r, _)| (*c as f64, r.output_throughput)).collect()),
+                        ("TTFT P50/10".to_string(), runs.iter().map(|(c, r, _)| (*c as f64, r.ttft.median_ms / 10.0)).collect()),
+                    ],
+                )
+            };
+            std::fs::write(p, canvas.png()).with_context(|| format!("writing {}", p.display()))?;
+        }
+        emit(&a, &value, &tables)
+    })
+}
