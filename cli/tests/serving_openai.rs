@@ -144,3 +144,33 @@ fn fast_kernels_disaggregated_equal_generate_except_near_ties() {
     }
     eprintln!("fast kernels: {} prompts, {near_ties} near-tie divergences", prompts.len());
 }
+
+/// `tandem bench serve` against a real server: every request completes, token counts are exact
+/// with ignore_eos, latencies are ordered; the multi-turn workload's prompts grow turn by turn.
+#[test]
+fn bench_serve_measures_a_real_server() {
+    let d = decode(&["--colocated"], &[]);
+    let r = router(&[&d], &[]);
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec!["bench".to_string(), "serve".into(), format!("--base-url=http://{}/v1", r.addr), "--json=-".into(), "--quiet".into()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let out = Command::new(env!("CARGO_BIN_EXE_tandem")).args(&args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("Serving Benchmark Result"));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = run(&["--num-prompts=6", "--concurrency=3", "--input-len=24", "--output-len=5", "--ignore-eos"]);
+    let res = &v["result"];
+    assert_eq!(v["config"]["model"], MODEL, "the model is discovered from /v1/models");
+    assert_eq!((res["completed"].as_u64(), res["failed"].as_u64()), (Some(6), Some(0)), "{res}");
+    assert_eq!(res["total_output_tokens"], 30);
+    assert_eq!(res["total_input_tokens"], 6 * 24);
+    let (t50, t99, e99) = (res["ttft"]["median_ms"].as_f64().unwrap(), res["ttft"]["p99_ms"].as_f64().unwrap(), res["e2e"]["p99_ms"].as_f64().unwrap());
+    assert!(0.0 < t50 && t50 <= t99 && t99 <= e99, "{res}");
+    assert!(res["tpot"]["mean_ms"].as_f64().unwrap() > 0.0);
+    let mt = run(&["--workload=multi-turn", "--num-prompts=4", "--turns=2", "--input-len=8", "--output-len=4", "--ignore-eos"]);
+    let res = &mt["result"];
+    assert_eq!(res["completed"], 4, "{res}");
+    // Second turns re-send the first turn and its answer: more input than 4 fresh turns would be.
+    assert!(res["total_input_tokens"].as_u64().unwrap() > 4 * 8 + 2 * 4, "{res}");
+}

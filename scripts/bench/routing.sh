@@ -7,7 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -p tandem-cli >&2
-py="$(bash scripts/test/python_env.sh)"
 bin=target/release/tandem
 tmp="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
@@ -31,11 +30,11 @@ for policy in round-robin kv; do
   api="$(ready "$tmp/r.out")"
   sleep 1
   q0=$(hits tandem_prefix_cache_queries_total); h0=$(hits tandem_prefix_cache_hits_total)
-  res=$("$py" scripts/bench/serve_bench.py "http://$api/v1" SmolLM2-135M-Instruct --workload shared-prefix \
-        --num-prefixes 8 --prefix-len 512 --input-len 64 --output-len 8 --requests 96 --concurrency 4 "$@")
+  res=$($bin bench serve --base-url "http://$api/v1" --workload shared-prefix --num-prefixes 8 --prefix-len 512 \
+        --input-len 64 --output-len 8 --ignore-eos --num-prompts 96 --concurrency 4 --quiet --label "$policy" --json - "$@" 2>/dev/null)
   q1=$(hits tandem_prefix_cache_queries_total); h1=$(hits tandem_prefix_cache_hits_total)
   rate=$(python3 -c "q=$q1-$q0; h=$h1-$h0; print(round(h/q,3) if q else 0)")
-  printf '{"policy": "%s", "prefix_cache_hit_rate": %s, "result": %s}\n' "$policy" "$rate" "$res"
+  printf '{"policy": "%s", "prefix_cache_hit_rate": %s, "result": %s}\n' "$policy" "$rate" "$(python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["result"]))' <<<"$res")"
   kill "$rpid"; for j in $(jobs -p); do :; done
   pkill -f "$bin decode --colocated --listen 127.0.0.1:0 --worker-id w" || true
   wait "$rpid" 2>/dev/null || true
