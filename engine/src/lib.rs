@@ -25,6 +25,7 @@ pub mod sampler;
 pub mod sampling_params;
 pub mod scheduler;
 pub mod sequence;
+pub mod spec_decode;
 pub mod tokenizer;
 pub mod weights;
 

@@ -129,6 +129,31 @@ pub fn process_logits(logits: &mut [f32], p: &SamplingParams, ctx: &SamplingCont
 
 /// Samples from processed logits: temperature, then min-p, top-k and top-p filters.
 fn sample_filtered(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
+    let cand = filtered_weights(logits, p);
+    let total: f64 = cand.iter().map(|c| c.1).sum();
+    let mut u = rng.next_f64() * total;
+    for &(id, w) in &cand {
+        if u < w {
+            return id;
+        }
+        u -= w;
+    }
+    cand.last().map(|c| c.0).unwrap_or(0)
+}
+
+/// The distribution a non-greedy request samples from, given processed logits: the surviving
+/// tokens of temperature, min-p, top-k and top-p, with their probabilities (summing to 1).
+pub fn filtered_distribution(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
+    let mut cand = filtered_weights(logits, p);
+    let total: f64 = cand.iter().map(|c| c.1).sum();
+    for c in &mut cand {
+        c.1 /= total;
+    }
+    cand
+}
+
+/// Unnormalised weights of the tokens surviving the filters, largest first when filtered.
+fn filtered_weights(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
     let inv_t = 1.0 / p.temperature as f64;
     let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let mut cand: Vec<(u32, f64)> = logits
@@ -164,38 +189,38 @@ fn sample_filtered(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
             cand.truncate(keep);
         }
     }
-    let total: f64 = cand.iter().map(|c| c.1).sum();
-    let mut u = rng.next_f64() * total;
-    for &(id, w) in &cand {
-        if u < w {
-            return id;
-        }
-        u -= w;
-    }
-    cand.last().map(|c| c.0).unwrap_or(0)
+    cand
 }
 
-/// Chooses the next token from raw `logits` under `p`, drawing from `rng` when sampling.
-/// Log-probabilities are those of the raw model distribution.
-pub fn sample_token(logits: &[f32], p: &SamplingParams, ctx: &SamplingContext, rng: &mut Rng) -> SampledToken {
-    // Log-probabilities are `logit - log Σ e^logit`; only the requested ones are formed.
-    let lse = log_sum_exp(logits);
-    let needs_processing = p.has_penalties() || ctx.output.len() < p.min_tokens;
-    let processed;
-    let work: &[f32] = if needs_processing {
+/// `logits` with the request's penalties and `min_tokens` masking applied (a copy only when
+/// something applies).
+pub fn processed<'a>(logits: &'a [f32], p: &SamplingParams, ctx: &SamplingContext) -> std::borrow::Cow<'a, [f32]> {
+    if p.has_penalties() || ctx.output.len() < p.min_tokens {
         let mut l = logits.to_vec();
         process_logits(&mut l, p, ctx);
-        processed = l;
-        &processed
+        std::borrow::Cow::Owned(l)
     } else {
-        logits
-    };
-    let id = if p.is_greedy() { argmax(work) } else { sample_filtered(work, p, rng) };
+        std::borrow::Cow::Borrowed(logits)
+    }
+}
+
+/// The [`SampledToken`] for choosing `id` from raw `logits`: its log-probability under the
+/// model and, when asked for, the top alternatives.
+pub fn sampled(logits: &[f32], id: u32, p: &SamplingParams) -> SampledToken {
+    let lse = log_sum_exp(logits);
     let mut top = p.logprobs.map(|k| top_k(logits, k)).unwrap_or_default();
     for t in &mut top {
         t.logprob -= lse;
     }
     SampledToken { chosen: TokenLogprob { token_id: id, logprob: logits[id as usize] - lse }, top }
+}
+
+/// Chooses the next token from raw `logits` under `p`, drawing from `rng` when sampling.
+/// Log-probabilities are those of the raw model distribution.
+pub fn sample_token(logits: &[f32], p: &SamplingParams, ctx: &SamplingContext, rng: &mut Rng) -> SampledToken {
+    let work = processed(logits, p, ctx);
+    let id = if p.is_greedy() { argmax(&work) } else { sample_filtered(&work, p, rng) };
+    sampled(logits, id, p)
 }
 
 /// Samples with no history (no penalties apply, no `min_tokens` masking).
