@@ -80,6 +80,28 @@ pub struct EngineArgs {
     /// Process prompts whole instead of in chunks.
     #[arg(long)]
     pub no_chunked_prefill: bool,
+    /// Speculative decoding: `ngram` proposes the continuation of the last n-gram's earlier
+    /// occurrence (prompt lookup), verified in one forward pass.
+    #[arg(long, value_enum, default_value = "none")]
+    pub speculative: SpecArg,
+    /// Most draft tokens per step (adapted per sequence to its acceptance).
+    #[arg(long, default_value_t = 4)]
+    pub num_speculative_tokens: usize,
+    /// Longest n-gram the n-gram proposer matches.
+    #[arg(long, default_value_t = 4)]
+    pub ngram_max: usize,
+    /// Shortest n-gram the n-gram proposer matches.
+    #[arg(long, default_value_t = 2)]
+    pub ngram_min: usize,
+}
+
+/// Speculative decoding method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SpecArg {
+    /// Off.
+    None,
+    /// Prompt lookup (n-gram).
+    Ngram,
 }
 
 /// The command-line spelling of a value-enum flag.
@@ -137,6 +159,12 @@ impl EngineArgs {
         if self.no_chunked_prefill {
             a.push("--no-chunked-prefill".into());
         }
+        if self.speculative != SpecArg::None {
+            a.push(format!("--speculative={}", name(&self.speculative)));
+            a.push(format!("--num-speculative-tokens={}", self.num_speculative_tokens));
+            a.push(format!("--ngram-max={}", self.ngram_max));
+            a.push(format!("--ngram-min={}", self.ngram_min));
+        }
         a
     }
 
@@ -171,6 +199,11 @@ impl EngineArgs {
                 ..Default::default()
             },
             enable_prefix_caching: !self.no_prefix_caching,
+            speculative: (self.speculative == SpecArg::Ngram && self.num_speculative_tokens > 0).then(|| tandem_engine::spec_decode::SpeculativeConfig {
+                num_tokens: self.num_speculative_tokens.min(16),
+                ngram_max: self.ngram_max.max(1),
+                ngram_min: self.ngram_min.clamp(1, self.ngram_max.max(1)),
+            }),
         }
     }
 }
@@ -198,7 +231,7 @@ mod tests {
     #[test]
     fn flags_round_trip() {
         use clap::Parser;
-        let argv = ["x", "--kernel", "exact", "--block-size", "32", "--kv-cache-memory", "64MiB", "--preemption-mode", "swap", "--no-prefix-caching"];
+        let argv = ["x", "--kernel", "exact", "--block-size", "32", "--kv-cache-memory", "64MiB", "--preemption-mode", "swap", "--no-prefix-caching", "--speculative", "ngram", "--num-speculative-tokens", "3"];
         let w = Wrap::parse_from(argv);
         let again = Wrap::parse_from(std::iter::once("x".to_string()).chain(w.e.to_args()));
         assert_eq!(format!("{:?}", w.e), format!("{:?}", again.e));

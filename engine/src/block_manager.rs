@@ -367,6 +367,16 @@ impl BlockManager {
         table.num_hashed = table.num_hashed.max(upto);
     }
 
+    /// Releases the blocks of `table` beyond the first `keep` (e.g. blocks that held rejected
+    /// speculative tokens).
+    pub fn truncate(&mut self, table: &mut BlockTable, keep: usize) {
+        while table.blocks.len() > keep {
+            let b = table.blocks.pop().expect("longer than keep");
+            self.drop_ref(b);
+        }
+        table.num_hashed = table.num_hashed.min(table.blocks.len());
+    }
+
     /// Releases every block of `table` (tail first, so a prefix stays cached longest).
     pub fn free(&mut self, table: &mut BlockTable) {
         for &b in table.blocks.iter().rev() {

@@ -39,6 +39,8 @@ pub struct RequestOptions {
     /// Prefill only (a prefill worker's request): stop after the first token and keep the
     /// prompt's blocks until [`LLMEngine::release_prefill`], so their KV pages can be shipped.
     pub prefill_only: bool,
+    /// Opt this request out of speculative decoding.
+    pub no_speculation: bool,
 }
 
 /// Engine configuration.
@@ -48,11 +50,13 @@ pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     /// Share full blocks between requests through the prefix cache.
     pub enable_prefix_caching: bool,
+    /// Speculative decoding (n-gram proposals), when set.
+    pub speculative: Option<crate::spec_decode::SpeculativeConfig>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { scheduler: SchedulerConfig::default(), enable_prefix_caching: true }
+        EngineConfig { scheduler: SchedulerConfig::default(), enable_prefix_caching: true, speculative: None }
     }
 }
 
@@ -88,6 +92,15 @@ pub struct EngineStats {
     pub prefix_cache_queries: u64,
     /// Of those, hits.
     pub prefix_cache_hits: u64,
+    /// Speculative verification steps (one per sequence that proposed drafts).
+    pub spec_drafts: u64,
+    /// Draft tokens proposed.
+    pub spec_draft_tokens: u64,
+    /// Draft tokens accepted.
+    pub spec_accepted_tokens: u64,
+    /// Accepted drafts by position in the draft (0 = first proposed token); the last entry
+    /// counts every later position.
+    pub spec_accepted_per_position: [u64; 8],
 }
 
 pub(crate) struct RequestState {
@@ -114,8 +127,9 @@ pub struct LLMEngine {
     pub(crate) max_model_len: usize,
     /// Blocks of finished prefill-only requests, held until released.
     pub(crate) pinned: HashMap<String, crate::block_manager::BlockTable>,
-    stats: EngineStats,
+    pub(crate) stats: EngineStats,
     last_schedule: SchedulerOutput,
+    pub(crate) speculative: Option<crate::spec_decode::SpeculativeConfig>,
 }
 
 pub(crate) fn now_secs() -> f64 {
@@ -152,6 +166,7 @@ impl LLMEngine {
             pinned: HashMap::new(),
             stats: EngineStats::default(),
             last_schedule: SchedulerOutput::default(),
+            speculative: config.speculative,
         }
     }
 
@@ -205,6 +220,10 @@ impl LLMEngine {
         self.next_arrival += 1;
         seq.salt = opts.cache_salt.as_deref().map(salt_digest).unwrap_or(0);
         seq.prefill_only = opts.prefill_only;
+        if let Some(sc) = self.speculative {
+            seq.speculate = !opts.no_speculation && !opts.prefill_only && params.n == 1;
+            seq.spec = crate::spec_decode::SpecState::new(sc.num_tokens);
+        }
         self.scheduler.add(seq);
         self.requests.insert(request_id.to_string(), RequestState { seq_ids: vec![id], prompt, n: params.n, finished: 0 });
         Ok(())
@@ -282,6 +301,14 @@ impl LLMEngine {
         self.scheduler.block_manager.take_kv_events()
     }
 
+    /// The block table and computed-token count of a running single-completion request (for
+    /// tests and debugging of the KV cache).
+    pub fn request_blocks(&self, request_id: &str) -> Option<(Vec<u32>, usize)> {
+        let r = self.requests.get(request_id)?;
+        let seq = self.scheduler.seqs.get(r.seq_ids.first()?)?;
+        Some((seq.block_table.blocks.clone(), seq.num_computed_tokens))
+    }
+
     /// Whether outputs are waiting for the next [`LLMEngine::step`] (e.g. after an abort or a
     /// remote prefill's first token), even with no request left to run.
     pub fn has_pending_outputs(&self) -> bool {
@@ -306,20 +333,30 @@ impl LLMEngine {
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let mut results = std::mem::take(&mut self.pending);
         let now = now_secs();
+        self.propose_drafts();
         let plan = self.scheduler.schedule(now);
+        self.fit_drafts(&plan);
         self.stats.steps += 1;
         let logits = self.runner.execute(&plan, &self.scheduler.seqs)?;
         let mut touched: Vec<String> = Vec::new();
         for s in &plan.scheduled {
             let seq = &self.scheduler.seqs[&s.seq_id];
+            if !seq.spec_tokens.is_empty() {
+                continue; // marked once its drafts are verified
+            }
             if !seq.is_decoding() {
                 self.stats.prefill_tokens_computed += s.num_tokens as u64;
             }
             self.scheduler.mark_computed(s.seq_id, s.num_tokens);
         }
         let mut finished: Vec<SeqId> = Vec::new();
+        let vocab = self.model_config.vocab_size;
         for (id, row) in logits {
-            self.sample_and_append(id, &row, &mut finished)?;
+            if row.len() > vocab {
+                self.verify_drafts(id, &row, &mut finished)?;
+            } else {
+                self.sample_and_append(id, &row, &mut finished)?;
+            }
             let rid = self.scheduler.seqs[&id].request_id.clone();
             if !touched.contains(&rid) {
                 touched.push(rid);

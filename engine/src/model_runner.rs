@@ -29,6 +29,15 @@ impl ModelRunner {
         for s in &out.scheduled {
             let seq = &seqs[&s.seq_id];
             let start = seq.num_computed_tokens;
+            if !seq.spec_tokens.is_empty() {
+                // Verification: the last token and the drafts, with logits at every position.
+                let mut toks = seq.token_ids[start..].to_vec();
+                toks.extend_from_slice(&seq.spec_tokens);
+                debug_assert_eq!(toks.len(), s.num_tokens);
+                batch.push_seq(&toks, start, &seq.block_table.blocks, bs, Logits::All);
+                sampled.push(s.seq_id);
+                continue;
+            }
             let end = start + s.num_tokens;
             let completes = end == seq.len();
             let logits = if completes { Logits::Last } else { Logits::None };
@@ -42,7 +51,7 @@ impl ModelRunner {
 
     /// Executes a step: swap-outs, copy-on-write copies, swap-ins (in that order, so no block is
     /// overwritten before it is read), then the forward pass. Returns `(sequence, logits)` for
-    /// every sequence ready to sample.
+    /// every sequence ready to sample: one row, or `1 + drafts` rows for a speculating one.
     pub fn execute(&mut self, out: &SchedulerOutput, seqs: &HashMap<SeqId, Sequence>) -> Result<Vec<(SeqId, Vec<f32>)>, BackendError> {
         self.backend.swap_out(&out.blocks_to_swap_out)?;
         self.backend.copy_blocks(&out.blocks_to_copy)?;
@@ -53,6 +62,14 @@ impl ModelRunner {
         let (batch, sampled) = self.prepare(out, seqs);
         let logits = self.backend.forward(&batch)?;
         let vocab = self.backend.config().vocab_size;
-        Ok(sampled.into_iter().zip(logits.chunks_exact(vocab).map(<[f32]>::to_vec)).collect())
+        let mut rows = logits.chunks_exact(vocab);
+        Ok(sampled
+            .into_iter()
+            .map(|id| {
+                let n = 1 + seqs[&id].spec_tokens.len();
+                let v: Vec<f32> = rows.by_ref().take(n).flatten().copied().collect();
+                (id, v)
+            })
+            .collect())
     }
 }

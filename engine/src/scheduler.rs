@@ -293,7 +293,7 @@ impl Scheduler {
             if !self.running.contains(&id) {
                 continue; // preempted earlier in this step
             }
-            let want = self.seqs[&id].num_uncomputed();
+            let want = self.seqs[&id].num_uncomputed() + self.seqs[&id].spec_tokens.len();
             let n = want.min(budget);
             if n == 0 {
                 break;

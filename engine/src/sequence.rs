@@ -76,6 +76,12 @@ pub struct Sequence {
     pub pending_forks: usize,
     /// Stop after the first token and keep the blocks (a prefill worker's request).
     pub prefill_only: bool,
+    /// Draft tokens proposed for this step (speculative decoding); not part of `token_ids`.
+    pub spec_tokens: Vec<u32>,
+    /// How many tokens to propose next.
+    pub spec: crate::spec_decode::SpecState,
+    /// Whether this sequence may speculate.
+    pub speculate: bool,
     /// Timing.
     pub metrics: RequestMetrics,
     /// Log-probabilities of generated tokens (when asked for).
@@ -127,6 +133,9 @@ impl Sequence {
             emitted_tokens: 0,
             emitted_logprobs: 0,
             finish_reported: false,
+            spec_tokens: Vec::new(),
+            spec: crate::spec_decode::SpecState::new(0),
+            speculate: false,
         }
     }
 
@@ -162,6 +171,9 @@ impl Sequence {
             emitted_tokens: self.emitted_tokens,
             emitted_logprobs: self.emitted_logprobs,
             finish_reported: false,
+            spec_tokens: Vec::new(),
+            spec: self.spec,
+            speculate: false,
         }
     }
 

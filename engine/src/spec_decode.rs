@@ -13,7 +13,12 @@
 //! Proposers: [`NgramProposer`] (prompt lookup: the continuation of the most recent earlier
 //! occurrence of the sequence's last n tokens; no extra model).
 
-use crate::sampler::Rng;
+use std::collections::HashMap;
+
+use crate::llm_engine::{now_secs, EngineError, LLMEngine};
+use crate::sampler::{argmax, filtered_distribution, processed, sampled, Rng, SamplingContext};
+use crate::scheduler::SchedulerOutput;
+use crate::sequence::{SeqId, SequenceStatus};
 
 /// Speculative decoding settings of an engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +165,112 @@ impl SpecState {
                 self.misses = 0;
             }
         }
+    }
+}
+
+/// Draws from a normalised distribution.
+fn draw(dist: &[(u32, f64)], rng: &mut Rng) -> u32 {
+    let mut u = rng.next_f64();
+    for &(t, p) in dist {
+        if u < p {
+            return t;
+        }
+        u -= p;
+    }
+    dist.last().map_or(0, |x| x.0)
+}
+
+impl LLMEngine {
+    /// Proposes drafts for every running, decoding sequence that may speculate.
+    pub(crate) fn propose_drafts(&mut self) {
+        let Some(cfg) = self.speculative else { return };
+        let proposer = NgramProposer { max_n: cfg.ngram_max, min_n: cfg.ngram_min };
+        let max_len = self.max_model_len;
+        for seq in self.scheduler.seqs.values_mut() {
+            seq.spec_tokens.clear();
+            if !seq.speculate || seq.status != SequenceStatus::Running || !seq.is_decoding() {
+                continue;
+            }
+            // Room for the drafts and the token verification adds after them.
+            let left = seq.params.max_tokens.saturating_sub(seq.num_output_tokens()).saturating_sub(1);
+            let room = max_len.saturating_sub(seq.len()).saturating_sub(1);
+            let k = seq.spec.budget().min(left).min(room);
+            if k > 0 {
+                seq.spec_tokens = proposer.propose(&seq.token_ids, k);
+            }
+        }
+    }
+
+    /// Drops drafts the schedule did not make room for.
+    pub(crate) fn fit_drafts(&mut self, plan: &SchedulerOutput) {
+        let scheduled: HashMap<SeqId, usize> = plan.scheduled.iter().map(|s| (s.seq_id, s.num_tokens)).collect();
+        for seq in self.scheduler.seqs.values_mut() {
+            if seq.spec_tokens.is_empty() {
+                continue;
+            }
+            match scheduled.get(&seq.seq_id) {
+                Some(&n) => seq.spec_tokens.truncate(n.saturating_sub(1)),
+                None => seq.spec_tokens.clear(),
+            }
+        }
+    }
+
+    /// Verifies a sequence's drafts against the target's `rows` (one per fed token): appends
+    /// the accepted drafts and one token of the target's, marks the valid KV computed, and
+    /// gives back the blocks that only held rejected drafts.
+    pub(crate) fn verify_drafts(&mut self, id: SeqId, rows: &[f32], finished: &mut Vec<SeqId>) -> Result<(), EngineError> {
+        let vocab = self.model_config.vocab_size;
+        let k_max = self.speculative.map_or(0, |c| c.num_tokens);
+        let max_len = self.max_model_len;
+        let seq = self.scheduler.seqs.get_mut(&id).expect("verified sequence exists");
+        let drafts = std::mem::take(&mut seq.spec_tokens);
+        let k = drafts.len();
+        debug_assert_eq!(rows.len(), (k + 1) * vocab);
+        let params = seq.params.clone();
+        let mut rng = seq.rng.clone();
+        let mut accepted = 0usize;
+        let mut done = false;
+        for i in 0..=k {
+            let row = &rows[i * vocab..(i + 1) * vocab];
+            let (token, is_draft) = {
+                let ctx = SamplingContext { prompt: &seq.token_ids[..seq.prompt_len], output: seq.output_ids(), eos_token_ids: &self.tokenizer.eos_token_ids };
+                let work = processed(row, &params, &ctx);
+                match (drafts.get(i), params.is_greedy()) {
+                    (Some(&d), true) => {
+                        let t = argmax(&work);
+                        (t, t == d)
+                    }
+                    (Some(&d), false) => accept_or_resample(&filtered_distribution(&work, &params), d, &DraftDist::PointMass, &mut rng),
+                    (None, true) => (argmax(&work), false),
+                    (None, false) => (draw(&filtered_distribution(&work, &params), &mut rng), false),
+                }
+            };
+            self.stats.generation_tokens += 1;
+            done = seq.append_token(sampled(row, token, &params), &self.tokenizer, max_len)?;
+            if is_draft {
+                accepted += 1;
+                self.stats.spec_accepted_per_position[i.min(7)] += 1;
+            }
+            if done || !is_draft {
+                break;
+            }
+        }
+        seq.rng = rng;
+        seq.spec.update(k, accepted, k_max);
+        self.stats.spec_drafts += 1;
+        self.stats.spec_draft_tokens += k as u64;
+        self.stats.spec_accepted_tokens += accepted as u64;
+        if done {
+            seq.metrics.finished_time = Some(now_secs());
+            finished.push(id);
+        }
+        // Valid KV: the fed last token and the accepted drafts.
+        self.scheduler.mark_computed(id, 1 + accepted);
+        let bs = self.scheduler.block_manager.block_size();
+        let seq = self.scheduler.seqs.get_mut(&id).expect("verified sequence exists");
+        let keep = seq.num_computed_tokens.div_ceil(bs);
+        self.scheduler.block_manager.truncate(&mut seq.block_table, keep);
+        Ok(())
     }
 }
 

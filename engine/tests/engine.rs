@@ -88,6 +88,7 @@ fn preemption_case(mode: PreemptionMode) {
     let cfg = EngineConfig {
         scheduler: SchedulerConfig { preemption_mode: mode, ..Default::default() },
         enable_prefix_caching: false,
+        speculative: None,
     };
     let mut tight = engine_with(12 * 16, 64 * 16, cfg);
     let out = run(&mut tight, &all);
