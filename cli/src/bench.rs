@@ -64,12 +64,56 @@ pub struct EngineArgs {
     /// Seed of the workload.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Prompts: `random` token ids, `code` (repetitive source files to continue) or `chat`
+    /// (questions through the chat template); the length flags bound the output only for the
+    /// text workloads.
+    #[arg(long, value_enum, default_value = "random")]
+    pub workload: EngineWorkload,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
 }
 
-/// Arguments of `tandem bench single`.
+/// Prompt sets of `tandem bench engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineWorkload {
+    /// Random token ids.
+    Random,
+    /// Source code with repeated structure.
+    Code,
+    /// Free-form chat questions.
+    Chat,
+}
+
+const CODE_ITEMS: [&str; 8] = ["width", "height", "depth", "weight", "color", "price", "owner", "label"];
+const CHAT_TOPICS: [&str; 8] = [
+    "why the sky is blue",
+    "how bread rises",
+    "the history of the bicycle",
+    "how vaccines work",
+    "what makes a good story",
+    "how tides happen",
+    "the rules of chess",
+    "how to learn a new language",
+];
+
+/// The `i`-th prompt text of a text workload.
+fn workload_text(w: EngineWorkload, i: usize) -> String {
+    match w {
+        EngineWorkload::Code => {
+            let class = format!("Item{i}");
+            let mut s = format!("class {class}:\n    def __init__(self):\n");
+            for f in CODE_ITEMS {
+                s.push_str(&format!("        self._{f} = None\n"));
+            }
+            for f in &CODE_ITEMS[..3 + i % 4] {
+                s.push_str(&format!("\n    def get_{f}(self):\n        return self._{f}\n\n    def set_{f}(self, value):\n        self._{f} = value\n"));
+            }
+            s
+        }
+        EngineWorkload::Chat | EngineWorkload::Random => format!("Explain {} in a few paragraphs.", CHAT_TOPICS[i % CHAT_TOPICS.len()]),
+    }
+}
 #[derive(Args, Debug)]
 pub struct SingleArgs {
     /// CPU kernels.
@@ -170,6 +214,17 @@ fn engine(a: EngineArgs) -> Result<()> {
     let path = crate::generate_cmd::model_path(a.model.clone())?;
     let model = Model::load(&path, a.engine.load_options()?)?;
     let vocab = model.config.vocab_size as u64;
+    let has_template = model.chat_template.is_some();
+    let texts: Vec<Vec<u32>> = match a.workload {
+        EngineWorkload::Random => Vec::new(),
+        w => (0..a.num_prompts)
+            .map(|i| {
+                let t = workload_text(w, i);
+                let t = if w == EngineWorkload::Chat && has_template { model.apply_chat_template(&[tandem_engine::ChatMessage::new("user", &t)]).unwrap_or(t) } else { t };
+                model.tokenizer.encode(&t, true).map_err(anyhow::Error::from)
+            })
+            .collect::<Result<_>>()?,
+    };
     let mut engine = LLMEngine::new(model, a.engine.engine_config());
     let mut rng = tandem_engine::sampler::Rng::new(a.seed);
     let mut pick = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
@@ -178,7 +233,11 @@ fn engine(a: EngineArgs) -> Result<()> {
     let mut reqs = Vec::new();
     for i in 0..a.num_prompts {
         let (li, lo) = (pick(a.min_input_len, a.input_len), pick(a.min_output_len, a.output_len));
-        let ids: Vec<u32> = (0..li as u64).map(|j| ((i as u64 * 7919 + j * 104_729) % (vocab - 200) + 100) as u32).collect();
+        let ids: Vec<u32> = match texts.get(i) {
+            Some(t) => t.clone(),
+            None => (0..li as u64).map(|j| ((i as u64 * 7919 + j * 104_729) % (vocab - 200) + 100) as u32).collect(),
+        };
+        let li = ids.len();
         total_in += li;
         total_out += lo;
         reqs.push((ids, lo));
@@ -223,6 +282,10 @@ fn engine(a: EngineArgs) -> Result<()> {
         "model": path.display().to_string(), "requests": a.num_prompts, "input_tokens": total_in, "output_tokens": total_out,
         "seconds": secs, "output_tok_per_s": total_out as f64 / secs, "total_tok_per_s": (total_in + total_out) as f64 / secs,
         "requests_per_s": a.num_prompts as f64 / secs, "preemptions": stats.num_preemptions, "steps": stats.steps, "peak_rss_mib": rss,
+        "workload": format!("{:?}", a.workload).to_lowercase(), "spec_drafts": stats.spec_drafts, "spec_draft_tokens": stats.spec_draft_tokens,
+        "spec_accepted_tokens": stats.spec_accepted_tokens,
+        "spec_acceptance_rate": if stats.spec_draft_tokens > 0 { stats.spec_accepted_tokens as f64 / stats.spec_draft_tokens as f64 } else { 0.0 },
+        "spec_accepted_per_position": stats.spec_accepted_per_position,
     });
     if a.json {
         println!("{report}");

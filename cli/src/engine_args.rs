@@ -203,6 +203,7 @@ impl EngineArgs {
                 num_tokens: self.num_speculative_tokens.min(16),
                 ngram_max: self.ngram_max.max(1),
                 ngram_min: self.ngram_min.clamp(1, self.ngram_max.max(1)),
+                ..Default::default()
             }),
         }
     }

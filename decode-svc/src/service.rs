@@ -125,7 +125,12 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
         };
         let min_remote = self.cfg.min_remote_prefill_tokens;
         let id = r.request_id.clone();
-        let opts = RequestOptions { priority: r.priority, cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()), ..Default::default() };
+        let opts = RequestOptions {
+            priority: r.priority,
+            cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()),
+            no_speculation: r.no_speculation,
+            ..Default::default()
+        };
         let prompt = Prompt::TokenIds(r.prompt_token_ids.clone());
         let sink_tx = tx.clone();
         let placement = self

@@ -220,9 +220,8 @@ impl LLMEngine {
         self.next_arrival += 1;
         seq.salt = opts.cache_salt.as_deref().map(salt_digest).unwrap_or(0);
         seq.prefill_only = opts.prefill_only;
-        if let Some(sc) = self.speculative {
+        if self.speculative.is_some() {
             seq.speculate = !opts.no_speculation && !opts.prefill_only && params.n == 1;
-            seq.spec = crate::spec_decode::SpecState::new(sc.num_tokens);
         }
         self.scheduler.add(seq);
         self.requests.insert(request_id.to_string(), RequestState { seq_ids: vec![id], prompt, n: params.n, finished: 0 });

@@ -134,7 +134,7 @@ impl Sequence {
             emitted_logprobs: 0,
             finish_reported: false,
             spec_tokens: Vec::new(),
-            spec: crate::spec_decode::SpecState::new(0),
+            spec: crate::spec_decode::SpecState::new(),
             speculate: false,
         }
     }

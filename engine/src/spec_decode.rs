@@ -21,7 +21,7 @@ use crate::scheduler::SchedulerOutput;
 use crate::sequence::{SeqId, SequenceStatus};
 
 /// Speculative decoding settings of an engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpeculativeConfig {
     /// Most tokens proposed per step.
     pub num_tokens: usize,
@@ -29,11 +29,16 @@ pub struct SpeculativeConfig {
     pub ngram_max: usize,
     /// Shortest n-gram matched.
     pub ngram_min: usize,
+    /// No proposals while this many sequences or more are decoding (a large batch is already
+    /// compute-bound: verifying drafts would cost more than it saves).
+    pub disable_batch_size: usize,
+    /// Cost of each extra token in a verification pass, in one-token passes.
+    pub cost_slope: f64,
 }
 
 impl Default for SpeculativeConfig {
     fn default() -> Self {
-        SpeculativeConfig { num_tokens: 4, ngram_max: 4, ngram_min: 2 }
+        SpeculativeConfig { num_tokens: 4, ngram_max: 4, ngram_min: 2, disable_batch_size: 4, cost_slope: 0.5 }
     }
 }
 
@@ -122,50 +127,83 @@ pub fn accept_or_resample(p: &[(u32, f64)], draft: u32, q: &DraftDist, rng: &mut
     (residual.last().expect("non-empty").0, false)
 }
 
-/// Per-sequence control of how many tokens to propose: one more after a fully accepted draft,
-/// the accepted length plus one after a rejection, and a pause after repeated total misses, so a
-/// sequence that never accepts costs almost nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Per-sequence choice of how many tokens to propose. It estimates the probability `α` that a
+/// draft token is accepted (a decayed maximum-likelihood estimate: `a` accepted of a draft that
+/// stopped at its first rejection counts `a` successes in `a + 1` trials) and proposes the `k`
+/// that maximises expected tokens per unit of verification cost,
+/// `(1 − α^(k+1)) / (1 − α)` over `1 + slope·k` — a pass over `k + 1` tokens costs
+/// `1 + slope·k` one-token passes (about 0.5 on a CPU, near 0 on a GPU). When no `k ≥ 1` beats
+/// plain decoding the sequence does not speculate, and retries after a pause.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpecState {
-    /// Tokens to propose next.
-    pub k: usize,
-    misses: u32,
+    successes: f64,
+    trials: f64,
     pause: u32,
 }
 
+/// Decay of the acceptance estimate per verified draft.
+const DECAY: f64 = 0.8;
+/// Steps without proposals after the estimate says speculation does not pay.
+const PAUSE: u32 = 16;
+
 impl SpecState {
-    /// Starting at `k`.
-    pub fn new(k: usize) -> SpecState {
-        SpecState { k, misses: 0, pause: 0 }
+    /// A fresh estimate (optimistic: α = 0.75 from 3 of 4).
+    pub fn new() -> SpecState {
+        SpecState { successes: 3.0, trials: 4.0, pause: 0 }
     }
 
-    /// How many tokens to propose this step (0 while paused).
-    pub fn budget(&mut self) -> usize {
+    /// The estimated acceptance probability of a draft token.
+    pub fn alpha(&self) -> f64 {
+        (self.successes / self.trials).clamp(0.0, 0.99)
+    }
+
+    /// How many tokens to propose this step (at most `k_max`; 0: do not speculate).
+    pub fn budget(&mut self, k_max: usize, slope: f64) -> usize {
         if self.pause > 0 {
             self.pause -= 1;
+            if self.pause == 0 {
+                // Try again, from a neutral estimate.
+                self.successes = 1.0;
+                self.trials = 2.0;
+            }
             return 0;
         }
-        self.k
+        let k = best_k(self.alpha(), k_max, slope);
+        if k == 0 {
+            self.pause = PAUSE;
+        }
+        k
     }
 
     /// Records a verified draft of `proposed` tokens of which `accepted` were kept.
-    pub fn update(&mut self, proposed: usize, accepted: usize, k_max: usize) {
-        if accepted == proposed {
-            self.k = (self.k + 1).min(k_max);
-            self.misses = 0;
-        } else {
-            self.k = (accepted + 1).clamp(1, k_max);
-            if accepted == 0 {
-                self.misses += 1;
-                if self.misses >= 2 {
-                    self.pause = 8;
-                    self.misses = 0;
-                }
-            } else {
-                self.misses = 0;
-            }
+    pub fn update(&mut self, proposed: usize, accepted: usize) {
+        let trials = accepted as f64 + if accepted < proposed { 1.0 } else { 0.0 };
+        self.successes = self.successes * DECAY + accepted as f64;
+        self.trials = self.trials * DECAY + trials;
+    }
+}
+
+impl Default for SpecState {
+    fn default() -> Self {
+        SpecState::new()
+    }
+}
+
+/// The draft length maximising expected tokens per unit of cost (0 when none beats plain
+/// decoding's one token per unit).
+pub fn best_k(alpha: f64, k_max: usize, slope: f64) -> usize {
+    let mut best = (0usize, 1.0f64);
+    let mut expected = 1.0;
+    let mut term = 1.0;
+    for k in 1..=k_max {
+        term *= alpha;
+        expected += term;
+        let rate = expected / (1.0 + slope * k as f64);
+        if rate > best.1 * 1.02 {
+            best = (k, rate);
         }
     }
+    best.0
 }
 
 /// Draws from a normalised distribution.
@@ -186,15 +224,17 @@ impl LLMEngine {
         let Some(cfg) = self.speculative else { return };
         let proposer = NgramProposer { max_n: cfg.ngram_max, min_n: cfg.ngram_min };
         let max_len = self.max_model_len;
+        let decoding = self.scheduler.seqs.values().filter(|s| s.status == SequenceStatus::Running && s.is_decoding()).count();
+        let batch_ok = decoding < cfg.disable_batch_size;
         for seq in self.scheduler.seqs.values_mut() {
             seq.spec_tokens.clear();
-            if !seq.speculate || seq.status != SequenceStatus::Running || !seq.is_decoding() {
+            if !batch_ok || !seq.speculate || seq.status != SequenceStatus::Running || !seq.is_decoding() {
                 continue;
             }
             // Room for the drafts and the token verification adds after them.
             let left = seq.params.max_tokens.saturating_sub(seq.num_output_tokens()).saturating_sub(1);
             let room = max_len.saturating_sub(seq.len()).saturating_sub(1);
-            let k = seq.spec.budget().min(left).min(room);
+            let k = seq.spec.budget(cfg.num_tokens, cfg.cost_slope).min(left).min(room);
             if k > 0 {
                 seq.spec_tokens = proposer.propose(&seq.token_ids, k);
             }
@@ -220,7 +260,6 @@ impl LLMEngine {
     /// gives back the blocks that only held rejected drafts.
     pub(crate) fn verify_drafts(&mut self, id: SeqId, rows: &[f32], finished: &mut Vec<SeqId>) -> Result<(), EngineError> {
         let vocab = self.model_config.vocab_size;
-        let k_max = self.speculative.map_or(0, |c| c.num_tokens);
         let max_len = self.max_model_len;
         let seq = self.scheduler.seqs.get_mut(&id).expect("verified sequence exists");
         let drafts = std::mem::take(&mut seq.spec_tokens);
@@ -256,7 +295,7 @@ impl LLMEngine {
             }
         }
         seq.rng = rng;
-        seq.spec.update(k, accepted, k_max);
+        seq.spec.update(k, accepted);
         self.stats.spec_drafts += 1;
         self.stats.spec_draft_tokens += k as u64;
         self.stats.spec_accepted_tokens += accepted as u64;
@@ -294,19 +333,33 @@ mod tests {
     }
 
     #[test]
-    fn adaptive_k() {
-        let mut s = SpecState::new(4);
-        assert_eq!(s.budget(), 4);
-        s.update(4, 4, 6);
-        assert_eq!(s.budget(), 5);
-        s.update(5, 2, 6);
-        assert_eq!(s.budget(), 3);
-        s.update(3, 0, 6);
-        assert_eq!(s.budget(), 1);
-        s.update(1, 0, 6);
-        // Two total misses in a row: a pause of 8 steps.
-        assert_eq!((0..8).map(|_| s.budget()).sum::<usize>(), 0);
-        assert_eq!(s.budget(), 1);
+    fn draft_length_follows_acceptance_and_cost() {
+        // Free verification (GPU-like): propose as much as allowed when acceptance is decent.
+        assert_eq!(best_k(0.7, 4, 0.0), 4);
+        // CPU-like cost: long drafts only pay at high acceptance; low acceptance: none.
+        assert!(best_k(0.95, 8, 0.5) >= 4);
+        assert!(best_k(0.8, 8, 0.5) >= 1);
+        assert_eq!(best_k(0.3, 8, 0.5), 0);
+        assert_eq!(best_k(0.9, 0, 0.5), 0);
+    }
+
+    #[test]
+    fn acceptance_estimate_and_pause() {
+        let mut s = SpecState::new();
+        assert!(s.budget(4, 0.5) >= 1, "optimistic start");
+        for _ in 0..10 {
+            s.update(3, 0);
+        }
+        assert!(s.alpha() < 0.1);
+        assert_eq!(s.budget(4, 0.5), 0, "no longer worth it");
+        // Paused, then retried from a neutral estimate.
+        assert_eq!((0..PAUSE).map(|_| s.budget(4, 0.5)).sum::<usize>(), 0);
+        assert!((s.alpha() - 0.5).abs() < 1e-9);
+        for _ in 0..10 {
+            s.update(4, 4);
+        }
+        assert!(s.alpha() > 0.9);
+        assert!(s.budget(4, 0.5) >= 3);
     }
 
     /// Pearson's chi-square statistic of `counts` against probabilities `p`.

@@ -92,6 +92,7 @@ struct Prepared {
     logprobs: bool,
     cache_salt: String,
     priority: i32,
+    no_speculation: bool,
 }
 
 fn check_model(st: &AppState, c: &CommonParams) -> Result<(), ApiError> {
@@ -141,6 +142,7 @@ fn finish_prepare(st: &AppState, ep: Endpoint, c: &CommonParams, prompts: Vec<Ve
         logprobs,
         cache_salt: c.cache_salt.clone().unwrap_or_default(),
         priority: c.priority.unwrap_or(0),
+        no_speculation: c.speculative == Some(false),
     })
 }
 
@@ -247,6 +249,7 @@ async fn start(st: &Arc<AppState>, p: &Prepared) -> Result<(Route, Vec<WorkerStr
                 priority: p.priority,
                 cache_salt: p.cache_salt.clone(),
                 prefill_worker: prefill_addr.clone(),
+                no_speculation: p.no_speculation,
             };
             match worker.decode_client().generate(req).await {
                 Ok(s) => streams.push(s.into_inner()),

@@ -90,6 +90,8 @@ pub struct CommonParams {
     pub cache_salt: Option<String>,
     /// Scheduling priority (lower first).
     pub priority: Option<i32>,
+    /// `false` opts the request out of speculative decoding.
+    pub speculative: Option<bool>,
 }
 
 /// `POST /v1/completions`.

@@ -51,6 +51,10 @@ fn describe() {
     describe_counter!("tandem_kv_transfer_bytes_total", Unit::Bytes, "KV page bytes moved between workers.");
     describe_histogram!("tandem_kv_transfer_seconds", Unit::Seconds, "Duration of KV transfers.");
     describe_counter!("tandem_kv_transfer_failures_total", Unit::Count, "KV transfers that failed, by reason.");
+    describe_counter!("tandem_spec_decode_num_drafts_total", Unit::Count, "Speculative verification steps.");
+    describe_counter!("tandem_spec_decode_draft_tokens_total", Unit::Count, "Draft tokens proposed.");
+    describe_counter!("tandem_spec_decode_accepted_tokens_total", Unit::Count, "Draft tokens accepted.");
+    describe_counter!("tandem_spec_decode_accepted_tokens_per_pos_total", Unit::Count, "Draft tokens accepted, by position in the draft.");
     describe_counter!("tandem_disagg_decisions_total", Unit::Count, "Where prompts were prefilled: remote, local_short, local_no_worker, local_n, local_no_blocks.");
 }
 
@@ -68,6 +72,14 @@ pub(crate) fn publish_engine(prev: &Snapshot, s: &Snapshot) {
     counter!("tandem_prefix_cache_queries_total").increment(d(prev.stats.prefix_cache_queries, s.stats.prefix_cache_queries));
     counter!("tandem_prefix_cache_hits_total").increment(d(prev.stats.prefix_cache_hits, s.stats.prefix_cache_hits));
     counter!("tandem_num_preemptions_total").increment(d(prev.stats.num_preemptions, s.stats.num_preemptions));
+    counter!("tandem_spec_decode_num_drafts_total").increment(d(prev.stats.spec_drafts, s.stats.spec_drafts));
+    counter!("tandem_spec_decode_draft_tokens_total").increment(d(prev.stats.spec_draft_tokens, s.stats.spec_draft_tokens));
+    counter!("tandem_spec_decode_accepted_tokens_total").increment(d(prev.stats.spec_accepted_tokens, s.stats.spec_accepted_tokens));
+    for (i, (a, b)) in prev.stats.spec_accepted_per_position.iter().zip(&s.stats.spec_accepted_per_position).enumerate() {
+        if b > a {
+            counter!("tandem_spec_decode_accepted_tokens_per_pos_total", "position" => i.to_string()).increment(b - a);
+        }
+    }
 }
 
 pub(crate) fn count_generation_tokens(n: u64) {
