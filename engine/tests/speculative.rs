@@ -9,9 +9,15 @@ use std::collections::HashMap;
 use tandem_engine::spec_decode::SpeculativeConfig;
 use tandem_engine::{model_fetch, CompletionOutput, EngineConfig, KvCacheSize, LLMEngine, LoadOptions, Model, Prompt, RequestOptions, SamplingParams};
 
+/// Speculation on every decoding sequence, whatever the batch, at full draft length: the most
+/// drafts (and rejections) per run.
+fn always() -> SpeculativeConfig {
+    SpeculativeConfig { disable_batch_size: usize::MAX, cost_slope: 0.0, ..Default::default() }
+}
+
 fn engine(spec: bool, block_size: usize) -> LLMEngine {
     let opts = LoadOptions { kv_cache: KvCacheSize::Tokens(4096), swap_space_bytes: 0, block_size, ..Default::default() };
-    let cfg = EngineConfig { speculative: spec.then(SpeculativeConfig::default), ..Default::default() };
+    let cfg = EngineConfig { speculative: spec.then(always), ..Default::default() };
     LLMEngine::new(Model::load(&model_fetch::default_model_path().unwrap(), opts).unwrap(), cfg)
 }
 
@@ -135,6 +141,21 @@ fn rejected_drafts_roll_back_blocks_and_kv_across_block_boundaries() {
     assert!(spec.stats().spec_draft_tokens > spec.stats().spec_accepted_tokens, "some drafts must have been rejected");
 }
 
+/// The default policy: no drafts while a large batch decodes.
+#[test]
+fn no_drafts_in_a_large_batch_by_default() {
+    let opts = LoadOptions { kv_cache: KvCacheSize::Tokens(4096), swap_space_bytes: 0, ..Default::default() };
+    let cfg = EngineConfig { speculative: Some(SpeculativeConfig::default()), ..Default::default() };
+    let mut e = LLMEngine::new(Model::load(&model_fetch::default_model_path().unwrap(), opts).unwrap(), cfg);
+    let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(16) };
+    let reqs: Vec<(String, SamplingParams, RequestOptions)> = (0..6).map(|i| (format!("b{i}"), p.clone(), RequestOptions::default())).collect();
+    run(&mut e, &reqs);
+    assert_eq!(e.stats().spec_drafts, 0);
+    let one = vec![("solo".to_string(), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(48) }, RequestOptions::default())];
+    run(&mut e, &one);
+    assert!(e.stats().spec_drafts > 0, "a single stream speculates");
+}
+
 #[test]
 fn speculation_leaves_shared_prefix_blocks_untouched() {
     let bs = 4;
@@ -169,7 +190,7 @@ fn speculation_leaves_shared_prefix_blocks_untouched() {
 fn fast_kernels_speculation_equals_plain_except_near_ties() {
     let load = |spec: bool| {
         let opts = LoadOptions { kernel: tandem_engine::backend::KernelPath::Fast, kv_cache: KvCacheSize::Tokens(4096), swap_space_bytes: 0, ..Default::default() };
-        let cfg = EngineConfig { speculative: spec.then(SpeculativeConfig::default), ..Default::default() };
+        let cfg = EngineConfig { speculative: spec.then(always), ..Default::default() };
         LLMEngine::new(Model::load(&model_fetch::default_model_path().unwrap(), opts).unwrap(), cfg)
     };
     let p = SamplingParams { ignore_eos: true, logprobs: Some(2), ..SamplingParams::greedy(48) };
