@@ -93,6 +93,10 @@ pub struct EngineArgs {
     /// Shortest n-gram the n-gram proposer matches.
     #[arg(long, default_value_t = 2)]
     pub ngram_min: usize,
+    /// Layers of the self-speculative draft (`--speculative self-draft`): the model's first N
+    /// layers and its head.
+    #[arg(long, default_value_t = 8)]
+    pub draft_layers: usize,
 }
 
 /// Speculative decoding method.
@@ -102,6 +106,8 @@ pub enum SpecArg {
     None,
     /// Prompt lookup (n-gram).
     Ngram,
+    /// The model's own first layers as the draft (no second model).
+    SelfDraft,
 }
 
 /// The command-line spelling of a value-enum flag.
@@ -164,6 +170,7 @@ impl EngineArgs {
             a.push(format!("--num-speculative-tokens={}", self.num_speculative_tokens));
             a.push(format!("--ngram-max={}", self.ngram_max));
             a.push(format!("--ngram-min={}", self.ngram_min));
+            a.push(format!("--draft-layers={}", self.draft_layers));
         }
         a
     }
@@ -199,7 +206,8 @@ impl EngineArgs {
                 ..Default::default()
             },
             enable_prefix_caching: !self.no_prefix_caching,
-            speculative: (self.speculative == SpecArg::Ngram && self.num_speculative_tokens > 0).then(|| tandem_engine::spec_decode::SpeculativeConfig {
+            speculative: (self.speculative != SpecArg::None && self.num_speculative_tokens > 0).then(|| tandem_engine::spec_decode::SpeculativeConfig {
+                draft_layers: (self.speculative == SpecArg::SelfDraft).then_some(self.draft_layers.max(1)),
                 num_tokens: self.num_speculative_tokens.min(16),
                 ngram_max: self.ngram_max.max(1),
                 ngram_min: self.ngram_min.clamp(1, self.ngram_max.max(1)),

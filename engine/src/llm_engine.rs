@@ -335,6 +335,7 @@ impl LLMEngine {
         self.propose_drafts();
         let plan = self.scheduler.schedule(now);
         self.fit_drafts(&plan);
+        self.run_draft_model(&plan)?;
         self.stats.steps += 1;
         let logits = self.runner.execute(&plan, &self.scheduler.seqs)?;
         let mut touched: Vec<String> = Vec::new();

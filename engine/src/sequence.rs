@@ -78,6 +78,8 @@ pub struct Sequence {
     pub prefill_only: bool,
     /// Draft tokens proposed for this step (speculative decoding); not part of `token_ids`.
     pub spec_tokens: Vec<u32>,
+    /// Draft distributions of `spec_tokens` (a sampling draft model's), one per draft.
+    pub spec_probs: Vec<Vec<f32>>,
     /// How many tokens to propose next.
     pub spec: crate::spec_decode::SpecState,
     /// Whether this sequence may speculate.
@@ -134,6 +136,7 @@ impl Sequence {
             emitted_logprobs: 0,
             finish_reported: false,
             spec_tokens: Vec::new(),
+            spec_probs: Vec::new(),
             spec: crate::spec_decode::SpecState::new(),
             speculate: false,
         }
@@ -172,6 +175,7 @@ impl Sequence {
             emitted_logprobs: self.emitted_logprobs,
             finish_reported: false,
             spec_tokens: Vec::new(),
+            spec_probs: Vec::new(),
             spec: self.spec,
             speculate: false,
         }

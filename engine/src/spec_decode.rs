@@ -11,7 +11,10 @@
 //! `p − q·p(d)/q(d)`, is not a distribution-preserving rule; this is Leviathan et al.'s.)
 //!
 //! Proposers: [`NgramProposer`] (prompt lookup: the continuation of the most recent earlier
-//! occurrence of the sequence's last n tokens; no extra model).
+//! occurrence of the sequence's last n tokens; no extra model), and the model itself as an
+//! early-exit draft (`draft_layers`: its first layers, final norm and head, sampling `k` tokens
+//! one pass at a time with the request's parameters; their K/V for those layers are exactly
+//! what the verification pass writes).
 
 use std::collections::HashMap;
 
@@ -34,11 +37,17 @@ pub struct SpeculativeConfig {
     pub disable_batch_size: usize,
     /// Cost of each extra token in a verification pass, in one-token passes.
     pub cost_slope: f64,
+    /// Draft with the target's own first `n` layers and its head (self-speculation) instead of
+    /// n-gram lookup.
+    pub draft_layers: Option<usize>,
+    /// Cost of one draft token, in one-token target passes; `None`: estimated from the layer
+    /// count for a self-draft (its layers' share of the compute plus the head's), 0 for n-gram.
+    pub draft_cost: Option<f64>,
 }
 
 impl Default for SpeculativeConfig {
     fn default() -> Self {
-        SpeculativeConfig { num_tokens: 4, ngram_max: 4, ngram_min: 2, disable_batch_size: 4, cost_slope: 0.5 }
+        SpeculativeConfig { num_tokens: 4, ngram_max: 4, ngram_min: 2, disable_batch_size: 4, cost_slope: 0.5, draft_layers: None, draft_cost: None }
     }
 }
 
@@ -157,8 +166,9 @@ impl SpecState {
         (self.successes / self.trials).clamp(0.0, 0.99)
     }
 
-    /// How many tokens to propose this step (at most `k_max`; 0: do not speculate).
-    pub fn budget(&mut self, k_max: usize, slope: f64) -> usize {
+    /// How many tokens to propose this step (at most `k_max`; 0: do not speculate), with a
+    /// verification cost slope `slope` and a per-draft-token cost `draft_cost`.
+    pub fn budget(&mut self, k_max: usize, slope: f64, draft_cost: f64) -> usize {
         if self.pause > 0 {
             self.pause -= 1;
             if self.pause == 0 {
@@ -168,7 +178,7 @@ impl SpecState {
             }
             return 0;
         }
-        let k = best_k(self.alpha(), k_max, slope);
+        let k = best_k(self.alpha(), k_max, slope + draft_cost);
         if k == 0 {
             self.pause = PAUSE;
         }
@@ -223,20 +233,27 @@ impl LLMEngine {
     pub(crate) fn propose_drafts(&mut self) {
         let Some(cfg) = self.speculative else { return };
         let proposer = NgramProposer { max_n: cfg.ngram_max, min_n: cfg.ngram_min };
+        let layers = self.model_config.num_layers.max(1) as f64;
+        let draft_cost = cfg.draft_cost.unwrap_or_else(|| cfg.draft_layers.map_or(0.0, |n| 0.2 + 0.8 * (n as f64 / layers).min(1.0)));
         let max_len = self.max_model_len;
         let decoding = self.scheduler.seqs.values().filter(|s| s.status == SequenceStatus::Running && s.is_decoding()).count();
         let batch_ok = decoding < cfg.disable_batch_size;
         for seq in self.scheduler.seqs.values_mut() {
             seq.spec_tokens.clear();
+            seq.spec_probs.clear();
             if !batch_ok || !seq.speculate || seq.status != SequenceStatus::Running || !seq.is_decoding() {
                 continue;
             }
             // Room for the drafts and the token verification adds after them.
             let left = seq.params.max_tokens.saturating_sub(seq.num_output_tokens()).saturating_sub(1);
             let room = max_len.saturating_sub(seq.len()).saturating_sub(1);
-            let k = seq.spec.budget(cfg.num_tokens, cfg.cost_slope).min(left).min(room);
+            let k = seq.spec.budget(cfg.num_tokens, cfg.cost_slope, draft_cost).min(left).min(room);
             if k > 0 {
-                seq.spec_tokens = proposer.propose(&seq.token_ids, k);
+                seq.spec_tokens = match cfg.draft_layers {
+                    // Placeholders: the schedule reserves their slots; the draft fills them.
+                    Some(_) => vec![0; k],
+                    None => proposer.propose(&seq.token_ids, k),
+                };
             }
         }
     }
@@ -255,6 +272,58 @@ impl LLMEngine {
         }
     }
 
+    /// Self-speculation: fills the scheduled sequences' draft slots with tokens sampled from the
+    /// model's first `draft_layers` layers, one pass per draft position over every drafting
+    /// sequence, keeping each draft distribution for the rejection rule.
+    pub(crate) fn run_draft_model(&mut self, plan: &SchedulerOutput) -> Result<(), EngineError> {
+        let Some(layers) = self.speculative.and_then(|c| c.draft_layers) else { return Ok(()) };
+        let ids: Vec<SeqId> = plan.scheduled.iter().map(|s| s.seq_id).filter(|id| !self.scheduler.seqs[id].spec_tokens.is_empty()).collect();
+        let k_max = ids.iter().map(|id| self.scheduler.seqs[id].spec_tokens.len()).max().unwrap_or(0);
+        let bs = self.scheduler.block_manager.block_size();
+        let vocab = self.model_config.vocab_size;
+        for j in 0..k_max {
+            let mut batch = crate::backend::ForwardBatch::default();
+            let mut rows: Vec<SeqId> = Vec::new();
+            for &id in &ids {
+                let seq = &self.scheduler.seqs[&id];
+                if seq.spec_tokens.len() <= j {
+                    continue;
+                }
+                let pos = seq.num_computed_tokens + j;
+                let tok = if j == 0 { seq.token_ids[pos] } else { seq.spec_tokens[j - 1] };
+                batch.push_seq(&[tok], pos, &seq.block_table.blocks, bs, crate::backend::Logits::Last);
+                rows.push(id);
+            }
+            let logits = self.runner.backend.forward_layers(&batch, layers)?;
+            for (id, row) in rows.into_iter().zip(logits.chunks_exact(vocab)) {
+                let eos = &self.tokenizer.eos_token_ids;
+                let seq = self.scheduler.seqs.get_mut(&id).expect("drafting sequence exists");
+                let params = seq.params.clone();
+                let (token, q) = {
+                    let ctx = SamplingContext { prompt: &seq.token_ids[..seq.prompt_len], output: seq.output_ids(), eos_token_ids: eos };
+                    let work = processed(row, &params, &ctx);
+                    if params.is_greedy() {
+                        (argmax(&work), None)
+                    } else {
+                        let dist = filtered_distribution(&work, &params);
+                        let mut rng = Rng::new(seq.rng.next_u64());
+                        let t = draw(&dist, &mut rng);
+                        let mut q = vec![0f32; vocab];
+                        for (i, p) in dist {
+                            q[i as usize] = p as f32;
+                        }
+                        (t, Some(q))
+                    }
+                };
+                seq.spec_tokens[j] = token;
+                if let Some(q) = q {
+                    seq.spec_probs.push(q);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Verifies a sequence's drafts against the target's `rows` (one per fed token): appends
     /// the accepted drafts and one token of the target's, marks the valid KV computed, and
     /// gives back the blocks that only held rejected drafts.
@@ -263,6 +332,7 @@ impl LLMEngine {
         let max_len = self.max_model_len;
         let seq = self.scheduler.seqs.get_mut(&id).expect("verified sequence exists");
         let drafts = std::mem::take(&mut seq.spec_tokens);
+        let probs = std::mem::take(&mut seq.spec_probs);
         let k = drafts.len();
         debug_assert_eq!(rows.len(), (k + 1) * vocab);
         let params = seq.params.clone();
@@ -279,7 +349,10 @@ impl LLMEngine {
                         let t = argmax(&work);
                         (t, t == d)
                     }
-                    (Some(&d), false) => accept_or_resample(&filtered_distribution(&work, &params), d, &DraftDist::PointMass, &mut rng),
+                    (Some(&d), false) => {
+                        let q = probs.get(i).map_or(DraftDist::PointMass, |q| DraftDist::Probs(q));
+                        accept_or_resample(&filtered_distribution(&work, &params), d, &q, &mut rng)
+                    }
                     (None, true) => (argmax(&work), false),
                     (None, false) => (draw(&filtered_distribution(&work, &params), &mut rng), false),
                 }
@@ -346,20 +419,22 @@ mod tests {
     #[test]
     fn acceptance_estimate_and_pause() {
         let mut s = SpecState::new();
-        assert!(s.budget(4, 0.5) >= 1, "optimistic start");
+        assert!(s.budget(4, 0.5, 0.0) >= 1, "optimistic start");
         for _ in 0..10 {
             s.update(3, 0);
         }
         assert!(s.alpha() < 0.1);
-        assert_eq!(s.budget(4, 0.5), 0, "no longer worth it");
+        assert_eq!(s.budget(4, 0.5, 0.0), 0, "no longer worth it");
         // Paused, then retried from a neutral estimate.
-        assert_eq!((0..PAUSE).map(|_| s.budget(4, 0.5)).sum::<usize>(), 0);
+        assert_eq!((0..PAUSE).map(|_| s.budget(4, 0.5, 0.0)).sum::<usize>(), 0);
         assert!((s.alpha() - 0.5).abs() < 1e-9);
         for _ in 0..10 {
             s.update(4, 4);
         }
         assert!(s.alpha() > 0.9);
-        assert!(s.budget(4, 0.5) >= 3);
+        assert!(s.budget(4, 0.5, 0.0) >= 3);
+        // An expensive draft model lowers the length that pays.
+        assert!(s.budget(4, 0.5, 1.0) < 3);
     }
 
     /// Pearson's chi-square statistic of `counts` against probabilities `p`.

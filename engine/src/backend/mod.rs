@@ -120,6 +120,13 @@ pub trait ModelBackend: Send {
     /// Runs one forward pass: writes each token's K/V into its slot, attends through the block
     /// tables, and returns `logits_indices.len() × vocab_size` logits, row-major.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, BackendError>;
+    /// Like [`ModelBackend::forward`] through the first `num_layers` layers only, then the
+    /// final norm and the head: the model as its own early-exit draft (self-speculation). K/V of
+    /// those layers are written into the batch's slots as a full pass would write them.
+    fn forward_layers(&mut self, batch: &ForwardBatch, num_layers: usize) -> Result<Vec<f32>, BackendError> {
+        let _ = (batch, num_layers);
+        Err(BackendError::InvalidBatch("this backend has no early-exit forward".into()))
+    }
     /// Copies whole blocks `(src, dst)` within the device pool (copy-on-write).
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError>;
     /// Copies device blocks to host swap blocks `(device, host)`.

@@ -411,7 +411,12 @@ impl ModelBackend for CpuBackend {
     }
 
     fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
+        self.forward_layers(b, self.layers.len())
+    }
+
+    fn forward_layers(&mut self, b: &ForwardBatch, num_layers: usize) -> Result<Vec<f32>, BackendError> {
         self.validate(b)?;
+        let num_layers = num_layers.min(self.layers.len());
         let cfg = &self.cfg;
         let (h, qs, kvs, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
         let (eps, half, vocab) = (cfg.rms_norm_eps, cfg.head_dim / 2, cfg.vocab_size);
@@ -442,7 +447,7 @@ impl ModelBackend for CpuBackend {
             cos[ti * half..(ti + 1) * half].copy_from_slice(c1);
             sin[ti * half..(ti + 1) * half].copy_from_slice(s1);
         }
-        for li in 0..self.layers.len() {
+        for li in 0..num_layers {
             let layer = &self.layers[li];
             ops::rms_norm(x, &layer.attn_norm, eps, hbuf);
             layer.attn.qkv.forward(hbuf, t, qkv);
