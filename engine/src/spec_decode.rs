@@ -47,7 +47,7 @@ pub struct SpeculativeConfig {
 
 impl Default for SpeculativeConfig {
     fn default() -> Self {
-        SpeculativeConfig { num_tokens: 4, ngram_max: 4, ngram_min: 2, disable_batch_size: 4, cost_slope: 0.5, draft_layers: None, draft_cost: None }
+        SpeculativeConfig { num_tokens: 4, ngram_max: 4, ngram_min: 2, disable_batch_size: 4, cost_slope: 0.2, draft_layers: None, draft_cost: None }
     }
 }
 
@@ -141,7 +141,8 @@ pub fn accept_or_resample(p: &[(u32, f64)], draft: u32, q: &DraftDist, rng: &mut
 /// stopped at its first rejection counts `a` successes in `a + 1` trials) and proposes the `k`
 /// that maximises expected tokens per unit of verification cost,
 /// `(1 − α^(k+1)) / (1 − α)` over `1 + slope·k` — a pass over `k + 1` tokens costs
-/// `1 + slope·k` one-token passes (about 0.5 on a CPU, near 0 on a GPU). When no `k ≥ 1` beats
+/// `1 + slope·k` one-token passes (about 0.2 for a whole decode step on the fast CPU kernels,
+/// where fixed per-step work dilutes the matmuls' 0.4; near 0 on a GPU). When no `k ≥ 1` beats
 /// plain decoding the sequence does not speculate, and retries after a pause.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpecState {
