@@ -198,7 +198,7 @@ fn kernels(a: KernelArgs) -> Result<()> {
 }
 
 fn engine(a: EngineArgs) -> Result<()> {
-    use tandem_engine::{LLMEngine, Prompt, SamplingParams};
+    use tandem_engine::{Prompt, SamplingParams};
     let mut a = a;
     if let Some(p) = a.preset.as_deref() {
         match p {
@@ -225,7 +225,7 @@ fn engine(a: EngineArgs) -> Result<()> {
             })
             .collect::<Result<_>>()?,
     };
-    let mut engine = LLMEngine::new(model, a.engine.engine_config());
+    let mut engine = a.engine.build_engine(model)?;
     let mut rng = tandem_engine::sampler::Rng::new(a.seed);
     let mut pick = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
     let mut total_in = 0;

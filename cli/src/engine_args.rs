@@ -97,6 +97,10 @@ pub struct EngineArgs {
     /// layers and its head.
     #[arg(long, default_value_t = 8)]
     pub draft_layers: usize,
+    /// The draft model of `--speculative draft-model` (same vocabulary; loaded on the fast
+    /// kernels with a KV pool mirroring the model's).
+    #[arg(long)]
+    pub draft_model: Option<std::path::PathBuf>,
 }
 
 /// Speculative decoding method.
@@ -108,6 +112,8 @@ pub enum SpecArg {
     Ngram,
     /// The model's own first layers as the draft (no second model).
     SelfDraft,
+    /// A separate, smaller model with the same vocabulary (`--draft-model PATH`).
+    DraftModel,
 }
 
 /// The command-line spelling of a value-enum flag.
@@ -171,8 +177,29 @@ impl EngineArgs {
             a.push(format!("--ngram-max={}", self.ngram_max));
             a.push(format!("--ngram-min={}", self.ngram_min));
             a.push(format!("--draft-layers={}", self.draft_layers));
+            if let Some(p) = &self.draft_model {
+                a.push(format!("--draft-model={}", p.display()));
+            }
         }
         a
+    }
+
+    /// The engine over `model` with these flags, and the draft model when one is asked for.
+    pub fn build_engine(&self, model: tandem_engine::Model) -> Result<tandem_engine::LLMEngine> {
+        let spec = model.backend.kv_cache_spec();
+        let mut engine = tandem_engine::LLMEngine::new(model, self.engine_config());
+        if self.speculative == SpecArg::DraftModel {
+            let path = self.draft_model.as_ref().ok_or_else(|| anyhow::anyhow!("--speculative draft-model needs --draft-model PATH"))?;
+            let opts = LoadOptions {
+                kernel: KernelPath::Fast,
+                block_size: spec.block_size,
+                kv_cache: KvCacheSize::Tokens(spec.num_blocks * spec.block_size),
+                swap_space_bytes: 0,
+            };
+            let draft = tandem_engine::Model::load(path, opts).map_err(|e| anyhow::anyhow!("loading the draft model {}: {e}", path.display()))?;
+            engine.set_draft_model(draft)?;
+        }
+        Ok(engine)
     }
 
     /// Model loading options from these flags.

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use tandem_engine::sampler::TokenLogprob;
-use tandem_engine::{model_fetch, ChatMessage, LLMEngine, Model, Prompt, SamplingParams};
+use tandem_engine::{model_fetch, ChatMessage, Model, Prompt, SamplingParams};
 
 /// Arguments of `tandem generate`.
 #[derive(Args, Debug)]
@@ -93,7 +93,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         logprobs: if a.json || a.top_logprobs > 0 { Some(a.top_logprobs) } else { None },
         ..Default::default()
     };
-    let mut engine = LLMEngine::new(model, a.engine.engine_config());
+    let mut engine = a.engine.build_engine(model)?;
     let stdout = std::io::stdout();
     let out = if a.json {
         engine.generate(Prompt::TokenIds(prompt_ids), params, &mut |_| {})?

@@ -192,7 +192,7 @@ fn load_engine(model: &ModelArgs, engine: &EngineArgs) -> Result<(LLMEngine, Str
     let path = model.path()?;
     let name = model.served_name(&path);
     let m = Model::load(&path, engine.load_options()?).with_context(|| format!("loading {}", path.display()))?;
-    Ok((LLMEngine::new(m, engine.engine_config()), name))
+    Ok((engine.build_engine(m)?, name))
 }
 
 /// `tandem decode`.

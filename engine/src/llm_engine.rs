@@ -130,6 +130,8 @@ pub struct LLMEngine {
     pub(crate) stats: EngineStats,
     last_schedule: SchedulerOutput,
     pub(crate) speculative: Option<crate::spec_decode::SpeculativeConfig>,
+    /// A separate draft model; its KV pool mirrors the target's block ids.
+    pub(crate) draft: Option<Box<dyn crate::backend::ModelBackend>>,
 }
 
 pub(crate) fn now_secs() -> f64 {
@@ -167,6 +169,7 @@ impl LLMEngine {
             stats: EngineStats::default(),
             last_schedule: SchedulerOutput::default(),
             speculative: config.speculative,
+            draft: None,
         }
     }
 

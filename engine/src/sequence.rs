@@ -84,6 +84,10 @@ pub struct Sequence {
     pub spec: crate::spec_decode::SpecState,
     /// Whether this sequence may speculate.
     pub speculate: bool,
+    /// Tokens whose K/V the separate draft model holds (in its mirror of `block_table`).
+    pub draft_computed: usize,
+    /// The block table the draft model's K/V were written under.
+    pub draft_blocks: Vec<u32>,
     /// Timing.
     pub metrics: RequestMetrics,
     /// Log-probabilities of generated tokens (when asked for).
@@ -139,6 +143,8 @@ impl Sequence {
             spec_probs: Vec::new(),
             spec: crate::spec_decode::SpecState::new(),
             speculate: false,
+            draft_computed: 0,
+            draft_blocks: Vec::new(),
         }
     }
 
@@ -178,6 +184,8 @@ impl Sequence {
             spec_probs: Vec::new(),
             spec: self.spec,
             speculate: false,
+            draft_computed: 0,
+            draft_blocks: Vec::new(),
         }
     }
 

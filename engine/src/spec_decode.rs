@@ -41,7 +41,8 @@ pub struct SpeculativeConfig {
     /// n-gram lookup.
     pub draft_layers: Option<usize>,
     /// Cost of one draft token, in one-token target passes; `None`: estimated from the layer
-    /// count for a self-draft (its layers' share of the compute plus the head's), 0 for n-gram.
+    /// count for a self-draft (its layers' share of the compute plus the head's), 0.3 for a
+    /// separate draft model, 0 for n-gram.
     pub draft_cost: Option<f64>,
 }
 
@@ -235,7 +236,13 @@ impl LLMEngine {
         let Some(cfg) = self.speculative else { return };
         let proposer = NgramProposer { max_n: cfg.ngram_max, min_n: cfg.ngram_min };
         let layers = self.model_config.num_layers.max(1) as f64;
-        let draft_cost = cfg.draft_cost.unwrap_or_else(|| cfg.draft_layers.map_or(0.0, |n| 0.2 + 0.8 * (n as f64 / layers).min(1.0)));
+        let external = self.draft.is_some();
+        let model_draft = external || cfg.draft_layers.is_some();
+        let draft_cost = cfg.draft_cost.unwrap_or_else(|| match (external, cfg.draft_layers) {
+            (true, _) => 0.3,
+            (false, Some(n)) => 0.2 + 0.8 * (n as f64 / layers).min(1.0),
+            (false, None) => 0.0,
+        });
         let max_len = self.max_model_len;
         let decoding = self.scheduler.seqs.values().filter(|s| s.status == SequenceStatus::Running && s.is_decoding()).count();
         let batch_ok = decoding < cfg.disable_batch_size;
@@ -250,10 +257,11 @@ impl LLMEngine {
             let room = max_len.saturating_sub(seq.len()).saturating_sub(1);
             let k = seq.spec.budget(cfg.num_tokens, cfg.cost_slope, draft_cost).min(left).min(room);
             if k > 0 {
-                seq.spec_tokens = match cfg.draft_layers {
+                seq.spec_tokens = if model_draft {
                     // Placeholders: the schedule reserves their slots; the draft fills them.
-                    Some(_) => vec![0; k],
-                    None => proposer.propose(&seq.token_ids, k),
+                    vec![0; k]
+                } else {
+                    proposer.propose(&seq.token_ids, k)
                 };
             }
         }
@@ -273,11 +281,34 @@ impl LLMEngine {
         }
     }
 
+    /// Uses `draft` (a model with the same vocabulary, loaded with a KV pool of at least this
+    /// engine's blocks of the same size) to propose drafts. Its K/V live in the same block ids
+    /// as the target's, so it needs no block manager of its own; a sequence's draft K/V are
+    /// rebuilt whenever its blocks change (preemption).
+    pub fn set_draft_model(&mut self, draft: crate::Model) -> Result<(), EngineError> {
+        let spec = draft.backend.kv_cache_spec();
+        let mine = self.runner.backend.kv_cache_spec();
+        if draft.config.vocab_size != self.model_config.vocab_size {
+            return Err(EngineError::InvalidRequest(format!("the draft model's vocabulary ({}) differs from the model's ({})", draft.config.vocab_size, self.model_config.vocab_size)));
+        }
+        if spec.block_size != mine.block_size || spec.num_blocks < mine.num_blocks {
+            return Err(EngineError::InvalidRequest(format!(
+                "the draft model's KV pool ({} blocks of {}) must cover the model's ({} blocks of {})",
+                spec.num_blocks, spec.block_size, mine.num_blocks, mine.block_size
+            )));
+        }
+        self.draft = Some(draft.backend);
+        Ok(())
+    }
+
     /// Self-speculation: fills the scheduled sequences' draft slots with tokens sampled from the
     /// model's first `draft_layers` layers, one pass per draft position over every drafting
     /// sequence, keeping each draft distribution for the rejection rule.
     pub(crate) fn run_draft_model(&mut self, plan: &SchedulerOutput) -> Result<(), EngineError> {
-        let Some(layers) = self.speculative.and_then(|c| c.draft_layers) else { return Ok(()) };
+        let layers = self.speculative.and_then(|c| c.draft_layers);
+        if layers.is_none() && self.draft.is_none() {
+            return Ok(());
+        }
         let ids: Vec<SeqId> = plan.scheduled.iter().map(|s| s.seq_id).filter(|id| !self.scheduler.seqs[id].spec_tokens.is_empty()).collect();
         let k_max = ids.iter().map(|id| self.scheduler.seqs[id].spec_tokens.len()).max().unwrap_or(0);
         let bs = self.scheduler.block_manager.block_size();
@@ -286,16 +317,34 @@ impl LLMEngine {
             let mut batch = crate::backend::ForwardBatch::default();
             let mut rows: Vec<SeqId> = Vec::new();
             for &id in &ids {
-                let seq = &self.scheduler.seqs[&id];
+                let seq = self.scheduler.seqs.get_mut(&id).expect("drafting sequence exists");
                 if seq.spec_tokens.len() <= j {
                     continue;
                 }
                 let pos = seq.num_computed_tokens + j;
-                let tok = if j == 0 { seq.token_ids[pos] } else { seq.spec_tokens[j - 1] };
-                batch.push_seq(&[tok], pos, &seq.block_table.blocks, bs, crate::backend::Logits::Last);
+                if j == 0 && self.draft.is_some() {
+                    // A separate draft catches up on every token it has not seen yet.
+                    let same_blocks = seq.draft_blocks.len() <= seq.block_table.blocks.len() && seq.block_table.blocks.starts_with(&seq.draft_blocks);
+                    if !same_blocks {
+                        seq.draft_computed = 0;
+                    }
+                    let from = seq.draft_computed.min(pos);
+                    batch.push_seq(&seq.token_ids[from..=pos], from, &seq.block_table.blocks, bs, crate::backend::Logits::Last);
+                } else {
+                    let tok = if j == 0 { seq.token_ids[pos] } else { seq.spec_tokens[j - 1] };
+                    batch.push_seq(&[tok], pos, &seq.block_table.blocks, bs, crate::backend::Logits::Last);
+                }
+                if self.draft.is_some() {
+                    seq.draft_computed = pos + 1;
+                    seq.draft_blocks.clone_from(&seq.block_table.blocks);
+                }
                 rows.push(id);
             }
-            let logits = self.runner.backend.forward_layers(&batch, layers)?;
+            let logits = match (&mut self.draft, layers) {
+                (Some(d), _) => d.forward(&batch)?,
+                (None, Some(l)) => self.runner.backend.forward_layers(&batch, l)?,
+                (None, None) => unreachable!("checked above"),
+            };
             for (id, row) in rows.into_iter().zip(logits.chunks_exact(vocab)) {
                 let eos = &self.tokenizer.eos_token_ids;
                 let seq = self.scheduler.seqs.get_mut(&id).expect("drafting sequence exists");
@@ -381,8 +430,10 @@ impl LLMEngine {
         self.scheduler.mark_computed(id, 1 + accepted);
         let bs = self.scheduler.block_manager.block_size();
         let seq = self.scheduler.seqs.get_mut(&id).expect("verified sequence exists");
+        seq.draft_computed = seq.draft_computed.min(seq.num_computed_tokens);
         let keep = seq.num_computed_tokens.div_ceil(bs);
         self.scheduler.block_manager.truncate(&mut seq.block_table, keep);
+        seq.draft_blocks.truncate(keep);
         Ok(())
     }
 }
