@@ -19,6 +19,7 @@ pub mod llm_engine;
 pub mod model;
 pub mod model_fetch;
 pub mod model_runner;
+pub mod proposer;
 pub mod remote_prefill;
 pub mod request_output;
 pub mod sampler;

@@ -130,8 +130,8 @@ pub struct LLMEngine {
     pub(crate) stats: EngineStats,
     last_schedule: SchedulerOutput,
     pub(crate) speculative: Option<crate::spec_decode::SpeculativeConfig>,
-    /// A separate draft model; its KV pool mirrors the target's block ids.
-    pub(crate) draft: Option<Box<dyn crate::backend::ModelBackend>>,
+    /// Where speculative drafts come from (with `speculative`).
+    pub(crate) proposer: Option<Box<dyn crate::proposer::Proposer>>,
 }
 
 pub(crate) fn now_secs() -> f64 {
@@ -169,7 +169,12 @@ impl LLMEngine {
             stats: EngineStats::default(),
             last_schedule: SchedulerOutput::default(),
             speculative: config.speculative,
-            draft: None,
+            proposer: config.speculative.map(|c| -> Box<dyn crate::proposer::Proposer> {
+                match c.draft_layers {
+                    Some(layers) => Box::new(crate::proposer::SelfDraft { layers }),
+                    None => Box::new(crate::proposer::NgramProposer { max_n: c.ngram_max, min_n: c.ngram_min }),
+                }
+            }),
         }
     }
 

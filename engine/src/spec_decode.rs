@@ -10,11 +10,9 @@
 //! last position. Greedy requests accept a draft when it is the argmax. (The seed's residual,
 //! `p − q·p(d)/q(d)`, is not a distribution-preserving rule; this is Leviathan et al.'s.)
 //!
-//! Proposers: [`NgramProposer`] (prompt lookup: the continuation of the most recent earlier
-//! occurrence of the sequence's last n tokens; no extra model), and the model itself as an
-//! early-exit draft (`draft_layers`: its first layers, final norm and head, sampling `k` tokens
-//! one pass at a time with the request's parameters; their K/V for those layers are exactly
-//! what the verification pass writes).
+//! Drafts come from a [`crate::proposer::Proposer`]: n-gram lookup, the model's own first
+//! layers, or a separate draft model (sampling `k` tokens one batched pass at a time with the
+//! request's parameters).
 
 use std::collections::HashMap;
 
@@ -49,40 +47,6 @@ pub struct SpeculativeConfig {
 impl Default for SpeculativeConfig {
     fn default() -> Self {
         SpeculativeConfig { num_tokens: 4, ngram_max: 4, ngram_min: 2, disable_batch_size: 4, cost_slope: 0.2, draft_layers: None, draft_cost: None }
-    }
-}
-
-/// Prompt-lookup proposals.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NgramProposer {
-    /// Longest n-gram matched.
-    pub max_n: usize,
-    /// Shortest n-gram matched.
-    pub min_n: usize,
-}
-
-impl NgramProposer {
-    /// Up to `k` tokens following the most recent earlier occurrence of the longest suffix of
-    /// `tokens` (between `min_n` and `max_n` long) that occurred before.
-    pub fn propose(&self, tokens: &[u32], k: usize) -> Vec<u32> {
-        if k == 0 {
-            return Vec::new();
-        }
-        let len = tokens.len();
-        for n in (self.min_n.max(1)..=self.max_n).rev() {
-            if n >= len {
-                continue;
-            }
-            let suffix = &tokens[len - n..];
-            // Most recent earlier occurrence, whose continuation is known.
-            for start in (0..len - n).rev() {
-                if &tokens[start..start + n] == suffix {
-                    let from = start + n;
-                    return tokens[from..(from + k).min(len)].to_vec();
-                }
-            }
-        }
-        Vec::new()
     }
 }
 
@@ -234,15 +198,8 @@ impl LLMEngine {
     /// Proposes drafts for every running, decoding sequence that may speculate.
     pub(crate) fn propose_drafts(&mut self) {
         let Some(cfg) = self.speculative else { return };
-        let proposer = NgramProposer { max_n: cfg.ngram_max, min_n: cfg.ngram_min };
-        let layers = self.model_config.num_layers.max(1) as f64;
-        let external = self.draft.is_some();
-        let model_draft = external || cfg.draft_layers.is_some();
-        let draft_cost = cfg.draft_cost.unwrap_or_else(|| match (external, cfg.draft_layers) {
-            (true, _) => 0.3,
-            (false, Some(n)) => 0.2 + 0.8 * (n as f64 / layers).min(1.0),
-            (false, None) => 0.0,
-        });
+        let Some(proposer) = self.proposer.as_deref() else { return };
+        let draft_cost = cfg.draft_cost.unwrap_or_else(|| proposer.cost(self.model_config.num_layers));
         let max_len = self.max_model_len;
         let decoding = self.scheduler.seqs.values().filter(|s| s.status == SequenceStatus::Running && s.is_decoding()).count();
         let batch_ok = decoding < cfg.disable_batch_size;
@@ -257,12 +214,8 @@ impl LLMEngine {
             let room = max_len.saturating_sub(seq.len()).saturating_sub(1);
             let k = seq.spec.budget(cfg.num_tokens, cfg.cost_slope, draft_cost).min(left).min(room);
             if k > 0 {
-                seq.spec_tokens = if model_draft {
-                    // Placeholders: the schedule reserves their slots; the draft fills them.
-                    vec![0; k]
-                } else {
-                    proposer.propose(&seq.token_ids, k)
-                };
+                // Model drafts: placeholders whose slots the schedule reserves; a pass fills them.
+                seq.spec_tokens = proposer.propose(&seq.token_ids, k).unwrap_or_else(|| vec![0; k]);
             }
         }
     }
@@ -297,7 +250,7 @@ impl LLMEngine {
                 spec.num_blocks, spec.block_size, mine.num_blocks, mine.block_size
             )));
         }
-        self.draft = Some(draft.backend);
+        self.proposer = Some(Box::new(crate::proposer::DraftModel { backend: draft.backend }));
         Ok(())
     }
 
@@ -305,10 +258,11 @@ impl LLMEngine {
     /// model's first `draft_layers` layers, one pass per draft position over every drafting
     /// sequence, keeping each draft distribution for the rejection rule.
     pub(crate) fn run_draft_model(&mut self, plan: &SchedulerOutput) -> Result<(), EngineError> {
-        let layers = self.speculative.and_then(|c| c.draft_layers);
-        if layers.is_none() && self.draft.is_none() {
-            return Ok(());
+        let Some(proposer) = self.proposer.as_deref() else { return Ok(()) };
+        if proposer.propose(&[], 0).is_some() {
+            return Ok(()); // drafts were known before the step
         }
+        let own_kv = proposer.own_kv();
         let ids: Vec<SeqId> = plan.scheduled.iter().map(|s| s.seq_id).filter(|id| !self.scheduler.seqs[id].spec_tokens.is_empty()).collect();
         let k_max = ids.iter().map(|id| self.scheduler.seqs[id].spec_tokens.len()).max().unwrap_or(0);
         let bs = self.scheduler.block_manager.block_size();
@@ -322,7 +276,7 @@ impl LLMEngine {
                     continue;
                 }
                 let pos = seq.num_computed_tokens + j;
-                if j == 0 && self.draft.is_some() {
+                if j == 0 && own_kv {
                     // A separate draft catches up on every token it has not seen yet.
                     let same_blocks = seq.draft_blocks.len() <= seq.block_table.blocks.len() && seq.block_table.blocks.starts_with(&seq.draft_blocks);
                     if !same_blocks {
@@ -334,17 +288,14 @@ impl LLMEngine {
                     let tok = if j == 0 { seq.token_ids[pos] } else { seq.spec_tokens[j - 1] };
                     batch.push_seq(&[tok], pos, &seq.block_table.blocks, bs, crate::backend::Logits::Last);
                 }
-                if self.draft.is_some() {
+                if own_kv {
                     seq.draft_computed = pos + 1;
                     seq.draft_blocks.clone_from(&seq.block_table.blocks);
                 }
                 rows.push(id);
             }
-            let logits = match (&mut self.draft, layers) {
-                (Some(d), _) => d.forward(&batch)?,
-                (None, Some(l)) => self.runner.backend.forward_layers(&batch, l)?,
-                (None, None) => unreachable!("checked above"),
-            };
+            let proposer = self.proposer.as_deref_mut().expect("checked above");
+            let logits = proposer.forward(&mut *self.runner.backend, &batch)?;
             for (id, row) in rows.into_iter().zip(logits.chunks_exact(vocab)) {
                 let eos = &self.tokenizer.eos_token_ids;
                 let seq = self.scheduler.seqs.get_mut(&id).expect("drafting sequence exists");
@@ -442,20 +393,6 @@ impl LLMEngine {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ngram_lookup() {
-        let p = NgramProposer { max_n: 3, min_n: 1 };
-        // "a b c d a b" → the earlier "a b" was followed by "c d a".
-        assert_eq!(p.propose(&[1, 2, 3, 4, 1, 2], 3), vec![3, 4, 1]);
-        assert_eq!(p.propose(&[1, 2, 3, 4, 1, 2], 10), vec![3, 4, 1, 2]);
-        // The most recent occurrence wins.
-        assert_eq!(p.propose(&[7, 1, 8, 7, 1, 9, 7, 1], 1), vec![9]);
-        assert!(p.propose(&[1, 2, 3], 2).is_empty());
-        assert!(p.propose(&[1, 2, 1], 0).is_empty());
-        // Longer matches are preferred: "5 6" occurs followed by 9, "6" alone more recently by 8.
-        let q = NgramProposer { max_n: 2, min_n: 1 };
-        assert_eq!(q.propose(&[5, 6, 9, 6, 8, 5, 6], 1), vec![9]);
-    }
 
     #[test]
     fn draft_length_follows_acceptance_and_cost() {
