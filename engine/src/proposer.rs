@@ -96,6 +96,16 @@ impl Proposer for SelfDraft {
 pub struct DraftModel {
     /// Its weights and its K/V pool (mirroring the target's block ids).
     pub backend: Box<dyn ModelBackend>,
+    /// Its compute per token relative to the target's.
+    pub relative_cost: f64,
+}
+
+/// Approximate multiply-adds per token of a model: attention and MLP projections plus the head.
+pub fn macs_per_token(c: &crate::ModelConfig) -> f64 {
+    let (d, l) = (c.hidden_size as f64, c.num_layers as f64);
+    let attn = d * (c.q_size() + 2 * c.kv_size()) as f64 + c.q_size() as f64 * d;
+    let mlp = 3.0 * d * c.intermediate_size as f64;
+    l * (attn + mlp) + d * c.vocab_size as f64
 }
 
 impl Proposer for DraftModel {
@@ -109,7 +119,7 @@ impl Proposer for DraftModel {
         true
     }
     fn cost(&self, _num_layers: usize) -> f64 {
-        0.3
+        self.relative_cost
     }
 }
 

@@ -39,8 +39,8 @@ pub struct SpeculativeConfig {
     /// n-gram lookup.
     pub draft_layers: Option<usize>,
     /// Cost of one draft token, in one-token target passes; `None`: estimated from the layer
-    /// count for a self-draft (its layers' share of the compute plus the head's), 0.3 for a
-    /// separate draft model, 0 for n-gram.
+    /// count for a self-draft (its layers' share of the compute plus the head's), from the
+    /// models' sizes for a separate draft model, 0 for n-gram.
     pub draft_cost: Option<f64>,
 }
 
@@ -250,7 +250,8 @@ impl LLMEngine {
                 spec.num_blocks, spec.block_size, mine.num_blocks, mine.block_size
             )));
         }
-        self.proposer = Some(Box::new(crate::proposer::DraftModel { backend: draft.backend }));
+        let relative_cost = crate::proposer::macs_per_token(&draft.config) / crate::proposer::macs_per_token(&self.model_config);
+        self.proposer = Some(Box::new(crate::proposer::DraftModel { backend: draft.backend, relative_cost }));
         Ok(())
     }
 
