@@ -174,3 +174,36 @@ fn bench_serve_measures_a_real_server() {
     // Second turns re-send the first turn and its answer: more input than 4 fresh turns would be.
     assert!(res["total_input_tokens"].as_u64().unwrap() > 4 * 8 + 2 * 4, "{res}");
 }
+
+/// `--speculative ngram` on a decode worker: greedy output through the API equals
+/// `tandem generate`, drafts are accepted (the worker's metrics say so), and a request can opt
+/// out with `"speculative": false`.
+#[test]
+fn speculative_decode_worker_serves_identical_greedy_output() {
+    let d = decode(&["--colocated", "--speculative=ngram"], &[]);
+    let r = router(&[&d], &[]);
+    let prompt = "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday,";
+    let body = json!({ "model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0 }).to_string();
+    let res = http(&r.addr, "POST", "/v1/completions", Some(&body));
+    assert_eq!(res.status, 200, "{}", res.body);
+    assert_eq!(res.json()["choices"][0]["text"], reference(prompt, false, "exact")["text"]);
+    // The engine publishes its counters right after dispatching a step's outputs: read until
+    // the value settles.
+    let settled = || {
+        let mut last = metric(&d.addr, "tandem_spec_decode_accepted_tokens_total", &[]).unwrap_or(0.0);
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let now = metric(&d.addr, "tandem_spec_decode_accepted_tokens_total", &[]).unwrap_or(0.0);
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+    };
+    let accepted = settled();
+    assert!(accepted > 0.0, "the decode worker should have accepted drafts");
+    let opt_out = json!({ "model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "speculative": false }).to_string();
+    let res = http(&r.addr, "POST", "/v1/completions", Some(&opt_out));
+    assert_eq!(res.status, 200, "{}", res.body);
+    assert_eq!(settled(), accepted, "the opted-out request drafted");
+}
