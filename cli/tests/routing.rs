@@ -52,6 +52,22 @@ fn wait_indexed(routers: &[&Proc], worker_id: &str, at_least: u64) {
     }
 }
 
+/// Waits until both routers see no booked prefill load anywhere (the last request's release
+/// has reached the other replica through Redis).
+fn wait_idle(routers: &[&Proc]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for r in routers {
+        loop {
+            let d = debug_routing(r);
+            if d["workers"].as_array().unwrap().iter().all(|w| w["queued_prefill_tokens"] == 0.0) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "load never drained: {d}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 #[test]
 fn prefix_aware_routing_across_router_replicas() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -94,6 +110,7 @@ fn prefix_aware_routing_across_router_replicas() {
             }
             let worker_id = dec["prefill"]["candidates"].as_array().unwrap().iter().find(|c| c["worker"] == chosen.as_str()).unwrap()["worker_id"].as_str().unwrap().to_string();
             wait_indexed(&[&routers[0], &routers[1]], &worker_id, 1);
+            wait_idle(&[&routers[0], &routers[1]]);
         }
     }
 
@@ -156,9 +173,10 @@ fn restarted_worker_is_purged_and_redis_outage_degrades_gracefully() {
         std::thread::sleep(Duration::from_millis(50));
     }
     // Fill prefill-0's cache: send prompts until one lands there.
+    // Cold workers tie, and ties are broken at random: distinct prompts until one lands there.
     let mut on_p0 = false;
-    for i in 0..8 {
-        let id = complete(&r, &format!("{}{}", system_prompt(i % 4), user_turn(i)));
+    for i in 0..24 {
+        let id = complete(&r, &format!("Attempt {i}. {}{}", system_prompt(i % 4), user_turn(i)));
         on_p0 |= decision(&r, &id)["prefill"]["chosen"] == p0.addr.as_str();
         if on_p0 {
             break;

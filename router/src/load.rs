@@ -23,6 +23,8 @@ pub struct Load {
 pub struct LoadBook {
     local: Mutex<HashMap<String, Load>>,
     remote: Mutex<HashMap<String, Load>>,
+    /// Signalled when this router's load drops, so replicas hear of it at once.
+    pub released: tokio::sync::Notify,
 }
 
 impl LoadBook {
@@ -72,6 +74,7 @@ impl LoadTicket {
     pub fn first_token(&mut self) {
         if let Some((w, t)) = self.prefill.take() {
             self.book.add(&w, -t, 0.0);
+            self.book.released.notify_one();
         }
     }
 }
@@ -81,6 +84,7 @@ impl Drop for LoadTicket {
         self.first_token();
         let (w, b) = &self.decode;
         self.book.add(w, 0.0, -b);
+        self.book.released.notify_one();
     }
 }
 

@@ -119,7 +119,7 @@ async fn events_loop(state: Arc<AppState>, url: String) {
 
 /// Exchanges this router's booked load with the other replicas' through Redis: publishes its
 /// own totals (with an expiry, so a dead replica's load vanishes) and sums the others'. Called
-/// before every routing decision and after every booking, and on a timer.
+/// before every routing decision, after every booking and release, and on a timer.
 pub struct LoadSync {
     url: String,
     key: String,
@@ -178,7 +178,11 @@ impl LoadSync {
 async fn load_loop(state: Arc<AppState>) {
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
-        tick.tick().await;
+        // Every 250 ms, and at once when a request releases its load.
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = state.routing.load.released.notified() => {}
+        }
         if let Some(sync) = &state.load_sync {
             sync.exchange(&state, Duration::from_millis(500)).await;
         }
