@@ -45,16 +45,6 @@ impl Transfers {
         self.lock().retain(|_, t| t.request_id != request_id);
     }
 
-    /// Transfers in flight.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// Whether none is in flight.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn contains(&self, id: u64) -> bool {
         self.lock().contains_key(&id)
     }

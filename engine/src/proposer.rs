@@ -18,6 +18,10 @@ pub trait Proposer: Send {
     fn propose(&self, tokens: &[u32], k: usize) -> Option<Vec<u32>>;
     /// One draft pass over `batch` (model proposers): logits of its requested rows.
     fn forward(&mut self, target: &mut dyn ModelBackend, batch: &ForwardBatch) -> Result<Vec<f32>, BackendError>;
+    /// Whether drafts come from a model pass after scheduling (then `propose` gives `None`).
+    fn runs_model(&self) -> bool {
+        true
+    }
     /// Whether the draft keeps K/V of its own that must catch up on unseen tokens.
     fn own_kv(&self) -> bool {
         false
@@ -63,6 +67,9 @@ impl NgramProposer {
 impl Proposer for NgramProposer {
     fn propose(&self, tokens: &[u32], k: usize) -> Option<Vec<u32>> {
         Some(self.lookup(tokens, k))
+    }
+    fn runs_model(&self) -> bool {
+        false
     }
     fn forward(&mut self, _target: &mut dyn ModelBackend, _batch: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
         Err(BackendError::InvalidBatch("the n-gram proposer runs no model".into()))

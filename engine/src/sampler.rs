@@ -129,10 +129,14 @@ pub fn process_logits(logits: &mut [f32], p: &SamplingParams, ctx: &SamplingCont
 
 /// Samples from processed logits: temperature, then min-p, top-k and top-p filters.
 fn sample_filtered(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
-    let cand = filtered_weights(logits, p);
+    draw_weighted(&filtered_weights(logits, p), rng)
+}
+
+/// Draws a token from `(token, weight)` pairs (weights need not sum to 1).
+pub fn draw_weighted(cand: &[(u32, f64)], rng: &mut Rng) -> u32 {
     let total: f64 = cand.iter().map(|c| c.1).sum();
     let mut u = rng.next_f64() * total;
-    for &(id, w) in &cand {
+    for &(id, w) in cand {
         if u < w {
             return id;
         }

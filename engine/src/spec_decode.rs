@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 
 use crate::llm_engine::{now_secs, EngineError, LLMEngine};
-use crate::sampler::{argmax, filtered_distribution, processed, sampled, Rng, SamplingContext};
+use crate::sampler::{argmax, draw_weighted, filtered_distribution, processed, sampled, Rng, SamplingContext};
 use crate::scheduler::SchedulerOutput;
 use crate::sequence::{SeqId, SequenceStatus};
 
@@ -79,26 +79,11 @@ pub fn accept_or_resample(p: &[(u32, f64)], draft: u32, q: &DraftDist, rng: &mut
         return (draft, true);
     }
     let residual: Vec<(u32, f64)> = p.iter().map(|&(t, pt)| (t, (pt - q.q(draft, t)).max(0.0))).filter(|x| x.1 > 0.0).collect();
-    let total: f64 = residual.iter().map(|x| x.1).sum();
-    if total <= 0.0 {
+    if residual.is_empty() {
         // p ≤ q everywhere means p = q: the draft distribution is the target's; resample it.
-        let mut u = rng.next_f64();
-        for &(t, pt) in p {
-            if u < pt {
-                return (t, false);
-            }
-            u -= pt;
-        }
-        return (p.last().map_or(draft, |x| x.0), false);
+        return (draw_weighted(p, rng), false);
     }
-    let mut u = rng.next_f64() * total;
-    for &(t, w) in &residual {
-        if u < w {
-            return (t, false);
-        }
-        u -= w;
-    }
-    (residual.last().expect("non-empty").0, false)
+    (draw_weighted(&residual, rng), false)
 }
 
 /// Per-sequence choice of how many tokens to propose. It estimates the probability `α` that a
@@ -182,18 +167,6 @@ pub fn best_k(alpha: f64, k_max: usize, slope: f64) -> usize {
     best.0
 }
 
-/// Draws from a normalised distribution.
-fn draw(dist: &[(u32, f64)], rng: &mut Rng) -> u32 {
-    let mut u = rng.next_f64();
-    for &(t, p) in dist {
-        if u < p {
-            return t;
-        }
-        u -= p;
-    }
-    dist.last().map_or(0, |x| x.0)
-}
-
 impl LLMEngine {
     /// Proposes drafts for every running, decoding sequence that may speculate.
     pub(crate) fn propose_drafts(&mut self) {
@@ -260,7 +233,7 @@ impl LLMEngine {
     /// sequence, keeping each draft distribution for the rejection rule.
     pub(crate) fn run_draft_model(&mut self, plan: &SchedulerOutput) -> Result<(), EngineError> {
         let Some(proposer) = self.proposer.as_deref() else { return Ok(()) };
-        if proposer.propose(&[], 0).is_some() {
+        if !proposer.runs_model() {
             return Ok(()); // drafts were known before the step
         }
         let own_kv = proposer.own_kv();
@@ -309,7 +282,7 @@ impl LLMEngine {
                     } else {
                         let dist = filtered_distribution(&work, &params);
                         let mut rng = Rng::new(seq.rng.next_u64());
-                        let t = draw(&dist, &mut rng);
+                        let t = draw_weighted(&dist, &mut rng);
                         let mut q = vec![0f32; vocab];
                         for (i, p) in dist {
                             q[i as usize] = p as f32;
@@ -356,7 +329,7 @@ impl LLMEngine {
                         accept_or_resample(&filtered_distribution(&work, &params), d, &q, &mut rng)
                     }
                     (None, true) => (argmax(&work), false),
-                    (None, false) => (draw(&filtered_distribution(&work, &params), &mut rng), false),
+                    (None, false) => (draw_weighted(&filtered_distribution(&work, &params), &mut rng), false),
                 }
             };
             self.stats.generation_tokens += 1;

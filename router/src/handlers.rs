@@ -234,7 +234,7 @@ async fn start(st: &Arc<AppState>, p: &Prepared) -> Result<(Route, Vec<WorkerStr
                 }
             });
         }
-        let worker = route.decode.worker().clone();
+        let worker = route.decode.clone();
         let prefill = route.prefill.clone();
         let prefill_addr = prefill.as_ref().map(|w| w.addr.clone()).unwrap_or_default();
         counter!("tandem_router_decisions_total", "decode_worker" => worker.addr.clone(), "prefill_worker" => if prefill_addr.is_empty() { "none".to_string() } else { prefill_addr.clone() }).increment(1);

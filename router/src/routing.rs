@@ -6,7 +6,7 @@
 //! `round-robin` and `least-loaded` ignore the cache. Each decision is kept for
 //! `GET /debug/routing` and counted in Prometheus.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,7 +18,7 @@ use tandem_engine::block_hash::{salt_digest, BlockHash, DEFAULT_HASH_SEED};
 use crate::cost::{self, Candidate, CostConfig};
 use crate::kv_index::{ApproxIndex, KvIndex, Matches, PrefixIndex};
 use crate::load::{LoadBook, LoadTicket};
-use crate::workers::{InflightGuard, Worker, WorkerPool};
+use crate::workers::{Worker, WorkerPool};
 
 /// How workers are chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,8 +54,8 @@ impl Default for RoutingConfig {
 
 /// Where a request goes.
 pub struct Route {
-    /// The decode worker (counted in flight until dropped).
-    pub decode: InflightGuard,
+    /// The decode worker.
+    pub decode: Arc<Worker>,
     /// The prefill worker, if any.
     pub prefill: Option<Arc<Worker>>,
     /// The load this request put on them.
@@ -201,7 +201,7 @@ impl Routing {
             }
             d.push_back(record);
         }
-        Some(Route { decode: InflightGuard::new(decode), prefill, ticket })
+        Some(Route { decode, prefill, ticket })
     }
 
     /// Updates the index and load gauges.
@@ -247,8 +247,4 @@ impl Routing {
         }
     }
 
-    /// The loads this router booked, by worker address (published to other replicas).
-    pub fn local_loads(&self) -> HashMap<String, crate::load::Load> {
-        self.load.local()
-    }
 }

@@ -141,7 +141,7 @@ impl LoadSync {
                 *guard = Some(RedisConn::connect(&self.url, Duration::from_millis(500)).await?);
             }
             let c = guard.as_mut().expect("connected above");
-            let mine = serde_json::to_vec(&state.routing.local_loads()).unwrap_or_default();
+            let mine = serde_json::to_vec(&state.routing.load.local()).unwrap_or_default();
             c.cmd(&[b"SET", self.key.as_bytes(), &mine, b"PX", b"2000"]).await?;
             let keys = c.cmd(&[b"KEYS", format!("{LOAD_PREFIX}*").as_bytes()]).await?;
             let others: Vec<String> = keys.items().iter().filter_map(Reply::text).filter(|k| *k != self.key).collect();

@@ -1,10 +1,10 @@
 //! The workers a router sends requests to: their gRPC channels, health and load.
 //!
 //! Which worker takes a request is decided in [`crate::routing`]; this module knows the
-//! workers: their channels, what their status checks said (health, id, block size, epoch) and
-//! how many requests this router has in flight on each.
+//! workers: their channels and what their status checks said (health, id, block size, context
+//! length).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,11 +18,9 @@ pub struct Worker {
     /// "host:port" of its gRPC listener.
     pub addr: String,
     channel: Channel,
-    inflight: AtomicUsize,
     healthy: AtomicBool,
     max_model_len: AtomicU32,
     block_size: AtomicU32,
-    epoch: AtomicU64,
     worker_id: Mutex<String>,
 }
 
@@ -36,11 +34,9 @@ impl Worker {
         Ok(Worker {
             addr: addr.to_string(),
             channel,
-            inflight: AtomicUsize::new(0),
             healthy: AtomicBool::new(true),
             max_model_len: AtomicU32::new(0),
             block_size: AtomicU32::new(0),
-            epoch: AtomicU64::new(0),
             worker_id: Mutex::new(String::new()),
         })
     }
@@ -53,11 +49,6 @@ impl Worker {
     /// Tokens per KV block the worker reported (0 until the first check).
     pub fn block_size(&self) -> usize {
         self.block_size.load(Ordering::Relaxed) as usize
-    }
-
-    /// Requests this router has in flight on the worker.
-    pub fn inflight(&self) -> usize {
-        self.inflight.load(Ordering::Relaxed)
     }
 
     /// Whether its last status check succeeded.
@@ -96,7 +87,6 @@ impl Worker {
         if let Ok(s) = &res {
             self.max_model_len.store(s.max_model_len, Ordering::Relaxed);
             self.block_size.store(s.block_size, Ordering::Relaxed);
-            self.epoch.store(s.epoch, Ordering::Relaxed);
             *self.worker_id.lock().expect("worker id lock") = s.worker_id.clone();
         }
         res
@@ -105,28 +95,6 @@ impl Worker {
     /// Marks the worker failed until its next successful status check.
     pub fn mark_failed(&self) {
         self.healthy.store(false, Ordering::Relaxed);
-    }
-}
-
-/// Counts a request in flight on a worker until dropped.
-pub struct InflightGuard(Arc<Worker>);
-
-impl InflightGuard {
-    /// Counts one more request on `w`.
-    pub fn new(w: Arc<Worker>) -> InflightGuard {
-        w.inflight.fetch_add(1, Ordering::Relaxed);
-        InflightGuard(w)
-    }
-
-    /// The worker.
-    pub fn worker(&self) -> &Arc<Worker> {
-        &self.0
-    }
-}
-
-impl Drop for InflightGuard {
-    fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -148,11 +116,6 @@ impl WorkerPool {
     /// Every worker, decode first.
     pub fn all(&self) -> impl Iterator<Item = &Arc<Worker>> {
         self.decode.iter().chain(self.prefill.iter())
-    }
-
-    /// The worker with id `id`.
-    pub fn by_id(&self, id: &str) -> Option<&Arc<Worker>> {
-        self.all().find(|w| w.worker_id() == id)
     }
 
     /// The block size the workers use (the first one reported), or `default`.

@@ -81,8 +81,14 @@ impl LoopState {
         for out in outs {
             let new_tokens: usize = out.outputs.iter().map(|c| c.token_ids.len()).sum();
             if new_tokens > 0 {
-                if let Some(prev) = self.last_token.insert(out.request_id.clone(), now) {
-                    m::observe_inter_token(now.duration_since(prev).as_secs_f64() / new_tokens as f64);
+                match self.last_token.get_mut(&out.request_id) {
+                    Some(prev) => {
+                        m::observe_inter_token(now.duration_since(*prev).as_secs_f64() / new_tokens as f64);
+                        *prev = now;
+                    }
+                    None => {
+                        self.last_token.insert(out.request_id.clone(), now);
+                    }
                 }
             }
             m::count_generation_tokens(new_tokens as u64);

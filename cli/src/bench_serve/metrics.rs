@@ -199,14 +199,13 @@ impl Report {
         }
         row("Output token throughput (tok/s):", format!("{:.2}", self.output_throughput));
         row("Total token throughput (tok/s):", format!("{:.2}", self.total_token_throughput));
-        for (name, st) in [("Time to First Token", self.ttft), ("Time per Output Token (excl. 1st token)", self.tpot), ("Inter-token Latency", self.itl), ("End-to-end Latency", self.e2e)] {
+        for (name, short, st) in [
+            ("Time to First Token", "TTFT", self.ttft),
+            ("Time per Output Token (excl. 1st token)", "TPOT", self.tpot),
+            ("Inter-token Latency", "ITL", self.itl),
+            ("End-to-end Latency", "E2EL", self.e2e),
+        ] {
             s.push_str(&format!("{:-^60}\n", format!(" {name} ")));
-            let short = match name.split_whitespace().next().unwrap_or("") {
-                "Time" if name.contains("First") => "TTFT",
-                "Time" => "TPOT",
-                "Inter-token" => "ITL",
-                _ => "E2EL",
-            };
             for (k, v) in [("Mean", st.mean_ms), ("Median", st.median_ms), ("P90", st.p90_ms), ("P99", st.p99_ms)] {
                 s.push_str(&format!("{:<44}{:>16.2}\n", format!("{k} {short} (ms):"), v));
             }
