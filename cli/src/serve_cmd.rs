@@ -68,6 +68,22 @@ pub enum PolicyArg {
     Fail,
 }
 
+/// Flags every worker takes.
+#[derive(Args, Debug, Clone)]
+pub struct WorkerArgs {
+    /// A KV transfer with no progress for this long has failed.
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    pub transfer_timeout: Duration,
+    /// Publish KV cache events to this Redis (`redis://host:port`) for prefix-aware routing.
+    #[arg(long, env = "TANDEM_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// Exit when standard input closes.
+    #[arg(long, hide = true)]
+    pub watch_stdin: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
 /// Arguments of `tandem decode`.
 #[derive(Args, Debug, Clone)]
 pub struct DecodeArgs {
@@ -82,9 +98,6 @@ pub struct DecodeArgs {
     /// Worker id (metrics label, status).
     #[arg(long, default_value = "decode-0")]
     pub worker_id: String,
-    /// A KV transfer with no progress for this long has failed.
-    #[arg(long, value_parser = parse_duration, default_value = "2s")]
-    pub transfer_timeout: Duration,
     /// Longest a remote prefill may take in all.
     #[arg(long, value_parser = parse_duration, default_value = "300s")]
     pub prefill_timeout: Duration,
@@ -97,14 +110,8 @@ pub struct DecodeArgs {
     /// This worker serves alone (prefill and decode): its role label is `both`.
     #[arg(long)]
     pub colocated: bool,
-    /// Publish KV cache events to this Redis (`redis://host:port`) for prefix-aware routing.
-    #[arg(long, env = "TANDEM_REDIS_URL")]
-    pub redis_url: Option<String>,
-    /// Exit when standard input closes.
-    #[arg(long, hide = true)]
-    pub watch_stdin: bool,
     #[command(flatten)]
-    pub engine: EngineArgs,
+    pub worker: WorkerArgs,
 }
 
 /// Arguments of `tandem prefill`.
@@ -118,17 +125,8 @@ pub struct PrefillArgs {
     /// Worker id (metrics label, status).
     #[arg(long, default_value = "prefill-0")]
     pub worker_id: String,
-    /// A KV transfer with no progress for this long has failed.
-    #[arg(long, value_parser = parse_duration, default_value = "2s")]
-    pub transfer_timeout: Duration,
-    /// Publish KV cache events to this Redis (`redis://host:port`) for prefix-aware routing.
-    #[arg(long, env = "TANDEM_REDIS_URL")]
-    pub redis_url: Option<String>,
-    /// Exit when standard input closes.
-    #[arg(long, hide = true)]
-    pub watch_stdin: bool,
     #[command(flatten)]
-    pub engine: EngineArgs,
+    pub worker: WorkerArgs,
 }
 
 /// Arguments of `tandem router`.
@@ -197,13 +195,13 @@ fn load_engine(model: &ModelArgs, engine: &EngineArgs) -> Result<(LLMEngine, Str
 
 /// `tandem decode`.
 pub fn run_decode(a: DecodeArgs) -> Result<()> {
-    let (engine, name) = load_engine(&a.model, &a.engine)?;
+    let (engine, name) = load_engine(&a.model, &a.worker.engine)?;
     let cfg = tandem_decode::DecodeConfig {
         model_name: name,
         worker_id: a.worker_id,
         listen: a.listen,
         kv_listen: a.kv_listen,
-        transfer_timeout: a.transfer_timeout,
+        transfer_timeout: a.worker.transfer_timeout,
         prefill_timeout: a.prefill_timeout,
         failure_policy: match a.kv_failure_policy {
             PolicyArg::Recompute => tandem_decode::FailurePolicy::Recompute,
@@ -211,17 +209,17 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
         },
         min_remote_prefill_tokens: a.disagg_min_tokens,
         role: if a.colocated { "both".into() } else { "decode".into() },
-        watch_stdin: a.watch_stdin,
-        redis_url: a.redis_url,
+        watch_stdin: a.worker.watch_stdin,
+        redis_url: a.worker.redis_url,
     };
     runtime()?.block_on(tandem_decode::run(engine, cfg))
 }
 
 /// `tandem prefill`.
 pub fn run_prefill(a: PrefillArgs) -> Result<()> {
-    let (engine, name) = load_engine(&a.model, &a.engine)?;
+    let (engine, name) = load_engine(&a.model, &a.worker.engine)?;
     let fault = std::env::var("TANDEM_FAULT_INJECT").ok().and_then(|s| tandem_prefill::Fault::parse(&s));
-    let cfg = tandem_prefill::PrefillConfig { model_name: name, worker_id: a.worker_id, listen: a.listen, transfer_timeout: a.transfer_timeout, watch_stdin: a.watch_stdin, fault, redis_url: a.redis_url };
+    let cfg = tandem_prefill::PrefillConfig { model_name: name, worker_id: a.worker_id, listen: a.listen, transfer_timeout: a.worker.transfer_timeout, watch_stdin: a.worker.watch_stdin, fault, redis_url: a.worker.redis_url };
     runtime()?.block_on(tandem_prefill::run(engine, cfg))
 }
 

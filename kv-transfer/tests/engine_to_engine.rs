@@ -5,30 +5,17 @@
 
 use std::time::Duration;
 
-use tandem_engine::block_hash::DEFAULT_HASH_SEED;
 use tandem_engine::sampler::{SampledToken, TokenLogprob};
 use tandem_engine::scheduler::SchedulerConfig;
 use tandem_engine::{model_fetch, CompletionOutput, EngineConfig, LLMEngine, LoadOptions, Model, Prompt, RequestOptions, SamplingParams};
 use tandem_kv_transfer::tcp::{PageSink, TcpReceiver, TcpSender};
-use tandem_kv_transfer::{KvDtype, KvLayout, KvPage};
+use tandem_kv_transfer::KvPage;
+use tandem_worker::kv::kv_layout;
 
 fn engine(budget: usize) -> LLMEngine {
     let m = Model::load(&model_fetch::default_model_path().unwrap(), LoadOptions::with_kv_tokens(1024)).unwrap();
     let cfg = EngineConfig { scheduler: SchedulerConfig { max_num_batched_tokens: budget, ..Default::default() }, ..Default::default() };
     LLMEngine::new(m, cfg)
-}
-
-fn layout(e: &LLMEngine) -> KvLayout {
-    let c = &e.model_config;
-    KvLayout {
-        model_id: c.name.clone(),
-        dtype: KvDtype::F32,
-        block_size: e.block_manager().block_size() as u32,
-        num_layers: c.num_layers as u32,
-        num_kv_heads: c.num_kv_heads as u32,
-        head_dim: c.head_dim as u32,
-        hash_seed: DEFAULT_HASH_SEED,
-    }
 }
 
 struct EngineSink<'a> {
@@ -97,14 +84,14 @@ fn prefill_engine_to_decode_engine_over_tcp_equals_colocated() {
 
     // Decode worker: reserve blocks, receive pages over TCP, continue.
     let rp = decode.add_remote_prefill("req", Prompt::TokenIds(prompt.clone()), params.clone(), RequestOptions::default()).unwrap().unwrap();
-    let receiver = TcpReceiver::bind("127.0.0.1:0", layout(&decode), Duration::from_secs(2)).unwrap();
+    let receiver = TcpReceiver::bind("127.0.0.1:0", kv_layout(&decode), Duration::from_secs(2)).unwrap();
     let addr = receiver.local_addr().unwrap();
     let skip = rp.num_cached_tokens / 16;
     std::thread::scope(|scope| {
         let sink_engine = &mut decode;
         let table = rp.block_table.clone();
         let rx = scope.spawn(move || receiver.serve_one(&mut EngineSink { engine: sink_engine, table }));
-        let mut tx = TcpSender::connect(addr, &layout(&prefill), Duration::from_secs(2)).unwrap();
+        let mut tx = TcpSender::connect(addr, &kv_layout(&prefill), Duration::from_secs(2)).unwrap();
         for (i, &blk) in src.iter().enumerate().skip(skip) {
             let payload = prefill.read_kv_block(blk).unwrap();
             tx.send(&KvPage { transfer_id: 1, index: i as u32, block_hash: 0, payload }).unwrap();
