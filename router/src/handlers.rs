@@ -217,23 +217,16 @@ type WorkerStream = tonic::Streaming<pb::GenerateResponse>;
 
 /// Starts one `Generate` stream per prompt on a decode worker; a worker that cannot be reached
 /// is marked failed and another one is tried.
-async fn start(st: &Arc<AppState>, p: &Prepared) -> Result<(Route, Vec<WorkerStream>), ApiError> {
+async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>), ApiError> {
     let mut last_err = ApiError::unavailable("no decode worker is configured");
     let mut tried: Vec<String> = Vec::new();
     for _attempt in 0..st.pool.decode.len().max(1) {
-        // See the other replicas' latest load, decide, and let them see ours at once.
+        // See the other replicas' latest load, then decide (the booking wakes the load loop,
+        // which publishes ours).
         if let Some(sync) = &st.load_sync {
             sync.exchange(st, Duration::from_millis(100)).await;
         }
         let Some(route) = st.routing.route(&st.pool, &p.id, &p.prompts[0], &p.cache_salt, &tried) else { break };
-        if st.load_sync.is_some() {
-            let st2 = st.clone();
-            tokio::spawn(async move {
-                if let Some(sync) = &st2.load_sync {
-                    sync.exchange(&st2, Duration::from_millis(500)).await;
-                }
-            });
-        }
         let worker = route.decode.clone();
         let prefill = route.prefill.clone();
         let prefill_addr = prefill.as_ref().map(|w| w.addr.clone()).unwrap_or_default();

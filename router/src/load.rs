@@ -3,8 +3,8 @@
 //! A request adds its uncached prompt tokens to its prefill worker's queue and its KV blocks to
 //! its decode worker when it is dispatched; the prefill share leaves at the first token, the
 //! decode share at completion (a [`LoadTicket`] does both, also when the request fails or the
-//! client goes away). Each replica publishes its own totals to Redis with an expiry and reads
-//! the others', so two routers see each other's load; without Redis each sees its own.
+//! client goes away). Each replica publishes its own totals to Redis as soon as they change and
+//! reads the others', so two routers see each other's load; without Redis each sees its own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,8 +23,8 @@ pub struct Load {
 pub struct LoadBook {
     local: Mutex<HashMap<String, Load>>,
     remote: Mutex<HashMap<String, Load>>,
-    /// Signalled when this router's load drops, so replicas hear of it at once.
-    pub released: tokio::sync::Notify,
+    /// Signalled when this router's load changes, so replicas hear of it at once.
+    pub changed: tokio::sync::Notify,
 }
 
 impl LoadBook {
@@ -57,6 +57,7 @@ impl LoadBook {
     pub fn book(self: &Arc<Self>, prefill: &str, prefill_tokens: f64, decode: &str, decode_blocks: f64) -> LoadTicket {
         self.add(prefill, prefill_tokens, 0.0);
         self.add(decode, 0.0, decode_blocks);
+        self.changed.notify_one();
         LoadTicket { book: self.clone(), prefill: Some((prefill.to_string(), prefill_tokens)), decode: (decode.to_string(), decode_blocks) }
     }
 }
@@ -74,7 +75,7 @@ impl LoadTicket {
     pub fn first_token(&mut self) {
         if let Some((w, t)) = self.prefill.take() {
             self.book.add(&w, -t, 0.0);
-            self.book.released.notify_one();
+            self.book.changed.notify_one();
         }
     }
 }
@@ -84,7 +85,7 @@ impl Drop for LoadTicket {
         self.first_token();
         let (w, b) = &self.decode;
         self.book.add(w, 0.0, -b);
-        self.book.released.notify_one();
+        self.book.changed.notify_one();
     }
 }
 

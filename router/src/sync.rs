@@ -16,7 +16,20 @@ use crate::handlers::AppState;
 use crate::kv_index::Applied;
 use crate::load::Load;
 
-const LOAD_PREFIX: &str = "tandem:load:";
+/// Redis hash of every router's booked load: field = router id, value = `{"at": ms, "loads": {…}}`.
+const LOAD_KEY: &str = "tandem:load";
+/// A replica's entry older than this is ignored (and removed): that router is gone.
+const LOAD_TTL_MS: u64 = 2000;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct LoadEntry {
+    at: u64,
+    loads: HashMap<String, Load>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
 
 /// Starts both loops.
 pub fn spawn(state: Arc<AppState>, url: String) {
@@ -117,19 +130,21 @@ async fn events_loop(state: Arc<AppState>, url: String) {
     }
 }
 
-/// Exchanges this router's booked load with the other replicas' through Redis: publishes its
-/// own totals (with an expiry, so a dead replica's load vanishes) and sums the others'. Called
-/// before every routing decision, after every booking and release, and on a timer.
+/// Exchanges this router's booked load with the other replicas' through Redis, in one round
+/// trip: writes its own totals with a timestamp into one hash and reads every replica's entry,
+/// ignoring (and removing) entries older than 2 s, so a dead replica's load vanishes. Called
+/// before every routing decision, by the load loop when a booking or release changes the
+/// load, and every 250 ms.
 pub struct LoadSync {
     url: String,
-    key: String,
+    field: String,
     conn: tokio::sync::Mutex<Option<RedisConn>>,
 }
 
 impl LoadSync {
     /// A syncer for router `router_id`.
     pub fn new(url: String, router_id: &str) -> LoadSync {
-        LoadSync { url, key: format!("{LOAD_PREFIX}{router_id}"), conn: tokio::sync::Mutex::new(None) }
+        LoadSync { url, field: router_id.to_string(), conn: tokio::sync::Mutex::new(None) }
     }
 
     /// One exchange, bounded by `timeout`; on failure the other replicas' load is taken as
@@ -141,22 +156,31 @@ impl LoadSync {
                 *guard = Some(RedisConn::connect(&self.url, Duration::from_millis(500)).await?);
             }
             let c = guard.as_mut().expect("connected above");
-            let mine = serde_json::to_vec(&state.routing.load.local()).unwrap_or_default();
-            c.cmd(&[b"SET", self.key.as_bytes(), &mine, b"PX", b"2000"]).await?;
-            let keys = c.cmd(&[b"KEYS", format!("{LOAD_PREFIX}*").as_bytes()]).await?;
-            let others: Vec<String> = keys.items().iter().filter_map(Reply::text).filter(|k| *k != self.key).collect();
+            let now = now_ms();
+            let mine = serde_json::to_vec(&LoadEntry { at: now, loads: state.routing.load.local() }).unwrap_or_default();
+            let replies = c.pipeline(&[&[b"HSET", LOAD_KEY.as_bytes(), self.field.as_bytes(), &mine], &[b"HGETALL", LOAD_KEY.as_bytes()]]).await?;
             let mut sum: HashMap<String, Load> = HashMap::new();
-            if !others.is_empty() {
-                let mut args: Vec<&[u8]> = vec![b"MGET"];
-                args.extend(others.iter().map(|k| k.as_bytes()));
-                for v in c.cmd(&args).await?.items() {
-                    let Some(m) = v.bytes().and_then(|b| serde_json::from_slice::<HashMap<String, Load>>(b).ok()) else { continue };
-                    for (w, l) in m {
-                        let e = sum.entry(w).or_default();
-                        e.prefill_tokens += l.prefill_tokens;
-                        e.decode_blocks += l.decode_blocks;
-                    }
+            let mut stale: Vec<String> = Vec::new();
+            for pair in replies[1].items().chunks(2) {
+                let (Some(field), Some(value)) = (pair[0].text(), pair.get(1).and_then(Reply::bytes)) else { continue };
+                if field == self.field {
+                    continue;
                 }
+                match serde_json::from_slice::<LoadEntry>(value) {
+                    Ok(e) if now.saturating_sub(e.at) <= LOAD_TTL_MS => {
+                        for (w, l) in e.loads {
+                            let s = sum.entry(w).or_default();
+                            s.prefill_tokens += l.prefill_tokens;
+                            s.decode_blocks += l.decode_blocks;
+                        }
+                    }
+                    _ => stale.push(field),
+                }
+            }
+            if !stale.is_empty() {
+                let mut args: Vec<&[u8]> = vec![b"HDEL", LOAD_KEY.as_bytes()];
+                args.extend(stale.iter().map(|f| f.as_bytes()));
+                c.cmd(&args).await?;
             }
             Ok::<_, tandem_worker::redis::RedisError>(sum)
         };
@@ -178,10 +202,10 @@ impl LoadSync {
 async fn load_loop(state: Arc<AppState>) {
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
-        // Every 250 ms, and at once when a request releases its load.
+        // Every 250 ms, and at once when a booking or a release changes this router's load.
         tokio::select! {
             _ = tick.tick() => {}
-            _ = state.routing.load.released.notified() => {}
+            _ = state.routing.load.changed.notified() => {}
         }
         if let Some(sync) = &state.load_sync {
             sync.exchange(&state, Duration::from_millis(500)).await;

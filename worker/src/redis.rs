@@ -98,19 +98,38 @@ impl RedisConn {
 
     /// Like [`RedisConn::cmd`] with its own timeout (for blocking reads).
     pub async fn cmd_timeout(&mut self, args: &[&[u8]], timeout: Duration) -> Result<Reply, RedisError> {
-        let mut buf = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            buf.extend(format!("${}\r\n", a.len()).as_bytes());
-            buf.extend_from_slice(a);
-            buf.extend_from_slice(b"\r\n");
+        let mut replies = self.pipeline_timeout(&[args], timeout).await?;
+        Ok(replies.pop().expect("one reply per command"))
+    }
+
+    /// Sends several commands in one write and reads their replies (one round trip); the first
+    /// server error fails the whole exchange.
+    pub async fn pipeline(&mut self, cmds: &[&[&[u8]]]) -> Result<Vec<Reply>, RedisError> {
+        self.pipeline_timeout(cmds, self.timeout).await
+    }
+
+    async fn pipeline_timeout(&mut self, cmds: &[&[&[u8]]], timeout: Duration) -> Result<Vec<Reply>, RedisError> {
+        let mut buf = Vec::new();
+        for args in cmds {
+            buf.extend(format!("*{}\r\n", args.len()).as_bytes());
+            for a in *args {
+                buf.extend(format!("${}\r\n", a.len()).as_bytes());
+                buf.extend_from_slice(a);
+                buf.extend_from_slice(b"\r\n");
+            }
         }
         let fut = async {
             self.stream.get_mut().write_all(&buf).await?;
-            read_reply(&mut self.stream).await
+            let mut out = Vec::with_capacity(cmds.len());
+            for _ in cmds {
+                out.push(read_reply(&mut self.stream).await?);
+            }
+            Ok::<_, RedisError>(out)
         };
-        match tokio::time::timeout(timeout, fut).await.map_err(|_| RedisError::Timeout(timeout))?? {
-            Reply::Error(e) => Err(RedisError::Server(e)),
-            r => Ok(r),
+        let replies = tokio::time::timeout(timeout, fut).await.map_err(|_| RedisError::Timeout(timeout))??;
+        match replies.iter().find_map(|r| if let Reply::Error(e) = r { Some(e.clone()) } else { None }) {
+            Some(e) => Err(RedisError::Server(e)),
+            None => Ok(replies),
         }
     }
 }
