@@ -1,3 +1,17 @@
-//! Kubernetes operator for the InferenceService resource.
+//! Kubernetes operator for Tandem: reconciles `InferenceService` resources (`tandem.dev/v1alpha1`)
+//! into the router, prefill and decode workloads.
 //!
-//! This crate is a placeholder in the workspace layout; its service lands in a later change.
+//! - [`crd`]: the resource's types; the CRD YAML is generated from them.
+//! - [`validate`]: the operator's check of a spec (mirrors the CRD's CEL rules).
+//! - [`workloads`]: the objects a spec becomes (ConfigMap, Deployments, Services,
+//!   PodDisruptionBudgets, ServiceMonitor).
+//! - [`status`]: replica counts and conditions.
+//! - [`controller`]: the reconciler (server-side apply, finalizer, Events).
+//! - [`dashboards`]: the Grafana dashboards shipped in the chart.
+
+pub mod controller;
+pub mod crd;
+pub mod dashboards;
+pub mod status;
+pub mod validate;
+pub mod workloads;

@@ -1,0 +1,138 @@
+//! The operator's own check of a spec, before it touches any workload.
+//!
+//! The CRD's schema and CEL rules reject most bad specs at the API server; this repeats those
+//! rules (an API server may run without CEL, or an object may predate a stricter CRD) and adds
+//! what the schema cannot say. A spec that fails is reported as `Degraded` with reason
+//! `InvalidSpec` and a Warning Event; the running workloads are left as they were.
+
+use crate::crd::{Accelerator, DisaggregationMode, InferenceServiceSpec, KvBackend};
+
+/// Every problem with `spec`, as messages naming the field; empty when it is valid.
+pub fn problems(spec: &InferenceServiceSpec) -> Vec<String> {
+    let mut p = Vec::new();
+    if spec.image.trim().is_empty() {
+        p.push("spec.image must not be empty".to_string());
+    }
+    if spec.router.replicas < 1 {
+        p.push(format!("spec.router.replicas must be at least 1 (got {})", spec.router.replicas));
+    }
+    if !(0.0..=100.0).contains(&spec.router.overlap_weight) || !(0.0..=100.0).contains(&spec.router.decode_weight) {
+        p.push("spec.router.overlapWeight and decodeWeight must lie in [0, 100]".to_string());
+    }
+    if let Some(url) = &spec.router.redis_url {
+        if !url.starts_with("redis://") {
+            p.push(format!("spec.router.redisUrl must start with redis:// (got {url:?})"));
+        }
+    }
+    if let Some(path) = &spec.model.path {
+        if !path.starts_with('/') {
+            p.push(format!("spec.model.path must be absolute (got {path:?})"));
+        }
+    }
+    for (role, w) in [("decode", Some(&spec.decode)), ("prefill", spec.prefill.as_ref())] {
+        let Some(w) = w else { continue };
+        if w.replicas < 0 {
+            p.push(format!("spec.{role}.replicas must not be negative (got {})", w.replicas));
+        }
+        if !(1..=8).contains(&w.tensor_parallel) {
+            p.push(format!("spec.{role}.tensorParallel must be between 1 and 8 (got {})", w.tensor_parallel));
+        }
+        if w.tensor_parallel > 1 && w.accelerator == Accelerator::Cpu {
+            p.push(format!("spec.{role}.tensorParallel > 1 needs accelerator: nvidia"));
+        }
+        if let Some(n) = w.max_num_batched_tokens {
+            if n < spec.kv_transfer.block_size {
+                p.push(format!("spec.{role}.maxNumBatchedTokens must be at least kvTransfer.blockSize (got {n})"));
+            }
+        }
+    }
+    if let Some(prefill) = &spec.prefill {
+        if spec.decode.tensor_parallel < prefill.tensor_parallel {
+            p.push(format!(
+                "spec.decode.tensorParallel ({}) must be at least spec.prefill.tensorParallel ({})",
+                spec.decode.tensor_parallel, prefill.tensor_parallel
+            ));
+        }
+        if prefill.speculative.is_some() {
+            p.push("spec.prefill.speculative is a decode setting".to_string());
+        }
+    } else if spec.disaggregation.mode == DisaggregationMode::Always {
+        p.push("spec.disaggregation.mode 'always' needs spec.prefill".to_string());
+    }
+    if ![8, 16, 32, 64, 128].contains(&spec.kv_transfer.block_size) {
+        p.push(format!("spec.kvTransfer.blockSize must be one of 8, 16, 32, 64, 128 (got {})", spec.kv_transfer.block_size));
+    }
+    if spec.kv_transfer.backend == KvBackend::Nccl {
+        let all_gpu = spec.decode.accelerator == Accelerator::Nvidia && spec.prefill.as_ref().is_none_or(|w| w.accelerator == Accelerator::Nvidia);
+        if !all_gpu {
+            p.push("spec.kvTransfer.backend 'nccl' needs accelerator 'nvidia' on every worker role".to_string());
+        } else {
+            p.push("spec.kvTransfer.backend 'nccl' is not available in this release of the workers; use 'tcp'".to_string());
+        }
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::InferenceService;
+    use kube::CustomResourceExt;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> InferenceServiceSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn defaults_are_valid_and_each_rule_names_its_field() {
+        assert!(problems(&spec(json!({}))).is_empty());
+        assert!(problems(&spec(json!({ "prefill": {}, "disaggregation": { "mode": "always" } }))).is_empty());
+        let cases = [
+            (json!({ "router": { "replicas": 0 } }), "spec.router.replicas"),
+            (json!({ "decode": { "replicas": -1 } }), "spec.decode.replicas"),
+            (json!({ "prefill": { "tensorParallel": 2, "accelerator": "nvidia" }, "decode": { "accelerator": "nvidia" } }), "spec.decode.tensorParallel (1) must be at least"),
+            (json!({ "disaggregation": { "mode": "always" } }), "needs spec.prefill"),
+            (json!({ "kvTransfer": { "blockSize": 12 } }), "blockSize"),
+            (json!({ "kvTransfer": { "backend": "nccl" } }), "needs accelerator 'nvidia'"),
+            (json!({ "prefill": { "speculative": { "method": "ngram" } } }), "decode setting"),
+            (json!({ "model": { "path": "models/x.gguf" } }), "spec.model.path"),
+            (json!({ "router": { "redisUrl": "http://x" } }), "redisUrl"),
+            (json!({ "decode": { "tensorParallel": 2 } }), "needs accelerator: nvidia"),
+        ];
+        for (v, want) in cases {
+            let p = problems(&spec(v.clone()));
+            assert!(p.iter().any(|m| m.contains(want)), "{v}: {p:?}");
+        }
+    }
+
+    /// The same rules as CEL in the CRD, evaluated by kube's CEL interpreter on the same
+    /// specs: the API server and the operator agree.
+    #[test]
+    fn crd_cel_rules_agree() {
+        let crd = serde_json::to_value(InferenceService::crd()).unwrap();
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        let text = schema.to_string();
+        for rule in ["self.decode.tensorParallel >= self.prefill.tensorParallel", "self.disaggregation.mode != 'always' || has(self.prefill)", "self in [8, 16, 32, 64, 128]"] {
+            assert!(text.contains(rule), "missing rule {rule}");
+        }
+        let spec_schema = &schema["properties"]["spec"];
+        let cases = [
+            (json!({}), true),
+            (json!({ "prefill": { "tensorParallel": 2, "accelerator": "nvidia" }, "decode": { "tensorParallel": 1, "accelerator": "nvidia" } }), false),
+            (json!({ "prefill": { "tensorParallel": 1 }, "decode": { "tensorParallel": 1 } }), true),
+            (json!({ "disaggregation": { "mode": "always" } }), false),
+            (json!({ "kvTransfer": { "blockSize": 12 } }), false),
+            (json!({ "kvTransfer": { "backend": "nccl" } }), false),
+            (json!({ "prefill": { "speculative": { "method": "ngram" } } }), false),
+        ];
+        for (v, ok) in cases {
+            // As the API server would: schema defaults applied, then the rules.
+            let cel = kube::core::cel::Validator::new().validate(spec_schema, &v, None);
+            assert_eq!(cel.is_ok(), ok, "{v}: CEL said {cel:?}");
+            let mine = problems(&spec(v.clone()));
+            let mine_ok = mine.iter().all(|m| m.contains("not available in this release"));
+            assert_eq!(mine_ok, ok, "{v}: operator said {mine:?}");
+        }
+    }
+}

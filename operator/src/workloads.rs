@@ -1,0 +1,546 @@
+//! The objects an `InferenceService` is made of, built from its spec: the ConfigMap the services
+//! read, one Deployment, Service and PodDisruptionBudget per role, and a ServiceMonitor.
+//!
+//! Every object carries the labels [`selector_labels`] (so the operator finds its objects with
+//! one list per kind), an owner reference to the `InferenceService`, and the annotation
+//! [`HASH_ANNOTATION`]: a digest of the object as built, which lets the controller skip objects
+//! that already match without comparing against fields the API server defaulted.
+
+use std::collections::BTreeMap;
+
+use kube::api::ApiResource;
+use kube::{Resource, ResourceExt};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::crd::{Accelerator, DisaggregationMode, InferenceService, WorkerSpec};
+
+/// Annotation holding the digest of the object as the operator built it.
+pub const HASH_ANNOTATION: &str = "tandem.dev/applied-hash";
+/// Pod-template annotation that changes with the ConfigMap, so a config change rolls the pods.
+pub const CONFIG_HASH_ANNOTATION: &str = "tandem.dev/config-hash";
+/// Label naming the `InferenceService` an object belongs to.
+pub const SERVICE_LABEL: &str = "tandem.dev/service";
+/// Label naming the role (`router`, `prefill`, `decode`).
+pub const ROLE_LABEL: &str = "app.kubernetes.io/component";
+
+/// The router's HTTP port (OpenAI API, `/metrics`, `/health`).
+pub const ROUTER_PORT: i32 = 8000;
+/// The prefill workers' gRPC + HTTP port.
+pub const PREFILL_PORT: i32 = 50051;
+/// The decode workers' gRPC + HTTP port.
+pub const DECODE_PORT: i32 = 50061;
+/// The decode workers' KV page port.
+pub const KV_PORT: i32 = 50062;
+/// Where the workers keep the fetched default model.
+pub const CACHE_DIR: &str = "/var/cache/tandem";
+
+/// A role of the deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// The OpenAI gateway.
+    Router,
+    /// Prefill workers.
+    Prefill,
+    /// Decode workers.
+    Decode,
+}
+
+impl Role {
+    /// All roles, in the order they are deleted (traffic first).
+    pub const ALL: [Role; 3] = [Role::Router, Role::Prefill, Role::Decode];
+
+    /// The label value and name suffix.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Router => "router",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+/// The kinds of object the operator manages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// `v1/ConfigMap`.
+    ConfigMap,
+    /// `apps/v1/Deployment`.
+    Deployment,
+    /// `v1/Service`.
+    Service,
+    /// `policy/v1/PodDisruptionBudget`.
+    PodDisruptionBudget,
+    /// `monitoring.coreos.com/v1/ServiceMonitor` (only where that API exists).
+    ServiceMonitor,
+}
+
+impl Kind {
+    /// Every managed kind, in apply order (configuration before the pods that read it).
+    pub const ALL: [Kind; 5] = [Kind::ConfigMap, Kind::Service, Kind::Deployment, Kind::PodDisruptionBudget, Kind::ServiceMonitor];
+
+    /// Group, version, kind and plural of the kind's API.
+    pub fn api_resource(self) -> ApiResource {
+        let (group, version, kind, plural) = match self {
+            Kind::ConfigMap => ("", "v1", "ConfigMap", "configmaps"),
+            Kind::Deployment => ("apps", "v1", "Deployment", "deployments"),
+            Kind::Service => ("", "v1", "Service", "services"),
+            Kind::PodDisruptionBudget => ("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+            Kind::ServiceMonitor => ("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors"),
+        };
+        let api_version = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+        ApiResource { group: group.into(), version: version.into(), api_version, kind: kind.into(), plural: plural.into() }
+    }
+}
+
+/// One object the operator wants to exist.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    /// Its kind.
+    pub kind: Kind,
+    /// Its name.
+    pub name: String,
+    /// The whole object (apiVersion, kind, metadata with the hash annotation, spec or data).
+    pub object: Value,
+}
+
+impl Desired {
+    /// The digest stored in [`HASH_ANNOTATION`].
+    pub fn hash(&self) -> &str {
+        self.object["metadata"]["annotations"][HASH_ANNOTATION].as_str().unwrap_or_default()
+    }
+}
+
+/// Labels every object of `isvc` carries (and selects its objects by).
+pub fn selector_labels(isvc: &InferenceService) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "tandem".to_string()),
+        ("app.kubernetes.io/instance".to_string(), isvc.name_any()),
+        ("app.kubernetes.io/managed-by".to_string(), "tandem-operator".to_string()),
+        (SERVICE_LABEL.to_string(), isvc.name_any()),
+    ])
+}
+
+/// The label selector string of `isvc`'s objects.
+pub fn selector_string(isvc: &InferenceService) -> String {
+    format!("{SERVICE_LABEL}={}", isvc.name_any())
+}
+
+/// Name of a role's Deployment (and PodDisruptionBudget).
+pub fn role_name(isvc: &InferenceService, role: Role) -> String {
+    format!("{}-{}", isvc.name_any(), role.as_str())
+}
+
+/// Label selector of one role's pods.
+pub fn role_selector(isvc: &InferenceService, role: Role) -> String {
+    format!("{SERVICE_LABEL}={},{ROLE_LABEL}={}", isvc.name_any(), role.as_str())
+}
+
+/// Whether the router sends prompts to prefill workers.
+pub fn uses_prefill(isvc: &InferenceService) -> bool {
+    isvc.spec.prefill.is_some() && isvc.spec.disaggregation.mode != DisaggregationMode::Never
+}
+
+/// The OpenAI base URL inside the cluster.
+pub fn endpoint(isvc: &InferenceService) -> String {
+    format!("http://{}.{}.svc:{ROUTER_PORT}/v1", isvc.name_any(), isvc.namespace().unwrap_or_else(|| "default".into()))
+}
+
+fn digest(v: &Value) -> String {
+    let bytes = serde_json::to_vec(v).expect("json");
+    let d = Sha256::digest(&bytes);
+    d.iter().take(12).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Everything `isvc` should consist of. `service_monitors`: whether the cluster serves the
+/// ServiceMonitor API.
+pub fn desired(isvc: &InferenceService, service_monitors: bool) -> Vec<Desired> {
+    let config = config_map(isvc);
+    let config_hash = digest(&config["data"]);
+    let mut out = vec![finish(isvc, Kind::ConfigMap, config)];
+    let mut roles = vec![Role::Router, Role::Decode];
+    if isvc.spec.prefill.is_some() {
+        roles.insert(1, Role::Prefill);
+    }
+    out.push(finish(isvc, Kind::Service, router_service(isvc)));
+    for &role in &roles[1..] {
+        out.push(finish(isvc, Kind::Service, worker_service(isvc, role)));
+    }
+    for &role in &roles {
+        out.push(finish(isvc, Kind::Deployment, deployment(isvc, role, &config_hash)));
+    }
+    for &role in &roles {
+        out.push(finish(isvc, Kind::PodDisruptionBudget, pdb(isvc, role)));
+    }
+    if service_monitors && isvc.spec.monitoring.service_monitor {
+        out.push(finish(isvc, Kind::ServiceMonitor, service_monitor(isvc)));
+    }
+    out
+}
+
+/// Adds apiVersion/kind, the common labels, the owner reference and the hash annotation.
+fn finish(isvc: &InferenceService, kind: Kind, mut object: Value) -> Desired {
+    let ar = kind.api_resource();
+    object["apiVersion"] = json!(ar.api_version);
+    object["kind"] = json!(ar.kind);
+    let meta = &mut object["metadata"];
+    meta["namespace"] = json!(isvc.namespace());
+    let mut labels = selector_labels(isvc);
+    if let Some(extra) = meta["labels"].as_object() {
+        for (k, v) in extra {
+            labels.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+        }
+    }
+    meta["labels"] = json!(labels);
+    if let Some(owner) = isvc.controller_owner_ref(&()) {
+        meta["ownerReferences"] = json!([owner]);
+    }
+    let hash = digest(&object);
+    object["metadata"]["annotations"] = json!({ HASH_ANNOTATION: hash });
+    let name = object["metadata"]["name"].as_str().expect("named").to_string();
+    Desired { kind, name, object }
+}
+
+/// The environment every service reads (`envFrom`): model, block size, routing and transfer
+/// settings. The services take each of these from the variable when the flag is not given.
+pub fn config_data(isvc: &InferenceService) -> BTreeMap<String, String> {
+    let s = &isvc.spec;
+    let mut d = BTreeMap::new();
+    if let Some(path) = &s.model.path {
+        d.insert("TANDEM_MODEL".into(), path.clone());
+    }
+    if let Some(name) = &s.model.name {
+        d.insert("TANDEM_SERVED_MODEL_NAME".into(), name.clone());
+    }
+    d.insert("TANDEM_CACHE_DIR".into(), CACHE_DIR.into());
+    d.insert("TANDEM_LOG_FORMAT".into(), "json".into());
+    d.insert("TANDEM_BLOCK_SIZE".into(), s.kv_transfer.block_size.to_string());
+    d.insert("TANDEM_TRANSFER_TIMEOUT".into(), format!("{}s", s.kv_transfer.timeout_seconds));
+    d.insert("TANDEM_KV_FAILURE_POLICY".into(), s.kv_transfer.failure_policy.as_str().into());
+    let min_tokens = match s.disaggregation.mode {
+        DisaggregationMode::Always => 1,
+        _ => s.disaggregation.min_tokens,
+    };
+    d.insert("TANDEM_DISAGG_MIN_TOKENS".into(), min_tokens.to_string());
+    d.insert("TANDEM_ROUTING_POLICY".into(), s.router.policy.as_str().into());
+    d.insert("TANDEM_OVERLAP_WEIGHT".into(), s.router.overlap_weight.to_string());
+    d.insert("TANDEM_DECODE_WEIGHT".into(), s.router.decode_weight.to_string());
+    if let Some(url) = &s.router.redis_url {
+        d.insert("TANDEM_REDIS_URL".into(), url.clone());
+    }
+    d
+}
+
+fn config_map(isvc: &InferenceService) -> Value {
+    json!({
+        "metadata": { "name": format!("{}-config", isvc.name_any()) },
+        "data": config_data(isvc),
+    })
+}
+
+fn role_labels(role: Role) -> Value {
+    json!({ ROLE_LABEL: role.as_str() })
+}
+
+fn router_service(isvc: &InferenceService) -> Value {
+    let mut sel = selector_labels(isvc);
+    sel.insert(ROLE_LABEL.into(), "router".into());
+    json!({
+        "metadata": { "name": isvc.name_any(), "labels": role_labels(Role::Router) },
+        "spec": {
+            "type": match isvc.spec.router.service_type {
+                crate::crd::ServiceType::ClusterIP => "ClusterIP",
+                crate::crd::ServiceType::NodePort => "NodePort",
+                crate::crd::ServiceType::LoadBalancer => "LoadBalancer",
+            },
+            "selector": sel,
+            "ports": [{ "name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP" }],
+        },
+    })
+}
+
+/// Headless: its DNS name resolves to every ready worker's address, which is how routers find
+/// the workers.
+fn worker_service(isvc: &InferenceService, role: Role) -> Value {
+    let mut sel = selector_labels(isvc);
+    sel.insert(ROLE_LABEL.into(), role.as_str().into());
+    let port = if role == Role::Prefill { PREFILL_PORT } else { DECODE_PORT };
+    json!({
+        "metadata": { "name": role_name(isvc, role), "labels": role_labels(role) },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": false,
+            "selector": sel,
+            "ports": [{ "name": "grpc", "port": port, "targetPort": "grpc", "protocol": "TCP" }],
+        },
+    })
+}
+
+/// DNS name of a role's headless Service.
+fn worker_dns(isvc: &InferenceService, role: Role) -> String {
+    format!("{}.{}.svc", role_name(isvc, role), isvc.namespace().unwrap_or_else(|| "default".into()))
+}
+
+fn container_args(isvc: &InferenceService, role: Role) -> Vec<String> {
+    let mut a: Vec<String> = Vec::new();
+    match role {
+        Role::Router => {
+            a.push("router".into());
+            a.push(format!("--listen=0.0.0.0:{ROUTER_PORT}"));
+            a.push(format!("--decode-workers=dns:{}:{DECODE_PORT}", worker_dns(isvc, Role::Decode)));
+            if uses_prefill(isvc) {
+                a.push(format!("--prefill-workers=dns:{}:{PREFILL_PORT}", worker_dns(isvc, Role::Prefill)));
+            }
+            a.push("--router-id=$(POD_NAME)".into());
+        }
+        Role::Prefill | Role::Decode => {
+            let w = worker_spec(isvc, role);
+            if role == Role::Prefill {
+                a.push("prefill".into());
+                a.push(format!("--listen=0.0.0.0:{PREFILL_PORT}"));
+            } else {
+                a.push("decode".into());
+                a.push(format!("--listen=0.0.0.0:{DECODE_PORT}"));
+                a.push(format!("--kv-listen=0.0.0.0:{KV_PORT}"));
+                a.push(format!("--kv-advertise=$(POD_IP):{KV_PORT}"));
+                if !uses_prefill(isvc) {
+                    a.push("--colocated".into());
+                }
+                if let Some(spec) = &w.speculative {
+                    a.push(format!("--speculative={}", spec.method.as_str()));
+                    a.push(format!("--num-speculative-tokens={}", spec.tokens));
+                }
+            }
+            a.push("--worker-id=$(POD_NAME)".into());
+            a.push(format!("--drain-timeout={}s", w.drain_seconds));
+            if let Some(n) = w.max_num_batched_tokens {
+                a.push(format!("--max-num-batched-tokens={n}"));
+            }
+            if let Some(n) = w.max_num_seqs {
+                a.push(format!("--max-num-seqs={n}"));
+            }
+        }
+    }
+    a
+}
+
+fn worker_spec(isvc: &InferenceService, role: Role) -> &WorkerSpec {
+    match role {
+        Role::Prefill => isvc.spec.prefill.as_ref().expect("prefill role exists"),
+        _ => &isvc.spec.decode,
+    }
+}
+
+fn resources(isvc: &InferenceService, role: Role) -> Value {
+    let (res, gpus) = match role {
+        Role::Router => (isvc.spec.router.resources.clone(), 0),
+        _ => {
+            let w = worker_spec(isvc, role);
+            (w.resources.clone(), if w.accelerator == Accelerator::Nvidia { w.tensor_parallel } else { 0 })
+        }
+    };
+    let mut v = serde_json::to_value(res.unwrap_or_default()).expect("json");
+    if gpus > 0 {
+        v["limits"]["nvidia.com/gpu"] = json!(gpus.to_string());
+    }
+    v
+}
+
+fn deployment(isvc: &InferenceService, role: Role, config_hash: &str) -> Value {
+    let s = &isvc.spec;
+    let mut match_labels = selector_labels(isvc);
+    match_labels.insert(ROLE_LABEL.into(), role.as_str().into());
+    let (port_name, port, drain) = match role {
+        Role::Router => ("http", ROUTER_PORT, 10),
+        Role::Prefill => ("grpc", PREFILL_PORT, worker_spec(isvc, role).drain_seconds),
+        Role::Decode => ("grpc", DECODE_PORT, worker_spec(isvc, role).drain_seconds),
+    };
+    let mut ports = vec![json!({ "name": port_name, "containerPort": port, "protocol": "TCP" })];
+    if role == Role::Decode {
+        ports.push(json!({ "name": "kv", "containerPort": KV_PORT, "protocol": "TCP" }));
+    }
+    let health = json!({ "httpGet": { "path": "/health", "port": port_name } });
+    let mut container = json!({
+        "name": role.as_str(),
+        "image": s.image,
+        "args": container_args(isvc, role),
+        "envFrom": [{ "configMapRef": { "name": format!("{}-config", isvc.name_any()) } }],
+        "env": [
+            { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
+            { "name": "POD_IP", "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } },
+        ],
+        "ports": ports,
+        "resources": resources(isvc, role),
+        // Ready only while the process can serve: the router while a decode worker answers,
+        // a worker while its engine thread runs and its last step succeeded.
+        "readinessProbe": merge(&health, json!({ "periodSeconds": 5, "failureThreshold": 2 })),
+        // Lets endpoints and routers drop the pod before SIGTERM starts the drain.
+        "lifecycle": { "preStop": { "sleep": { "seconds": 5 } } },
+        "volumeMounts": [{ "name": "cache", "mountPath": CACHE_DIR }],
+    });
+    if role == Role::Router {
+        // A router without workers is unready, not dead: liveness checks only the listener.
+        container["livenessProbe"] = json!({ "tcpSocket": { "port": port_name }, "periodSeconds": 10, "failureThreshold": 3 });
+    } else {
+        // Model fetch and load happen before the first answer.
+        container["startupProbe"] = merge(&health, json!({ "periodSeconds": 5, "failureThreshold": 120 }));
+        container["livenessProbe"] = merge(&health, json!({ "periodSeconds": 10, "failureThreshold": 3 }));
+    }
+    if let Some(p) = s.image_pull_policy {
+        container["imagePullPolicy"] = json!(p.as_str());
+    }
+    let mut volumes = vec![json!({ "name": "cache", "emptyDir": {} })];
+    if let Some(pvc) = &s.model.pvc {
+        volumes.push(json!({ "name": "models", "persistentVolumeClaim": { "claimName": pvc, "readOnly": true } }));
+        container["volumeMounts"].as_array_mut().unwrap().push(json!({ "name": "models", "mountPath": "/models", "readOnly": true }));
+    }
+    let mut pod_labels = match_labels.clone();
+    pod_labels.insert("app.kubernetes.io/name".into(), "tandem".into());
+    let mut spec = json!({
+        "selector": { "matchLabels": match_labels },
+        "strategy": { "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 0, "maxSurge": 1 } },
+        "template": {
+            "metadata": {
+                "labels": pod_labels,
+                "annotations": { CONFIG_HASH_ANNOTATION: config_hash },
+            },
+            "spec": {
+                "terminationGracePeriodSeconds": drain + 15,
+                "containers": [container],
+                "volumes": volumes,
+            },
+        },
+    });
+    let replicas = match role {
+        Role::Router => Some(s.router.replicas),
+        _ => {
+            let w = worker_spec(isvc, role);
+            (!w.autoscaling).then_some(w.replicas)
+        }
+    };
+    if let Some(r) = replicas {
+        spec["replicas"] = json!(r);
+    }
+    json!({
+        "metadata": { "name": role_name(isvc, role), "labels": role_labels(role) },
+        "spec": spec,
+    })
+}
+
+fn merge(base: &Value, extra: Value) -> Value {
+    let mut v = base.clone();
+    for (k, x) in extra.as_object().expect("object") {
+        v[k] = x.clone();
+    }
+    v
+}
+
+fn pdb(isvc: &InferenceService, role: Role) -> Value {
+    let mut sel = selector_labels(isvc);
+    sel.insert(ROLE_LABEL.into(), role.as_str().into());
+    json!({
+        "metadata": { "name": role_name(isvc, role), "labels": role_labels(role) },
+        "spec": { "maxUnavailable": 1, "selector": { "matchLabels": sel } },
+    })
+}
+
+fn service_monitor(isvc: &InferenceService) -> Value {
+    json!({
+        "metadata": { "name": isvc.name_any() },
+        "spec": {
+            "selector": { "matchLabels": { SERVICE_LABEL: isvc.name_any() } },
+            "endpoints": [
+                { "port": "http", "path": "/metrics", "interval": "15s" },
+                { "port": "grpc", "path": "/metrics", "interval": "15s" },
+            ],
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{InferenceServiceSpec, SpeculativeMethod, SpeculativeSpec};
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{ConfigMap, Service};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+
+    fn isvc(spec: Value) -> InferenceService {
+        let spec: InferenceServiceSpec = serde_json::from_value(spec).unwrap();
+        let mut i = InferenceService::new("chat", spec);
+        i.metadata.namespace = Some("ml".into());
+        i.metadata.uid = Some("uid-1".into());
+        i
+    }
+
+    /// Parses `v` as `T` and requires the typed object to serialize back to the same JSON:
+    /// a misspelt or misplaced field would be dropped and fail the comparison.
+    fn round_trip<T: serde::de::DeserializeOwned + serde::Serialize>(v: &Value) {
+        let typed: T = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{e}: {v:#}"));
+        assert_eq!(&serde_json::to_value(&typed).unwrap(), v);
+    }
+
+    #[test]
+    fn every_object_parses_as_its_kubernetes_type() {
+        let i = isvc(json!({ "prefill": { "replicas": 2 }, "decode": { "replicas": 3, "speculative": { "method": "ngram" } }, "router": { "redisUrl": "redis://r:6379" } }));
+        let objs = desired(&i, true);
+        let names: Vec<_> = objs.iter().map(|d| (d.kind, d.name.as_str())).collect();
+        assert_eq!(
+            names,
+            [
+                (Kind::ConfigMap, "chat-config"),
+                (Kind::Service, "chat"),
+                (Kind::Service, "chat-prefill"),
+                (Kind::Service, "chat-decode"),
+                (Kind::Deployment, "chat-router"),
+                (Kind::Deployment, "chat-prefill"),
+                (Kind::Deployment, "chat-decode"),
+                (Kind::PodDisruptionBudget, "chat-router"),
+                (Kind::PodDisruptionBudget, "chat-prefill"),
+                (Kind::PodDisruptionBudget, "chat-decode"),
+                (Kind::ServiceMonitor, "chat"),
+            ]
+        );
+        for d in &objs {
+            assert_eq!(d.object["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+            assert_eq!(d.object["metadata"]["labels"][SERVICE_LABEL], "chat");
+            assert_eq!(d.hash().len(), 24);
+            match d.kind {
+                Kind::ConfigMap => round_trip::<ConfigMap>(&d.object),
+                Kind::Deployment => round_trip::<Deployment>(&d.object),
+                Kind::Service => round_trip::<Service>(&d.object),
+                Kind::PodDisruptionBudget => round_trip::<PodDisruptionBudget>(&d.object),
+                Kind::ServiceMonitor => {}
+            }
+        }
+        let decode = &objs[6].object;
+        assert_eq!(decode["spec"]["replicas"], 3);
+        let args: Vec<&str> = decode["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert!(args.contains(&"--speculative=ngram") && args.contains(&"--kv-advertise=$(POD_IP):50062") && !args.contains(&"--colocated"), "{args:?}");
+        let router_args = objs[4].object["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        assert!(router_args.contains("dns:chat-prefill.ml.svc:50051") && router_args.contains("dns:chat-decode.ml.svc:50061"), "{router_args}");
+        assert_eq!(objs[0].object["data"]["TANDEM_REDIS_URL"], "redis://r:6379");
+    }
+
+    #[test]
+    fn colocated_gpu_autoscaled_and_config_changes() {
+        let mut i = isvc(json!({ "decode": { "autoscaling": true, "accelerator": "nvidia", "tensorParallel": 2 }, "disaggregation": { "mode": "never" } }));
+        let objs = desired(&i, false);
+        assert_eq!(objs.len(), 7, "config, 2 services, 2 deployments, 2 pdbs: {:?}", objs.iter().map(|d| &d.name).collect::<Vec<_>>());
+        let decode = objs.iter().find(|d| d.kind == Kind::Deployment && d.name == "chat-decode").unwrap();
+        assert!(decode.object["spec"].get("replicas").is_none(), "the autoscaler owns replicas");
+        let c = &decode.object["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "2");
+        assert!(c["args"].to_string().contains("--colocated"));
+
+        // Same spec, same hashes; a config change changes the ConfigMap and the pod templates.
+        let again = desired(&i, false);
+        assert_eq!(objs, again);
+        i.spec.kv_transfer.block_size = 32;
+        i.spec.decode.speculative = Some(SpeculativeSpec { method: SpeculativeMethod::SelfDraft, tokens: 2 });
+        let changed = desired(&i, false);
+        let cm_hash = |o: &[Desired]| o.iter().find(|d| d.kind == Kind::Deployment && d.name == "chat-router").unwrap().object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION].clone();
+        assert_ne!(cm_hash(&objs), cm_hash(&changed));
+        assert_ne!(objs[0].hash(), changed[0].hash());
+    }
+}
