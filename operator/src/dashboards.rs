@@ -172,7 +172,7 @@ fn configmap_template(dashboards: &[(&'static str, Value)]) -> String {
         }
         let text = serde_json::to_string_pretty(d).expect("json").replace("{{", "{{ \"{{\" }}");
         t.push_str(&format!(
-            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{{{ .Release.Name }}}}-dashboard-{stem}\n  namespace: {{{{ .Release.Namespace }}}}\n  labels:\n    app.kubernetes.io/name: tandem\n    app.kubernetes.io/instance: {{{{ .Release.Name }}}}\n    {{{{ .Values.grafana.dashboards.label }}}}: {{{{ .Values.grafana.dashboards.labelValue | printf \"%q\" }}}}\n  annotations:\n    {{{{ .Values.grafana.dashboards.folderAnnotation }}}}: {{{{ .Values.grafana.dashboards.folder | printf \"%q\" }}}}\ndata:\n  tandem-{stem}.json: |-\n"
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{{{ .Release.Name }}}}-dashboard-{stem}\n  namespace: {{{{ .Release.Namespace }}}}\n  labels:\n    app.kubernetes.io/name: tandem\n    app.kubernetes.io/instance: {{{{ .Release.Name }}}}\n    {{{{ .Values.grafana.dashboards.label }}}}: \"{{{{ .Values.grafana.dashboards.labelValue }}}}\"\n  annotations:\n    {{{{ .Values.grafana.dashboards.folderAnnotation }}}}: \"{{{{ .Values.grafana.dashboards.folder }}}}\"\ndata:\n  tandem-{stem}.json: |-\n"
         ));
         for line in text.lines() {
             t.push_str("    ");
