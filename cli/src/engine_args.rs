@@ -57,7 +57,7 @@ pub struct EngineArgs {
     #[arg(long, value_name = "F", conflicts_with = "kv_cache_memory")]
     pub kv_cache_fraction: Option<f64>,
     /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "TANDEM_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: usize,
     /// Host memory for swapped-out KV blocks, e.g. `256MiB`.
     #[arg(long, value_name = "SIZE", default_value = "256MiB")]

@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 #[command(name = "tandem", version, about)]
 struct Cli {
     /// Log format on standard error.
-    #[arg(long, global = true, value_enum, default_value = "text")]
+    #[arg(long, global = true, env = "TANDEM_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,

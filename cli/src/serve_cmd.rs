@@ -14,10 +14,10 @@ use crate::engine_args::EngineArgs;
 pub struct ModelArgs {
     /// Model file (.gguf) or Hugging Face directory; default: SmolLM2-135M-Instruct, fetched
     /// into the cache on first use.
-    #[arg(long)]
+    #[arg(long, env = "TANDEM_MODEL")]
     pub model: Option<PathBuf>,
     /// The name clients use for the model; default: the file name up to its first dot.
-    #[arg(long)]
+    #[arg(long, env = "TANDEM_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
 }
 
@@ -72,7 +72,7 @@ pub enum PolicyArg {
 #[derive(Args, Debug, Clone)]
 pub struct WorkerArgs {
     /// A KV transfer with no progress for this long has failed.
-    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    #[arg(long, env = "TANDEM_TRANSFER_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
     pub transfer_timeout: Duration,
     /// Publish KV cache events to this Redis (`redis://host:port`) for prefix-aware routing.
     #[arg(long, env = "TANDEM_REDIS_URL")]
@@ -80,6 +80,10 @@ pub struct WorkerArgs {
     /// Exit when standard input closes.
     #[arg(long, hide = true)]
     pub watch_stdin: bool,
+    /// On SIGTERM, how long to wait for the requests in flight before exiting (the worker
+    /// reports itself unavailable meanwhile).
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub drain_timeout: Duration,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -95,6 +99,10 @@ pub struct DecodeArgs {
     /// KV page listen address.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub kv_listen: String,
+    /// Address prefill workers send KV pages to, when it differs from the listen address
+    /// (e.g. `$(POD_IP):50062` with `--kv-listen 0.0.0.0:50062`).
+    #[arg(long)]
+    pub kv_advertise: Option<String>,
     /// Worker id (metrics label, status).
     #[arg(long, default_value = "decode-0")]
     pub worker_id: String,
@@ -102,10 +110,10 @@ pub struct DecodeArgs {
     #[arg(long, value_parser = parse_duration, default_value = "300s")]
     pub prefill_timeout: Duration,
     /// What a failed or stalled KV transfer does to its request.
-    #[arg(long, value_enum, default_value = "recompute")]
+    #[arg(long, env = "TANDEM_KV_FAILURE_POLICY", value_enum, default_value = "recompute")]
     pub kv_failure_policy: PolicyArg,
     /// Prompts with fewer uncached tokens than this are prefilled here, not remotely.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "TANDEM_DISAGG_MIN_TOKENS", default_value_t = 16)]
     pub disagg_min_tokens: usize,
     /// This worker serves alone (prefill and decode): its role label is `both`.
     #[arg(long)]
@@ -148,13 +156,13 @@ pub struct RouterArgs {
     #[arg(long, env = "TANDEM_REDIS_URL")]
     pub redis_url: Option<String>,
     /// How workers are chosen.
-    #[arg(long, value_enum, default_value = "kv")]
+    #[arg(long, env = "TANDEM_ROUTING_POLICY", value_enum, default_value = "kv")]
     pub routing_policy: RoutingPolicyArg,
     /// Weight of the prefill term (uncached prompt blocks plus queued prefill, in blocks).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, env = "TANDEM_OVERLAP_WEIGHT", default_value_t = 1.0)]
     pub overlap_weight: f64,
     /// Weight of the decode term (KV blocks of requests decoding on the worker).
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, env = "TANDEM_DECODE_WEIGHT", default_value_t = 0.1)]
     pub decode_weight: f64,
     /// Workers within this fraction of the best cost are picked at random among.
     #[arg(long, default_value_t = 0.05)]
@@ -201,6 +209,8 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
         worker_id: a.worker_id,
         listen: a.listen,
         kv_listen: a.kv_listen,
+        kv_advertise: a.kv_advertise,
+        drain_timeout: a.worker.drain_timeout,
         transfer_timeout: a.worker.transfer_timeout,
         prefill_timeout: a.prefill_timeout,
         failure_policy: match a.kv_failure_policy {
@@ -219,7 +229,7 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
 pub fn run_prefill(a: PrefillArgs) -> Result<()> {
     let (engine, name) = load_engine(&a.model, &a.worker.engine)?;
     let fault = std::env::var("TANDEM_FAULT_INJECT").ok().and_then(|s| tandem_prefill::Fault::parse(&s));
-    let cfg = tandem_prefill::PrefillConfig { model_name: name, worker_id: a.worker_id, listen: a.listen, transfer_timeout: a.worker.transfer_timeout, watch_stdin: a.worker.watch_stdin, fault, redis_url: a.worker.redis_url };
+    let cfg = tandem_prefill::PrefillConfig { model_name: name, worker_id: a.worker_id, listen: a.listen, transfer_timeout: a.worker.transfer_timeout, watch_stdin: a.worker.watch_stdin, drain_timeout: a.worker.drain_timeout, fault, redis_url: a.worker.redis_url };
     runtime()?.block_on(tandem_prefill::run(engine, cfg))
 }
 

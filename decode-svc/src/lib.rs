@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tandem_engine::LLMEngine;
 use tandem_proto::v1 as pb;
-use tandem_worker::serve::{announce_ready, http_routes, serve, shutdown_signal};
+use tandem_worker::serve::{announce_ready, http_routes, serve};
 use tandem_worker::status::{new_epoch, StatusService};
 use tandem_worker::EngineHandle;
 
@@ -54,6 +54,10 @@ pub struct DecodeConfig {
     pub role: String,
     /// Exit when standard input closes (started by `tandem up`).
     pub watch_stdin: bool,
+    /// How long a signalled worker waits for its requests to finish.
+    pub drain_timeout: Duration,
+    /// Address prefill workers send KV pages to (default: the KV listener's own address).
+    pub kv_advertise: Option<String>,
     /// Publish KV cache events to this Redis (`redis://host:port`).
     pub redis_url: Option<String>,
 }
@@ -71,6 +75,8 @@ impl Default for DecodeConfig {
             min_remote_prefill_tokens: 16,
             role: "decode".into(),
             watch_stdin: false,
+            drain_timeout: Duration::from_secs(30),
+            kv_advertise: None,
             redis_url: None,
         }
     }
@@ -100,12 +106,13 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
         max_model_len,
         block_size: block_size as u32,
     };
-    let watch = cfg.watch_stdin;
-    let svc = service::DecodeService::new(handle.clone(), cfg, transfers, kv_addr.to_string(), block_size);
+    let (watch, drain) = (cfg.watch_stdin, cfg.drain_timeout);
+    let advertised = cfg.kv_advertise.clone().unwrap_or_else(|| kv_addr.to_string());
+    let svc = service::DecodeService::new(handle.clone(), cfg, transfers, advertised, block_size);
     let grpc = tonic::service::Routes::new(pb::decode_worker_server::DecodeWorkerServer::new(svc.clone()))
         .add_service(pb::kv_transfer_server::KvTransferServer::new(svc))
         .add_service(pb::worker_server::WorkerServer::new(status));
     tracing::info!(%addr, %kv_addr, "decode worker serving");
     announce_ready("decode", addr);
-    serve(listener, grpc, http_routes(metrics, handle), shutdown_signal(watch)).await
+    serve(listener, grpc, http_routes(metrics, handle), watch, drain).await
 }

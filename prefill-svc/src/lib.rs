@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tandem_engine::LLMEngine;
 use tandem_proto::v1 as pb;
-use tandem_worker::serve::{announce_ready, http_routes, serve, shutdown_signal};
+use tandem_worker::serve::{announce_ready, http_routes, serve};
 use tandem_worker::status::{new_epoch, StatusService};
 use tandem_worker::EngineHandle;
 
@@ -32,6 +32,8 @@ pub struct PrefillConfig {
     pub transfer_timeout: Duration,
     /// Exit when standard input closes (started by `tandem up`).
     pub watch_stdin: bool,
+    /// How long a signalled worker waits for its requests to finish.
+    pub drain_timeout: Duration,
     /// Publish KV cache events to this Redis (`redis://host:port`).
     pub redis_url: Option<String>,
     /// Injected fault, for tests.
@@ -40,7 +42,7 @@ pub struct PrefillConfig {
 
 impl Default for PrefillConfig {
     fn default() -> Self {
-        PrefillConfig { model_name: String::new(), worker_id: "prefill-0".into(), listen: "127.0.0.1:0".into(), transfer_timeout: Duration::from_secs(2), watch_stdin: false, fault: None, redis_url: None }
+        PrefillConfig { model_name: String::new(), worker_id: "prefill-0".into(), listen: "127.0.0.1:0".into(), transfer_timeout: Duration::from_secs(2), watch_stdin: false, drain_timeout: Duration::from_secs(30), fault: None, redis_url: None }
     }
 }
 
@@ -72,5 +74,5 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
     let grpc = tonic::service::Routes::new(pb::prefill_worker_server::PrefillWorkerServer::new(svc)).add_service(pb::worker_server::WorkerServer::new(status));
     tracing::info!(%addr, "prefill worker serving");
     announce_ready("prefill", addr);
-    serve(listener, grpc, http_routes(metrics, handle), shutdown_signal(cfg.watch_stdin)).await
+    serve(listener, grpc, http_routes(metrics, handle), cfg.watch_stdin, cfg.drain_timeout).await
 }

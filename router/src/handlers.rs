@@ -29,7 +29,7 @@ use crate::error::ApiError;
 use crate::openai::{self, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use crate::responses::{self, Choice, Endpoint, Header};
 use crate::routing::{Route, Routing};
-use crate::workers::WorkerPool;
+use crate::workers::Workers;
 
 /// Most prompts one completions request may carry.
 const MAX_BATCH: usize = 64;
@@ -41,7 +41,7 @@ pub struct AppState {
     /// Tokenizer, chat template and configuration of the model.
     pub info: ModelInfo,
     /// Decode and prefill workers.
-    pub pool: WorkerPool,
+    pub pool: Workers,
     /// Worker choice: indexes, load, decisions.
     pub routing: Routing,
     /// Load shared with other router replicas (with Redis).
@@ -55,7 +55,7 @@ pub struct AppState {
 
 impl AppState {
     /// The state over a model and its workers.
-    pub fn new(model_name: String, info: ModelInfo, pool: WorkerPool, routing: Routing, metrics: Option<PrometheusHandle>) -> AppState {
+    pub fn new(model_name: String, info: ModelInfo, pool: Workers, routing: Routing, metrics: Option<PrometheusHandle>) -> AppState {
         let started = unix_now();
         let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 40;
         AppState { model_name, info, pool, routing, load_sync: None, metrics, started, ids: AtomicU64::new(seed) }
@@ -67,7 +67,7 @@ impl AppState {
     }
 
     fn max_model_len(&self) -> usize {
-        match self.pool.max_model_len() {
+        match self.pool.current().max_model_len() {
             0 => self.info.config.max_position_embeddings,
             n => n,
         }
@@ -220,13 +220,14 @@ type WorkerStream = tonic::Streaming<pb::GenerateResponse>;
 async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>), ApiError> {
     let mut last_err = ApiError::unavailable("no decode worker is configured");
     let mut tried: Vec<String> = Vec::new();
-    for _attempt in 0..st.pool.decode.len().max(1) {
+    let pool = st.pool.current();
+    for _attempt in 0..pool.decode.len().max(1) {
         // See the other replicas' latest load, then decide (the booking wakes the load loop,
         // which publishes ours).
         if let Some(sync) = &st.load_sync {
             sync.exchange(st, Duration::from_millis(100)).await;
         }
-        let Some(route) = st.routing.route(&st.pool, &p.id, &p.prompts[0], &p.cache_salt, &tried) else { break };
+        let Some(route) = st.routing.route(&pool, &p.id, &p.prompts[0], &p.cache_salt, &tried) else { break };
         let worker = route.decode.clone();
         let prefill = route.prefill.clone();
         let prefill_addr = prefill.as_ref().map(|w| w.addr.clone()).unwrap_or_default();
@@ -461,7 +462,7 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Response {
 
 /// `GET /health`: 200 only when at least one decode worker answers its status check.
 pub async fn health(State(st): State<Arc<AppState>>) -> Response {
-    let checks = st.pool.check_all(Duration::from_secs(1)).await;
+    let checks = st.pool.current().check_all(Duration::from_secs(1)).await;
     let decode_ok = checks.iter().any(|(_, role, r)| *role == "decode" && r.is_ok());
     let workers: Vec<Value> = checks
         .iter()
@@ -477,7 +478,7 @@ pub async fn health(State(st): State<Arc<AppState>>) -> Response {
 /// `GET /debug/routing`: the index, the loads and the last routing decisions with every
 /// candidate's cached blocks, load and cost.
 pub async fn debug_routing(State(st): State<Arc<AppState>>) -> Response {
-    axum::Json(st.routing.debug(&st.pool)).into_response()
+    axum::Json(st.routing.debug(&st.pool.current())).into_response()
 }
 
 /// `GET /metrics`.

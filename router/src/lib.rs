@@ -33,7 +33,7 @@ use axum::routing::{get, post};
 use tandem_engine::ModelInfo;
 
 pub use handlers::AppState;
-pub use workers::WorkerPool;
+pub use workers::{WorkerPool, Workers};
 
 /// Router settings.
 #[derive(Debug, Clone)]
@@ -88,7 +88,7 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     metrics::describe_gauge!("tandem_router_worker_active_decode_blocks", "KV blocks booked for decoding on a worker, all routers.");
     metrics::describe_counter!("tandem_router_kv_events_total", "KV events read, by result (applied, new_epoch, stale, gap).");
     metrics::describe_counter!("tandem_router_index_resyncs_total", "Workers resynchronised from their Status.");
-    let pool = WorkerPool::new(&cfg.decode_workers, &cfg.prefill_workers)?;
+    let pool = Workers::new(&cfg.decode_workers, &cfg.prefill_workers)?;
     let routing = routing::Routing::new(cfg.routing.clone());
     let mut state = AppState::new(cfg.model_name.clone(), info, pool, routing, Some(metrics));
     if let Some(url) = &cfg.redis_url {
@@ -96,21 +96,31 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     }
     let state = Arc::new(state);
     // Learn the workers (ids, block size) before routing or reading events.
-    state.pool.check_all(Duration::from_secs(1)).await;
+    state.pool.refresh().await;
+    state.pool.current().check_all(Duration::from_secs(1)).await;
     let checker = state.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut n: u64 = 0;
         loop {
             tick.tick().await;
-            for (addr, role, r) in checker.pool.check_all(Duration::from_secs(1)).await {
+            n += 1;
+            // DNS entries (a headless Service) are looked up every 5 s.
+            if checker.pool.dynamic() && n % 5 == 0 {
+                for w in checker.pool.refresh().await {
+                    checker.routing.forget(&w);
+                }
+            }
+            let pool = checker.pool.current();
+            for (addr, role, r) in pool.check_all(Duration::from_secs(1)).await {
                 if let Err(e) = r {
                     tracing::debug!(%addr, role, error = %e, "worker status check failed");
-                    if let Some(w) = checker.pool.all().find(|w| w.addr == addr) {
+                    if let Some(w) = pool.all().find(|w| w.addr == addr) {
                         checker.routing.forget(w);
                     }
                 }
             }
-            checker.routing.publish_gauges(&checker.pool);
+            checker.routing.publish_gauges(&pool);
         }
     });
     if let Some(url) = &cfg.redis_url {

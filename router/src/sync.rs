@@ -40,11 +40,11 @@ pub fn spawn(state: Arc<AppState>, url: String) {
 /// Replaces the index entries of every worker that needs it with a snapshot from its Status.
 async fn resync(state: &AppState, all: bool) {
     let wanted = if all {
-        state.pool.all().map(|w| w.worker_id()).collect::<Vec<_>>()
+        state.pool.current().all().map(|w| w.worker_id()).collect::<Vec<_>>()
     } else {
         state.routing.exact.lock().expect("index lock").needing_resync()
     };
-    for w in state.pool.all() {
+    for w in state.pool.current().all() {
         let id = w.worker_id();
         if !(all || wanted.contains(&id)) {
             continue;
@@ -123,7 +123,7 @@ async fn events_loop(state: Arc<AppState>, url: String) {
             if !state.routing.exact.lock().expect("index lock").needing_resync().is_empty() {
                 resync(&state, false).await;
             }
-            state.routing.publish_gauges(&state.pool);
+            state.routing.publish_gauges(&state.pool.current());
         }
         state.routing.exact_live.store(false, Ordering::Relaxed);
         gauge!("tandem_router_redis_up").set(0.0);

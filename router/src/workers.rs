@@ -4,8 +4,9 @@
 //! workers: their channels and what their status checks said (health, id, block size, context
 //! length).
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tandem_proto::v1 as pb;
@@ -98,7 +99,7 @@ impl Worker {
     }
 }
 
-/// The router's decode and prefill workers.
+/// The router's decode and prefill workers at one moment.
 pub struct WorkerPool {
     /// Decode workers (requests enter here).
     pub decode: Vec<Arc<Worker>>,
@@ -133,5 +134,108 @@ impl WorkerPool {
         let all = self.decode.iter().map(|w| (w, "decode")).chain(self.prefill.iter().map(|w| (w, "prefill")));
         let futs = all.map(|(w, role)| async move { (w.addr.clone(), role, w.check(timeout).await) });
         futures_util::future::join_all(futs).await
+    }
+}
+
+/// Where the router's workers come from: fixed addresses, and `dns:host:port` entries (a
+/// Kubernetes headless Service) whose addresses are looked up again by [`Workers::refresh`].
+/// Workers that stay keep their channel and state; new addresses join; gone ones leave.
+pub struct Workers {
+    decode_sources: Vec<String>,
+    prefill_sources: Vec<String>,
+    current: RwLock<Arc<WorkerPool>>,
+}
+
+/// The prefix of a worker entry that names a DNS name to look up repeatedly.
+pub const DNS_PREFIX: &str = "dns:";
+
+impl Workers {
+    /// Workers from the command line's entries (fixed addresses join at once, DNS entries at
+    /// the first refresh).
+    pub fn new(decode: &[String], prefill: &[String]) -> anyhow::Result<Workers> {
+        let fixed = |v: &[String]| v.iter().filter(|a| !a.starts_with(DNS_PREFIX)).cloned().collect::<Vec<_>>();
+        let pool = WorkerPool::new(&fixed(decode), &fixed(prefill))?;
+        Ok(Workers { decode_sources: decode.to_vec(), prefill_sources: prefill.to_vec(), current: RwLock::new(Arc::new(pool)) })
+    }
+
+    /// The workers now.
+    pub fn current(&self) -> Arc<WorkerPool> {
+        self.current.read().expect("workers lock").clone()
+    }
+
+    /// Whether any entry is looked up in DNS.
+    pub fn dynamic(&self) -> bool {
+        self.decode_sources.iter().chain(&self.prefill_sources).any(|s| s.starts_with(DNS_PREFIX))
+    }
+
+    /// Looks the DNS entries up again and updates the members; returns the workers that left.
+    /// A failed lookup keeps that entry's previous members (a DNS hiccup is not an outage).
+    pub async fn refresh(&self) -> Vec<Arc<Worker>> {
+        let old = self.current();
+        let decode = resolve(&self.decode_sources, &old.decode).await;
+        let prefill = resolve(&self.prefill_sources, &old.prefill).await;
+        let keep = |want: BTreeSet<String>, have: &[Arc<Worker>]| -> Vec<Arc<Worker>> {
+            want.into_iter()
+                .filter_map(|addr| match have.iter().find(|w| w.addr == addr) {
+                    Some(w) => Some(w.clone()),
+                    None => Worker::new(&addr).map(Arc::new).map_err(|e| tracing::warn!(%addr, "bad worker address: {e}")).ok(),
+                })
+                .collect()
+        };
+        let next = WorkerPool { decode: keep(decode, &old.decode), prefill: keep(prefill, &old.prefill) };
+        let gone: Vec<Arc<Worker>> = old.all().filter(|w| !next.all().any(|n| n.addr == w.addr)).cloned().collect();
+        let joined: Vec<String> = next.all().filter(|w| !old.all().any(|o| o.addr == w.addr)).map(|w| w.addr.clone()).collect();
+        if !gone.is_empty() || !joined.is_empty() {
+            tracing::info!(joined = ?joined, left = ?gone.iter().map(|w| &w.addr).collect::<Vec<_>>(), "workers changed");
+            *self.current.write().expect("workers lock") = Arc::new(next);
+        }
+        gone
+    }
+}
+
+/// The addresses `sources` name now; `previous` stands in for an entry whose lookup failed.
+async fn resolve(sources: &[String], previous: &[Arc<Worker>]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for s in sources {
+        let Some(name) = s.strip_prefix(DNS_PREFIX) else {
+            out.insert(s.clone());
+            continue;
+        };
+        let port = name.rsplit_once(':').map(|(_, p)| p).unwrap_or_default();
+        match tokio::time::timeout(Duration::from_secs(2), tokio::net::lookup_host(name)).await {
+            Ok(Ok(addrs)) => out.extend(addrs.filter(|a| a.is_ipv4()).map(|a| a.to_string())),
+            Ok(Err(e)) => {
+                tracing::warn!(%name, "worker lookup failed: {e}");
+                out.extend(previous.iter().filter(|w| w.addr.ends_with(&format!(":{port}"))).map(|w| w.addr.clone()));
+            }
+            Err(_) => {
+                tracing::warn!(%name, "worker lookup timed out");
+                out.extend(previous.iter().filter(|w| w.addr.ends_with(&format!(":{port}"))).map(|w| w.addr.clone()));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn dns_entries_follow_the_lookup_and_fixed_ones_stay() {
+        let w = Workers::new(&["dns:localhost:50061".into(), "10.0.0.9:50061".into()], &["dns:localhost:50051".into()]).unwrap();
+        assert!(w.dynamic());
+        assert_eq!(w.current().decode.len(), 1, "fixed addresses join at once");
+        let gone = w.refresh().await;
+        assert!(gone.is_empty());
+        let now = w.current();
+        let decode: Vec<&str> = now.decode.iter().map(|w| w.addr.as_str()).collect();
+        assert_eq!(decode, ["10.0.0.9:50061", "127.0.0.1:50061"]);
+        assert_eq!(now.prefill[0].addr, "127.0.0.1:50051");
+        // Unchanged lookup: the same worker objects (channels, health) are kept.
+        let before = now.decode[1].clone();
+        w.refresh().await;
+        assert!(Arc::ptr_eq(&before, &w.current().decode[1]));
+        assert!(!Workers::new(&["127.0.0.1:1".into()], &[]).unwrap().dynamic());
     }
 }

@@ -26,6 +26,7 @@ pub fn install(model: &str, role: &str, worker: &str) -> anyhow::Result<Promethe
         .set_buckets_for_metric(Matcher::Suffix("_blocks".into()), &TOKEN_BUCKETS)?
         .install_recorder()?;
     describe();
+    zero_known_series(role);
     Ok(handle)
 }
 
@@ -103,6 +104,21 @@ pub(crate) fn observe_finished(m: &RequestMetrics, prompt_tokens: usize) {
     }
     if let Some(f) = m.finished_time {
         histogram!("tandem_e2e_request_latency_seconds").record(f - m.arrival_time);
+    }
+}
+
+/// Starts the labelled counters a role can increment at 0, so rates and dashboards show "none
+/// yet" instead of no data (a failure counter that appears only with the first failure hides
+/// the failures that never happened and the ones that did alike).
+fn zero_known_series(role: &str) {
+    let reasons: &[&'static str] = if role == "prefill" { &["refused", "timeout", "send"] } else { &["connect", "rpc", "receive"] };
+    for &r in reasons {
+        counter!("tandem_kv_transfer_failures_total", "reason" => r).increment(0);
+    }
+    if role != "prefill" {
+        for d in ["remote", "local_short", "local_no_worker", "local_n", "local_no_blocks"] {
+            counter!("tandem_disagg_decisions_total", "decision" => d).increment(0);
+        }
     }
 }
 

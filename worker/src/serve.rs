@@ -3,6 +3,8 @@
 //! the parent's exit.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -18,9 +20,31 @@ pub fn announce_ready(role: &str, addr: SocketAddr) {
     let _ = out.flush();
 }
 
+static DRAINING: AtomicBool = AtomicBool::new(false);
+
+/// Whether this worker is draining: it finishes the requests it has but reports itself
+/// unavailable (`/health` 503, `Worker.Status` unhealthy) so routers and Kubernetes send no more.
+pub fn draining() -> bool {
+    DRAINING.load(Ordering::Relaxed)
+}
+
+/// Why a worker stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shutdown {
+    /// Ctrl-C or SIGTERM: drain first.
+    Signal,
+    /// Standard input closed: the parent (`tandem up`) is gone, and its clients with it.
+    ParentGone,
+}
+
 /// Resolves on Ctrl-C, SIGTERM, or — with `watch_stdin` — when standard input closes (the
 /// parent process is gone).
 pub async fn shutdown_signal(watch_stdin: bool) {
+    wait_shutdown(watch_stdin).await;
+}
+
+/// Like [`shutdown_signal`], saying which it was.
+pub async fn wait_shutdown(watch_stdin: bool) -> Shutdown {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -48,9 +72,9 @@ pub async fn shutdown_signal(watch_stdin: bool) {
         let _ = rx.await;
     };
     tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-        _ = stdin => {},
+        _ = ctrl_c => Shutdown::Signal,
+        _ = term => Shutdown::Signal,
+        _ = stdin => Shutdown::ParentGone,
     }
 }
 
@@ -71,15 +95,36 @@ pub fn http_routes(metrics: PrometheusHandle, engine: EngineHandle) -> axum::Rou
             "/health",
             get(move || {
                 let ok = engine.submit(|_| {}) && !engine.snapshot().failed;
-                let code = if ok { axum::http::StatusCode::OK } else { axum::http::StatusCode::SERVICE_UNAVAILABLE };
-                std::future::ready((code, if ok { "ok" } else { "engine unavailable" }))
+                let code = if ok && !draining() { axum::http::StatusCode::OK } else { axum::http::StatusCode::SERVICE_UNAVAILABLE };
+                std::future::ready((code, if !ok { "engine unavailable" } else if draining() { "draining" } else { "ok" }))
             }),
         )
 }
 
-/// Serves `grpc` and `http` on `listener` until `shutdown` resolves.
-pub async fn serve(listener: TcpListener, grpc: tonic::service::Routes, http: axum::Router, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+/// Serves `grpc` and `http` on `listener` until a shutdown (see [`wait_shutdown`]). On a signal
+/// the worker drains: it reports itself unavailable, takes no new connections or streams, and
+/// waits up to `drain` for the requests it has to finish; when its parent is gone it stops at once.
+pub async fn serve(listener: TcpListener, grpc: tonic::service::Routes, http: axum::Router, watch_stdin: bool, drain: Duration) -> anyhow::Result<()> {
     let app = grpc.into_axum_router().merge(http);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    let why = wait_shutdown(watch_stdin).await;
+    DRAINING.store(true, Ordering::Relaxed);
+    let _ = stop_tx.send(());
+    if why == Shutdown::ParentGone {
+        return Ok(());
+    }
+    tracing::info!(drain_timeout = ?drain, "draining: finishing the requests in flight");
+    match tokio::time::timeout(drain, server).await {
+        Ok(r) => r??,
+        Err(_) => tracing::warn!("drain timeout: stopping with requests still in flight"),
+    }
+    tracing::info!("drained");
     Ok(())
 }

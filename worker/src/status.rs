@@ -48,7 +48,7 @@ impl pb::worker_server::Worker for StatusService {
             role: self.role.clone(),
             model: self.model.clone(),
             epoch: self.epoch,
-            healthy: alive && !s.failed,
+            healthy: alive && !s.failed && !crate::serve::draining(),
             num_blocks: s.num_blocks as u32,
             free_blocks: s.free_blocks as u32,
             running: s.running as u32,
