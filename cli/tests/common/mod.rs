@@ -207,6 +207,15 @@ pub fn metric(addr: &str, name: &str, labels: &[&str]) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
+/// The sum of every sample of `name` on `addr`'s `/metrics` (all label sets).
+pub fn metric_sum(addr: &str, name: &str) -> f64 {
+    let text = http(addr, "GET", "/metrics", None).body;
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Waits (up to 10 s) for `name` on `addr` to equal `want`; returns the last value seen.
 pub fn wait_metric(addr: &str, name: &str, want: f64) -> Option<f64> {
     let deadline = Instant::now() + Duration::from_secs(10);
