@@ -77,6 +77,10 @@ pub struct EngineArgs {
     /// Do not share prompt blocks between requests.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Secure mode: zero every KV block as soon as no request holds it (cached prefixes are
+    /// then shared only between requests running at the same time).
+    #[arg(long, env = "TANDEM_ZERO_FREED_BLOCKS")]
+    pub zero_freed_blocks: bool,
     /// Process prompts whole instead of in chunks.
     #[arg(long)]
     pub no_chunked_prefill: bool,
@@ -165,6 +169,9 @@ impl EngineArgs {
         if let Some(f) = self.kv_cache_fraction {
             a.push(format!("--kv-cache-fraction={f}"));
         }
+        if self.zero_freed_blocks {
+            a.push("--zero-freed-blocks".into());
+        }
         if self.no_prefix_caching {
             a.push("--no-prefix-caching".into());
         }
@@ -240,6 +247,7 @@ impl EngineArgs {
                 ngram_min: self.ngram_min.clamp(1, self.ngram_max.max(1)),
                 ..Default::default()
             }),
+            zero_freed_blocks: self.zero_freed_blocks,
         }
     }
 }

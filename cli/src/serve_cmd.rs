@@ -1,6 +1,7 @@
 //! `tandem decode`, `tandem prefill`, `tandem router`: the three services as processes.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -176,6 +177,43 @@ pub struct RouterArgs {
     /// Exit when standard input closes.
     #[arg(long, hide = true)]
     pub watch_stdin: bool,
+    /// File of API keys for `/v1/*`, one `KEY` or `KEY:TENANT` per line (tenants do not share
+    /// cached prefixes). Without keys here or in `TANDEM_API_KEYS` the API is open.
+    #[arg(long, env = "TANDEM_API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
+    /// Most requests of one key in flight at once (429 beyond).
+    #[arg(long, env = "TANDEM_MAX_CONCURRENT_PER_KEY")]
+    pub max_concurrent_per_key: Option<usize>,
+    /// Requests per second one key may send (bursts up to the same number; 429 beyond).
+    #[arg(long, env = "TANDEM_REQUESTS_PER_SECOND_PER_KEY")]
+    pub requests_per_second_per_key: Option<f64>,
+    /// Largest request body, in bytes (413 beyond).
+    #[arg(long, env = "TANDEM_MAX_BODY_BYTES", default_value_t = tandem_router::MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Longest prompt, in tokens (400 beyond; default: the context window).
+    #[arg(long, env = "TANDEM_MAX_PROMPT_TOKENS")]
+    pub max_prompt_tokens: Option<usize>,
+}
+
+/// The router's API keys: the file's and `TANDEM_API_KEYS`' (comma-separated) together.
+fn api_keys(a: &RouterArgs) -> Result<Option<Arc<tandem_router::auth::ApiKeys>>> {
+    let limits = tandem_router::auth::KeyLimits { max_concurrent: a.max_concurrent_per_key, requests_per_second: a.requests_per_second_per_key };
+    let mut entries: Vec<String> = Vec::new();
+    if let Some(p) = &a.api_keys_file {
+        entries.extend(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.lines().map(str::to_string));
+    }
+    if let Ok(env) = std::env::var("TANDEM_API_KEYS") {
+        entries.extend(env.split(',').map(str::to_string));
+    }
+    if entries.iter().all(|e| e.trim().is_empty() || e.trim().starts_with('#')) {
+        if a.api_keys_file.is_some() {
+            anyhow::bail!("the API keys file has no keys");
+        }
+        return Ok(None);
+    }
+    let keys = tandem_router::auth::ApiKeys::parse(entries.iter().map(String::as_str), limits)?;
+    tracing::info!(keys = keys.len(), "API keys required on /v1");
+    Ok(Some(Arc::new(keys)))
 }
 
 /// Routing policy.
@@ -237,6 +275,7 @@ pub fn run_prefill(a: PrefillArgs) -> Result<()> {
 pub fn run_router(a: RouterArgs) -> Result<()> {
     let path = a.model.path()?;
     let info = ModelInfo::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let api_keys = api_keys(&a)?;
     let cfg = tandem_router::RouterConfig {
         listen: a.listen,
         model_name: a.model.served_name(&path),
@@ -255,6 +294,9 @@ pub fn run_router(a: RouterArgs) -> Result<()> {
             ..Default::default()
         },
         router_id: a.router_id.unwrap_or_else(|| format!("router-{:x}", std::process::id())),
+        api_keys,
+        max_body_bytes: a.max_body_bytes,
+        max_prompt_tokens: a.max_prompt_tokens,
     };
     runtime()?.block_on(tandem_router::run(info, cfg))
 }

@@ -12,6 +12,7 @@ use tandem_engine::remote_prefill::RemotePrefill;
 use tandem_proto::v1 as pb;
 use tandem_proto::v1::prefill_worker_client::PrefillWorkerClient;
 use tandem_worker::convert::sampled_from_proto;
+use tandem_worker::auth::{authed, AuthChannel};
 use tandem_worker::metrics::{count_transfer_failure, observe_transfer};
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
@@ -29,10 +30,10 @@ pub struct PrefillClients {
 impl PrefillClients {
     /// A client for the prefill worker at `addr` ("host:port"); the channel connects lazily
     /// and pings the peer so a stalled worker is noticed within `stall`.
-    pub fn get(&self, addr: &str, stall: Duration) -> Result<PrefillWorkerClient<Channel>, String> {
+    pub fn get(&self, addr: &str, stall: Duration) -> Result<PrefillWorkerClient<AuthChannel>, String> {
         let mut map = self.channels.lock().expect("clients lock");
         if let Some(c) = map.get(addr) {
-            return Ok(PrefillWorkerClient::new(c.clone()));
+            return Ok(PrefillWorkerClient::new(authed(c.clone())));
         }
         let ch = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| format!("bad prefill worker address '{addr}': {e}"))?
@@ -42,7 +43,7 @@ impl PrefillClients {
             .keep_alive_while_idle(true)
             .connect_lazy();
         map.insert(addr.to_string(), ch.clone());
-        Ok(PrefillWorkerClient::new(ch))
+        Ok(PrefillWorkerClient::new(authed(ch)))
     }
 }
 

@@ -73,6 +73,9 @@ pub struct BlockManager {
     num_host_blocks: usize,
     stats: PrefixCacheStats,
     events: Option<Vec<KvEvent>>,
+    // Secure mode: freed blocks leave the prefix cache and wait here to be zeroed.
+    zero_freed: bool,
+    to_zero: Vec<u32>,
 }
 
 /// A change to the set of blocks in the prefix cache, as routers learn it (KV events).
@@ -105,6 +108,8 @@ impl BlockManager {
             num_host_blocks,
             stats: PrefixCacheStats::default(),
             events: None,
+            zero_freed: false,
+            to_zero: Vec::new(),
         };
         for b in 0..num_blocks as u32 {
             m.push_back(b);
@@ -198,6 +203,32 @@ impl BlockManager {
     }
 
     /// Takes a fresh block from the front of the free queue, evicting its cached hash.
+    /// Secure mode (seed 000's `SECURE_MODE`): a block whose last reference goes is dropped from
+    /// the prefix cache and listed for zeroing ([`BlockManager::take_blocks_to_zero`]), so no
+    /// request's KV outlives it. Prefix sharing then only happens between live requests.
+    pub fn set_zero_freed(&mut self, on: bool) {
+        self.zero_freed = on;
+    }
+
+    /// Blocks freed since the last call, to be zeroed before anything else writes them.
+    pub fn take_blocks_to_zero(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.to_zero)
+    }
+
+    fn uncache(&mut self, b: u32) {
+        if let Some(h) = self.hash[b as usize].take() {
+            if self.cached.get(&h) == Some(&b) {
+                self.cached.remove(&h);
+                if let Some(ev) = &mut self.events {
+                    match ev.last_mut() {
+                        Some(KvEvent::Removed(v)) => v.push(h),
+                        _ => ev.push(KvEvent::Removed(vec![h])),
+                    }
+                }
+            }
+        }
+    }
+
     fn take_free(&mut self) -> u32 {
         let b = self.head;
         debug_assert!(b != NIL);
@@ -230,7 +261,11 @@ impl BlockManager {
         debug_assert!(*rc > 0, "double free of block {b}");
         *rc -= 1;
         if *rc == 0 {
-            if self.hash[b as usize].is_some() {
+            if self.zero_freed {
+                self.uncache(b);
+                self.to_zero.push(b);
+                self.push_front(b);
+            } else if self.hash[b as usize].is_some() {
                 self.push_back(b); // reusable content: evict last
             } else {
                 self.push_front(b); // nothing worth keeping: reuse first

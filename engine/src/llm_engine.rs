@@ -52,11 +52,13 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// Speculative decoding (n-gram proposals), when set.
     pub speculative: Option<crate::spec_decode::SpeculativeConfig>,
+    /// Secure mode: zero every KV block when its last user lets go (no prefix reuse after).
+    pub zero_freed_blocks: bool,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { scheduler: SchedulerConfig::default(), enable_prefix_caching: true, speculative: None }
+        EngineConfig { scheduler: SchedulerConfig::default(), enable_prefix_caching: true, speculative: None, zero_freed_blocks: false }
     }
 }
 
@@ -150,7 +152,8 @@ impl LLMEngine {
     pub fn new(model: Model, config: EngineConfig) -> Self {
         let spec = model.backend.kv_cache_spec();
         let host = model.backend.num_host_blocks();
-        let bm = BlockManager::new(spec.num_blocks, spec.block_size, host, config.enable_prefix_caching);
+        let mut bm = BlockManager::new(spec.num_blocks, spec.block_size, host, config.enable_prefix_caching);
+        bm.set_zero_freed(config.zero_freed_blocks);
         let max_model_len = model.config.max_position_embeddings.min(spec.num_blocks * spec.block_size);
         let mut sched_cfg = config.scheduler;
         sched_cfg.max_model_len = max_model_len;
@@ -253,7 +256,18 @@ impl LLMEngine {
         }
         metrics.finished_time = Some(now_secs());
         self.pending.push(RequestOutput { request_id: request_id.to_string(), prompt_token_ids: req.prompt, outputs, finished: true, metrics });
+        self.wipe_freed();
         true
+    }
+
+    /// Secure mode: zeroes the blocks freed since the last wipe. Every public method that can
+    /// free blocks ends with it, so no freed block is handed out again unwiped (blocks freed
+    /// inside `schedule` are zeroed by the runner, after the swap-out copies).
+    pub(crate) fn wipe_freed(&mut self) {
+        let blocks = self.scheduler.block_manager.take_blocks_to_zero();
+        if let Err(e) = self.runner.backend.zero_blocks(&blocks) {
+            tracing::error!("zeroing freed KV blocks failed: {e}");
+        }
     }
 
     /// States of a request's sequences, when the request is unfinished.
@@ -411,6 +425,7 @@ impl LLMEngine {
                 self.requests.remove(&rid);
             }
         }
+        self.wipe_freed();
         self.last_schedule = plan;
         Ok(results)
     }

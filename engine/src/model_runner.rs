@@ -54,6 +54,7 @@ impl ModelRunner {
     /// every sequence ready to sample: one row, or `1 + drafts` rows for a speculating one.
     pub fn execute(&mut self, out: &SchedulerOutput, seqs: &HashMap<SeqId, Sequence>) -> Result<Vec<(SeqId, Vec<f32>)>, BackendError> {
         self.backend.swap_out(&out.blocks_to_swap_out)?;
+        self.backend.zero_blocks(&out.blocks_to_zero)?;
         self.backend.copy_blocks(&out.blocks_to_copy)?;
         self.backend.swap_in(&out.blocks_to_swap_in)?;
         if out.scheduled.is_empty() {

@@ -33,6 +33,7 @@ impl LLMEngine {
         match self.pinned.remove(request_id) {
             Some(mut table) => {
                 self.scheduler.block_manager.free(&mut table);
+                self.wipe_freed();
                 true
             }
             None => false,
@@ -102,6 +103,7 @@ impl LLMEngine {
         if finished {
             self.scheduler.remove(id);
             self.requests.remove(request_id);
+            self.wipe_freed();
         }
         self.pending.push(RequestOutput { request_id: request_id.to_string(), prompt_token_ids: prompt, outputs, finished, metrics });
         Ok(())
@@ -112,7 +114,9 @@ impl LLMEngine {
     pub fn fail_remote_prefill(&mut self, request_id: &str, recompute: bool) -> bool {
         let Some(id) = self.single_seq(request_id) else { return false };
         if recompute {
-            self.scheduler.unpark_waiting(id)
+            let waiting = self.scheduler.unpark_waiting(id);
+            self.wipe_freed();
+            waiting
         } else {
             self.abort_request(request_id)
         }

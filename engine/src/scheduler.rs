@@ -90,6 +90,9 @@ pub struct SchedulerOutput {
     pub preempted: Vec<SeqId>,
     /// Tokens in the step.
     pub num_batched_tokens: usize,
+    /// Blocks freed while scheduling (secure mode), zeroed after the swap-out copies and
+    /// before anything writes them.
+    pub blocks_to_zero: Vec<u32>,
 }
 
 impl SchedulerOutput {
@@ -340,6 +343,7 @@ impl Scheduler {
             self.admit_waiting(&mut budget, now, &mut out);
         }
         out.num_batched_tokens = out.scheduled.iter().map(|s| s.num_tokens).sum();
+        out.blocks_to_zero = self.block_manager.take_blocks_to_zero();
         out
     }
 

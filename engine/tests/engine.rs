@@ -78,7 +78,7 @@ fn batch_invariance_sixteen_prompts() {
     }
 }
 
-fn preemption_case(mode: PreemptionMode) {
+fn preemption_case(mode: PreemptionMode, zero_freed_blocks: bool) {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(40) };
     let mut free = engine();
     let reqs: Vec<(String, Vec<u32>)> = PROMPTS[..8].iter().enumerate().map(|(i, p)| (format!("r{i}"), tokens(&free, p))).collect();
@@ -89,12 +89,13 @@ fn preemption_case(mode: PreemptionMode) {
         scheduler: SchedulerConfig { preemption_mode: mode, ..Default::default() },
         enable_prefix_caching: false,
         speculative: None,
+        zero_freed_blocks,
     };
     let mut tight = engine_with(12 * 16, 64 * 16, cfg);
     let out = run(&mut tight, &all);
     assert!(tight.stats().num_preemptions > 0, "the pool was meant to be too small");
     for (id, _) in &reqs {
-        assert_eq!(greedy_ids(&out, id), greedy_ids(&reference, id), "{id} under {mode:?}");
+        assert_eq!(greedy_ids(&out, id), greedy_ids(&reference, id), "{id} under {mode:?}, zeroing {zero_freed_blocks}");
         assert_eq!(out[id][0].finish_reason, Some(FinishReason::Length));
     }
     let bm = tight.block_manager();
@@ -104,12 +105,46 @@ fn preemption_case(mode: PreemptionMode) {
 
 #[test]
 fn preemption_by_recompute_completes_everything_identically() {
-    preemption_case(PreemptionMode::Recompute);
+    preemption_case(PreemptionMode::Recompute, false);
 }
 
 #[test]
 fn preemption_by_swap_completes_everything_identically() {
-    preemption_case(PreemptionMode::Swap);
+    preemption_case(PreemptionMode::Swap, false);
+}
+
+/// Secure mode under preemption: blocks freed mid-schedule (swap-out, recompute) are zeroed
+/// after their copies and before reuse, so every output is unchanged.
+#[test]
+fn zeroing_freed_blocks_under_preemption_changes_no_output() {
+    preemption_case(PreemptionMode::Swap, true);
+    preemption_case(PreemptionMode::Recompute, true);
+}
+
+/// Secure mode: once requests finish (or are aborted) every KV block reads back as zeros and
+/// nothing stays in the prefix cache; without it, the finished request's KV stays for reuse.
+#[test]
+fn secure_mode_zeroes_freed_blocks() {
+    let params = SamplingParams::greedy(8);
+    let prompt = "You are a careful assistant. Answer briefly and cite the source of every claim you make. ".repeat(3);
+    let zero_page = |e: &LLMEngine, b: u32| e.read_kv_block(b).unwrap().iter().all(|&x| x == 0);
+    for secure in [false, true] {
+        let mut e = engine_with(64 * 16, 0, EngineConfig { zero_freed_blocks: secure, ..Default::default() });
+        let p = tokens(&e, &prompt);
+        run(&mut e, &[("a", p.clone(), params.clone())]);
+        e.add_request("b", Prompt::TokenIds(p.clone()), params.clone(), None).unwrap();
+        e.step().unwrap();
+        e.abort_request("b");
+        e.step().unwrap();
+        let n = e.block_manager().num_blocks() as u32;
+        let dirty = (0..n).filter(|&b| !zero_page(&e, b)).count();
+        if secure {
+            assert_eq!(dirty, 0, "{dirty} blocks still hold KV");
+            assert!(e.block_manager().cached_hashes().is_empty(), "nothing cached in secure mode");
+        } else {
+            assert!(dirty > 0, "without secure mode the KV stays (for the prefix cache)");
+        }
+    }
 }
 
 #[test]

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::Extension;
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -29,6 +30,7 @@ use crate::error::ApiError;
 use crate::openai::{self, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use crate::responses::{self, Choice, Endpoint, Header};
 use crate::routing::{Route, Routing};
+use crate::auth::{ApiKeys, Tenant};
 use crate::workers::Workers;
 
 /// Most prompts one completions request may carry.
@@ -50,6 +52,12 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// When the router started (Unix seconds).
     pub started: u64,
+    /// API keys (none: the gateway is open).
+    pub api_keys: Option<Arc<ApiKeys>>,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Longest prompt accepted, in tokens (none: the context window is the limit).
+    pub max_prompt_tokens: Option<usize>,
     ids: AtomicU64,
 }
 
@@ -58,7 +66,7 @@ impl AppState {
     pub fn new(model_name: String, info: ModelInfo, pool: Workers, routing: Routing, metrics: Option<PrometheusHandle>) -> AppState {
         let started = unix_now();
         let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 40;
-        AppState { model_name, info, pool, routing, load_sync: None, metrics, started, ids: AtomicU64::new(seed) }
+        AppState { model_name, info, pool, routing, load_sync: None, metrics, started, api_keys: None, max_body_bytes: crate::MAX_BODY_BYTES, max_prompt_tokens: None, ids: AtomicU64::new(seed) }
     }
 
     fn new_id(&self, prefix: &str) -> String {
@@ -123,6 +131,12 @@ struct Budget<'a> {
 
 #[allow(clippy::too_many_arguments)]
 fn finish_prepare(st: &AppState, ep: Endpoint, c: &CommonParams, prompts: Vec<Vec<u32>>, echo: Vec<Option<String>>, base: SamplingParams, budget: Budget, logprobs: bool) -> Result<Prepared, ApiError> {
+    if let Some(limit) = st.max_prompt_tokens {
+        if let Some(p) = prompts.iter().find(|p| p.len() > limit) {
+            let param = if ep == Endpoint::Chat { "messages" } else { "prompt" };
+            return Err(ApiError::invalid(Some(param), format!("the prompt has {} tokens; this server accepts at most {limit}", p.len())));
+        }
+    }
     let max_len = st.max_model_len();
     let params = prompts
         .iter()
@@ -403,7 +417,7 @@ async fn stream_task(st: Arc<AppState>, p: Prepared, mut route: Route, streams: 
     let _ = tx.send(Event::default().data("[DONE]")).await;
 }
 
-async fn generate(st: Arc<AppState>, ep: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
+async fn generate(st: Arc<AppState>, ep: Endpoint, tenant: Option<Extension<Tenant>>, body: Result<Bytes, BytesRejection>) -> Response {
     let started = Instant::now();
     let prepared = body
         .map_err(|e| ApiError { status: e.status(), ..ApiError::invalid(None, e.body_text()) })
@@ -411,7 +425,7 @@ async fn generate(st: Arc<AppState>, ep: Endpoint, body: Result<Bytes, BytesReje
             Endpoint::Completions => prepare_completion(&st, &b),
             Endpoint::Chat => prepare_chat(&st, &b),
         });
-    let p = match prepared {
+    let mut p = match prepared {
         Ok(p) => p,
         Err(e) => {
             tracing::info!(status = e.status.as_u16(), error = %e.message, "request refused");
@@ -419,6 +433,10 @@ async fn generate(st: Arc<AppState>, ep: Endpoint, body: Result<Bytes, BytesReje
             return e.into_response();
         }
     };
+    // A tenant's prompts share cached prefixes only with the same tenant's.
+    if let Some(Extension(t)) = tenant {
+        p.cache_salt = t.cache_salt(&p.cache_salt);
+    }
     let (mut route, streams) = match start(&st, &p).await {
         Ok(x) => x,
         Err(e) => {
@@ -445,13 +463,13 @@ async fn generate(st: Arc<AppState>, ep: Endpoint, body: Result<Bytes, BytesReje
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    generate(st, Endpoint::Completions, body).await
+pub async fn completions(State(st): State<Arc<AppState>>, tenant: Option<Extension<Tenant>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(st, Endpoint::Completions, tenant, body).await
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat_completions(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    generate(st, Endpoint::Chat, body).await
+pub async fn chat_completions(State(st): State<Arc<AppState>>, tenant: Option<Extension<Tenant>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(st, Endpoint::Chat, tenant, body).await
 }
 
 /// `GET /v1/models`.

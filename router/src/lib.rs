@@ -14,6 +14,7 @@
 //! - [`workers`]: worker channels and health.
 //! - [`error`]: OpenAI error JSON.
 
+pub mod auth;
 pub mod cost;
 pub mod error;
 pub mod handlers;
@@ -54,23 +55,35 @@ pub struct RouterConfig {
     pub routing: routing::RoutingConfig,
     /// This replica's name (metrics label).
     pub router_id: String,
+    /// API keys for `/v1/*` (none: open).
+    pub api_keys: Option<Arc<auth::ApiKeys>>,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Longest prompt accepted, in tokens (none: the context window).
+    pub max_prompt_tokens: Option<usize>,
 }
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 32 << 20;
 
-/// The HTTP application over `state`.
+/// The HTTP application over `state`. With API keys, `/v1/*` and `/debug/routing` need one;
+/// `/health` and `/metrics` stay open for probes and scrapers.
 pub fn app(state: Arc<AppState>) -> axum::Router {
-    axum::Router::new()
+    let mut guarded = axum::Router::new()
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat_completions))
         .route("/v1/models", get(handlers::models))
+        .route("/debug/routing", get(handlers::debug_routing));
+    if let Some(keys) = state.api_keys.clone() {
+        guarded = guarded.route_layer(axum::middleware::from_fn_with_state(keys, auth::authenticate));
+    }
+    axum::Router::new()
+        .merge(guarded)
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
-        .route("/debug/routing", get(handlers::debug_routing))
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .with_state(state)
 }
 
@@ -91,6 +104,9 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     let pool = Workers::new(&cfg.decode_workers, &cfg.prefill_workers)?;
     let routing = routing::Routing::new(cfg.routing.clone());
     let mut state = AppState::new(cfg.model_name.clone(), info, pool, routing, Some(metrics));
+    state.api_keys = cfg.api_keys.clone();
+    state.max_body_bytes = cfg.max_body_bytes;
+    state.max_prompt_tokens = cfg.max_prompt_tokens;
     if let Some(url) = &cfg.redis_url {
         state.load_sync = Some(sync::LoadSync::new(url.clone(), &cfg.router_id));
     }

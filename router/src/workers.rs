@@ -12,6 +12,7 @@ use std::time::Duration;
 use tandem_proto::v1 as pb;
 use tandem_proto::v1::decode_worker_client::DecodeWorkerClient;
 use tandem_proto::v1::worker_client::WorkerClient;
+use tandem_worker::auth::{authed, AuthChannel};
 use tonic::transport::{Channel, Endpoint};
 
 /// One worker as the router sees it.
@@ -58,8 +59,8 @@ impl Worker {
     }
 
     /// A decode client on the worker's channel.
-    pub fn decode_client(&self) -> DecodeWorkerClient<Channel> {
-        DecodeWorkerClient::new(self.channel.clone())
+    pub fn decode_client(&self) -> DecodeWorkerClient<AuthChannel> {
+        DecodeWorkerClient::new(authed(self.channel.clone()))
     }
 
     /// Asks the worker for its status (bounded by `timeout`) and records its health.
@@ -69,7 +70,7 @@ impl Worker {
 
     /// Asks the worker for its status, with every cached block hash when `hashes`.
     pub async fn status(&self, timeout: Duration, hashes: bool) -> Result<pb::WorkerStatus, String> {
-        let mut client = WorkerClient::new(self.channel.clone());
+        let mut client = WorkerClient::new(authed(self.channel.clone()));
         let mut req = tonic::Request::new(pb::StatusRequest { include_block_hashes: hashes });
         req.set_timeout(timeout);
         let res = match tokio::time::timeout(timeout, client.status(req)).await {

@@ -7,6 +7,7 @@
 //! - [`status`]: the `Worker.Status` RPC.
 //! - [`serve`]: gRPC and HTTP on one port, the ready line, shutdown.
 
+pub mod auth;
 pub mod convert;
 pub mod engine_loop;
 pub mod kv;

@@ -105,7 +105,7 @@ pub fn http_routes(metrics: PrometheusHandle, engine: EngineHandle) -> axum::Rou
 /// the worker drains: it reports itself unavailable, takes no new connections or streams, and
 /// waits up to `drain` for the requests it has to finish; when its parent is gone it stops at once.
 pub async fn serve(listener: TcpListener, grpc: tonic::service::Routes, http: axum::Router, watch_stdin: bool, drain: Duration) -> anyhow::Result<()> {
-    let app = grpc.into_axum_router().merge(http);
+    let app = grpc.into_axum_router().layer(axum::middleware::from_fn(crate::auth::require_token)).merge(http);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         axum::serve(listener, app)

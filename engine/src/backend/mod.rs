@@ -140,4 +140,15 @@ pub trait ModelBackend: Send {
     fn read_block(&self, block: u32) -> Result<Vec<u8>, BackendError>;
     /// Writes a KV page (as [`ModelBackend::read_block`] returns it) into `block`.
     fn write_block(&mut self, block: u32, page: &[u8]) -> Result<(), BackendError>;
+    /// Overwrites `blocks` with zeros (secure mode).
+    fn zero_blocks(&mut self, blocks: &[u32]) -> Result<(), BackendError> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let zeros = vec![0u8; self.kv_cache_spec().bytes_per_block];
+        for &b in blocks {
+            self.write_block(b, &zeros)?;
+        }
+        Ok(())
+    }
 }
