@@ -113,13 +113,19 @@ pub fn prefill(extra: &[&str], env: &[(&str, &str)]) -> Proc {
 
 /// A router over the given workers.
 pub fn router(decode: &[&Proc], prefill: &[&Proc]) -> Proc {
+    router_with(decode, prefill, &[], &[])
+}
+
+/// A router over the given workers, with `extra` flags and `env`.
+pub fn router_with(decode: &[&Proc], prefill: &[&Proc], extra: &[&str], env: &[(&str, &str)]) -> Proc {
     let mut a = s(&["router", "--listen=127.0.0.1:0", "--model"]);
     a.push(model());
     a.push(format!("--decode-workers={}", decode.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")));
     if !prefill.is_empty() {
         a.push(format!("--prefill-workers={}", prefill.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")));
     }
-    Proc::start("router", &a, &[])
+    a.extend(s(extra));
+    Proc::start("router", &a, env)
 }
 
 /// An HTTP/1.1 response.
