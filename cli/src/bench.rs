@@ -21,6 +21,8 @@ pub enum BenchCommand {
     Kernels(KernelArgs),
     /// A serving benchmark against any OpenAI-compatible server (vllm bench serve's metrics).
     Serve(crate::bench_serve::ServeArgs),
+    /// `tandem up` at saturation for a bounded time: errors, memory and KV pools over time.
+    Soak(crate::bench_soak::SoakArgs),
 }
 
 /// Arguments of `tandem bench kernels`.
@@ -155,6 +157,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Engine(a) => engine(a),
         BenchCommand::Kernels(a) => kernels(a),
         BenchCommand::Serve(a) => crate::bench_serve::run(a),
+        BenchCommand::Soak(a) => crate::bench_soak::run(a),
     }
 }
 

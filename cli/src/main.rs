@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_serve;
+mod bench_soak;
 mod engine_args;
 mod generate_cmd;
 mod serve_cmd;

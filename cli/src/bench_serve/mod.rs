@@ -1,7 +1,7 @@
 //! `tandem bench serve`: a serving benchmark against any OpenAI-compatible endpoint (Tandem,
 //! llama.cpp's `llama-server`, vLLM, …), measured as `vllm bench serve` measures.
 
-mod http;
+pub(crate) mod http;
 pub mod metrics;
 pub mod plot;
 pub mod workload;
