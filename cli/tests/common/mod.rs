@@ -96,6 +96,9 @@ fn s(v: &[&str]) -> Vec<String> {
 pub fn decode(extra: &[&str], env: &[(&str, &str)]) -> Proc {
     let mut a = s(&["decode", "--listen=127.0.0.1:0", "--kernel=exact", "--kv-cache-memory=128MiB", "--model"]);
     a.push(model());
+    if extra.iter().any(|x| x.starts_with("--listen=")) {
+        a.remove(1);
+    }
     a.extend(s(extra));
     Proc::start("decode", &a, env)
 }
@@ -120,6 +123,9 @@ pub fn router(decode: &[&Proc], prefill: &[&Proc]) -> Proc {
 pub fn router_with(decode: &[&Proc], prefill: &[&Proc], extra: &[&str], env: &[(&str, &str)]) -> Proc {
     let mut a = s(&["router", "--listen=127.0.0.1:0", "--model"]);
     a.push(model());
+    if extra.iter().any(|x| x.starts_with("--listen=")) {
+        a.remove(1);
+    }
     a.push(format!("--decode-workers={}", decode.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")));
     if !prefill.is_empty() {
         a.push(format!("--prefill-workers={}", prefill.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")));
