@@ -11,7 +11,7 @@ secs="${1:-60}"; shift || true
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(gguf openai_request kv_page chat_template)
 if ! cargo fuzz --version >/dev/null 2>&1; then
-  cargo install cargo-fuzz --locked --version 0.13.1 >&2
+  cargo install cargo-fuzz --locked --version 0.13.2 >&2
 fi
 export RUSTC_BOOTSTRAP=1
 cd fuzz
