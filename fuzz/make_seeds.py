@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora under fuzz/corpus/<target>/ (run from the repository root:
+"""Writes the seed inputs under fuzz/seeds/<target>/ (run from the repository root:
 `python3 fuzz/make_seeds.py [path/to/model.gguf]`). Seeds are small valid inputs of each
 format; libFuzzer mutates from there. With a model file, its first 64 KiB (header and the start
 of the metadata) become a GGUF seed too."""
 import json, os, struct, sys, zlib
 
-root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seeds")
 
 def put(target, name, data):
     d = os.path.join(root, target)

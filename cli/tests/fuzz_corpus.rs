@@ -1,4 +1,4 @@
-//! Replays the fuzz corpora (`fuzz/corpus/<target>/`) and the inputs of past crashes
+//! Replays the fuzz seeds and corpora (`fuzz/seeds/<target>/`, `fuzz/corpus/<target>/`) and the inputs of past crashes
 //! (`fuzz/regressions/<target>/`) through the fuzz harness, so a fixed crash stays fixed in the
 //! ordinary test run. The fuzzers themselves run under `scripts/fuzz/run.sh`.
 
@@ -20,8 +20,9 @@ fn corpora_and_regressions_replay_without_panics() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
     let targets: [(&str, fn(&[u8])); 4] = [("gguf", harness::gguf), ("openai_request", harness::openai_request), ("kv_page", harness::kv_page), ("chat_template", harness::chat_template)];
     for (name, f) in targets {
-        let seeds = inputs(&root.join("corpus").join(name));
-        assert!(seeds.len() >= 2, "{name}: the corpus has {} inputs", seeds.len());
+        let mut seeds = inputs(&root.join("seeds").join(name));
+        assert!(seeds.len() >= 2, "{name}: {} seeds", seeds.len());
+        seeds.extend(inputs(&root.join("corpus").join(name)));
         let regressions = inputs(&root.join("regressions").join(name));
         for (file, data) in seeds.iter().chain(&regressions) {
             let r = std::panic::catch_unwind(|| f(data));
@@ -30,11 +31,11 @@ fn corpora_and_regressions_replay_without_panics() {
         eprintln!("{name}: {} corpus inputs, {} regressions", seeds.len(), regressions.len());
     }
     // The seeds are valid inputs of their formats (the fuzzer starts from real structure).
-    let tiny = std::fs::read(root.join("corpus/gguf/tiny-llama.gguf")).unwrap();
+    let tiny = std::fs::read(root.join("seeds/gguf/tiny-llama.gguf")).unwrap();
     let f = tandem_engine::gguf::GgufFile::from_bytes(tiny).expect("the GGUF seed parses");
     assert_eq!(f.get("general.architecture").and_then(|v| v.as_str()), Some("llama"));
-    let page = std::fs::read(root.join("corpus/kv_page/page.bin")).unwrap();
+    let page = std::fs::read(root.join("seeds/kv_page/page.bin")).unwrap();
     assert!(tandem_kv_transfer::page::KvPage::decode(&page, 1 << 20).is_ok(), "the page seed has a valid checksum");
-    let layout = std::fs::read(root.join("corpus/kv_page/layout.bin")).unwrap();
+    let layout = std::fs::read(root.join("seeds/kv_page/layout.bin")).unwrap();
     assert!(tandem_kv_transfer::layout::KvLayout::decode(&layout).is_ok());
 }
