@@ -22,15 +22,29 @@ fn free_port() -> u16 {
 }
 
 /// (args, env) of each role's container, with the cluster's parts replaced by loopback ones.
-fn pods(isvc: &InferenceService, ports: &BTreeMap<i32, u16>) -> BTreeMap<String, (Vec<String>, Vec<(String, String)>)> {
+/// Secrets as the kubelet would provide them: (secret, key) → value, and the directory the
+/// router's API-keys volume stands for.
+struct Secrets {
+    values: BTreeMap<(String, String), String>,
+    keys_dir: std::path::PathBuf,
+}
+
+fn pods(isvc: &InferenceService, ports: &BTreeMap<i32, u16>, secrets: &Secrets) -> BTreeMap<String, (Vec<String>, Vec<(String, String)>)> {
     let objs = workloads::desired(isvc, false);
     let config = &objs.iter().find(|d| d.kind == Kind::ConfigMap).unwrap().object["data"];
-    let env: Vec<(String, String)> = config.as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string())).collect();
+    let config_env: Vec<(String, String)> = config.as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string())).collect();
     let mut out = BTreeMap::new();
     for d in objs.iter().filter(|d| d.kind == Kind::Deployment) {
         let role = d.object["metadata"]["labels"][workloads::ROLE_LABEL].as_str().unwrap().to_string();
         let c = &d.object["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["envFrom"][0]["configMapRef"]["name"], "chat-config");
+        let mut env = config_env.clone();
+        for e in c["env"].as_array().unwrap() {
+            if let Some(r) = e["valueFrom"]["secretKeyRef"].as_object() {
+                let key = (r["name"].as_str().unwrap().to_string(), r["key"].as_str().unwrap().to_string());
+                env.push((e["name"].as_str().unwrap().to_string(), secrets.values[&key].clone()));
+            }
+        }
         let args = c["args"]
             .as_array()
             .unwrap()
@@ -38,15 +52,23 @@ fn pods(isvc: &InferenceService, ports: &BTreeMap<i32, u16>) -> BTreeMap<String,
             .map(|a| {
                 let mut a = a.as_str().unwrap().replace("$(POD_IP)", "127.0.0.1").replace("$(POD_NAME)", &format!("chat-{role}-0")).replace("0.0.0.0:", "127.0.0.1:");
                 a = a.replace("chat-decode.ml.svc", "localhost").replace("chat-prefill.ml.svc", "localhost");
+                a = a.replace(tandem_operator::crd::API_KEYS_DIR, secrets.keys_dir.to_str().unwrap());
                 for (from, to) in ports {
                     a = a.replace(&format!(":{from}"), &format!(":{to}"));
                 }
                 a
             })
             .collect();
-        out.insert(role, (args, env.clone()));
+        out.insert(role, (args, env));
     }
     out
+}
+
+const KEY: &str = "sk-operator-test-1";
+
+fn authed(addr: &str, path: &str, body: &str) -> HttpResponse {
+    let req = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    http_raw(addr, req.as_bytes(), Duration::from_secs(120)).unwrap()
 }
 
 fn start(role: &str, pods: &BTreeMap<String, (Vec<String>, Vec<(String, String)>)>) -> Proc {
@@ -64,12 +86,17 @@ fn operator_pods_serve_find_each_other_and_drain() {
         "prefill": { "replicas": 1 },
         "decode": { "replicas": 1, "speculative": { "method": "ngram", "tokens": 3 }, "drainSeconds": 60 },
         "disaggregation": { "mode": "always" },
+        "security": { "apiKeysSecret": "chat-keys", "internalTokenSecret": "chat-internal", "maxConcurrentPerKey": 8 },
     });
+    let keys_dir = std::env::temp_dir().join(format!("tandem-api-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&keys_dir).unwrap();
+    std::fs::write(keys_dir.join("api-keys"), "sk-operator-test-1:ops\n").unwrap();
+    let secrets = Secrets { values: BTreeMap::from([(("chat-internal".to_string(), "token".to_string()), "internal-secret-from-k8s".to_string())]), keys_dir };
     let mut isvc = InferenceService::new("chat", serde_json::from_value(spec).unwrap());
     isvc.metadata.namespace = Some("ml".into());
     assert!(tandem_operator::validate::problems(&isvc.spec).is_empty());
     let ports: BTreeMap<i32, u16> = [DECODE_PORT, KV_PORT, PREFILL_PORT, ROUTER_PORT].into_iter().map(|p| (p, free_port())).collect();
-    let pods = pods(&isvc, &ports);
+    let pods = pods(&isvc, &ports, &secrets);
     eprintln!("{pods:#?}");
 
     let mut decode = start("decode", &pods);
@@ -85,19 +112,22 @@ fn operator_pods_serve_find_each_other_and_drain() {
 
     // A prompt goes through the prefill worker to the decode worker's advertised KV address.
     let body = json!({ "model": MODEL, "prompt": long_prompt(), "max_tokens": 8, "temperature": 0 }).to_string();
-    let res = http(&router.addr, "POST", "/v1/completions", Some(&body));
+    assert_eq!(http(&router.addr, "POST", "/v1/completions", Some(&body)).status, 401, "the API keys Secret is enforced");
+    let res = authed(&router.addr, "/v1/completions", &body);
     assert_eq!(res.status, 200, "{}", res.body);
     assert_eq!(metric(&decode.addr, "tandem_disagg_decisions_total", &["decision=\"remote\""]), Some(1.0));
     assert_eq!(metric(&decode.addr, "tandem_kv_transfer_failures_total", &["reason=\"receive\""]), Some(0.0));
     assert!(metric(&decode.addr, "tandem_kv_transfer_bytes_total", &[]).unwrap() > 0.0);
     // Worker ids from the pod names reach the router's index.
-    let st = http(&router.addr, "GET", "/debug/routing", None).json();
+    let st = http_raw(&router.addr, format!("GET /debug/routing HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {KEY}\r\n\r\n").as_bytes(), Duration::from_secs(30)).unwrap().json();
     assert!(st.to_string().contains("chat-prefill-0"), "{st}");
 
     // Scale-down: SIGTERM while a stream is in flight. The stream ends normally, the worker
     // leaves the router's healthy set and exits by itself.
     let body = json!({ "model": MODEL, "prompt": "Count from one to one hundred:", "max_tokens": 160, "ignore_eos": true, "temperature": 0, "stream": true }).to_string();
-    let mut s = open_stream(&router.addr, "/v1/completions", &body);
+    let mut s = std::net::TcpStream::connect(&router.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    std::io::Write::write_all(&mut s, format!("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes()).unwrap();
     let first = read_until(&mut s, "data: {");
     assert!(first.contains("200 OK"), "{first}");
     let pid = decode.child.id();
@@ -118,7 +148,7 @@ fn operator_pods_serve_find_each_other_and_drain() {
     assert!(status.success(), "{status}");
     let log = decode.log_text();
     assert!(log.contains("draining") && log.contains("drained"), "{log}");
-    let res = http(&router.addr, "POST", "/v1/completions", Some(&json!({ "model": MODEL, "prompt": "Hi", "max_tokens": 2 }).to_string()));
+    let res = authed(&router.addr, "/v1/completions", &json!({ "model": MODEL, "prompt": "Hi", "max_tokens": 2 }).to_string());
     assert_eq!(res.status, 503, "no decode worker left: {}", res.body);
     let v: Value = res.json();
     assert!(v["error"]["message"].is_string());

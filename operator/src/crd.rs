@@ -67,6 +67,9 @@ pub struct InferenceServiceSpec {
     /// Prometheus scraping.
     #[serde(default)]
     pub monitoring: MonitoringSpec,
+    /// API keys, limits, internal authentication, KV zeroing.
+    #[serde(default)]
+    pub security: SecuritySpec,
 }
 
 /// The image the chart's version ships.
@@ -434,6 +437,37 @@ impl Default for MonitoringSpec {
 fn yes() -> bool {
     true
 }
+
+/// Access control and isolation.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecuritySpec {
+    /// Secret with the API keys under `api-keys` (one `KEY` or `KEY:TENANT` per line; tenants
+    /// never share cached prefixes). Without it the OpenAI API is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_keys_secret: Option<String>,
+    /// Secret with the shared secret of the internal gRPC calls under `token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_token_secret: Option<String>,
+    /// Most requests of one key in flight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_concurrent_per_key: Option<i32>,
+    /// Requests per second one key may send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.01, max = 100000.0))]
+    pub requests_per_second_per_key: Option<f64>,
+    /// Longest prompt accepted, in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000000))]
+    pub max_prompt_tokens: Option<i32>,
+    /// Zero KV blocks as soon as they are freed (no prefix reuse across time).
+    #[serde(default)]
+    pub zero_freed_blocks: bool,
+}
+
+/// Where the router reads the API keys file.
+pub const API_KEYS_DIR: &str = "/etc/tandem/api-keys";
 
 /// What the operator observed.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]

@@ -228,6 +228,9 @@ pub fn config_data(isvc: &InferenceService) -> BTreeMap<String, String> {
     if let Some(url) = &s.router.redis_url {
         d.insert("TANDEM_REDIS_URL".into(), url.clone());
     }
+    if s.security.zero_freed_blocks {
+        d.insert("TANDEM_ZERO_FREED_BLOCKS".into(), "true".into());
+    }
     d
 }
 
@@ -292,6 +295,19 @@ fn container_args(isvc: &InferenceService, role: Role) -> Vec<String> {
                 a.push(format!("--prefill-workers=dns:{}:{PREFILL_PORT}", worker_dns(isvc, Role::Prefill)));
             }
             a.push("--router-id=$(POD_NAME)".into());
+            let sec = &isvc.spec.security;
+            if sec.api_keys_secret.is_some() {
+                a.push(format!("--api-keys-file={}/api-keys", crate::crd::API_KEYS_DIR));
+            }
+            if let Some(n) = sec.max_concurrent_per_key {
+                a.push(format!("--max-concurrent-per-key={n}"));
+            }
+            if let Some(r) = sec.requests_per_second_per_key {
+                a.push(format!("--requests-per-second-per-key={r}"));
+            }
+            if let Some(n) = sec.max_prompt_tokens {
+                a.push(format!("--max-prompt-tokens={n}"));
+            }
         }
         Role::Prefill | Role::Decode => {
             let w = worker_spec(isvc, role);
@@ -389,7 +405,14 @@ fn deployment(isvc: &InferenceService, role: Role, config_hash: &str) -> Value {
     if let Some(p) = s.image_pull_policy {
         container["imagePullPolicy"] = json!(p.as_str());
     }
+    if let Some(secret) = &s.security.internal_token_secret {
+        container["env"].as_array_mut().unwrap().push(json!({ "name": "TANDEM_INTERNAL_TOKEN", "valueFrom": { "secretKeyRef": { "name": secret, "key": "token" } } }));
+    }
     let mut volumes = vec![json!({ "name": "cache", "emptyDir": {} })];
+    if let (Role::Router, Some(secret)) = (role, &s.security.api_keys_secret) {
+        volumes.push(json!({ "name": "api-keys", "secret": { "secretName": secret, "defaultMode": 0o400 } }));
+        container["volumeMounts"].as_array_mut().unwrap().push(json!({ "name": "api-keys", "mountPath": crate::crd::API_KEYS_DIR, "readOnly": true }));
+    }
     if let Some(pvc) = &s.model.pvc {
         volumes.push(json!({ "name": "models", "persistentVolumeClaim": { "claimName": pvc, "readOnly": true } }));
         container["volumeMounts"].as_array_mut().unwrap().push(json!({ "name": "models", "mountPath": "/models", "readOnly": true }));
@@ -520,6 +543,30 @@ mod tests {
         let router_args = objs[4].object["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
         assert!(router_args.contains("dns:chat-prefill.ml.svc:50051") && router_args.contains("dns:chat-decode.ml.svc:50061"), "{router_args}");
         assert_eq!(objs[0].object["data"]["TANDEM_REDIS_URL"], "redis://r:6379");
+    }
+
+    #[test]
+    fn security_settings_reach_the_pods() {
+        let i = isvc(json!({ "prefill": {}, "security": { "apiKeysSecret": "keys", "internalTokenSecret": "internal", "maxConcurrentPerKey": 4, "requestsPerSecondPerKey": 2.5, "maxPromptTokens": 4096, "zeroFreedBlocks": true } }));
+        let objs = desired(&i, false);
+        assert_eq!(objs[0].object["data"]["TANDEM_ZERO_FREED_BLOCKS"], "true");
+        for d in objs.iter().filter(|d| d.kind == Kind::Deployment) {
+            round_trip::<Deployment>(&d.object);
+            let pod = &d.object["spec"]["template"]["spec"];
+            let c = &pod["containers"][0];
+            let token = c["env"].as_array().unwrap().iter().find(|e| e["name"] == "TANDEM_INTERNAL_TOKEN").expect("every pod gets the internal token");
+            assert_eq!(token["valueFrom"]["secretKeyRef"], json!({ "name": "internal", "key": "token" }));
+            let mounts_keys = pod["volumes"].as_array().unwrap().iter().any(|v| v["secret"]["secretName"] == "keys");
+            let args = c["args"].to_string();
+            if d.name == "chat-router" {
+                assert!(mounts_keys, "the router mounts the keys");
+                for a in ["--api-keys-file=/etc/tandem/api-keys/api-keys", "--max-concurrent-per-key=4", "--requests-per-second-per-key=2.5", "--max-prompt-tokens=4096"] {
+                    assert!(args.contains(a), "{a} in {args}");
+                }
+            } else {
+                assert!(!mounts_keys, "workers never see the API keys");
+            }
+        }
     }
 
     #[test]
