@@ -115,7 +115,7 @@ impl PageSink for EngineSink {
 /// address. A connection that fails (layout mismatch, corrupt page, stall beyond `timeout`)
 /// reports the failure to the transfer's request task.
 pub fn start_receiver(addr: &str, layout: KvLayout, timeout: Duration, engine: EngineHandle, transfers: Transfers) -> Result<std::net::SocketAddr, TransferError> {
-    let receiver = Arc::new(TcpReceiver::bind(addr, layout, timeout)?);
+    let receiver = Arc::new(TcpReceiver::bind(addr, layout, timeout)?.require_auth(tandem_worker::auth::kv_auth()));
     let local = receiver.local_addr()?;
     std::thread::Builder::new()
         .name("kv-receiver".into())

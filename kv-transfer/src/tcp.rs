@@ -76,6 +76,12 @@ pub struct TcpSender {
 impl TcpSender {
     /// Connects and performs the handshake; a layout mismatch is refused with its reason.
     pub fn connect(addr: impl ToSocketAddrs, layout: &KvLayout, timeout: Duration) -> Result<TcpSender, TransferError> {
+        TcpSender::connect_with_auth(addr, layout, timeout, None)
+    }
+
+    /// [`TcpSender::connect`], presenting `auth` (the digest of the deployment's shared secret,
+    /// see [`auth_digest`]) to a receiver that requires it.
+    pub fn connect_with_auth(addr: impl ToSocketAddrs, layout: &KvLayout, timeout: Duration, auth: Option<[u8; 32]>) -> Result<TcpSender, TransferError> {
         let addr = addr
             .to_socket_addrs()?
             .next()
@@ -88,6 +94,8 @@ impl TcpSender {
         let mut hello = HELLO_MAGIC.to_le_bytes().to_vec();
         hello.extend((body.len() as u32).to_le_bytes());
         hello.extend(body);
+        hello.push(auth.is_some() as u8);
+        hello.extend(auth.unwrap_or([0; 32]));
         stream.write_all(&hello).map_err(|e| TransferError::from_io(e, timeout))?;
         let mut ok = [0u8; 1];
         read_exact(&mut stream, &mut ok, timeout)?;
@@ -138,12 +146,29 @@ pub struct TcpReceiver {
     listener: TcpListener,
     layout: KvLayout,
     timeout: Duration,
+    auth: Option<[u8; 32]>,
+}
+
+/// The digest a sender presents for the shared secret `token` (the secret itself never crosses
+/// the wire).
+pub fn auth_digest(token: &str) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(b"tandem-kv-auth\0");
+    h.update(token.as_bytes());
+    h.finalize().into()
 }
 
 impl TcpReceiver {
     /// Listens on `addr` for senders with the same `layout`.
     pub fn bind(addr: impl ToSocketAddrs, layout: KvLayout, timeout: Duration) -> Result<TcpReceiver, TransferError> {
-        Ok(TcpReceiver { listener: TcpListener::bind(addr)?, layout, timeout })
+        Ok(TcpReceiver { listener: TcpListener::bind(addr)?, layout, timeout, auth: None })
+    }
+
+    /// Refuses senders that do not present `auth` (see [`auth_digest`]); `None` accepts all.
+    pub fn require_auth(mut self, auth: Option<[u8; 32]>) -> TcpReceiver {
+        self.auth = auth;
+        self
     }
 
     /// The bound address.
@@ -180,7 +205,13 @@ impl TcpReceiver {
         }
         let mut body = vec![0u8; n];
         read_exact(&mut s, &mut body, t)?;
-        let verdict = KvLayout::decode(&body).and_then(|remote| self.layout.check(&remote));
+        let mut presented = [0u8; 33];
+        read_exact(&mut s, &mut presented, t)?;
+        let authentic = match &self.auth {
+            None => true,
+            Some(want) => presented[0] == 1 && presented[1..].iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0,
+        };
+        let verdict = if authentic { KvLayout::decode(&body).and_then(|remote| self.layout.check(&remote)) } else { Err(TransferError::Refused("unauthenticated KV sender: missing or wrong internal token".into())) };
         let mut reply = vec![verdict.is_ok() as u8];
         with_msg(&mut reply, &verdict.as_ref().err().map(|e| e.to_string()).unwrap_or_default());
         s.write_all(&reply).map_err(|e| TransferError::from_io(e, t))?;

@@ -165,3 +165,25 @@ fn stalled_and_vanished_senders_are_detected() {
         }
     }
 }
+
+#[test]
+fn receivers_with_a_secret_refuse_senders_without_it() {
+    use tandem_kv_transfer::tcp::auth_digest;
+    for (presented, accepted) in [(None, false), (Some(auth_digest("other")), false), (Some(auth_digest("s3cret")), true)] {
+        let receiver = TcpReceiver::bind("127.0.0.1:0", small_layout(), TIMEOUT).unwrap().require_auth(Some(auth_digest("s3cret")));
+        let addr = receiver.local_addr().unwrap();
+        let rx = std::thread::spawn(move || receiver.serve_one(&mut NullSink(0)));
+        match TcpSender::connect_with_auth(addr, &small_layout(), TIMEOUT, presented) {
+            Ok(tx) => {
+                assert!(accepted, "a sender without the secret got in");
+                assert_eq!(tx.finish(1, 0).unwrap(), 0);
+                assert!(rx.join().unwrap().is_ok());
+            }
+            Err(e) => {
+                assert!(!accepted, "the right secret was refused: {e}");
+                assert!(matches!(&e, TransferError::Refused(m) if m.contains("unauthenticated")), "{e}");
+                assert!(rx.join().unwrap().is_err());
+            }
+        }
+    }
+}

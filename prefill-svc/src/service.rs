@@ -75,7 +75,7 @@ fn first_token(out: &RequestOutput) -> Option<SampledToken> {
 
 impl PrefillService {
     fn ship(&self, blocks: &[u32], r: &pb::PrefillRequest) -> Result<(u32, u64), TransferError> {
-        let mut tx = TcpSender::connect(r.kv_destination.as_str(), &self.layout, self.transfer_timeout)?;
+        let mut tx = TcpSender::connect_with_auth(r.kv_destination.as_str(), &self.layout, self.transfer_timeout, tandem_worker::auth::kv_auth())?;
         let (mut pages, mut bytes) = (0u32, 0u64);
         let skip = r.skip_blocks as usize;
         let todo: Vec<(usize, u32)> = blocks.iter().copied().enumerate().skip(skip).collect();

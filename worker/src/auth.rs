@@ -22,6 +22,11 @@ pub fn token() -> Option<&'static str> {
     TOKEN.get_or_init(|| std::env::var(TOKEN_ENV).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())).as_deref()
 }
 
+/// The digest KV senders present to KV receivers (none without a secret).
+pub fn kv_auth() -> Option<[u8; 32]> {
+    token().map(tandem_kv_transfer::tcp::auth_digest)
+}
+
 /// A client-side interceptor adding the secret to a call.
 pub type Attach = fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status>;
 
