@@ -12,7 +12,7 @@ fn tiny(kv_tokens: usize, swap_blocks: u64, sched: SchedulerConfig) -> LLMEngine
     // 2 layers x 2 KV heads x 16 dims, f32 K and V, 16-token blocks.
     let block_bytes = 2 * 2 * 2 * 16 * 4 * 16;
     let opts = LoadOptions { kv_cache: KvCacheSize::Tokens(kv_tokens), swap_space_bytes: swap_blocks * block_bytes, ..Default::default() };
-    LLMEngine::new(Model::load(&dir, opts).unwrap(), EngineConfig { scheduler: sched, enable_prefix_caching: false, speculative: None })
+    LLMEngine::new(Model::load(&dir, opts).unwrap(), EngineConfig { scheduler: sched, enable_prefix_caching: false, speculative: None, zero_freed_blocks: false })
 }
 
 fn prompt(i: u32) -> Prompt {
