@@ -125,6 +125,9 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
         let mut tx = Some(tx);
         let (id, tokens) = (rid.clone(), r.prompt_token_ids.clone());
         let opts = RequestOptions { prefill_only: true, cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()), ..Default::default() };
+        // Armed before the request is queued: if the caller goes away while the engine thread
+        // adds it, the abort queued behind it still releases it (jobs run in order).
+        let _release = Release { engine: self.engine.clone(), rid: rid.clone() };
         self.engine
             .call(move |s| {
                 s.engine.add_request_with(&id, Prompt::TokenIds(tokens), params, opts)?;
@@ -146,7 +149,6 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
             .await
             .ok_or_else(|| Status::unavailable("the engine has stopped"))?
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let _release = Release { engine: self.engine.clone(), rid: rid.clone() };
         let out = rx.await.map_err(|_| Status::internal("the prefill was dropped"))?.map_err(Status::internal)?;
         let first = first_token(&out).ok_or_else(|| Status::internal("the prefill produced no token"))?;
         let num_cached = out.metrics.num_cached_tokens as u32;
