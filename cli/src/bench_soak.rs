@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -190,7 +190,7 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
     let tasks: Vec<_> = (0..a.concurrency).map(|i| rt.spawn(client(api.to_string(), model.clone(), i as u64 + 1, stop.clone(), counters.clone()))).collect();
 
     let started = Instant::now();
-    let samples = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let mut samples: Vec<Value> = Vec::new();
     eprintln!("{:>7} {:>9} {:>7} {:>9} {:>10}  RSS MiB of {}", "t (s)", "requests", "errors", "tokens", "KV used", roles.join(", "));
     let rss_start = rss();
     loop {
@@ -199,7 +199,7 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
         let r = rss();
         let (ok, err, tok) = (counters.ok.load(Ordering::Relaxed), counters.errors.load(Ordering::Relaxed), counters.tokens.load(Ordering::Relaxed));
         eprintln!("{:>7.0} {ok:>9} {err:>7} {tok:>9} {:>9.1}%  {}", t.as_secs_f64(), 100.0 * (total - free) / total.max(1.0), r.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" "));
-        samples.lock().expect("samples").push(json!({ "t": t.as_secs_f64(), "requests": ok, "errors": err, "tokens": tok, "kv_used_blocks": total - free, "kv_total_blocks": total, "rss_mib": r }));
+        samples.push(json!({ "t": t.as_secs_f64(), "requests": ok, "errors": err, "tokens": tok, "kv_used_blocks": total - free, "kv_total_blocks": total, "rss_mib": r }));
         if t >= a.duration {
             break;
         }
@@ -223,8 +223,7 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
     let ok = counters.ok.load(Ordering::Relaxed);
     // Memory that keeps growing once the KV pool's pages have all been touched is a leak:
     // growth over the second half of the run, per process.
-    let samples_v = samples.lock().expect("samples").clone();
-    let mid = samples_v.iter().find(|s| s["t"].as_f64().unwrap_or(0.0) >= elapsed / 2.0).cloned().unwrap_or_else(|| samples_v[0].clone());
+    let mid = samples.iter().find(|s| s["t"].as_f64().unwrap_or(0.0) >= elapsed / 2.0).unwrap_or(&samples[0]);
     let growth: Vec<f64> = rss_end.iter().enumerate().map(|(i, e)| e - mid["rss_mib"][i].as_f64().unwrap_or(0.0)).collect();
     let report = json!({
         "duration_s": elapsed,
@@ -240,7 +239,7 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
         "blocks_total": total,
         "blocks_leaked": total - free,
         "workers": workers.iter().map(|(r, a)| json!({ "role": r, "address": a })).collect::<Vec<_>>(),
-        "samples": samples_v,
+        "samples": samples,
     });
     eprintln!(
         "soak: {ok} requests, {} errors, {:.2} req/s over {elapsed:.0} s; RSS MiB ({}) start {:?} end {:?}, second-half growth {:?}; KV blocks not returned: {}",

@@ -195,17 +195,8 @@ fn assert_baseline(w: &Proc, base: f64) {
     panic!("{} leaked KV blocks: {last:?} free, baseline {base}\n{}", w.name, w.log_text());
 }
 
-fn kill9(p: &mut Proc) {
-    p.kill();
-}
-
 fn signal(p: &Proc, sig: &str) {
     assert!(std::process::Command::new("kill").args([sig, &p.child.id().to_string()]).status().unwrap().success());
-}
-
-/// Served requests through `router` after a recovery, counted on `worker`'s metric.
-fn served_by(worker: &Proc, name: &str, labels: &[&str]) -> f64 {
-    metric(&worker.addr, name, labels).unwrap_or(0.0)
 }
 
 #[test]
@@ -221,7 +212,7 @@ fn prefill_worker_killed_under_load() {
     std::thread::sleep(Duration::from_secs(4));
     let fault = Instant::now();
     let p2_addr = p2.addr.clone();
-    kill9(&mut p2);
+    p2.kill();
     let seen = wait_worker_health(&r, &p2_addr, false);
     assert_eq!(health(&r)["status_code"], 200, "decode still serves: the router stays ready");
     std::thread::sleep(Duration::from_secs(4));
@@ -230,7 +221,7 @@ fn prefill_worker_killed_under_load() {
     let back = wait_worker_health(&r, &p2_addr, true);
     // The load goes on until the restarted worker has prefilled prompts again.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while served_by(&restarted, "tandem_prompt_tokens_total", &[]) == 0.0 {
+    while metric(&restarted.addr, "tandem_prompt_tokens_total", &[]).unwrap_or(0.0) == 0.0 {
         assert!(Instant::now() < deadline, "the restarted prefill worker takes no work");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -254,7 +245,7 @@ fn decode_worker_killed_under_load() {
     std::thread::sleep(Duration::from_secs(4));
     let fault = Instant::now();
     let d1_addr = d1.addr.clone();
-    kill9(&mut d1);
+    d1.kill();
     let seen = wait_worker_health(&r, &d1_addr, false);
     assert_eq!(health(&r)["status_code"], 200, "one decode worker left: still ready");
     std::thread::sleep(Duration::from_secs(4));
@@ -267,7 +258,7 @@ fn decode_worker_killed_under_load() {
     // already sent to the dying worker may still end in an error. Printed, not asserted.
     let after: Vec<&Record> = records.iter().filter(|x| x.start > fault + seen && x.outcome != Outcome::Ok).collect();
     eprintln!("requests sent after the failure was seen that did not succeed: {after:?}");
-    assert!(served_by(&restarted, "tandem_generation_tokens_total", &[]) > 0.0, "the restarted decode worker serves again");
+    assert!(metric(&restarted.addr, "tandem_generation_tokens_total", &[]).unwrap_or(0.0) > 0.0, "the restarted decode worker serves again");
     assert_baseline(&d2, d20);
     assert_baseline(&p, p0);
     eprintln!("decode kill -9: {ok} served, {errors} OpenAI errors (streams cut on the dead worker); in-flight requests ended {to_end:?} after the kill; /health unhealthy after {seen:?}; healthy again {back:?} after restart");
@@ -287,7 +278,7 @@ fn router_replica_killed_under_load() {
     std::thread::sleep(Duration::from_secs(4));
     let fault = Instant::now();
     let r2_addr = r2.addr.clone();
-    kill9(&mut r2);
+    r2.kill();
     std::thread::sleep(Duration::from_secs(4));
     let restarted = router_with(&[&d], &[&p], &[&format!("--listen={r2_addr}")], &env);
     let t = Instant::now();
@@ -361,9 +352,7 @@ fn stopped_workers_are_detected_and_recover_under_load() {
     let seen = wait_worker_health(&r, &d1.addr, false);
     std::thread::sleep(Duration::from_secs(4));
     signal(&d1, "-CONT");
-    let t = Instant::now();
     let back = wait_worker_health(&r, &d1.addr, true);
-    let _ = t;
 
     // The prefill worker freezes: transfers stall and decode workers recompute locally.
     std::thread::sleep(Duration::from_secs(2));

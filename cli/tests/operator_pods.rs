@@ -67,8 +67,7 @@ fn pods(isvc: &InferenceService, ports: &BTreeMap<i32, u16>, secrets: &Secrets) 
 const KEY: &str = "sk-operator-test-1";
 
 fn authed(addr: &str, path: &str, body: &str) -> HttpResponse {
-    let req = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-    http_raw(addr, req.as_bytes(), Duration::from_secs(120)).unwrap()
+    http_key(addr, "POST", path, Some(body), Some(KEY))
 }
 
 fn start(role: &str, pods: &BTreeMap<String, (Vec<String>, Vec<(String, String)>)>) -> Proc {
@@ -119,15 +118,13 @@ fn operator_pods_serve_find_each_other_and_drain() {
     assert_eq!(metric(&decode.addr, "tandem_kv_transfer_failures_total", &["reason=\"receive\""]), Some(0.0));
     assert!(metric(&decode.addr, "tandem_kv_transfer_bytes_total", &[]).unwrap() > 0.0);
     // Worker ids from the pod names reach the router's index.
-    let st = http_raw(&router.addr, format!("GET /debug/routing HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {KEY}\r\n\r\n").as_bytes(), Duration::from_secs(30)).unwrap().json();
+    let st = http_key(&router.addr, "GET", "/debug/routing", None, Some(KEY)).json();
     assert!(st.to_string().contains("chat-prefill-0"), "{st}");
 
     // Scale-down: SIGTERM while a stream is in flight. The stream ends normally, the worker
     // leaves the router's healthy set and exits by itself.
     let body = json!({ "model": MODEL, "prompt": "Count from one to one hundred:", "max_tokens": 160, "ignore_eos": true, "temperature": 0, "stream": true }).to_string();
-    let mut s = std::net::TcpStream::connect(&router.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    std::io::Write::write_all(&mut s, format!("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes()).unwrap();
+    let mut s = open_stream_key(&router.addr, "/v1/completions", &body, Some(KEY));
     let first = read_until(&mut s, "data: {");
     assert!(first.contains("200 OK"), "{first}");
     let pid = decode.child.id();

@@ -13,12 +13,7 @@ const KEY_A: &str = "sk-tenant-a-0001";
 const KEY_A2: &str = "sk-tenant-a-0002";
 const KEY_B: &str = "sk-tenant-b-0001";
 
-fn call(addr: &str, method: &str, path: &str, body: Option<&str>, key: Option<&str>) -> HttpResponse {
-    let body = body.unwrap_or("");
-    let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
-    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-    http_raw(addr, req.as_bytes(), Duration::from_secs(120)).unwrap()
-}
+use common::http_key as call;
 
 fn completion(prompt: &str, max_tokens: u32) -> String {
     json!({ "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0 }).to_string()
@@ -60,14 +55,9 @@ fn api_keys_limits_and_tenant_isolation() {
 
     // Per-key concurrency: a second request of the same key while a stream runs is refused;
     // another key is not affected; the slot comes back when the stream ends.
-    let stream = json!({ "model": MODEL, "prompt": "Count slowly:", "max_tokens": 64, "ignore_eos": true, "stream": true }).to_string();
-    let mut s = std::net::TcpStream::connect(&r.addr).unwrap();
-    {
-        use std::io::Write;
-        let req = format!("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {KEY_A}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{stream}", stream.len());
-        s.write_all(req.as_bytes()).unwrap();
-    }
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    // Long enough to be in flight while the next requests are made.
+    let stream = json!({ "model": MODEL, "prompt": "Count slowly:", "max_tokens": 128, "ignore_eos": true, "stream": true }).to_string();
+    let mut s = open_stream_key(&r.addr, "/v1/completions", &stream, Some(KEY_A));
     let head = read_until(&mut s, "data: {");
     assert!(head.contains("200 OK"), "{head}");
     let busy = call(&r.addr, "POST", "/v1/completions", Some(&completion("Hi", 2)), Some(KEY_A));
@@ -113,7 +103,8 @@ fn wait_stable(f: impl Fn() -> f64) -> f64 {
 #[test]
 fn request_rate_per_key() {
     let d = decode(&[], &[]);
-    let r = router_with(&[&d], &[], &["--requests-per-second-per-key=1"], &[("TANDEM_API_KEYS", KEY_A)]);
+    // One token per 20 s: the second request is refused however slow the machine is.
+    let r = router_with(&[&d], &[], &["--requests-per-second-per-key=0.05"], &[("TANDEM_API_KEYS", KEY_A)]);
     let models = |k| call(&r.addr, "GET", "/v1/models", None, Some(k));
     assert_eq!(models(KEY_A).status, 200);
     let limited = models(KEY_A);

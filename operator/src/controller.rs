@@ -142,7 +142,7 @@ async fn publish(ctx: &Context, isvc: &InferenceService, type_: EventType, reaso
 
 /// Writes `new` as the status unless it is already there.
 async fn write_status(ctx: &Context, api: &Api<InferenceService>, isvc: &InferenceService, new: crate::crd::InferenceServiceStatus) -> Result<bool, Error> {
-    if isvc.status.as_ref().is_some_and(|old| status::same(old, &new)) {
+    if isvc.status.as_ref() == Some(&new) {
         return Ok(false);
     }
     let body = json!({ "status": new });

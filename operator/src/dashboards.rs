@@ -16,7 +16,7 @@ struct Panel {
 }
 
 fn p(title: &'static str, unit: &'static str, description: &'static str, queries: &[(&str, &'static str)]) -> Panel {
-    Panel { title, unit, description, queries: queries.iter().map(|(q, l)| (q.to_string(), *l)).collect() }
+    pq(title, unit, description, queries.iter().map(|(q, l)| (q.to_string(), *l)).collect())
 }
 
 fn quantiles(metric: &str, filter: &str, by: &str) -> Vec<(String, &'static str)> {

@@ -133,11 +133,6 @@ pub fn invalid(isvc: &InferenceService, problems: &[String], now: Time) -> Infer
     st
 }
 
-/// Whether two statuses say the same thing (what would be written is already there).
-pub fn same(a: &InferenceServiceStatus, b: &InferenceServiceStatus) -> bool {
-    a == b
-}
-
 /// The value of condition `type_` in `isvc`'s status ("True", "False" or "" when absent).
 pub fn condition(isvc: &InferenceService, type_: &str) -> String {
     isvc.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == type_)).map(|c| c.status.clone()).unwrap_or_default()

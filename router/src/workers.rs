@@ -205,12 +205,9 @@ async fn resolve(sources: &[String], previous: &[Arc<Worker>]) -> BTreeSet<Strin
         let port = name.rsplit_once(':').map(|(_, p)| p).unwrap_or_default();
         match tokio::time::timeout(Duration::from_secs(2), tokio::net::lookup_host(name)).await {
             Ok(Ok(addrs)) => out.extend(addrs.filter(|a| a.is_ipv4()).map(|a| a.to_string())),
-            Ok(Err(e)) => {
-                tracing::warn!(%name, "worker lookup failed: {e}");
-                out.extend(previous.iter().filter(|w| w.addr.ends_with(&format!(":{port}"))).map(|w| w.addr.clone()));
-            }
-            Err(_) => {
-                tracing::warn!(%name, "worker lookup timed out");
+            failed => {
+                let why = failed.map_or_else(|_| "timed out".to_string(), |r| r.err().map(|e| e.to_string()).unwrap_or_default());
+                tracing::warn!(%name, "worker lookup failed ({why}); keeping its previous members");
                 out.extend(previous.iter().filter(|w| w.addr.ends_with(&format!(":{port}"))).map(|w| w.addr.clone()));
             }
         }

@@ -179,17 +179,29 @@ pub fn http_raw(addr: &str, request: &[u8], timeout: Duration) -> std::io::Resul
 
 /// `method path` with an optional JSON body.
 pub fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> HttpResponse {
-    let body = body.unwrap_or("");
-    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-    http_raw(addr, req.as_bytes(), Duration::from_secs(120)).expect("HTTP request")
+    http_key(addr, method, path, body, None)
 }
 
-/// Opens a streaming request and returns the socket after the response head.
+fn request(addr: &str, method: &str, path: &str, body: &str, key: Option<&str>) -> String {
+    let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+}
+
+/// `method path` with an optional JSON body and API key.
+pub fn http_key(addr: &str, method: &str, path: &str, body: Option<&str>, key: Option<&str>) -> HttpResponse {
+    http_raw(addr, request(addr, method, path, body.unwrap_or(""), key).as_bytes(), Duration::from_secs(120)).expect("HTTP request")
+}
+
+/// Opens a streaming request and returns the socket (the response is read with [`read_until`]).
 pub fn open_stream(addr: &str, path: &str, body: &str) -> TcpStream {
+    open_stream_key(addr, path, body, None)
+}
+
+/// [`open_stream`] with an API key.
+pub fn open_stream_key(addr: &str, path: &str, body: &str, key: Option<&str>) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let req = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(request(addr, "POST", path, body, key).as_bytes()).unwrap();
     s
 }
 
