@@ -50,4 +50,8 @@ pub enum LoadError {
     /// The path is neither a GGUF file nor a safetensors model directory.
     #[error("cannot tell the model format of {0}: expected a .gguf file or a directory with config.json and *.safetensors")]
     UnknownFormat(String),
+    /// The device could not hold or run the model (no GPU, a driver or library error, too little
+    /// memory).
+    #[error("device: {0}")]
+    Device(String),
 }

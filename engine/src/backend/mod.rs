@@ -109,6 +109,9 @@ pub enum BackendError {
     /// The batch is inconsistent (lengths disagree, a slot or block is out of range, ...).
     #[error("invalid forward batch: {0}")]
     InvalidBatch(String),
+    /// The device failed (a driver, kernel or library error).
+    #[error("device error: {0}")]
+    Device(String),
 }
 
 /// A device that runs the model.

@@ -1,0 +1,572 @@
+//! `CudaBackend`: the model on one NVIDIA GPU behind the engine's [`ModelBackend`] seam.
+//!
+//! A forward pass enqueues, per layer: RMSNorm → fused q|k|v GEMM (cuBLAS, bf16 in, f32 out) →
+//! q/k norm + RoPE + KV store → paged attention → output GEMM accumulated into the f32 residual
+//! stream → RMSNorm → gate|up GEMM → SiLU·mul → down GEMM accumulated into the residual; then the
+//! final norm of the rows whose logits are wanted and the LM head. Decode steps replay a CUDA
+//! graph captured for the smallest captured batch size that holds them.
+
+use std::collections::HashMap;
+
+use cudarc::driver::{sys as dsys, CudaGraph, CudaSlice, LaunchConfig};
+use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBackend};
+use tandem_engine::config::{ModelConfig, RopeStyle};
+
+use crate::device::{ptr, Gpu};
+use crate::plan::{self, BatchPlan, ATT_MAX_HEAD_DIM, TILE_INTS};
+use crate::weights::DeviceWeights;
+use crate::CudaError;
+
+/// Rows of attention output the split-context path keeps partial results for.
+const SPLIT_ROWS: usize = 512;
+/// Most splits of one context.
+const MAX_SPLITS: usize = 16;
+
+/// How to build a [`CudaBackend`].
+#[derive(Debug, Clone, Copy)]
+pub struct CudaBackendOptions {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks; `None` sizes the pool from free GPU memory.
+    pub num_blocks: Option<usize>,
+    /// Fraction of the GPU's memory the process may use in all (weights, activations, KV).
+    pub gpu_memory_utilization: f64,
+    /// Host swap blocks.
+    pub num_host_blocks: usize,
+    /// Most tokens in one forward pass (sizes the activations).
+    pub max_num_batched_tokens: usize,
+    /// Longest sequence (sizes the block-table rows of decode graphs).
+    pub max_model_len: usize,
+    /// Largest decode batch replayed from a CUDA graph (0: no graphs).
+    pub max_graph_batch: usize,
+}
+
+impl Default for CudaBackendOptions {
+    fn default() -> Self {
+        CudaBackendOptions {
+            block_size: 16,
+            num_blocks: None,
+            gpu_memory_utilization: 0.9,
+            num_host_blocks: 0,
+            max_num_batched_tokens: 8192,
+            max_model_len: 4096,
+            max_graph_batch: 256,
+        }
+    }
+}
+
+/// Device buffers of one forward pass.
+struct Activations {
+    x: CudaSlice<f32>,
+    hb: CudaSlice<u16>,
+    qkv: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    att: CudaSlice<u16>,
+    gu: CudaSlice<u16>,
+    act: CudaSlice<u16>,
+    logits: CudaSlice<f32>,
+    part_acc: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+    tokens: CudaSlice<i32>,
+    positions: CudaSlice<i32>,
+    slots: CudaSlice<i32>,
+    tiles: CudaSlice<i32>,
+    block_tables: CudaSlice<i32>,
+    row_valid: CudaSlice<i32>,
+    logits_rows: CudaSlice<i32>,
+    argmax: CudaSlice<i32>,
+}
+
+/// A captured decode step.
+struct DecodeGraph(CudaGraph);
+
+// SAFETY: a graph executable is a driver handle usable from any thread; `CudaGraph::launch`
+// binds the context first, and the backend is used by one thread at a time (`&mut self`).
+unsafe impl Send for DecodeGraph {}
+
+/// The model and its paged KV cache on one GPU.
+pub struct CudaBackend {
+    gpu: Gpu,
+    cfg: ModelConfig,
+    w: DeviceWeights,
+    /// `[layer][K|V][slot][kv_size]` bf16.
+    kv: CudaSlice<u16>,
+    num_blocks: usize,
+    block_size: usize,
+    /// Host swap space, `[block][2·layers·block_size·kv_size]` bf16.
+    host: Vec<u16>,
+    num_host_blocks: usize,
+    a: Activations,
+    opts: CudaBackendOptions,
+    /// Rows of logits the device buffer holds.
+    logits_cap: usize,
+    max_blocks_per_seq: usize,
+    graph_sizes: Vec<usize>,
+    graphs: HashMap<usize, DecodeGraph>,
+    /// Wall time spent capturing graphs, seconds.
+    pub capture_seconds: f64,
+    use_graphs: bool,
+}
+
+fn dev(e: CudaError) -> BackendError {
+    BackendError::Device(e.to_string())
+}
+
+fn driver(e: cudarc::driver::DriverError) -> CudaError {
+    CudaError::Driver(format!("{e:?}"))
+}
+
+impl CudaBackend {
+    /// Builds the backend around loaded weights: sizes activations, then the KV pool from what
+    /// memory is left.
+    pub fn new(gpu: Gpu, cfg: &ModelConfig, w: DeviceWeights, opts: CudaBackendOptions) -> Result<CudaBackend, CudaError> {
+        if cfg.head_dim > ATT_MAX_HEAD_DIM || cfg.head_dim % 2 != 0 {
+            return Err(CudaError::Unsupported(format!("head_dim {} (the attention kernel takes even widths up to {ATT_MAX_HEAD_DIM})", cfg.head_dim)));
+        }
+        if opts.block_size == 0 || opts.max_num_batched_tokens == 0 {
+            return Err(CudaError::Unsupported("block size and max_num_batched_tokens must be positive".into()));
+        }
+        let t = opts.max_num_batched_tokens.max(opts.max_graph_batch);
+        let (h, q, kvs, ff, v) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size, cfg.vocab_size);
+        let max_blocks_per_seq = opts.max_model_len.div_ceil(opts.block_size);
+        let logits_cap = 1024.max(opts.max_graph_batch);
+        let a = Activations {
+            x: gpu.zeros(t * h)?,
+            hb: gpu.zeros(t * h)?,
+            qkv: gpu.zeros(t * (q + 2 * kvs))?,
+            q: gpu.zeros(t * q)?,
+            att: gpu.zeros(t * q)?,
+            gu: gpu.zeros(t * 2 * ff)?,
+            act: gpu.zeros(t * ff)?,
+            logits: gpu.zeros(logits_cap * v)?,
+            part_acc: gpu.zeros(MAX_SPLITS * SPLIT_ROWS * q)?,
+            part_ml: gpu.zeros(MAX_SPLITS * SPLIT_ROWS * cfg.num_heads * 2)?,
+            tokens: gpu.zeros(t)?,
+            positions: gpu.zeros(t)?,
+            slots: gpu.zeros(t)?,
+            tiles: gpu.zeros(t * TILE_INTS)?,
+            block_tables: gpu.zeros(t.max(1) * max_blocks_per_seq)?,
+            row_valid: gpu.zeros(t)?,
+            logits_rows: gpu.zeros(t)?,
+            argmax: gpu.zeros(logits_cap)?,
+        };
+        gpu.sync()?;
+        let per_block = Self::kv_bytes_per_block(cfg, opts.block_size) as u64;
+        let num_blocks = match opts.num_blocks {
+            Some(n) => n,
+            None => {
+                let (free, total) = gpu.mem_info()?;
+                let keep = ((1.0 - opts.gpu_memory_utilization.clamp(0.05, 1.0)) * total as f64) as u64;
+                // Half a GiB for cuBLAS, graphs and the allocator's slack.
+                plan::kv_blocks_for(free as u64, keep + (512 << 20), 1.0, per_block)
+            }
+        };
+        if num_blocks == 0 {
+            return Err(CudaError::OutOfMemory(format!("no room for a KV block of {per_block} bytes after the weights and activations")));
+        }
+        let kv = gpu.zeros::<u16>(num_blocks * opts.block_size * kvs * 2 * cfg.num_layers)?;
+        let page = 2 * cfg.num_layers * opts.block_size * kvs;
+        let graph_sizes = plan::graph_batch_sizes(opts.max_graph_batch);
+        Ok(CudaBackend {
+            gpu,
+            cfg: cfg.clone(),
+            w,
+            kv,
+            num_blocks,
+            block_size: opts.block_size,
+            host: vec![0; opts.num_host_blocks * page],
+            num_host_blocks: opts.num_host_blocks,
+            a,
+            opts,
+            logits_cap,
+            max_blocks_per_seq,
+            graph_sizes,
+            graphs: HashMap::new(),
+            capture_seconds: 0.0,
+            use_graphs: opts.max_graph_batch > 0,
+        })
+    }
+
+    /// KV bytes of one block on this backend (bf16 K and V of every layer).
+    pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize) -> usize {
+        2 * 2 * cfg.num_layers * block_size * cfg.kv_size()
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Turns decode-graph replay on or off (off: every step runs eagerly).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graphs = on && !self.graph_sizes.is_empty();
+    }
+
+    /// Bytes of weights on the device.
+    pub fn weight_bytes(&self) -> u64 {
+        self.w.bytes
+    }
+
+    fn num_slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+
+    /// Offset (elements) of layer `l`'s K (`which` 0) or V (1) cache.
+    fn kv_offset(&self, l: usize, which: usize) -> usize {
+        (2 * l + which) * self.num_slots() * self.cfg.kv_size()
+    }
+
+    fn validate(&self, b: &ForwardBatch) -> Result<(), BackendError> {
+        let t = b.num_tokens();
+        let bad = |m: String| Err(BackendError::InvalidBatch(m));
+        if t > self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch) {
+            return bad(format!("{t} tokens exceed max_num_batched_tokens {}", self.opts.max_num_batched_tokens));
+        }
+        if b.positions.len() != t || b.slot_mapping.len() != t {
+            return bad(format!("{t} tokens but {} positions and {} slots", b.positions.len(), b.slot_mapping.len()));
+        }
+        if let Some(&tok) = b.token_ids.iter().find(|&&x| x as usize >= self.cfg.vocab_size) {
+            return bad(format!("token id {tok} outside the vocabulary of {}", self.cfg.vocab_size));
+        }
+        if let Some(&s) = b.slot_mapping.iter().find(|&&s| s as usize >= self.num_slots()) {
+            return bad(format!("slot {s} outside the KV cache of {} slots", self.num_slots()));
+        }
+        if let Some(&i) = b.logits_indices.iter().find(|&&i| i >= t) {
+            return bad(format!("logits index {i} outside the batch of {t} tokens"));
+        }
+        let mut covered = 0;
+        let mut bt_total = 0;
+        for s in &b.seqs {
+            if s.query_start != covered || s.query_len == 0 || s.query_len > s.context_len {
+                return bad(format!("sequence slice {s:?} does not tile the batch"));
+            }
+            if s.context_len.div_ceil(self.block_size) > s.block_table.len() {
+                return bad(format!("context of {} tokens needs more than {} blocks", s.context_len, s.block_table.len()));
+            }
+            if let Some(&blk) = s.block_table.iter().find(|&&x| x as usize >= self.num_blocks) {
+                return bad(format!("block {blk} outside the pool of {}", self.num_blocks));
+            }
+            covered += s.query_len;
+            bt_total += s.block_table.len();
+        }
+        if covered != t {
+            return bad(format!("sequences cover {covered} of {t} tokens"));
+        }
+        if bt_total > self.a.block_tables.len() {
+            return bad(format!("block tables of {bt_total} entries exceed the device buffer"));
+        }
+        Ok(())
+    }
+
+    fn upload_plan(&mut self, p: &BatchPlan) -> Result<(), CudaError> {
+        let g = &self.gpu;
+        g.write(&mut self.a.tokens, &p.tokens)?;
+        g.write(&mut self.a.positions, &p.positions)?;
+        g.write(&mut self.a.slots, &p.slots)?;
+        g.write(&mut self.a.tiles, &p.tiles)?;
+        g.write(&mut self.a.block_tables, &p.block_tables)?;
+        g.write(&mut self.a.row_valid, &p.row_valid)?;
+        g.write(&mut self.a.logits_rows, &p.logits_rows)
+    }
+
+    /// Enqueues the decoder over `t` rows described by the uploaded plan (no host sync, so it
+    /// can be captured): `num_layers` layers, then the final norm and LM head for
+    /// `logit_rows` rows starting at `logits_rows[row_off]`.
+    fn enqueue(&self, t: usize, num_tiles: usize, splits: usize, num_layers: usize, logit_rows: usize, row_off: usize) -> Result<(), CudaError> {
+        let (g, c, a, w) = (&self.gpu, &self.cfg, &self.a, &self.w);
+        let (h, qs, kvs, ff) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
+        let (nh, nkv, hd) = (c.num_heads as i32, c.num_kv_heads as i32, c.head_dim as i32);
+        let eps = c.rms_norm_eps;
+        let (x, hb, qkv, q, att, gu, act) = (ptr(&a.x), ptr(&a.hb), ptr(&a.qkv), ptr(&a.q), ptr(&a.att), ptr(&a.gu), ptr(&a.act));
+        let (tok, pos, slot, tiles, bt) = (ptr(&a.tokens), ptr(&a.positions), ptr(&a.slots), ptr(&a.tiles), ptr(&a.block_tables));
+        let rows_cfg = |n: usize, threads: u32| LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let (hi, null) = (h as i32, 0u64);
+        // SAFETY (every launch below): argument lists match kernels.cu, and every buffer was
+        // sized in `new` for at least `t` rows (validate checks the batch against it).
+        unsafe { g.launch(&g.k.embed, rows_cfg(t, 256), &[&tok, &ptr(&w.embed), &x, &hi])? };
+        let interleaved = (c.rope_style == RopeStyle::Interleaved) as i32;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let (kv_base, bs) = (ptr(&self.kv), self.block_size as i32);
+        for (li, l) in w.layers.iter().enumerate().take(num_layers) {
+            unsafe { g.launch(&g.k.rmsnorm, rows_cfg(t, 256), &[&x, &null, &ptr(&l.attn_norm), &hb, &hi, &eps])? };
+            g.gemm(t, qs + 2 * kvs, h, hb, ptr(&l.qkv), qkv, true, false)?;
+            let kc = kv_base + 2 * self.kv_offset(li, 0) as u64;
+            let vc = kv_base + 2 * self.kv_offset(li, 1) as u64;
+            let (qn, kn) = (l.q_norm.as_ref().map_or(0, ptr), l.k_norm.as_ref().map_or(0, ptr));
+            let cfg = LaunchConfig { grid_dim: (t as u32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1), block_dim: (hd as u32, 1, 1), shared_mem_bytes: hd as u32 * 4 };
+            unsafe { g.launch(&g.k.qkv_rope_store, cfg, &[&qkv, &pos, &slot, &ptr(&w.inv_freq), &qn, &kn, &q, &kc, &vc, &nh, &nkv, &hd, &interleaved, &eps])? };
+            let cfg = LaunchConfig { grid_dim: (num_tiles as u32, nkv as u32, splits as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let (ti, bsz) = (t as i32, bs);
+            unsafe { g.launch(&g.k.attention, cfg, &[&q, &kc, &vc, &tiles, &bt, &att, &ptr(&a.part_acc), &ptr(&a.part_ml), &ti, &nh, &nkv, &hd, &bsz, &scale])? };
+            if splits > 1 {
+                let cfg = LaunchConfig { grid_dim: (t as u32, nh as u32, 1), block_dim: (hd as u32, 1, 1), shared_mem_bytes: 0 };
+                let sp = splits as i32;
+                unsafe { g.launch(&g.k.attention_reduce, cfg, &[&ptr(&a.part_acc), &ptr(&a.part_ml), &ptr(&a.row_valid), &att, &ti, &nh, &hd, &sp])? };
+            }
+            g.gemm(t, h, qs, att, ptr(&l.o), x, true, true)?;
+            unsafe { g.launch(&g.k.rmsnorm, rows_cfg(t, 256), &[&x, &null, &ptr(&l.ffn_norm), &hb, &hi, &eps])? };
+            g.gemm(t, 2 * ff, h, hb, ptr(&l.gate_up), gu, false, false)?;
+            let n = (t * ff) as i64;
+            let fi = ff as i32;
+            let cfg = LaunchConfig { grid_dim: ((g.num_sms * 8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            unsafe { g.launch(&g.k.silu_mul, cfg, &[&gu, &act, &fi, &n])? };
+            g.gemm(t, h, ff, act, ptr(&l.down), x, true, true)?;
+        }
+        if logit_rows > 0 {
+            let rows = ptr(&a.logits_rows) + 4 * row_off as u64;
+            unsafe { g.launch(&g.k.rmsnorm, rows_cfg(logit_rows, 256), &[&x, &rows, &ptr(&w.norm), &hb, &hi, &eps])? };
+            g.gemm(logit_rows, c.vocab_size, h, hb, ptr(w.head()), ptr(&a.logits), true, false)?;
+        }
+        Ok(())
+    }
+
+    /// Runs a pass and returns the logits of `b.logits_indices`, through a graph when one fits.
+    fn run(&mut self, b: &ForwardBatch, num_layers: usize) -> Result<Vec<f32>, CudaError> {
+        self.gpu.bind()?;
+        let vocab = self.cfg.vocab_size;
+        let n = b.num_tokens();
+        let full = num_layers >= self.cfg.num_layers;
+        if full && self.use_graphs && b.logits_indices.len() == n {
+            if let Some(size) = plan::graph_size_for(&self.graph_sizes, n) {
+                if let Some(p) = BatchPlan::padded_decode(b, size, self.max_blocks_per_seq) {
+                    self.upload_plan(&p)?;
+                    self.replay(size)?;
+                    // Row i of the graph's logits is sequence i's; the batch asks in its own order.
+                    let all = self.gpu.read(&self.a.logits, n * vocab)?;
+                    let mut out = Vec::with_capacity(b.logits_indices.len() * vocab);
+                    for &r in &b.logits_indices {
+                        out.extend_from_slice(&all[r * vocab..(r + 1) * vocab]);
+                    }
+                    return Ok(out);
+                }
+            }
+        }
+        let p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads);
+        self.upload_plan(&p)?;
+        let splits = if n <= SPLIT_ROWS { plan::attention_splits(p.num_tiles(), self.cfg.num_kv_heads, p.max_context, self.gpu.num_sms).min(MAX_SPLITS) } else { 1 };
+        let rows = p.logits_rows.len();
+        let first = rows.min(self.logits_cap);
+        self.enqueue(n, p.num_tiles(), splits, num_layers, first, 0)?;
+        let mut out = self.gpu.read(&self.a.logits, first * vocab)?;
+        // More rows than the logits buffer holds (teacher-forced scoring): the head again per chunk.
+        let mut done = first;
+        while done < rows {
+            let m = (rows - done).min(self.logits_cap);
+            self.head_only(m, done)?;
+            out.extend(self.gpu.read(&self.a.logits, m * vocab)?);
+            done += m;
+        }
+        Ok(out)
+    }
+
+    fn head_only(&self, rows: usize, row_off: usize) -> Result<(), CudaError> {
+        let (g, a, w, c) = (&self.gpu, &self.a, &self.w, &self.cfg);
+        let (hi, eps) = (c.hidden_size as i32, c.rms_norm_eps);
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let rp = ptr(&a.logits_rows) + 4 * row_off as u64;
+        // SAFETY: rmsnorm's arguments; `rows` ≤ logits_cap rows of hb and logits.
+        unsafe { g.launch(&g.k.rmsnorm, cfg, &[&ptr(&a.x), &rp, &ptr(&w.norm), &ptr(&a.hb), &hi, &eps])? };
+        g.gemm(rows, c.vocab_size, c.hidden_size, ptr(&a.hb), ptr(w.head()), ptr(&a.logits), true, false)
+    }
+
+    /// Replays (capturing first if needed) the decode graph of `size` sequences over the
+    /// uploaded padded plan.
+    fn replay(&mut self, size: usize) -> Result<(), CudaError> {
+        if !self.graphs.contains_key(&size) {
+            self.capture(size)?;
+        }
+        self.graphs[&size].0.launch().map_err(driver)
+    }
+
+    fn capture(&mut self, size: usize) -> Result<(), CudaError> {
+        let start = std::time::Instant::now();
+        let splits = plan::attention_splits(size, self.cfg.num_kv_heads, self.opts.max_model_len, self.gpu.num_sms).min(MAX_SPLITS);
+        let splits = if size <= SPLIT_ROWS { splits } else { 1 };
+        let layers = self.cfg.num_layers;
+        // One eager run first: loads every kernel and lets cuBLAS pick its algorithms.
+        self.enqueue(size, size, splits, layers, size, 0)?;
+        self.gpu.sync()?;
+        let s = self.gpu.stream.clone();
+        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver)?;
+        let r = self.enqueue(size, size, splits, layers, size, 0);
+        let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(driver)?;
+        r?;
+        let graph = graph.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
+        graph.upload().map_err(driver)?;
+        self.graphs.insert(size, DecodeGraph(graph));
+        self.capture_seconds += start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// GPU time of one replay of the decode graph that serves `b` (a decode step), median of
+    /// `reps` replays in ms; captures the graph if needed. Logits stay on the device.
+    pub fn replay_ms(&mut self, b: &ForwardBatch, reps: usize) -> Result<f64, CudaError> {
+        self.validate(b).map_err(|e| CudaError::Unsupported(e.to_string()))?;
+        let size = plan::graph_size_for(&self.graph_sizes, b.num_tokens()).ok_or_else(|| CudaError::Unsupported("batch larger than every graph".into()))?;
+        let p = BatchPlan::padded_decode(b, size, self.max_blocks_per_seq).ok_or_else(|| CudaError::Unsupported("not a decode step".into()))?;
+        self.gpu.bind()?;
+        self.upload_plan(&p)?;
+        if !self.graphs.contains_key(&size) {
+            self.capture(size)?;
+        }
+        let g = &self.graphs[&size].0;
+        crate::bench::time_ms(&self.gpu, 3, reps, || g.launch().map_err(driver))
+    }
+
+    /// Captures the decode graphs of every size up front (`progress` is told each size).
+    pub fn capture_all(&mut self, mut progress: impl FnMut(usize, usize)) -> Result<(), CudaError> {
+        // Inert inputs: padding rows only, so the eager warm-up run stores nothing.
+        let max = *self.graph_sizes.last().unwrap_or(&0);
+        let p = BatchPlan { tokens: vec![0; max], positions: vec![0; max], slots: vec![-1; max], tiles: vec![0; max * TILE_INTS], block_tables: vec![0; max * self.max_blocks_per_seq], row_valid: vec![0; max], logits_rows: (0..max as i32).collect(), max_context: 0 };
+        self.upload_plan(&p)?;
+        let sizes = self.graph_sizes.clone();
+        for (i, &s) in sizes.iter().enumerate().rev() {
+            if !self.graphs.contains_key(&s) {
+                self.capture(s)?;
+            }
+            progress(sizes.len() - i, sizes.len());
+        }
+        Ok(())
+    }
+
+    /// Greedy next tokens of the rows `b.logits_indices` without copying logits to the host.
+    pub fn forward_greedy(&mut self, b: &ForwardBatch) -> Result<Vec<u32>, BackendError> {
+        self.validate(b).and_then(|_| {
+            let rows = b.logits_indices.len();
+            if rows > self.logits_cap {
+                return Err(BackendError::InvalidBatch(format!("{rows} rows exceed the {} the device samples at once", self.logits_cap)));
+            }
+            self.gpu.bind().map_err(dev)?;
+            let p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads);
+            self.upload_plan(&p).map_err(dev)?;
+            let n = b.num_tokens();
+            let splits = if n <= SPLIT_ROWS { plan::attention_splits(p.num_tiles(), self.cfg.num_kv_heads, p.max_context, self.gpu.num_sms) } else { 1 };
+            self.enqueue(n, p.num_tiles(), splits, self.cfg.num_layers, rows, 0).map_err(dev)?;
+            let g = &self.gpu;
+            let (lp, ap, vocab) = (ptr(&self.a.logits), ptr(&self.a.argmax), self.cfg.vocab_size as i32);
+            let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: argmax_rows(const float*, int*, int) over `rows` rows of logits.
+            unsafe { g.launch(&g.k.argmax_rows, cfg, &[&lp, &ap, &vocab]) }.map_err(dev)?;
+            Ok(g.read(&self.a.argmax, rows).map_err(dev)?.into_iter().map(|x| x as u32).collect())
+        })
+    }
+
+    fn check_pairs(&self, pairs: &[(u32, u32)], src: usize, dst: usize) -> Result<(), BackendError> {
+        match pairs.iter().find(|(s, d)| *s as usize >= src || *d as usize >= dst) {
+            Some(p) => Err(BackendError::InvalidBatch(format!("block pair {p:?} out of range"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Elements of one block's rows within one layer's K or V cache.
+    fn block_elems(&self) -> usize {
+        self.block_size * self.cfg.kv_size()
+    }
+
+    /// The block's bf16 page: for each layer, K rows then V rows.
+    fn read_page_bits(&self, block: usize) -> Result<Vec<u16>, CudaError> {
+        let e = self.block_elems();
+        let mut out = vec![0u16; 2 * self.cfg.num_layers * e];
+        for (i, chunk) in out.chunks_exact_mut(e).enumerate() {
+            let off = self.kv_offset(i / 2, i % 2) + block * e;
+            self.gpu.stream.memcpy_dtoh(&self.kv.slice(off..off + e), chunk).map_err(driver)?;
+        }
+        self.gpu.sync()?;
+        Ok(out)
+    }
+
+    fn write_page_bits(&mut self, block: usize, page: &[u16]) -> Result<(), CudaError> {
+        let e = self.block_elems();
+        for (i, chunk) in page.chunks_exact(e).enumerate() {
+            let off = self.kv_offset(i / 2, i % 2) + block * e;
+            let mut dst = self.kv.slice_mut(off..off + e);
+            self.gpu.stream.memcpy_htod(chunk, &mut dst).map_err(driver)?;
+        }
+        self.gpu.sync()
+    }
+}
+
+impl ModelBackend for CudaBackend {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn kv_cache_spec(&self) -> KvCacheSpec {
+        // Pages travel as f32, as the CPU backend's do.
+        KvCacheSpec { num_blocks: self.num_blocks, block_size: self.block_size, bytes_per_block: 2 * 4 * self.cfg.num_layers * self.block_elems() }
+    }
+
+    fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
+        self.validate(b)?;
+        self.run(b, self.cfg.num_layers).map_err(dev)
+    }
+
+    fn forward_layers(&mut self, b: &ForwardBatch, num_layers: usize) -> Result<Vec<f32>, BackendError> {
+        self.validate(b)?;
+        self.run(b, num_layers.min(self.cfg.num_layers)).map_err(dev)
+    }
+
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        self.check_pairs(pairs, self.num_blocks, self.num_blocks)?;
+        self.gpu.bind().map_err(dev)?;
+        let e = self.block_elems();
+        for &(s, d) in pairs {
+            for i in 0..2 * self.cfg.num_layers {
+                let base = self.kv_offset(i / 2, i % 2);
+                let (so, d_o) = (base + s as usize * e, base + d as usize * e);
+                let bytes = 2 * e;
+                let (sp, dp) = (ptr(&self.kv) + 2 * so as u64, ptr(&self.kv) + 2 * d_o as u64);
+                // SAFETY: both ranges lie inside the KV allocation (pairs checked) and differ.
+                let r = unsafe { dsys::cuMemcpyDtoDAsync_v2(dp, sp, bytes, self.gpu.stream.cu_stream()) };
+                if r != dsys::CUresult::CUDA_SUCCESS {
+                    return Err(BackendError::Device(format!("block copy: {r:?}")));
+                }
+            }
+        }
+        self.gpu.sync().map_err(dev)
+    }
+
+    fn swap_out(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        self.check_pairs(pairs, self.num_blocks, self.num_host_blocks)?;
+        for &(d, h) in pairs {
+            let page = self.read_page_bits(d as usize).map_err(dev)?;
+            let n = page.len();
+            self.host[h as usize * n..(h as usize + 1) * n].copy_from_slice(&page);
+        }
+        Ok(())
+    }
+
+    fn swap_in(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        self.check_pairs(pairs, self.num_host_blocks, self.num_blocks)?;
+        let n = 2 * self.cfg.num_layers * self.block_elems();
+        for &(h, d) in pairs {
+            let page = self.host[h as usize * n..(h as usize + 1) * n].to_vec();
+            self.write_page_bits(d as usize, &page).map_err(dev)?;
+        }
+        Ok(())
+    }
+
+    fn num_host_blocks(&self) -> usize {
+        self.num_host_blocks
+    }
+
+    fn read_block(&self, block: u32) -> Result<Vec<u8>, BackendError> {
+        if block as usize >= self.num_blocks {
+            return Err(BackendError::InvalidBatch(format!("block {block} outside the pool of {}", self.num_blocks)));
+        }
+        let bits = self.read_page_bits(block as usize).map_err(dev)?;
+        Ok(bits.iter().flat_map(|&b| f32::from_bits((b as u32) << 16).to_le_bytes()).collect())
+    }
+
+    fn write_block(&mut self, block: u32, page: &[u8]) -> Result<(), BackendError> {
+        if block as usize >= self.num_blocks {
+            return Err(BackendError::InvalidBatch(format!("block {block} outside the pool of {}", self.num_blocks)));
+        }
+        let want = self.kv_cache_spec().bytes_per_block;
+        if page.len() != want {
+            return Err(BackendError::InvalidBatch(format!("page of {} bytes, blocks hold {want}", page.len())));
+        }
+        let bits: Vec<u16> = page.chunks_exact(4).map(|c| half::bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_bits()).collect();
+        self.write_page_bits(block as usize, &bits).map_err(dev)
+    }
+}

@@ -1,0 +1,189 @@
+//! GPU benchmarks, each next to the limit it is measured against in the same run: the decode
+//! step against the HBM roofline (device copy bandwidth), prefill against the cuBLAS bf16 GEMM
+//! peak. Weights are random (the dummy load format), so no download is needed.
+
+use std::time::Instant;
+
+use cudarc::driver::sys as dsys;
+use tandem_engine::backend::{ForwardBatch, Logits, ModelBackend};
+use tandem_engine::config::ModelConfig;
+
+use crate::device::{ptr, Gpu};
+use crate::{CudaBackend, CudaBackendOptions, CudaError, WeightSource};
+
+fn driver(e: cudarc::driver::DriverError) -> CudaError {
+    CudaError::Driver(format!("{e:?}"))
+}
+
+/// Milliseconds of GPU time `f` takes, median of `reps` after `warm` warm-ups (CUDA events).
+pub fn time_ms(g: &Gpu, warm: usize, reps: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
+    for _ in 0..warm {
+        f()?;
+    }
+    g.sync()?;
+    let e0 = g.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+    let e1 = g.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+    let mut ts = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        e0.record(&g.stream).map_err(driver)?;
+        f()?;
+        e1.record(&g.stream).map_err(driver)?;
+        e1.synchronize().map_err(driver)?;
+        ts.push(e0.elapsed_ms(&e1).map_err(driver)? as f64);
+    }
+    ts.sort_by(f64::total_cmp);
+    Ok(ts[ts.len() / 2])
+}
+
+/// The limits of this GPU, measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Device-to-device copy of 2 GiB: bytes read plus written per second.
+    pub hbm_bytes_per_s: f64,
+    /// cuBLAS bf16 GEMM 8192³ with f32 accumulation, FLOP/s.
+    pub gemm_flops: f64,
+}
+
+/// Measures [`Limits`].
+pub fn limits(g: &Gpu) -> Result<Limits, CudaError> {
+    let bytes = 2usize << 30;
+    let src = g.zeros::<u8>(bytes)?;
+    let mut dst = g.zeros::<u8>(bytes)?;
+    let ms = time_ms(g, 3, 10, || g.stream.memcpy_dtod(&src, &mut dst).map_err(driver))?;
+    let hbm = 2.0 * bytes as f64 / (ms / 1e3);
+    drop((src, dst));
+    let n = 8192;
+    let a = g.zeros::<u16>(n * n)?;
+    let w = g.zeros::<u16>(n * n)?;
+    let c = g.zeros::<u16>(n * n)?;
+    // Random operands: cuBLAS runs faster on zeros than on data.
+    for (i, buf) in [&a, &w].into_iter().enumerate() {
+        let (p, len, seed, scale, konst) = (ptr(buf), (n * n) as u64, 17u32 + i as u32, 1.0f32, 0i32);
+        let cfg = cudarc::driver::LaunchConfig { grid_dim: (g.num_sms as u32 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: fill_random over n² bf16 elements.
+        unsafe { g.launch(&g.k.fill_random, cfg, &[&p, &len, &seed, &scale, &konst])? };
+    }
+    let ms = time_ms(g, 3, 10, || g.gemm(n, n, n, ptr(&a), ptr(&w), ptr(&c), false, false))?;
+    Ok(Limits { hbm_bytes_per_s: hbm, gemm_flops: 2.0 * (n as f64).powi(3) / (ms / 1e3) })
+}
+
+/// Parameters of the linear layers (what a decode step streams): every layer plus the LM head.
+pub fn linear_params(c: &ModelConfig) -> u64 {
+    let (h, q, kv, ff) = (c.hidden_size as u64, c.q_size() as u64, c.kv_size() as u64, c.intermediate_size as u64);
+    c.num_layers as u64 * (h * (q + 2 * kv) + q * h + 3 * h * ff) + c.vocab_size as u64 * h
+}
+
+/// One decode measurement.
+#[derive(Debug, Clone)]
+pub struct DecodeRow {
+    /// Sequences in the step.
+    pub batch: usize,
+    /// Context of each.
+    pub context: usize,
+    /// GPU time of one step (graph replay), ms.
+    pub step_ms: f64,
+    /// Bytes a step must read: weights plus every sequence's KV.
+    pub bytes: f64,
+    /// Time the HBM roofline allows for those bytes, ms.
+    pub roofline_ms: f64,
+}
+
+/// A decode step of `batch` sequences at `context` tokens each, with blocks of its own.
+fn decode_batch(batch: usize, context: usize, block_size: usize) -> ForwardBatch {
+    let per = (context + 1).div_ceil(block_size);
+    let mut b = ForwardBatch::default();
+    for s in 0..batch {
+        let blocks: Vec<u32> = (0..per as u32).map(|i| (s * per) as u32 + i).collect();
+        b.push_seq(&[(s % 1000) as u32 + 1], context, &blocks, block_size, Logits::Last);
+    }
+    b
+}
+
+/// Decode steps of the model `cfg` (random weights) at each batch size, context `context`.
+pub fn decode(cfg: &ModelConfig, batches: &[usize], context: usize, lim: &Limits) -> Result<Vec<DecodeRow>, CudaError> {
+    let max_b = batches.iter().copied().max().unwrap_or(1);
+    let bs = 16;
+    let blocks = max_b * (context + 1).div_ceil(bs);
+    let opts = CudaBackendOptions { num_blocks: Some(blocks), max_num_batched_tokens: 2048, max_model_len: context + bs, max_graph_batch: max_b, ..Default::default() };
+    let mut be: CudaBackend = crate::load(0, cfg, WeightSource::Dummy(1), opts)?;
+    let kv_per_token = 2.0 * 2.0 * (cfg.num_layers * cfg.kv_size()) as f64;
+    let mut rows = Vec::new();
+    for &batch in batches {
+        let b = decode_batch(batch, context, bs);
+        be.forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
+        let step_ms = be.replay_ms(&b, 20)?;
+        let bytes = 2.0 * linear_params(cfg) as f64 + kv_per_token * (batch * (context + 1)) as f64;
+        rows.push(DecodeRow { batch, context, step_ms, bytes, roofline_ms: bytes / lim.hbm_bytes_per_s * 1e3 });
+    }
+    Ok(rows)
+}
+
+/// One prefill measurement.
+#[derive(Debug, Clone)]
+pub struct PrefillRow {
+    /// Prompts in the batch.
+    pub prompts: usize,
+    /// Tokens of each.
+    pub len: usize,
+    /// Wall time of the forward pass, ms (median of 5).
+    pub ms: f64,
+    /// FLOPs of the pass (linear layers, causal attention, LM head of the last rows).
+    pub flops: f64,
+}
+
+/// FLOPs of a prefill of `prompts × len` tokens.
+pub fn prefill_flops(c: &ModelConfig, prompts: usize, len: usize) -> f64 {
+    let tokens = (prompts * len) as f64;
+    let lin = 2.0 * tokens * (linear_params(c) - c.vocab_size as u64 * c.hidden_size as u64) as f64;
+    let head = 2.0 * prompts as f64 * (c.vocab_size * c.hidden_size) as f64;
+    let pairs = prompts as f64 * (len * (len + 1) / 2) as f64;
+    let attn = 4.0 * pairs * (c.num_heads * c.head_dim) as f64 * c.num_layers as f64;
+    lin + head + attn
+}
+
+/// A prefill of `prompts` prompts of `len` tokens in one pass.
+pub fn prefill(cfg: &ModelConfig, prompts: usize, len: usize) -> Result<PrefillRow, CudaError> {
+    let bs = 16;
+    let per = len.div_ceil(bs);
+    let opts = CudaBackendOptions { num_blocks: Some(prompts * per), max_num_batched_tokens: prompts * len, max_model_len: len, max_graph_batch: 0, ..Default::default() };
+    let mut be: CudaBackend = crate::load(0, cfg, WeightSource::Dummy(2), opts)?;
+    let mut b = ForwardBatch::default();
+    for p in 0..prompts {
+        let toks: Vec<u32> = (0..len as u32).map(|i| (i * 7 + p as u32 * 13) % 1000 + 1).collect();
+        let blocks: Vec<u32> = (0..per as u32).map(|i| (p * per) as u32 + i).collect();
+        b.push_seq(&toks, 0, &blocks, bs, Logits::Last);
+    }
+    let mut ts = Vec::new();
+    for i in 0..7 {
+        let t = Instant::now();
+        be.forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
+        if i >= 2 {
+            ts.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    ts.sort_by(f64::total_cmp);
+    Ok(PrefillRow { prompts, len, ms: ts[ts.len() / 2], flops: prefill_flops(cfg, prompts, len) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama8b() -> ModelConfig {
+        crate::dummy_config(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/llama-3-8b.json")).unwrap()
+    }
+
+    #[test]
+    fn llama3_8b_shape_counts() {
+        let c = llama8b();
+        // 32 layers × 218.1M linear parameters + a 525M LM head: the published 8.03B less the
+        // 525M embedding and the norms.
+        let p = linear_params(&c);
+        assert_eq!(p, 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336) + 128_256 * 4096);
+        assert!((7.4e9..7.6e9).contains(&(p as f64)), "{p}");
+        let b = decode_batch(3, 1024, 16);
+        assert_eq!(b.seqs.len(), 3);
+        assert_eq!(b.seqs[2].block_table[0], 2 * 65);
+        assert!(prefill_flops(&c, 4, 2048) > 2.0 * 8192.0 * 6.9e9);
+    }
+}

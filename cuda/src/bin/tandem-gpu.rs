@@ -1,0 +1,96 @@
+//! `tandem-gpu`: the CUDA backend's checks and benchmarks, run on a machine with an NVIDIA GPU
+//! (scripts/gpu/run.sh builds it and runs every section).
+//!
+//! ```text
+//! tandem-gpu info
+//! tandem-gpu check                         every kernel against the CPU exact path
+//! tandem-gpu e2e MODEL.gguf                the real model against the CPU exact path
+//! tandem-gpu bench-decode CONFIG.json [BATCHES] [CONTEXT]   e.g. 1,16,64,256 1024
+//! tandem-gpu bench-prefill CONFIG.json [PROMPTS] [LEN]      e.g. 4 2048
+//! ```
+//! Every figure line names the device. Exit status 1 when a check fails.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use tandem_cuda::{bench, check, e2e, CudaError, Gpu};
+
+fn report(device: &str, rs: &[check::CheckResult]) -> bool {
+    let mut ok = true;
+    for r in rs {
+        let verdict = if r.passed() { "PASS" } else { "FAIL" };
+        ok &= r.passed();
+        println!("[{device}] {verdict} {:<100} err {:.3e} (tol {:.1e})", r.name, r.max_err, r.tol);
+    }
+    ok
+}
+
+fn run(args: &[String]) -> Result<bool, CudaError> {
+    let cmd = args.first().map(String::as_str).unwrap_or("info");
+    let arg = |i: usize| args.get(i).map(String::as_str);
+    match cmd {
+        "info" => {
+            let g = Gpu::open(0)?;
+            let (free, total) = g.mem_info()?;
+            println!("[{}] {} SMs, {:.1} GiB free of {:.1} GiB", g.name, g.num_sms, free as f64 / (1u64 << 30) as f64, total as f64 / (1u64 << 30) as f64);
+            Ok(true)
+        }
+        "check" => {
+            let g = Gpu::open(0)?;
+            Ok(report(&g.name, &check::run_all(&g)?))
+        }
+        "e2e" => {
+            let path = arg(1).ok_or_else(|| CudaError::Unsupported("e2e needs a model path".into()))?;
+            let name = Gpu::open(0)?.name;
+            let (rs, _) = e2e::run(Path::new(path), 0)?;
+            Ok(report(&name, &rs))
+        }
+        "bench-decode" => {
+            let cfg = tandem_cuda::dummy_config(Path::new(arg(1).unwrap_or("cuda/configs/llama-3-8b.json")))?;
+            let batches: Vec<usize> = arg(2).unwrap_or("1,16,64,256").split(',').filter_map(|s| s.parse().ok()).collect();
+            let context: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(1024);
+            let g = Gpu::open(0)?;
+            let lim = bench::limits(&g)?;
+            let name = g.name.clone();
+            drop(g);
+            println!("[{name}] limit: device copy {:.0} GB/s (read+write), cuBLAS bf16 GEMM {:.0} TFLOP/s", lim.hbm_bytes_per_s / 1e9, lim.gemm_flops / 1e12);
+            for r in bench::decode(&cfg, &batches, context, &lim)? {
+                println!(
+                    "[{name}] decode {} batch {:>3} context {}: step {:.3} ms, {:.2} GB read, roofline {:.3} ms -> {:.1}% of HBM roofline, {:.0} tok/s",
+                    cfg.name, r.batch, r.context, r.step_ms, r.bytes / 1e9, r.roofline_ms, 100.0 * r.roofline_ms / r.step_ms, r.batch as f64 / (r.step_ms / 1e3)
+                );
+            }
+            Ok(true)
+        }
+        "bench-prefill" => {
+            let cfg = tandem_cuda::dummy_config(Path::new(arg(1).unwrap_or("cuda/configs/llama-3-8b.json")))?;
+            let prompts: usize = arg(2).and_then(|s| s.parse().ok()).unwrap_or(4);
+            let len: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(2048);
+            let g = Gpu::open(0)?;
+            let lim = bench::limits(&g)?;
+            let name = g.name.clone();
+            drop(g);
+            println!("[{name}] limit: cuBLAS bf16 GEMM {:.0} TFLOP/s", lim.gemm_flops / 1e12);
+            let r = bench::prefill(&cfg, prompts, len)?;
+            let achieved = r.flops / (r.ms / 1e3);
+            println!(
+                "[{name}] prefill {} {}x{} tokens: {:.1} ms, {:.0} tok/s, {:.0} TFLOP/s = {:.1}% of GEMM peak",
+                cfg.name, r.prompts, r.len, r.ms, (r.prompts * r.len) as f64 / (r.ms / 1e3), achieved / 1e12, 100.0 * achieved / lim.gemm_flops
+            );
+            Ok(true)
+        }
+        other => Err(CudaError::Unsupported(format!("unknown command '{other}' (info, check, e2e, bench-decode, bench-prefill)"))),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("tandem-gpu: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! Kernel checks: every CUDA kernel against the CPU exact path (or an f64 reference where the
+//! CPU backend has no standalone function) on seeded random inputs, each with its stated
+//! tolerance. Run on a GPU by `tandem-gpu check` (scripts/gpu/run.sh).
+
+use cudarc::driver::LaunchConfig;
+use half::bf16;
+use tandem_engine::backend::cpu::ops;
+
+use crate::device::{ptr, Gpu};
+use crate::CudaError;
+
+/// Outcome of one check.
+#[derive(Debug, Clone)]
+pub struct CheckResult {
+    /// What was checked.
+    pub name: String,
+    /// Largest error seen (in the check's own measure).
+    pub max_err: f64,
+    /// The bound it had to stay under.
+    pub tol: f64,
+}
+
+impl CheckResult {
+    /// Whether the error stayed within the tolerance.
+    pub fn passed(&self) -> bool {
+        self.max_err <= self.tol
+    }
+}
+
+/// A small seeded generator (xorshift64*), uniform in [-1, 1).
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    /// The next value in [-1, 1).
+    pub fn next(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let v = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
+        v as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    /// `n` values scaled by `s`.
+    pub fn vec(&mut self, n: usize, s: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * s).collect()
+    }
+}
+
+fn bf(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()
+}
+
+fn unbf(v: &[u16]) -> Vec<f32> {
+    v.iter().map(|&b| bf16::from_bits(b).to_f32()).collect()
+}
+
+fn round_bf(v: &[f32]) -> Vec<f32> {
+    unbf(&bf(v))
+}
+
+/// Largest `|a - b| / (|b| + floor)`.
+fn rel_err(a: &[f32], b: &[f32], floor: f32) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| ((x - y).abs() / (y.abs() + floor)) as f64).fold(0.0, f64::max)
+}
+
+fn abs_err(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| (x - y).abs() as f64).fold(0.0, f64::max)
+}
+
+fn result(name: &str, max_err: f64, tol: f64) -> CheckResult {
+    CheckResult { name: name.to_string(), max_err, tol }
+}
+
+/// Runs every kernel check.
+pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
+    let mut out = Vec::new();
+    out.extend(gemm(g)?);
+    out.push(embed(g)?);
+    out.extend(rmsnorm(g)?);
+    out.extend(qkv_rope_store(g, false, 9, 3, 64)?);
+    out.extend(qkv_rope_store(g, true, 16, 8, 128)?);
+    for (nh, nkv, hd) in [(9, 3, 64), (32, 8, 128), (16, 8, 128)] {
+        for splits in [1, 4] {
+            out.push(attention(g, nh, nkv, hd, splits)?);
+        }
+    }
+    out.push(silu_mul(g)?);
+    out.push(argmax(g)?);
+    Ok(out)
+}
+
+fn gemm(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
+    let (m, n, k) = (37, 300, 576);
+    let mut r = Rng::new(1);
+    let a = round_bf(&r.vec(m * k, 1.0));
+    let w = round_bf(&r.vec(n * k, 1.0));
+    let c0 = r.vec(m * n, 1.0);
+    let mut reference = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let s: f64 = (0..k).map(|l| a[i * k + l] as f64 * w[j * k + l] as f64).sum();
+            reference[i * n + j] = s as f32;
+        }
+    }
+    let (da, dw) = (g.upload(&bf(&a))?, g.upload(&bf(&w))?);
+    let cf = g.upload(&c0)?;
+    g.gemm(m, n, k, ptr(&da), ptr(&dw), ptr(&cf), true, true)?;
+    let got = g.read(&cf, m * n)?;
+    let acc_ref: Vec<f32> = reference.iter().zip(&c0).map(|(x, y)| x + y).collect();
+    let cb = g.zeros::<u16>(m * n)?;
+    g.gemm(m, n, k, ptr(&da), ptr(&dw), ptr(&cb), false, false)?;
+    let got_b = unbf(&g.read(&cb, m * n)?);
+    Ok(vec![
+        // f32 accumulation over 576 products of ±1 values: relative to the sum's scale (√k).
+        result("gemm bf16→f32, accumulate", abs_err(&got, &acc_ref) / (k as f64).sqrt(), 1e-4),
+        // bf16 output: one rounding, 2^-8 relative.
+        result("gemm bf16→bf16", rel_err(&got_b, &reference, 1.0), 4e-3),
+    ])
+}
+
+fn embed(g: &Gpu) -> Result<CheckResult, CudaError> {
+    let (v, h) = (1000, 96);
+    let mut r = Rng::new(2);
+    let table = bf(&r.vec(v * h, 2.0));
+    let toks: Vec<i32> = (0..17).map(|i| (i * 97 + 5) % v as i32).collect();
+    let (dt, dk, dx) = (g.upload(&table)?, g.upload(&toks)?, g.zeros::<f32>(toks.len() * h)?);
+    let hi = h as i32;
+    let cfg = LaunchConfig { grid_dim: (toks.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: embed(const int*, const bf16*, float*, int) over these buffers.
+    unsafe { g.launch(&g.k.embed, cfg, &[&ptr(&dk), &ptr(&dt), &ptr(&dx), &hi])? };
+    let got = g.read(&dx, toks.len() * h)?;
+    let want: Vec<f32> = toks.iter().flat_map(|&t| unbf(&table[t as usize * h..(t as usize + 1) * h])).collect();
+    Ok(result("embed (exact)", abs_err(&got, &want), 0.0))
+}
+
+fn rmsnorm(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
+    let (rows, h, eps) = (13, 576, 1e-5f32);
+    let mut r = Rng::new(3);
+    let x = r.vec(rows * h, 3.0);
+    let w = r.vec(h, 1.0);
+    let mut want = vec![0f32; rows * h];
+    ops::rms_norm(&x, &w, eps, &mut want);
+    let (dx, dw, dy) = (g.upload(&x)?, g.upload(&w)?, g.zeros::<u16>(rows * h)?);
+    let hi = h as i32;
+    let cfg = |n: usize| LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: rmsnorm(const float*, const int*, const float*, bf16*, int, float).
+    unsafe { g.launch(&g.k.rmsnorm, cfg(rows), &[&ptr(&dx), &0u64, &ptr(&dw), &ptr(&dy), &hi, &eps])? };
+    let got = unbf(&g.read(&dy, rows * h)?);
+    let sel = [12i32, 0, 5];
+    let dsel = g.upload(&sel)?;
+    // SAFETY: as above, gathering rows `sel`.
+    unsafe { g.launch(&g.k.rmsnorm, cfg(sel.len()), &[&ptr(&dx), &ptr(&dsel), &ptr(&dw), &ptr(&dy), &hi, &eps])? };
+    let got_sel = unbf(&g.read(&dy, sel.len() * h)?);
+    let want_sel: Vec<f32> = sel.iter().flat_map(|&i| want[i as usize * h..(i as usize + 1) * h].to_vec()).collect();
+    Ok(vec![
+        // Output rounded to bf16: within 2^-8 relative (plus a floor for values near zero).
+        result("rmsnorm f32→bf16", rel_err(&got, &want, 1e-2), 4e-3),
+        result("rmsnorm with row gather", rel_err(&got_sel, &want_sel, 1e-2), 4e-3),
+    ])
+}
+
+fn qkv_rope_store(g: &Gpu, qwen: bool, nh: usize, nkv: usize, hd: usize) -> Result<Vec<CheckResult>, CudaError> {
+    let t = 11;
+    let width = (nh + 2 * nkv) * hd;
+    let eps = 1e-6f32;
+    let mut r = Rng::new(4 + hd as u64);
+    let qkv = r.vec(t * width, 2.0);
+    let pos: Vec<i32> = (0..t as i32).map(|i| i * 377 + 3).collect();
+    let num_slots = 64;
+    let slots: Vec<i32> = (0..t as i32).map(|i| if i == 4 { -1 } else { (i * 5 + 1) % num_slots }).collect();
+    let (qn, kn) = (r.vec(hd, 1.0), r.vec(hd, 1.0));
+    let theta = if qwen { 1_000_000.0 } else { 100_000.0 };
+    let rope = ops::Rope::new(hd, theta, !qwen);
+    let inv: Vec<f32> = (0..hd / 2).map(|i| (1.0 / (theta as f64).powf(2.0 * i as f64 / hd as f64)) as f32).collect();
+    // CPU exact: norm, rope.
+    let (mut want_q, mut want_k, mut want_v) = (Vec::new(), vec![0f32; num_slots as usize * nkv * hd], vec![0f32; num_slots as usize * nkv * hd]);
+    let (mut c, mut s) = (Vec::new(), Vec::new());
+    for ti in 0..t {
+        let row = &qkv[ti * width..(ti + 1) * width];
+        let (mut q, mut k) = (row[..nh * hd].to_vec(), row[nh * hd..(nh + nkv) * hd].to_vec());
+        if qwen {
+            q.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_inplace(h, &qn, eps));
+            k.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_inplace(h, &kn, eps));
+        }
+        rope.angles(pos[ti] as u32, &mut c, &mut s);
+        rope.apply_with(&mut q, &c, &s);
+        rope.apply_with(&mut k, &c, &s);
+        want_q.extend(q);
+        if slots[ti] >= 0 {
+            let o = slots[ti] as usize * nkv * hd;
+            want_k[o..o + nkv * hd].copy_from_slice(&round_bf(&k));
+            want_v[o..o + nkv * hd].copy_from_slice(&round_bf(&row[(nh + nkv) * hd..]));
+        }
+    }
+    let dq = g.upload(&qkv)?;
+    let (dp, ds, di) = (g.upload(&pos)?, g.upload(&slots)?, g.upload(&inv)?);
+    let (dqn, dkn) = (g.upload(&qn)?, g.upload(&kn)?);
+    let (qo, kc, vc) = (g.zeros::<f32>(t * nh * hd)?, g.zeros::<u16>(want_k.len())?, g.zeros::<u16>(want_v.len())?);
+    let (qnp, knp) = if qwen { (ptr(&dqn), ptr(&dkn)) } else { (0, 0) };
+    let (nhi, nkvi, hdi, il) = (nh as i32, nkv as i32, hd as i32, (!qwen) as i32);
+    let cfg = LaunchConfig { grid_dim: (t as u32, (nh + 2 * nkv) as u32, 1), block_dim: (hd as u32, 1, 1), shared_mem_bytes: hd as u32 * 4 };
+    // SAFETY: qkv_rope_store's parameter list, buffers sized for t tokens and 64 slots.
+    unsafe {
+        g.launch(&g.k.qkv_rope_store, cfg, &[&ptr(&dq), &ptr(&dp), &ptr(&ds), &ptr(&di), &qnp, &knp, &ptr(&qo), &ptr(&kc), &ptr(&vc), &nhi, &nkvi, &hdi, &il, &eps])?
+    };
+    let got_q = g.read(&qo, t * nh * hd)?;
+    let got_k = unbf(&g.read(&kc, want_k.len())?);
+    let got_v = unbf(&g.read(&vc, want_v.len())?);
+    let tag = if qwen { "Qwen3 (q/k norm, neox)" } else { "Llama (interleaved)" };
+    Ok(vec![
+        // f32 both sides; sincosf vs the CPU's f32 sin/cos differ by an ulp or two of the angle.
+        result(&format!("q norm+rope {tag}, f32"), abs_err(&got_q, &want_q), 1e-4),
+        // K rounded to bf16 on both sides: at most one bf16 step apart.
+        result(&format!("k norm+rope+store {tag}, bf16"), rel_err(&got_k, &want_k, 1e-2), 8e-3),
+        result(&format!("v store {tag} (exact), skipped slot untouched"), abs_err(&got_v, &want_v), 0.0),
+    ])
+}
+
+/// f64 paged attention for one query row over positions `0..=qpos` of a sequence's blocks.
+#[allow(clippy::too_many_arguments)]
+fn attend_ref(q: &[f32], k: &[f32], v: &[f32], bt: &[i32], bs: usize, qpos: usize, nkv: usize, kvh: usize, hd: usize) -> Vec<f32> {
+    let slot = |p: usize| bt[p / bs] as usize * bs + p % bs;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let scores: Vec<f64> = (0..=qpos)
+        .map(|p| {
+            let o = (slot(p) * nkv + kvh) * hd;
+            (0..hd).map(|d| q[d] as f64 * k[o + d] as f64).sum::<f64>() * scale
+        })
+        .collect();
+    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let z: f64 = e.iter().sum();
+    (0..hd)
+        .map(|d| (0..=qpos).map(|p| e[p] * v[(slot(p) * nkv + kvh) * hd + d] as f64).sum::<f64>() / z)
+        .map(|x| x as f32)
+        .collect()
+}
+
+fn attention(g: &Gpu, nh: usize, nkv: usize, hd: usize, splits: usize) -> Result<CheckResult, CudaError> {
+    use crate::plan::BatchPlan;
+    use tandem_engine::backend::{ForwardBatch, Logits};
+    let bs = 16;
+    let num_blocks = 200;
+    let mut r = Rng::new(7 + nh as u64 * 31 + splits as u64);
+    let kc = round_bf(&r.vec(num_blocks * bs * nkv * hd, 2.0));
+    let vc = round_bf(&r.vec(num_blocks * bs * nkv * hd, 1.0));
+    // A 40-token chunk after 260 cached tokens; a decode step at context 1000; a fresh
+    // 5-token prompt. Blocks scattered through the pool.
+    let mut b = ForwardBatch::default();
+    let table = |start: u32, n: usize| -> Vec<u32> { (0..n as u32).map(|i| (start + i * 7) % num_blocks as u32).collect() };
+    b.push_seq(&[0; 40], 260, &table(3, 19), bs, Logits::None);
+    b.push_seq(&[0], 999, &table(11, 63), bs, Logits::None);
+    b.push_seq(&[0; 5], 0, &table(150, 1), bs, Logits::None);
+    let t = b.num_tokens();
+    let q = r.vec(t * nh * hd, 1.0);
+    let p = BatchPlan::new(&b, nh / nkv);
+    let (dq, dk, dv) = (g.upload(&q)?, g.upload(&bf(&kc))?, g.upload(&bf(&vc))?);
+    let (dt, dbt, drv) = (g.upload(&p.tiles)?, g.upload(&p.block_tables)?, g.upload(&p.row_valid)?);
+    let out = g.zeros::<u16>(t * nh * hd)?;
+    let (pa, pm) = (g.zeros::<f32>(splits * t * nh * hd)?, g.zeros::<f32>(splits * t * nh * 2)?);
+    let (ti, nhi, nkvi, hdi, bsi, scale) = (t as i32, nh as i32, nkv as i32, hd as i32, bs as i32, 1.0 / (hd as f32).sqrt());
+    let cfg = LaunchConfig { grid_dim: (p.num_tiles() as u32, nkv as u32, splits as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: attention's parameter list over buffers sized for this batch and these splits.
+    unsafe {
+        g.launch(&g.k.attention, cfg, &[&ptr(&dq), &ptr(&dk), &ptr(&dv), &ptr(&dt), &ptr(&dbt), &ptr(&out), &ptr(&pa), &ptr(&pm), &ti, &nhi, &nkvi, &hdi, &bsi, &scale])?;
+        if splits > 1 {
+            let sp = splits as i32;
+            let cfg = LaunchConfig { grid_dim: (t as u32, nh as u32, 1), block_dim: (hd as u32, 1, 1), shared_mem_bytes: 0 };
+            g.launch(&g.k.attention_reduce, cfg, &[&ptr(&pa), &ptr(&pm), &ptr(&drv), &ptr(&out), &ti, &nhi, &hdi, &sp])?;
+        }
+    }
+    let got = unbf(&g.read(&out, t * nh * hd)?);
+    let mut err = 0f64;
+    for s in &b.seqs {
+        let bt: Vec<i32> = s.block_table.iter().map(|&x| x as i32).collect();
+        for i in 0..s.query_len {
+            let row = s.query_start + i;
+            let qpos = s.context_len - s.query_len + i;
+            for h in 0..nh {
+                let qr = &q[(row * nh + h) * hd..(row * nh + h + 1) * hd];
+                let want = attend_ref(qr, &kc, &vc, &bt, bs, qpos, nkv, h / (nh / nkv), hd);
+                err = err.max(abs_err(&got[(row * nh + h) * hd..(row * nh + h + 1) * hd], &want));
+            }
+        }
+    }
+    // Output in bf16 (values within ±1): one rounding (≤ 2^-9) plus f32 softmax error.
+    Ok(result(&format!("paged attention nh={nh} nkv={nkv} hd={hd} splits={splits} (prefill+prefix, decode ctx 1000, fresh prompt)"), err, 5e-3))
+}
+
+fn silu_mul(g: &Gpu) -> Result<CheckResult, CudaError> {
+    let (t, f) = (7, 1536);
+    let mut r = Rng::new(9);
+    let gu = round_bf(&r.vec(t * 2 * f, 4.0));
+    let mut want = Vec::new();
+    for row in gu.chunks_exact(2 * f) {
+        let mut a = row[..f].to_vec();
+        ops::silu_mul(&mut a, &row[f..]);
+        want.extend(a);
+    }
+    let (dg, dout) = (g.upload(&bf(&gu))?, g.zeros::<u16>(t * f)?);
+    let (fi, n) = (f as i32, (t * f) as i64);
+    let cfg = LaunchConfig { grid_dim: (64, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: silu_mul(const bf16*, bf16*, int, long long).
+    unsafe { g.launch(&g.k.silu_mul, cfg, &[&ptr(&dg), &ptr(&dout), &fi, &n])? };
+    let got = unbf(&g.read(&dout, t * f)?);
+    Ok(result("silu·mul bf16", rel_err(&got, &want, 1e-2), 8e-3))
+}
+
+fn argmax(g: &Gpu) -> Result<CheckResult, CudaError> {
+    let (rows, vocab) = (5, 49_152);
+    let mut r = Rng::new(11);
+    let mut logits = r.vec(rows * vocab, 10.0);
+    // A tie in row 2: the lower index wins, as on the CPU.
+    logits[2 * vocab + 40_000] = 50.0;
+    logits[2 * vocab + 123] = 50.0;
+    let want: Vec<i32> = logits
+        .chunks_exact(vocab)
+        .map(|row| row.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0 as i32)
+        .collect();
+    let (dl, dout) = (g.upload(&logits)?, g.zeros::<i32>(rows)?);
+    let vi = vocab as i32;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: argmax_rows(const float*, int*, int).
+    unsafe { g.launch(&g.k.argmax_rows, cfg, &[&ptr(&dl), &ptr(&dout), &vi])? };
+    let got = g.read(&dout, rows)?;
+    let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+    Ok(result("argmax (exact, ties to the lowest id)", wrong as f64, 0.0))
+}

@@ -1,0 +1,274 @@
+//! `Gpu`: one CUDA device as the backend uses it — a context with one explicit stream (no
+//! per-buffer event tracking, so the stream can be captured into graphs), the kernels of
+//! `kernels.cu` compiled by NVRTC to a CUBIN for the device's own architecture, and a cuBLAS
+//! handle with a fixed workspace (required for GEMMs inside a CUDA graph).
+//!
+//! Every CUDA library is loaded at run time, so this compiles and links on machines without
+//! CUDA; [`Gpu::open`] reports a missing library as an error instead of panicking.
+
+use std::ffi::{c_char, c_void, CString};
+use std::sync::Arc;
+
+use cudarc::cublas::{sys as bsys, CudaBlas};
+use cudarc::driver::{sys as dsys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::nvrtc::{sys as nsys, Ptx};
+
+use crate::CudaError;
+
+/// The kernel source, compiled at run time.
+pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
+
+/// Bytes of cuBLAS workspace (fixed, so GEMMs can be captured).
+const BLAS_WORKSPACE: usize = 32 << 20;
+
+/// Handles to every kernel of `kernels.cu`.
+pub struct Kernels {
+    /// Embedding lookup.
+    pub embed: CudaFunction,
+    /// RMSNorm, f32 in, bf16 out, optional row gather.
+    pub rmsnorm: CudaFunction,
+    /// q/k norm, RoPE, KV store.
+    pub qkv_rope_store: CudaFunction,
+    /// Paged attention.
+    pub attention: CudaFunction,
+    /// Combines attention splits.
+    pub attention_reduce: CudaFunction,
+    /// SwiGLU activation.
+    pub silu_mul: CudaFunction,
+    /// Dummy weights.
+    pub fill_random: CudaFunction,
+    /// Greedy sampling.
+    pub argmax_rows: CudaFunction,
+}
+
+/// A CUDA device ready for the backend.
+pub struct Gpu {
+    /// The context.
+    pub ctx: Arc<CudaContext>,
+    /// The one stream all work goes to.
+    pub stream: Arc<CudaStream>,
+    /// The kernels.
+    pub k: Kernels,
+    /// cuBLAS, bound to `stream`.
+    pub blas: CudaBlas,
+    _workspace: CudaSlice<u8>,
+    /// Device name.
+    pub name: String,
+    /// Streaming multiprocessors.
+    pub num_sms: usize,
+}
+
+fn driver(e: cudarc::driver::DriverError) -> CudaError {
+    CudaError::Driver(format!("{e:?}"))
+}
+
+/// Whether the CUDA driver library can be loaded on this machine.
+pub fn driver_present() -> bool {
+    // SAFETY: only probes for the shared library.
+    unsafe { dsys::is_culib_present() }
+}
+
+impl Gpu {
+    /// Opens device `ordinal`, compiles the kernels and sets up cuBLAS.
+    pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
+        // SAFETY: the probes only try to dlopen the libraries.
+        let present = unsafe { (dsys::is_culib_present(), nsys::is_culib_present(), bsys::is_culib_present()) };
+        match present {
+            (false, _, _) => return Err(CudaError::Unavailable("libcuda (the NVIDIA driver) is not installed".into())),
+            (_, false, _) => return Err(CudaError::Unavailable("libnvrtc (CUDA runtime compiler) is not installed".into())),
+            (_, _, false) => return Err(CudaError::Unavailable("libcublas is not installed".into())),
+            _ => {}
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver)?;
+        // SAFETY: called before any allocation; all work goes to one stream, synchronised
+        // explicitly, which graph capture requires.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver)?;
+        let (maj, min) = ctx.compute_capability().map_err(driver)?;
+        let cubin = nvrtc_cubin(KERNEL_SOURCE, &[format!("--gpu-architecture=sm_{maj}{min}"), "-default-device".into()])?;
+        let m = ctx.load_module(Ptx::from_binary(cubin)).map_err(driver)?;
+        let f = |name: &str| m.load_function(name).map_err(driver);
+        let k = Kernels {
+            embed: f("embed")?,
+            rmsnorm: f("rmsnorm")?,
+            qkv_rope_store: f("qkv_rope_store")?,
+            attention: f("attention")?,
+            attention_reduce: f("attention_reduce")?,
+            silu_mul: f("silu_mul")?,
+            fill_random: f("fill_random")?,
+            argmax_rows: f("argmax_rows")?,
+        };
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas(format!("{e:?}")))?;
+        let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE).map_err(driver)?;
+        {
+            let (wp, _g) = workspace.device_ptr(&stream);
+            // SAFETY: the workspace outlives the handle (both live in `Gpu`).
+            let st = unsafe { bsys::cublasSetWorkspace_v2(*blas.handle(), wp as *mut c_void, BLAS_WORKSPACE) };
+            if st != bsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(CudaError::Blas(format!("cublasSetWorkspace: {st:?}")));
+            }
+        }
+        let name = ctx.name().map_err(driver)?;
+        let num_sms = ctx.attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver)? as usize;
+        Ok(Gpu { ctx, stream, k, blas, _workspace: workspace, name, num_sms })
+    }
+
+    /// Makes the context current on the calling thread (the engine may run on another thread
+    /// than the one that opened the device).
+    pub fn bind(&self) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(driver)
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize), CudaError> {
+        self.ctx.mem_get_info().map_err(driver)
+    }
+
+    /// A zeroed device buffer.
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
+        self.stream.alloc_zeros::<T>(n.max(1)).map_err(driver)
+    }
+
+    /// A device copy of `data`.
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
+        if data.is_empty() {
+            // SAFETY: a one-element allocation that is never read.
+            return unsafe { self.stream.alloc::<T>(1) }.map_err(driver);
+        }
+        self.stream.clone_htod(data).map_err(driver)
+    }
+
+    /// Copies `data` into the start of `dst`.
+    pub fn write<T: DeviceRepr>(&self, dst: &mut CudaSlice<T>, data: &[T]) -> Result<(), CudaError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut view = dst.slice_mut(..data.len());
+        self.stream.memcpy_htod(data, &mut view).map_err(driver)
+    }
+
+    /// Copies the first `n` elements of `src` to the host (waits for the stream).
+    pub fn read<T: DeviceRepr + Default + Clone>(&self, src: &CudaSlice<T>, n: usize) -> Result<Vec<T>, CudaError> {
+        let mut out = vec![T::default(); n];
+        if n > 0 {
+            self.stream.memcpy_dtoh(&src.slice(..n), &mut out).map_err(driver)?;
+        }
+        self.stream.synchronize().map_err(driver)?;
+        Ok(out)
+    }
+
+    /// Waits for all queued work.
+    pub fn sync(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(driver)
+    }
+
+    /// Launches `f` with raw arguments (device pointers as `u64`).
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's parameters in number, order and type, and every
+    /// pointer must address enough device memory for the launch.
+    pub unsafe fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[&dyn KernelArg]) -> Result<(), CudaError> {
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            a.push(&mut b);
+        }
+        // SAFETY: forwarded to the caller.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(driver)
+    }
+
+    /// `C[m×n] = A[m×k] · W[n×k]ᵀ (+ C if `accumulate`)`, row-major: bf16 `a` and `w`, f32
+    /// accumulation, `c` bf16 or f32 (`c_f32`). Pointers are raw device addresses.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(&self, m: usize, n: usize, k: usize, a: u64, w: u64, c: u64, c_f32: bool, accumulate: bool) -> Result<(), CudaError> {
+        if m == 0 {
+            return Ok(());
+        }
+        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
+        let ctype = if c_f32 { bsys::cudaDataType_t::CUDA_R_32F } else { bsys::cudaDataType_t::CUDA_R_16BF };
+        // Row-major C = A·Wᵀ is column-major Cᵀ(n×m) = W(n×k, stored k-major) · Aᵀ.
+        // SAFETY: the caller's pointers address m×k, n×k and m×n elements.
+        let st = unsafe {
+            bsys::cublasGemmEx(
+                *self.blas.handle(),
+                bsys::cublasOperation_t::CUBLAS_OP_T,
+                bsys::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                m as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                w as *const c_void,
+                bsys::cudaDataType_t::CUDA_R_16BF,
+                k as i32,
+                a as *const c_void,
+                bsys::cudaDataType_t::CUDA_R_16BF,
+                k as i32,
+                &beta as *const f32 as *const c_void,
+                c as *mut c_void,
+                ctype,
+                n as i32,
+                bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if st != bsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(CudaError::Blas(format!("cublasGemmEx {m}x{n}x{k}: {st:?}")));
+        }
+        Ok(())
+    }
+}
+
+/// The raw device address of a buffer.
+pub fn ptr<T>(s: &CudaSlice<T>) -> u64 {
+    let (p, _g) = s.device_ptr(s.stream());
+    p
+}
+
+/// A value that can be pushed as a kernel argument.
+pub trait KernelArg {
+    /// Pushes `self` onto the launch.
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+}
+
+impl<T: DeviceRepr> KernelArg for T {
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
+        b.arg(self);
+    }
+}
+
+/// Compiles CUDA C++ to a CUBIN for one real architecture (no driver JIT at load time).
+pub fn nvrtc_cubin(src: &str, opts: &[String]) -> Result<Vec<u8>, CudaError> {
+    let err = |what: &str, r: nsys::nvrtcResult| CudaError::Nvrtc(format!("{what}: {r:?}"));
+    let csrc = CString::new(src).map_err(|e| CudaError::Nvrtc(e.to_string()))?;
+    let copts: Vec<CString> = opts.iter().map(|s| CString::new(s.as_str()).expect("option without NUL")).collect();
+    let ptrs: Vec<*const c_char> = copts.iter().map(|c| c.as_ptr()).collect();
+    // SAFETY: plain NVRTC calls on a program this function creates and destroys.
+    unsafe {
+        let mut prog: nsys::nvrtcProgram = std::ptr::null_mut();
+        let r = nsys::nvrtcCreateProgram(&mut prog, csrc.as_ptr(), std::ptr::null(), 0, std::ptr::null(), std::ptr::null());
+        if r != nsys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(err("nvrtcCreateProgram", r));
+        }
+        let r = nsys::nvrtcCompileProgram(prog, ptrs.len() as i32, ptrs.as_ptr());
+        if r != nsys::nvrtcResult::NVRTC_SUCCESS {
+            let mut ls = 0usize;
+            nsys::nvrtcGetProgramLogSize(prog, &mut ls);
+            let mut log = vec![0u8; ls.max(1)];
+            nsys::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut c_char);
+            nsys::nvrtcDestroyProgram(&mut prog);
+            return Err(CudaError::Nvrtc(format!("compile: {r:?}: {}", String::from_utf8_lossy(&log))));
+        }
+        let mut sz = 0usize;
+        let r = nsys::nvrtcGetCUBINSize(prog, &mut sz);
+        if r != nsys::nvrtcResult::NVRTC_SUCCESS || sz == 0 {
+            nsys::nvrtcDestroyProgram(&mut prog);
+            return Err(err("nvrtcGetCUBINSize", r));
+        }
+        let mut bin = vec![0u8; sz];
+        let r = nsys::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut c_char);
+        nsys::nvrtcDestroyProgram(&mut prog);
+        if r != nsys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(err("nvrtcGetCUBIN", r));
+        }
+        Ok(bin)
+    }
+}

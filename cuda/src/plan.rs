@@ -1,0 +1,205 @@
+//! `BatchPlan`: the host-side packing of a [`ForwardBatch`] into the flat integer arrays the
+//! kernels read (token ids, positions, slots, attention tiles, block tables), plus the sizing
+//! rules of the backend (how many attention splits, which batch sizes get a CUDA graph, how many
+//! KV blocks fit). Pure Rust, so it is tested without a GPU.
+
+use tandem_engine::backend::ForwardBatch;
+
+/// Query rows (tokens × query heads of one KV head) one attention CTA holds; matches
+/// `ATT_MAX_ROWS` in kernels.cu.
+pub const ATT_MAX_ROWS: usize = 32;
+/// Largest head width the attention kernel supports; matches `ATT_MAX_HD`.
+pub const ATT_MAX_HEAD_DIM: usize = 128;
+/// Ints per tile descriptor.
+pub const TILE_INTS: usize = 5;
+
+/// A forward batch as the kernels see it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchPlan {
+    /// Token ids, one per batch row.
+    pub tokens: Vec<i32>,
+    /// Position of each row.
+    pub positions: Vec<i32>,
+    /// KV slot each row's K and V go to (-1: not stored).
+    pub slots: Vec<i32>,
+    /// Attention tiles, [`TILE_INTS`] ints each: first row, rows, first position, block-table
+    /// offset, 0.
+    pub tiles: Vec<i32>,
+    /// Every sequence's block table, one after another (or at fixed strides for a graph).
+    pub block_tables: Vec<i32>,
+    /// 1 for rows that belong to a sequence, 0 for padding.
+    pub row_valid: Vec<i32>,
+    /// Rows whose logits are wanted.
+    pub logits_rows: Vec<i32>,
+    /// Longest context of any sequence.
+    pub max_context: usize,
+}
+
+impl BatchPlan {
+    /// Packs `b` for a model whose KV heads each serve `group` query heads.
+    pub fn new(b: &ForwardBatch, group: usize) -> BatchPlan {
+        let per_tile = (ATT_MAX_ROWS / group.max(1)).max(1);
+        let mut p = BatchPlan {
+            tokens: b.token_ids.iter().map(|&t| t as i32).collect(),
+            positions: b.positions.iter().map(|&x| x as i32).collect(),
+            slots: b.slot_mapping.iter().map(|&s| s as i32).collect(),
+            row_valid: vec![1; b.token_ids.len()],
+            logits_rows: b.logits_indices.iter().map(|&i| i as i32).collect(),
+            ..Default::default()
+        };
+        for s in &b.seqs {
+            let bt_off = p.block_tables.len() as i32;
+            p.block_tables.extend(s.block_table.iter().map(|&x| x as i32));
+            let first_pos = s.context_len - s.query_len;
+            let mut done = 0;
+            while done < s.query_len {
+                let n = per_tile.min(s.query_len - done);
+                p.tiles.extend_from_slice(&[(s.query_start + done) as i32, n as i32, (first_pos + done) as i32, bt_off, 0]);
+                done += n;
+            }
+            p.max_context = p.max_context.max(s.context_len);
+        }
+        p
+    }
+
+    /// A decode batch padded to `graph_size` sequences with block tables at a fixed stride of
+    /// `max_blocks`, so a CUDA graph captured for that size reads every input from the same
+    /// places. Padding rows attend nothing and store nothing. `None` when the batch is not a
+    /// pure decode step or does not fit.
+    pub fn padded_decode(b: &ForwardBatch, graph_size: usize, max_blocks: usize) -> Option<BatchPlan> {
+        let n = b.seqs.len();
+        if n > graph_size || b.num_tokens() != n || b.seqs.iter().any(|s| s.query_len != 1 || s.block_table.len() > max_blocks) {
+            return None;
+        }
+        let mut p = BatchPlan {
+            tokens: vec![0; graph_size],
+            positions: vec![0; graph_size],
+            slots: vec![-1; graph_size],
+            tiles: vec![0; graph_size * TILE_INTS],
+            block_tables: vec![0; graph_size * max_blocks],
+            row_valid: vec![0; graph_size],
+            logits_rows: Vec::new(),
+            max_context: 0,
+        };
+        for (i, s) in b.seqs.iter().enumerate() {
+            p.tokens[i] = b.token_ids[i] as i32;
+            p.positions[i] = b.positions[i] as i32;
+            p.slots[i] = b.slot_mapping[i] as i32;
+            p.row_valid[i] = 1;
+            let off = i * max_blocks;
+            for (j, &blk) in s.block_table.iter().enumerate() {
+                p.block_tables[off + j] = blk as i32;
+            }
+            p.tiles[i * TILE_INTS..(i + 1) * TILE_INTS].copy_from_slice(&[i as i32, 1, (s.context_len - 1) as i32, off as i32, 0]);
+            p.max_context = p.max_context.max(s.context_len);
+        }
+        // Every row's logits; padding rows' are ignored.
+        p.logits_rows = (0..graph_size as i32).collect();
+        Some(p)
+    }
+
+    /// Number of attention tiles.
+    pub fn num_tiles(&self) -> usize {
+        self.tiles.len() / TILE_INTS
+    }
+}
+
+/// How many ways the attention kernel splits each context: enough CTAs to fill the GPU
+/// (about two per SM), never a split shorter than 256 positions, at most 16.
+pub fn attention_splits(num_tiles: usize, num_kv_heads: usize, max_context: usize, num_sms: usize) -> usize {
+    let ctas = (num_tiles * num_kv_heads).max(1);
+    let want = (2 * num_sms).div_ceil(ctas);
+    let by_len = max_context.div_ceil(256).max(1);
+    want.min(by_len).clamp(1, 16)
+}
+
+/// The batch sizes that get a captured decode graph: 1, 2, 4, 8, then every 16 up to `max`.
+pub fn graph_batch_sizes(max: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = [1, 2, 4, 8].into_iter().filter(|&s| s <= max).collect();
+    v.extend((16..=max).step_by(16));
+    v
+}
+
+/// The smallest captured size that holds `n` sequences.
+pub fn graph_size_for(sizes: &[usize], n: usize) -> Option<usize> {
+    sizes.iter().copied().find(|&s| s >= n)
+}
+
+/// KV blocks that fit in `free_bytes` after keeping `reserve_bytes` for activations and the
+/// allocator, using at most `fraction` of it.
+pub fn kv_blocks_for(free_bytes: u64, reserve_bytes: u64, fraction: f64, bytes_per_block: u64) -> usize {
+    let usable = (free_bytes.saturating_sub(reserve_bytes) as f64 * fraction.clamp(0.0, 1.0)) as u64;
+    (usable / bytes_per_block.max(1)) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_engine::backend::Logits;
+
+    fn batch() -> ForwardBatch {
+        let mut b = ForwardBatch::default();
+        // A 40-token prefill chunk after 10 cached tokens, then a decode step.
+        let toks: Vec<u32> = (0..40).collect();
+        b.push_seq(&toks, 10, &[3, 4, 5, 6], 16, Logits::Last);
+        b.push_seq(&[7], 20, &[9, 8], 16, Logits::Last);
+        b
+    }
+
+    #[test]
+    fn tiles_cover_every_row_once_within_the_row_limit() {
+        let b = batch();
+        let group = 3;
+        let p = BatchPlan::new(&b, group);
+        let mut covered = vec![0; b.num_tokens()];
+        for t in p.tiles.chunks_exact(TILE_INTS) {
+            let (row0, n, pos0) = (t[0] as usize, t[1] as usize, t[2] as usize);
+            assert!(n * group <= ATT_MAX_ROWS && n > 0);
+            for r in row0..row0 + n {
+                covered[r] += 1;
+                assert_eq!(b.positions[r] as usize, pos0 + (r - row0), "tile positions follow the batch");
+            }
+            let off = t[3] as usize;
+            let seq = b.seqs.iter().position(|s| (s.query_start..s.query_start + s.query_len).contains(&row0)).unwrap();
+            assert_eq!(&p.block_tables[off..off + b.seqs[seq].block_table.len()], &b.seqs[seq].block_table.iter().map(|&x| x as i32).collect::<Vec<_>>()[..]);
+        }
+        assert!(covered.iter().all(|&c| c == 1));
+        assert_eq!(p.num_tiles(), 40usize.div_ceil(ATT_MAX_ROWS / group) + 1);
+        assert_eq!(p.max_context, 50);
+        assert_eq!(p.logits_rows, vec![39, 40]);
+    }
+
+    #[test]
+    fn padded_decode_keeps_fixed_strides_and_inert_padding() {
+        let mut b = ForwardBatch::default();
+        b.push_seq(&[5], 16, &[2, 7], 16, Logits::Last);
+        b.push_seq(&[6], 3, &[1], 16, Logits::Last);
+        let p = BatchPlan::padded_decode(&b, 4, 8).unwrap();
+        assert_eq!(p.tokens, vec![5, 6, 0, 0]);
+        assert_eq!(p.slots, vec![7 * 16, 16 + 3, -1, -1]);
+        assert_eq!(p.row_valid, vec![1, 1, 0, 0]);
+        assert_eq!(&p.tiles[..10], &[0, 1, 16, 0, 0, 1, 1, 3, 8, 0]);
+        assert_eq!(&p.tiles[10..], &[0; 10], "padding tiles have no rows");
+        assert_eq!(&p.block_tables[8..9], &[1]);
+        // Not a decode step, too many sequences, or a table too long: no graph.
+        assert!(BatchPlan::padded_decode(&batch(), 4, 8).is_none());
+        assert!(BatchPlan::padded_decode(&b, 1, 8).is_none());
+        assert!(BatchPlan::padded_decode(&b, 4, 1).is_none());
+    }
+
+    #[test]
+    fn sizing_rules() {
+        assert_eq!(graph_batch_sizes(40), vec![1, 2, 4, 8, 16, 32]);
+        assert_eq!(graph_batch_sizes(512).len(), 4 + 32);
+        assert_eq!(graph_size_for(&graph_batch_sizes(64), 9), Some(16));
+        assert_eq!(graph_size_for(&graph_batch_sizes(64), 65), None);
+        // One sequence, 8 KV heads, long context: split to fill 132 SMs, capped at 16.
+        assert_eq!(attention_splits(1, 8, 4096, 132), 16);
+        // Short context: never below 256 positions per split.
+        assert_eq!(attention_splits(1, 8, 300, 132), 2);
+        // A big batch already fills the GPU.
+        assert_eq!(attention_splits(256, 8, 1024, 132), 1);
+        assert_eq!(kv_blocks_for(10_000, 2_000, 0.5, 100), 40);
+        assert_eq!(kv_blocks_for(1_000, 2_000, 0.9, 100), 0);
+    }
+}

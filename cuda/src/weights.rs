@@ -1,0 +1,144 @@
+//! `DeviceWeights`: a model's weights in GPU memory — linear layers as bf16 (q|k|v and gate|up
+//! fused), norms and rotary frequencies as f32 — loaded from a GGUF or safetensors model
+//! (dequantised on the host) or filled with random values for a shape alone (the dummy load
+//! format, for benchmarks that need no download).
+
+use cudarc::driver::{CudaSlice, LaunchConfig};
+use half::bf16;
+use tandem_engine::config::{Arch, ModelConfig};
+use tandem_engine::weights::ModelFiles;
+
+use crate::device::{ptr, Gpu};
+use crate::CudaError;
+
+/// One decoder layer's weights.
+pub struct LayerWeights {
+    /// Attention RMSNorm (f32).
+    pub attn_norm: CudaSlice<f32>,
+    /// `[q + 2·kv, hidden]` bf16.
+    pub qkv: CudaSlice<u16>,
+    /// `[hidden, q]` bf16.
+    pub o: CudaSlice<u16>,
+    /// Qwen3 per-head query norm (f32).
+    pub q_norm: Option<CudaSlice<f32>>,
+    /// Qwen3 per-head key norm (f32).
+    pub k_norm: Option<CudaSlice<f32>>,
+    /// MLP RMSNorm (f32).
+    pub ffn_norm: CudaSlice<f32>,
+    /// `[2·intermediate, hidden]` bf16.
+    pub gate_up: CudaSlice<u16>,
+    /// `[hidden, intermediate]` bf16.
+    pub down: CudaSlice<u16>,
+}
+
+/// All weights of a model on one GPU.
+pub struct DeviceWeights {
+    /// `[vocab, hidden]` bf16.
+    pub embed: CudaSlice<u16>,
+    /// The decoder layers.
+    pub layers: Vec<LayerWeights>,
+    /// Final RMSNorm (f32).
+    pub norm: CudaSlice<f32>,
+    /// `[vocab, hidden]` bf16, or `None` when tied to the embedding.
+    pub lm_head: Option<CudaSlice<u16>>,
+    /// RoPE inverse frequencies (f32, `head_dim / 2`).
+    pub inv_freq: CudaSlice<f32>,
+    /// Bytes of bf16 weights on the device.
+    pub bytes: u64,
+}
+
+fn to_bf16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()
+}
+
+/// RoPE inverse frequencies `theta^(-2i/d)` (computed in f64, rounded to f32 as the CPU path does).
+pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
+    let d = cfg.head_dim;
+    (0..d / 2).map(|i| (1.0 / (cfg.rope_theta as f64).powf(2.0 * i as f64 / d as f64)) as f32).collect()
+}
+
+impl DeviceWeights {
+    /// Uploads the weights of `files`.
+    pub fn load(gpu: &Gpu, files: &ModelFiles, cfg: &ModelConfig) -> Result<DeviceWeights, CudaError> {
+        let (h, q, kv, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
+        let mut bytes = 0u64;
+        let mut mat = |parts: &[(String, usize)], k: usize| -> Result<CudaSlice<u16>, CudaError> {
+            let mut all = Vec::new();
+            for (name, n) in parts {
+                all.extend(files.require(name, &[*n, k]).map_err(CudaError::Load)?.to_f32());
+            }
+            bytes += 2 * all.len() as u64;
+            gpu.upload(&to_bf16_bits(&all))
+        };
+        let vec = |name: &str, n: usize| -> Result<CudaSlice<f32>, CudaError> {
+            gpu.upload(&files.require(name, &[n]).map_err(CudaError::Load)?.to_f32())
+        };
+        let embed = mat(&[("token_embd.weight".into(), cfg.vocab_size)], h)?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let p = |s: &str| format!("blk.{i}.{s}.weight");
+            let qk = cfg.arch == Arch::Qwen3;
+            layers.push(LayerWeights {
+                attn_norm: vec(&p("attn_norm"), h)?,
+                qkv: mat(&[(p("attn_q"), q), (p("attn_k"), kv), (p("attn_v"), kv)], h)?,
+                o: mat(&[(p("attn_output"), h)], q)?,
+                q_norm: if qk { Some(vec(&p("attn_q_norm"), cfg.head_dim)?) } else { None },
+                k_norm: if qk { Some(vec(&p("attn_k_norm"), cfg.head_dim)?) } else { None },
+                ffn_norm: vec(&p("ffn_norm"), h)?,
+                gate_up: mat(&[(p("ffn_gate"), ff), (p("ffn_up"), ff)], h)?,
+                down: mat(&[(p("ffn_down"), h)], ff)?,
+            });
+        }
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(mat(&[("output.weight".into(), cfg.vocab_size)], h)?) };
+        Ok(DeviceWeights {
+            embed,
+            layers,
+            norm: vec("output_norm.weight", h)?,
+            lm_head,
+            inv_freq: gpu.upload(&inv_freq(cfg))?,
+            bytes,
+        })
+    }
+
+    /// Random weights of `cfg`'s shape, generated on the device (seeded, so runs repeat):
+    /// linear layers uniform in ±1/√in_features, the embedding in ±1, norms 1.
+    pub fn dummy(gpu: &Gpu, cfg: &ModelConfig, seed: u32) -> Result<DeviceWeights, CudaError> {
+        let (h, q, kv, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
+        let mut bytes = 0u64;
+        let mut next = seed;
+        let mut rand = |n: usize, scale: f32| -> Result<CudaSlice<u16>, CudaError> {
+            let buf = gpu.zeros::<u16>(n)?;
+            next = next.wrapping_mul(747_796_405).wrapping_add(2_891_336_453);
+            let (p, n64, s, c) = (ptr(&buf), n as u64, next, 0i32);
+            let cfg = LaunchConfig { grid_dim: (gpu.num_sms as u32 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: matches fill_random(bf16*, u64, u32, f32, int) over a buffer of n elements.
+            unsafe { gpu.launch(&gpu.k.fill_random, cfg, &[&p, &n64, &s, &scale, &c])? };
+            bytes += 2 * n as u64;
+            Ok(buf)
+        };
+        let ones = |n: usize| gpu.upload(&vec![1f32; n]);
+        let embed = rand(cfg.vocab_size * h, 1.0)?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for _ in 0..cfg.num_layers {
+            let qk = cfg.arch == Arch::Qwen3;
+            layers.push(LayerWeights {
+                attn_norm: ones(h)?,
+                qkv: rand((q + 2 * kv) * h, 1.0 / (h as f32).sqrt())?,
+                o: rand(h * q, 1.0 / (q as f32).sqrt())?,
+                q_norm: if qk { Some(ones(cfg.head_dim)?) } else { None },
+                k_norm: if qk { Some(ones(cfg.head_dim)?) } else { None },
+                ffn_norm: ones(h)?,
+                gate_up: rand(2 * ff * h, 1.0 / (h as f32).sqrt())?,
+                down: rand(h * ff, 1.0 / (ff as f32).sqrt())?,
+            });
+        }
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(rand(cfg.vocab_size * h, 1.0 / (h as f32).sqrt())?) };
+        gpu.sync()?;
+        Ok(DeviceWeights { embed, layers, norm: ones(h)?, lm_head, inv_freq: gpu.upload(&inv_freq(cfg))?, bytes })
+    }
+
+    /// The LM head (the embedding when tied).
+    pub fn head(&self) -> &CudaSlice<u16> {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+}
