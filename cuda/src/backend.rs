@@ -1,6 +1,6 @@
 //! `CudaBackend`: the model on one NVIDIA GPU behind the engine's [`ModelBackend`] seam.
 //!
-//! A forward pass enqueues, per layer: RMSNorm → fused q|k|v GEMM (cuBLAS, bf16 in, f32 out) →
+//! A forward pass enqueues, per layer: RMSNorm → fused q|k|v GEMM (cuBLAS, 16-bit in, f32 out) →
 //! q/k norm + RoPE + KV store → paged attention → output GEMM accumulated into the f32 residual
 //! stream → RMSNorm → gate|up GEMM → SiLU·mul → down GEMM accumulated into the residual; then the
 //! final norm of the rows whose logits are wanted and the LM head. Decode steps replay a CUDA
@@ -12,8 +12,8 @@ use cudarc::driver::{sys as dsys, CudaGraph, CudaSlice, LaunchConfig};
 use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBackend};
 use tandem_engine::config::{ModelConfig, RopeStyle};
 
-use crate::device::{ptr, Gpu};
-use crate::plan::{self, BatchPlan, ATT_MAX_HEAD_DIM, TILE_INTS};
+use crate::device::{ptr, Dtype, Gpu, Operand};
+use crate::plan::{self, BatchPlan, LongSeq, ATT_MAX_HEAD_DIM, TILE_INTS};
 use crate::weights::DeviceWeights;
 use crate::CudaError;
 
@@ -39,6 +39,8 @@ pub struct CudaBackendOptions {
     pub max_model_len: usize,
     /// Largest decode batch replayed from a CUDA graph (0: no graphs).
     pub max_graph_batch: usize,
+    /// Prompt chunks of at least this many tokens attend through cuBLAS GEMMs.
+    pub long_prompt_min_tokens: usize,
 }
 
 impl Default for CudaBackendOptions {
@@ -51,6 +53,7 @@ impl Default for CudaBackendOptions {
             max_num_batched_tokens: 8192,
             max_model_len: 4096,
             max_graph_batch: 256,
+            long_prompt_min_tokens: 64,
         }
     }
 }
@@ -61,8 +64,17 @@ struct Activations {
     hb: CudaSlice<u16>,
     qkv: CudaSlice<f32>,
     q: CudaSlice<f32>,
+    q16: CudaSlice<u16>,
     att: CudaSlice<u16>,
-    gu: CudaSlice<u16>,
+    /// f32 attention output of the GEMM path (when the model's type is not IEEE half).
+    o32: CudaSlice<f32>,
+    /// Per-head contiguous K and V of one long sequence.
+    kg: CudaSlice<u16>,
+    vg: CudaSlice<u16>,
+    /// Scores (f32) and probabilities (16-bit) of the GEMM attention path.
+    scores: CudaSlice<f32>,
+    probs: CudaSlice<u16>,
+    gu: CudaSlice<f32>,
     act: CudaSlice<u16>,
     logits: CudaSlice<f32>,
     part_acc: CudaSlice<f32>,
@@ -89,11 +101,11 @@ pub struct CudaBackend {
     gpu: Gpu,
     cfg: ModelConfig,
     w: DeviceWeights,
-    /// `[layer][K|V][slot][kv_size]` bf16.
+    /// `[layer][K|V][slot][kv_size]`, 16-bit.
     kv: CudaSlice<u16>,
     num_blocks: usize,
     block_size: usize,
-    /// Host swap space, `[block][2·layers·block_size·kv_size]` bf16.
+    /// Host swap space, `[block][2·layers·block_size·kv_size]`, 16-bit.
     host: Vec<u16>,
     num_host_blocks: usize,
     a: Activations,
@@ -106,6 +118,8 @@ pub struct CudaBackend {
     /// Wall time spent capturing graphs, seconds.
     pub capture_seconds: f64,
     use_graphs: bool,
+    /// Stage boundaries recorded while profiling: (stage that starts, event).
+    marks: std::cell::RefCell<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
 }
 
 fn dev(e: CudaError) -> BackendError {
@@ -120,8 +134,11 @@ impl CudaBackend {
     /// Builds the backend around loaded weights: sizes activations, then the KV pool from what
     /// memory is left.
     pub fn new(gpu: Gpu, cfg: &ModelConfig, w: DeviceWeights, opts: CudaBackendOptions) -> Result<CudaBackend, CudaError> {
-        if cfg.head_dim > ATT_MAX_HEAD_DIM || cfg.head_dim % 2 != 0 {
-            return Err(CudaError::Unsupported(format!("head_dim {} (the attention kernel takes even widths up to {ATT_MAX_HEAD_DIM})", cfg.head_dim)));
+        if cfg.head_dim > ATT_MAX_HEAD_DIM || cfg.head_dim % 8 != 0 {
+            return Err(CudaError::Unsupported(format!("head_dim {} (the attention kernel takes multiples of 8 up to {ATT_MAX_HEAD_DIM})", cfg.head_dim)));
+        }
+        if cfg.num_heads / cfg.num_kv_heads > plan::ATT_MAX_ROWS {
+            return Err(CudaError::Unsupported(format!("{} query heads per KV head (the attention kernel takes up to {})", cfg.num_heads / cfg.num_kv_heads, plan::ATT_MAX_ROWS)));
         }
         if opts.block_size == 0 || opts.max_num_batched_tokens == 0 {
             return Err(CudaError::Unsupported("block size and max_num_batched_tokens must be positive".into()));
@@ -130,12 +147,20 @@ impl CudaBackend {
         let (h, q, kvs, ff, v) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size, cfg.vocab_size);
         let max_blocks_per_seq = opts.max_model_len.div_ceil(opts.block_size);
         let logits_cap = 1024.max(opts.max_graph_batch);
+        // Scores of the GEMM attention path: at most 128M per pass (512 MiB), chunked by rows.
+        let score_cap = (cfg.num_heads * t * opts.max_model_len).min(128 << 20);
         let a = Activations {
             x: gpu.zeros(t * h)?,
             hb: gpu.zeros(t * h)?,
             qkv: gpu.zeros(t * (q + 2 * kvs))?,
             q: gpu.zeros(t * q)?,
+            q16: gpu.zeros(t * q)?,
+            o32: gpu.zeros(if gpu.dtype == Dtype::F16 { 1 } else { t * q })?,
             att: gpu.zeros(t * q)?,
+            kg: gpu.zeros(cfg.num_heads * opts.max_model_len * cfg.head_dim)?,
+            vg: gpu.zeros(cfg.num_heads * opts.max_model_len * cfg.head_dim)?,
+            scores: gpu.zeros(score_cap)?,
+            probs: gpu.zeros(score_cap)?,
             gu: gpu.zeros(t * 2 * ff)?,
             act: gpu.zeros(t * ff)?,
             logits: gpu.zeros(logits_cap * v)?,
@@ -184,10 +209,11 @@ impl CudaBackend {
             graphs: HashMap::new(),
             capture_seconds: 0.0,
             use_graphs: opts.max_graph_batch > 0,
+            marks: std::cell::RefCell::new(None),
         })
     }
 
-    /// KV bytes of one block on this backend (bf16 K and V of every layer).
+    /// KV bytes of one block on this backend (16-bit K and V of every layer).
     pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize) -> usize {
         2 * 2 * cfg.num_layers * block_size * cfg.kv_size()
     }
@@ -202,9 +228,19 @@ impl CudaBackend {
         self.use_graphs = on && !self.graph_sizes.is_empty();
     }
 
+    /// Prompt chunks of at least `n` tokens attend through cuBLAS GEMMs from now on.
+    pub fn set_long_prompt_min(&mut self, n: usize) {
+        self.opts.long_prompt_min_tokens = n;
+    }
+
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> u64 {
         self.w.bytes
+    }
+
+    /// Query heads per KV head.
+    fn group(&self) -> usize {
+        self.cfg.num_heads / self.cfg.num_kv_heads
     }
 
     fn num_slots(&self) -> usize {
@@ -258,6 +294,39 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Records the start of stage `name` when profiling (eager runs only).
+    fn mark(&self, name: &'static str) -> Result<(), CudaError> {
+        if let Some(marks) = self.marks.borrow_mut().as_mut() {
+            let e = self.gpu.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+            e.record(&self.gpu.stream).map_err(driver)?;
+            marks.push((name, e));
+        }
+        Ok(())
+    }
+
+    /// GPU time per stage of one eager forward pass of `b`, ms, summed over layers.
+    pub fn profile(&mut self, b: &ForwardBatch) -> Result<Vec<(&'static str, f64)>, CudaError> {
+        self.validate(b).map_err(|e| CudaError::Unsupported(e.to_string()))?;
+        let graphs = self.use_graphs;
+        self.use_graphs = false;
+        *self.marks.borrow_mut() = Some(Vec::new());
+        let r = self.run(b, self.cfg.num_layers);
+        self.mark("end")?;
+        self.use_graphs = graphs;
+        let marks = self.marks.borrow_mut().take().unwrap_or_default();
+        r?;
+        self.gpu.sync()?;
+        let mut out: Vec<(&'static str, f64)> = Vec::new();
+        for w in marks.windows(2) {
+            let ms = w[0].1.elapsed_ms(&w[1].1).map_err(driver)? as f64;
+            match out.iter_mut().find(|(n, _)| *n == w[0].0) {
+                Some(e) => e.1 += ms,
+                None => out.push((w[0].0, ms)),
+            }
+        }
+        Ok(out)
+    }
+
     fn upload_plan(&mut self, p: &BatchPlan) -> Result<(), CudaError> {
         let g = &self.gpu;
         g.write(&mut self.a.tokens, &p.tokens)?;
@@ -272,7 +341,10 @@ impl CudaBackend {
     /// Enqueues the decoder over `t` rows described by the uploaded plan (no host sync, so it
     /// can be captured): `num_layers` layers, then the final norm and LM head for
     /// `logit_rows` rows starting at `logits_rows[row_off]`.
-    fn enqueue(&self, t: usize, num_tiles: usize, splits: usize, num_layers: usize, logit_rows: usize, row_off: usize) -> Result<(), CudaError> {
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue(&self, t: usize, tiling: (usize, bool), splits: usize, long: &[LongSeq], num_layers: usize, logit_rows: usize, row_off: usize) -> Result<(), CudaError> {
+        // Number of tiles, and whether every tile has at most 8 query rows.
+        let (num_tiles, small_tiles) = tiling;
         let (g, c, a, w) = (&self.gpu, &self.cfg, &self.a, &self.w);
         let (h, qs, kvs, ff) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
         let (nh, nkv, hd) = (c.num_heads as i32, c.num_kv_heads as i32, c.head_dim as i32);
@@ -283,39 +355,103 @@ impl CudaBackend {
         let (hi, null) = (h as i32, 0u64);
         // SAFETY (every launch below): argument lists match kernels.cu, and every buffer was
         // sized in `new` for at least `t` rows (validate checks the batch against it).
+        self.mark("embed")?;
         unsafe { g.launch(&g.k.embed, rows_cfg(t, 256), &[&tok, &ptr(&w.embed), &x, &hi])? };
         let interleaved = (c.rope_style == RopeStyle::Interleaved) as i32;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let (kv_base, bs) = (ptr(&self.kv), self.block_size as i32);
         for (li, l) in w.layers.iter().enumerate().take(num_layers) {
+            self.mark("rmsnorm")?;
             unsafe { g.launch(&g.k.rmsnorm, rows_cfg(t, 256), &[&x, &null, &ptr(&l.attn_norm), &hb, &hi, &eps])? };
+            self.mark("gemm qkv")?;
             g.gemm(t, qs + 2 * kvs, h, hb, ptr(&l.qkv), qkv, true, false)?;
+            self.mark("qk norm, rope, kv store")?;
             let kc = kv_base + 2 * self.kv_offset(li, 0) as u64;
             let vc = kv_base + 2 * self.kv_offset(li, 1) as u64;
             let (qn, kn) = (l.q_norm.as_ref().map_or(0, ptr), l.k_norm.as_ref().map_or(0, ptr));
             let cfg = LaunchConfig { grid_dim: (t as u32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1), block_dim: (hd as u32, 1, 1), shared_mem_bytes: hd as u32 * 4 };
-            unsafe { g.launch(&g.k.qkv_rope_store, cfg, &[&qkv, &pos, &slot, &ptr(&w.inv_freq), &qn, &kn, &q, &kc, &vc, &nh, &nkv, &hd, &interleaved, &eps])? };
+            let q16 = ptr(&a.q16);
+            unsafe { g.launch(&g.k.qkv_rope_store, cfg, &[&qkv, &pos, &slot, &ptr(&w.inv_freq), &qn, &kn, &q, &q16, &kc, &vc, &nh, &nkv, &hd, &interleaved, &eps, &bs])? };
+            self.mark("attention")?;
             let cfg = LaunchConfig { grid_dim: (num_tiles as u32, nkv as u32, splits as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             let (ti, bsz) = (t as i32, bs);
-            unsafe { g.launch(&g.k.attention, cfg, &[&q, &kc, &vc, &tiles, &bt, &att, &ptr(&a.part_acc), &ptr(&a.part_ml), &ti, &nh, &nkv, &hd, &bsz, &scale])? };
-            if splits > 1 {
+            if num_tiles > 0 {
+                let f = if small_tiles { &g.k.attention_decode } else { &g.k.attention };
+                unsafe { g.launch(f, cfg, &[&q, &kc, &vc, &tiles, &bt, &att, &ptr(&a.part_acc), &ptr(&a.part_ml), &ti, &nh, &nkv, &hd, &bsz, &scale])? };
+            }
+            for s in long {
+                self.mark("attention (GEMM path)")?;
+                self.attend_long(s, kc, vc, scale)?;
+            }
+            if num_tiles > 0 && splits > 1 {
                 let cfg = LaunchConfig { grid_dim: (t as u32, nh as u32, 1), block_dim: (hd as u32, 1, 1), shared_mem_bytes: 0 };
                 let sp = splits as i32;
                 unsafe { g.launch(&g.k.attention_reduce, cfg, &[&ptr(&a.part_acc), &ptr(&a.part_ml), &ptr(&a.row_valid), &att, &ti, &nh, &hd, &sp])? };
             }
+            self.mark("gemm o")?;
             g.gemm(t, h, qs, att, ptr(&l.o), x, true, true)?;
+            self.mark("rmsnorm")?;
             unsafe { g.launch(&g.k.rmsnorm, rows_cfg(t, 256), &[&x, &null, &ptr(&l.ffn_norm), &hb, &hi, &eps])? };
-            g.gemm(t, 2 * ff, h, hb, ptr(&l.gate_up), gu, false, false)?;
-            let n = (t * ff) as i64;
+            self.mark("gemm gate_up")?;
+            g.gemm(t, 2 * ff, h, hb, ptr(&l.gate_up), gu, true, false)?;
+            self.mark("silu_mul")?;
             let fi = ff as i32;
-            let cfg = LaunchConfig { grid_dim: ((g.num_sms * 8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            unsafe { g.launch(&g.k.silu_mul, cfg, &[&gu, &act, &fi, &n])? };
+            let cfg = LaunchConfig { grid_dim: (ff.div_ceil(1024) as u32, t as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            unsafe { g.launch(&g.k.silu_mul, cfg, &[&gu, &act, &fi])? };
+            self.mark("gemm down")?;
             g.gemm(t, h, ff, act, ptr(&l.down), x, true, true)?;
         }
+        self.mark("final norm, lm head")?;
         if logit_rows > 0 {
             let rows = ptr(&a.logits_rows) + 4 * row_off as u64;
             unsafe { g.launch(&g.k.rmsnorm, rows_cfg(logit_rows, 256), &[&x, &rows, &ptr(&w.norm), &hb, &hi, &eps])? };
             g.gemm(logit_rows, c.vocab_size, h, hb, ptr(w.head()), ptr(&a.logits), true, false)?;
+        }
+        Ok(())
+    }
+
+    /// Attention of one long chunk through cuBLAS: gather the sequence's K/V per query head,
+    /// S = Q·Kᵀ·scale (f32), causal softmax to 16-bit P, O = P·V written into the chunk's rows of
+    /// the attention output. Rows are processed in chunks that fit the score buffer.
+    fn attend_long(&self, s: &LongSeq, kc: u64, vc: u64, scale: f32) -> Result<(), CudaError> {
+        let (g, c, a) = (&self.gpu, &self.cfg, &self.a);
+        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
+        let ctx = s.pos0 + s.len;
+        let (kg, vg) = (ptr(&a.kg), ptr(&a.vg));
+        let bt = ptr(&a.block_tables) + 4 * s.bt_off as u64;
+        let cfg = LaunchConfig { grid_dim: (ctx as u32, nh as u32, 1), block_dim: ((hd / 8) as u32, 1, 1), shared_mem_bytes: 0 };
+        let (ci, nhi, nkvi, hdi, bsi) = (ctx as i32, nh as i32, nkv as i32, hd as i32, self.block_size as i32);
+        // SAFETY: gather_kv's parameters; kg/vg hold nh × max_model_len × hd ≥ nh × ctx × hd.
+        unsafe { g.launch(&g.k.gather_kv, cfg, &[&kc, &vc, &bt, &kg, &vg, &ci, &nhi, &nkvi, &hdi, &bsi])? };
+        let rows_cap = (a.scores.len() / (nh * ctx)).max(1);
+        let mut r0 = 0;
+        while r0 < s.len {
+            let n = (s.len - r0).min(rows_cap);
+            // Positions this chunk of rows can see.
+            let cctx = s.pos0 + r0 + n;
+            let qrow = (s.row0 + r0) * nh * hd;
+            let k = Operand { ptr: kg, ld: hd, stride: ctx * hd, trans: true };
+            let sc = Operand { ptr: ptr(&a.scores), ld: cctx, stride: n * cctx, trans: false };
+            let q = Operand { ptr: ptr(&a.q16) + 2 * qrow as u64, ld: nh * hd, stride: hd, trans: false };
+            g.gemm_batched(Dtype::F16, cctx, n, hd, scale, k, q, 0.0, sc, true, nh)?;
+            let (ni, cci, p0) = (n as i32, cctx as i32, (s.pos0 + r0) as i32);
+            let cfg = LaunchConfig { grid_dim: (n as u32, nh as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: softmax_causal over nh × n × cctx scores (≤ the buffer by rows_cap).
+            unsafe { g.launch(&g.k.softmax_causal, cfg, &[&ptr(&a.scores), &ptr(&a.probs), &ni, &cci, &p0])? };
+            let v = Operand { ptr: vg, ld: hd, stride: ctx * hd, trans: false };
+            let p = Operand { ptr: ptr(&a.probs), ld: cctx, stride: n * cctx, trans: false };
+            if g.dtype == Dtype::F16 {
+                let o = Operand { ptr: ptr(&a.att) + 2 * qrow as u64, ld: nh * hd, stride: hd, trans: false };
+                g.gemm_batched(Dtype::F16, hd, n, cctx, 1.0, v, p, 0.0, o, false, nh)?;
+            } else {
+                let o = Operand { ptr: ptr(&a.o32) + 4 * qrow as u64, ld: nh * hd, stride: hd, trans: false };
+                g.gemm_batched(Dtype::F16, hd, n, cctx, 1.0, v, p, 0.0, o, true, nh)?;
+                let (src, dst, cnt) = (ptr(&a.o32) + 4 * qrow as u64, ptr(&a.att) + 2 * qrow as u64, (n * nh * hd) as i64);
+                let cfg = LaunchConfig { grid_dim: ((g.num_sms * 4) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                // SAFETY: to_model(const float*, h16*, long long) over the chunk's rows.
+                unsafe { g.launch(&g.k.to_model, cfg, &[&src, &dst, &cnt])? };
+            }
+            r0 += n;
         }
         Ok(())
     }
@@ -341,12 +477,13 @@ impl CudaBackend {
                 }
             }
         }
-        let p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads);
+        let p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads, self.opts.long_prompt_min_tokens);
         self.upload_plan(&p)?;
         let splits = if n <= SPLIT_ROWS { plan::attention_splits(p.num_tiles(), self.cfg.num_kv_heads, p.max_context, self.gpu.num_sms).min(MAX_SPLITS) } else { 1 };
         let rows = p.logits_rows.len();
         let first = rows.min(self.logits_cap);
-        self.enqueue(n, p.num_tiles(), splits, num_layers, first, 0)?;
+        self.enqueue(n, (p.num_tiles(), p.max_tile_rows(self.group()) <= 8), splits, &p.long, num_layers, first, 0)?;
+        self.mark("logits to host")?;
         let mut out = self.gpu.read(&self.a.logits, first * vocab)?;
         // More rows than the logits buffer holds (teacher-forced scoring): the head again per chunk.
         let mut done = first;
@@ -384,11 +521,11 @@ impl CudaBackend {
         let splits = if size <= SPLIT_ROWS { splits } else { 1 };
         let layers = self.cfg.num_layers;
         // One eager run first: loads every kernel and lets cuBLAS pick its algorithms.
-        self.enqueue(size, size, splits, layers, size, 0)?;
+        self.enqueue(size, (size, self.group() <= 8), splits, &[], layers, size, 0)?;
         self.gpu.sync()?;
         let s = self.gpu.stream.clone();
         s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver)?;
-        let r = self.enqueue(size, size, splits, layers, size, 0);
+        let r = self.enqueue(size, (size, self.group() <= 8), splits, &[], layers, size, 0);
         let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(driver)?;
         r?;
         let graph = graph.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
@@ -417,7 +554,7 @@ impl CudaBackend {
     pub fn capture_all(&mut self, mut progress: impl FnMut(usize, usize)) -> Result<(), CudaError> {
         // Inert inputs: padding rows only, so the eager warm-up run stores nothing.
         let max = *self.graph_sizes.last().unwrap_or(&0);
-        let p = BatchPlan { tokens: vec![0; max], positions: vec![0; max], slots: vec![-1; max], tiles: vec![0; max * TILE_INTS], block_tables: vec![0; max * self.max_blocks_per_seq], row_valid: vec![0; max], logits_rows: (0..max as i32).collect(), max_context: 0 };
+        let p = BatchPlan { tokens: vec![0; max], positions: vec![0; max], slots: vec![-1; max], tiles: vec![0; max * TILE_INTS], block_tables: vec![0; max * self.max_blocks_per_seq], row_valid: vec![0; max], logits_rows: (0..max as i32).collect(), max_context: 0, long: Vec::new() };
         self.upload_plan(&p)?;
         let sizes = self.graph_sizes.clone();
         for (i, &s) in sizes.iter().enumerate().rev() {
@@ -437,11 +574,11 @@ impl CudaBackend {
                 return Err(BackendError::InvalidBatch(format!("{rows} rows exceed the {} the device samples at once", self.logits_cap)));
             }
             self.gpu.bind().map_err(dev)?;
-            let p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads);
+            let p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads, self.opts.long_prompt_min_tokens);
             self.upload_plan(&p).map_err(dev)?;
             let n = b.num_tokens();
             let splits = if n <= SPLIT_ROWS { plan::attention_splits(p.num_tiles(), self.cfg.num_kv_heads, p.max_context, self.gpu.num_sms) } else { 1 };
-            self.enqueue(n, p.num_tiles(), splits, self.cfg.num_layers, rows, 0).map_err(dev)?;
+            self.enqueue(n, (p.num_tiles(), p.max_tile_rows(self.group()) <= 8), splits, &p.long, self.cfg.num_layers, rows, 0).map_err(dev)?;
             let g = &self.gpu;
             let (lp, ap, vocab) = (ptr(&self.a.logits), ptr(&self.a.argmax), self.cfg.vocab_size as i32);
             let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
@@ -463,7 +600,7 @@ impl CudaBackend {
         self.block_size * self.cfg.kv_size()
     }
 
-    /// The block's bf16 page: for each layer, K rows then V rows.
+    /// The block's 16-bit page as stored: for each layer, K then V, each `[kv_head][offset][hd]`.
     fn read_page_bits(&self, block: usize) -> Result<Vec<u16>, CudaError> {
         let e = self.block_elems();
         let mut out = vec![0u16; 2 * self.cfg.num_layers * e];
@@ -483,6 +620,22 @@ impl CudaBackend {
             self.gpu.stream.memcpy_htod(chunk, &mut dst).map_err(driver)?;
         }
         self.gpu.sync()
+    }
+
+    /// Reorders one layer-part of a page between the device's `[kv_head][offset][hd]` and the
+    /// transfer format's `[offset][kv_head][hd]` (`to_wire` picks the direction).
+    fn reorder(&self, part: &[u16], to_wire: bool) -> Vec<u16> {
+        let (bs, nkv, hd) = (self.block_size, self.cfg.num_kv_heads, self.cfg.head_dim);
+        let mut out = vec![0u16; part.len()];
+        for off in 0..bs {
+            for h in 0..nkv {
+                let dev = (h * bs + off) * hd;
+                let wire = (off * nkv + h) * hd;
+                let (src, dst) = if to_wire { (dev, wire) } else { (wire, dev) };
+                out[dst..dst + hd].copy_from_slice(&part[src..src + hd]);
+            }
+        }
+        out
     }
 }
 
@@ -555,7 +708,9 @@ impl ModelBackend for CudaBackend {
             return Err(BackendError::InvalidBatch(format!("block {block} outside the pool of {}", self.num_blocks)));
         }
         let bits = self.read_page_bits(block as usize).map_err(dev)?;
-        Ok(bits.iter().flat_map(|&b| f32::from_bits((b as u32) << 16).to_le_bytes()).collect())
+        let bits: Vec<u16> = bits.chunks_exact(self.block_elems()).flat_map(|p| self.reorder(p, true)).collect();
+        let d = self.gpu.dtype;
+        Ok(bits.iter().flat_map(|&b| d.to_f32(b).to_le_bytes()).collect())
     }
 
     fn write_block(&mut self, block: u32, page: &[u8]) -> Result<(), BackendError> {
@@ -566,7 +721,9 @@ impl ModelBackend for CudaBackend {
         if page.len() != want {
             return Err(BackendError::InvalidBatch(format!("page of {} bytes, blocks hold {want}", page.len())));
         }
-        let bits: Vec<u16> = page.chunks_exact(4).map(|c| half::bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_bits()).collect();
+        let d = self.gpu.dtype;
+        let bits: Vec<u16> = page.chunks_exact(4).map(|c| d.from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect();
+        let bits: Vec<u16> = bits.chunks_exact(self.block_elems()).flat_map(|p| self.reorder(p, false)).collect();
         self.write_page_bits(block as usize, &bits).map_err(dev)
     }
 }

@@ -9,7 +9,7 @@ use tandem_engine::backend::{ForwardBatch, Logits, ModelBackend};
 use tandem_engine::config::ModelConfig;
 
 use crate::device::{ptr, Gpu};
-use crate::{CudaBackend, CudaBackendOptions, CudaError, WeightSource};
+use crate::{CudaBackend, CudaBackendOptions, CudaError, Dtype, WeightSource};
 
 fn driver(e: cudarc::driver::DriverError) -> CudaError {
     CudaError::Driver(format!("{e:?}"))
@@ -86,6 +86,8 @@ pub struct DecodeRow {
     pub bytes: f64,
     /// Time the HBM roofline allows for those bytes, ms.
     pub roofline_ms: f64,
+    /// GPU time per stage of an eager step, ms.
+    pub profile: Vec<(&'static str, f64)>,
 }
 
 /// A decode step of `batch` sequences at `context` tokens each, with blocks of its own.
@@ -105,15 +107,16 @@ pub fn decode(cfg: &ModelConfig, batches: &[usize], context: usize, lim: &Limits
     let bs = 16;
     let blocks = max_b * (context + 1).div_ceil(bs);
     let opts = CudaBackendOptions { num_blocks: Some(blocks), max_num_batched_tokens: 2048, max_model_len: context + bs, max_graph_batch: max_b, ..Default::default() };
-    let mut be: CudaBackend = crate::load(0, cfg, WeightSource::Dummy(1), opts)?;
+    let mut be: CudaBackend = crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(1), opts)?;
     let kv_per_token = 2.0 * 2.0 * (cfg.num_layers * cfg.kv_size()) as f64;
     let mut rows = Vec::new();
     for &batch in batches {
         let b = decode_batch(batch, context, bs);
         be.forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
         let step_ms = be.replay_ms(&b, 20)?;
+        let profile = be.profile(&b)?;
         let bytes = 2.0 * linear_params(cfg) as f64 + kv_per_token * (batch * (context + 1)) as f64;
-        rows.push(DecodeRow { batch, context, step_ms, bytes, roofline_ms: bytes / lim.hbm_bytes_per_s * 1e3 });
+        rows.push(DecodeRow { batch, context, step_ms, bytes, roofline_ms: bytes / lim.hbm_bytes_per_s * 1e3, profile });
     }
     Ok(rows)
 }
@@ -129,6 +132,8 @@ pub struct PrefillRow {
     pub ms: f64,
     /// FLOPs of the pass (linear layers, causal attention, LM head of the last rows).
     pub flops: f64,
+    /// GPU time per stage, ms.
+    pub profile: Vec<(&'static str, f64)>,
 }
 
 /// FLOPs of a prefill of `prompts × len` tokens.
@@ -146,7 +151,7 @@ pub fn prefill(cfg: &ModelConfig, prompts: usize, len: usize) -> Result<PrefillR
     let bs = 16;
     let per = len.div_ceil(bs);
     let opts = CudaBackendOptions { num_blocks: Some(prompts * per), max_num_batched_tokens: prompts * len, max_model_len: len, max_graph_batch: 0, ..Default::default() };
-    let mut be: CudaBackend = crate::load(0, cfg, WeightSource::Dummy(2), opts)?;
+    let mut be: CudaBackend = crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(2), opts)?;
     let mut b = ForwardBatch::default();
     for p in 0..prompts {
         let toks: Vec<u32> = (0..len as u32).map(|i| (i * 7 + p as u32 * 13) % 1000 + 1).collect();
@@ -162,7 +167,8 @@ pub fn prefill(cfg: &ModelConfig, prompts: usize, len: usize) -> Result<PrefillR
         }
     }
     ts.sort_by(f64::total_cmp);
-    Ok(PrefillRow { prompts, len, ms: ts[ts.len() / 2], flops: prefill_flops(cfg, prompts, len) })
+    let profile = be.profile(&b)?;
+    Ok(PrefillRow { prompts, len, ms: ts[ts.len() / 2], flops: prefill_flops(cfg, prompts, len), profile })
 }
 
 #[cfg(test)]

@@ -21,6 +21,60 @@ pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
 /// Bytes of cuBLAS workspace (fixed, so GEMMs can be captured).
 const BLAS_WORKSPACE: usize = 32 << 20;
 
+/// The 16-bit float type of weights and activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    /// bfloat16: f32's range, 8 significant bits.
+    Bf16,
+    /// IEEE half: 11 significant bits, range ±65504 (GGUF's own scale type).
+    F16,
+}
+
+impl Dtype {
+    /// Parses `bf16`/`bfloat16` or `f16`/`fp16`/`float16`/`half`.
+    pub fn parse(s: &str) -> Option<Dtype> {
+        match s {
+            "bf16" | "bfloat16" => Some(Dtype::Bf16),
+            "f16" | "fp16" | "float16" | "half" => Some(Dtype::F16),
+            _ => None,
+        }
+    }
+    /// Rounds `x` to this type (nearest even), as raw bits.
+    pub fn from_f32(self, x: f32) -> u16 {
+        match self {
+            Dtype::Bf16 => half::bf16::from_f32(x).to_bits(),
+            Dtype::F16 => half::f16::from_f32(x).to_bits(),
+        }
+    }
+    /// The value of raw bits of this type.
+    pub fn to_f32(self, b: u16) -> f32 {
+        match self {
+            Dtype::Bf16 => half::bf16::from_bits(b).to_f32(),
+            Dtype::F16 => half::f16::from_bits(b).to_f32(),
+        }
+    }
+    /// Largest relative error of one rounding to this type (2^-8 or 2^-11).
+    pub fn unit_roundoff(self) -> f64 {
+        match self {
+            Dtype::Bf16 => 1.0 / 256.0,
+            Dtype::F16 => 1.0 / 2048.0,
+        }
+    }
+    /// The type's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+        }
+    }
+    fn cuda(self) -> bsys::cudaDataType_t {
+        match self {
+            Dtype::Bf16 => bsys::cudaDataType_t::CUDA_R_16BF,
+            Dtype::F16 => bsys::cudaDataType_t::CUDA_R_16F,
+        }
+    }
+}
+
 /// Handles to every kernel of `kernels.cu`.
 pub struct Kernels {
     /// Embedding lookup.
@@ -31,6 +85,8 @@ pub struct Kernels {
     pub qkv_rope_store: CudaFunction,
     /// Paged attention.
     pub attention: CudaFunction,
+    /// Paged attention for tiles of at most 8 query rows.
+    pub attention_decode: CudaFunction,
     /// Combines attention splits.
     pub attention_reduce: CudaFunction,
     /// SwiGLU activation.
@@ -39,6 +95,12 @@ pub struct Kernels {
     pub fill_random: CudaFunction,
     /// Greedy sampling.
     pub argmax_rows: CudaFunction,
+    /// Contiguous per-head K/V of one sequence (GEMM attention).
+    pub gather_kv: CudaFunction,
+    /// Causal softmax of a score matrix (GEMM attention).
+    pub softmax_causal: CudaFunction,
+    /// f32 to the model's 16-bit type.
+    pub to_model: CudaFunction,
 }
 
 /// A CUDA device ready for the backend.
@@ -56,6 +118,8 @@ pub struct Gpu {
     pub name: String,
     /// Streaming multiprocessors.
     pub num_sms: usize,
+    /// Type of weights and activations.
+    pub dtype: Dtype,
 }
 
 fn driver(e: cudarc::driver::DriverError) -> CudaError {
@@ -69,8 +133,8 @@ pub fn driver_present() -> bool {
 }
 
 impl Gpu {
-    /// Opens device `ordinal`, compiles the kernels and sets up cuBLAS.
-    pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
+    /// Opens device `ordinal`, compiles the kernels for `dtype` and sets up cuBLAS.
+    pub fn open(ordinal: usize, dtype: Dtype) -> Result<Gpu, CudaError> {
         // SAFETY: the probes only try to dlopen the libraries.
         let present = unsafe { (dsys::is_culib_present(), nsys::is_culib_present(), bsys::is_culib_present()) };
         match present {
@@ -85,7 +149,11 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver)?;
         let (maj, min) = ctx.compute_capability().map_err(driver)?;
-        let cubin = nvrtc_cubin(KERNEL_SOURCE, &[format!("--gpu-architecture=sm_{maj}{min}"), "-default-device".into()])?;
+        let mut opts = vec![format!("--gpu-architecture=sm_{maj}{min}"), "-default-device".into()];
+        if dtype == Dtype::F16 {
+            opts.push("-DTANDEM_F16".into());
+        }
+        let cubin = nvrtc_cubin(KERNEL_SOURCE, &opts)?;
         let m = ctx.load_module(Ptx::from_binary(cubin)).map_err(driver)?;
         let f = |name: &str| m.load_function(name).map_err(driver);
         let k = Kernels {
@@ -93,10 +161,14 @@ impl Gpu {
             rmsnorm: f("rmsnorm")?,
             qkv_rope_store: f("qkv_rope_store")?,
             attention: f("attention")?,
+            attention_decode: f("attention_decode")?,
             attention_reduce: f("attention_reduce")?,
             silu_mul: f("silu_mul")?,
             fill_random: f("fill_random")?,
             argmax_rows: f("argmax_rows")?,
+            gather_kv: f("gather_kv")?,
+            softmax_causal: f("softmax_causal")?,
+            to_model: f("to_model")?,
         };
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas(format!("{e:?}")))?;
         let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE).map_err(driver)?;
@@ -110,7 +182,7 @@ impl Gpu {
         }
         let name = ctx.name().map_err(driver)?;
         let num_sms = ctx.attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver)? as usize;
-        Ok(Gpu { ctx, stream, k, blas, _workspace: workspace, name, num_sms })
+        Ok(Gpu { ctx, stream, k, blas, _workspace: workspace, name, num_sms, dtype })
     }
 
     /// Makes the context current on the calling thread (the engine may run on another thread
@@ -176,15 +248,16 @@ impl Gpu {
         unsafe { b.launch(cfg) }.map(|_| ()).map_err(driver)
     }
 
-    /// `C[m×n] = A[m×k] · W[n×k]ᵀ (+ C if `accumulate`)`, row-major: bf16 `a` and `w`, f32
-    /// accumulation, `c` bf16 or f32 (`c_f32`). Pointers are raw device addresses.
+    /// `C[m×n] = A[m×k] · W[n×k]ᵀ (+ C if `accumulate`)`, row-major: `a` and `w` of the
+    /// device's 16-bit type, f32 accumulation, `c` 16-bit or f32 (`c_f32`). Pointers are raw
+    /// device addresses.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm(&self, m: usize, n: usize, k: usize, a: u64, w: u64, c: u64, c_f32: bool, accumulate: bool) -> Result<(), CudaError> {
         if m == 0 {
             return Ok(());
         }
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
-        let ctype = if c_f32 { bsys::cudaDataType_t::CUDA_R_32F } else { bsys::cudaDataType_t::CUDA_R_16BF };
+        let ctype = if c_f32 { bsys::cudaDataType_t::CUDA_R_32F } else { self.dtype.cuda() };
         // Row-major C = A·Wᵀ is column-major Cᵀ(n×m) = W(n×k, stored k-major) · Aᵀ.
         // SAFETY: the caller's pointers address m×k, n×k and m×n elements.
         let st = unsafe {
@@ -197,10 +270,10 @@ impl Gpu {
                 k as i32,
                 &alpha as *const f32 as *const c_void,
                 w as *const c_void,
-                bsys::cudaDataType_t::CUDA_R_16BF,
+                self.dtype.cuda(),
                 k as i32,
                 a as *const c_void,
-                bsys::cudaDataType_t::CUDA_R_16BF,
+                self.dtype.cuda(),
                 k as i32,
                 &beta as *const f32 as *const c_void,
                 c as *mut c_void,
@@ -212,6 +285,65 @@ impl Gpu {
         };
         if st != bsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             return Err(CudaError::Blas(format!("cublasGemmEx {m}x{n}x{k}: {st:?}")));
+        }
+        Ok(())
+    }
+}
+
+/// One operand of [`Gpu::gemm_batched`]: address, leading dimension, stride between batches
+/// (elements), and whether it is transposed.
+#[derive(Debug, Clone, Copy)]
+pub struct Operand {
+    /// Device address.
+    pub ptr: u64,
+    /// Leading dimension (column-major, as cuBLAS counts it).
+    pub ld: usize,
+    /// Elements between consecutive batches.
+    pub stride: usize,
+    /// Transposed.
+    pub trans: bool,
+}
+
+impl Gpu {
+    /// Column-major strided-batched `C = alpha · op(A) · op(B) + beta · C` (cuBLAS conventions:
+    /// `C` is `m×n`), `A`/`B` of type `ab`, f32 accumulation, `C` f32 or of type `ab`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_batched(&self, ab: Dtype, m: usize, n: usize, k: usize, alpha: f32, a: Operand, b: Operand, beta: f32, c: Operand, c_f32: bool, batch: usize) -> Result<(), CudaError> {
+        if m == 0 || n == 0 || batch == 0 {
+            return Ok(());
+        }
+        let op = |t: bool| if t { bsys::cublasOperation_t::CUBLAS_OP_T } else { bsys::cublasOperation_t::CUBLAS_OP_N };
+        let ctype = if c_f32 { bsys::cudaDataType_t::CUDA_R_32F } else { ab.cuda() };
+        // SAFETY: the caller's operands address `batch` matrices of the stated shapes.
+        let st = unsafe {
+            bsys::cublasGemmStridedBatchedEx(
+                *self.blas.handle(),
+                op(a.trans),
+                op(b.trans),
+                m as i32,
+                n as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                a.ptr as *const c_void,
+                ab.cuda(),
+                a.ld as i32,
+                a.stride as i64,
+                b.ptr as *const c_void,
+                ab.cuda(),
+                b.ld as i32,
+                b.stride as i64,
+                &beta as *const f32 as *const c_void,
+                c.ptr as *mut c_void,
+                ctype,
+                c.ld as i32,
+                c.stride as i64,
+                batch as i32,
+                bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if st != bsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(CudaError::Blas(format!("cublasGemmStridedBatchedEx {m}x{n}x{k}x{batch}: {st:?}")));
         }
         Ok(())
     }

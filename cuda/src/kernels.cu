@@ -1,18 +1,29 @@
 // Tandem's CUDA kernels, compiled at run time with NVRTC for the device's architecture.
-// Header-free: bf16 values travel as `unsigned short` with explicit conversions, so no CUDA
-// toolkit headers are needed on the machine that runs them.
+// Header-free: 16-bit floats travel as `unsigned short` with explicit conversions, so no CUDA
+// toolkit headers are needed on the machine that runs them. The model's 16-bit type is bf16, or
+// IEEE half when compiled with -DTANDEM_F16.
 
-typedef unsigned short bf16_t;
+typedef unsigned short h16;
+#define INFINITY __int_as_float(0x7f800000)
 
-__device__ __forceinline__ float bf2f(bf16_t h) { return __uint_as_float(((unsigned int)h) << 16); }
+// IEEE half, whatever the model's type (the GEMM attention path computes in it).
+__device__ __forceinline__ float f16tof(h16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ h16 to_f16(float f) { h16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+
+#ifdef TANDEM_F16
+__device__ __forceinline__ float h2f(h16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ h16 f2h(float f) { h16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#else
+__device__ __forceinline__ float h2f(h16 h) { return __uint_as_float(((unsigned int)h) << 16); }
 
 // Round to nearest even; NaN stays NaN.
-__device__ __forceinline__ bf16_t f2bf(float f) {
+__device__ __forceinline__ h16 f2h(float f) {
   unsigned int u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (h16)((u >> 16) | 0x40);
   u += 0x7fffu + ((u >> 16) & 1u);
-  return (bf16_t)(u >> 16);
+  return (h16)(u >> 16);
 }
+#endif
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -37,44 +48,65 @@ __device__ float block_sum(float v) {
   return warp_sum(v);
 }
 
-// x[t, :] = embedding row of tok[t] (bf16 table), as f32. Grid: tokens.
-extern "C" __global__ void embed(const int* __restrict__ tok, const bf16_t* __restrict__ table,
-                                 float* __restrict__ x, int H) {
-  const bf16_t* row = table + (size_t)tok[blockIdx.x] * H;
-  float* xr = x + (size_t)blockIdx.x * H;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = bf2f(row[i]);
+// Where K (or V) of cache slot `slot`, KV head `kvh` starts: blocks hold [kvh][offset][hd], so
+// one head's keys of a block are one contiguous run of block_size · hd values.
+__device__ __forceinline__ size_t kv_index(size_t slot, int kvh, int nkv, int hd, int block_size) {
+  size_t b = slot / block_size, off = slot % block_size;
+  return ((b * nkv + kvh) * block_size + off) * hd;
 }
 
-// y[r, :] = x[src, :] * rsqrt(mean(x[src]^2) + eps) * w, src = rows ? rows[r] : r. f32 in, bf16 out.
+// Max over the whole block, as block_sum.
+__device__ float block_max(float v) {
+  __shared__ float red[32];
+  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[wid] = v;
+  __syncthreads();
+  int nw = (blockDim.x + 31) >> 5;
+  v = lane < nw ? red[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+// x[t, :] = embedding row of tok[t] (16-bit table), as f32. Grid: tokens.
+extern "C" __global__ void embed(const int* __restrict__ tok, const h16* __restrict__ table,
+                                 float* __restrict__ x, int H) {
+  const h16* row = table + (size_t)tok[blockIdx.x] * H;
+  float* xr = x + (size_t)blockIdx.x * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = h2f(row[i]);
+}
+
+// y[r, :] = x[src, :] * rsqrt(mean(x[src]^2) + eps) * w, src = rows ? rows[r] : r. f32 in, 16-bit out.
 // Grid: output rows.
 extern "C" __global__ void rmsnorm(const float* __restrict__ x, const int* __restrict__ rows,
-                                   const float* __restrict__ w, bf16_t* __restrict__ y, int H, float eps) {
+                                   const float* __restrict__ w, h16* __restrict__ y, int H, float eps) {
   int src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + (size_t)src * H;
-  bf16_t* yr = y + (size_t)blockIdx.x * H;
+  h16* yr = y + (size_t)blockIdx.x * H;
   float ss = 0.f;
   for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
   float inv = rsqrtf(block_sum(ss) / (float)H + eps);
-  for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = f2bf(xr[i] * inv * w[i]);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = f2h(xr[i] * inv * w[i]);
 }
 
 // One head of one token from the fused q|k|v projection (f32): optional per-head RMSNorm (Qwen3),
-// rotary embedding, then q to `q_out` (f32, [T, nh, hd]) and k, v into the paged cache at the
-// token's slot (bf16, [slots, nkv, hd]; slot < 0 skips the store). Grid: (T, nh + 2 * nkv);
+// rotary embedding, then q to `q_out` (f32, [T, nh, hd]) and, for the GEMM attention path, to
+// `q16` (IEEE half, same layout), and k, v into the paged cache at the
+// token's slot (16-bit, blocks of [nkv][block_size][hd]; slot < 0 skips the store). Grid: (T, nh + 2 * nkv);
 // block: hd threads.
 extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const int* __restrict__ pos,
                                           const int* __restrict__ slot, const float* __restrict__ inv_freq,
                                           const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                                          float* __restrict__ q_out, bf16_t* __restrict__ k_cache,
-                                          bf16_t* __restrict__ v_cache, int nh, int nkv, int hd,
-                                          int interleaved, float eps) {
+                                          float* __restrict__ q_out, h16* __restrict__ q16, h16* __restrict__ k_cache,
+                                          h16* __restrict__ v_cache, int nh, int nkv, int hd,
+                                          int interleaved, float eps, int block_size) {
   extern __shared__ float head[];
   int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   int width = (nh + 2 * nkv) * hd;
   float v = qkv[(size_t)t * width + (size_t)h * hd + i];
   int s = slot[t];
   if (h >= nh + nkv) {  // a value head: stored as is
-    if (s >= 0) v_cache[((size_t)s * nkv + (h - nh - nkv)) * hd + i] = f2bf(v);
+    if (s >= 0) v_cache[kv_index(s, h - nh - nkv, nkv, hd, block_size) + i] = f2h(v);
     return;
   }
   bool is_q = h < nh;
@@ -97,10 +129,13 @@ extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const i
       float* qo = q_out + ((size_t)t * nh + h) * hd;
       qo[a] = r0;
       qo[b] = r1;
+      size_t o = ((size_t)t * nh + h) * hd;
+      q16[o + a] = to_f16(r0);
+      q16[o + b] = to_f16(r1);
     } else if (s >= 0) {
-      bf16_t* ko = k_cache + ((size_t)s * nkv + (h - nh)) * hd;
-      ko[a] = f2bf(r0);
-      ko[b] = f2bf(r1);
+      h16* ko = k_cache + kv_index(s, h - nh, nkv, hd, block_size);
+      ko[a] = f2h(r0);
+      ko[b] = f2h(r1);
     }
   }
 }
@@ -114,21 +149,53 @@ extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const i
 // are staged in shared memory 32 positions at a time, each warp owns some (token, head) rows and
 // keeps an online softmax (flash-attention style), lane j scoring position j of the tile.
 //
-// With one split the result is written to `out` (bf16, [T, nh * hd]); with several, each split
+// With one split the result is written to `out` (16-bit, [T, nh * hd]); with several, each split
 // writes its unnormalised accumulator and (max, sum) to `part_acc`/`part_ml` for
 // `attention_reduce`. Grid: (tiles, nkv, splits); block: 128 threads.
 #define ATT_BK 32
 #define ATT_WARPS 4
-#define ATT_MAX_ROWS 32
+#define ATT_MAX_ROWS 16
 #define ATT_MAX_HD 128
-extern "C" __global__ void __launch_bounds__(128) attention(
-    const float* __restrict__ q, const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
-    const int* __restrict__ tiles, const int* __restrict__ block_tables, bf16_t* __restrict__ out,
+#define ATT_LOADS (ATT_BK * ATT_MAX_HD / 8 / 128)
+
+// This thread's share of the keys and values at positions kt..kt+ATT_BK (zeros past c1).
+__device__ __forceinline__ void att_load(uint4 (&kr)[ATT_LOADS], uint4 (&vr)[ATT_LOADS], const h16* __restrict__ k_cache,
+                                         const h16* __restrict__ v_cache, const int* __restrict__ bt, int kt, int c1,
+                                         int vec, int nkv, int kvh, int hd, int block_size) {
+  // vec (hd / 8) is 8 or 16 for the usual head widths: shifts instead of divisions there.
+  const bool pow2 = (vec & (vec - 1)) == 0;
+  const int vshift = __ffs(vec) - 1;
+#pragma unroll
+  for (int i = 0; i < ATT_LOADS; i++) {
+    int e = threadIdx.x + i * 128;
+    kr[i] = make_uint4(0, 0, 0, 0);
+    vr[i] = make_uint4(0, 0, 0, 0);
+    if (e >= ATT_BK * vec) continue;
+    int j = pow2 ? e >> vshift : e / vec;
+    int c = e - j * vec, p = kt + j;
+    if (p < c1) {
+      int blk = bt[p / block_size], off = p - (p / block_size) * block_size;
+      size_t at = ((size_t)(blk * nkv + kvh) * block_size + off) * hd + c * 8;
+      kr[i] = *reinterpret_cast<const uint4*>(k_cache + at);
+      vr[i] = *reinterpret_cast<const uint4*>(v_cache + at);
+    }
+  }
+}
+
+// RPW: rows per warp (the CTA holds 4 × RPW query rows). Keys and values sit in shared memory
+// as f32 so both products read 16 bytes at a time: lane j scores position j of the tile against
+// the row's query (K rows padded to 132 floats: conflict-free), then lane j accumulates output
+// dims 4j..4j+3 (all lanes for hd = 128, half of them for hd = 64).
+#define ATT_KS (ATT_MAX_HD + 4)
+template <int RPW>
+__device__ __forceinline__ void attention_impl(
+    const float* __restrict__ q, const h16* __restrict__ k_cache, const h16* __restrict__ v_cache,
+    const int* __restrict__ tiles, const int* __restrict__ block_tables, h16* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int num_tokens, int nh, int nkv, int hd,
     int block_size, float scale) {
-  __shared__ float ks[ATT_BK][ATT_MAX_HD + 1];
-  __shared__ bf16_t vs[ATT_BK][ATT_MAX_HD];
-  __shared__ float qs[ATT_MAX_ROWS][ATT_MAX_HD];
+  __shared__ __align__(16) float ks[ATT_BK][ATT_KS];
+  __shared__ __align__(16) float vs[ATT_BK][ATT_MAX_HD];
+  __shared__ __align__(16) float qs[RPW * ATT_WARPS][ATT_MAX_HD];
   const int* tile = tiles + blockIdx.x * 5;
   int row0 = tile[0], ntok = tile[1], pos0 = tile[2];
   const int* bt = block_tables + tile[3];
@@ -146,41 +213,55 @@ extern "C" __global__ void __launch_bounds__(128) attention(
     int tok = row0 + r / group, h = kvh * group + r % group;
     qs[r][d] = q[((size_t)tok * nh + h) * hd + d] * scale;
   }
-  const int per_lane = ATT_MAX_HD / 32;
-  float m[ATT_MAX_ROWS / ATT_WARPS], l[ATT_MAX_ROWS / ATT_WARPS];
-  float acc[ATT_MAX_ROWS / ATT_WARPS][per_lane];
+  const bool owns = lane * 4 < hd;  // this lane holds output dims 4·lane..4·lane+3
+  float m[RPW], l[RPW];
+  float4 acc[RPW];
 #pragma unroll
-  for (int j = 0; j < ATT_MAX_ROWS / ATT_WARPS; j++) {
+  for (int j = 0; j < RPW; j++) {
     m[j] = -INFINITY;
     l[j] = 0.f;
-#pragma unroll
-    for (int d = 0; d < per_lane; d++) acc[j][d] = 0.f;
+    acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  // Keys and values travel in 16-byte pieces (8 values; hd is a multiple of 8), the next tile's
+  // loaded into registers while the current one is computed on.
+  const int vec = hd / 8;
+  const bool pow2 = (vec & (vec - 1)) == 0;
+  const int vshift = __ffs(vec) - 1;
+  uint4 kr[ATT_LOADS], vr[ATT_LOADS];
+  att_load(kr, vr, k_cache, v_cache, bt, c0, c1, vec, nkv, kvh, hd, block_size);
   for (int kt = c0; kt < c1; kt += ATT_BK) {
     __syncthreads();
-    for (int e = threadIdx.x; e < ATT_BK * hd; e += blockDim.x) {
-      int j = e / hd, d = e % hd, p = kt + j;
-      float kv = 0.f;
-      bf16_t vv = 0;
-      if (p < c1) {
-        size_t slot = (size_t)bt[p / block_size] * block_size + p % block_size;
-        size_t off = (slot * nkv + kvh) * hd + d;
-        kv = bf2f(k_cache[off]);
-        vv = v_cache[off];
-      }
-      ks[j][d] = kv;
-      vs[j][d] = vv;
+#pragma unroll
+    for (int i = 0; i < ATT_LOADS; i++) {
+      int e = threadIdx.x + i * 128;
+      if (e >= ATT_BK * vec) break;
+      int j = pow2 ? e >> vshift : e / vec;
+      int c = e - j * vec;
+      const h16* kh = reinterpret_cast<const h16*>(&kr[i]);
+      const h16* vh = reinterpret_cast<const h16*>(&vr[i]);
+      float4* kd = reinterpret_cast<float4*>(&ks[j][c * 8]);
+      float4* vd = reinterpret_cast<float4*>(&vs[j][c * 8]);
+      kd[0] = make_float4(h2f(kh[0]), h2f(kh[1]), h2f(kh[2]), h2f(kh[3]));
+      kd[1] = make_float4(h2f(kh[4]), h2f(kh[5]), h2f(kh[6]), h2f(kh[7]));
+      vd[0] = make_float4(h2f(vh[0]), h2f(vh[1]), h2f(vh[2]), h2f(vh[3]));
+      vd[1] = make_float4(h2f(vh[4]), h2f(vh[5]), h2f(vh[6]), h2f(vh[7]));
     }
     __syncthreads();
+    if (kt + ATT_BK < c1) att_load(kr, vr, k_cache, v_cache, bt, kt + ATT_BK, c1, vec, nkv, kvh, hd, block_size);
 #pragma unroll
-    for (int j = 0; j < ATT_MAX_ROWS / ATT_WARPS; j++) {
+    for (int j = 0; j < RPW; j++) {
       int r = warp + j * ATT_WARPS;
       if (r >= nrows) break;
       int qpos = pos0 + r / group;
       int p = kt + lane;
       bool valid = p < c1 && p <= qpos;
       float s = 0.f;
-      for (int d = 0; d < hd; d++) s += qs[r][d] * ks[lane][d];
+      const float4* qr = reinterpret_cast<const float4*>(qs[r]);
+      const float4* kk = reinterpret_cast<const float4*>(ks[lane]);
+      for (int d = 0; d < hd / 4; d++) {
+        float4 a = qr[d], b = kk[d];
+        s += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+      }
       s = valid ? s : -INFINITY;
       float mt = warp_max(s);
       if (mt == -INFINITY) continue;  // nothing visible to this row in the tile
@@ -189,35 +270,34 @@ extern "C" __global__ void __launch_bounds__(128) attention(
       float corr = __expf(m[j] - mn);
       l[j] = l[j] * corr + warp_sum(pr);
       m[j] = mn;
-#pragma unroll
-      for (int d = 0; d < per_lane; d++) acc[j][d] *= corr;
+      float4 a = acc[j];
+      a.x *= corr; a.y *= corr; a.z *= corr; a.w *= corr;
+#pragma unroll 8
       for (int jj = 0; jj < ATT_BK; jj++) {
         float pj = __shfl_sync(0xffffffffu, pr, jj);
-#pragma unroll
-        for (int d = 0; d < per_lane; d++) {
-          int dd = lane + 32 * d;
-          if (dd < hd) acc[j][d] += pj * bf2f(vs[jj][dd]);
+        if (owns) {
+          float4 v = reinterpret_cast<const float4*>(vs[jj])[lane];
+          a.x += pj * v.x; a.y += pj * v.y; a.z += pj * v.z; a.w += pj * v.w;
         }
       }
+      acc[j] = a;
     }
   }
 #pragma unroll
-  for (int j = 0; j < ATT_MAX_ROWS / ATT_WARPS; j++) {
+  for (int j = 0; j < RPW; j++) {
     int r = warp + j * ATT_WARPS;
     if (r >= nrows) break;
+    if (!owns) continue;
     int tok = row0 + r / group, h = kvh * group + r % group;
+    float o[4] = {acc[j].x, acc[j].y, acc[j].z, acc[j].w};
     if (splits == 1) {
       float inv = l[j] > 0.f ? 1.f / l[j] : 0.f;
-      for (int d = 0; d < per_lane; d++) {
-        int dd = lane + 32 * d;
-        if (dd < hd) out[((size_t)tok * nh + h) * hd + dd] = f2bf(acc[j][d] * inv);
-      }
+      h16* dst = out + ((size_t)tok * nh + h) * hd + lane * 4;
+#pragma unroll
+      for (int d = 0; d < 4; d++) dst[d] = f2h(o[d] * inv);
     } else {
       size_t base = ((size_t)blockIdx.z * num_tokens + tok) * nh + h;
-      for (int d = 0; d < per_lane; d++) {
-        int dd = lane + 32 * d;
-        if (dd < hd) part_acc[base * hd + dd] = acc[j][d];
-      }
+      *reinterpret_cast<float4*>(part_acc + base * hd + lane * 4) = acc[j];
       if (lane == 0) {
         part_ml[base * 2] = m[j];
         part_ml[base * 2 + 1] = l[j];
@@ -226,10 +306,25 @@ extern "C" __global__ void __launch_bounds__(128) attention(
   }
 }
 
+#define ATTENTION_ARGS                                                                                      \
+  const float* __restrict__ q, const h16* __restrict__ k_cache, const h16* __restrict__ v_cache,            \
+      const int* __restrict__ tiles, const int* __restrict__ block_tables, h16* __restrict__ out,           \
+      float* __restrict__ part_acc, float* __restrict__ part_ml, int num_tokens, int nh, int nkv, int hd, \
+      int block_size, float scale
+extern "C" __global__ void __launch_bounds__(128) attention(ATTENTION_ARGS) {
+  attention_impl<ATT_MAX_ROWS / ATT_WARPS>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale);
+}
+
+// The same for tiles of at most 8 rows (decode steps): fewer registers and less shared memory,
+// so more CTAs per SM keep more loads in flight.
+extern "C" __global__ void __launch_bounds__(128) attention_decode(ATTENTION_ARGS) {
+  attention_impl<2>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale);
+}
+
 // Combines the splits of `attention`: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
 // Grid: (T, nh); block: hd threads. Rows of tokens no tile covered are left alone.
 extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                            const int* __restrict__ row_valid, bf16_t* __restrict__ out,
+                                            const int* __restrict__ row_valid, h16* __restrict__ out,
                                             int num_tokens, int nh, int hd, int splits) {
   int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   if (!row_valid[t]) return;
@@ -244,16 +339,64 @@ extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc, 
     num += w * part_acc[base * hd + d];
     den += w * part_ml[base * 2 + 1];
   }
-  out[((size_t)t * nh + h) * hd + d] = f2bf(den > 0.f ? num / den : 0.f);
+  out[((size_t)t * nh + h) * hd + d] = f2h(den > 0.f ? num / den : 0.f);
 }
 
-// out[t, i] = silu(gu[t, i]) * gu[t, F + i] for the fused gate|up projection (bf16).
-extern "C" __global__ void silu_mul(const bf16_t* __restrict__ gu, bf16_t* __restrict__ out, int F, long long n) {
+// Long prompts attend through cuBLAS instead (S = Q·Kᵀ, causal softmax, O = P·V, batched over
+// query heads), in IEEE half whatever the model's type: probabilities in [0, 1] keep 11
+// significant bits there against bf16's 8. These kernels prepare and normalise for it.
+
+// K and V of positions 0..ctx of one sequence, as IEEE half, copied once per query head into
+// contiguous kg, vg ([nh][ctx][hd]). Grid: (ctx, nh); block: hd / 8 threads (16-byte pieces).
+extern "C" __global__ void gather_kv(const h16* __restrict__ k_cache, const h16* __restrict__ v_cache,
+                                     const int* __restrict__ bt, h16* __restrict__ kg, h16* __restrict__ vg,
+                                     int ctx, int nh, int nkv, int hd, int block_size) {
+  int p = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
+  int kvh = h / (nh / nkv);
+  size_t slot = (size_t)bt[p / block_size] * block_size + p % block_size;
+  size_t src = kv_index(slot, kvh, nkv, hd, block_size) + c * 8;
+  size_t dst = ((size_t)h * ctx + p) * hd + c * 8;
+  uint4 kr = *reinterpret_cast<const uint4*>(k_cache + src), vr = *reinterpret_cast<const uint4*>(v_cache + src);
+  h16* kh = reinterpret_cast<h16*>(&kr);
+  h16* vh = reinterpret_cast<h16*>(&vr);
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    kh[i] = to_f16(h2f(kh[i]));
+    vh[i] = to_f16(h2f(vh[i]));
+  }
+  *reinterpret_cast<uint4*>(kg + dst) = kr;
+  *reinterpret_cast<uint4*>(vg + dst) = vr;
+}
+
+// Causal softmax of scores s ([nh][rows][ctx], f32, already scaled) into p (16-bit): row r is
+// the query at position pos0 + r, which sees positions 0..=pos0 + r; p in IEEE half.
+// Grid: (rows, nh); block 256.
+extern "C" __global__ void softmax_causal(const float* __restrict__ s, h16* __restrict__ p, int rows, int ctx, int pos0) {
+  size_t base = ((size_t)blockIdx.y * rows + blockIdx.x) * ctx;
+  int lim = min(ctx, pos0 + (int)blockIdx.x + 1);
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < lim; j += blockDim.x) m = fmaxf(m, s[base + j]);
+  m = block_max(m);
+  float z = 0.f;
+  for (int j = threadIdx.x; j < lim; j += blockDim.x) z += __expf(s[base + j] - m);
+  float inv = 1.f / block_sum(z);
+  for (int j = threadIdx.x; j < ctx; j += blockDim.x) p[base + j] = j < lim ? to_f16(__expf(s[base + j] - m) * inv) : (h16)0;
+}
+
+// out[i] = in[i] in the model's 16-bit type.
+extern "C" __global__ void to_model(const float* __restrict__ in, h16* __restrict__ out, long long n) {
   long long stride = (long long)gridDim.x * blockDim.x;
-  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n; e += stride) {
-    long long t = e / F, i = e % F;
-    float g = bf2f(gu[t * 2 * F + i]), u = bf2f(gu[t * 2 * F + F + i]);
-    out[e] = f2bf(g / (1.f + __expf(-g)) * u);
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) out[i] = f2h(in[i]);
+}
+
+// out[t, i] = silu(gu[t, i]) * gu[t, F + i] for the fused gate|up projection (f32 in).
+// Grid: (chunks of a row, T).
+extern "C" __global__ void silu_mul(const float* __restrict__ gu, h16* __restrict__ out, int F) {
+  const float* g = gu + (size_t)blockIdx.y * 2 * F;
+  h16* o = out + (size_t)blockIdx.y * F;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < F; i += gridDim.x * blockDim.x) {
+    float x = g[i];
+    o[i] = f2h(x / (1.f + __expf(-x)) * g[F + i]);
   }
 }
 
@@ -261,14 +404,14 @@ __device__ __forceinline__ unsigned int hash32(unsigned int x) {
   x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16; return x;
 }
 
-// Pseudo-random bf16 uniform in [-scale, scale) (dummy weights), or the constant `scale` when
+// Pseudo-random values uniform in [-scale, scale) (dummy weights), or the constant `scale` when
 // `constant` is set (norm weights).
-extern "C" __global__ void fill_random(bf16_t* __restrict__ p, unsigned long long n, unsigned int seed, float scale, int constant) {
+extern "C" __global__ void fill_random(h16* __restrict__ p, unsigned long long n, unsigned int seed, float scale, int constant) {
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += stride) {
-    if (constant) { p[i] = f2bf(scale); continue; }
+    if (constant) { p[i] = f2h(scale); continue; }
     unsigned int h = hash32(hash32((unsigned int)i ^ seed) ^ (unsigned int)(i >> 32) * 0x9e3779b9u);
-    p[i] = f2bf(((float)(h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
+    p[i] = f2h(((float)(h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
   }
 }
 

@@ -1,6 +1,6 @@
 //! Tandem's CUDA backend: the engine's [`tandem_engine::backend::ModelBackend`] on an NVIDIA
-//! GPU through `cudarc` — bf16 weights, cuBLAS GEMMs with f32 accumulation, kernels compiled at
-//! run time by NVRTC for the device's architecture, a paged bf16 KV cache sized from free GPU
+//! GPU through `cudarc` — bf16 (or f16) weights, cuBLAS GEMMs with f32 accumulation, kernels compiled at
+//! run time by NVRTC for the device's architecture, a paged 16-bit KV cache sized from free GPU
 //! memory, and CUDA graphs for decode steps.
 //!
 //! Nothing CUDA is needed to build this crate: the driver, NVRTC and cuBLAS are loaded when a
@@ -17,7 +17,7 @@ pub mod weights;
 use std::path::Path;
 
 pub use backend::{CudaBackend, CudaBackendOptions};
-pub use device::Gpu;
+pub use device::{Dtype, Gpu};
 pub use weights::DeviceWeights;
 
 use tandem_engine::config::ModelConfig;
@@ -67,9 +67,9 @@ pub enum WeightSource<'a> {
     Dummy(u32),
 }
 
-/// Opens GPU `ordinal` and loads a model on it.
-pub fn load(ordinal: usize, cfg: &ModelConfig, weights: WeightSource<'_>, opts: CudaBackendOptions) -> Result<CudaBackend, CudaError> {
-    let gpu = Gpu::open(ordinal)?;
+/// Opens GPU `ordinal` and loads a model on it in `dtype`.
+pub fn load(ordinal: usize, dtype: Dtype, cfg: &ModelConfig, weights: WeightSource<'_>, opts: CudaBackendOptions) -> Result<CudaBackend, CudaError> {
+    let gpu = Gpu::open(ordinal, dtype)?;
     let w = match weights {
         WeightSource::Files(f) => DeviceWeights::load(&gpu, f, cfg)?,
         WeightSource::Dummy(seed) => DeviceWeights::dummy(&gpu, cfg, seed)?,

@@ -7,11 +7,33 @@ use tandem_engine::backend::ForwardBatch;
 
 /// Query rows (tokens × query heads of one KV head) one attention CTA holds; matches
 /// `ATT_MAX_ROWS` in kernels.cu.
-pub const ATT_MAX_ROWS: usize = 32;
+pub const ATT_MAX_ROWS: usize = 16;
 /// Largest head width the attention kernel supports; matches `ATT_MAX_HD`.
 pub const ATT_MAX_HEAD_DIM: usize = 128;
 /// Ints per tile descriptor.
 pub const TILE_INTS: usize = 5;
+
+/// Element offset of K (or V) for cache `slot`, KV head `kvh` in one layer's cache: blocks are
+/// laid out `[kv_head][offset][head_dim]`, so one head's keys of a block are contiguous (the
+/// kernels' `kv_index`).
+pub fn kv_index(slot: usize, kvh: usize, nkv: usize, hd: usize, block_size: usize) -> usize {
+    let (b, off) = (slot / block_size, slot % block_size);
+    ((b * nkv + kvh) * block_size + off) * hd
+}
+
+/// A sequence whose chunk is long enough to attend through cuBLAS GEMMs instead of the tile
+/// kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LongSeq {
+    /// First batch row.
+    pub row0: usize,
+    /// Tokens in the chunk.
+    pub len: usize,
+    /// Position of the first.
+    pub pos0: usize,
+    /// Offset of its block table in `block_tables`.
+    pub bt_off: usize,
+}
 
 /// A forward batch as the kernels see it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -33,11 +55,15 @@ pub struct BatchPlan {
     pub logits_rows: Vec<i32>,
     /// Longest context of any sequence.
     pub max_context: usize,
+    /// Sequences left to the GEMM attention path (no tiles; their rows are not "valid" for the
+    /// split reduction).
+    pub long: Vec<LongSeq>,
 }
 
 impl BatchPlan {
-    /// Packs `b` for a model whose KV heads each serve `group` query heads.
-    pub fn new(b: &ForwardBatch, group: usize) -> BatchPlan {
+    /// Packs `b` for a model whose KV heads each serve `group` query heads; chunks of at least
+    /// `long_min` tokens go to the GEMM attention path.
+    pub fn new(b: &ForwardBatch, group: usize, long_min: usize) -> BatchPlan {
         let per_tile = (ATT_MAX_ROWS / group.max(1)).max(1);
         let mut p = BatchPlan {
             tokens: b.token_ids.iter().map(|&t| t as i32).collect(),
@@ -51,13 +77,18 @@ impl BatchPlan {
             let bt_off = p.block_tables.len() as i32;
             p.block_tables.extend(s.block_table.iter().map(|&x| x as i32));
             let first_pos = s.context_len - s.query_len;
+            p.max_context = p.max_context.max(s.context_len);
+            if s.query_len >= long_min {
+                p.long.push(LongSeq { row0: s.query_start, len: s.query_len, pos0: first_pos, bt_off: bt_off as usize });
+                p.row_valid[s.query_start..s.query_start + s.query_len].fill(0);
+                continue;
+            }
             let mut done = 0;
             while done < s.query_len {
                 let n = per_tile.min(s.query_len - done);
                 p.tiles.extend_from_slice(&[(s.query_start + done) as i32, n as i32, (first_pos + done) as i32, bt_off, 0]);
                 done += n;
             }
-            p.max_context = p.max_context.max(s.context_len);
         }
         p
     }
@@ -80,6 +111,7 @@ impl BatchPlan {
             row_valid: vec![0; graph_size],
             logits_rows: Vec::new(),
             max_context: 0,
+            long: Vec::new(),
         };
         for (i, s) in b.seqs.iter().enumerate() {
             p.tokens[i] = b.token_ids[i] as i32;
@@ -98,6 +130,11 @@ impl BatchPlan {
         Some(p)
     }
 
+    /// Most query rows (tokens × `group`) of any tile.
+    pub fn max_tile_rows(&self, group: usize) -> usize {
+        self.tiles.chunks_exact(TILE_INTS).map(|t| t[1] as usize * group).max().unwrap_or(0)
+    }
+
     /// Number of attention tiles.
     pub fn num_tiles(&self) -> usize {
         self.tiles.len() / TILE_INTS
@@ -105,11 +142,11 @@ impl BatchPlan {
 }
 
 /// How many ways the attention kernel splits each context: enough CTAs to fill the GPU
-/// (about two per SM), never a split shorter than 256 positions, at most 16.
+/// (about two per SM), never a split shorter than 128 positions, at most 16.
 pub fn attention_splits(num_tiles: usize, num_kv_heads: usize, max_context: usize, num_sms: usize) -> usize {
     let ctas = (num_tiles * num_kv_heads).max(1);
     let want = (2 * num_sms).div_ceil(ctas);
-    let by_len = max_context.div_ceil(256).max(1);
+    let by_len = max_context.div_ceil(128).max(1);
     want.min(by_len).clamp(1, 16)
 }
 
@@ -150,7 +187,7 @@ mod tests {
     fn tiles_cover_every_row_once_within_the_row_limit() {
         let b = batch();
         let group = 3;
-        let p = BatchPlan::new(&b, group);
+        let p = BatchPlan::new(&b, group, usize::MAX);
         let mut covered = vec![0; b.num_tokens()];
         for t in p.tiles.chunks_exact(TILE_INTS) {
             let (row0, n, pos0) = (t[0] as usize, t[1] as usize, t[2] as usize);
@@ -167,6 +204,18 @@ mod tests {
         assert_eq!(p.num_tiles(), 40usize.div_ceil(ATT_MAX_ROWS / group) + 1);
         assert_eq!(p.max_context, 50);
         assert_eq!(p.logits_rows, vec![39, 40]);
+        assert_eq!(p.max_tile_rows(group), (ATT_MAX_ROWS / group) * group);
+    }
+
+    #[test]
+    fn long_chunks_leave_the_tiles() {
+        let b = batch();
+        let p = BatchPlan::new(&b, 3, 32);
+        assert_eq!(p.long, vec![LongSeq { row0: 0, len: 40, pos0: 10, bt_off: 0 }]);
+        assert_eq!(p.num_tiles(), 1, "only the decode step is tiled");
+        assert_eq!(&p.tiles[..4], &[40, 1, 20, 4]);
+        assert!(p.row_valid[..40].iter().all(|&v| v == 0) && p.row_valid[40] == 1);
+        assert_eq!(p.max_context, 50);
     }
 
     #[test]
@@ -188,6 +237,19 @@ mod tests {
     }
 
     #[test]
+    fn kv_layout_keeps_a_heads_block_contiguous() {
+        let (nkv, hd, bs) = (3, 8, 4);
+        // Slots 0..4 (block 0) of head 1 follow each other; block 1 starts after all heads.
+        let idx: Vec<usize> = (0..4).map(|s| kv_index(s, 1, nkv, hd, bs)).collect();
+        assert_eq!(idx, vec![32, 40, 48, 56]);
+        assert_eq!(kv_index(4, 0, nkv, hd, bs), nkv * bs * hd);
+        // Every (slot, head) gets its own run of hd values.
+        let mut all: Vec<usize> = (0..8).flat_map(|s| (0..nkv).map(move |h| kv_index(s, h, nkv, hd, bs))).collect();
+        all.sort();
+        assert!(all.windows(2).all(|w| w[1] - w[0] == hd));
+    }
+
+    #[test]
     fn sizing_rules() {
         assert_eq!(graph_batch_sizes(40), vec![1, 2, 4, 8, 16, 32]);
         assert_eq!(graph_batch_sizes(512).len(), 4 + 32);
@@ -195,8 +257,8 @@ mod tests {
         assert_eq!(graph_size_for(&graph_batch_sizes(64), 65), None);
         // One sequence, 8 KV heads, long context: split to fill 132 SMs, capped at 16.
         assert_eq!(attention_splits(1, 8, 4096, 132), 16);
-        // Short context: never below 256 positions per split.
-        assert_eq!(attention_splits(1, 8, 300, 132), 2);
+        // Short context: never below 128 positions per split.
+        assert_eq!(attention_splits(1, 8, 300, 132), 3);
         // A big batch already fills the GPU.
         assert_eq!(attention_splits(256, 8, 1024, 132), 1);
         assert_eq!(kv_blocks_for(10_000, 2_000, 0.5, 100), 40);

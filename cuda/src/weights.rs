@@ -1,10 +1,9 @@
-//! `DeviceWeights`: a model's weights in GPU memory — linear layers as bf16 (q|k|v and gate|up
-//! fused), norms and rotary frequencies as f32 — loaded from a GGUF or safetensors model
+//! `DeviceWeights`: a model's weights in GPU memory — linear layers in the device's 16-bit type
+//! (q|k|v and gate|up fused), norms and rotary frequencies as f32 — loaded from a GGUF or safetensors model
 //! (dequantised on the host) or filled with random values for a shape alone (the dummy load
 //! format, for benchmarks that need no download).
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
-use half::bf16;
 use tandem_engine::config::{Arch, ModelConfig};
 use tandem_engine::weights::ModelFiles;
 
@@ -15,9 +14,9 @@ use crate::CudaError;
 pub struct LayerWeights {
     /// Attention RMSNorm (f32).
     pub attn_norm: CudaSlice<f32>,
-    /// `[q + 2·kv, hidden]` bf16.
+    /// `[q + 2·kv, hidden]`, 16-bit.
     pub qkv: CudaSlice<u16>,
-    /// `[hidden, q]` bf16.
+    /// `[hidden, q]`, 16-bit.
     pub o: CudaSlice<u16>,
     /// Qwen3 per-head query norm (f32).
     pub q_norm: Option<CudaSlice<f32>>,
@@ -25,31 +24,28 @@ pub struct LayerWeights {
     pub k_norm: Option<CudaSlice<f32>>,
     /// MLP RMSNorm (f32).
     pub ffn_norm: CudaSlice<f32>,
-    /// `[2·intermediate, hidden]` bf16.
+    /// `[2·intermediate, hidden]`, 16-bit.
     pub gate_up: CudaSlice<u16>,
-    /// `[hidden, intermediate]` bf16.
+    /// `[hidden, intermediate]`, 16-bit.
     pub down: CudaSlice<u16>,
 }
 
 /// All weights of a model on one GPU.
 pub struct DeviceWeights {
-    /// `[vocab, hidden]` bf16.
+    /// `[vocab, hidden]`, 16-bit.
     pub embed: CudaSlice<u16>,
     /// The decoder layers.
     pub layers: Vec<LayerWeights>,
     /// Final RMSNorm (f32).
     pub norm: CudaSlice<f32>,
-    /// `[vocab, hidden]` bf16, or `None` when tied to the embedding.
+    /// `[vocab, hidden]`, 16-bit, or `None` when tied to the embedding.
     pub lm_head: Option<CudaSlice<u16>>,
     /// RoPE inverse frequencies (f32, `head_dim / 2`).
     pub inv_freq: CudaSlice<f32>,
-    /// Bytes of bf16 weights on the device.
+    /// Bytes of 16-bit weights on the device.
     pub bytes: u64,
 }
 
-fn to_bf16_bits(v: &[f32]) -> Vec<u16> {
-    v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()
-}
 
 /// RoPE inverse frequencies `theta^(-2i/d)` (computed in f64, rounded to f32 as the CPU path does).
 pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
@@ -68,7 +64,7 @@ impl DeviceWeights {
                 all.extend(files.require(name, &[*n, k]).map_err(CudaError::Load)?.to_f32());
             }
             bytes += 2 * all.len() as u64;
-            gpu.upload(&to_bf16_bits(&all))
+            gpu.upload(&all.iter().map(|&x| gpu.dtype.from_f32(x)).collect::<Vec<u16>>())
         };
         let vec = |name: &str, n: usize| -> Result<CudaSlice<f32>, CudaError> {
             gpu.upload(&files.require(name, &[n]).map_err(CudaError::Load)?.to_f32())
@@ -111,7 +107,7 @@ impl DeviceWeights {
             next = next.wrapping_mul(747_796_405).wrapping_add(2_891_336_453);
             let (p, n64, s, c) = (ptr(&buf), n as u64, next, 0i32);
             let cfg = LaunchConfig { grid_dim: (gpu.num_sms as u32 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: matches fill_random(bf16*, u64, u32, f32, int) over a buffer of n elements.
+            // SAFETY: matches fill_random(h16*, u64, u32, f32, int) over a buffer of n elements.
             unsafe { gpu.launch(&gpu.k.fill_random, cfg, &[&p, &n64, &s, &scale, &c])? };
             bytes += 2 * n as u64;
             Ok(buf)

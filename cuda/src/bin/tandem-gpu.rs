@@ -3,8 +3,8 @@
 //!
 //! ```text
 //! tandem-gpu info
-//! tandem-gpu check                         every kernel against the CPU exact path
-//! tandem-gpu e2e MODEL.gguf                the real model against the CPU exact path
+//! tandem-gpu check [bf16|f16]             every kernel against the CPU exact path
+//! tandem-gpu e2e MODEL.gguf [f16|bf16] [TOL_NATS]   the real model against the CPU exact path
 //! tandem-gpu bench-decode CONFIG.json [BATCHES] [CONTEXT]   e.g. 1,16,64,256 1024
 //! tandem-gpu bench-prefill CONFIG.json [PROMPTS] [LEN]      e.g. 4 2048
 //! ```
@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use tandem_cuda::{bench, check, e2e, CudaError, Gpu};
+use tandem_cuda::{bench, check, e2e, CudaError, Dtype, Gpu};
 
 fn report(device: &str, rs: &[check::CheckResult]) -> bool {
     let mut ok = true;
@@ -25,31 +25,43 @@ fn report(device: &str, rs: &[check::CheckResult]) -> bool {
     ok
 }
 
+fn print_profile(device: &str, p: &[(&str, f64)]) {
+    let total: f64 = p.iter().map(|x| x.1).sum();
+    let parts: Vec<String> = p.iter().map(|(n, ms)| format!("{n} {ms:.2} ms ({:.0}%)", 100.0 * ms / total)).collect();
+    println!("[{device}]   eager stages, {total:.2} ms: {}", parts.join(", "));
+}
+
+fn dtype(s: Option<&str>, default: Dtype) -> Result<Dtype, CudaError> {
+    s.map_or(Ok(default), |s| Dtype::parse(s).ok_or_else(|| CudaError::Unsupported(format!("dtype '{s}' (bf16 or f16)"))))
+}
+
 fn run(args: &[String]) -> Result<bool, CudaError> {
     let cmd = args.first().map(String::as_str).unwrap_or("info");
     let arg = |i: usize| args.get(i).map(String::as_str);
     match cmd {
         "info" => {
-            let g = Gpu::open(0)?;
+            let g = Gpu::open(0, Dtype::Bf16)?;
             let (free, total) = g.mem_info()?;
             println!("[{}] {} SMs, {:.1} GiB free of {:.1} GiB", g.name, g.num_sms, free as f64 / (1u64 << 30) as f64, total as f64 / (1u64 << 30) as f64);
             Ok(true)
         }
         "check" => {
-            let g = Gpu::open(0)?;
+            let g = Gpu::open(0, dtype(arg(1), Dtype::Bf16)?)?;
             Ok(report(&g.name, &check::run_all(&g)?))
         }
         "e2e" => {
             let path = arg(1).ok_or_else(|| CudaError::Unsupported("e2e needs a model path".into()))?;
-            let name = Gpu::open(0)?.name;
-            let (rs, _) = e2e::run(Path::new(path), 0)?;
+            let d = dtype(arg(2), Dtype::F16)?;
+            let tol: f64 = arg(3).and_then(|s| s.parse().ok()).unwrap_or(0.1);
+            let name = Gpu::open(0, d)?.name;
+            let (rs, _) = e2e::run(Path::new(path), 0, d, tol)?;
             Ok(report(&name, &rs))
         }
         "bench-decode" => {
             let cfg = tandem_cuda::dummy_config(Path::new(arg(1).unwrap_or("cuda/configs/llama-3-8b.json")))?;
             let batches: Vec<usize> = arg(2).unwrap_or("1,16,64,256").split(',').filter_map(|s| s.parse().ok()).collect();
             let context: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(1024);
-            let g = Gpu::open(0)?;
+            let g = Gpu::open(0, Dtype::Bf16)?;
             let lim = bench::limits(&g)?;
             let name = g.name.clone();
             drop(g);
@@ -59,6 +71,7 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                     "[{name}] decode {} batch {:>3} context {}: step {:.3} ms, {:.2} GB read, roofline {:.3} ms -> {:.1}% of HBM roofline, {:.0} tok/s",
                     cfg.name, r.batch, r.context, r.step_ms, r.bytes / 1e9, r.roofline_ms, 100.0 * r.roofline_ms / r.step_ms, r.batch as f64 / (r.step_ms / 1e3)
                 );
+                print_profile(&name, &r.profile);
             }
             Ok(true)
         }
@@ -66,7 +79,7 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             let cfg = tandem_cuda::dummy_config(Path::new(arg(1).unwrap_or("cuda/configs/llama-3-8b.json")))?;
             let prompts: usize = arg(2).and_then(|s| s.parse().ok()).unwrap_or(4);
             let len: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(2048);
-            let g = Gpu::open(0)?;
+            let g = Gpu::open(0, Dtype::Bf16)?;
             let lim = bench::limits(&g)?;
             let name = g.name.clone();
             drop(g);
@@ -77,6 +90,7 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                 "[{name}] prefill {} {}x{} tokens: {:.1} ms, {:.0} tok/s, {:.0} TFLOP/s = {:.1}% of GEMM peak",
                 cfg.name, r.prompts, r.len, r.ms, (r.prompts * r.len) as f64 / (r.ms / 1e3), achieved / 1e12, 100.0 * achieved / lim.gemm_flops
             );
+            print_profile(&name, &r.profile);
             Ok(true)
         }
         other => Err(CudaError::Unsupported(format!("unknown command '{other}' (info, check, e2e, bench-decode, bench-prefill)"))),
