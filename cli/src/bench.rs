@@ -215,7 +215,7 @@ fn engine(a: EngineArgs) -> Result<()> {
     anyhow::ensure!(a.min_input_len >= 1 && a.min_input_len <= a.input_len, "need 1 <= --min-input-len <= --input-len");
     anyhow::ensure!(a.min_output_len >= 1 && a.min_output_len <= a.output_len, "need 1 <= --min-output-len <= --output-len");
     let path = crate::generate_cmd::model_path(a.model.clone())?;
-    let model = Model::load(&path, a.engine.load_options()?)?;
+    let model = a.engine.load_model(&path)?;
     let vocab = model.config.vocab_size as u64;
     let has_template = model.chat_template.is_some();
     let texts: Vec<Vec<u32>> = match a.workload {

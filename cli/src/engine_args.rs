@@ -25,6 +25,26 @@ pub enum PolicyArg {
     Priority,
 }
 
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// The CPU backend.
+    Cpu,
+    /// The CUDA backend on the first visible NVIDIA GPU.
+    Cuda,
+}
+
+/// 16-bit type of weights and activations on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DtypeArg {
+    /// f16 for GGUF files (their scales are f16), bf16 otherwise.
+    Auto,
+    /// bfloat16.
+    Bf16,
+    /// IEEE half.
+    F16,
+}
+
 /// CPU kernels of the linear layers.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum KernelArg {
@@ -47,6 +67,16 @@ impl KernelArg {
 /// Engine configuration flags.
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
+    /// Where the model runs: `cpu`, or `cuda` (the first GPU CUDA_VISIBLE_DEVICES shows).
+    #[arg(long, value_enum, env = "TANDEM_DEVICE", default_value = "cpu")]
+    pub device: DeviceArg,
+    /// GPU weights and activations: `auto` (f16 for GGUF, bf16 otherwise), `bf16` or `f16`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub dtype: DtypeArg,
+    /// Fraction of the GPU's memory this process may use for weights, activations and the KV
+    /// cache (the KV pool gets what is left; `--kv-cache-memory` sets it instead).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
     /// CPU kernels: `fast` (quantised) or `exact` (f32 reference).
     #[arg(long, value_enum, default_value = "fast")]
     pub kernel: KernelArg,
@@ -155,6 +185,9 @@ impl EngineArgs {
     pub fn to_args(&self) -> Vec<String> {
         let name = |v: &dyn ValueEnumName| v.name();
         let mut a = vec![
+            format!("--device={}", name(&self.device)),
+            format!("--dtype={}", name(&self.dtype)),
+            format!("--gpu-memory-utilization={}", self.gpu_memory_utilization),
             format!("--kernel={}", name(&self.kernel)),
             format!("--block-size={}", self.block_size),
             format!("--swap-space={}", self.swap_space),
@@ -222,6 +255,57 @@ impl EngineArgs {
         Ok(LoadOptions { kernel: self.kernel.path(), kv_cache, block_size: self.block_size, swap_space_bytes: parse_size(&self.swap_space)? })
     }
 
+    /// Loads the model at `path` on the device these flags name.
+    pub fn load_model(&self, path: &std::path::Path) -> Result<tandem_engine::Model> {
+        let opts = self.load_options()?;
+        match self.device {
+            DeviceArg::Cpu => Ok(tandem_engine::Model::load(path, opts)?),
+            DeviceArg::Cuda => self.load_cuda(path, opts),
+        }
+    }
+
+    /// The CUDA backend: weights in the chosen 16-bit type, the KV pool from
+    /// `--kv-cache-memory` or what `--gpu-memory-utilization` leaves, decode graphs captured
+    /// for batch sizes up to `--max-num-seqs` before serving.
+    fn load_cuda(&self, path: &std::path::Path, opts: LoadOptions) -> Result<tandem_engine::Model> {
+        use tandem_cuda::{CudaBackend, CudaBackendOptions, Dtype, WeightSource};
+        if !tandem_cuda::device::driver_present() {
+            bail!("--device cuda: CUDA is not available on this machine (libcuda, the NVIDIA driver, cannot be loaded)");
+        }
+        let info = tandem_engine::ModelInfo::open(path)?;
+        let (files, _) = tandem_engine::weights::ModelFiles::open(path)?;
+        let gguf = matches!(files, tandem_engine::weights::ModelFiles::Gguf(_));
+        let dtype = match (self.dtype, gguf) {
+            (DtypeArg::Bf16, _) | (DtypeArg::Auto, false) => Dtype::Bf16,
+            (DtypeArg::F16, _) | (DtypeArg::Auto, true) => Dtype::F16,
+        };
+        let per_block = CudaBackend::kv_bytes_per_block(&info.config, opts.block_size) as u64;
+        let num_blocks = match (self.kv_cache_memory.is_some(), opts.kv_cache) {
+            (true, KvCacheSize::Bytes(b)) => Some((b / per_block) as usize),
+            _ => None,
+        };
+        let copts = CudaBackendOptions {
+            block_size: opts.block_size,
+            num_blocks,
+            gpu_memory_utilization: self.gpu_memory_utilization,
+            num_host_blocks: (opts.swap_space_bytes / per_block) as usize,
+            max_num_batched_tokens: self.max_num_batched_tokens.max(1),
+            max_model_len: info.config.max_position_embeddings,
+            max_graph_batch: self.max_num_seqs.clamp(1, 512),
+            ..Default::default()
+        };
+        let mut backend = tandem_cuda::load(0, dtype, &info.config, WeightSource::Files(&files), copts)?;
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(indicatif::ProgressStyle::with_template("capturing decode graphs {bar:30} {pos}/{len}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+        backend.capture_all(|done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        })?;
+        bar.finish_and_clear();
+        tracing::info!(device = %backend.gpu().name, dtype = dtype.name(), kv_blocks = tandem_engine::backend::ModelBackend::kv_cache_spec(&backend).num_blocks, graph_seconds = backend.capture_seconds, "model on the GPU");
+        Ok(tandem_engine::Model { config: info.config, tokenizer: info.tokenizer, chat_template: info.chat_template, backend: Box::new(backend) })
+    }
+
     /// Engine configuration from these flags.
     pub fn engine_config(&self) -> EngineConfig {
         EngineConfig {
@@ -280,5 +364,19 @@ mod tests {
         let again = Wrap::parse_from(std::iter::once("x".to_string()).chain(w.e.to_args()));
         assert_eq!(format!("{:?}", w.e), format!("{:?}", again.e));
         assert!(again.e.no_prefix_caching && again.e.block_size == 32);
+        let w = Wrap::parse_from(["x", "--device", "cuda", "--dtype", "f16", "--gpu-memory-utilization", "0.5"]);
+        let again = Wrap::parse_from(std::iter::once("x".to_string()).chain(w.e.to_args()));
+        assert_eq!(format!("{:?}", w.e), format!("{:?}", again.e));
+    }
+
+    #[test]
+    fn cuda_without_a_gpu_is_a_clear_error() {
+        use clap::Parser;
+        if tandem_cuda::device::driver_present() {
+            return; // a GPU machine: scripts/gpu/run.sh covers the CUDA path there
+        }
+        let w = Wrap::parse_from(["x", "--device", "cuda"]);
+        let e = w.e.load_model(std::path::Path::new("/nonexistent.gguf")).err().expect("no GPU here");
+        assert!(e.to_string().contains("CUDA is not available"), "{e}");
     }
 }

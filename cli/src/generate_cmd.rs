@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use tandem_engine::sampler::TokenLogprob;
-use tandem_engine::{model_fetch, ChatMessage, Model, Prompt, SamplingParams};
+use tandem_engine::{model_fetch, ChatMessage, Prompt, SamplingParams};
 
 /// Arguments of `tandem generate`.
 #[derive(Args, Debug)]
@@ -82,7 +82,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         bail!("the prompt is empty (pass --prompt TEXT or pipe it on stdin)");
     }
     let path = model_path(a.model)?;
-    let model = Model::load(&path, a.engine.load_options()?).with_context(|| format!("loading {}", path.display()))?;
+    let model = a.engine.load_model(&path).with_context(|| format!("loading {}", path.display()))?;
     let text = if a.chat { model.apply_chat_template(&[ChatMessage::new("user", &prompt)])? } else { prompt };
     let prompt_ids = model.tokenizer.encode(&text, true)?;
     let params = SamplingParams {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use tandem_engine::{model_fetch, LLMEngine, Model, ModelInfo};
+use tandem_engine::{model_fetch, LLMEngine, ModelInfo};
 
 use crate::engine_args::EngineArgs;
 
@@ -235,7 +235,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 fn load_engine(model: &ModelArgs, engine: &EngineArgs) -> Result<(LLMEngine, String)> {
     let path = model.path()?;
     let name = model.served_name(&path);
-    let m = Model::load(&path, engine.load_options()?).with_context(|| format!("loading {}", path.display()))?;
+    let m = engine.load_model(&path).with_context(|| format!("loading {}", path.display()))?;
     Ok((engine.build_engine(m)?, name))
 }
 

@@ -276,6 +276,9 @@ impl CudaBackend {
             if s.query_start != covered || s.query_len == 0 || s.query_len > s.context_len {
                 return bad(format!("sequence slice {s:?} does not tile the batch"));
             }
+            if s.context_len > self.opts.max_model_len {
+                return bad(format!("context of {} tokens exceeds max_model_len {}", s.context_len, self.opts.max_model_len));
+            }
             if s.context_len.div_ceil(self.block_size) > s.block_table.len() {
                 return bad(format!("context of {} tokens needs more than {} blocks", s.context_len, s.block_table.len()));
             }

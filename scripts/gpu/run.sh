@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks and benchmarks (tandem-gpu), every figure printed with the device name:
+# each kernel against the CPU exact path (bf16 and f16), the default model end to end against the
+# CPU exact path, the decode step against the HBM roofline and prefill against the cuBLAS GEMM
+# peak (Llama-3-8B shape, random weights), each limit measured in the same run.
+#
+#   scripts/gpu/run.sh build          build tandem-gpu (no CUDA needed to build) and stage it with
+#                                     the shape configs in .gpu/bin/ (copy that folder to a GPU host)
+#   scripts/gpu/run.sh run [MODEL]    on a host with an NVIDIA GPU (driver and CUDA 13 runtime
+#                                     libraries: libcuda, libnvrtc, libcublas): run every section
+#                                     from .gpu/bin/; MODEL defaults to the embedded default model
+#   scripts/gpu/run.sh all [MODEL]    both, on a GPU host with Rust
+#
+# Logs go to $OUT (default .gpu/out), one file per section.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+cmd="${1:-all}"
+bin=.gpu/bin
+out="${OUT:-.gpu/out}"
+
+build() {
+  cargo build --release -p tandem-cuda --bin tandem-gpu >&2 || exit 1
+  mkdir -p "$bin"
+  strip -o "$bin/tandem-gpu" target/release/tandem-gpu 2>/dev/null || cp target/release/tandem-gpu "$bin/tandem-gpu"
+  cp -r cuda/configs "$bin/"
+  echo "staged $(du -sh "$bin" | cut -f1) in $bin" >&2
+}
+
+run() {
+  local model="${1:-${TANDEM_MODEL:-$HOME/.cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf}}"
+  mkdir -p "$out"
+  local g="$bin/tandem-gpu" fail=0
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee "$out/smi.log"
+  section() { local name="$1"; shift; echo "== $name: tandem-gpu $*"; timeout -k 5 300 "$g" "$@" 2>&1 | tee "$out/$name.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1; }
+  section info info
+  section check-bf16 check bf16
+  section check-f16 check f16
+  if [ -f "$model" ]; then
+    section e2e-f16 e2e "$model" f16
+    section e2e-bf16 e2e "$model" bf16
+  else
+    echo "no model at $model: end-to-end section skipped (give MODEL)"; fail=1
+  fi
+  section decode bench-decode "$bin/configs/llama-3-8b.json" 1,16,64,256 1024
+  section prefill bench-prefill "$bin/configs/llama-3-8b.json" 4 2048
+  section decode-qwen3 bench-decode "$bin/configs/qwen3-0.6b.json" 1,64,256 1024
+  [ "$fail" -eq 0 ] && echo "all sections passed" || echo "some section failed"
+  return "$fail"
+}
+
+case "$cmd" in
+  build) build ;;
+  run) shift; run "$@" ;;
+  all) shift; build && run "$@" ;;
+  *) echo "usage: $0 build | run [MODEL] | all [MODEL]" >&2; exit 2 ;;
+esac
