@@ -105,8 +105,8 @@ pub struct CudaBackend {
     kv: CudaSlice<u16>,
     num_blocks: usize,
     block_size: usize,
-    /// Host swap space, `[block][2·layers·block_size·kv_size]`, 16-bit.
-    host: Vec<u16>,
+    /// Host swap space in page-locked memory (DMA both ways), `[block][2·layers·block_size·kv_size]`, 16-bit.
+    host: Option<cudarc::driver::PinnedHostSlice<u16>>,
     num_host_blocks: usize,
     a: Activations,
     opts: CudaBackendOptions,
@@ -192,6 +192,12 @@ impl CudaBackend {
         let kv = gpu.zeros::<u16>(num_blocks * opts.block_size * kvs * 2 * cfg.num_layers)?;
         let page = 2 * cfg.num_layers * opts.block_size * kvs;
         let graph_sizes = plan::graph_batch_sizes(opts.max_graph_batch);
+        let host = if opts.num_host_blocks == 0 {
+            None
+        } else {
+            // SAFETY: page-locked host memory, written by swap-outs before any swap-in reads it.
+            Some(unsafe { gpu.ctx.alloc_pinned_with_flags::<u16>(opts.num_host_blocks * page, 0) }.map_err(driver)?)
+        };
         Ok(CudaBackend {
             gpu,
             cfg: cfg.clone(),
@@ -199,7 +205,7 @@ impl CudaBackend {
             kv,
             num_blocks,
             block_size: opts.block_size,
-            host: vec![0; opts.num_host_blocks * page],
+            host,
             num_host_blocks: opts.num_host_blocks,
             a,
             opts,
@@ -684,22 +690,41 @@ impl ModelBackend for CudaBackend {
 
     fn swap_out(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
         self.check_pairs(pairs, self.num_blocks, self.num_host_blocks)?;
-        for &(d, h) in pairs {
-            let page = self.read_page_bits(d as usize).map_err(dev)?;
-            let n = page.len();
-            self.host[h as usize * n..(h as usize + 1) * n].copy_from_slice(&page);
+        if pairs.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.gpu.bind().map_err(dev)?;
+        let (e, parts) = (self.block_elems(), 2 * self.cfg.num_layers);
+        let offsets: Vec<usize> = (0..parts).map(|i| self.kv_offset(i / 2, i % 2)).collect();
+        let host = self.host.as_mut().expect("host blocks exist when pairs passed the range check").as_mut_slice().map_err(|e| dev(driver(e)))?;
+        for &(d, h) in pairs {
+            for (i, off) in offsets.iter().enumerate() {
+                let src = off + d as usize * e;
+                let dst = (h as usize * parts + i) * e;
+                self.gpu.stream.memcpy_dtoh(&self.kv.slice(src..src + e), &mut host[dst..dst + e]).map_err(|e| dev(driver(e)))?;
+            }
+        }
+        self.gpu.sync().map_err(dev)
     }
 
     fn swap_in(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
         self.check_pairs(pairs, self.num_host_blocks, self.num_blocks)?;
-        let n = 2 * self.cfg.num_layers * self.block_elems();
-        for &(h, d) in pairs {
-            let page = self.host[h as usize * n..(h as usize + 1) * n].to_vec();
-            self.write_page_bits(d as usize, &page).map_err(dev)?;
+        if pairs.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.gpu.bind().map_err(dev)?;
+        let (e, parts) = (self.block_elems(), 2 * self.cfg.num_layers);
+        let offsets: Vec<usize> = (0..parts).map(|i| self.kv_offset(i / 2, i % 2)).collect();
+        let host = self.host.as_ref().expect("host blocks exist when pairs passed the range check").as_slice().map_err(|e| dev(driver(e)))?;
+        for &(h, d) in pairs {
+            for (i, off) in offsets.iter().enumerate() {
+                let dst = off + d as usize * e;
+                let src = (h as usize * parts + i) * e;
+                let mut view = self.kv.slice_mut(dst..dst + e);
+                self.gpu.stream.memcpy_htod(&host[src..src + e], &mut view).map_err(|e| dev(driver(e)))?;
+            }
+        }
+        self.gpu.sync().map_err(dev)
     }
 
     fn num_host_blocks(&self) -> usize {

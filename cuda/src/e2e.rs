@@ -77,7 +77,7 @@ pub fn run(path: &Path, ordinal: usize, dtype: Dtype, tol: f64) -> Result<(Vec<C
     let opts = LoadOptions { kernel: KernelPath::Exact, block_size: 16, kv_cache: KvCacheSize::Tokens(16 * 256), swap_space_bytes: 0 };
     let mut cpu = Model::load(path, opts)?;
     let (files, cfg) = ModelFiles::open(path)?;
-    let gopts = CudaBackendOptions { num_blocks: Some(256), max_num_batched_tokens: 1024, max_model_len: 1024, max_graph_batch: 8, ..Default::default() };
+    let gopts = CudaBackendOptions { num_blocks: Some(256), num_host_blocks: 4, max_num_batched_tokens: 1024, max_model_len: 1024, max_graph_batch: 8, ..Default::default() };
     let mut gpu: CudaBackend = crate::load(ordinal, dtype, &cfg, WeightSource::Files(&files), gopts)?;
     let vocab = cfg.vocab_size;
     let mut results = Vec::new();
@@ -114,6 +114,15 @@ pub fn run(path: &Path, ordinal: usize, dtype: Dtype, tol: f64) -> Result<(Vec<C
             gpu.write_block(200, &pg).map_err(|e| err(e.to_string()))?;
             let back = gpu.read_block(200).map_err(|e| err(e.to_string()))?;
             results.push(CheckResult { name: "write_block then read_block round trip (differing bytes)".into(), max_err: back.iter().zip(&pg).filter(|(a, b)| a != b).count() as f64, tol: 0.0 });
+            // Swap preemption: out to page-locked host memory, the device block overwritten,
+            // back in (to another block) unchanged; a copy-on-write copy likewise.
+            gpu.swap_out(&[(0, 3)]).map_err(|e| err(e.to_string()))?;
+            gpu.write_block(0, &vec![0u8; pg.len()]).map_err(|e| err(e.to_string()))?;
+            gpu.swap_in(&[(3, 201)]).map_err(|e| err(e.to_string()))?;
+            gpu.copy_blocks(&[(201, 0)]).map_err(|e| err(e.to_string()))?;
+            let (a, b) = (gpu.read_block(201).map_err(|e| err(e.to_string()))?, gpu.read_block(0).map_err(|e| err(e.to_string()))?);
+            let bad = a.iter().zip(&pg).filter(|(x, y)| x != y).count() + b.iter().zip(&pg).filter(|(x, y)| x != y).count();
+            results.push(CheckResult { name: "swap out, overwrite, swap in, copy back (differing bytes)".into(), max_err: bad as f64, tol: 0.0 });
         }
         // Greedy continuations (the GPU's decode steps replay graphs).
         let (tc, lpc) = greedy(cpu.backend.as_mut(), &toks, &blocks).map_err(err)?;
