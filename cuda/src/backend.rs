@@ -604,6 +604,16 @@ impl CudaBackend {
         }
     }
 
+    /// (device offset, host offset) of every layer's K and V part of each `(device block, host
+    /// block)` pair, in elements.
+    fn swap_spans(&self, pairs: impl Iterator<Item = (u32, u32)>) -> Vec<(usize, usize)> {
+        let (e, parts) = (self.block_elems(), 2 * self.cfg.num_layers);
+        pairs
+            .flat_map(|(d, h)| (0..parts).map(move |i| (d as usize, h as usize, i)))
+            .map(|(d, h, i)| (self.kv_offset(i / 2, i % 2) + d * e, (h * parts + i) * e))
+            .collect()
+    }
+
     /// Elements of one block's rows within one layer's K or V cache.
     fn block_elems(&self) -> usize {
         self.block_size * self.cfg.kv_size()
@@ -690,39 +700,27 @@ impl ModelBackend for CudaBackend {
 
     fn swap_out(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
         self.check_pairs(pairs, self.num_blocks, self.num_host_blocks)?;
-        if pairs.is_empty() {
-            return Ok(());
-        }
         self.gpu.bind().map_err(dev)?;
-        let (e, parts) = (self.block_elems(), 2 * self.cfg.num_layers);
-        let offsets: Vec<usize> = (0..parts).map(|i| self.kv_offset(i / 2, i % 2)).collect();
-        let host = self.host.as_mut().expect("host blocks exist when pairs passed the range check").as_mut_slice().map_err(|e| dev(driver(e)))?;
-        for &(d, h) in pairs {
-            for (i, off) in offsets.iter().enumerate() {
-                let src = off + d as usize * e;
-                let dst = (h as usize * parts + i) * e;
-                self.gpu.stream.memcpy_dtoh(&self.kv.slice(src..src + e), &mut host[dst..dst + e]).map_err(|e| dev(driver(e)))?;
-            }
+        let spans = self.swap_spans(pairs.iter().map(|&(d, h)| (d, h)));
+        let e = self.block_elems();
+        let Some(host) = self.host.as_mut() else { return Ok(()) };
+        let host = host.as_mut_slice().map_err(|e| dev(driver(e)))?;
+        for (d, h) in spans {
+            self.gpu.stream.memcpy_dtoh(&self.kv.slice(d..d + e), &mut host[h..h + e]).map_err(|e| dev(driver(e)))?;
         }
         self.gpu.sync().map_err(dev)
     }
 
     fn swap_in(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
         self.check_pairs(pairs, self.num_host_blocks, self.num_blocks)?;
-        if pairs.is_empty() {
-            return Ok(());
-        }
         self.gpu.bind().map_err(dev)?;
-        let (e, parts) = (self.block_elems(), 2 * self.cfg.num_layers);
-        let offsets: Vec<usize> = (0..parts).map(|i| self.kv_offset(i / 2, i % 2)).collect();
-        let host = self.host.as_ref().expect("host blocks exist when pairs passed the range check").as_slice().map_err(|e| dev(driver(e)))?;
-        for &(h, d) in pairs {
-            for (i, off) in offsets.iter().enumerate() {
-                let dst = off + d as usize * e;
-                let src = (h as usize * parts + i) * e;
-                let mut view = self.kv.slice_mut(dst..dst + e);
-                self.gpu.stream.memcpy_htod(&host[src..src + e], &mut view).map_err(|e| dev(driver(e)))?;
-            }
+        let spans = self.swap_spans(pairs.iter().map(|&(h, d)| (d, h)));
+        let e = self.block_elems();
+        let Some(host) = self.host.as_ref() else { return Ok(()) };
+        let host = host.as_slice().map_err(|e| dev(driver(e)))?;
+        for (d, h) in spans {
+            let mut view = self.kv.slice_mut(d..d + e);
+            self.gpu.stream.memcpy_htod(&host[h..h + e], &mut view).map_err(|e| dev(driver(e)))?;
         }
         self.gpu.sync().map_err(dev)
     }

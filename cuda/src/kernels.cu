@@ -35,37 +35,28 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ float block_sum(float v) {
+// Sum (or max) over the whole block (blockDim.x a multiple of 32, at most 1024); every thread
+// gets it.
+template <bool MAX>
+__device__ float block_reduce(float v) {
   __shared__ float red[32];
   int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  v = warp_sum(v);
+  v = MAX ? warp_max(v) : warp_sum(v);
   __syncthreads();
   if (lane == 0) red[wid] = v;
   __syncthreads();
   int nw = (blockDim.x + 31) >> 5;
-  v = lane < nw ? red[lane] : 0.f;
-  return warp_sum(v);
+  v = lane < nw ? red[lane] : (MAX ? -INFINITY : 0.f);
+  return MAX ? warp_max(v) : warp_sum(v);
 }
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }
 
 // Where K (or V) of cache slot `slot`, KV head `kvh` starts: blocks hold [kvh][offset][hd], so
 // one head's keys of a block are one contiguous run of block_size · hd values.
 __device__ __forceinline__ size_t kv_index(size_t slot, int kvh, int nkv, int hd, int block_size) {
   size_t b = slot / block_size, off = slot % block_size;
   return ((b * nkv + kvh) * block_size + off) * hd;
-}
-
-// Max over the whole block, as block_sum.
-__device__ float block_max(float v) {
-  __shared__ float red[32];
-  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) red[wid] = v;
-  __syncthreads();
-  int nw = (blockDim.x + 31) >> 5;
-  v = lane < nw ? red[lane] : -INFINITY;
-  return warp_max(v);
 }
 
 // x[t, :] = embedding row of tok[t] (16-bit table), as f32. Grid: tokens.
