@@ -181,9 +181,9 @@ impl CudaBackend {
             Some(n) => n,
             None => {
                 let (free, total) = gpu.mem_info()?;
-                let keep = ((1.0 - opts.gpu_memory_utilization.clamp(0.05, 1.0)) * total as f64) as u64;
+                let used = gpu.free_at_open.saturating_sub(free) as u64;
                 // Half a GiB for cuBLAS, graphs and the allocator's slack.
-                plan::kv_blocks_for(free as u64, keep + (512 << 20), 1.0, per_block)
+                plan::kv_blocks_for(total as u64, free as u64, used, opts.gpu_memory_utilization, 512 << 20, per_block)
             }
         };
         if num_blocks == 0 {

@@ -120,6 +120,9 @@ pub struct Gpu {
     pub num_sms: usize,
     /// Type of weights and activations.
     pub dtype: Dtype,
+    /// Free device memory when the device was opened (what this process uses is measured
+    /// against it).
+    pub free_at_open: usize,
 }
 
 fn driver(e: cudarc::driver::DriverError) -> CudaError {
@@ -144,6 +147,7 @@ impl Gpu {
             _ => {}
         }
         let ctx = CudaContext::new(ordinal).map_err(driver)?;
+        let (free_at_open, _) = ctx.mem_get_info().map_err(driver)?;
         // SAFETY: called before any allocation; all work goes to one stream, synchronised
         // explicitly, which graph capture requires.
         unsafe { ctx.disable_event_tracking() };
@@ -182,7 +186,7 @@ impl Gpu {
         }
         let name = ctx.name().map_err(driver)?;
         let num_sms = ctx.attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver)? as usize;
-        Ok(Gpu { ctx, stream, k, blas, _workspace: workspace, name, num_sms, dtype })
+        Ok(Gpu { ctx, stream, k, blas, _workspace: workspace, name, num_sms, dtype, free_at_open })
     }
 
     /// Makes the context current on the calling thread (the engine may run on another thread

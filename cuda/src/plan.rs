@@ -162,11 +162,14 @@ pub fn graph_size_for(sizes: &[usize], n: usize) -> Option<usize> {
     sizes.iter().copied().find(|&s| s >= n)
 }
 
-/// KV blocks that fit in `free_bytes` after keeping `reserve_bytes` for activations and the
-/// allocator, using at most `fraction` of it.
-pub fn kv_blocks_for(free_bytes: u64, reserve_bytes: u64, fraction: f64, bytes_per_block: u64) -> usize {
-    let usable = (free_bytes.saturating_sub(reserve_bytes) as f64 * fraction.clamp(0.0, 1.0)) as u64;
-    (usable / bytes_per_block.max(1)) as usize
+/// KV blocks for a process allowed `utilization` of the GPU's `total` bytes, vLLM's meaning:
+/// the process's own use (`used`: weights and activations so far) plus its KV pool stay within
+/// `utilization · total`, less `slack` for cuBLAS, graphs and the allocator; never more than is
+/// `free`. Two workers on one GPU each take their share this way.
+pub fn kv_blocks_for(total: u64, free: u64, used: u64, utilization: f64, slack: u64, bytes_per_block: u64) -> usize {
+    let budget = (total as f64 * utilization.clamp(0.0, 1.0)) as u64;
+    let room = budget.saturating_sub(used).saturating_sub(slack).min(free.saturating_sub(slack));
+    (room / bytes_per_block.max(1)) as usize
 }
 
 #[cfg(test)]
@@ -261,7 +264,12 @@ mod tests {
         assert_eq!(attention_splits(1, 8, 300, 132), 3);
         // A big batch already fills the GPU.
         assert_eq!(attention_splits(256, 8, 1024, 132), 1);
-        assert_eq!(kv_blocks_for(10_000, 2_000, 0.5, 100), 40);
-        assert_eq!(kv_blocks_for(1_000, 2_000, 0.9, 100), 0);
+        // 80 units, 50 % allowed, 10 used by weights, slack 2: 28 units of pool.
+        assert_eq!(kv_blocks_for(80_000, 70_000, 10_000, 0.5, 2_000, 1_000), 28);
+        // A second process at 40 % after the first took 40 of the 80: its own 40 % still fits.
+        assert_eq!(kv_blocks_for(80_000, 40_000, 8_000, 0.4, 2_000, 1_000), 22);
+        // Never more than is free, nothing when weights alone exceed the share.
+        assert_eq!(kv_blocks_for(80_000, 5_000, 8_000, 0.9, 2_000, 1_000), 3);
+        assert_eq!(kv_blocks_for(80_000, 70_000, 50_000, 0.5, 2_000, 1_000), 0);
     }
 }
