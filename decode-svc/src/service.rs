@@ -133,6 +133,19 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
         };
         let prompt = Prompt::TokenIds(r.prompt_token_ids.clone());
         let sink_tx = tx.clone();
+        // Armed before the request enters the engine: if this call is dropped while it waits for
+        // the engine thread (the client went away meanwhile, as after a stall), the request is
+        // aborted instead of staying parked with its blocks.
+        let (engine, transfers, gid) = (self.engine.clone(), self.transfers.clone(), r.request_id.clone());
+        let on_drop = Box::new(move || {
+            engine.submit(move |s| {
+                transfers.remove_request(&gid);
+                if s.abort(&gid) {
+                    tracing::info!(request_id = %gid, "request aborted: its client went away");
+                }
+            });
+        });
+        let mut stream = GenerateStream { rx, on_drop: Some(on_drop) };
         let placement = self
             .engine
             .call(move |s| {
@@ -166,13 +179,20 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
                 );
                 Ok::<_, tandem_engine::EngineError>(placement)
             })
-            .await
-            .ok_or_else(|| Status::unavailable("the engine has stopped"))?
-            .map_err(|e| match e {
-                tandem_engine::EngineError::InvalidRequest(m) => Status::invalid_argument(m),
-                tandem_engine::EngineError::DuplicateRequestId(_) => Status::already_exists(e.to_string()),
-                other => Status::internal(other.to_string()),
-            })?;
+            .await;
+        let placement = match placement {
+            Some(Ok(p)) => p,
+            other => {
+                // Not added (or the id belongs to another live request): nothing to abort.
+                stream.on_drop = None;
+                return Err(match other {
+                    Some(Err(tandem_engine::EngineError::InvalidRequest(m))) => Status::invalid_argument(m),
+                    Some(Err(e @ tandem_engine::EngineError::DuplicateRequestId(_))) => Status::already_exists(e.to_string()),
+                    Some(Err(e)) => Status::internal(e.to_string()),
+                    _ => Status::unavailable("the engine has stopped"),
+                });
+            }
+        };
         match placement {
             Placement::Local(reason) => {
                 count_disagg_decision(reason);
@@ -184,16 +204,7 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
                 tokio::spawn(remote_prefill(self.clone(), r.clone(), rp, tx.clone()));
             }
         }
-        let (engine, transfers, id) = (self.engine.clone(), self.transfers.clone(), r.request_id.clone());
-        let on_drop = Box::new(move || {
-            engine.submit(move |s| {
-                transfers.remove_request(&id);
-                if s.abort(&id) {
-                    tracing::info!(request_id = %id, "request aborted: its client went away");
-                }
-            });
-        });
-        Ok(Response::new(GenerateStream { rx, on_drop: Some(on_drop) }))
+        Ok(Response::new(stream))
     }
 
     async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
