@@ -86,7 +86,6 @@ struct Activations {
     block_tables: CudaSlice<i32>,
     row_valid: CudaSlice<i32>,
     logits_rows: CudaSlice<i32>,
-    argmax: CudaSlice<i32>,
 }
 
 /// A captured decode step.
@@ -126,9 +125,6 @@ fn dev(e: CudaError) -> BackendError {
     BackendError::Device(e.to_string())
 }
 
-fn driver(e: cudarc::driver::DriverError) -> CudaError {
-    CudaError::Driver(format!("{e:?}"))
-}
 
 impl CudaBackend {
     /// Builds the backend around loaded weights: sizes activations, then the KV pool from what
@@ -173,7 +169,6 @@ impl CudaBackend {
             block_tables: gpu.zeros(t.max(1) * max_blocks_per_seq)?,
             row_valid: gpu.zeros(t)?,
             logits_rows: gpu.zeros(t)?,
-            argmax: gpu.zeros(logits_cap)?,
         };
         gpu.sync()?;
         let per_block = Self::kv_bytes_per_block(cfg, opts.block_size) as u64;
@@ -196,7 +191,7 @@ impl CudaBackend {
             None
         } else {
             // SAFETY: page-locked host memory, written by swap-outs before any swap-in reads it.
-            Some(unsafe { gpu.ctx.alloc_pinned_with_flags::<u16>(opts.num_host_blocks * page, 0) }.map_err(driver)?)
+            Some(unsafe { gpu.ctx.alloc_pinned_with_flags::<u16>(opts.num_host_blocks * page, 0) }.map_err(CudaError::from)?)
         };
         Ok(CudaBackend {
             gpu,
@@ -242,6 +237,15 @@ impl CudaBackend {
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> u64 {
         self.w.bytes
+    }
+
+    /// Context splits of the attention kernel for `rows` query rows in `tiles` tiles (the
+    /// partial results of more than one split are kept for at most SPLIT_ROWS rows).
+    fn splits(&self, rows: usize, tiles: usize, max_context: usize) -> usize {
+        if rows > SPLIT_ROWS {
+            return 1;
+        }
+        plan::attention_splits(tiles, self.cfg.num_kv_heads, max_context, self.gpu.num_sms).min(MAX_SPLITS)
     }
 
     /// Query heads per KV head.
@@ -306,8 +310,8 @@ impl CudaBackend {
     /// Records the start of stage `name` when profiling (eager runs only).
     fn mark(&self, name: &'static str) -> Result<(), CudaError> {
         if let Some(marks) = self.marks.borrow_mut().as_mut() {
-            let e = self.gpu.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
-            e.record(&self.gpu.stream).map_err(driver)?;
+            let e = self.gpu.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::from)?;
+            e.record(&self.gpu.stream).map_err(CudaError::from)?;
             marks.push((name, e));
         }
         Ok(())
@@ -327,7 +331,7 @@ impl CudaBackend {
         self.gpu.sync()?;
         let mut out: Vec<(&'static str, f64)> = Vec::new();
         for w in marks.windows(2) {
-            let ms = w[0].1.elapsed_ms(&w[1].1).map_err(driver)? as f64;
+            let ms = w[0].1.elapsed_ms(&w[1].1).map_err(CudaError::from)? as f64;
             match out.iter_mut().find(|(n, _)| *n == w[0].0) {
                 Some(e) => e.1 += ms,
                 None => out.push((w[0].0, ms)),
@@ -476,8 +480,12 @@ impl CudaBackend {
                 if let Some(p) = BatchPlan::padded_decode(b, size, self.max_blocks_per_seq) {
                     self.upload_plan(&p)?;
                     self.replay(size)?;
-                    // Row i of the graph's logits is sequence i's; the batch asks in its own order.
+                    // Row i of the graph's logits is sequence i's; the batch asks in its own order
+                    // (a decode step built by the runner asks for 0..n: returned as read).
                     let all = self.gpu.read(&self.a.logits, n * vocab)?;
+                    if b.logits_indices.iter().enumerate().all(|(i, &r)| i == r) {
+                        return Ok(all);
+                    }
                     let mut out = Vec::with_capacity(b.logits_indices.len() * vocab);
                     for &r in &b.logits_indices {
                         out.extend_from_slice(&all[r * vocab..(r + 1) * vocab]);
@@ -488,7 +496,7 @@ impl CudaBackend {
         }
         let p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads, self.opts.long_prompt_min_tokens);
         self.upload_plan(&p)?;
-        let splits = if n <= SPLIT_ROWS { plan::attention_splits(p.num_tiles(), self.cfg.num_kv_heads, p.max_context, self.gpu.num_sms).min(MAX_SPLITS) } else { 1 };
+        let splits = self.splits(n, p.num_tiles(), p.max_context);
         let rows = p.logits_rows.len();
         let first = rows.min(self.logits_cap);
         self.enqueue(n, (p.num_tiles(), p.max_tile_rows(self.group()) <= 8), splits, &p.long, num_layers, first, 0)?;
@@ -521,24 +529,23 @@ impl CudaBackend {
         if !self.graphs.contains_key(&size) {
             self.capture(size)?;
         }
-        self.graphs[&size].0.launch().map_err(driver)
+        self.graphs[&size].0.launch().map_err(CudaError::from)
     }
 
     fn capture(&mut self, size: usize) -> Result<(), CudaError> {
         let start = std::time::Instant::now();
-        let splits = plan::attention_splits(size, self.cfg.num_kv_heads, self.opts.max_model_len, self.gpu.num_sms).min(MAX_SPLITS);
-        let splits = if size <= SPLIT_ROWS { splits } else { 1 };
+        let splits = self.splits(size, size, self.opts.max_model_len);
         let layers = self.cfg.num_layers;
         // One eager run first: loads every kernel and lets cuBLAS pick its algorithms.
         self.enqueue(size, (size, self.group() <= 8), splits, &[], layers, size, 0)?;
         self.gpu.sync()?;
         let s = self.gpu.stream.clone();
-        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver)?;
+        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(CudaError::from)?;
         let r = self.enqueue(size, (size, self.group() <= 8), splits, &[], layers, size, 0);
-        let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(driver)?;
+        let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
         r?;
         let graph = graph.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
-        graph.upload().map_err(driver)?;
+        graph.upload().map_err(CudaError::from)?;
         self.graphs.insert(size, DecodeGraph(graph));
         self.capture_seconds += start.elapsed().as_secs_f64();
         Ok(())
@@ -556,7 +563,7 @@ impl CudaBackend {
             self.capture(size)?;
         }
         let g = &self.graphs[&size].0;
-        crate::bench::time_ms(&self.gpu, 3, reps, || g.launch().map_err(driver))
+        crate::bench::time_ms(&self.gpu, 3, reps, || g.launch().map_err(CudaError::from))
     }
 
     /// Captures the decode graphs of every size up front (`progress` is told each size).
@@ -573,28 +580,6 @@ impl CudaBackend {
             progress(sizes.len() - i, sizes.len());
         }
         Ok(())
-    }
-
-    /// Greedy next tokens of the rows `b.logits_indices` without copying logits to the host.
-    pub fn forward_greedy(&mut self, b: &ForwardBatch) -> Result<Vec<u32>, BackendError> {
-        self.validate(b).and_then(|_| {
-            let rows = b.logits_indices.len();
-            if rows > self.logits_cap {
-                return Err(BackendError::InvalidBatch(format!("{rows} rows exceed the {} the device samples at once", self.logits_cap)));
-            }
-            self.gpu.bind().map_err(dev)?;
-            let p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads, self.opts.long_prompt_min_tokens);
-            self.upload_plan(&p).map_err(dev)?;
-            let n = b.num_tokens();
-            let splits = if n <= SPLIT_ROWS { plan::attention_splits(p.num_tiles(), self.cfg.num_kv_heads, p.max_context, self.gpu.num_sms) } else { 1 };
-            self.enqueue(n, (p.num_tiles(), p.max_tile_rows(self.group()) <= 8), splits, &p.long, self.cfg.num_layers, rows, 0).map_err(dev)?;
-            let g = &self.gpu;
-            let (lp, ap, vocab) = (ptr(&self.a.logits), ptr(&self.a.argmax), self.cfg.vocab_size as i32);
-            let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: argmax_rows(const float*, int*, int) over `rows` rows of logits.
-            unsafe { g.launch(&g.k.argmax_rows, cfg, &[&lp, &ap, &vocab]) }.map_err(dev)?;
-            Ok(g.read(&self.a.argmax, rows).map_err(dev)?.into_iter().map(|x| x as u32).collect())
-        })
     }
 
     fn check_pairs(&self, pairs: &[(u32, u32)], src: usize, dst: usize) -> Result<(), BackendError> {
@@ -625,7 +610,7 @@ impl CudaBackend {
         let mut out = vec![0u16; 2 * self.cfg.num_layers * e];
         for (i, chunk) in out.chunks_exact_mut(e).enumerate() {
             let off = self.kv_offset(i / 2, i % 2) + block * e;
-            self.gpu.stream.memcpy_dtoh(&self.kv.slice(off..off + e), chunk).map_err(driver)?;
+            self.gpu.stream.memcpy_dtoh(&self.kv.slice(off..off + e), chunk).map_err(CudaError::from)?;
         }
         self.gpu.sync()?;
         Ok(out)
@@ -636,7 +621,7 @@ impl CudaBackend {
         for (i, chunk) in page.chunks_exact(e).enumerate() {
             let off = self.kv_offset(i / 2, i % 2) + block * e;
             let mut dst = self.kv.slice_mut(off..off + e);
-            self.gpu.stream.memcpy_htod(chunk, &mut dst).map_err(driver)?;
+            self.gpu.stream.memcpy_htod(chunk, &mut dst).map_err(CudaError::from)?;
         }
         self.gpu.sync()
     }
@@ -704,9 +689,9 @@ impl ModelBackend for CudaBackend {
         let spans = self.swap_spans(pairs.iter().map(|&(d, h)| (d, h)));
         let e = self.block_elems();
         let Some(host) = self.host.as_mut() else { return Ok(()) };
-        let host = host.as_mut_slice().map_err(|e| dev(driver(e)))?;
+        let host = host.as_mut_slice().map_err(|e| dev(e.into()))?;
         for (d, h) in spans {
-            self.gpu.stream.memcpy_dtoh(&self.kv.slice(d..d + e), &mut host[h..h + e]).map_err(|e| dev(driver(e)))?;
+            self.gpu.stream.memcpy_dtoh(&self.kv.slice(d..d + e), &mut host[h..h + e]).map_err(|e| dev(e.into()))?;
         }
         self.gpu.sync().map_err(dev)
     }
@@ -717,10 +702,10 @@ impl ModelBackend for CudaBackend {
         let spans = self.swap_spans(pairs.iter().map(|&(h, d)| (d, h)));
         let e = self.block_elems();
         let Some(host) = self.host.as_ref() else { return Ok(()) };
-        let host = host.as_slice().map_err(|e| dev(driver(e)))?;
+        let host = host.as_slice().map_err(|e| dev(e.into()))?;
         for (d, h) in spans {
             let mut view = self.kv.slice_mut(d..d + e);
-            self.gpu.stream.memcpy_htod(&host[h..h + e], &mut view).map_err(|e| dev(driver(e)))?;
+            self.gpu.stream.memcpy_htod(&host[h..h + e], &mut view).map_err(|e| dev(e.into()))?;
         }
         self.gpu.sync().map_err(dev)
     }

@@ -11,9 +11,6 @@ use tandem_engine::config::ModelConfig;
 use crate::device::{ptr, Gpu};
 use crate::{CudaBackend, CudaBackendOptions, CudaError, Dtype, WeightSource};
 
-fn driver(e: cudarc::driver::DriverError) -> CudaError {
-    CudaError::Driver(format!("{e:?}"))
-}
 
 /// Milliseconds of GPU time `f` takes, median of `reps` after `warm` warm-ups (CUDA events).
 pub fn time_ms(g: &Gpu, warm: usize, reps: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
@@ -21,15 +18,15 @@ pub fn time_ms(g: &Gpu, warm: usize, reps: usize, mut f: impl FnMut() -> Result<
         f()?;
     }
     g.sync()?;
-    let e0 = g.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
-    let e1 = g.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+    let e0 = g.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::from)?;
+    let e1 = g.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::from)?;
     let mut ts = Vec::with_capacity(reps);
     for _ in 0..reps {
-        e0.record(&g.stream).map_err(driver)?;
+        e0.record(&g.stream).map_err(CudaError::from)?;
         f()?;
-        e1.record(&g.stream).map_err(driver)?;
-        e1.synchronize().map_err(driver)?;
-        ts.push(e0.elapsed_ms(&e1).map_err(driver)? as f64);
+        e1.record(&g.stream).map_err(CudaError::from)?;
+        e1.synchronize().map_err(CudaError::from)?;
+        ts.push(e0.elapsed_ms(&e1).map_err(CudaError::from)? as f64);
     }
     ts.sort_by(f64::total_cmp);
     Ok(ts[ts.len() / 2])
@@ -49,7 +46,7 @@ pub fn limits(g: &Gpu) -> Result<Limits, CudaError> {
     let bytes = 2usize << 30;
     let src = g.zeros::<u8>(bytes)?;
     let mut dst = g.zeros::<u8>(bytes)?;
-    let ms = time_ms(g, 3, 10, || g.stream.memcpy_dtod(&src, &mut dst).map_err(driver))?;
+    let ms = time_ms(g, 3, 10, || g.stream.memcpy_dtod(&src, &mut dst).map_err(CudaError::from))?;
     let hbm = 2.0 * bytes as f64 / (ms / 1e3);
     drop((src, dst));
     let n = 8192;

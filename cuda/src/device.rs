@@ -125,9 +125,6 @@ pub struct Gpu {
     pub free_at_open: usize,
 }
 
-fn driver(e: cudarc::driver::DriverError) -> CudaError {
-    CudaError::Driver(format!("{e:?}"))
-}
 
 /// Whether the CUDA driver library can be loaded on this machine.
 pub fn driver_present() -> bool {
@@ -146,20 +143,20 @@ impl Gpu {
             (_, _, false) => return Err(CudaError::Unavailable("libcublas is not installed".into())),
             _ => {}
         }
-        let ctx = CudaContext::new(ordinal).map_err(driver)?;
-        let (free_at_open, _) = ctx.mem_get_info().map_err(driver)?;
+        let ctx = CudaContext::new(ordinal).map_err(CudaError::from)?;
+        let (free_at_open, _) = ctx.mem_get_info().map_err(CudaError::from)?;
         // SAFETY: called before any allocation; all work goes to one stream, synchronised
         // explicitly, which graph capture requires.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(driver)?;
-        let (maj, min) = ctx.compute_capability().map_err(driver)?;
+        let stream = ctx.new_stream().map_err(CudaError::from)?;
+        let (maj, min) = ctx.compute_capability().map_err(CudaError::from)?;
         let mut opts = vec![format!("--gpu-architecture=sm_{maj}{min}"), "-default-device".into()];
         if dtype == Dtype::F16 {
             opts.push("-DTANDEM_F16".into());
         }
         let cubin = nvrtc_cubin(KERNEL_SOURCE, &opts)?;
-        let m = ctx.load_module(Ptx::from_binary(cubin)).map_err(driver)?;
-        let f = |name: &str| m.load_function(name).map_err(driver);
+        let m = ctx.load_module(Ptx::from_binary(cubin)).map_err(CudaError::from)?;
+        let f = |name: &str| m.load_function(name).map_err(CudaError::from);
         let k = Kernels {
             embed: f("embed")?,
             rmsnorm: f("rmsnorm")?,
@@ -175,7 +172,7 @@ impl Gpu {
             to_model: f("to_model")?,
         };
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas(format!("{e:?}")))?;
-        let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE).map_err(driver)?;
+        let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE).map_err(CudaError::from)?;
         {
             let (wp, _g) = workspace.device_ptr(&stream);
             // SAFETY: the workspace outlives the handle (both live in `Gpu`).
@@ -184,34 +181,34 @@ impl Gpu {
                 return Err(CudaError::Blas(format!("cublasSetWorkspace: {st:?}")));
             }
         }
-        let name = ctx.name().map_err(driver)?;
-        let num_sms = ctx.attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver)? as usize;
+        let name = ctx.name().map_err(CudaError::from)?;
+        let num_sms = ctx.attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(CudaError::from)? as usize;
         Ok(Gpu { ctx, stream, k, blas, _workspace: workspace, name, num_sms, dtype, free_at_open })
     }
 
     /// Makes the context current on the calling thread (the engine may run on another thread
     /// than the one that opened the device).
     pub fn bind(&self) -> Result<(), CudaError> {
-        self.ctx.bind_to_thread().map_err(driver)
+        self.ctx.bind_to_thread().map_err(CudaError::from)
     }
 
     /// Free and total device memory in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize), CudaError> {
-        self.ctx.mem_get_info().map_err(driver)
+        self.ctx.mem_get_info().map_err(CudaError::from)
     }
 
     /// A zeroed device buffer.
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
-        self.stream.alloc_zeros::<T>(n.max(1)).map_err(driver)
+        self.stream.alloc_zeros::<T>(n.max(1)).map_err(CudaError::from)
     }
 
     /// A device copy of `data`.
     pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
         if data.is_empty() {
             // SAFETY: a one-element allocation that is never read.
-            return unsafe { self.stream.alloc::<T>(1) }.map_err(driver);
+            return unsafe { self.stream.alloc::<T>(1) }.map_err(CudaError::from);
         }
-        self.stream.clone_htod(data).map_err(driver)
+        self.stream.clone_htod(data).map_err(CudaError::from)
     }
 
     /// Copies `data` into the start of `dst`.
@@ -220,22 +217,22 @@ impl Gpu {
             return Ok(());
         }
         let mut view = dst.slice_mut(..data.len());
-        self.stream.memcpy_htod(data, &mut view).map_err(driver)
+        self.stream.memcpy_htod(data, &mut view).map_err(CudaError::from)
     }
 
     /// Copies the first `n` elements of `src` to the host (waits for the stream).
     pub fn read<T: DeviceRepr + Default + Clone>(&self, src: &CudaSlice<T>, n: usize) -> Result<Vec<T>, CudaError> {
         let mut out = vec![T::default(); n];
         if n > 0 {
-            self.stream.memcpy_dtoh(&src.slice(..n), &mut out).map_err(driver)?;
+            self.stream.memcpy_dtoh(&src.slice(..n), &mut out).map_err(CudaError::from)?;
         }
-        self.stream.synchronize().map_err(driver)?;
+        self.stream.synchronize().map_err(CudaError::from)?;
         Ok(out)
     }
 
     /// Waits for all queued work.
     pub fn sync(&self) -> Result<(), CudaError> {
-        self.stream.synchronize().map_err(driver)
+        self.stream.synchronize().map_err(CudaError::from)
     }
 
     /// Launches `f` with raw arguments (device pointers as `u64`).
@@ -249,7 +246,7 @@ impl Gpu {
             a.push(&mut b);
         }
         // SAFETY: forwarded to the caller.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(driver)
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(CudaError::from)
     }
 
     /// `C[m×n] = A[m×k] · W[n×k]ᵀ (+ C if `accumulate`)`, row-major: `a` and `w` of the

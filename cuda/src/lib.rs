@@ -50,6 +50,12 @@ pub enum CudaError {
     Load(#[from] LoadError),
 }
 
+impl From<cudarc::driver::DriverError> for CudaError {
+    fn from(e: cudarc::driver::DriverError) -> CudaError {
+        CudaError::Driver(format!("{e:?}"))
+    }
+}
+
 impl From<CudaError> for LoadError {
     fn from(e: CudaError) -> LoadError {
         match e {
