@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use tandem_engine::backend::{ForwardBatch, Logits};
 use tandem_engine::sampler::argmax;
@@ -16,7 +16,7 @@ pub enum BenchCommand {
     /// pp/tg workloads).
     Single(SingleArgs),
     /// Offline engine throughput: many requests through LLMEngine (continuous batching).
-    Engine(EngineArgs),
+    Engine(EngineBenchArgs),
     /// The fast path's matmuls alone, over the default model's shapes with synthetic weights.
     Kernels(KernelArgs),
     /// A serving benchmark against any OpenAI-compatible server (vllm bench serve's metrics).
@@ -38,14 +38,23 @@ pub struct KernelArgs {
 
 /// Arguments of `tandem bench engine`.
 #[derive(Args, Debug)]
-pub struct EngineArgs {
+pub struct EngineBenchArgs {
     /// Model file or directory; default: the embedded default model.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Workload preset: `nano-vllm` is nano-vllm's bench.py (256 requests, input and output
-    /// lengths uniform in 100..=1024); overrides the length flags.
+    /// lengths uniform in 100..=1024, temperature 0.6); overrides the length and temperature
+    /// flags.
     #[arg(long)]
     pub preset: Option<String>,
+    /// Requests from a JSON file instead of drawn ones: `{"prompts": [[token ids]...],
+    /// "max_tokens": [n...]}` (as `scripts/gpu/hf_baseline.py --dump-workload` writes it, so
+    /// both sides run the same requests).
+    #[arg(long)]
+    pub workload_file: Option<PathBuf>,
+    /// Sampling temperature (0 = greedy); every request ignores EOS.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
     /// Number of requests.
     #[arg(long, default_value_t = 64)]
     pub num_prompts: usize,
@@ -200,7 +209,22 @@ fn kernels(a: KernelArgs) -> Result<()> {
     Ok(())
 }
 
-fn engine(a: EngineArgs) -> Result<()> {
+/// Requests of a workload file: each prompt's token ids (checked against the vocabulary) and its
+/// output length.
+fn workload_file(path: &std::path::Path, vocab: u64) -> Result<Vec<(Vec<u32>, usize)>> {
+    #[derive(serde::Deserialize)]
+    struct Workload {
+        prompts: Vec<Vec<u32>>,
+        max_tokens: Vec<usize>,
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let w: Workload = serde_json::from_str(&text).with_context(|| format!("{}: not a workload file", path.display()))?;
+    anyhow::ensure!(w.prompts.len() == w.max_tokens.len(), "{}: {} prompts but {} max_tokens", path.display(), w.prompts.len(), w.max_tokens.len());
+    anyhow::ensure!(w.prompts.iter().flatten().all(|&t| (t as u64) < vocab), "{}: a token id is outside the vocabulary of {vocab}", path.display());
+    Ok(w.prompts.into_iter().zip(w.max_tokens).collect())
+}
+
+fn engine(a: EngineBenchArgs) -> Result<()> {
     use tandem_engine::{Prompt, SamplingParams};
     let mut a = a;
     if let Some(p) = a.preset.as_deref() {
@@ -208,6 +232,7 @@ fn engine(a: EngineArgs) -> Result<()> {
             "nano-vllm" => {
                 a.num_prompts = 256;
                 (a.min_input_len, a.input_len, a.min_output_len, a.output_len) = (100, 1024, 100, 1024);
+                a.temperature = 0.6;
             }
             other => anyhow::bail!("unknown preset '{other}' (known: nano-vllm)"),
         }
@@ -234,7 +259,13 @@ fn engine(a: EngineArgs) -> Result<()> {
     let mut total_in = 0;
     let mut total_out = 0;
     let mut reqs = Vec::new();
-    for i in 0..a.num_prompts {
+    if let Some(f) = &a.workload_file {
+        reqs = workload_file(f, vocab)?;
+        a.num_prompts = reqs.len();
+        total_in = reqs.iter().map(|r| r.0.len()).sum();
+        total_out = reqs.iter().map(|r| r.1).sum();
+    }
+    for i in reqs.len()..a.num_prompts {
         let (li, lo) = (pick(a.min_input_len, a.input_len), pick(a.min_output_len, a.output_len));
         let ids: Vec<u32> = match texts.get(i) {
             Some(t) => t.clone(),
@@ -246,7 +277,7 @@ fn engine(a: EngineArgs) -> Result<()> {
         reqs.push((ids, lo));
     }
     for (i, (ids, lo)) in reqs.into_iter().enumerate() {
-        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(lo) };
+        let params = SamplingParams { ignore_eos: true, temperature: a.temperature, seed: Some(a.seed ^ i as u64), ..SamplingParams::greedy(lo) };
         engine.add_request(&format!("b{i}"), Prompt::TokenIds(ids), params, None)?;
     }
     let bar = indicatif::ProgressBar::new(a.num_prompts as u64);
@@ -284,7 +315,7 @@ fn engine(a: EngineArgs) -> Result<()> {
         "prefill_tok_per_s": total_in as f64 / pf_s,
         "model": path.display().to_string(), "requests": a.num_prompts, "input_tokens": total_in, "output_tokens": total_out,
         "seconds": secs, "output_tok_per_s": total_out as f64 / secs, "total_tok_per_s": (total_in + total_out) as f64 / secs,
-        "requests_per_s": a.num_prompts as f64 / secs, "preemptions": stats.num_preemptions, "steps": stats.steps, "peak_rss_mib": rss,
+        "requests_per_s": a.num_prompts as f64 / secs, "temperature": a.temperature, "preemptions": stats.num_preemptions, "steps": stats.steps, "peak_rss_mib": rss,
         "workload": format!("{:?}", a.workload).to_lowercase(), "spec_drafts": stats.spec_drafts, "spec_draft_tokens": stats.spec_draft_tokens,
         "spec_accepted_tokens": stats.spec_accepted_tokens,
         "spec_acceptance_rate": if stats.spec_draft_tokens > 0 { stats.spec_accepted_tokens as f64 / stats.spec_draft_tokens as f64 } else { 0.0 },

@@ -45,6 +45,17 @@ pub enum DtypeArg {
     F16,
 }
 
+/// Where the weights come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LoadFormatArg {
+    /// The model's files (GGUF or safetensors with their tokenizer).
+    Auto,
+    /// Random weights of the shape a Hugging Face `config.json` gives as `--model` (GPU
+    /// benchmarks without a download); no tokenizer: prompts are token ids, outputs are not
+    /// detokenized.
+    Dummy,
+}
+
 /// CPU kernels of the linear layers.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum KernelArg {
@@ -73,6 +84,10 @@ pub struct EngineArgs {
     /// GPU weights and activations: `auto` (f16 for GGUF, bf16 otherwise), `bf16` or `f16`.
     #[arg(long, value_enum, default_value = "auto")]
     pub dtype: DtypeArg,
+    /// `auto` (the model's files) or `dummy` (random weights for the configuration file given
+    /// as the model; `--device cuda` only).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub load_format: LoadFormatArg,
     /// Fraction of the GPU's memory this process may use for weights, activations and the KV
     /// cache (the KV pool gets what is left; `--kv-cache-memory` sets it instead).
     #[arg(long, default_value_t = 0.9)]
@@ -258,9 +273,10 @@ impl EngineArgs {
     /// Loads the model at `path` on the device these flags name.
     pub fn load_model(&self, path: &std::path::Path) -> Result<tandem_engine::Model> {
         let opts = self.load_options()?;
-        match self.device {
-            DeviceArg::Cpu => Ok(tandem_engine::Model::load(path, opts)?),
-            DeviceArg::Cuda => self.load_cuda(path, opts),
+        match (self.device, self.load_format) {
+            (DeviceArg::Cpu, LoadFormatArg::Auto) => Ok(tandem_engine::Model::load(path, opts)?),
+            (DeviceArg::Cpu, LoadFormatArg::Dummy) => bail!("--load-format dummy needs --device cuda"),
+            (DeviceArg::Cuda, _) => self.load_cuda(path, opts),
         }
     }
 
@@ -268,9 +284,16 @@ impl EngineArgs {
     /// `--kv-cache-memory` or what `--gpu-memory-utilization` leaves, decode graphs captured
     /// for batch sizes up to `--max-num-seqs` before serving.
     fn load_cuda(&self, path: &std::path::Path, opts: LoadOptions) -> Result<tandem_engine::Model> {
-        use tandem_cuda::{CudaBackend, CudaBackendOptions, Dtype, WeightSource};
+        use tandem_cuda::{Dtype, WeightSource};
         if !tandem_cuda::device::driver_present() {
             bail!("--device cuda: CUDA is not available on this machine (libcuda, the NVIDIA driver, cannot be loaded)");
+        }
+        if self.load_format == LoadFormatArg::Dummy {
+            let config = tandem_cuda::dummy_config(path)?;
+            let dtype = if self.dtype == DtypeArg::F16 { Dtype::F16 } else { Dtype::Bf16 };
+            let backend = self.cuda_backend(&config, dtype, WeightSource::Dummy(0), &opts)?;
+            let tokenizer = tandem_engine::tokenizer::Tokenizer::ids_only();
+            return Ok(tandem_engine::Model { config, tokenizer, chat_template: None, backend: Box::new(backend) });
         }
         let info = tandem_engine::ModelInfo::open(path)?;
         let (files, _) = tandem_engine::weights::ModelFiles::open(path)?;
@@ -279,7 +302,14 @@ impl EngineArgs {
             (DtypeArg::Bf16, _) | (DtypeArg::Auto, false) => Dtype::Bf16,
             (DtypeArg::F16, _) | (DtypeArg::Auto, true) => Dtype::F16,
         };
-        let per_block = CudaBackend::kv_bytes_per_block(&info.config, opts.block_size) as u64;
+        let backend = self.cuda_backend(&info.config, dtype, WeightSource::Files(&files), &opts)?;
+        Ok(tandem_engine::Model { config: info.config, tokenizer: info.tokenizer, chat_template: info.chat_template, backend: Box::new(backend) })
+    }
+
+    /// The CUDA backend for `config` with the KV pool and graphs these flags ask for.
+    fn cuda_backend(&self, config: &tandem_engine::ModelConfig, dtype: tandem_cuda::Dtype, weights: tandem_cuda::WeightSource<'_>, opts: &LoadOptions) -> Result<tandem_cuda::CudaBackend> {
+        use tandem_cuda::{CudaBackend, CudaBackendOptions};
+        let per_block = CudaBackend::kv_bytes_per_block(config, opts.block_size) as u64;
         let num_blocks = match (self.kv_cache_memory.is_some(), opts.kv_cache) {
             (true, KvCacheSize::Bytes(b)) => Some((b / per_block) as usize),
             _ => None,
@@ -290,11 +320,11 @@ impl EngineArgs {
             gpu_memory_utilization: self.gpu_memory_utilization,
             num_host_blocks: (opts.swap_space_bytes / per_block) as usize,
             max_num_batched_tokens: self.max_num_batched_tokens.max(1),
-            max_model_len: info.config.max_position_embeddings,
+            max_model_len: config.max_position_embeddings,
             max_graph_batch: self.max_num_seqs.clamp(1, 512),
             ..Default::default()
         };
-        let mut backend = tandem_cuda::load(0, dtype, &info.config, WeightSource::Files(&files), copts)?;
+        let mut backend = tandem_cuda::load(0, dtype, config, weights, copts)?;
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(indicatif::ProgressStyle::with_template("capturing decode graphs {bar:30} {pos}/{len}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
         backend.capture_all(|done, total| {
@@ -303,7 +333,7 @@ impl EngineArgs {
         })?;
         bar.finish_and_clear();
         tracing::info!(device = %backend.gpu().name, dtype = dtype.name(), kv_blocks = tandem_engine::backend::ModelBackend::kv_cache_spec(&backend).num_blocks, graph_seconds = backend.capture_seconds, "model on the GPU");
-        Ok(tandem_engine::Model { config: info.config, tokenizer: info.tokenizer, chat_template: info.chat_template, backend: Box::new(backend) })
+        Ok(backend)
     }
 
     /// Engine configuration from these flags.

@@ -70,3 +70,15 @@ fn main() {
         std::process::exit(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every subcommand's flags are consistent (clap checks names, groups and defaults only
+    /// when a command is built in a debug build; this builds them all).
+    #[test]
+    fn every_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
+}

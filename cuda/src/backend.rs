@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 
 use cudarc::driver::{sys as dsys, CudaGraph, CudaSlice, LaunchConfig};
-use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBackend};
+use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBackend, RowSampling};
+use tandem_engine::sampler::TokenLogprob;
 use tandem_engine::config::{ModelConfig, RopeStyle};
 
 use crate::device::{ptr, Dtype, Gpu, Operand};
@@ -86,6 +87,20 @@ struct Activations {
     block_tables: CudaSlice<i32>,
     row_valid: CudaSlice<i32>,
     logits_rows: CudaSlice<i32>,
+    /// Device sampling: logits buffer row, temperature and seed of each row; tokens then
+    /// log-probability bits out.
+    sample_rows: CudaSlice<i32>,
+    sample_temps: CudaSlice<f32>,
+    sample_seeds: CudaSlice<u64>,
+    sample_out: CudaSlice<i32>,
+}
+
+/// Where a pass left its logits (see [`CudaBackend::pass`]).
+enum Pass {
+    /// A decode graph: row `i` of the buffer is token `i`'s.
+    Graph,
+    /// An eager pass: the first this many rows asked for, in order.
+    Eager(usize),
 }
 
 /// A captured decode step.
@@ -169,6 +184,10 @@ impl CudaBackend {
             block_tables: gpu.zeros(t.max(1) * max_blocks_per_seq)?,
             row_valid: gpu.zeros(t)?,
             logits_rows: gpu.zeros(t)?,
+            sample_rows: gpu.zeros(logits_cap)?,
+            sample_temps: gpu.zeros(logits_cap)?,
+            sample_seeds: gpu.zeros(logits_cap)?,
+            sample_out: gpu.zeros(2 * logits_cap)?,
         };
         gpu.sync()?;
         let per_block = Self::kv_bytes_per_block(cfg, opts.block_size) as u64;
@@ -469,10 +488,11 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Runs a pass and returns the logits of `b.logits_indices`, through a graph when one fits.
-    fn run(&mut self, b: &ForwardBatch, num_layers: usize) -> Result<Vec<f32>, CudaError> {
+    /// Runs a pass, through a graph when one fits, leaving logits on the device: a graph's row
+    /// `i` is token `i`'s; an eager pass holds the first `Eager(k)` rows of `b.logits_indices`
+    /// in order (the rest come from [`CudaBackend::head_only`] in chunks).
+    fn pass(&mut self, b: &ForwardBatch, num_layers: usize) -> Result<Pass, CudaError> {
         self.gpu.bind()?;
-        let vocab = self.cfg.vocab_size;
         let n = b.num_tokens();
         let full = num_layers >= self.cfg.num_layers;
         if full && self.use_graphs && b.logits_indices.len() == n {
@@ -480,27 +500,39 @@ impl CudaBackend {
                 if let Some(p) = BatchPlan::padded_decode(b, size, self.max_blocks_per_seq) {
                     self.upload_plan(&p)?;
                     self.replay(size)?;
-                    // Row i of the graph's logits is sequence i's; the batch asks in its own order
-                    // (a decode step built by the runner asks for 0..n: returned as read).
-                    let all = self.gpu.read(&self.a.logits, n * vocab)?;
-                    if b.logits_indices.iter().enumerate().all(|(i, &r)| i == r) {
-                        return Ok(all);
-                    }
-                    let mut out = Vec::with_capacity(b.logits_indices.len() * vocab);
-                    for &r in &b.logits_indices {
-                        out.extend_from_slice(&all[r * vocab..(r + 1) * vocab]);
-                    }
-                    return Ok(out);
+                    return Ok(Pass::Graph);
                 }
             }
         }
         let p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads, self.opts.long_prompt_min_tokens);
         self.upload_plan(&p)?;
         let splits = self.splits(n, p.num_tiles(), p.max_context);
-        let rows = p.logits_rows.len();
-        let first = rows.min(self.logits_cap);
+        let first = p.logits_rows.len().min(self.logits_cap);
         self.enqueue(n, (p.num_tiles(), p.max_tile_rows(self.group()) <= 8), splits, &p.long, num_layers, first, 0)?;
+        Ok(Pass::Eager(first))
+    }
+
+    /// Runs a pass and returns the logits of `b.logits_indices`.
+    fn run(&mut self, b: &ForwardBatch, num_layers: usize) -> Result<Vec<f32>, CudaError> {
+        let vocab = self.cfg.vocab_size;
+        let first = match self.pass(b, num_layers)? {
+            Pass::Graph => {
+                // The batch asks in its own order; a decode step built by the runner asks for
+                // 0..n, returned as read.
+                let all = self.gpu.read(&self.a.logits, b.num_tokens() * vocab)?;
+                if b.logits_indices.iter().enumerate().all(|(i, &r)| i == r) {
+                    return Ok(all);
+                }
+                let mut out = Vec::with_capacity(b.logits_indices.len() * vocab);
+                for &r in &b.logits_indices {
+                    out.extend_from_slice(&all[r * vocab..(r + 1) * vocab]);
+                }
+                return Ok(out);
+            }
+            Pass::Eager(first) => first,
+        };
         self.mark("logits to host")?;
+        let rows = b.logits_indices.len();
         let mut out = self.gpu.read(&self.a.logits, first * vocab)?;
         // More rows than the logits buffer holds (teacher-forced scoring): the head again per chunk.
         let mut done = first;
@@ -511,6 +543,46 @@ impl CudaBackend {
             done += m;
         }
         Ok(out)
+    }
+
+    /// Runs a full pass and chooses each logits row's token on the device; only the tokens and
+    /// their log-probabilities are copied out.
+    fn run_sampled(&mut self, b: &ForwardBatch, rows: &[RowSampling]) -> Result<Vec<TokenLogprob>, CudaError> {
+        let first = match self.pass(b, self.cfg.num_layers)? {
+            Pass::Graph => {
+                let idx: Vec<i32> = b.logits_indices.iter().map(|&r| r as i32).collect();
+                return self.sample(&idx, rows);
+            }
+            Pass::Eager(first) => first,
+        };
+        self.mark("sampling")?;
+        let mut out = self.sample(&(0..first as i32).collect::<Vec<_>>(), &rows[..first])?;
+        let mut done = first;
+        while done < rows.len() {
+            let m = (rows.len() - done).min(self.logits_cap);
+            self.head_only(m, done)?;
+            out.extend(self.sample(&(0..m as i32).collect::<Vec<_>>(), &rows[done..done + m])?);
+            done += m;
+        }
+        Ok(out)
+    }
+
+    /// Samples `rows[i]` from row `buf_rows[i]` of the logits buffer (at most `logits_cap`).
+    fn sample(&mut self, buf_rows: &[i32], rows: &[RowSampling]) -> Result<Vec<TokenLogprob>, CudaError> {
+        let n = rows.len();
+        let temps: Vec<f32> = rows.iter().map(|r| r.temperature).collect();
+        let seeds: Vec<u64> = rows.iter().map(|r| r.seed).collect();
+        let g = &self.gpu;
+        g.write(&mut self.a.sample_rows, buf_rows)?;
+        g.write(&mut self.a.sample_temps, &temps)?;
+        g.write(&mut self.a.sample_seeds, &seeds)?;
+        let a = &self.a;
+        let (ni, vi) = (n as i32, self.cfg.vocab_size as i32);
+        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: sample_rows over n ≤ logits_cap rows of the logits buffer; out holds 2n ints.
+        unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(&a.logits), &ptr(&a.sample_rows), &ptr(&a.sample_temps), &ptr(&a.sample_seeds), &ptr(&a.sample_out), &ni, &vi])? };
+        let out = g.read(&a.sample_out, 2 * n)?;
+        Ok((0..n).map(|i| TokenLogprob { token_id: out[i] as u32, logprob: f32::from_bits(out[n + i] as u32) }).collect())
     }
 
     fn head_only(&self, rows: usize, row_off: usize) -> Result<(), CudaError> {
@@ -656,6 +728,18 @@ impl ModelBackend for CudaBackend {
     fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
         self.validate(b)?;
         self.run(b, self.cfg.num_layers).map_err(dev)
+    }
+
+    fn samples_on_device(&self) -> bool {
+        true
+    }
+
+    fn forward_sampled(&mut self, b: &ForwardBatch, rows: &[RowSampling]) -> Result<Vec<TokenLogprob>, BackendError> {
+        self.validate(b)?;
+        if rows.len() != b.logits_indices.len() {
+            return Err(BackendError::InvalidBatch(format!("{} sampling rows for {} logits rows", rows.len(), b.logits_indices.len())));
+        }
+        self.run_sampled(b, rows).map_err(dev)
     }
 
     fn forward_layers(&mut self, b: &ForwardBatch, num_layers: usize) -> Result<Vec<f32>, BackendError> {

@@ -101,7 +101,7 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
         out.push(attention(g, u, nh, nkv, hd, 4, true)?);
     }
     out.push(silu_mul(g, u)?);
-    out.push(argmax(g)?);
+    out.extend(sampling(g)?);
     Ok(out)
 }
 
@@ -340,23 +340,37 @@ fn silu_mul(g: &Gpu, u: f64) -> Result<CheckResult, CudaError> {
     Ok(result("silu·mul f32→16-bit (tol 2u)", rel_err(&got, &want, 1e-2), 2.0 * u))
 }
 
-fn argmax(g: &Gpu) -> Result<CheckResult, CudaError> {
-    let (rows, vocab) = (5, 49_152);
+fn sampling(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
+    use tandem_engine::sampler::gumbel_max;
+    let vocab = 151_936;
+    // Greedy rows (one with a tie: the lower id wins), then tempered rows with their seeds.
+    let specs: Vec<(f32, u64)> = vec![(0.0, 0), (0.0, 0), (0.0, 0), (0.6, 1), (0.6, 2), (1.0, 3), (0.3, 4), (0.6, 5)];
+    let rows = specs.len();
     let mut r = Rng::new(11);
     let mut logits = r.vec(rows * vocab, 10.0);
-    // A tie in row 2: the lower index wins, as on the CPU.
-    logits[2 * vocab + 40_000] = 50.0;
+    logits[2 * vocab + 140_000] = 50.0;
     logits[2 * vocab + 123] = 50.0;
-    let want: Vec<i32> = logits
-        .chunks_exact(vocab)
-        .map(|row| row.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0 as i32)
-        .collect();
-    let (dl, dout) = (g.upload(&logits)?, g.zeros::<i32>(rows)?);
-    let vi = vocab as i32;
+    let want: Vec<_> = logits.chunks_exact(vocab).zip(&specs).map(|(l, &(t, seed))| gumbel_max(l, t, seed)).collect();
+    let order: Vec<i32> = (0..rows as i32).rev().collect(); // rows named out of order
+    let temps: Vec<f32> = order.iter().map(|&i| specs[i as usize].0).collect();
+    let seeds: Vec<u64> = order.iter().map(|&i| specs[i as usize].1).collect();
+    let (dl, dr, dt, ds) = (g.upload(&logits)?, g.upload(&order)?, g.upload(&temps)?, g.upload(&seeds)?);
+    let dout = g.zeros::<i32>(2 * rows)?;
+    let (ni, vi) = (rows as i32, vocab as i32);
     let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: argmax_rows(const float*, int*, int).
-    unsafe { g.launch(&g.k.argmax_rows, cfg, &[&ptr(&dl), &ptr(&dout), &vi])? };
-    let got = g.read(&dout, rows)?;
-    let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-    Ok(result("argmax (exact, ties to the lowest id)", wrong as f64, 0.0))
+    // SAFETY: sample_rows(const float*, const int*, const float*, const u64*, int*, int, int).
+    unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(&dl), &ptr(&dr), &ptr(&dt), &ptr(&ds), &ptr(&dout), &ni, &vi])? };
+    let out = g.read(&dout, 2 * rows)?;
+    let (mut wrong, mut lp_err) = (0usize, 0f64);
+    for (k, &i) in order.iter().enumerate() {
+        let w = want[i as usize];
+        if out[k] as u32 != w.token_id {
+            wrong += 1;
+        }
+        lp_err = lp_err.max((f32::from_bits(out[rows + k] as u32) - w.logprob).abs() as f64);
+    }
+    Ok(vec![
+        result("sampling: tokens ≠ CPU Gumbel-max (greedy with a tie, T 0.3–1)", wrong as f64, 0.0),
+        result("sampling: chosen log-prob vs CPU (abs)", lp_err, 1e-4),
+    ])
 }

@@ -93,8 +93,8 @@ pub struct Kernels {
     pub silu_mul: CudaFunction,
     /// Dummy weights.
     pub fill_random: CudaFunction,
-    /// Greedy sampling.
-    pub argmax_rows: CudaFunction,
+    /// Token choice per logits row (Gumbel-max, or argmax at temperature 0).
+    pub sample_rows: CudaFunction,
     /// Contiguous per-head K/V of one sequence (GEMM attention).
     pub gather_kv: CudaFunction,
     /// Causal softmax of a score matrix (GEMM attention).
@@ -166,7 +166,7 @@ impl Gpu {
             attention_reduce: f("attention_reduce")?,
             silu_mul: f("silu_mul")?,
             fill_random: f("fill_random")?,
-            argmax_rows: f("argmax_rows")?,
+            sample_rows: f("sample_rows")?,
             gather_kv: f("gather_kv")?,
             softmax_causal: f("softmax_causal")?,
             to_model: f("to_model")?,

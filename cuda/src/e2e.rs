@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use tandem_engine::backend::{ForwardBatch, KernelPath, Logits, ModelBackend};
+use tandem_engine::backend::{ForwardBatch, KernelPath, Logits, ModelBackend, RowSampling};
 use tandem_engine::weights::ModelFiles;
 use tandem_engine::{KvCacheSize, LoadOptions, Model};
 
@@ -199,5 +199,21 @@ pub fn run(path: &Path, ordinal: usize, dtype: Dtype, tol: f64) -> Result<(Vec<C
     let leager = gpu.forward(&step).map_err(|e| err(e.to_string()))?;
     let diff = lgraph.iter().zip(&leager).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
     results.push(CheckResult { name: format!("{}: decode step of 4, graph replay (context split) vs eager logits (max abs)", dtype.name()), max_err: diff, tol: 0.05 * noise });
+    // The same step sampled greedily on the device, eagerly and through the graph: the argmax of
+    // each path's own logits, with its log-probability.
+    let rows = vec![RowSampling { temperature: 0.0, seed: 0 }; encoded.len()];
+    for (path, logits) in [("eager", &leager), ("graph", &lgraph)] {
+        gpu.set_graphs(path == "graph");
+        let got = gpu.forward_sampled(&step, &rows).map_err(|e| err(e.to_string()))?;
+        let (mut wrong, mut lp) = (0usize, 0f64);
+        for (i, t) in got.iter().enumerate() {
+            let row = log_softmax(&logits[i * vocab..(i + 1) * vocab]);
+            let best = top_k(&row, 1)[0];
+            wrong += usize::from(t.token_id as usize != best);
+            lp = lp.max((t.logprob as f64 - row[best]).abs());
+        }
+        results.push(CheckResult { name: format!("{path} decode step sampled on the device: tokens ≠ argmax of its logits"), max_err: wrong as f64, tol: 0.0 });
+        results.push(CheckResult { name: format!("{path} decode step sampled on the device: log-prob vs host (abs)"), max_err: lp, tol: 1e-4 });
+    }
     Ok((results, reports))
 }

@@ -406,34 +406,71 @@ extern "C" __global__ void fill_random(h16* __restrict__ p, unsigned long long n
   }
 }
 
-// Greedy sampling: the index of each row's largest logit (lowest index on ties). Grid: rows.
-extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int* __restrict__ out, int vocab) {
-  const float* row = logits + (size_t)blockIdx.x * vocab;
-  float best = -INFINITY;
+// The uniform draw in (0, 1) of vocabulary entry i under seed: SplitMix64's finaliser of
+// seed ^ i·φ, top 24 bits centred (the same bits as the engine's sampler::draw_uniform).
+__device__ __forceinline__ float draw_uniform(unsigned long long seed, unsigned int i) {
+  unsigned long long z = seed ^ ((unsigned long long)i * 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return ((float)(unsigned int)(z >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+// Keeps the better of two (score, id) candidates: higher score, then lower id.
+__device__ __forceinline__ void better(float& best, int& bi, float s, int i) {
+  if (s > best || (s == best && i < bi)) { best = s; bi = i; }
+}
+
+// Merges another online-softmax state (max m2, sum of exp(l - m2) s2) into (m, s).
+__device__ __forceinline__ void merge_lse(float& m, float& s, float m2, float s2) {
+  float mm = fmaxf(m, m2);
+  if (mm == -INFINITY) return;
+  s = s * __expf(m - mm) + s2 * __expf(m2 - mm);
+  m = mm;
+}
+
+// One token per logits row (block x = row r of rows[]): Gumbel-max over l / temps[r] with the
+// row's seed (temperature 0: argmax, ties to the lowest id) — sampler::gumbel_max. out[r] is the
+// token, out[n + r] the bits of its log-probability under the raw logits.
+extern "C" __global__ void sample_rows(const float* __restrict__ logits, const int* __restrict__ rows,
+                                       const float* __restrict__ temps, const unsigned long long* __restrict__ seeds,
+                                       int* __restrict__ out, int n, int vocab) {
+  const int r = blockIdx.x;
+  const float* row = logits + (size_t)rows[r] * vocab;
+  const float t = temps[r];
+  const unsigned long long seed = seeds[r];
+  const float inv_t = t > 0.f ? 1.0f / t : 0.f;
+  float m = -INFINITY, s = 0.f, best = -INFINITY;
   int bi = 0x7fffffff;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    float v = row[i];
-    if (v > best || (v == best && i < bi)) { best = v; bi = i; }
+    float l = row[i];
+    if (l > m) { s = s * __expf(m - l) + 1.f; m = l; }
+    else if (l > -INFINITY) { s += __expf(l - m); }
+    float sc = t > 0.f ? l * inv_t - logf(-logf(draw_uniform(seed, (unsigned int)i))) : l;
+    better(best, bi, sc, i);
   }
-  __shared__ float sv[32];
-  __shared__ int si[32];
   for (int o = 16; o > 0; o >>= 1) {
-    float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    merge_lse(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    better(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
   }
-  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  if (lane == 0) { sv[wid] = best; si[wid] = bi; }
+  __shared__ float sm[32], ss[32], sb[32];
+  __shared__ int si[32];
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  if (lane == 0) { sm[wid] = m; ss[wid] = s; sb[wid] = best; si[wid] = bi; }
   __syncthreads();
   if (wid == 0) {
-    int nw = (blockDim.x + 31) >> 5;
-    best = lane < nw ? sv[lane] : -INFINITY;
+    const int nw = (blockDim.x + 31) >> 5;
+    m = lane < nw ? sm[lane] : -INFINITY;
+    s = lane < nw ? ss[lane] : 0.f;
+    best = lane < nw ? sb[lane] : -INFINITY;
     bi = lane < nw ? si[lane] : 0x7fffffff;
     for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+      merge_lse(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+      better(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
     }
-    if (lane == 0) out[blockIdx.x] = bi;
+    if (lane == 0) {
+      out[r] = bi;
+      out[n + r] = __float_as_int(row[bi] - (m + logf(s)));
+    }
   }
 }

@@ -9,9 +9,9 @@ use crate::backend::BackendError;
 use crate::block_hash::salt_digest;
 use crate::block_manager::BlockManager;
 use crate::model::Model;
-use crate::model_runner::ModelRunner;
+use crate::model_runner::{ModelRunner, RowOutput};
 use crate::request_output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput};
-use crate::sampler::{sample_token, Rng, SamplingContext};
+use crate::sampler::{sample_token, Rng, SampledToken, SamplingContext};
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
 use crate::sequence::{SeqId, Sequence, SequenceStatus};
@@ -192,7 +192,9 @@ impl LLMEngine {
     }
 
     /// Queues a request with priority and cache salt.
-    pub fn add_request_with(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams, opts: RequestOptions) -> Result<(), EngineError> {
+    pub fn add_request_with(&mut self, request_id: &str, prompt: Prompt, mut params: SamplingParams, opts: RequestOptions) -> Result<(), EngineError> {
+        // A model loaded without a tokenizer serves token ids only.
+        params.detokenize &= self.tokenizer.vocab_size() > 0;
         params.validate().map_err(EngineError::InvalidRequest)?;
         if opts.prefill_only && params.n > 1 {
             return Err(EngineError::InvalidRequest("a prefill-only request has one completion (n = 1)".into()));
@@ -374,10 +376,9 @@ impl LLMEngine {
         let mut finished: Vec<SeqId> = Vec::new();
         let vocab = self.model_config.vocab_size;
         for (id, row) in logits {
-            if row.len() > vocab {
-                self.verify_drafts(id, &row, &mut finished)?;
-            } else {
-                self.sample_and_append(id, &row, &mut finished)?;
+            match row {
+                RowOutput::Logits(row) if row.len() > vocab => self.verify_drafts(id, &row, &mut finished)?,
+                row => self.sample_and_append(id, &row, &mut finished)?,
             }
             let rid = self.scheduler.seqs[&id].request_id.clone();
             if !touched.contains(&rid) {
@@ -430,7 +431,9 @@ impl LLMEngine {
         Ok(results)
     }
 
-    fn sample_and_append(&mut self, id: SeqId, row: &[f32], finished: &mut Vec<SeqId>) -> Result<(), EngineError> {
+    /// Chooses the next token of `id` (and of the completions forked off it) from its logits,
+    /// or takes the one the device chose, and appends it.
+    fn sample_and_append(&mut self, id: SeqId, row: &RowOutput, finished: &mut Vec<SeqId>) -> Result<(), EngineError> {
         let seq = self.scheduler.seqs.get_mut(&id).expect("sampled sequence exists");
         if seq.metrics.first_token_time.is_none() {
             seq.metrics.first_token_time = Some(now_secs());
@@ -462,12 +465,15 @@ impl LLMEngine {
         }
         for sid in all {
             let seq = self.scheduler.seqs.get_mut(&sid).expect("sequence exists");
-            let s = {
-                let mut rng = seq.rng.clone();
-                let ctx = SamplingContext { prompt: &seq.token_ids[..seq.prompt_len], output: seq.output_ids(), eos_token_ids: &self.tokenizer.eos_token_ids };
-                let s = sample_token(row, &seq.params, &ctx, &mut rng);
-                seq.rng = rng;
-                s
+            let s = match row {
+                RowOutput::Logits(row) => {
+                    let mut rng = seq.rng.clone();
+                    let ctx = SamplingContext { prompt: &seq.token_ids[..seq.prompt_len], output: seq.output_ids(), eos_token_ids: &self.tokenizer.eos_token_ids };
+                    let s = sample_token(row, &seq.params, &ctx, &mut rng);
+                    seq.rng = rng;
+                    s
+                }
+                RowOutput::Sampled(t) => SampledToken { chosen: *t, top: Vec::new() },
             };
             self.stats.generation_tokens += 1;
             let mut done = seq.append_token(s, &self.tokenizer, self.max_model_len)?;

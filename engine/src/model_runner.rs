@@ -4,9 +4,33 @@
 
 use std::collections::HashMap;
 
-use crate::backend::{BackendError, ForwardBatch, Logits, ModelBackend};
+use crate::backend::{BackendError, ForwardBatch, Logits, ModelBackend, RowSampling};
+use crate::sampler::TokenLogprob;
 use crate::scheduler::SchedulerOutput;
 use crate::sequence::{SeqId, Sequence};
+
+/// What a step produced for one sequence ready to sample.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RowOutput {
+    /// Its logits: one row, or `1 + drafts` rows for a speculating sequence.
+    Logits(Vec<f32>),
+    /// The token the backend already chose on the device (a plain request).
+    Sampled(TokenLogprob),
+}
+
+/// Whether the backend may choose `seq`'s next token by itself: plain parameters, no
+/// `min_tokens` masking still due, no completions to fork off this row, no drafts to verify.
+fn device_samplable(seq: &Sequence) -> bool {
+    let p = &seq.params;
+    p.is_plain() && seq.num_output_tokens() >= p.min_tokens && seq.pending_forks == 0 && seq.spec_tokens.is_empty()
+}
+
+/// The row's sampling on the device: the request's temperature and a seed drawn from its
+/// random stream at this length (the same request seed gives the same tokens).
+fn row_sampling(seq: &Sequence) -> RowSampling {
+    let base = seq.rng.clone().next_u64();
+    RowSampling { temperature: seq.params.temperature, seed: base.wrapping_add((seq.len() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) }
+}
 
 /// Runs scheduled steps on a backend.
 pub struct ModelRunner {
@@ -50,9 +74,10 @@ impl ModelRunner {
     }
 
     /// Executes a step: swap-outs, copy-on-write copies, swap-ins (in that order, so no block is
-    /// overwritten before it is read), then the forward pass. Returns `(sequence, logits)` for
-    /// every sequence ready to sample: one row, or `1 + drafts` rows for a speculating one.
-    pub fn execute(&mut self, out: &SchedulerOutput, seqs: &HashMap<SeqId, Sequence>) -> Result<Vec<(SeqId, Vec<f32>)>, BackendError> {
+    /// overwritten before it is read), then the forward pass. Returns, for every sequence ready
+    /// to sample, its logits — or, when the backend samples on the device and every such
+    /// sequence is plain, the chosen token.
+    pub fn execute(&mut self, out: &SchedulerOutput, seqs: &HashMap<SeqId, Sequence>) -> Result<Vec<(SeqId, RowOutput)>, BackendError> {
         self.backend.swap_out(&out.blocks_to_swap_out)?;
         self.backend.zero_blocks(&out.blocks_to_zero)?;
         self.backend.copy_blocks(&out.blocks_to_copy)?;
@@ -61,6 +86,14 @@ impl ModelRunner {
             return Ok(Vec::new());
         }
         let (batch, sampled) = self.prepare(out, seqs);
+        if self.backend.samples_on_device() && !sampled.is_empty() && sampled.iter().all(|id| device_samplable(&seqs[id])) {
+            let rows: Vec<RowSampling> = sampled.iter().map(|id| row_sampling(&seqs[id])).collect();
+            let tokens = self.backend.forward_sampled(&batch, &rows)?;
+            if tokens.len() != sampled.len() {
+                return Err(BackendError::Device(format!("{} tokens sampled for {} rows", tokens.len(), sampled.len())));
+            }
+            return Ok(sampled.into_iter().zip(tokens).map(|(id, t)| (id, RowOutput::Sampled(t))).collect());
+        }
         let logits = self.backend.forward(&batch)?;
         let vocab = self.backend.config().vocab_size;
         let mut rows = logits.chunks_exact(vocab);
@@ -69,7 +102,7 @@ impl ModelRunner {
             .map(|id| {
                 let n = 1 + seqs[&id].spec_tokens.len();
                 let v: Vec<f32> = rows.by_ref().take(n).flatten().copied().collect();
-                (id, v)
+                (id, RowOutput::Logits(v))
             })
             .collect())
     }

@@ -85,6 +85,41 @@ pub fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
+/// The uniform draw in (0, 1) of vocabulary entry `i` under `seed`: a SplitMix64 finaliser of
+/// `seed ^ i·φ`, its top 24 bits centred in their interval (exact in f32, never 0 or 1).
+/// Device samplers compute the same bits, so a seed picks the same token on every backend up to
+/// the rounding of the logits.
+pub fn draw_uniform(seed: u64, i: u32) -> f32 {
+    let mut z = seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    ((z >> 40) as f32 + 0.5) * (1.0 / (1u32 << 24) as f32)
+}
+
+/// Gumbel-max sampling of one raw logits row: the token maximising `l / temperature + g` with
+/// `g = -ln(-ln(u))`, `u` = [`draw_uniform`] — an exact draw from `softmax(l / temperature)`;
+/// `temperature == 0` is the argmax (lowest id on ties). Returns the token with its
+/// log-probability under the raw model distribution. This is the reference the device sampling
+/// kernels implement.
+pub fn gumbel_max(logits: &[f32], temperature: f32, seed: u64) -> TokenLogprob {
+    let id = if temperature == 0.0 {
+        argmax(logits)
+    } else {
+        let inv_t = 1.0 / temperature;
+        let mut best = (f32::NEG_INFINITY, 0u32);
+        for (i, &l) in logits.iter().enumerate() {
+            let g = -(-draw_uniform(seed, i as u32).ln()).ln();
+            let score = l * inv_t + g;
+            if score > best.0 {
+                best = (score, i as u32);
+            }
+        }
+        best.1
+    };
+    TokenLogprob { token_id: id, logprob: logits[id as usize] - log_sum_exp(logits) }
+}
+
 /// What the sampler needs to know about the sequence besides its params.
 pub struct SamplingContext<'a> {
     /// Prompt token ids (for the repetition penalty).
@@ -279,6 +314,30 @@ mod tests {
         let logits = [9.0f32, 1.0, 8.0, 0.0];
         assert_eq!(sample_token(&logits, &p, &ctx(&[], &[5]), &mut Rng::new(0)).chosen.token_id, 1);
         assert_eq!(sample_token(&logits, &p, &ctx(&[], &[5, 5]), &mut Rng::new(0)).chosen.token_id, 0);
+    }
+
+    #[test]
+    fn gumbel_max_follows_the_tempered_distribution() {
+        let logits = [0.0f32, 1.0, 2.0, -1.0];
+        let t = 0.6f32;
+        let z: f64 = logits.iter().map(|&l| (l as f64 / t as f64).exp()).sum();
+        let mut counts = [0usize; 4];
+        for seed in 0..20_000u64 {
+            let s = gumbel_max(&logits, t, seed.wrapping_mul(0x2545_F491_4F6C_DD1D));
+            counts[s.token_id as usize] += 1;
+            let lse = log_sum_exp(&logits);
+            assert!((s.logprob - (logits[s.token_id as usize] - lse)).abs() < 1e-6);
+        }
+        for (i, &c) in counts.iter().enumerate() {
+            let p = (logits[i] as f64 / t as f64).exp() / z;
+            assert!((c as f64 / 20_000.0 - p).abs() < 0.01, "token {i}: {c} draws, p = {p}");
+        }
+        // Temperature 0 is the argmax, the first on ties.
+        assert_eq!(gumbel_max(&[1.0, 3.0, 3.0], 0.0, 9).token_id, 1);
+        // The draw is fixed by the seed.
+        assert_eq!(gumbel_max(&logits, 1.0, 77), gumbel_max(&logits, 1.0, 77));
+        let u: Vec<f32> = (0..1000).map(|i| draw_uniform(5, i)).collect();
+        assert!(u.iter().all(|&x| x > 0.0 && x < 1.0));
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Leave special tokens out of the output text.
     pub skip_special_tokens: bool,
+    /// Turn tokens into text (off: token ids only, as for a model loaded without a tokenizer).
+    pub detokenize: bool,
 }
 
 impl Default for SamplingParams {
@@ -64,6 +66,7 @@ impl Default for SamplingParams {
             logprobs: None,
             seed: None,
             skip_special_tokens: true,
+            detokenize: true,
         }
     }
 }
@@ -85,6 +88,13 @@ impl SamplingParams {
     /// Whether any penalty changes the logits.
     pub fn has_penalties(&self) -> bool {
         self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 || self.repetition_penalty != 1.0
+    }
+
+    /// Whether the next token depends on the logits row, the temperature and one random draw
+    /// only (no penalties, no top-k/top-p/min-p filter, no alternatives reported): a backend
+    /// can then choose it where the logits are, without copying them out.
+    pub fn is_plain(&self) -> bool {
+        !self.has_penalties() && self.top_k <= 0 && self.top_p >= 1.0 && self.min_p == 0.0 && self.logprobs.unwrap_or(0) == 0
     }
 
     /// Rejects values no sampler can honour, with a message fit for an API error.
@@ -128,6 +138,9 @@ impl SamplingParams {
         }
         if self.stop.iter().any(|s| s.is_empty()) {
             return Err("stop strings must not be empty".into());
+        }
+        if !self.detokenize && !self.stop.is_empty() {
+            return Err("stop strings need detokenize".into());
         }
         if self.n > 1 && self.is_greedy() && self.seed.is_none() {
             // Allowed (vLLM allows it); the n completions are then identical.

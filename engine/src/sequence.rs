@@ -241,8 +241,10 @@ impl Sequence {
             return Ok(true);
         }
         let prev_len = self.output_text.len();
-        let piece = self.detok.push(tok, id)?;
-        self.output_text.push_str(&piece);
+        if p.detokenize {
+            let piece = self.detok.push(tok, id)?;
+            self.output_text.push_str(&piece);
+        }
         if may_stop && !p.stop.is_empty() {
             if let Some((at, stop)) = find_stop(&self.output_text, prev_len, &p.stop) {
                 let end = if p.include_stop_str_in_output { at + stop.len() } else { at };
@@ -252,8 +254,10 @@ impl Sequence {
             }
         }
         if n_out >= p.max_tokens || self.token_ids.len() >= max_model_len {
-            let tail = self.detok.flush(tok)?;
-            self.output_text.push_str(&tail);
+            if p.detokenize {
+                let tail = self.detok.flush(tok)?;
+                self.output_text.push_str(&tail);
+            }
             self.finish(FinishReason::Length, None);
             return Ok(true);
         }

@@ -154,6 +154,13 @@ impl Tokenizer {
         })
     }
 
+    /// A tokenizer with no vocabulary, for models loaded without one (random weights of a bare
+    /// configuration): prompts must be token ids and outputs are not detokenized.
+    pub fn ids_only() -> Tokenizer {
+        let model = tokenizers::models::wordlevel::WordLevel::default();
+        Tokenizer { inner: tokenizers::Tokenizer::new(model), bos_token_id: None, eos_token_ids: Vec::new(), add_bos_token: false, special_ids: HashSet::new() }
+    }
+
     /// Number of entries in the vocabulary, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
@@ -162,6 +169,9 @@ impl Tokenizer {
     /// Encodes text; special tokens written in the text are recognised. When `add_special` is
     /// set and the model asks for it, a BOS token is prepended.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizeError> {
+        if self.vocab_size() == 0 {
+            return Err(TokenizeError("this model was loaded without a tokenizer: send token ids, not text".into()));
+        }
         let enc = self.inner.encode_fast(text, false).map_err(|e| TokenizeError(e.to_string()))?;
         let mut ids = Vec::with_capacity(enc.get_ids().len() + 1);
         if add_special && self.add_bos_token {

@@ -250,6 +250,7 @@ pub fn sampling_params(c: &CommonParams, logprobs: Option<usize>) -> Result<Samp
         logprobs,
         seed,
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
+        detokenize: true,
     };
     Ok(p)
 }

@@ -9,6 +9,8 @@ transformers batches statically: requests run in batches (sorted by prompt lengt
 padding), each batch until its longest output; only the requested output tokens count.
 
     python3 scripts/gpu/hf_baseline.py [--config cuda/configs/qwen3-0.6b.json] [--batch-size 128]
+    python3 scripts/gpu/hf_baseline.py --dump-workload FILE   # the requests only, for
+                                                               # `tandem bench engine --workload-file`
 
 Prints one JSON line with the device name, tokens and output tokens per second.
 """
@@ -16,9 +18,6 @@ import argparse
 import json
 import random
 import time
-
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def workload(num_seqs=256, max_input_len=1024, max_output_len=1024):
@@ -33,7 +32,16 @@ def main():
     ap.add_argument("--config", default="cuda/configs/qwen3-0.6b.json")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--dump-workload", metavar="FILE", help="write the requests as JSON and exit")
     args = ap.parse_args()
+    if args.dump_workload:
+        prompts, outputs = workload(args.num_seqs)
+        with open(args.dump_workload, "w") as f:
+            json.dump({"prompts": prompts, "max_tokens": outputs}, f)
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     with open(args.config) as f:
         raw = json.load(f)
     cfg = AutoConfig.for_model(raw.pop("model_type"), **{k: v for k, v in raw.items() if k != "architectures"})

@@ -25,6 +25,8 @@ pub fn params_from_proto(p: &pb::SamplingParams) -> SamplingParams {
         logprobs: p.logprobs.map(|k| k as usize),
         seed: p.seed,
         skip_special_tokens: p.skip_special_tokens,
+        // Requests through the gateway are always served as text.
+        detokenize: true,
     }
 }
 
@@ -110,6 +112,7 @@ mod tests {
             logprobs: Some(5),
             seed: Some(42),
             skip_special_tokens: false,
+            detokenize: true,
         };
         assert_eq!(params_from_proto(&params_to_proto(&p)), p);
         let d = SamplingParams::default();

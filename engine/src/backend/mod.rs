@@ -80,6 +80,16 @@ impl ForwardBatch {
     }
 }
 
+/// How a backend that samples on the device chooses the token of one logits row: Gumbel-max
+/// with this temperature (0 = argmax) and seed, as [`crate::sampler::gumbel_max`] defines it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowSampling {
+    /// Softmax temperature (0 = greedy).
+    pub temperature: f32,
+    /// Seed of the row's random draws.
+    pub seed: u64,
+}
+
 /// Shape of a backend's paged KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvCacheSpec {
@@ -129,6 +139,18 @@ pub trait ModelBackend: Send {
     fn forward_layers(&mut self, batch: &ForwardBatch, num_layers: usize) -> Result<Vec<f32>, BackendError> {
         let _ = (batch, num_layers);
         Err(BackendError::InvalidBatch("this backend has no early-exit forward".into()))
+    }
+    /// Whether [`ModelBackend::forward_sampled`] is implemented (the runner then samples plain
+    /// requests where the logits are instead of copying every row to the host).
+    fn samples_on_device(&self) -> bool {
+        false
+    }
+    /// Like [`ModelBackend::forward`], then chooses one token per logits row as `rows` say
+    /// (one entry per `batch.logits_indices`); returns each token with its log-probability under
+    /// the raw model distribution. Only the tokens leave the device.
+    fn forward_sampled(&mut self, batch: &ForwardBatch, rows: &[RowSampling]) -> Result<Vec<crate::sampler::TokenLogprob>, BackendError> {
+        let _ = (batch, rows);
+        Err(BackendError::InvalidBatch("this backend does not sample on the device".into()))
     }
     /// Copies whole blocks `(src, dst)` within the device pool (copy-on-write).
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError>;
