@@ -16,6 +16,9 @@ use tandem_engine::config::{ModelConfig, RopeStyle};
 use crate::device::{ptr, Dtype, Gpu, Operand};
 use crate::plan::{self, BatchPlan, LongSeq, ATT_MAX_HEAD_DIM, TILE_INTS};
 use crate::weights::DeviceWeights;
+
+mod pages;
+mod sampling;
 use crate::CudaError;
 
 /// Rows of attention output the split-context path keeps partial results for.
@@ -545,46 +548,6 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// Runs a full pass and chooses each logits row's token on the device; only the tokens and
-    /// their log-probabilities are copied out.
-    fn run_sampled(&mut self, b: &ForwardBatch, rows: &[RowSampling]) -> Result<Vec<TokenLogprob>, CudaError> {
-        let first = match self.pass(b, self.cfg.num_layers)? {
-            Pass::Graph => {
-                let idx: Vec<i32> = b.logits_indices.iter().map(|&r| r as i32).collect();
-                return self.sample(&idx, rows);
-            }
-            Pass::Eager(first) => first,
-        };
-        self.mark("sampling")?;
-        let mut out = self.sample(&(0..first as i32).collect::<Vec<_>>(), &rows[..first])?;
-        let mut done = first;
-        while done < rows.len() {
-            let m = (rows.len() - done).min(self.logits_cap);
-            self.head_only(m, done)?;
-            out.extend(self.sample(&(0..m as i32).collect::<Vec<_>>(), &rows[done..done + m])?);
-            done += m;
-        }
-        Ok(out)
-    }
-
-    /// Samples `rows[i]` from row `buf_rows[i]` of the logits buffer (at most `logits_cap`).
-    fn sample(&mut self, buf_rows: &[i32], rows: &[RowSampling]) -> Result<Vec<TokenLogprob>, CudaError> {
-        let n = rows.len();
-        let temps: Vec<f32> = rows.iter().map(|r| r.temperature).collect();
-        let seeds: Vec<u64> = rows.iter().map(|r| r.seed).collect();
-        let g = &self.gpu;
-        g.write(&mut self.a.sample_rows, buf_rows)?;
-        g.write(&mut self.a.sample_temps, &temps)?;
-        g.write(&mut self.a.sample_seeds, &seeds)?;
-        let a = &self.a;
-        let (ni, vi) = (n as i32, self.cfg.vocab_size as i32);
-        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: sample_rows over n ≤ logits_cap rows of the logits buffer; out holds 2n ints.
-        unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(&a.logits), &ptr(&a.sample_rows), &ptr(&a.sample_temps), &ptr(&a.sample_seeds), &ptr(&a.sample_out), &ni, &vi])? };
-        let out = g.read(&a.sample_out, 2 * n)?;
-        Ok((0..n).map(|i| TokenLogprob { token_id: out[i] as u32, logprob: f32::from_bits(out[n + i] as u32) }).collect())
-    }
-
     fn head_only(&self, rows: usize, row_off: usize) -> Result<(), CudaError> {
         let (g, a, w, c) = (&self.gpu, &self.a, &self.w, &self.cfg);
         let (hi, eps) = (c.hidden_size as i32, c.rms_norm_eps);
@@ -654,65 +617,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn check_pairs(&self, pairs: &[(u32, u32)], src: usize, dst: usize) -> Result<(), BackendError> {
-        match pairs.iter().find(|(s, d)| *s as usize >= src || *d as usize >= dst) {
-            Some(p) => Err(BackendError::InvalidBatch(format!("block pair {p:?} out of range"))),
-            None => Ok(()),
-        }
-    }
-
-    /// (device offset, host offset) of every layer's K and V part of each `(device block, host
-    /// block)` pair, in elements.
-    fn swap_spans(&self, pairs: impl Iterator<Item = (u32, u32)>) -> Vec<(usize, usize)> {
-        let (e, parts) = (self.block_elems(), 2 * self.cfg.num_layers);
-        pairs
-            .flat_map(|(d, h)| (0..parts).map(move |i| (d as usize, h as usize, i)))
-            .map(|(d, h, i)| (self.kv_offset(i / 2, i % 2) + d * e, (h * parts + i) * e))
-            .collect()
-    }
-
-    /// Elements of one block's rows within one layer's K or V cache.
-    fn block_elems(&self) -> usize {
-        self.block_size * self.cfg.kv_size()
-    }
-
-    /// The block's 16-bit page as stored: for each layer, K then V, each `[kv_head][offset][hd]`.
-    fn read_page_bits(&self, block: usize) -> Result<Vec<u16>, CudaError> {
-        let e = self.block_elems();
-        let mut out = vec![0u16; 2 * self.cfg.num_layers * e];
-        for (i, chunk) in out.chunks_exact_mut(e).enumerate() {
-            let off = self.kv_offset(i / 2, i % 2) + block * e;
-            self.gpu.stream.memcpy_dtoh(&self.kv.slice(off..off + e), chunk).map_err(CudaError::from)?;
-        }
-        self.gpu.sync()?;
-        Ok(out)
-    }
-
-    fn write_page_bits(&mut self, block: usize, page: &[u16]) -> Result<(), CudaError> {
-        let e = self.block_elems();
-        for (i, chunk) in page.chunks_exact(e).enumerate() {
-            let off = self.kv_offset(i / 2, i % 2) + block * e;
-            let mut dst = self.kv.slice_mut(off..off + e);
-            self.gpu.stream.memcpy_htod(chunk, &mut dst).map_err(CudaError::from)?;
-        }
-        self.gpu.sync()
-    }
-
-    /// Reorders one layer-part of a page between the device's `[kv_head][offset][hd]` and the
-    /// transfer format's `[offset][kv_head][hd]` (`to_wire` picks the direction).
-    fn reorder(&self, part: &[u16], to_wire: bool) -> Vec<u16> {
-        let (bs, nkv, hd) = (self.block_size, self.cfg.num_kv_heads, self.cfg.head_dim);
-        let mut out = vec![0u16; part.len()];
-        for off in 0..bs {
-            for h in 0..nkv {
-                let dev = (h * bs + off) * hd;
-                let wire = (off * nkv + h) * hd;
-                let (src, dst) = if to_wire { (dev, wire) } else { (wire, dev) };
-                out[dst..dst + hd].copy_from_slice(&part[src..src + hd]);
-            }
-        }
-        out
-    }
 }
 
 impl ModelBackend for CudaBackend {
