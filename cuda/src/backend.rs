@@ -135,6 +135,7 @@ pub struct CudaBackend {
     /// Wall time spent capturing graphs, seconds.
     pub capture_seconds: f64,
     use_graphs: bool,
+    use_mma: bool,
     /// Stage boundaries recorded while profiling: (stage that starts, event).
     marks: std::cell::RefCell<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
 }
@@ -232,6 +233,7 @@ impl CudaBackend {
             graphs: HashMap::new(),
             capture_seconds: 0.0,
             use_graphs: opts.max_graph_batch > 0,
+            use_mma: true,
             marks: std::cell::RefCell::new(None),
         })
     }
@@ -271,6 +273,26 @@ impl CudaBackend {
     }
 
     /// Query heads per KV head.
+    /// The tensor-core attention kernel for this model, when the device, head width and block
+    /// size allow it and it is not switched off.
+    fn mma_kernel(&self) -> Option<&cudarc::driver::CudaFunction> {
+        if !self.use_mma || self.gpu.sm < 80 || self.block_size % 16 != 0 {
+            return None;
+        }
+        match self.cfg.head_dim {
+            64 => Some(&self.gpu.k.attention_mma64),
+            128 => Some(&self.gpu.k.attention_mma128),
+            _ => None,
+        }
+    }
+
+    /// Uses the tensor-core attention kernel where it applies (on by default), or the CUDA-core
+    /// tile kernels everywhere (for comparisons). Graphs captured before keep their kernel.
+    pub fn set_mma_attention(&mut self, on: bool) {
+        self.use_mma = on;
+        self.graphs.clear();
+    }
+
     fn group(&self) -> usize {
         self.cfg.num_heads / self.cfg.num_kv_heads
     }
@@ -411,7 +433,11 @@ impl CudaBackend {
             let cfg = LaunchConfig { grid_dim: (num_tiles as u32, nkv as u32, splits as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             let (ti, bsz) = (t as i32, bs);
             if num_tiles > 0 {
-                let f = if small_tiles { &g.k.attention_decode } else { &g.k.attention };
+                let (f, cfg) = match self.mma_kernel() {
+                    Some(f) => (f, LaunchConfig { block_dim: (64, 1, 1), ..cfg }),
+                    None if small_tiles => (&g.k.attention_decode, cfg),
+                    None => (&g.k.attention, cfg),
+                };
                 unsafe { g.launch(f, cfg, &[&q, &kc, &vc, &tiles, &bt, &att, &ptr(&a.part_acc), &ptr(&a.part_ml), &ti, &nh, &nkv, &hd, &bsz, &scale])? };
             }
             for s in long {

@@ -79,6 +79,8 @@ pub struct DecodeRow {
     pub context: usize,
     /// GPU time of one step (graph replay), ms.
     pub step_ms: f64,
+    /// The same step with the CUDA-core attention kernel instead of the tensor-core one, ms.
+    pub tile_step_ms: f64,
     /// Bytes a step must read: weights plus every sequence's KV.
     pub bytes: f64,
     /// Time the HBM roofline allows for those bytes, ms.
@@ -112,8 +114,11 @@ pub fn decode(cfg: &ModelConfig, batches: &[usize], context: usize, lim: &Limits
         be.forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
         let step_ms = be.replay_ms(&b, 20)?;
         let profile = be.profile(&b)?;
+        be.set_mma_attention(false);
+        let tile_step_ms = be.replay_ms(&b, 20)?;
+        be.set_mma_attention(true);
         let bytes = 2.0 * linear_params(cfg) as f64 + kv_per_token * (batch * (context + 1)) as f64;
-        rows.push(DecodeRow { batch, context, step_ms, bytes, roofline_ms: bytes / lim.hbm_bytes_per_s * 1e3, profile });
+        rows.push(DecodeRow { batch, context, step_ms, tile_step_ms, bytes, roofline_ms: bytes / lim.hbm_bytes_per_s * 1e3, profile });
     }
     Ok(rows)
 }

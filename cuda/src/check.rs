@@ -95,10 +95,15 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     out.extend(qkv_rope_store(g, u, true, 16, 8, 128)?);
     for (nh, nkv, hd) in [(9, 3, 64), (32, 8, 128), (16, 8, 128)] {
         for splits in [1, 4] {
-            out.push(attention(g, u, nh, nkv, hd, splits, false)?);
+            out.push(attention(g, u, nh, nkv, hd, splits, AttKernel::Tile)?);
         }
         // Decode steps alone, through the small-tile variant.
-        out.push(attention(g, u, nh, nkv, hd, 4, true)?);
+        out.push(attention(g, u, nh, nkv, hd, 4, AttKernel::Decode)?);
+        if g.sm >= 80 {
+            for splits in [1, 3] {
+                out.push(attention(g, u, nh, nkv, hd, splits, AttKernel::Mma)?);
+            }
+        }
     }
     out.push(silu_mul(g, u)?);
     out.extend(sampling(g)?);
@@ -262,7 +267,19 @@ fn attend_ref(q: &[f32], k: &[f32], v: &[f32], bt: &[i32], bs: usize, qpos: usiz
         .collect()
 }
 
-fn attention(g: &Gpu, u: f64, nh: usize, nkv: usize, hd: usize, splits: usize, decode_only: bool) -> Result<CheckResult, CudaError> {
+/// Which paged-attention kernel a check runs.
+#[derive(Clone, Copy, PartialEq)]
+enum AttKernel {
+    /// CUDA cores, up to 16 rows per tile.
+    Tile,
+    /// CUDA cores, small tiles (decode steps only).
+    Decode,
+    /// Tensor cores.
+    Mma,
+}
+
+fn attention(g: &Gpu, u: f64, nh: usize, nkv: usize, hd: usize, splits: usize, kernel: AttKernel) -> Result<CheckResult, CudaError> {
+    let decode_only = kernel == AttKernel::Decode;
     use crate::plan::BatchPlan;
     use tandem_engine::backend::{ForwardBatch, Logits};
     let bs = 16;
@@ -291,10 +308,16 @@ fn attention(g: &Gpu, u: f64, nh: usize, nkv: usize, hd: usize, splits: usize, d
     let out = g.zeros::<u16>(t * nh * hd)?;
     let (pa, pm) = (g.zeros::<f32>(splits * t * nh * hd)?, g.zeros::<f32>(splits * t * nh * 2)?);
     let (ti, nhi, nkvi, hdi, bsi, scale) = (t as i32, nh as i32, nkv as i32, hd as i32, bs as i32, 1.0 / (hd as f32).sqrt());
-    let cfg = LaunchConfig { grid_dim: (p.num_tiles() as u32, nkv as u32, splits as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let threads = if kernel == AttKernel::Mma { 64 } else { 128 };
+    let cfg = LaunchConfig { grid_dim: (p.num_tiles() as u32, nkv as u32, splits as u32), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: attention's parameter list over buffers sized for this batch and these splits.
     unsafe {
-        let f = if decode_only { &g.k.attention_decode } else { &g.k.attention };
+        let f = match kernel {
+            AttKernel::Tile => &g.k.attention,
+            AttKernel::Decode => &g.k.attention_decode,
+            AttKernel::Mma if hd == 64 => &g.k.attention_mma64,
+            AttKernel::Mma => &g.k.attention_mma128,
+        };
         g.launch(f, cfg, &[&ptr(&dq), &ptr(&dk), &ptr(&dv), &ptr(&dt), &ptr(&dbt), &ptr(&out), &ptr(&pa), &ptr(&pm), &ti, &nhi, &nkvi, &hdi, &bsi, &scale])?;
         if splits > 1 {
             let sp = splits as i32;
@@ -317,7 +340,11 @@ fn attention(g: &Gpu, u: f64, nh: usize, nkv: usize, hd: usize, splits: usize, d
         }
     }
     // Output in 16 bits (values within ±1): one rounding plus f32 softmax error.
-    let what = if decode_only { "decode steps at 1000, 18, 1 (small-tile kernel)" } else { "prefill+prefix, decode 1000, fresh prompt" };
+    let what = match kernel {
+        AttKernel::Decode => "decode steps at 1000, 18, 1 (small-tile kernel)",
+        AttKernel::Tile => "prefill+prefix, decode 1000, fresh prompt",
+        AttKernel::Mma => "prefill+prefix, decode 1000, fresh prompt (tensor cores)",
+    };
     Ok(result(&format!("paged attention nh={nh} nkv={nkv} hd={hd} splits={splits}: {what}; tol 1.3u abs"), err, 1.3 * u))
 }
 

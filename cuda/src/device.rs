@@ -87,6 +87,10 @@ pub struct Kernels {
     pub attention: CudaFunction,
     /// Paged attention for tiles of at most 8 query rows.
     pub attention_decode: CudaFunction,
+    /// Tensor-core paged attention, head width 64 (sm_80 and later).
+    pub attention_mma64: CudaFunction,
+    /// Tensor-core paged attention, head width 128 (sm_80 and later).
+    pub attention_mma128: CudaFunction,
     /// Combines attention splits.
     pub attention_reduce: CudaFunction,
     /// SwiGLU activation.
@@ -118,6 +122,8 @@ pub struct Gpu {
     pub name: String,
     /// Streaming multiprocessors.
     pub num_sms: usize,
+    /// Compute capability as `10 · major + minor` (90 for an H100).
+    pub sm: u32,
     /// Type of weights and activations.
     pub dtype: Dtype,
     /// Free device memory when the device was opened (what this process uses is measured
@@ -163,6 +169,8 @@ impl Gpu {
             qkv_rope_store: f("qkv_rope_store")?,
             attention: f("attention")?,
             attention_decode: f("attention_decode")?,
+            attention_mma64: f("attention_mma64")?,
+            attention_mma128: f("attention_mma128")?,
             attention_reduce: f("attention_reduce")?,
             silu_mul: f("silu_mul")?,
             fill_random: f("fill_random")?,
@@ -183,7 +191,7 @@ impl Gpu {
         }
         let name = ctx.name().map_err(CudaError::from)?;
         let num_sms = ctx.attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(CudaError::from)? as usize;
-        Ok(Gpu { ctx, stream, k, blas, _workspace: workspace, name, num_sms, dtype, free_at_open })
+        Ok(Gpu { ctx, stream, k, blas, _workspace: workspace, name, num_sms, sm: (maj * 10 + min) as u32, dtype, free_at_open })
     }
 
     /// Makes the context current on the calling thread (the engine may run on another thread

@@ -312,6 +312,281 @@ extern "C" __global__ void __launch_bounds__(128) attention_decode(ATTENTION_ARG
   attention_impl<2>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale);
 }
 
+// Tensor-core paged attention (mma.sync m16n8k16, 16-bit in, f32 accumulate) for head widths 64
+// and 128 and blocks of a multiple of 16 positions: the same tiles, grid and split outputs as
+// `attention`, with 2 warps per CTA. A tile's rows (at most 16: tokens × the group's query heads)
+// are the mma's M; each warp walks every other 16-position page of the split, its K and V copied
+// to shared memory by cp.async two pages ahead of use, S = Q·Kᵀ and O += P·V on tensor cores,
+// the online softmax on the accumulator fragments. Q and, for bf16, P enter the products as a
+// 16-bit high part plus a 16-bit remainder, so neither is rounded to the model's type.
+#define MMA_WARPS 2
+#define MMA_PAGE 16
+#ifdef TANDEM_F16
+#define MMA_TYPE "f16"
+#else
+#define MMA_TYPE "bf16"
+#define MMA_SPLIT_P
+#endif
+
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  unsigned r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ unsigned pack2(h16 lo, h16 hi) { return (unsigned)lo | ((unsigned)hi << 16); }
+
+// x as a 16-bit pair (high part, remainder) packed with its neighbour y.
+__device__ __forceinline__ void split2(float x, float y, unsigned& hi, unsigned& lo) {
+  h16 xh = f2h(x), yh = f2h(y);
+  hi = pack2(xh, yh);
+  lo = pack2(f2h(x - h2f(xh)), f2h(y - h2f(yh)));
+}
+
+template <int HD>
+__device__ __forceinline__ void attention_mma_impl(
+    const float* __restrict__ q, const h16* __restrict__ k_cache, const h16* __restrict__ v_cache,
+    const int* __restrict__ tiles, const int* __restrict__ block_tables, h16* __restrict__ out,
+    float* __restrict__ part_acc, float* __restrict__ part_ml, int num_tokens, int nh, int nkv, int hd,
+    int block_size, float scale) {
+  constexpr int LD = HD + 8;           // padded shared row (16-bit elements): conflict-free ldmatrix
+  constexpr int PAGE = MMA_PAGE * LD;  // one page of K or V
+  constexpr int KS = HD / 16;          // k-steps of Q·Kᵀ
+  constexpr int NT = HD / 8;           // n-tiles of the output
+  constexpr int CHUNKS = MMA_PAGE * HD / 8 / 32;  // 16-byte copies per lane per page of K (or V)
+  __shared__ __align__(16) h16 stage[MMA_WARPS][2][2][PAGE];
+  const int* tile = tiles + blockIdx.x * 5;
+  const int row0 = tile[0], ntok = tile[1], pos0 = tile[2];
+  const int* bt = block_tables + tile[3];
+  if (ntok == 0) return;
+  const int kvh = blockIdx.y, group = nh / nkv, nrows = ntok * group;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int ctx = pos0 + ntok, splits = gridDim.z;
+  const int chunk = ((ctx + splits - 1) / splits + ATT_BK - 1) / ATT_BK * ATT_BK;
+  const int c0 = blockIdx.z * chunk, c1 = min(ctx, c0 + chunk);
+  // Q fragments (rows g and g + 8), scaled, as high parts and remainders.
+  unsigned qh[KS][4], ql[KS][4];
+  const int rows[2] = {g, g + 8};
+#pragma unroll
+  for (int s = 0; s < KS; s++) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {    // columns 2t.. (regs 0, 1) and 2t + 8.. (regs 2, 3)
+#pragma unroll
+      for (int ri = 0; ri < 2; ri++) {
+        int r = rows[ri], d = s * 16 + half * 8 + 2 * t;
+        float x = 0.f, y = 0.f;
+        if (r < nrows) {
+          const float* src = q + ((size_t)(row0 + r / group) * nh + kvh * group + r % group) * hd + d;
+          x = src[0] * scale;
+          y = src[1] * scale;
+        }
+        split2(x, y, qh[s][half * 2 + ri], ql[s][half * 2 + ri]);
+      }
+    }
+  }
+  int qpos[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ri++) qpos[ri] = rows[ri] < nrows ? pos0 + rows[ri] / group : -1;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+  const int npages = (c1 - c0 + MMA_PAGE - 1) / MMA_PAGE;
+  // Copies page i of the split (K and V of this KV head) into buffer b with cp.async.
+  auto issue = [&](int i, int b) {
+    int p0 = c0 + i * MMA_PAGE;
+    int blk = bt[p0 / block_size], off = p0 % block_size;
+    size_t base = ((size_t)(blk * nkv + kvh) * block_size + off) * hd;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++) {
+      int e = lane + c * 32, r = e / (HD / 8), col = (e % (HD / 8)) * 8;
+      unsigned ks = smem_addr(&stage[warp][b][0][r * LD + col]), vs = smem_addr(&stage[warp][b][1][r * LD + col]);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ks), "l"(k_cache + base + r * HD + col));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(vs), "l"(v_cache + base + r * HD + col));
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  int buf = 0;
+  if (warp < npages) issue(warp, 0);
+  for (int i = warp; i < npages; i += MMA_WARPS) {
+    if (i + MMA_WARPS < npages) {
+      issue(i + MMA_WARPS, buf ^ 1);
+      asm volatile("cp.async.wait_group 1;");
+    } else {
+      asm volatile("cp.async.wait_group 0;");
+    }
+    __syncwarp();
+    const h16* ks = stage[warp][buf][0];
+    const h16* vs = stage[warp][buf][1];
+    // S = Q·Kᵀ over the page's 16 positions: two n-tiles of 8.
+    float sc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+      for (int s = 0; s < KS; s += 2) {
+        // Matrices: keys 8j..8j+7 × dims 16s + {0, 8, 16, 24}.
+        unsigned b[4];
+        ldsm_x4(b, smem_addr(ks + (8 * j + (lane & 7)) * LD + s * 16 + (lane >> 3) * 8));
+        mma16816(sc[j], qh[s][0], qh[s][1], qh[s][2], qh[s][3], b[0], b[1]);
+        mma16816(sc[j], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b[0], b[1]);
+        mma16816(sc[j], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], b[2], b[3]);
+        mma16816(sc[j], ql[s + 1][0], ql[s + 1][1], ql[s + 1][2], ql[s + 1][3], b[2], b[3]);
+      }
+    }
+    // Online softmax: row ri's scores sit in sc[j][2ri], sc[j][2ri + 1] (positions 8j + 2t, +1).
+    const int p0 = c0 + i * MMA_PAGE;
+    float corr[2];
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          int p = p0 + 8 * j + 2 * t + e;
+          bool valid = p < c1 && p <= qpos[ri];
+          float& v = sc[j][2 * ri + e];
+          v = valid ? v : -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      float mn = fmaxf(m[ri], mx);
+      corr[ri] = mn == -INFINITY ? 1.f : __expf(m[ri] - mn);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          float& v = sc[j][2 * ri + e];
+          v = v == -INFINITY ? 0.f : __expf(v - mn);
+          sum += v;
+        }
+      }
+      l[ri] = l[ri] * corr[ri] + sum;
+      m[ri] = mn;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      o[n][0] *= corr[0]; o[n][1] *= corr[0];
+      o[n][2] *= corr[1]; o[n][3] *= corr[1];
+    }
+    // P as the A operand (rows g, g + 8; positions 2t.. and 8 + 2t..).
+    unsigned ph[4], pl[4];
+    split2(sc[0][0], sc[0][1], ph[0], pl[0]);
+    split2(sc[0][2], sc[0][3], ph[1], pl[1]);
+    split2(sc[1][0], sc[1][1], ph[2], pl[2]);
+    split2(sc[1][2], sc[1][3], ph[3], pl[3]);
+    // O += P·V: V's matrices transposed by ldmatrix, two n-tiles (16 dims) per load.
+#pragma unroll
+    for (int n = 0; n < NT; n += 2) {
+      unsigned b[4];
+      ldsm_x4_t(b, smem_addr(vs + ((lane >> 3) & 1) * 8 * LD + (lane & 7) * LD + n * 8 + (lane >> 4) * 8));
+      mma16816(o[n], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
+      mma16816(o[n + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
+#ifdef MMA_SPLIT_P
+      mma16816(o[n], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
+      mma16816(o[n + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
+#endif
+    }
+    __syncwarp();
+    buf ^= 1;
+  }
+  // Row sums: each lane holds a quarter of its rows' positions.
+#pragma unroll
+  for (int ri = 0; ri < 2; ri++) {
+    l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
+    l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
+  }
+  // Warp 1 hands its state to warp 0 through shared memory (the staging buffers are free now).
+  __syncthreads();
+  float* xo = reinterpret_cast<float*>(&stage[0][0][0][0]);  // [16][HD]
+  float* xml = xo + 16 * HD;                                  // [16][2]
+  if (warp == 1) {
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+      int r = rows[ri];
+#pragma unroll
+      for (int n = 0; n < NT; n++) {
+        xo[r * HD + n * 8 + 2 * t] = o[n][2 * ri];
+        xo[r * HD + n * 8 + 2 * t + 1] = o[n][2 * ri + 1];
+      }
+      if (t == 0) {
+        xml[r * 2] = m[ri];
+        xml[r * 2 + 1] = l[ri];
+      }
+    }
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int ri = 0; ri < 2; ri++) {
+    int r = rows[ri];
+    if (r >= nrows) continue;
+    float m1 = xml[r * 2], l1 = xml[r * 2 + 1];
+    float mm = fmaxf(m[ri], m1);
+    float a0 = mm == -INFINITY ? 0.f : __expf(m[ri] - mm), a1 = mm == -INFINITY ? 0.f : __expf(m1 - mm);
+    float lt = l[ri] * a0 + l1 * a1;
+    int tok = row0 + r / group, h = kvh * group + r % group;
+    if (splits == 1) {
+      float inv = lt > 0.f ? 1.f / lt : 0.f;
+      h16* dst = out + ((size_t)tok * nh + h) * hd;
+#pragma unroll
+      for (int n = 0; n < NT; n++) {
+        int d = n * 8 + 2 * t;
+        dst[d] = f2h((o[n][2 * ri] * a0 + xo[r * HD + d] * a1) * inv);
+        dst[d + 1] = f2h((o[n][2 * ri + 1] * a0 + xo[r * HD + d + 1] * a1) * inv);
+      }
+    } else {
+      size_t base = ((size_t)blockIdx.z * num_tokens + tok) * nh + h;
+#pragma unroll
+      for (int n = 0; n < NT; n++) {
+        int d = n * 8 + 2 * t;
+        part_acc[base * hd + d] = o[n][2 * ri] * a0 + xo[r * HD + d] * a1;
+        part_acc[base * hd + d + 1] = o[n][2 * ri + 1] * a0 + xo[r * HD + d + 1] * a1;
+      }
+      if (t == 0) {
+        part_ml[base * 2] = mm;
+        part_ml[base * 2 + 1] = lt;
+      }
+    }
+  }
+}
+
+#endif
+
+// Entry points (empty below sm_80, where the host never launches them).
+extern "C" __global__ void __launch_bounds__(64) attention_mma64(ATTENTION_ARGS) {
+#if __CUDA_ARCH__ >= 800
+  attention_mma_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(64) attention_mma128(ATTENTION_ARGS) {
+#if __CUDA_ARCH__ >= 800
+  attention_mma_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale);
+#endif
+}
+
 // Combines the splits of `attention`: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
 // Grid: (T, nh); block: hd threads. Rows of tokens no tile covered are left alone.
 extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc, const float* __restrict__ part_ml,

@@ -2,13 +2,17 @@
 # The CUDA backend's checks and benchmarks (tandem-gpu), every figure printed with the device name:
 # each kernel against the CPU exact path (bf16 and f16), the default model end to end against the
 # CPU exact path, the decode step against the HBM roofline and prefill against the cuBLAS GEMM
-# peak (Llama-3-8B shape, random weights), each limit measured in the same run.
+# peak (Llama-3-8B shape, random weights), each limit measured in the same run; then the whole
+# engine on nano-vllm's benchmark workload (Qwen3-0.6B shape, random weights, temperature 0.6)
+# beside Hugging Face transformers on the same requests when torch and transformers are installed.
 #
-#   scripts/gpu/run.sh build          build tandem-gpu (no CUDA needed to build) and stage it with
-#                                     the shape configs in .gpu/bin/ (copy that folder to a GPU host)
+#   scripts/gpu/run.sh build          build tandem-gpu and tandem (no CUDA needed to build) and stage
+#                                     them with the shape configs in .gpu/bin/ and .gpu/tandem/
+#                                     (copy those folders to a GPU host)
 #   scripts/gpu/run.sh run [MODEL]    on a host with an NVIDIA GPU (driver and CUDA 13 runtime
 #                                     libraries: libcuda, libnvrtc, libcublas): run every section
 #                                     from .gpu/bin/; MODEL defaults to the embedded default model
+#   scripts/gpu/run.sh engine         the nano-vllm workload section alone
 #   scripts/gpu/run.sh all [MODEL]    both, on a GPU host with Rust
 #
 # Logs go to $OUT (default .gpu/out), one file per section.
@@ -24,6 +28,27 @@ build() {
   strip -o "$bin/tandem-gpu" target/release/tandem-gpu 2>/dev/null || cp target/release/tandem-gpu "$bin/tandem-gpu"
   cp -r cuda/configs "$bin/"
   echo "staged $(du -sh "$bin" | cut -f1) in $bin" >&2
+  cargo build --release -p tandem-cli --bin tandem >&2 || exit 1
+  mkdir -p .gpu/tandem
+  strip -o .gpu/tandem/tandem target/release/tandem 2>/dev/null || cp target/release/tandem .gpu/tandem/tandem
+  echo "staged $(du -sh .gpu/tandem | cut -f1) in .gpu/tandem" >&2
+}
+
+# nano-vllm's bench.py workload through the whole engine (continuous batching, CUDA graphs,
+# sampling on the GPU), and transformers on the same requests for the ratio.
+engine() {
+  mkdir -p "$out"
+  local t=.gpu/tandem/tandem w="$out/nano-vllm-workload.json"
+  python3 scripts/gpu/hf_baseline.py --dump-workload "$w" || return 1
+  echo "== engine-nano-vllm: tandem bench engine (Qwen3-0.6B shape, dummy weights)"
+  timeout -k 5 600 "$t" bench engine --device cuda --load-format dummy --model "$bin/configs/qwen3-0.6b.json" \
+    --workload-file "$w" --temperature 0.6 --max-num-seqs 256 --max-num-batched-tokens 16384 --json 2>&1 | tee "$out/engine-nano-vllm.log"
+  if python3 -c "import torch, transformers" 2>/dev/null; then
+    echo "== hf-transformers-nano-vllm: scripts/gpu/hf_baseline.py"
+    timeout -k 5 900 python3 scripts/gpu/hf_baseline.py --config "$bin/configs/qwen3-0.6b.json" 2>&1 | tail -1 | tee "$out/hf-transformers-nano-vllm.log"
+  else
+    echo "torch/transformers not installed: transformers baseline skipped"
+  fi
 }
 
 run() {
@@ -44,6 +69,7 @@ run() {
   section decode bench-decode "$bin/configs/llama-3-8b.json" 1,16,64,256 1024
   section prefill bench-prefill "$bin/configs/llama-3-8b.json" 4 2048
   section decode-qwen3 bench-decode "$bin/configs/qwen3-0.6b.json" 1,64,256 1024
+  [ -x .gpu/tandem/tandem ] && { engine || fail=1; }
   [ "$fail" -eq 0 ] && echo "all sections passed" || echo "some section failed"
   return "$fail"
 }
@@ -51,6 +77,7 @@ run() {
 case "$cmd" in
   build) build ;;
   run) shift; run "$@" ;;
+  engine) engine ;;
   all) shift; build && run "$@" ;;
-  *) echo "usage: $0 build | run [MODEL] | all [MODEL]" >&2; exit 2 ;;
+  *) echo "usage: $0 build | run [MODEL] | engine | all [MODEL]" >&2; exit 2 ;;
 esac
