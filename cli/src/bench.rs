@@ -55,6 +55,12 @@ pub struct EngineBenchArgs {
     /// Sampling temperature (0 = greedy); every request ignores EOS.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// Top-p of every request (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Top-k of every request (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: i32,
     /// Number of requests.
     #[arg(long, default_value_t = 64)]
     pub num_prompts: usize,
@@ -277,7 +283,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         reqs.push((ids, lo));
     }
     for (i, (ids, lo)) in reqs.into_iter().enumerate() {
-        let params = SamplingParams { ignore_eos: true, temperature: a.temperature, seed: Some(a.seed ^ i as u64), ..SamplingParams::greedy(lo) };
+        let params = SamplingParams { ignore_eos: true, temperature: a.temperature, top_p: a.top_p, top_k: a.top_k, seed: Some(a.seed ^ i as u64), ..SamplingParams::greedy(lo) };
         engine.add_request(&format!("b{i}"), Prompt::TokenIds(ids), params, None)?;
     }
     let bar = indicatif::ProgressBar::new(a.num_prompts as u64);
@@ -315,7 +321,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         "prefill_tok_per_s": total_in as f64 / pf_s,
         "model": path.display().to_string(), "requests": a.num_prompts, "input_tokens": total_in, "output_tokens": total_out,
         "seconds": secs, "output_tok_per_s": total_out as f64 / secs, "total_tok_per_s": (total_in + total_out) as f64 / secs,
-        "requests_per_s": a.num_prompts as f64 / secs, "temperature": a.temperature, "preemptions": stats.num_preemptions, "steps": stats.steps, "peak_rss_mib": rss,
+        "requests_per_s": a.num_prompts as f64 / secs, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k, "preemptions": stats.num_preemptions, "steps": stats.steps, "peak_rss_mib": rss,
         "workload": format!("{:?}", a.workload).to_lowercase(), "spec_drafts": stats.spec_drafts, "spec_draft_tokens": stats.spec_draft_tokens,
         "spec_accepted_tokens": stats.spec_accepted_tokens,
         "spec_acceptance_rate": if stats.spec_draft_tokens > 0 { stats.spec_accepted_tokens as f64 / stats.spec_draft_tokens as f64 } else { 0.0 },

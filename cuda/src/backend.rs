@@ -90,11 +90,14 @@ struct Activations {
     block_tables: CudaSlice<i32>,
     row_valid: CudaSlice<i32>,
     logits_rows: CudaSlice<i32>,
-    /// Device sampling: logits buffer row, temperature and seed of each row; tokens then
-    /// log-probability bits out.
+    /// Device sampling: logits buffer row, temperature, seed and filters of each row; tokens
+    /// then log-probability bits out.
     sample_rows: CudaSlice<i32>,
     sample_temps: CudaSlice<f32>,
     sample_seeds: CudaSlice<u64>,
+    sample_top_k: CudaSlice<i32>,
+    sample_top_p: CudaSlice<f32>,
+    sample_min_p: CudaSlice<f32>,
     sample_out: CudaSlice<i32>,
 }
 
@@ -191,6 +194,9 @@ impl CudaBackend {
             sample_rows: gpu.zeros(logits_cap)?,
             sample_temps: gpu.zeros(logits_cap)?,
             sample_seeds: gpu.zeros(logits_cap)?,
+            sample_top_k: gpu.zeros(logits_cap)?,
+            sample_top_p: gpu.zeros(logits_cap)?,
+            sample_min_p: gpu.zeros(logits_cap)?,
             sample_out: gpu.zeros(2 * logits_cap)?,
         };
         gpu.sync()?;

@@ -368,25 +368,47 @@ fn silu_mul(g: &Gpu, u: f64) -> Result<CheckResult, CudaError> {
 }
 
 fn sampling(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
+    use tandem_engine::backend::RowSampling;
     use tandem_engine::sampler::gumbel_max;
     let vocab = 151_936;
-    // Greedy rows (one with a tie: the lower id wins), then tempered rows with their seeds.
-    let specs: Vec<(f32, u64)> = vec![(0.0, 0), (0.0, 0), (0.0, 0), (0.6, 1), (0.6, 2), (1.0, 3), (0.3, 4), (0.6, 5)];
+    // Greedy rows (one with a tie: the lower id wins), tempered rows with their seeds, then
+    // min-p, top-k and top-p alone and together.
+    let t = RowSampling::new;
+    let specs: Vec<RowSampling> = vec![
+        t(0.0, 0),
+        t(0.0, 0),
+        t(0.0, 0),
+        t(0.6, 1),
+        t(0.6, 2),
+        t(1.0, 3),
+        t(0.3, 4),
+        t(0.6, 5),
+        RowSampling { top_k: 50, ..t(1.0, 6) },
+        RowSampling { top_p: 0.95, ..t(1.0, 7) },
+        RowSampling { min_p: 0.5, ..t(1.0, 8) },
+        RowSampling { top_k: 1000, top_p: 0.9, min_p: 0.05, ..t(0.8, 9) },
+        RowSampling { top_k: 1, ..t(1.0, 10) },
+    ];
     let rows = specs.len();
     let mut r = Rng::new(11);
     let mut logits = r.vec(rows * vocab, 10.0);
     logits[2 * vocab + 140_000] = 50.0;
     logits[2 * vocab + 123] = 50.0;
-    let want: Vec<_> = logits.chunks_exact(vocab).zip(&specs).map(|(l, &(t, seed))| gumbel_max(l, t, seed)).collect();
+    let want: Vec<_> = logits.chunks_exact(vocab).zip(&specs).map(|(l, r)| gumbel_max(l, r)).collect();
     let order: Vec<i32> = (0..rows as i32).rev().collect(); // rows named out of order
-    let temps: Vec<f32> = order.iter().map(|&i| specs[i as usize].0).collect();
-    let seeds: Vec<u64> = order.iter().map(|&i| specs[i as usize].1).collect();
+    let spec = |i: i32| specs[i as usize];
+    let temps: Vec<f32> = order.iter().map(|&i| spec(i).temperature).collect();
+    let seeds: Vec<u64> = order.iter().map(|&i| spec(i).seed).collect();
+    let top_k: Vec<i32> = order.iter().map(|&i| spec(i).top_k).collect();
+    let top_p: Vec<f32> = order.iter().map(|&i| spec(i).top_p).collect();
+    let min_p: Vec<f32> = order.iter().map(|&i| spec(i).min_p).collect();
     let (dl, dr, dt, ds) = (g.upload(&logits)?, g.upload(&order)?, g.upload(&temps)?, g.upload(&seeds)?);
+    let (dk, dp, dm) = (g.upload(&top_k)?, g.upload(&top_p)?, g.upload(&min_p)?);
     let dout = g.zeros::<i32>(2 * rows)?;
     let (ni, vi) = (rows as i32, vocab as i32);
     let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: sample_rows(const float*, const int*, const float*, const u64*, int*, int, int).
-    unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(&dl), &ptr(&dr), &ptr(&dt), &ptr(&ds), &ptr(&dout), &ni, &vi])? };
+    // SAFETY: sample_rows(logits, rows, temps, seeds, top_k, top_p, min_p, out, n, vocab).
+    unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(&dl), &ptr(&dr), &ptr(&dt), &ptr(&ds), &ptr(&dk), &ptr(&dp), &ptr(&dm), &ptr(&dout), &ni, &vi])? };
     let out = g.read(&dout, 2 * rows)?;
     let (mut wrong, mut lp_err) = (0usize, 0f64);
     for (k, &i) in order.iter().enumerate() {
@@ -397,7 +419,7 @@ fn sampling(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
         lp_err = lp_err.max((f32::from_bits(out[rows + k] as u32) - w.logprob).abs() as f64);
     }
     Ok(vec![
-        result("sampling: tokens ≠ CPU Gumbel-max (greedy with a tie, T 0.3–1)", wrong as f64, 0.0),
+        result("sampling: tokens ≠ CPU Gumbel-max (greedy with a tie, T 0.3–1, min-p, top-k, top-p)", wrong as f64, 0.0),
         result("sampling: chosen log-prob vs CPU (abs)", lp_err, 1e-4),
     ])
 }

@@ -201,7 +201,7 @@ pub fn run(path: &Path, ordinal: usize, dtype: Dtype, tol: f64) -> Result<(Vec<C
     results.push(CheckResult { name: format!("{}: decode step of 4, graph replay (context split) vs eager logits (max abs)", dtype.name()), max_err: diff, tol: 0.05 * noise });
     // The same step sampled greedily on the device, eagerly and through the graph: the argmax of
     // each path's own logits, with its log-probability.
-    let rows = vec![RowSampling { temperature: 0.0, seed: 0 }; encoded.len()];
+    let rows = vec![RowSampling::new(0.0, 0); encoded.len()];
     for (path, logits) in [("eager", &leager), ("graph", &lgraph)] {
         gpu.set_graphs(path == "graph");
         let got = gpu.forward_sampled(&step, &rows).map_err(|e| err(e.to_string()))?;

@@ -704,45 +704,113 @@ __device__ __forceinline__ void merge_lse(float& m, float& s, float m2, float s2
   m = mm;
 }
 
+// Order-preserving map of a float to an unsigned key (larger float, larger key), and back.
+__device__ __forceinline__ unsigned fkey(float f) {
+  unsigned u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float fkey_inv(unsigned k) { return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
+
+// Sum of v over the block (every thread gets it); `red` holds 33 floats of shared scratch.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) red[wid] = v;
+  __syncthreads();
+  if (wid == 0) {
+    v = lane < nw ? red[lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) red[32] = v;
+  }
+  __syncthreads();
+  return red[32];
+}
+
+// The largest key x in [lo, hi] whose tokens at or above it (key(l) >= x) still reach `target`:
+// a count (weighted = false) or a sum of exp((l - m) * inv_t). Assumes [lo, ...] reaches it.
+__device__ unsigned threshold_search(const float* row, int vocab, unsigned lo, unsigned hi, float target, bool weighted,
+                                     float m, float inv_t, float* red) {
+  while (lo < hi) {
+    unsigned mid = lo + (hi - lo + 1) / 2;
+    float acc = 0.f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      float l = row[i];
+      if (fkey(l) >= mid) acc += weighted ? __expf((l - m) * inv_t) : 1.f;
+    }
+    if (block_sum(acc, red) >= target) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 // One token per logits row (block x = row r of rows[]): Gumbel-max over l / temps[r] with the
-// row's seed (temperature 0: argmax, ties to the lowest id) — sampler::gumbel_max. out[r] is the
-// token, out[n + r] the bits of its log-probability under the raw logits.
+// row's seed among the tokens surviving min-p, then top-k, then top-p (as the engine's
+// sampler::gumbel_max; filters found by bisection on the logit value, ties at a threshold all
+// kept); temperature 0: argmax, ties to the lowest id. out[r] is the token, out[n + r] the bits
+// of its log-probability under the raw logits.
 extern "C" __global__ void sample_rows(const float* __restrict__ logits, const int* __restrict__ rows,
                                        const float* __restrict__ temps, const unsigned long long* __restrict__ seeds,
-                                       int* __restrict__ out, int n, int vocab) {
+                                       const int* __restrict__ top_k, const float* __restrict__ top_p,
+                                       const float* __restrict__ min_p, int* __restrict__ out, int n, int vocab) {
+  __shared__ float red[33];
+  __shared__ float sm[32], ss[32], sb[32];
+  __shared__ int si[32];
   const int r = blockIdx.x;
   const float* row = logits + (size_t)rows[r] * vocab;
   const float t = temps[r];
   const unsigned long long seed = seeds[r];
   const float inv_t = t > 0.f ? 1.0f / t : 0.f;
-  float m = -INFINITY, s = 0.f, best = -INFINITY;
-  int bi = 0x7fffffff;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  // Pass 1: max and sum of exp of the raw logits.
+  float m = -INFINITY, s = 0.f;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
     float l = row[i];
     if (l > m) { s = s * __expf(m - l) + 1.f; m = l; }
     else if (l > -INFINITY) { s += __expf(l - m); }
+  }
+  for (int o = 16; o > 0; o >>= 1) merge_lse(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  if (lane == 0) { sm[wid] = m; ss[wid] = s; }
+  __syncthreads();
+  m = lane < nw ? sm[lane] : -INFINITY;
+  s = lane < nw ? ss[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) merge_lse(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  // The filters, as the lowest surviving key (0: every token).
+  unsigned floor_key = 0u;
+  if (t > 0.f) {
+    const int k = top_k[r];
+    const float p = top_p[r], mp = min_p[r];
+    if (mp > 0.f) floor_key = fkey(m + t * logf(mp));
+    if (k > 0 && k < vocab) {
+      unsigned kk = threshold_search(row, vocab, 0u, fkey(m), (float)k, false, m, inv_t, red);
+      floor_key = max(floor_key, kk);
+    }
+    if (p < 1.f) {
+      float total = 0.f;
+      for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float l = row[i];
+        if (fkey(l) >= floor_key) total += __expf((l - m) * inv_t);
+      }
+      total = block_sum(total, red);
+      floor_key = threshold_search(row, vocab, floor_key, fkey(m), p * total, true, m, inv_t, red);
+    }
+  }
+  // Pass 2: the choice among the survivors.
+  float best = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    float l = row[i];
+    if (fkey(l) < floor_key) continue;
     float sc = t > 0.f ? l * inv_t - logf(-logf(draw_uniform(seed, (unsigned int)i))) : l;
     better(best, bi, sc, i);
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    merge_lse(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-    better(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
-  }
-  __shared__ float sm[32], ss[32], sb[32];
-  __shared__ int si[32];
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  if (lane == 0) { sm[wid] = m; ss[wid] = s; sb[wid] = best; si[wid] = bi; }
+  for (int o = 16; o > 0; o >>= 1) better(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
+  __syncthreads();
+  if (lane == 0) { sb[wid] = best; si[wid] = bi; }
   __syncthreads();
   if (wid == 0) {
-    const int nw = (blockDim.x + 31) >> 5;
-    m = lane < nw ? sm[lane] : -INFINITY;
-    s = lane < nw ? ss[lane] : 0.f;
     best = lane < nw ? sb[lane] : -INFINITY;
     bi = lane < nw ? si[lane] : 0x7fffffff;
-    for (int o = 16; o > 0; o >>= 1) {
-      merge_lse(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-      better(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    }
+    for (int o = 16; o > 0; o >>= 1) better(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
     if (lane == 0) {
       out[r] = bi;
       out[n + r] = __float_as_int(row[bi] - (m + logf(s)));

@@ -18,7 +18,7 @@ pub enum RowOutput {
     Sampled(TokenLogprob),
 }
 
-/// Whether the backend may choose `seq`'s next token by itself: plain parameters, no
+/// Whether the backend may choose `seq`'s next token by itself: no penalties or alternatives, no
 /// `min_tokens` masking still due, no completions to fork off this row, no drafts to verify.
 fn device_samplable(seq: &Sequence) -> bool {
     let p = &seq.params;
@@ -29,7 +29,9 @@ fn device_samplable(seq: &Sequence) -> bool {
 /// random stream at this length (the same request seed gives the same tokens).
 fn row_sampling(seq: &Sequence) -> RowSampling {
     let base = seq.rng.clone().next_u64();
-    RowSampling { temperature: seq.params.temperature, seed: base.wrapping_add((seq.len() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) }
+    let p = &seq.params;
+    let seed = base.wrapping_add((seq.len() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    RowSampling { temperature: p.temperature, seed, top_k: p.top_k, top_p: p.top_p, min_p: p.min_p }
 }
 
 /// Runs scheduled steps on a backend.

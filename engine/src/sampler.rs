@@ -3,6 +3,7 @@
 //! min-p / top-k / top-p filtering, and log-probabilities of the model's own distribution.
 
 use crate::backend::cpu::ops::log_sum_exp;
+use crate::backend::RowSampling;
 use crate::sampling_params::SamplingParams;
 
 /// A token with its log-probability under the model (before penalties and temperature).
@@ -97,22 +98,24 @@ pub fn draw_uniform(seed: u64, i: u32) -> f32 {
     ((z >> 40) as f32 + 0.5) * (1.0 / (1u32 << 24) as f32)
 }
 
-/// Gumbel-max sampling of one raw logits row: the token maximising `l / temperature + g` with
-/// `g = -ln(-ln(u))`, `u` = [`draw_uniform`] — an exact draw from `softmax(l / temperature)`;
-/// `temperature == 0` is the argmax (lowest id on ties). Returns the token with its
-/// log-probability under the raw model distribution. This is the reference the device sampling
-/// kernels implement.
-pub fn gumbel_max(logits: &[f32], temperature: f32, seed: u64) -> TokenLogprob {
-    let id = if temperature == 0.0 {
+/// Gumbel-max sampling of one raw logits row: among the tokens surviving the row's min-p,
+/// top-k and top-p filters (as [`filtered_distribution`] keeps them), the token maximising
+/// `l / temperature + g` with `g = -ln(-ln(u))`, `u` = [`draw_uniform`] — an exact draw from the
+/// filtered `softmax(l / temperature)`; `temperature == 0` is the argmax (lowest id on ties).
+/// Returns the token with its log-probability under the raw model distribution. This is the
+/// reference the device sampling kernels implement.
+pub fn gumbel_max(logits: &[f32], r: &RowSampling) -> TokenLogprob {
+    let id = if r.temperature == 0.0 {
         argmax(logits)
     } else {
-        let inv_t = 1.0 / temperature;
+        let p = SamplingParams { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p, min_p: r.min_p, ..Default::default() };
+        let inv_t = 1.0 / r.temperature;
         let mut best = (f32::NEG_INFINITY, 0u32);
-        for (i, &l) in logits.iter().enumerate() {
-            let g = -(-draw_uniform(seed, i as u32).ln()).ln();
-            let score = l * inv_t + g;
-            if score > best.0 {
-                best = (score, i as u32);
+        for (i, _) in filtered_weights(logits, &p) {
+            let g = -(-draw_uniform(r.seed, i).ln()).ln();
+            let score = logits[i as usize] * inv_t + g;
+            if score > best.0 || (score == best.0 && i < best.1) {
+                best = (score, i);
             }
         }
         best.1
@@ -323,7 +326,7 @@ mod tests {
         let z: f64 = logits.iter().map(|&l| (l as f64 / t as f64).exp()).sum();
         let mut counts = [0usize; 4];
         for seed in 0..20_000u64 {
-            let s = gumbel_max(&logits, t, seed.wrapping_mul(0x2545_F491_4F6C_DD1D));
+            let s = gumbel_max(&logits, &RowSampling::new(t, seed.wrapping_mul(0x2545_F491_4F6C_DD1D)));
             counts[s.token_id as usize] += 1;
             let lse = log_sum_exp(&logits);
             assert!((s.logprob - (logits[s.token_id as usize] - lse)).abs() < 1e-6);
@@ -333,11 +336,34 @@ mod tests {
             assert!((c as f64 / 20_000.0 - p).abs() < 0.01, "token {i}: {c} draws, p = {p}");
         }
         // Temperature 0 is the argmax, the first on ties.
-        assert_eq!(gumbel_max(&[1.0, 3.0, 3.0], 0.0, 9).token_id, 1);
+        assert_eq!(gumbel_max(&[1.0, 3.0, 3.0], &RowSampling::new(0.0, 9)).token_id, 1);
         // The draw is fixed by the seed.
-        assert_eq!(gumbel_max(&logits, 1.0, 77), gumbel_max(&logits, 1.0, 77));
+        assert_eq!(gumbel_max(&logits, &RowSampling::new(1.0, 77)), gumbel_max(&logits, &RowSampling::new(1.0, 77)));
         let u: Vec<f32> = (0..1000).map(|i| draw_uniform(5, i)).collect();
         assert!(u.iter().all(|&x| x > 0.0 && x < 1.0));
+    }
+
+    #[test]
+    fn filtered_gumbel_max_follows_the_filtered_distribution() {
+        let logits = [0.5f32, 2.0, 1.0, -1.0, 1.5, 0.0];
+        for r in [
+            RowSampling { top_k: 3, ..RowSampling::new(0.8, 0) },
+            RowSampling { top_p: 0.7, ..RowSampling::new(1.0, 0) },
+            RowSampling { min_p: 0.3, ..RowSampling::new(1.2, 0) },
+            RowSampling { top_k: 4, top_p: 0.9, min_p: 0.1, ..RowSampling::new(0.6, 0) },
+        ] {
+            let p = SamplingParams { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p, min_p: r.min_p, ..Default::default() };
+            let want = filtered_distribution(&logits, &p);
+            let mut counts = [0usize; 6];
+            let n = 20_000;
+            for seed in 0..n as u64 {
+                counts[gumbel_max(&logits, &RowSampling { seed: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) + 1, ..r }).token_id as usize] += 1;
+            }
+            for (i, &c) in counts.iter().enumerate() {
+                let p = want.iter().find(|w| w.0 == i as u32).map_or(0.0, |w| w.1);
+                assert!((c as f64 / n as f64 - p).abs() < 0.012, "{r:?} token {i}: {c} draws, p = {p}");
+            }
+        }
     }
 
     #[test]

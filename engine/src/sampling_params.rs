@@ -90,11 +90,11 @@ impl SamplingParams {
         self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 || self.repetition_penalty != 1.0
     }
 
-    /// Whether the next token depends on the logits row, the temperature and one random draw
-    /// only (no penalties, no top-k/top-p/min-p filter, no alternatives reported): a backend
-    /// can then choose it where the logits are, without copying them out.
+    /// Whether the next token depends on the logits row, temperature, filters and one random
+    /// draw only (no penalties, no alternatives reported): a backend can then choose it where
+    /// the logits are, without copying them out.
     pub fn is_plain(&self) -> bool {
-        !self.has_penalties() && self.top_k <= 0 && self.top_p >= 1.0 && self.min_p == 0.0 && self.logprobs.unwrap_or(0) == 0
+        !self.has_penalties() && self.logprobs.unwrap_or(0) == 0
     }
 
     /// Rejects values no sampler can honour, with a message fit for an API error.

@@ -36,7 +36,7 @@ impl ModelBackend for DeviceSampling {
         let logits = self.inner.forward(batch)?;
         let vocab = self.inner.config().vocab_size;
         self.rows.fetch_add(rows.len(), Ordering::Relaxed);
-        Ok(logits.chunks_exact(vocab).zip(rows).map(|(l, r)| gumbel_max(l, r.temperature, r.seed)).collect())
+        Ok(logits.chunks_exact(vocab).zip(rows).map(|(l, r)| gumbel_max(l, r)).collect())
     }
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
         self.inner.copy_blocks(pairs)
@@ -125,6 +125,21 @@ fn requests_the_device_cannot_sample_reach_the_host_sampler() {
     let n2 = SamplingParams { n: 2, temperature: 0.8, seed: Some(3), ignore_eos: true, max_tokens: 1, ..Default::default() };
     run(&mut e, &[("pen", "Water boils at", pen), ("n2", "Water boils at", n2)]);
     assert_eq!(rows.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn filtered_sampling_runs_on_the_device_within_the_filters() {
+    let (mut e, rows) = device_engine();
+    // top_k = 1 and a tiny top_p keep only the most likely token: greedy's output at any seed.
+    let greedy = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
+    let k1 = SamplingParams { temperature: 1.5, top_k: 1, seed: Some(4), ..greedy.clone() };
+    let p0 = SamplingParams { temperature: 1.5, top_p: 1e-6, seed: Some(5), ..greedy.clone() };
+    let mp = SamplingParams { temperature: 0.7, top_k: 20, top_p: 0.9, min_p: 0.05, seed: Some(6), ..greedy.clone() };
+    let out = run(&mut e, &[("g", "The capital of France is", greedy), ("k1", "The capital of France is", k1), ("p0", "The capital of France is", p0), ("mp", "Once upon a time", mp)]);
+    assert_eq!(rows.load(Ordering::Relaxed), 4 * 8);
+    assert_eq!(out["g"][0].token_ids, out["k1"][0].token_ids);
+    assert_eq!(out["g"][0].token_ids, out["p0"][0].token_ids);
+    assert_eq!(out["mp"][0].token_ids.len(), 8);
 }
 
 #[test]
