@@ -173,6 +173,123 @@ pub fn prefill(cfg: &ModelConfig, prompts: usize, len: usize) -> Result<PrefillR
     Ok(PrefillRow { prompts, len, ms: ts[ts.len() / 2], flops: prefill_flops(cfg, prompts, len), profile })
 }
 
+/// One KV page transfer measurement between two GPUs.
+#[derive(Debug, Clone)]
+pub struct PagesRow {
+    /// Pages moved.
+    pub pages: usize,
+    /// Bytes moved.
+    pub bytes: usize,
+    /// Gather, NCCL in chunks, scatter: receiver's time from the common start, ms (median of 5).
+    pub paged_ms: f64,
+    /// One raw NCCL send/recv of the same bytes between contiguous buffers, ms (median of 5).
+    pub raw_ms: f64,
+    /// Pages compared byte for byte after the transfer (first, middle, last) and how many differed.
+    pub checked: usize,
+    /// Of those, pages that differ.
+    pub differing: usize,
+}
+
+/// Page ids `0..n` spread through a pool of `num_blocks` (distinct while `num_blocks` is prime
+/// to `step`).
+fn spread_blocks(n: usize, num_blocks: usize, step: usize, offset: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * step + offset) % num_blocks) as u32).collect()
+}
+
+/// One page of `view` as stored, read back to the host.
+fn read_page(g: &Gpu, pool: &cudarc::driver::CudaSlice<u16>, view: &crate::nccl::PoolView, block: u32) -> Result<Vec<u16>, CudaError> {
+    let mut out = vec![0u16; view.parts * view.block_elems];
+    for (p, chunk) in out.chunks_exact_mut(view.block_elems).enumerate() {
+        let off = (p * view.num_blocks + block as usize) * view.block_elems;
+        g.stream.memcpy_dtoh(&pool.slice(off..off + view.block_elems), chunk).map_err(CudaError::from)?;
+    }
+    g.sync()?;
+    Ok(out)
+}
+
+/// KV pages of the model `cfg` (random contents, blocks of 16) from GPU 0 to GPU 1 over NCCL, a
+/// thread per GPU as two processes would be: for each count, the paged transfer (gather, chunks
+/// of `chunk_pages` pages, scatter into scattered blocks) against one raw NCCL send/recv of the
+/// same bytes, and the moved pages checked.
+pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas: usize) -> Result<Vec<PagesRow>, CudaError> {
+    use crate::nccl::{PageLink, PoolView};
+    use std::sync::{mpsc, Barrier};
+    let max = counts.iter().copied().max().unwrap_or(1);
+    let (bs, parts) = (16, 2 * cfg.num_layers);
+    let block_elems = bs * cfg.kv_size();
+    // A pool size prime to the spreading steps (7 and 5).
+    let mut num_blocks = max + 16;
+    while num_blocks % 7 == 0 || num_blocks % 5 == 0 {
+        num_blocks += 1;
+    }
+    let id = crate::nccl::new_id()?;
+    let barrier = Barrier::new(2);
+    let (page_tx, page_rx) = mpsc::channel::<Vec<u16>>();
+    let run = |rank: usize, page_tx: Option<mpsc::Sender<Vec<u16>>>, page_rx: Option<mpsc::Receiver<Vec<u16>>>| -> Result<Vec<PagesRow>, CudaError> {
+        let gone = || CudaError::Unsupported("peer thread gone".into());
+        let g = Gpu::open(rank, Dtype::Bf16)?;
+        let pool = g.zeros::<u16>(parts * num_blocks * block_elems)?;
+        if rank == 0 {
+            let (p, len, seed, scale, konst) = (ptr(&pool), pool.len() as u64, 5u32, 1.0f32, 0i32);
+            let cfg = cudarc::driver::LaunchConfig { grid_dim: (g.num_sms as u32 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: fill_random over the pool's elements.
+            unsafe { g.launch(&g.k.fill_random, cfg, &[&p, &len, &seed, &scale, &konst])? };
+        }
+        let view = PoolView { base: ptr(&pool), parts, num_blocks, block_elems };
+        let mut raw = g.zeros::<u8>(max * view.page_bytes())?;
+        g.sync()?;
+        let mut link = PageLink::connect(&g, rank, id, view.page_bytes(), chunk_pages, max)?;
+        link.set_copy_ctas(copy_ctas);
+        let mut rows = Vec::new();
+        for &n in counts {
+            let blocks = if rank == 0 { spread_blocks(n, num_blocks, 7, 3) } else { spread_blocks(n, num_blocks, 5, 11) };
+            let bytes = n * view.page_bytes();
+            let mut paged = Vec::new();
+            let mut rawt = Vec::new();
+            for rep in 0..6 {
+                barrier.wait();
+                let t = Instant::now();
+                if rank == 0 { link.send(&g, &view, &blocks)? } else { link.recv(&g, &view, &blocks)? }
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                barrier.wait();
+                barrier.wait();
+                let t = Instant::now();
+                if rank == 0 { link.send_raw(&raw, bytes)? } else { link.recv_raw(&mut raw, bytes)? }
+                let raw_ms = t.elapsed().as_secs_f64() * 1e3;
+                if rep > 0 {
+                    paged.push(ms);
+                    rawt.push(raw_ms);
+                }
+            }
+            paged.sort_by(f64::total_cmp);
+            rawt.sort_by(f64::total_cmp);
+            // The first, middle and last page, sender's against receiver's.
+            let picks = [0, n / 2, n - 1];
+            let (mut checked, mut differing) = (0, 0);
+            for &i in &picks {
+                let page = read_page(&g, &pool, &view, blocks[i])?;
+                if let Some(tx) = &page_tx {
+                    tx.send(page).map_err(|_| gone())?;
+                } else if let Some(rx) = &page_rx {
+                    let sent = rx.recv().map_err(|_| gone())?;
+                    checked += 1;
+                    differing += usize::from(sent != page);
+                }
+            }
+            rows.push(PagesRow { pages: n, bytes, paged_ms: paged[paged.len() / 2], raw_ms: rawt[rawt.len() / 2], checked, differing });
+        }
+        Ok(rows)
+    };
+    let (r0, r1) = std::thread::scope(|sc| {
+        let run = &run;
+        let h0 = sc.spawn(move || run(0, Some(page_tx), None));
+        let h1 = sc.spawn(move || run(1, None, Some(page_rx)));
+        (h0.join(), h1.join())
+    });
+    r0.map_err(|_| CudaError::Unsupported("sender thread panicked".into()))??;
+    r1.map_err(|_| CudaError::Unsupported("receiver thread panicked".into()))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,5 +310,19 @@ mod tests {
         assert_eq!(b.seqs.len(), 3);
         assert_eq!(b.seqs[2].block_table[0], 2 * 65);
         assert!(prefill_flops(&c, 4, 2048) > 2.0 * 8192.0 * 6.9e9);
+    }
+
+    #[test]
+    fn page_transfer_layout() {
+        let c = llama8b();
+        // A Llama-3-8B page: 32 layers × K and V × 16 positions × 8 KV heads × 128 dims × 2 bytes.
+        let v = crate::nccl::PoolView { base: 0, parts: 2 * c.num_layers, num_blocks: 4113, block_elems: 16 * c.kv_size() };
+        assert_eq!(v.page_bytes(), 2 << 20);
+        for (step, off) in [(7, 3), (5, 11)] {
+            let b = spread_blocks(4096, 4113, step, off);
+            let distinct: std::collections::HashSet<_> = b.iter().collect();
+            assert_eq!(distinct.len(), 4096);
+            assert!(b.iter().all(|&x| (x as usize) < 4113));
+        }
     }
 }

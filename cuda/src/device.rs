@@ -105,6 +105,10 @@ pub struct Kernels {
     pub softmax_causal: CudaFunction,
     /// f32 to the model's 16-bit type.
     pub to_model: CudaFunction,
+    /// KV pages from the pool into a staging buffer (NCCL transport).
+    pub gather_pages: CudaFunction,
+    /// KV pages from a staging buffer into the pool.
+    pub scatter_pages: CudaFunction,
 }
 
 /// A CUDA device ready for the backend.
@@ -178,6 +182,8 @@ impl Gpu {
             gather_kv: f("gather_kv")?,
             softmax_causal: f("softmax_causal")?,
             to_model: f("to_model")?,
+            gather_pages: f("gather_pages")?,
+            scatter_pages: f("scatter_pages")?,
         };
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas(format!("{e:?}")))?;
         let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE).map_err(CudaError::from)?;

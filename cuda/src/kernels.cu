@@ -817,3 +817,44 @@ extern "C" __global__ void sample_rows(const float* __restrict__ logits, const i
     }
   }
 }
+
+// KV pages between a pool and a contiguous staging buffer (the NCCL transport): the CTAs walk
+// the (page, layer-part) pieces, 16 bytes per thread step — a few CTAs, so the copy leaves most
+// SMs to NCCL's kernels running beside it. The pool is `parts` layer-parts (K and V of every
+// layer) of `part_stride` uint4s each, a block's rows `chunk` uint4s within a part; the staging
+// buffer is [page][part][chunk]. Block: 256 threads.
+#define PAGE_COPY_ILP 8
+
+// Copies n uint4s, each thread holding PAGE_COPY_ILP loads in flight before its stores.
+__device__ __forceinline__ void copy_piece(const uint4* __restrict__ src, uint4* __restrict__ dst, int n) {
+  const int step = blockDim.x * PAGE_COPY_ILP;
+  for (int base = 0; base < n; base += step) {
+    uint4 r[PAGE_COPY_ILP];
+#pragma unroll
+    for (int j = 0; j < PAGE_COPY_ILP; j++) {
+      int i = base + j * blockDim.x + threadIdx.x;
+      if (i < n) r[j] = src[i];
+    }
+#pragma unroll
+    for (int j = 0; j < PAGE_COPY_ILP; j++) {
+      int i = base + j * blockDim.x + threadIdx.x;
+      if (i < n) dst[i] = r[j];
+    }
+  }
+}
+
+extern "C" __global__ void gather_pages(const uint4* __restrict__ pool, const int* __restrict__ blocks, uint4* __restrict__ out,
+                                        int pieces, int parts, long long part_stride, int chunk) {
+  for (int w = blockIdx.x; w < pieces; w += gridDim.x) {
+    const int page = w / parts, part = w % parts;
+    copy_piece(pool + part * part_stride + (long long)blocks[page] * chunk, out + (long long)w * chunk, chunk);
+  }
+}
+
+extern "C" __global__ void scatter_pages(const uint4* __restrict__ in, const int* __restrict__ blocks, uint4* __restrict__ pool,
+                                         int pieces, int parts, long long part_stride, int chunk) {
+  for (int w = blockIdx.x; w < pieces; w += gridDim.x) {
+    const int page = w / parts, part = w % parts;
+    copy_piece(in + (long long)w * chunk, pool + part * part_stride + (long long)blocks[page] * chunk, chunk);
+  }
+}

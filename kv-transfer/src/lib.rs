@@ -7,7 +7,9 @@
 //! - [`tcp`]: a TCP transport with I/O timeouts, so a stalled peer is detected in bounded time;
 //!   received pages go straight into the receiver's blocks through a [`tcp::PageSink`].
 //!
-//! [`Transport`] names the transports; NCCL between GPUs is the other one (separate work).
+//! [`Transport`] names the transports; NCCL between GPUs is the other one: its page mover
+//! (`tandem_cuda::nccl::PageLink`: gather, chunked NCCL send/recv, scatter) is measured by
+//! `tandem-gpu bench-pages`; the services do not use it yet.
 
 pub mod layout;
 pub mod page;

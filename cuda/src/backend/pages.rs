@@ -8,6 +8,12 @@ use super::CudaBackend;
 use crate::CudaError;
 
 impl CudaBackend {
+    /// Where the KV pool lies and how its blocks are laid out, for moving pages between GPUs
+    /// ([`crate::nccl::PageLink`]).
+    pub fn pool_view(&self) -> crate::nccl::PoolView {
+        crate::nccl::PoolView { base: crate::device::ptr(&self.kv), parts: 2 * self.cfg.num_layers, num_blocks: self.num_blocks, block_elems: self.block_elems() }
+    }
+
     pub(super) fn check_pairs(&self, pairs: &[(u32, u32)], src: usize, dst: usize) -> Result<(), BackendError> {
         match pairs.iter().find(|(s, d)| *s as usize >= src || *d as usize >= dst) {
             Some(p) => Err(BackendError::InvalidBatch(format!("block pair {p:?} out of range"))),
