@@ -178,12 +178,14 @@ __device__ __forceinline__ void att_load(uint4 (&kr)[ATT_LOADS], uint4 (&vr)[ATT
 // the row's query (K rows padded to 132 floats: conflict-free), then lane j accumulates output
 // dims 4j..4j+3 (all lanes for hd = 128, half of them for hd = 64).
 #define ATT_KS (ATT_MAX_HD + 4)
+// The parameters every paged-attention kernel takes.
+#define ATTENTION_ARGS                                                                                      \
+  const float* __restrict__ q, const h16* __restrict__ k_cache, const h16* __restrict__ v_cache,            \
+      const int* __restrict__ tiles, const int* __restrict__ block_tables, h16* __restrict__ out,           \
+      float* __restrict__ part_acc, float* __restrict__ part_ml, int num_tokens, int nh, int nkv, int hd, \
+      int block_size, float scale
 template <int RPW>
-__device__ __forceinline__ void attention_impl(
-    const float* __restrict__ q, const h16* __restrict__ k_cache, const h16* __restrict__ v_cache,
-    const int* __restrict__ tiles, const int* __restrict__ block_tables, h16* __restrict__ out,
-    float* __restrict__ part_acc, float* __restrict__ part_ml, int num_tokens, int nh, int nkv, int hd,
-    int block_size, float scale) {
+__device__ __forceinline__ void attention_impl(ATTENTION_ARGS) {
   __shared__ __align__(16) float ks[ATT_BK][ATT_KS];
   __shared__ __align__(16) float vs[ATT_BK][ATT_MAX_HD];
   __shared__ __align__(16) float qs[RPW * ATT_WARPS][ATT_MAX_HD];
@@ -297,11 +299,6 @@ __device__ __forceinline__ void attention_impl(
   }
 }
 
-#define ATTENTION_ARGS                                                                                      \
-  const float* __restrict__ q, const h16* __restrict__ k_cache, const h16* __restrict__ v_cache,            \
-      const int* __restrict__ tiles, const int* __restrict__ block_tables, h16* __restrict__ out,           \
-      float* __restrict__ part_acc, float* __restrict__ part_ml, int num_tokens, int nh, int nkv, int hd, \
-      int block_size, float scale
 extern "C" __global__ void __launch_bounds__(128) attention(ATTENTION_ARGS) {
   attention_impl<ATT_MAX_ROWS / ATT_WARPS>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale);
 }
@@ -359,11 +356,7 @@ __device__ __forceinline__ void split2(float x, float y, unsigned& hi, unsigned&
 }
 
 template <int HD>
-__device__ __forceinline__ void attention_mma_impl(
-    const float* __restrict__ q, const h16* __restrict__ k_cache, const h16* __restrict__ v_cache,
-    const int* __restrict__ tiles, const int* __restrict__ block_tables, h16* __restrict__ out,
-    float* __restrict__ part_acc, float* __restrict__ part_ml, int num_tokens, int nh, int nkv, int hd,
-    int block_size, float scale) {
+__device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
   constexpr int LD = HD + 8;           // padded shared row (16-bit elements): conflict-free ldmatrix
   constexpr int PAGE = MMA_PAGE * LD;  // one page of K or V
   constexpr int KS = HD / 16;          // k-steps of Q·Kᵀ
