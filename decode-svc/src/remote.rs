@@ -17,6 +17,7 @@ use tandem_worker::metrics::{count_transfer_failure, observe_transfer};
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Status;
+use tracing::Instrument;
 
 use crate::service::DecodeService;
 use crate::FailurePolicy;
@@ -52,7 +53,25 @@ type Tx = mpsc::UnboundedSender<Result<pb::GenerateResponse, Status>>;
 /// Runs the remote prefill of `req` into the blocks of `rp`, then hands the request back to
 /// the engine: continuing from the prefill worker's first token, recomputing locally, or
 /// failing it, by the configured policy.
-pub(crate) async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: RemotePrefill, tx: Tx) {
+/// Runs [`remote_prefill`] on a task of its own, in the caller's span; should that task panic,
+/// the request fails (its client gets an error) instead of waiting forever.
+pub(crate) fn spawn_remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: RemotePrefill, tx: Tx) {
+    let (rid, engine, transfers) = (req.request_id.clone(), svc.engine.clone(), svc.transfers.clone());
+    let task = tokio::spawn(remote_prefill(svc, req, rp, tx).instrument(tracing::Span::current()));
+    tokio::spawn(async move {
+        if let Err(e) = task.await {
+            if e.is_panic() {
+                tracing::error!(request_id = %rid, "the remote prefill task panicked; failing the request");
+                engine.submit(move |s| {
+                    transfers.remove_request(&rid);
+                    s.fail(&rid, "internal error during the remote prefill");
+                });
+            }
+        }
+    });
+}
+
+async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: RemotePrefill, tx: Tx) {
     let transfer_id = svc.next_transfer_id();
     let rid = req.request_id.clone();
     let mut failed_rx = svc.transfers.register(transfer_id, &rid, rp.block_table.clone());

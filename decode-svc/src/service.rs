@@ -18,8 +18,9 @@ use tandem_worker::{EngineEvent, EngineHandle};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
-use crate::remote::{remote_prefill, PrefillClients};
+use crate::remote::{spawn_remote_prefill, PrefillClients};
 use crate::transfers::Transfers;
 use crate::DecodeConfig;
 
@@ -113,98 +114,101 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
         let params = params_from_proto(r.params.as_ref().ok_or_else(|| Status::invalid_argument("params are missing"))?);
         params.validate().map_err(Status::invalid_argument)?;
         let span = tracing::info_span!("generate", request_id = %r.request_id);
-        let _enter = span.enter();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let want_remote = !r.prefill_worker.is_empty();
-        let local_reason = if !want_remote {
-            "local_no_worker"
-        } else if params.n > 1 {
-            "local_n"
-        } else {
-            ""
-        };
-        let min_remote = self.cfg.min_remote_prefill_tokens;
-        let id = r.request_id.clone();
-        let opts = RequestOptions {
-            priority: r.priority,
-            cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()),
-            no_speculation: r.no_speculation,
-            ..Default::default()
-        };
-        let prompt = Prompt::TokenIds(r.prompt_token_ids.clone());
-        let sink_tx = tx.clone();
-        // Armed before the request enters the engine: if this call is dropped while it waits for
-        // the engine thread (the client went away meanwhile, as after a stall), the request is
-        // aborted instead of staying parked with its blocks.
-        let (engine, transfers, gid) = (self.engine.clone(), self.transfers.clone(), r.request_id.clone());
-        let on_drop = Box::new(move || {
-            engine.submit(move |s| {
-                transfers.remove_request(&gid);
-                if s.abort(&gid) {
-                    tracing::info!(request_id = %gid, "request aborted: its client went away");
-                }
-            });
-        });
-        let mut stream = GenerateStream { rx, on_drop: Some(on_drop) };
-        let placement = self
-            .engine
-            .call(move |s| {
-                let prefill_label = if local_reason.is_empty() { "remote" } else { "local" };
-                let mut sink_label = prefill_label;
-                let placement = if local_reason.is_empty() {
-                    match s.engine.add_remote_prefill(&id, prompt, params, opts)? {
-                        Some(rp) if rp.prompt_token_ids.len() - rp.num_cached_tokens >= min_remote.max(1) => Placement::Remote(rp),
-                        Some(_) => {
-                            s.engine.fail_remote_prefill(&id, true);
-                            sink_label = "local";
-                            Placement::Local("local_short")
-                        }
-                        None => {
-                            sink_label = "local";
-                            Placement::Local("local_no_blocks")
-                        }
+        async move {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let want_remote = !r.prefill_worker.is_empty();
+            let local_reason = if !want_remote {
+                "local_no_worker"
+            } else if params.n > 1 {
+                "local_n"
+            } else {
+                ""
+            };
+            let min_remote = self.cfg.min_remote_prefill_tokens;
+            let id = r.request_id.clone();
+            let opts = RequestOptions {
+                priority: r.priority,
+                cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()),
+                no_speculation: r.no_speculation,
+                ..Default::default()
+            };
+            let prompt = Prompt::TokenIds(r.prompt_token_ids.clone());
+            let sink_tx = tx.clone();
+            // Armed before the request enters the engine: if this call is dropped while it waits for
+            // the engine thread (the client went away meanwhile, as after a stall), the request is
+            // aborted instead of staying parked with its blocks.
+            let (engine, transfers, gid) = (self.engine.clone(), self.transfers.clone(), r.request_id.clone());
+            let on_drop = Box::new(move || {
+                engine.submit(move |s| {
+                    transfers.remove_request(&gid);
+                    if s.abort(&gid) {
+                        tracing::info!(request_id = %gid, "request aborted: its client went away");
                     }
-                } else {
-                    s.engine.add_request_with(&id, prompt, params, opts)?;
-                    Placement::Local(local_reason)
-                };
-                s.subscribe(
-                    &id,
-                    Box::new(move |ev| {
-                        let _ = sink_tx.send(match ev {
-                            EngineEvent::Output(o) => Ok(response(&o, sink_label)),
-                            EngineEvent::Failed(msg) => Err(Status::internal(msg)),
-                        });
-                    }),
-                );
-                Ok::<_, tandem_engine::EngineError>(placement)
-            })
-            .await;
-        let placement = match placement {
-            Some(Ok(p)) => p,
-            other => {
-                // Not added (or the id belongs to another live request): nothing to abort.
-                stream.on_drop = None;
-                return Err(match other {
-                    Some(Err(tandem_engine::EngineError::InvalidRequest(m))) => Status::invalid_argument(m),
-                    Some(Err(e @ tandem_engine::EngineError::DuplicateRequestId(_))) => Status::already_exists(e.to_string()),
-                    Some(Err(e)) => Status::internal(e.to_string()),
-                    _ => Status::unavailable("the engine has stopped"),
                 });
+            });
+            let mut stream = GenerateStream { rx, on_drop: Some(on_drop) };
+            let placement = self
+                .engine
+                .call(move |s| {
+                    let prefill_label = if local_reason.is_empty() { "remote" } else { "local" };
+                    let mut sink_label = prefill_label;
+                    let placement = if local_reason.is_empty() {
+                        match s.engine.add_remote_prefill(&id, prompt, params, opts)? {
+                            Some(rp) if rp.prompt_token_ids.len() - rp.num_cached_tokens >= min_remote.max(1) => Placement::Remote(rp),
+                            Some(_) => {
+                                s.engine.fail_remote_prefill(&id, true);
+                                sink_label = "local";
+                                Placement::Local("local_short")
+                            }
+                            None => {
+                                sink_label = "local";
+                                Placement::Local("local_no_blocks")
+                            }
+                        }
+                    } else {
+                        s.engine.add_request_with(&id, prompt, params, opts)?;
+                        Placement::Local(local_reason)
+                    };
+                    s.subscribe(
+                        &id,
+                        Box::new(move |ev| {
+                            let _ = sink_tx.send(match ev {
+                                EngineEvent::Output(o) => Ok(response(&o, sink_label)),
+                                EngineEvent::Failed(msg) => Err(Status::internal(msg)),
+                            });
+                        }),
+                    );
+                    Ok::<_, tandem_engine::EngineError>(placement)
+                })
+                .await;
+            let placement = match placement {
+                Some(Ok(p)) => p,
+                other => {
+                    // Not added (or the id belongs to another live request): nothing to abort.
+                    stream.on_drop = None;
+                    return Err(match other {
+                        Some(Err(tandem_engine::EngineError::InvalidRequest(m))) => Status::invalid_argument(m),
+                        Some(Err(e @ tandem_engine::EngineError::DuplicateRequestId(_))) => Status::already_exists(e.to_string()),
+                        Some(Err(e)) => Status::internal(e.to_string()),
+                        _ => Status::unavailable("the engine has stopped"),
+                    });
+                }
+            };
+            match placement {
+                Placement::Local(reason) => {
+                    count_disagg_decision(reason);
+                    tracing::debug!(decision = reason, "prefilling locally");
+                }
+                Placement::Remote(rp) => {
+                    count_disagg_decision("remote");
+                    tracing::debug!(prefill_worker = %r.prefill_worker, cached = rp.num_cached_tokens, "prefilling remotely");
+                    spawn_remote_prefill(self.clone(), r.clone(), rp, tx.clone());
+                }
             }
-        };
-        match placement {
-            Placement::Local(reason) => {
-                count_disagg_decision(reason);
-                tracing::debug!(decision = reason, "prefilling locally");
-            }
-            Placement::Remote(rp) => {
-                count_disagg_decision("remote");
-                tracing::debug!(prefill_worker = %r.prefill_worker, cached = rp.num_cached_tokens, "prefilling remotely");
-                tokio::spawn(remote_prefill(self.clone(), r.clone(), rp, tx.clone()));
-            }
+            Ok(Response::new(stream))
         }
-        Ok(Response::new(stream))
+        .instrument(span)
+        .await
     }
 
     async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {

@@ -14,6 +14,7 @@ use tandem_worker::convert::{params_from_proto, sampled_to_proto};
 use tandem_worker::metrics::{count_transfer_failure, observe_transfer};
 use tandem_worker::{EngineEvent, EngineHandle};
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 /// Faults a test can inject into the page stream (`TANDEM_FAULT_INJECT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,68 +120,71 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
         params.validate().map_err(Status::invalid_argument)?;
         let rid = format!("{}/{:x}", r.request_id, r.transfer_id);
         let span = tracing::info_span!("prefill", request_id = %r.request_id, transfer_id = r.transfer_id);
-        let _enter = span.enter();
-        let started = Instant::now();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let mut tx = Some(tx);
-        let (id, tokens) = (rid.clone(), r.prompt_token_ids.clone());
-        let opts = RequestOptions { prefill_only: true, cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()), ..Default::default() };
-        // Armed before the request is queued: if the caller goes away while the engine thread
-        // adds it, the abort queued behind it still releases it (jobs run in order).
-        let _release = Release { engine: self.engine.clone(), rid: rid.clone() };
-        self.engine
-            .call(move |s| {
-                s.engine.add_request_with(&id, Prompt::TokenIds(tokens), params, opts)?;
-                s.subscribe(
-                    &id,
-                    Box::new(move |ev| {
-                        let done = match ev {
-                            EngineEvent::Output(o) if o.finished => Some(Ok(o)),
-                            EngineEvent::Output(_) => None,
-                            EngineEvent::Failed(m) => Some(Err(m)),
-                        };
-                        if let (Some(d), Some(tx)) = (done, tx.take()) {
-                            let _ = tx.send(d);
-                        }
-                    }),
-                );
-                Ok::<_, tandem_engine::EngineError>(())
-            })
-            .await
-            .ok_or_else(|| Status::unavailable("the engine has stopped"))?
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let out = rx.await.map_err(|_| Status::internal("the prefill was dropped"))?.map_err(Status::internal)?;
-        let first = first_token(&out).ok_or_else(|| Status::internal("the prefill produced no token"))?;
-        let num_cached = out.metrics.num_cached_tokens as u32;
-        let prefill_seconds = started.elapsed().as_secs_f64();
-        let id = rid.clone();
-        let blocks = self.engine.call(move |s| s.engine.prefill_blocks(&id)).await.flatten().ok_or_else(|| Status::internal("the prefill's blocks are gone"))?;
-        let (svc, req2) = (self.clone(), r.clone());
-        let t0 = Instant::now();
-        let shipped = tokio::task::spawn_blocking(move || svc.ship(&blocks, &req2)).await.map_err(|e| Status::internal(e.to_string()))?;
-        let transfer_seconds = t0.elapsed().as_secs_f64();
-        match shipped {
-            Ok((pages, bytes)) => {
-                observe_transfer(bytes, transfer_seconds);
-                tracing::info!(pages, bytes, prefill_seconds, transfer_seconds, "pages shipped");
-                Ok(Response::new(pb::PrefillResponse {
-                    first_token: Some(sampled_to_proto(&first)),
-                    pages_sent: pages,
-                    bytes_sent: bytes,
-                    num_cached_tokens: num_cached,
-                    prefill_seconds,
-                    transfer_seconds,
-                }))
-            }
-            Err(e) => {
-                count_transfer_failure(match e {
-                    TransferError::LayoutMismatch { .. } | TransferError::Refused(_) => "refused",
-                    TransferError::Timeout(_) => "timeout",
-                    _ => "send",
-                });
-                tracing::warn!(error = %e, "shipping KV pages failed");
-                Err(Status::unavailable(format!("KV transfer to {} failed: {e}", r.kv_destination)))
+        async move {
+            let started = Instant::now();
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let mut tx = Some(tx);
+            let (id, tokens) = (rid.clone(), r.prompt_token_ids.clone());
+            let opts = RequestOptions { prefill_only: true, cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()), ..Default::default() };
+            // Armed before the request is queued: if the caller goes away while the engine thread
+            // adds it, the abort queued behind it still releases it (jobs run in order).
+            let _release = Release { engine: self.engine.clone(), rid: rid.clone() };
+            self.engine
+                .call(move |s| {
+                    s.engine.add_request_with(&id, Prompt::TokenIds(tokens), params, opts)?;
+                    s.subscribe(
+                        &id,
+                        Box::new(move |ev| {
+                            let done = match ev {
+                                EngineEvent::Output(o) if o.finished => Some(Ok(o)),
+                                EngineEvent::Output(_) => None,
+                                EngineEvent::Failed(m) => Some(Err(m)),
+                            };
+                            if let (Some(d), Some(tx)) = (done, tx.take()) {
+                                let _ = tx.send(d);
+                            }
+                        }),
+                    );
+                    Ok::<_, tandem_engine::EngineError>(())
+                })
+                .await
+                .ok_or_else(|| Status::unavailable("the engine has stopped"))?
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let out = rx.await.map_err(|_| Status::internal("the prefill was dropped"))?.map_err(Status::internal)?;
+            let first = first_token(&out).ok_or_else(|| Status::internal("the prefill produced no token"))?;
+            let num_cached = out.metrics.num_cached_tokens as u32;
+            let prefill_seconds = started.elapsed().as_secs_f64();
+            let id = rid.clone();
+            let blocks = self.engine.call(move |s| s.engine.prefill_blocks(&id)).await.flatten().ok_or_else(|| Status::internal("the prefill's blocks are gone"))?;
+            let (svc, req2) = (self.clone(), r.clone());
+            let t0 = Instant::now();
+            let shipped = tokio::task::spawn_blocking(move || svc.ship(&blocks, &req2)).await.map_err(|e| Status::internal(e.to_string()))?;
+            let transfer_seconds = t0.elapsed().as_secs_f64();
+            match shipped {
+                Ok((pages, bytes)) => {
+                    observe_transfer(bytes, transfer_seconds);
+                    tracing::info!(pages, bytes, prefill_seconds, transfer_seconds, "pages shipped");
+                    Ok(Response::new(pb::PrefillResponse {
+                        first_token: Some(sampled_to_proto(&first)),
+                        pages_sent: pages,
+                        bytes_sent: bytes,
+                        num_cached_tokens: num_cached,
+                        prefill_seconds,
+                        transfer_seconds,
+                    }))
+                }
+                Err(e) => {
+                    count_transfer_failure(match e {
+                        TransferError::LayoutMismatch { .. } | TransferError::Refused(_) => "refused",
+                        TransferError::Timeout(_) => "timeout",
+                        _ => "send",
+                    });
+                    tracing::warn!(error = %e, "shipping KV pages failed");
+                    Err(Status::unavailable(format!("KV transfer to {} failed: {e}", r.kv_destination)))
+                }
             }
         }
+        .instrument(span)
+        .await
     }
 }
