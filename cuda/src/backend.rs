@@ -16,10 +16,12 @@ use tandem_engine::config::{ModelConfig, RopeStyle};
 use crate::device::{ptr, Dtype, Gpu, Operand};
 use crate::plan::{self, BatchPlan, LongSeq, ATT_MAX_HEAD_DIM, TILE_INTS};
 use crate::weights::DeviceWeights;
+use crate::CudaError;
 
 mod pages;
 mod sampling;
-use crate::CudaError;
+
+pub(crate) use sampling::sampling_args;
 
 /// Rows of attention output the split-context path keeps partial results for.
 const SPLIT_ROWS: usize = 512;
@@ -90,14 +92,9 @@ struct Activations {
     block_tables: CudaSlice<i32>,
     row_valid: CudaSlice<i32>,
     logits_rows: CudaSlice<i32>,
-    /// Device sampling: logits buffer row, temperature, seed and filters of each row; tokens
+    /// Device sampling: the kernel's per-row arguments ([`sampling::sampling_args`]); tokens
     /// then log-probability bits out.
-    sample_rows: CudaSlice<i32>,
-    sample_temps: CudaSlice<f32>,
-    sample_seeds: CudaSlice<u64>,
-    sample_top_k: CudaSlice<i32>,
-    sample_top_p: CudaSlice<f32>,
-    sample_min_p: CudaSlice<f32>,
+    sample_args: CudaSlice<u32>,
     sample_out: CudaSlice<i32>,
 }
 
@@ -191,12 +188,7 @@ impl CudaBackend {
             block_tables: gpu.zeros(t.max(1) * max_blocks_per_seq)?,
             row_valid: gpu.zeros(t)?,
             logits_rows: gpu.zeros(t)?,
-            sample_rows: gpu.zeros(logits_cap)?,
-            sample_temps: gpu.zeros(logits_cap)?,
-            sample_seeds: gpu.zeros(logits_cap)?,
-            sample_top_k: gpu.zeros(logits_cap)?,
-            sample_top_p: gpu.zeros(logits_cap)?,
-            sample_min_p: gpu.zeros(logits_cap)?,
+            sample_args: gpu.zeros(7 * logits_cap)?,
             sample_out: gpu.zeros(2 * logits_cap)?,
         };
         gpu.sync()?;
@@ -278,7 +270,6 @@ impl CudaBackend {
         plan::attention_splits(tiles, self.cfg.num_kv_heads, max_context, self.gpu.num_sms).min(MAX_SPLITS)
     }
 
-    /// Query heads per KV head.
     /// The tensor-core attention kernel for this model, when the device, head width and block
     /// size allow it and it is not switched off.
     fn mma_kernel(&self) -> Option<&cudarc::driver::CudaFunction> {
@@ -299,6 +290,7 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
+    /// Query heads per KV head.
     fn group(&self) -> usize {
         self.cfg.num_heads / self.cfg.num_kv_heads
     }

@@ -196,17 +196,6 @@ fn spread_blocks(n: usize, num_blocks: usize, step: usize, offset: usize) -> Vec
     (0..n).map(|i| ((i * step + offset) % num_blocks) as u32).collect()
 }
 
-/// One page of `view` as stored, read back to the host.
-fn read_page(g: &Gpu, pool: &cudarc::driver::CudaSlice<u16>, view: &crate::nccl::PoolView, block: u32) -> Result<Vec<u16>, CudaError> {
-    let mut out = vec![0u16; view.parts * view.block_elems];
-    for (p, chunk) in out.chunks_exact_mut(view.block_elems).enumerate() {
-        let off = (p * view.num_blocks + block as usize) * view.block_elems;
-        g.stream.memcpy_dtoh(&pool.slice(off..off + view.block_elems), chunk).map_err(CudaError::from)?;
-    }
-    g.sync()?;
-    Ok(out)
-}
-
 /// KV pages of the model `cfg` (random contents, blocks of 16) from GPU 0 to GPU 1 over NCCL, a
 /// thread per GPU as two processes would be: for each count, the paged transfer (gather, chunks
 /// of `chunk_pages` pages, scatter into scattered blocks) against one raw NCCL send/recv of the
@@ -267,7 +256,7 @@ pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas:
             let picks = [0, n / 2, n - 1];
             let (mut checked, mut differing) = (0, 0);
             for &i in &picks {
-                let page = read_page(&g, &pool, &view, blocks[i])?;
+                let page = crate::nccl::read_page(&g, &pool, &view, blocks[i] as usize)?;
                 if let Some(tx) = &page_tx {
                     tx.send(page).map_err(|_| gone())?;
                 } else if let Some(rx) = &page_rx {

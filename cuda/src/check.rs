@@ -395,20 +395,14 @@ fn sampling(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     logits[2 * vocab + 140_000] = 50.0;
     logits[2 * vocab + 123] = 50.0;
     let want: Vec<_> = logits.chunks_exact(vocab).zip(&specs).map(|(l, r)| gumbel_max(l, r)).collect();
-    let order: Vec<i32> = (0..rows as i32).rev().collect(); // rows named out of order
-    let spec = |i: i32| specs[i as usize];
-    let temps: Vec<f32> = order.iter().map(|&i| spec(i).temperature).collect();
-    let seeds: Vec<u64> = order.iter().map(|&i| spec(i).seed).collect();
-    let top_k: Vec<i32> = order.iter().map(|&i| spec(i).top_k).collect();
-    let top_p: Vec<f32> = order.iter().map(|&i| spec(i).top_p).collect();
-    let min_p: Vec<f32> = order.iter().map(|&i| spec(i).min_p).collect();
-    let (dl, dr, dt, ds) = (g.upload(&logits)?, g.upload(&order)?, g.upload(&temps)?, g.upload(&seeds)?);
-    let (dk, dp, dm) = (g.upload(&top_k)?, g.upload(&top_p)?, g.upload(&min_p)?);
+    let order: Vec<u32> = (0..rows as u32).rev().collect(); // rows named out of order
+    let named: Vec<RowSampling> = order.iter().map(|&i| specs[i as usize]).collect();
+    let (dl, da) = (g.upload(&logits)?, g.upload(&crate::backend::sampling_args(&order, &named))?);
     let dout = g.zeros::<i32>(2 * rows)?;
     let (ni, vi) = (rows as i32, vocab as i32);
     let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: sample_rows(logits, rows, temps, seeds, top_k, top_p, min_p, out, n, vocab).
-    unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(&dl), &ptr(&dr), &ptr(&dt), &ptr(&ds), &ptr(&dk), &ptr(&dp), &ptr(&dm), &ptr(&dout), &ni, &vi])? };
+    // SAFETY: sample_rows(logits, args, out, n, vocab) with 7n argument words and 2n outputs.
+    unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(&dl), &ptr(&da), &ptr(&dout), &ni, &vi])? };
     let out = g.read(&dout, 2 * rows)?;
     let (mut wrong, mut lp_err) = (0usize, 0f64);
     for (k, &i) in order.iter().enumerate() {

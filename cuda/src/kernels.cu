@@ -739,19 +739,18 @@ __device__ unsigned threshold_search(const float* row, int vocab, unsigned lo, u
 // One token per logits row (block x = row r of rows[]): Gumbel-max over l / temps[r] with the
 // row's seed among the tokens surviving min-p, then top-k, then top-p (as the engine's
 // sampler::gumbel_max; filters found by bisection on the logit value, ties at a threshold all
-// kept); temperature 0: argmax, ties to the lowest id. out[r] is the token, out[n + r] the bits
-// of its log-probability under the raw logits.
-extern "C" __global__ void sample_rows(const float* __restrict__ logits, const int* __restrict__ rows,
-                                       const float* __restrict__ temps, const unsigned long long* __restrict__ seeds,
-                                       const int* __restrict__ top_k, const float* __restrict__ top_p,
-                                       const float* __restrict__ min_p, int* __restrict__ out, int n, int vocab) {
+// kept); temperature 0: argmax, ties to the lowest id. `args` holds seven arrays of n words:
+// logits row, temperature, top-k, top-p, min-p (floats as bits), seed low and high words.
+// out[r] is the token, out[n + r] the bits of its log-probability under the raw logits.
+extern "C" __global__ void sample_rows(const float* __restrict__ logits, const unsigned* __restrict__ args,
+                                       int* __restrict__ out, int n, int vocab) {
   __shared__ float red[33];
   __shared__ float sm[32], ss[32], sb[32];
   __shared__ int si[32];
   const int r = blockIdx.x;
-  const float* row = logits + (size_t)rows[r] * vocab;
-  const float t = temps[r];
-  const unsigned long long seed = seeds[r];
+  const float* row = logits + (size_t)args[r] * vocab;
+  const float t = __uint_as_float(args[n + r]);
+  const unsigned long long seed = (unsigned long long)args[5 * n + r] | ((unsigned long long)args[6 * n + r] << 32);
   const float inv_t = t > 0.f ? 1.0f / t : 0.f;
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
   // Pass 1: max and sum of exp of the raw logits.
@@ -770,8 +769,8 @@ extern "C" __global__ void sample_rows(const float* __restrict__ logits, const i
   // The filters, as the lowest surviving key (0: every token).
   unsigned floor_key = 0u;
   if (t > 0.f) {
-    const int k = top_k[r];
-    const float p = top_p[r], mp = min_p[r];
+    const int k = (int)args[2 * n + r];
+    const float p = __uint_as_float(args[3 * n + r]), mp = __uint_as_float(args[4 * n + r]);
     if (mp > 0.f) floor_key = fkey(m + t * logf(mp));
     if (k > 0 && k < vocab) {
       unsigned kk = threshold_search(row, vocab, 0u, fkey(m), (float)k, false, m, inv_t, red);

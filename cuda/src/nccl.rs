@@ -42,6 +42,18 @@ impl PoolView {
     }
 }
 
+/// One page of the pool `pool` (laid out as `view` says) as stored, `parts` chunks of
+/// `block_elems`, read back to the host.
+pub fn read_page(g: &Gpu, pool: &CudaSlice<u16>, view: &PoolView, block: usize) -> Result<Vec<u16>, CudaError> {
+    let mut out = vec![0u16; view.parts * view.block_elems];
+    for (p, chunk) in out.chunks_exact_mut(view.block_elems).enumerate() {
+        let off = (p * view.num_blocks + block) * view.block_elems;
+        g.stream.memcpy_dtoh(&pool.slice(off..off + view.block_elems), chunk)?;
+    }
+    g.sync()?;
+    Ok(out)
+}
+
 /// Whether NCCL can be loaded on this machine.
 pub fn nccl_present() -> bool {
     // SAFETY: only probes for the shared library.
@@ -68,35 +80,17 @@ pub fn id_bytes(id: &Id) -> [u8; 128] {
 /// the last scatter, which nothing overlaps, are short.
 pub fn chunk_plan(n: usize, chunk: usize) -> Vec<(usize, usize)> {
     let chunk = chunk.max(1);
-    let mut sizes = Vec::new();
-    let mut left = n;
-    let ramp = [chunk.div_ceil(4), chunk.div_ceil(2)];
-    for &r in &ramp {
-        if left > 2 * chunk {
-            sizes.push(r);
-            left -= r;
-        }
-    }
-    let mut tail = Vec::new();
-    for &r in &ramp {
-        if left > 2 * chunk {
-            tail.push(r);
-            left -= r;
-        }
-    }
-    while left > 0 {
-        let s = left.min(chunk);
-        sizes.push(s);
-        left -= s;
-    }
-    sizes.extend(tail.into_iter().rev());
-    let mut first = 0;
+    let (quarter, half) = (chunk.div_ceil(4), chunk.div_ceil(2));
+    // Ramps only where at least two full chunks remain between them.
+    let ramp: &[usize] = if n > 2 * (quarter + half + chunk) { &[quarter, half] } else { &[] };
+    let body = n - 2 * ramp.iter().sum::<usize>();
+    let full = (0..body.div_ceil(chunk)).map(|i| (body - i * chunk).min(chunk));
+    let sizes = ramp.iter().copied().chain(full).chain(ramp.iter().rev().copied());
     sizes
-        .into_iter()
-        .map(|s| {
-            let c = (first, s);
-            first += s;
-            c
+        .scan(0, |first, s| {
+            let c = (*first, s);
+            *first += s;
+            Some(c)
         })
         .collect()
 }

@@ -194,7 +194,7 @@ impl LLMEngine {
     /// Queues a request with priority and cache salt.
     pub fn add_request_with(&mut self, request_id: &str, prompt: Prompt, mut params: SamplingParams, opts: RequestOptions) -> Result<(), EngineError> {
         // A model loaded without a tokenizer serves token ids only.
-        params.detokenize &= self.tokenizer.vocab_size() > 0;
+        params.detokenize &= !self.tokenizer.is_ids_only();
         params.validate().map_err(EngineError::InvalidRequest)?;
         if opts.prefill_only && params.n > 1 {
             return Err(EngineError::InvalidRequest("a prefill-only request has one completion (n = 1)".into()));

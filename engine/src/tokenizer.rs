@@ -31,6 +31,8 @@ pub struct Tokenizer {
     /// Whether prompts get a BOS token prepended.
     pub add_bos_token: bool,
     special_ids: HashSet<u32>,
+    /// No vocabulary at all ([`Tokenizer::ids_only`]).
+    ids_only: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -117,6 +119,7 @@ impl Tokenizer {
             eos_token_ids,
             add_bos_token: f.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
             special_ids,
+            ids_only: false,
         })
     }
 
@@ -151,6 +154,7 @@ impl Tokenizer {
             eos_token_ids,
             add_bos_token: cfg.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
             special_ids,
+            ids_only: false,
         })
     }
 
@@ -158,7 +162,12 @@ impl Tokenizer {
     /// configuration): prompts must be token ids and outputs are not detokenized.
     pub fn ids_only() -> Tokenizer {
         let model = tokenizers::models::wordlevel::WordLevel::default();
-        Tokenizer { inner: tokenizers::Tokenizer::new(model), bos_token_id: None, eos_token_ids: Vec::new(), add_bos_token: false, special_ids: HashSet::new() }
+        Tokenizer { inner: tokenizers::Tokenizer::new(model), bos_token_id: None, eos_token_ids: Vec::new(), add_bos_token: false, special_ids: HashSet::new(), ids_only: true }
+    }
+
+    /// Whether this is [`Tokenizer::ids_only`]: text can be neither encoded nor decoded.
+    pub fn is_ids_only(&self) -> bool {
+        self.ids_only
     }
 
     /// Number of entries in the vocabulary, added tokens included.
@@ -169,7 +178,7 @@ impl Tokenizer {
     /// Encodes text; special tokens written in the text are recognised. When `add_special` is
     /// set and the model asks for it, a BOS token is prepended.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizeError> {
-        if self.vocab_size() == 0 {
+        if self.ids_only {
             return Err(TokenizeError("this model was loaded without a tokenizer: send token ids, not text".into()));
         }
         let enc = self.inner.encode_fast(text, false).map_err(|e| TokenizeError(e.to_string()))?;

@@ -38,14 +38,7 @@ impl CudaBackend {
 
     /// The block's 16-bit page as stored: for each layer, K then V, each `[kv_head][offset][hd]`.
     pub(super) fn read_page_bits(&self, block: usize) -> Result<Vec<u16>, CudaError> {
-        let e = self.block_elems();
-        let mut out = vec![0u16; 2 * self.cfg.num_layers * e];
-        for (i, chunk) in out.chunks_exact_mut(e).enumerate() {
-            let off = self.kv_offset(i / 2, i % 2) + block * e;
-            self.gpu.stream.memcpy_dtoh(&self.kv.slice(off..off + e), chunk).map_err(CudaError::from)?;
-        }
-        self.gpu.sync()?;
-        Ok(out)
+        crate::nccl::read_page(&self.gpu, &self.kv, &self.pool_view(), block)
     }
 
     /// Writes a page in the stored order (as [`CudaBackend::read_page_bits`] returns it).
