@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use tandem_engine::scheduler::{PreemptionMode, SchedulerConfig, SchedulingPolicy};
 use tandem_engine::backend::KernelPath;
+use tandem_engine::scheduler::{PreemptionMode, SchedulerConfig, SchedulingPolicy};
 use tandem_engine::{EngineConfig, KvCacheSize, LoadOptions};
 
 /// How preempted sequences release memory.
@@ -78,9 +78,12 @@ impl KernelArg {
 /// Engine configuration flags.
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// Where the model runs: `cpu`, or `cuda` (the first GPU CUDA_VISIBLE_DEVICES shows).
+    /// Where the model runs: `cpu`, or `cuda` (the GPU `--cuda-device` names).
     #[arg(long, value_enum, env = "TANDEM_DEVICE", default_value = "cpu")]
     pub device: DeviceArg,
+    /// Which GPU `--device cuda` uses, counted among those CUDA_VISIBLE_DEVICES shows.
+    #[arg(long, env = "TANDEM_CUDA_DEVICE", default_value_t = 0)]
+    pub cuda_device: usize,
     /// GPU weights and activations: `auto` (f16 for GGUF, bf16 otherwise), `bf16` or `f16`.
     #[arg(long, value_enum, default_value = "auto")]
     pub dtype: DtypeArg,
@@ -245,12 +248,7 @@ impl EngineArgs {
         let mut engine = tandem_engine::LLMEngine::new(model, self.engine_config());
         if self.speculative == SpecArg::DraftModel {
             let path = self.draft_model.as_ref().ok_or_else(|| anyhow::anyhow!("--speculative draft-model needs --draft-model PATH"))?;
-            let opts = LoadOptions {
-                kernel: KernelPath::Fast,
-                block_size: spec.block_size,
-                kv_cache: KvCacheSize::Tokens(spec.num_blocks * spec.block_size),
-                swap_space_bytes: 0,
-            };
+            let opts = LoadOptions { kernel: KernelPath::Fast, block_size: spec.block_size, kv_cache: KvCacheSize::Tokens(spec.num_blocks * spec.block_size), swap_space_bytes: 0 };
             let draft = tandem_engine::Model::load(path, opts).map_err(|e| anyhow::anyhow!("loading the draft model {}: {e}", path.display()))?;
             engine.set_draft_model(draft)?;
         }
@@ -272,18 +270,26 @@ impl EngineArgs {
 
     /// Loads the model at `path` on the device these flags name.
     pub fn load_model(&self, path: &std::path::Path) -> Result<tandem_engine::Model> {
+        Ok(self.load_model_with_device(path)?.0)
+    }
+
+    /// [`EngineArgs::load_model`], with the GPU's KV pool as an endpoint of the device
+    /// transport when the model is on a GPU.
+    pub fn load_model_with_device(&self, path: &std::path::Path) -> Result<(tandem_engine::Model, Option<tandem_worker::kv::KvDevice>)> {
         let opts = self.load_options()?;
         match (self.device, self.load_format) {
-            (DeviceArg::Cpu, LoadFormatArg::Auto) => Ok(tandem_engine::Model::load(path, opts)?),
-            (DeviceArg::Cpu, LoadFormatArg::Dummy) => bail!("--load-format dummy needs --device cuda"),
-            (DeviceArg::Cuda, _) => self.load_cuda(path, opts),
+            (DeviceArg::Cpu, LoadFormatArg::Auto) => Ok((tandem_engine::Model::load(path, opts)?, None)),
+            (DeviceArg::Cpu, LoadFormatArg::Dummy) => {
+                bail!("--load-format dummy needs --device cuda")
+            }
+            (DeviceArg::Cuda, _) => self.load_cuda(path, opts).map(|(m, d)| (m, Some(d))),
         }
     }
 
     /// The CUDA backend: weights in the chosen 16-bit type, the KV pool from
     /// `--kv-cache-memory` or what `--gpu-memory-utilization` leaves, decode graphs captured
     /// for batch sizes up to `--max-num-seqs` before serving.
-    fn load_cuda(&self, path: &std::path::Path, opts: LoadOptions) -> Result<tandem_engine::Model> {
+    fn load_cuda(&self, path: &std::path::Path, opts: LoadOptions) -> Result<(tandem_engine::Model, tandem_worker::kv::KvDevice)> {
         use tandem_cuda::{Dtype, WeightSource};
         if !tandem_cuda::device::driver_present() {
             bail!("--device cuda: CUDA is not available on this machine (libcuda, the NVIDIA driver, cannot be loaded)");
@@ -293,7 +299,8 @@ impl EngineArgs {
             let dtype = if self.dtype == DtypeArg::F16 { Dtype::F16 } else { Dtype::Bf16 };
             let backend = self.cuda_backend(&config, dtype, WeightSource::Dummy(0), &opts)?;
             let tokenizer = tandem_engine::tokenizer::Tokenizer::ids_only();
-            return Ok(tandem_engine::Model { config, tokenizer, chat_template: None, backend: Box::new(backend) });
+            let device = tandem_worker::kv::KvDevice(std::sync::Arc::new(backend.device_pool()));
+            return Ok((tandem_engine::Model { config, tokenizer, chat_template: None, backend: Box::new(backend) }, device));
         }
         let info = tandem_engine::ModelInfo::open(path)?;
         let (files, _) = tandem_engine::weights::ModelFiles::open(path)?;
@@ -303,7 +310,8 @@ impl EngineArgs {
             (DtypeArg::F16, _) | (DtypeArg::Auto, true) => Dtype::F16,
         };
         let backend = self.cuda_backend(&info.config, dtype, WeightSource::Files(&files), &opts)?;
-        Ok(tandem_engine::Model { config: info.config, tokenizer: info.tokenizer, chat_template: info.chat_template, backend: Box::new(backend) })
+        let device = tandem_worker::kv::KvDevice(std::sync::Arc::new(backend.device_pool()));
+        Ok((tandem_engine::Model { config: info.config, tokenizer: info.tokenizer, chat_template: info.chat_template, backend: Box::new(backend) }, device))
     }
 
     /// The CUDA backend for `config` with the KV pool and graphs these flags ask for.
@@ -324,7 +332,7 @@ impl EngineArgs {
             max_graph_batch: self.max_num_seqs.clamp(1, 512),
             ..Default::default()
         };
-        let mut backend = tandem_cuda::load(0, dtype, config, weights, copts)?;
+        let mut backend = tandem_cuda::load(self.cuda_device, dtype, config, weights, copts)?;
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(indicatif::ProgressStyle::with_template("capturing decode graphs {bar:30} {pos}/{len}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
         backend.capture_all(|done, total| {
@@ -389,7 +397,22 @@ mod tests {
     #[test]
     fn flags_round_trip() {
         use clap::Parser;
-        let argv = ["x", "--kernel", "exact", "--block-size", "32", "--kv-cache-memory", "64MiB", "--preemption-mode", "swap", "--no-prefix-caching", "--speculative", "ngram", "--num-speculative-tokens", "3"];
+        let argv = [
+            "x",
+            "--kernel",
+            "exact",
+            "--block-size",
+            "32",
+            "--kv-cache-memory",
+            "64MiB",
+            "--preemption-mode",
+            "swap",
+            "--no-prefix-caching",
+            "--speculative",
+            "ngram",
+            "--num-speculative-tokens",
+            "3",
+        ];
         let w = Wrap::parse_from(argv);
         let again = Wrap::parse_from(std::iter::once("x".to_string()).chain(w.e.to_args()));
         assert_eq!(format!("{:?}", w.e), format!("{:?}", again.e));

@@ -69,6 +69,15 @@ pub enum PolicyArg {
     Fail,
 }
 
+/// KV page transports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    /// TCP between hosts.
+    Tcp,
+    /// NCCL send/recv between GPUs.
+    Nccl,
+}
+
 /// Flags every worker takes.
 #[derive(Args, Debug, Clone)]
 pub struct WorkerArgs {
@@ -78,6 +87,10 @@ pub struct WorkerArgs {
     /// Publish KV cache events to this Redis (`redis://host:port`) for prefix-aware routing.
     #[arg(long, env = "TANDEM_REDIS_URL")]
     pub redis_url: Option<String>,
+    /// How KV pages travel between prefill and decode workers: `tcp`, or `nccl` (GPU to GPU;
+    /// both workers on `--device cuda`).
+    #[arg(long, value_enum, env = "TANDEM_KV_TRANSPORT", default_value = "tcp")]
+    pub kv_transport: TransportArg,
     /// Exit when standard input closes.
     #[arg(long, hide = true)]
     pub watch_stdin: bool,
@@ -232,17 +245,25 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
 
-fn load_engine(model: &ModelArgs, engine: &EngineArgs) -> Result<(LLMEngine, String)> {
+fn load_engine(model: &ModelArgs, worker: &WorkerArgs) -> Result<(LLMEngine, String, Option<tandem_worker::kv::KvDevice>)> {
     let path = model.path()?;
     let name = model.served_name(&path);
-    let m = engine.load_model(&path).with_context(|| format!("loading {}", path.display()))?;
-    Ok((engine.build_engine(m)?, name))
+    let (m, device) = worker.engine.load_model_with_device(&path).with_context(|| format!("loading {}", path.display()))?;
+    let device = match (worker.kv_transport, device) {
+        (TransportArg::Tcp, _) => None,
+        (TransportArg::Nccl, Some(d)) => Some(d),
+        (TransportArg::Nccl, None) => {
+            anyhow::bail!("--kv-transport nccl moves KV pages between GPUs: it needs --device cuda")
+        }
+    };
+    Ok((worker.engine.build_engine(m)?, name, device))
 }
 
 /// `tandem decode`.
 pub fn run_decode(a: DecodeArgs) -> Result<()> {
-    let (engine, name) = load_engine(&a.model, &a.worker.engine)?;
+    let (engine, name, kv_device) = load_engine(&a.model, &a.worker)?;
     let cfg = tandem_decode::DecodeConfig {
+        kv_device,
         model_name: name,
         worker_id: a.worker_id,
         listen: a.listen,
@@ -265,9 +286,19 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
 
 /// `tandem prefill`.
 pub fn run_prefill(a: PrefillArgs) -> Result<()> {
-    let (engine, name) = load_engine(&a.model, &a.worker.engine)?;
+    let (engine, name, kv_device) = load_engine(&a.model, &a.worker)?;
     let fault = std::env::var("TANDEM_FAULT_INJECT").ok().and_then(|s| tandem_prefill::Fault::parse(&s));
-    let cfg = tandem_prefill::PrefillConfig { model_name: name, worker_id: a.worker_id, listen: a.listen, transfer_timeout: a.worker.transfer_timeout, watch_stdin: a.worker.watch_stdin, drain_timeout: a.worker.drain_timeout, fault, redis_url: a.worker.redis_url };
+    let cfg = tandem_prefill::PrefillConfig {
+        kv_device,
+        model_name: name,
+        worker_id: a.worker_id,
+        listen: a.listen,
+        transfer_timeout: a.worker.transfer_timeout,
+        watch_stdin: a.worker.watch_stdin,
+        drain_timeout: a.worker.drain_timeout,
+        fault,
+        redis_url: a.worker.redis_url,
+    };
     runtime()?.block_on(tandem_prefill::run(engine, cfg))
 }
 

@@ -11,7 +11,6 @@ use tandem_engine::config::ModelConfig;
 use crate::device::{ptr, Gpu};
 use crate::{CudaBackend, CudaBackendOptions, CudaError, Dtype, WeightSource};
 
-
 /// Milliseconds of GPU time `f` takes, median of `reps` after `warm` warm-ups (CUDA events).
 pub fn time_ms(g: &Gpu, warm: usize, reps: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
     for _ in 0..warm {
@@ -188,6 +187,8 @@ pub struct PagesRow {
     pub checked: usize,
     /// Of those, pages that differ.
     pub differing: usize,
+    /// Checksums of those pages, on either side, that differ from the host's reference.
+    pub bad_sums: usize,
 }
 
 /// Page ids `0..n` spread through a pool of `num_blocks` (distinct while `num_blocks` is prime
@@ -201,7 +202,7 @@ fn spread_blocks(n: usize, num_blocks: usize, step: usize, offset: usize) -> Vec
 /// of `chunk_pages` pages, scatter into scattered blocks) against one raw NCCL send/recv of the
 /// same bytes, and the moved pages checked.
 pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas: usize) -> Result<Vec<PagesRow>, CudaError> {
-    use crate::nccl::{PageLink, PoolView};
+    use crate::nccl::{DevicePool, PageLink, PoolView};
     use std::sync::{mpsc, Barrier};
     let max = counts.iter().copied().max().unwrap_or(1);
     let (bs, parts) = (16, 2 * cfg.num_layers);
@@ -227,7 +228,7 @@ pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas:
         let view = PoolView { base: ptr(&pool), parts, num_blocks, block_elems };
         let mut raw = g.zeros::<u8>(max * view.page_bytes())?;
         g.sync()?;
-        let mut link = PageLink::connect(&g, rank, id, view.page_bytes(), chunk_pages, max)?;
+        let mut link = PageLink::connect(&DevicePool::new(&g, view), rank, id, chunk_pages, max)?;
         link.set_copy_ctas(copy_ctas);
         let mut rows = Vec::new();
         for &n in counts {
@@ -238,12 +239,20 @@ pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas:
             for rep in 0..6 {
                 barrier.wait();
                 let t = Instant::now();
-                if rank == 0 { link.send(&g, &view, &blocks)? } else { link.recv(&g, &view, &blocks)? }
+                if rank == 0 {
+                    link.send_blocks(&blocks)?
+                } else {
+                    link.recv_blocks(&blocks)?
+                }
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 barrier.wait();
                 barrier.wait();
                 let t = Instant::now();
-                if rank == 0 { link.send_raw(&raw, bytes)? } else { link.recv_raw(&mut raw, bytes)? }
+                if rank == 0 {
+                    link.send_raw(&raw, bytes)?
+                } else {
+                    link.recv_raw(&mut raw, bytes)?
+                }
                 let raw_ms = t.elapsed().as_secs_f64() * 1e3;
                 if rep > 0 {
                     paged.push(ms);
@@ -252,11 +261,15 @@ pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas:
             }
             paged.sort_by(f64::total_cmp);
             rawt.sort_by(f64::total_cmp);
-            // The first, middle and last page, sender's against receiver's.
+            // The first, middle and last page, sender's against receiver's, and each side's
+            // checksums (computed by the copy kernels) against the host's reference.
             let picks = [0, n / 2, n - 1];
-            let (mut checked, mut differing) = (0, 0);
+            let sums = link.checksums(n)?;
+            let (mut checked, mut differing, mut bad_sums) = (0, 0, 0);
             for &i in &picks {
                 let page = crate::nccl::read_page(&g, &pool, &view, blocks[i] as usize)?;
+                let bytes: Vec<u8> = page.iter().flat_map(|v| v.to_le_bytes()).collect();
+                bad_sums += usize::from(tandem_kv_transfer::device::page_checksum(&bytes) != sums[i]);
                 if let Some(tx) = &page_tx {
                     tx.send(page).map_err(|_| gone())?;
                 } else if let Some(rx) = &page_rx {
@@ -265,7 +278,7 @@ pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas:
                     differing += usize::from(sent != page);
                 }
             }
-            rows.push(PagesRow { pages: n, bytes, paged_ms: paged[paged.len() / 2], raw_ms: rawt[rawt.len() / 2], checked, differing });
+            rows.push(PagesRow { pages: n, bytes, paged_ms: paged[paged.len() / 2], raw_ms: rawt[rawt.len() / 2], checked, differing, bad_sums });
         }
         Ok(rows)
     };
@@ -275,8 +288,12 @@ pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas:
         let h1 = sc.spawn(move || run(1, None, Some(page_rx)));
         (h0.join(), h1.join())
     });
-    r0.map_err(|_| CudaError::Unsupported("sender thread panicked".into()))??;
-    r1.map_err(|_| CudaError::Unsupported("receiver thread panicked".into()))?
+    let sent = r0.map_err(|_| CudaError::Unsupported("sender thread panicked".into()))??;
+    let mut rows = r1.map_err(|_| CudaError::Unsupported("receiver thread panicked".into()))??;
+    for (r, s) in rows.iter_mut().zip(sent) {
+        r.bad_sums += s.bad_sums;
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]

@@ -817,9 +817,22 @@ extern "C" __global__ void sample_rows(const float* __restrict__ logits, const u
 // buffer is [page][part][chunk]. Block: 256 threads.
 #define PAGE_COPY_ILP 8
 
-// Copies n uint4s, each thread holding PAGE_COPY_ILP loads in flight before its stores.
-__device__ __forceinline__ void copy_piece(const uint4* __restrict__ src, uint4* __restrict__ dst, int n) {
+// One 32-bit word's share of a page checksum: a bijection of the word keyed by its position in
+// the page, so any change of one word changes the sum, and so does moving words around.
+__device__ __forceinline__ unsigned page_word_hash(unsigned x, unsigned pos) {
+  x = x * 0x9E3779B1u + pos * 0x85EBCA77u + 0x165667B1u;
+  x ^= x >> 15;
+  x *= 0x2C1B3C6Du;
+  x ^= x >> 12;
+  return x;
+}
+
+// Copies n uint4s (dst null: reads only), each thread holding PAGE_COPY_ILP loads in flight
+// before its stores, and adds the checksum of what it read (word positions from `pos0`, in
+// uint4s) to *sum.
+__device__ __forceinline__ void copy_piece(const uint4* __restrict__ src, uint4* __restrict__ dst, int n, unsigned pos0, unsigned* sum) {
   const int step = blockDim.x * PAGE_COPY_ILP;
+  unsigned h = 0;
   for (int base = 0; base < n; base += step) {
     uint4 r[PAGE_COPY_ILP];
 #pragma unroll
@@ -830,23 +843,34 @@ __device__ __forceinline__ void copy_piece(const uint4* __restrict__ src, uint4*
 #pragma unroll
     for (int j = 0; j < PAGE_COPY_ILP; j++) {
       int i = base + j * blockDim.x + threadIdx.x;
-      if (i < n) dst[i] = r[j];
+      if (i < n) {
+        if (dst) dst[i] = r[j];
+        const unsigned p = 4u * (pos0 + (unsigned)i);
+        h += page_word_hash(r[j].x, p) + page_word_hash(r[j].y, p + 1) + page_word_hash(r[j].z, p + 2) + page_word_hash(r[j].w, p + 3);
+      }
     }
   }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) h += __shfl_xor_sync(0xffffffffu, h, o);
+  if ((threadIdx.x & 31) == 0) atomicAdd(sum, h);
 }
 
+// Pages (block ids in `blocks`) from the pool into `out`, `parts` pieces of `chunk` uint4s per
+// page, page-major; sums[page] accumulates each page's checksum (zeroed by the caller).
 extern "C" __global__ void gather_pages(const uint4* __restrict__ pool, const int* __restrict__ blocks, uint4* __restrict__ out,
-                                        int pieces, int parts, long long part_stride, int chunk) {
+                                        int pieces, int parts, long long part_stride, int chunk, unsigned* __restrict__ sums) {
   for (int w = blockIdx.x; w < pieces; w += gridDim.x) {
     const int page = w / parts, part = w % parts;
-    copy_piece(pool + part * part_stride + (long long)blocks[page] * chunk, out + (long long)w * chunk, chunk);
+    copy_piece(pool + part * part_stride + (long long)blocks[page] * chunk, out + (long long)w * chunk, chunk, (unsigned)(part * chunk), sums + page);
   }
 }
 
+// The inverse of gather_pages; a page whose block id is negative is checksummed, not stored.
 extern "C" __global__ void scatter_pages(const uint4* __restrict__ in, const int* __restrict__ blocks, uint4* __restrict__ pool,
-                                         int pieces, int parts, long long part_stride, int chunk) {
+                                         int pieces, int parts, long long part_stride, int chunk, unsigned* __restrict__ sums) {
   for (int w = blockIdx.x; w < pieces; w += gridDim.x) {
     const int page = w / parts, part = w % parts;
-    copy_piece(in + (long long)w * chunk, pool + part * part_stride + (long long)blocks[page] * chunk, chunk);
+    const int b = blocks[page];
+    copy_piece(in + (long long)w * chunk, b < 0 ? nullptr : pool + part * part_stride + (long long)b * chunk, chunk, (unsigned)(part * chunk), sums + page);
   }
 }

@@ -49,6 +49,9 @@ pub enum CudaError {
     /// The model files are unusable.
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// A peer did not do its part of a transfer in time.
+    #[error("stalled: {0}")]
+    Stalled(String),
 }
 
 impl From<cudarc::driver::DriverError> for CudaError {

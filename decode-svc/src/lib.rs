@@ -2,14 +2,17 @@
 //!
 //! A request arrives with its prompt's token ids and, in disaggregated serving, the prefill
 //! worker the router chose. The worker reserves KV blocks (reusing its own prefix-cache hits),
-//! asks the prefill worker for the uncached suffix, receives its pages over TCP straight into
-//! those blocks, and decodes from the prefill worker's first token. Short suffixes, `n > 1`
-//! and requests with no prefill worker are prefilled locally (conditional disaggregation).
+//! asks the prefill worker for the uncached suffix, receives its pages straight into those
+//! blocks (over TCP, or GPU to GPU over a device link with `--kv-transport nccl`), and decodes
+//! from the prefill worker's first token. Short suffixes, `n > 1` and requests with no prefill
+//! worker are prefilled locally (conditional disaggregation).
 //!
 //! - [`service`]: the `DecodeWorker` and `KvTransfer` gRPC services.
 //! - [`remote`]: the remote prefill of one request and its failure policy.
 //! - [`transfers`]: pending transfers and the TCP page receiver.
+//! - [`links`]: device links to prefill workers and their receivers.
 
+pub mod links;
 pub mod remote;
 pub mod service;
 pub mod transfers;
@@ -60,6 +63,8 @@ pub struct DecodeConfig {
     pub kv_advertise: Option<String>,
     /// Publish KV cache events to this Redis (`redis://host:port`).
     pub redis_url: Option<String>,
+    /// Receive KV pages GPU to GPU through this device (instead of TCP).
+    pub kv_device: Option<tandem_worker::kv::KvDevice>,
 }
 
 impl Default for DecodeConfig {
@@ -78,6 +83,7 @@ impl Default for DecodeConfig {
             drain_timeout: Duration::from_secs(30),
             kv_advertise: None,
             redis_url: None,
+            kv_device: None,
         }
     }
 }
@@ -94,21 +100,14 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
     let kv_sink = cfg.redis_url.as_ref().map(|url| tandem_worker::kv_events::spawn_publisher(url.clone(), cfg.worker_id.clone(), epoch));
     let handle = EngineHandle::spawn_with_events(engine, kv_sink);
     let transfers = transfers::Transfers::default();
+    let links = cfg.kv_device.as_ref().map(|d| links::DeviceLinks::new(d.0.clone(), layout.clone(), cfg.transfer_timeout));
     let kv_addr = transfers::start_receiver(&cfg.kv_listen, layout, cfg.transfer_timeout, handle.clone(), transfers.clone())?;
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;
-    let status = StatusService {
-        engine: handle.clone(),
-        worker_id: cfg.worker_id.clone(),
-        role: cfg.role.clone(),
-        model: cfg.model_name.clone(),
-        epoch,
-        max_model_len,
-        block_size: block_size as u32,
-    };
+    let status = StatusService { engine: handle.clone(), worker_id: cfg.worker_id.clone(), role: cfg.role.clone(), model: cfg.model_name.clone(), epoch, max_model_len, block_size: block_size as u32 };
     let (watch, drain) = (cfg.watch_stdin, cfg.drain_timeout);
     let advertised = cfg.kv_advertise.clone().unwrap_or_else(|| kv_addr.to_string());
-    let svc = service::DecodeService::new(handle.clone(), cfg, transfers, advertised, block_size);
+    let svc = service::DecodeService::new(handle.clone(), cfg, transfers, advertised, block_size, links);
     let grpc = tonic::service::Routes::new(pb::decode_worker_server::DecodeWorkerServer::new(svc.clone()))
         .add_service(pb::kv_transfer_server::KvTransferServer::new(svc))
         .add_service(pb::worker_server::WorkerServer::new(status));

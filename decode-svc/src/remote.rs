@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use tandem_engine::remote_prefill::RemotePrefill;
 use tandem_proto::v1 as pb;
 use tandem_proto::v1::prefill_worker_client::PrefillWorkerClient;
-use tandem_worker::convert::sampled_from_proto;
 use tandem_worker::auth::{authed, AuthChannel};
+use tandem_worker::convert::sampled_from_proto;
 use tandem_worker::metrics::{count_transfer_failure, observe_transfer};
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
@@ -32,9 +32,14 @@ impl PrefillClients {
     /// A client for the prefill worker at `addr` ("host:port"); the channel connects lazily
     /// and pings the peer so a stalled worker is noticed within `stall`.
     pub fn get(&self, addr: &str, stall: Duration) -> Result<PrefillWorkerClient<AuthChannel>, String> {
+        Ok(PrefillWorkerClient::new(authed(self.channel(addr, stall)?)))
+    }
+
+    /// The channel to the prefill worker at `addr` (see [`PrefillClients::get`]).
+    pub fn channel(&self, addr: &str, stall: Duration) -> Result<Channel, String> {
         let mut map = self.channels.lock().expect("clients lock");
         if let Some(c) = map.get(addr) {
-            return Ok(PrefillWorkerClient::new(authed(c.clone())));
+            return Ok(c.clone());
         }
         let ch = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| format!("bad prefill worker address '{addr}': {e}"))?
@@ -44,7 +49,7 @@ impl PrefillClients {
             .keep_alive_while_idle(true)
             .connect_lazy();
         map.insert(addr.to_string(), ch.clone());
-        Ok(PrefillWorkerClient::new(authed(ch)))
+        Ok(ch)
     }
 }
 
@@ -74,9 +79,30 @@ pub(crate) fn spawn_remote_prefill(svc: DecodeService, req: pb::GenerateRequest,
 async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: RemotePrefill, tx: Tx) {
     let transfer_id = svc.next_transfer_id();
     let rid = req.request_id.clone();
-    let mut failed_rx = svc.transfers.register(transfer_id, &rid, rp.block_table.clone());
     let stall = svc.cfg.transfer_timeout;
     let started = Instant::now();
+    // Pages over a device link to this prefill worker when this worker has one, else TCP.
+    let link = match &svc.links {
+        Some(links) => Some(links.get(&req.prefill_worker, &svc.clients, &svc.transfers).await),
+        None => None,
+    };
+    let link = match link {
+        Some(Err(e)) => {
+            settle(&svc, &rid, transfer_id, Err(("connect", e)), started, None).await;
+            return;
+        }
+        Some(Ok(l)) => Some(l),
+        None => None,
+    };
+    let skip = rp.num_cached_tokens / svc.block_size;
+    let (mut failed_rx, arrived) = match &link {
+        Some(l) => {
+            l.begin();
+            let (f, a) = svc.transfers.register_device(transfer_id, &rid, rp.block_table.clone(), l.id);
+            (f, Some(a))
+        }
+        None => (svc.transfers.register(transfer_id, &rid, rp.block_table.clone()), None),
+    };
     let pre = pb::PrefillRequest {
         request_id: rid.clone(),
         prompt_token_ids: req.prompt_token_ids.clone(),
@@ -84,25 +110,59 @@ async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: Remote
         cache_salt: req.cache_salt.clone(),
         kv_destination: svc.kv_addr.clone(),
         transfer_id,
-        skip_blocks: (rp.num_cached_tokens / svc.block_size) as u32,
+        skip_blocks: skip as u32,
+        kv_link: link.as_ref().map_or(0, |l| l.id),
     };
-    let outcome: Result<pb::PrefillResponse, (&'static str, String)> = async {
+    let outcome: Outcome = async {
         let mut client = svc.clients.get(&req.prefill_worker, stall).map_err(|e| ("connect", e))?;
         let mut call = tonic::Request::new(pre);
         call.set_timeout(svc.cfg.prefill_timeout);
-        tokio::select! {
-            r = client.prefill(call) => r.map(|r| r.into_inner()).map_err(|s| ("rpc", format!("prefill worker {}: {}", req.prefill_worker, s.message()))),
+        let resp = tokio::select! {
+            r = client.prefill(call) => r.map(|r| r.into_inner()).map_err(|s| {
+                // A worker that failed the call for any reason but the request itself may have
+                // lost its end of the link (restarted, aborted): make a new one next time.
+                if let (Some(l), false) = (&link, s.code() == tonic::Code::InvalidArgument) {
+                    l.close();
+                }
+                ("rpc", format!("prefill worker {}: {}", req.prefill_worker, s.message()))
+            }),
             msg = &mut failed_rx => Err(("receive", msg.unwrap_or_else(|_| "transfer cancelled".into()))),
             _ = tx.closed() => Err(("cancelled", "client went away".into())),
+        }?;
+        if let Some(arrived) = arrived {
+            // The prefill worker's pages have left; they land here within the transfer timeout.
+            tokio::select! {
+                r = arrived => r.map_err(|_| ("receive", "the device link closed".to_string()))?,
+                msg = &mut failed_rx => return Err(("receive", msg.unwrap_or_else(|_| "transfer cancelled".into()))),
+                _ = tokio::time::sleep(stall) => return Err(("receive", format!("pages did not land within {stall:?} of being sent"))),
+                _ = tx.closed() => return Err(("cancelled", "client went away".into())),
+            }
         }
+        Ok(resp)
     }
     .await;
+    if let Some(l) = &link {
+        if outcome.is_err() {
+            // Before the blocks can be freed: pages still landing stop (the link closes).
+            l.withdraw(&svc.transfers, transfer_id).await;
+        }
+        l.end();
+    }
+    settle(&svc, &rid, transfer_id, outcome, started, link.map(|l| l.id)).await;
+}
+
+type Outcome = Result<pb::PrefillResponse, (&'static str, String)>;
+
+/// Hands the request back to the engine after its remote prefill: continuing from the first
+/// token, or recomputing / failing it by the configured policy.
+async fn settle(svc: &DecodeService, rid: &str, transfer_id: u64, outcome: Outcome, started: Instant, link: Option<u64>) {
+    let rid = rid.to_string();
     let policy = svc.cfg.failure_policy;
     let transfers = svc.transfers.clone();
     match outcome {
         Ok(resp) => {
             observe_transfer(resp.bytes_sent, resp.transfer_seconds);
-            tracing::info!(request_id = %rid, pages = resp.pages_sent, bytes = resp.bytes_sent, prefill_s = resp.prefill_seconds, transfer_s = resp.transfer_seconds, total_s = started.elapsed().as_secs_f64(), "remote prefill done");
+            tracing::info!(request_id = %rid, pages = resp.pages_sent, bytes = resp.bytes_sent, prefill_s = resp.prefill_seconds, transfer_s = resp.transfer_seconds, total_s = started.elapsed().as_secs_f64(), link, "remote prefill done");
             let first = resp.first_token.as_ref().and_then(sampled_from_proto);
             svc.engine.submit(move |s| {
                 transfers.remove(transfer_id);
@@ -124,7 +184,7 @@ async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: Remote
         Err((reason, msg)) => {
             count_transfer_failure(reason);
             let recompute = policy == FailurePolicy::Recompute;
-            tracing::warn!(request_id = %rid, reason, error = %msg, recompute, "remote prefill failed");
+            tracing::warn!(request_id = %rid, reason, error = %msg, recompute, link, "remote prefill failed");
             svc.engine.submit(move |s| {
                 transfers.remove(transfer_id);
                 if recompute {

@@ -20,6 +20,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+use crate::links::DeviceLinks;
 use crate::remote::{spawn_remote_prefill, PrefillClients};
 use crate::transfers::Transfers;
 use crate::DecodeConfig;
@@ -43,14 +44,15 @@ pub struct Shared {
     pub(crate) kv_addr: String,
     pub(crate) block_size: usize,
     pub(crate) clients: PrefillClients,
+    pub(crate) links: Option<DeviceLinks>,
     next_transfer: AtomicU64,
 }
 
 impl DecodeService {
-    /// The service over `engine`, receiving KV pages at `kv_addr`.
-    pub fn new(engine: EngineHandle, cfg: DecodeConfig, transfers: Transfers, kv_addr: String, block_size: usize) -> DecodeService {
+    /// The service over `engine`, receiving KV pages at `kv_addr` (TCP) or over `links`.
+    pub fn new(engine: EngineHandle, cfg: DecodeConfig, transfers: Transfers, kv_addr: String, block_size: usize, links: Option<DeviceLinks>) -> DecodeService {
         let seed = tandem_worker::status::new_epoch() & 0xFFFF_FFFF;
-        DecodeService(Arc::new(Shared { engine, cfg, transfers, kv_addr, block_size, clients: PrefillClients::default(), next_transfer: AtomicU64::new(seed << 32) }))
+        DecodeService(Arc::new(Shared { engine, cfg, transfers, kv_addr, block_size, clients: PrefillClients::default(), links, next_transfer: AtomicU64::new(seed << 32) }))
     }
 
     pub(crate) fn next_transfer_id(&self) -> u64 {
@@ -126,12 +128,7 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
             };
             let min_remote = self.cfg.min_remote_prefill_tokens;
             let id = r.request_id.clone();
-            let opts = RequestOptions {
-                priority: r.priority,
-                cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()),
-                no_speculation: r.no_speculation,
-                ..Default::default()
-            };
+            let opts = RequestOptions { priority: r.priority, cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()), no_speculation: r.no_speculation, ..Default::default() };
             let prompt = Prompt::TokenIds(r.prompt_token_ids.clone());
             let sink_tx = tx.clone();
             // Armed before the request enters the engine: if this call is dropped while it waits for
@@ -233,18 +230,14 @@ impl pb::kv_transfer_server::KvTransfer for DecodeService {
     async fn endpoint(&self, _req: Request<pb::EndpointRequest>) -> Result<Response<pb::TransferEndpoint>, Status> {
         let l = self.engine.call(|s| tandem_worker::kv::kv_layout(&s.engine)).await.ok_or_else(|| Status::unavailable("the engine has stopped"))?;
         Ok(Response::new(pb::TransferEndpoint {
-            transport: "tcp".into(),
+            transport: if self.links.is_some() { "nccl" } else { "tcp" }.into(),
             address: self.kv_addr.clone(),
             nccl_unique_id: Vec::new(),
-            layout: Some(pb::KvLayout {
-                model_id: l.model_id,
-                dtype: l.dtype as u32,
-                block_size: l.block_size,
-                num_layers: l.num_layers,
-                num_kv_heads: l.num_kv_heads,
-                head_dim: l.head_dim,
-                hash_seed: l.hash_seed,
-            }),
+            layout: Some(tandem_worker::kv::layout_to_proto(&l)),
         }))
+    }
+
+    async fn join_link(&self, _req: Request<pb::JoinLinkRequest>) -> Result<Response<pb::JoinLinkResponse>, Status> {
+        Err(Status::unimplemented("decode workers receive KV pages; prefill workers join device links"))
     }
 }

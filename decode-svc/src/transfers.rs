@@ -18,6 +18,9 @@ struct Transfer {
     request_id: String,
     blocks: Vec<u32>,
     on_fail: Option<oneshot::Sender<String>>,
+    /// Device transfers: the link the pages come over, and who waits for them.
+    link: Option<u64>,
+    on_arrive: Option<oneshot::Sender<()>>,
 }
 
 /// The registry of pending transfers (shared by the request tasks and the receiver threads).
@@ -31,8 +34,58 @@ impl Transfers {
     /// on the returned channel.
     pub fn register(&self, id: u64, request_id: &str, blocks: Vec<u32>) -> oneshot::Receiver<String> {
         let (tx, rx) = oneshot::channel();
-        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx) });
+        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx), link: None, on_arrive: None });
         rx
+    }
+
+    /// Registers transfer `id` of `request_id` into `blocks`, its pages coming over device link
+    /// `link`: the receiver reports a failure on the first channel, the pages' arrival (in the
+    /// blocks, checksums verified) on the second.
+    pub fn register_device(&self, id: u64, request_id: &str, blocks: Vec<u32>, link: u64) -> (oneshot::Receiver<String>, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let (atx, arx) = oneshot::channel();
+        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx), link: Some(link), on_arrive: Some(atx) });
+        (rx, arx)
+    }
+
+    /// The blocks for pages `first..first + pages` of device transfer `id` arriving over `link`,
+    /// if it is still awaited there; `claim` runs under the registry's lock when it is (so a
+    /// cancellation sees the claim).
+    pub(crate) fn route_device(&self, id: u64, link: u64, first: u32, pages: u32, claim: impl FnOnce()) -> Option<Vec<u32>> {
+        let map = self.lock();
+        let t = map.get(&id).filter(|t| t.link == Some(link))?;
+        let blocks = t.blocks.get(first as usize..(first as usize).checked_add(pages as usize)?)?.to_vec();
+        claim();
+        Some(blocks)
+    }
+
+    /// Reports device transfer `id` complete (`Ok`) or failed.
+    pub(crate) fn report_arrival(&self, id: u64, verdict: Result<(), String>) {
+        match verdict {
+            Ok(()) => {
+                if let Some(tx) = self.lock().get_mut(&id).and_then(|t| t.on_arrive.take()) {
+                    let _ = tx.send(());
+                }
+            }
+            Err(e) => self.report_failure(id, e),
+        }
+    }
+
+    /// Fails every transfer still awaited over `link` (the link closed).
+    pub(crate) fn fail_link(&self, link: u64, message: &str) {
+        for t in self.lock().values_mut().filter(|t| t.link == Some(link)) {
+            if let Some(tx) = t.on_fail.take() {
+                let _ = tx.send(message.to_string());
+            }
+        }
+    }
+
+    /// Forgets transfer `id` now; `check` runs under the registry's lock (so a receiver cannot
+    /// claim it afterwards).
+    pub(crate) fn withdraw<R>(&self, id: u64, check: impl FnOnce() -> R) -> R {
+        let mut map = self.lock();
+        map.remove(&id);
+        check()
     }
 
     /// Forgets transfer `id` (call on the engine thread, with the request's state change).
@@ -53,7 +106,7 @@ impl Transfers {
         self.lock().get(&id).and_then(|t| t.blocks.get(index as usize).copied())
     }
 
-    fn report_failure(&self, id: u64, message: String) {
+    pub(crate) fn report_failure(&self, id: u64, message: String) {
         if let Some(tx) = self.lock().get_mut(&id).and_then(|t| t.on_fail.take()) {
             let _ = tx.send(message);
         }
@@ -84,11 +137,7 @@ impl PageSink for EngineSink {
         let (transfers, error) = (self.transfers.clone(), self.error.clone());
         let queued = self.engine.submit(move |s| {
             // Re-checked on the engine thread: the transfer may have been cancelled since.
-            let res = if !transfers.contains(id) {
-                Err(format!("transfer {id} was cancelled"))
-            } else {
-                s.engine.write_kv_block(block, &payload).map_err(|e| e.to_string())
-            };
+            let res = if !transfers.contains(id) { Err(format!("transfer {id} was cancelled")) } else { s.engine.write_kv_block(block, &payload).map_err(|e| e.to_string()) };
             if let Err(e) = res {
                 error.lock().expect("sink error lock").get_or_insert(e);
             }

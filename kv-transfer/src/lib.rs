@@ -7,10 +7,10 @@
 //! - [`tcp`]: a TCP transport with I/O timeouts, so a stalled peer is detected in bounded time;
 //!   received pages go straight into the receiver's blocks through a [`tcp::PageSink`].
 //!
-//! [`Transport`] names the transports; NCCL between GPUs is the other one: its page mover
-//! (`tandem_cuda::nccl::PageLink`: gather, chunked NCCL send/recv, scatter) is measured by
-//! `tandem-gpu bench-pages`; the services do not use it yet.
+//! - [`device`]: the device transport between GPUs (NCCL): the contract a GPU backend
+//!   implements (`tandem_cuda::nccl`), the transfer header and the page checksums.
 
+pub mod device;
 pub mod layout;
 pub mod page;
 pub mod tcp;

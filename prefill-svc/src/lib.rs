@@ -3,10 +3,12 @@
 //! A decode worker calls `PrefillWorker.Prefill` with a prompt, the address of its KV page
 //! listener and the number of leading blocks it already holds. The prefill worker runs the
 //! prompt through chunked prefill (reusing its own prefix cache), samples the first token,
-//! streams the remaining blocks' pages over TCP into the decode worker's reserved blocks, and
+//! streams the remaining blocks' pages into the decode worker's reserved blocks (over TCP, or
+//! GPU to GPU over a device link the decode worker set up with `KvTransfer.JoinLink`), and
 //! answers with the first token once the decode worker acknowledged every page. Its blocks are
 //! then released; full ones stay in its prefix cache for the next prompt that shares them.
 
+pub mod links;
 pub mod service;
 
 use std::time::Duration;
@@ -38,11 +40,23 @@ pub struct PrefillConfig {
     pub redis_url: Option<String>,
     /// Injected fault, for tests.
     pub fault: Option<Fault>,
+    /// Send KV pages GPU to GPU through this device when a decode worker asks (device links).
+    pub kv_device: Option<tandem_worker::kv::KvDevice>,
 }
 
 impl Default for PrefillConfig {
     fn default() -> Self {
-        PrefillConfig { model_name: String::new(), worker_id: "prefill-0".into(), listen: "127.0.0.1:0".into(), transfer_timeout: Duration::from_secs(2), watch_stdin: false, drain_timeout: Duration::from_secs(30), fault: None, redis_url: None }
+        PrefillConfig {
+            model_name: String::new(),
+            worker_id: "prefill-0".into(),
+            listen: "127.0.0.1:0".into(),
+            transfer_timeout: Duration::from_secs(2),
+            watch_stdin: false,
+            drain_timeout: Duration::from_secs(30),
+            fault: None,
+            redis_url: None,
+            kv_device: None,
+        }
     }
 }
 
@@ -58,20 +72,15 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
     let handle = EngineHandle::spawn_with_events(engine, kv_sink);
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;
-    let status = StatusService {
-        engine: handle.clone(),
-        worker_id: cfg.worker_id.clone(),
-        role: "prefill".into(),
-        model: cfg.model_name.clone(),
-        epoch,
-        max_model_len,
-        block_size: block_size as u32,
-    };
-    let svc = PrefillService { engine: handle.clone(), layout, transfer_timeout: cfg.transfer_timeout, fault: cfg.fault };
+    let status = StatusService { engine: handle.clone(), worker_id: cfg.worker_id.clone(), role: "prefill".into(), model: cfg.model_name.clone(), epoch, max_model_len, block_size: block_size as u32 };
+    let links = cfg.kv_device.as_ref().map(|d| std::sync::Arc::new(links::PrefillLinks::new(d.0.clone(), layout.clone())));
+    let svc = PrefillService { engine: handle.clone(), layout, transfer_timeout: cfg.transfer_timeout, fault: cfg.fault, links };
     if let Some(f) = cfg.fault {
         tracing::warn!(fault = ?f, "fault injection is on");
     }
-    let grpc = tonic::service::Routes::new(pb::prefill_worker_server::PrefillWorkerServer::new(svc)).add_service(pb::worker_server::WorkerServer::new(status));
+    let grpc = tonic::service::Routes::new(pb::prefill_worker_server::PrefillWorkerServer::new(svc.clone()))
+        .add_service(pb::kv_transfer_server::KvTransferServer::new(svc))
+        .add_service(pb::worker_server::WorkerServer::new(status));
     tracing::info!(%addr, "prefill worker serving");
     announce_ready("prefill", addr);
     serve(listener, grpc, http_routes(metrics, handle), cfg.watch_stdin, cfg.drain_timeout).await

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use tandem_engine::sampler::{SampledToken, TokenLogprob};
 use tandem_engine::{Prompt, RequestOptions, RequestOutput};
+use tandem_kv_transfer::device::SendOptions;
 use tandem_kv_transfer::tcp::TcpSender;
 use tandem_kv_transfer::{KvLayout, KvPage, TransferError};
 use tandem_proto::v1 as pb;
@@ -46,6 +47,8 @@ pub struct PrefillService {
     pub transfer_timeout: Duration,
     /// Injected fault, for tests.
     pub fault: Option<Fault>,
+    /// Device links to decode workers (`--kv-transport nccl`).
+    pub links: Option<std::sync::Arc<crate::links::PrefillLinks>>,
 }
 
 /// Releases a prefill request's blocks when dropped (also when the RPC is cancelled).
@@ -76,6 +79,9 @@ fn first_token(out: &RequestOutput) -> Option<SampledToken> {
 
 impl PrefillService {
     fn ship(&self, blocks: &[u32], r: &pb::PrefillRequest) -> Result<(u32, u64), TransferError> {
+        if r.kv_link != 0 {
+            return self.ship_device(blocks, r);
+        }
         let mut tx = TcpSender::connect_with_auth(r.kv_destination.as_str(), &self.layout, self.transfer_timeout, tandem_worker::auth::kv_auth())?;
         let (mut pages, mut bytes) = (0u32, 0u64);
         let skip = r.skip_blocks as usize;
@@ -109,6 +115,36 @@ impl PrefillService {
         }
         tx.finish(r.transfer_id, pages)?;
         Ok((pages, bytes))
+    }
+}
+
+impl PrefillService {
+    /// Ships the pages GPU to GPU over the device link the request names.
+    fn ship_device(&self, blocks: &[u32], r: &pb::PrefillRequest) -> Result<(u32, u64), TransferError> {
+        let links = self.links.as_ref().ok_or_else(|| TransferError::Refused("this prefill worker has no device transport (start it with --kv-transport nccl)".into()))?;
+        let skip = (r.skip_blocks as usize).min(blocks.len());
+        let opts = SendOptions {
+            timeout: self.transfer_timeout,
+            stall_after_pages: match self.fault {
+                Some(Fault::StallAfterPages(n)) => Some(n),
+                _ => None,
+            },
+        };
+        let bytes = links.send(r.kv_link, r.transfer_id, skip as u32, &blocks[skip..], opts)?;
+        Ok(((blocks.len() - skip) as u32, bytes))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::kv_transfer_server::KvTransfer for PrefillService {
+    async fn endpoint(&self, _req: Request<pb::EndpointRequest>) -> Result<Response<pb::TransferEndpoint>, Status> {
+        Err(Status::unimplemented("prefill workers send KV pages; ask a decode worker where it receives them"))
+    }
+
+    async fn join_link(&self, req: Request<pb::JoinLinkRequest>) -> Result<Response<pb::JoinLinkResponse>, Status> {
+        let links = self.links.as_ref().ok_or_else(|| Status::failed_precondition("this prefill worker has no device transport (start it with --kv-transport nccl)"))?;
+        links.join(req.into_inner()).await?;
+        Ok(Response::new(pb::JoinLinkResponse {}))
     }
 }
 

@@ -14,6 +14,12 @@ impl CudaBackend {
         crate::nccl::PoolView { base: crate::device::ptr(&self.kv), parts: 2 * self.cfg.num_layers, num_blocks: self.num_blocks, block_elems: self.block_elems() }
     }
 
+    /// This backend's KV pool as an endpoint of the device transport (KV pages to and from
+    /// another GPU's pool over NCCL). Valid while the backend lives.
+    pub fn device_pool(&self) -> crate::nccl::DevicePool {
+        crate::nccl::DevicePool::new(&self.gpu, self.pool_view())
+    }
+
     pub(super) fn check_pairs(&self, pairs: &[(u32, u32)], src: usize, dst: usize) -> Result<(), BackendError> {
         match pairs.iter().find(|(s, d)| *s as usize >= src || *d as usize >= dst) {
             Some(p) => Err(BackendError::InvalidBatch(format!("block pair {p:?} out of range"))),
@@ -25,10 +31,7 @@ impl CudaBackend {
     /// block)` pair, in elements.
     pub(super) fn swap_spans(&self, pairs: impl Iterator<Item = (u32, u32)>) -> Vec<(usize, usize)> {
         let (e, parts) = (self.block_elems(), 2 * self.cfg.num_layers);
-        pairs
-            .flat_map(|(d, h)| (0..parts).map(move |i| (d as usize, h as usize, i)))
-            .map(|(d, h, i)| (self.kv_offset(i / 2, i % 2) + d * e, (h * parts + i) * e))
-            .collect()
+        pairs.flat_map(|(d, h)| (0..parts).map(move |i| (d as usize, h as usize, i))).map(|(d, h, i)| (self.kv_offset(i / 2, i % 2) + d * e, (h * parts + i) * e)).collect()
     }
 
     /// Elements of one block's rows within one layer's K or V cache.

@@ -1,0 +1,269 @@
+//! Device links to prefill workers: KV pages GPU to GPU (NCCL) instead of over TCP.
+//!
+//! One link per prefill worker, made when the first request goes there and reused after: this
+//! worker makes the link id, starts joining as the receiving end and asks the prefill worker to
+//! join as the sender (`KvTransfer.JoinLink`, which carries the same layout handshake as a TCP
+//! session). A thread per link then receives transfer after transfer, each into the blocks
+//! reserved for its request, and reports each arrival (checksums verified) or failure.
+//!
+//! A link that fails (a stalled or dead peer, a malformed header) is closed: its communicator is
+//! aborted, its streams drained, every transfer still awaited on it fails, and the next request
+//! to that prefill worker makes a new one. A request that gives up on its transfer while the
+//! pages are landing closes the link the same way before its blocks are freed, so no page can
+//! land in a block that has another owner.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use tandem_kv_transfer::device::{DeviceKv, DeviceLink, LinkRole};
+use tandem_kv_transfer::KvLayout;
+use tandem_proto::v1 as pb;
+use tandem_proto::v1::kv_transfer_client::KvTransferClient;
+use tandem_worker::auth::authed;
+use tokio::sync::watch;
+
+use crate::remote::PrefillClients;
+use crate::transfers::Transfers;
+
+/// How long joining a link may take (NCCL's first communicator in a process takes seconds).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct LinkState {
+    /// Transfers requested over the link and not yet settled.
+    outstanding: usize,
+    /// The transfer whose pages are landing now.
+    receiving: Option<u64>,
+}
+
+/// One link to a prefill worker, as the request tasks see it.
+pub struct Link {
+    /// The id prefill requests name it by.
+    pub id: u64,
+    state: Mutex<LinkState>,
+    wake: Condvar,
+    closed: AtomicBool,
+    ended: watch::Sender<bool>,
+}
+
+impl Link {
+    fn new(id: u64) -> Link {
+        Link { id, state: Mutex::default(), wake: Condvar::new(), closed: AtomicBool::new(false), ended: watch::channel(false).0 }
+    }
+
+    /// Whether the link is closed (or closing).
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Closes the link: its receiver stops, aborts the communicator and fails what is still
+    /// awaited on it; the next request to the prefill worker makes a new link.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wake.notify_all();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LinkState> {
+        self.state.lock().expect("link state lock")
+    }
+
+    /// A transfer is about to be requested over the link (the receiver starts listening).
+    pub fn begin(&self) {
+        self.lock().outstanding += 1;
+        self.wake.notify_all();
+    }
+
+    /// A transfer begun with [`Link::begin`] is settled.
+    pub fn end(&self) {
+        let mut s = self.lock();
+        s.outstanding = s.outstanding.saturating_sub(1);
+    }
+
+    /// Gives up transfer `id`: it is withdrawn from `transfers`, and when its pages are landing
+    /// right now the link is closed and this returns once the link's streams are drained. Call
+    /// before the transfer's blocks are freed.
+    pub async fn withdraw(&self, transfers: &Transfers, id: u64) {
+        let landing = transfers.withdraw(id, || self.lock().receiving == Some(id));
+        if landing {
+            tracing::warn!(transfer_id = id, link = self.id, "transfer given up while its pages land; closing the link");
+            self.close();
+            let mut rx = self.ended.subscribe();
+            let _ = rx.wait_for(|&e| e).await;
+        }
+    }
+}
+
+/// The device links of a decode worker, one per prefill worker.
+pub struct DeviceLinks {
+    device: Arc<dyn DeviceKv>,
+    layout: KvLayout,
+    transfer_timeout: Duration,
+    links: Mutex<HashMap<String, Arc<Link>>>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+fn new_link_id() -> u64 {
+    let t = tandem_worker::status::new_epoch();
+    (t.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(std::process::id()).rotate_left(40)) | 1
+}
+
+impl DeviceLinks {
+    /// Links from `device` (this worker's pool) for transfers of `layout`.
+    pub fn new(device: Arc<dyn DeviceKv>, layout: KvLayout, transfer_timeout: Duration) -> DeviceLinks {
+        DeviceLinks { device, layout, transfer_timeout, links: Mutex::default(), connecting: tokio::sync::Mutex::new(()) }
+    }
+
+    fn live(&self, addr: &str) -> Option<Arc<Link>> {
+        self.links.lock().expect("links lock").get(addr).filter(|l| !l.is_closed()).cloned()
+    }
+
+    /// The link to the prefill worker at `addr`, made (and its receiver started) if there is
+    /// none or the last one closed.
+    pub async fn get(&self, addr: &str, clients: &PrefillClients, transfers: &Transfers) -> Result<Arc<Link>, String> {
+        if let Some(l) = self.live(addr) {
+            return Ok(l);
+        }
+        let _one_at_a_time = self.connecting.lock().await;
+        if let Some(l) = self.live(addr) {
+            return Ok(l);
+        }
+        let started = std::time::Instant::now();
+        let id_bytes = self.device.new_link_id().map_err(|e| e.to_string())?;
+        let link_id = new_link_id();
+        let dev = self.device.clone();
+        let join = tokio::task::spawn_blocking(move || dev.connect(LinkRole::Receiver, &id_bytes));
+        let info = self.device.info();
+        let req = pb::JoinLinkRequest {
+            link_id,
+            nccl_unique_id: id_bytes.to_vec(),
+            layout: Some(tandem_worker::kv::layout_to_proto(&self.layout)),
+            device_page_bytes: info.page_bytes,
+            device_dtype: info.dtype,
+        };
+        let mut client = KvTransferClient::new(authed(clients.channel(addr, self.transfer_timeout)?));
+        let mut call = tonic::Request::new(req);
+        call.set_timeout(CONNECT_TIMEOUT);
+        if let Err(s) = client.join_link(call).await {
+            // Our end is waiting for a peer that will not come: join it ourselves so that the
+            // waiting ends (NCCL refuses two ends on one GPU), then let both go.
+            let dev = self.device.clone();
+            tokio::task::spawn_blocking(move || drop(dev.connect(LinkRole::Sender, &id_bytes)));
+            let _ = join.await;
+            return Err(format!("prefill worker {addr} did not join a device link: {}", s.message()));
+        }
+        let dl = match tokio::time::timeout(CONNECT_TIMEOUT, join).await {
+            Ok(Ok(Ok(dl))) => dl,
+            Ok(Ok(Err(e))) => return Err(format!("joining the device link with {addr}: {e}")),
+            Ok(Err(e)) => return Err(format!("joining the device link with {addr}: {e}")),
+            Err(_) => return Err(format!("joining the device link with {addr} timed out")),
+        };
+        let link = Arc::new(Link::new(link_id));
+        let (l, t, timeout) = (link.clone(), transfers.clone(), self.transfer_timeout);
+        std::thread::Builder::new().name("kv-link".into()).spawn(move || receive(l, dl, t, timeout)).map_err(|e| format!("starting the link's receiver: {e}"))?;
+        tracing::info!(prefill = addr, link = link_id, seconds = started.elapsed().as_secs_f64(), "device link to the prefill worker up");
+        self.links.lock().expect("links lock").insert(addr.to_string(), link.clone());
+        Ok(link)
+    }
+}
+
+/// The receiving loop of one link: waits while no transfer is outstanding, receives each
+/// transfer into the blocks of its request, and closes the link on the first link error.
+fn receive(link: Arc<Link>, mut dl: Box<dyn DeviceLink>, transfers: Transfers, timeout: Duration) {
+    let reason = loop {
+        {
+            let mut s = link.lock();
+            while s.outstanding == 0 && !link.is_closed() {
+                s = link.wake.wait_timeout(s, Duration::from_millis(200)).expect("link state lock").0;
+            }
+        }
+        if link.is_closed() {
+            break "the device link was closed".to_string();
+        }
+        let mut route = |h: &tandem_kv_transfer::device::TransferHeader| transfers.route_device(h.transfer_id, link.id, h.first_index, h.pages, || link.lock().receiving = Some(h.transfer_id));
+        match dl.recv(&mut route, &|| !link.is_closed(), timeout) {
+            Ok(None) => continue,
+            Ok(Some(r)) => {
+                link.lock().receiving = None;
+                let id = r.header.transfer_id;
+                if r.stored {
+                    if let Err(e) = &r.verdict {
+                        tracing::warn!(transfer_id = id, error = %e, "KV pages arrived corrupt");
+                    }
+                    transfers.report_arrival(id, r.verdict.map_err(|e| e.to_string()));
+                } else {
+                    tracing::debug!(transfer_id = id, pages = r.header.pages, "pages of a withdrawn transfer received and dropped");
+                }
+            }
+            Err(e) => {
+                let id = link.lock().receiving.take();
+                tracing::warn!(link = link.id, transfer_id = ?id, error = %e, "device link failed");
+                if let Some(id) = id {
+                    transfers.report_failure(id, format!("device link: {e}"));
+                }
+                break format!("device link failed: {e}");
+            }
+        }
+    };
+    link.close();
+    // Aborts the communicator and drains the link's streams.
+    drop(dl);
+    link.lock().receiving = None;
+    transfers.fail_link(link.id, &reason);
+    let _ = link.ended.send(true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_transfer_withdrawn_mid_landing_closes_the_link_and_waits_for_it() {
+        let transfers = Transfers::default();
+        let link = Arc::new(Link::new(5));
+        let (_fail, _arrive) = transfers.register_device(9, "r", vec![4, 5, 6], 5);
+        // The receiver claims transfer 9's pages 1..3.
+        let blocks = transfers.route_device(9, 5, 1, 2, || link.lock().receiving = Some(9));
+        assert_eq!(blocks, Some(vec![5, 6]));
+        // A transfer of another link, or pages out of range, are not routed.
+        assert_eq!(transfers.route_device(9, 6, 0, 1, || {}), None);
+        assert_eq!(transfers.route_device(9, 5, 2, 2, || {}), None);
+        let l2 = link.clone();
+        let waiter = tokio::spawn(async move { l2.withdraw(&Transfers::default(), 0).await });
+        waiter.await.unwrap(); // not landing: returns at once
+        let (l3, t3) = (link.clone(), transfers.clone());
+        let withdraw = tokio::spawn(async move { l3.withdraw(&t3, 9).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(link.is_closed(), "withdrawing a landing transfer closes the link");
+        assert!(!withdraw.is_finished(), "and waits until the link has ended");
+        let _ = link.ended.send(true);
+        withdraw.await.unwrap();
+        // Withdrawn: a later header for it goes nowhere.
+        assert_eq!(transfers.route_device(9, 5, 0, 1, || {}), None);
+    }
+
+    #[tokio::test]
+    async fn a_transfer_withdrawn_before_its_header_leaves_the_link_open() {
+        let transfers = Transfers::default();
+        let link = Link::new(5);
+        let (_fail, _arrive) = transfers.register_device(9, "r", vec![4], 5);
+        link.withdraw(&transfers, 9).await;
+        assert!(!link.is_closed());
+        assert_eq!(transfers.route_device(9, 5, 0, 1, || panic!("not claimed")), None);
+    }
+
+    #[test]
+    fn arrivals_and_link_failures_reach_the_request() {
+        let transfers = Transfers::default();
+        let (mut fail, mut arrive) = transfers.register_device(1, "a", vec![1], 7);
+        let (mut fail2, _a2) = transfers.register_device(2, "b", vec![2], 7);
+        let (mut fail3, _a3) = transfers.register_device(3, "c", vec![3], 8);
+        transfers.report_arrival(1, Ok(()));
+        assert!(arrive.try_recv().is_ok());
+        assert!(fail.try_recv().is_err());
+        transfers.fail_link(7, "gone");
+        assert_eq!(fail2.try_recv().unwrap(), "gone");
+        assert!(fail3.try_recv().is_err(), "another link's transfer is not failed");
+    }
+}
