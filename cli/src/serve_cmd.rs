@@ -245,6 +245,15 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
 
+/// Runs a server to completion; tasks still blocked when it returns (a peer that never answers)
+/// get a moment, not a say in whether the process exits.
+fn block_on(server: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+    let rt = runtime()?;
+    let r = rt.block_on(server);
+    rt.shutdown_timeout(Duration::from_secs(2));
+    r
+}
+
 fn load_engine(model: &ModelArgs, worker: &WorkerArgs) -> Result<(LLMEngine, String, Option<tandem_worker::kv::KvDevice>)> {
     let path = model.path()?;
     let name = model.served_name(&path);
@@ -281,7 +290,7 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
         watch_stdin: a.worker.watch_stdin,
         redis_url: a.worker.redis_url,
     };
-    runtime()?.block_on(tandem_decode::run(engine, cfg))
+    block_on(tandem_decode::run(engine, cfg))
 }
 
 /// `tandem prefill`.
@@ -299,7 +308,7 @@ pub fn run_prefill(a: PrefillArgs) -> Result<()> {
         fault,
         redis_url: a.worker.redis_url,
     };
-    runtime()?.block_on(tandem_prefill::run(engine, cfg))
+    block_on(tandem_prefill::run(engine, cfg))
 }
 
 /// `tandem router`.
@@ -329,7 +338,7 @@ pub fn run_router(a: RouterArgs) -> Result<()> {
         max_body_bytes: a.max_body_bytes,
         max_prompt_tokens: a.max_prompt_tokens,
     };
-    runtime()?.block_on(tandem_router::run(info, cfg))
+    block_on(tandem_router::run(info, cfg))
 }
 
 #[cfg(test)]

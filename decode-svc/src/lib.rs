@@ -100,18 +100,22 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
     let kv_sink = cfg.redis_url.as_ref().map(|url| tandem_worker::kv_events::spawn_publisher(url.clone(), cfg.worker_id.clone(), epoch));
     let handle = EngineHandle::spawn_with_events(engine, kv_sink);
     let transfers = transfers::Transfers::default();
-    let links = cfg.kv_device.as_ref().map(|d| links::DeviceLinks::new(d.0.clone(), layout.clone(), cfg.transfer_timeout));
+    let links = cfg.kv_device.as_ref().map(|d| std::sync::Arc::new(links::DeviceLinks::new(d.0.clone(), layout.clone(), cfg.transfer_timeout)));
     let kv_addr = transfers::start_receiver(&cfg.kv_listen, layout, cfg.transfer_timeout, handle.clone(), transfers.clone())?;
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;
     let status = StatusService { engine: handle.clone(), worker_id: cfg.worker_id.clone(), role: cfg.role.clone(), model: cfg.model_name.clone(), epoch, max_model_len, block_size: block_size as u32 };
     let (watch, drain) = (cfg.watch_stdin, cfg.drain_timeout);
     let advertised = cfg.kv_advertise.clone().unwrap_or_else(|| kv_addr.to_string());
-    let svc = service::DecodeService::new(handle.clone(), cfg, transfers, advertised, block_size, links);
+    let svc = service::DecodeService::new(handle.clone(), cfg, transfers, advertised, block_size, links.clone());
     let grpc = tonic::service::Routes::new(pb::decode_worker_server::DecodeWorkerServer::new(svc.clone()))
         .add_service(pb::kv_transfer_server::KvTransferServer::new(svc))
         .add_service(pb::worker_server::WorkerServer::new(status));
     tracing::info!(%addr, %kv_addr, "decode worker serving");
     announce_ready("decode", addr);
-    serve(listener, grpc, http_routes(metrics, handle), watch, drain).await
+    let served = serve(listener, grpc, http_routes(metrics, handle), watch, drain).await;
+    if let Some(l) = links {
+        l.close_all(Duration::from_secs(5)).await;
+    }
+    served
 }

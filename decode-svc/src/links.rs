@@ -115,6 +115,21 @@ impl DeviceLinks {
         DeviceLinks { device, layout, transfer_timeout, links: Mutex::default(), connecting: tokio::sync::Mutex::new(()) }
     }
 
+    /// Closes every link and waits (up to `wait`) until their receivers have aborted the
+    /// communicators and drained their streams: at shutdown, before the process tears CUDA down.
+    pub async fn close_all(&self, wait: Duration) {
+        let links: Vec<Arc<Link>> = self.links.lock().expect("links lock").drain().map(|(_, l)| l).collect();
+        for l in &links {
+            l.close();
+        }
+        for l in links {
+            let mut rx = l.ended.subscribe();
+            if tokio::time::timeout(wait, rx.wait_for(|&e| e)).await.is_err() {
+                tracing::warn!(link = l.id, "a device link's receiver did not stop in time");
+            }
+        }
+    }
+
     fn live(&self, addr: &str) -> Option<Arc<Link>> {
         self.links.lock().expect("links lock").get(addr).filter(|l| !l.is_closed()).cloned()
     }

@@ -44,13 +44,13 @@ pub struct Shared {
     pub(crate) kv_addr: String,
     pub(crate) block_size: usize,
     pub(crate) clients: PrefillClients,
-    pub(crate) links: Option<DeviceLinks>,
+    pub(crate) links: Option<Arc<DeviceLinks>>,
     next_transfer: AtomicU64,
 }
 
 impl DecodeService {
     /// The service over `engine`, receiving KV pages at `kv_addr` (TCP) or over `links`.
-    pub fn new(engine: EngineHandle, cfg: DecodeConfig, transfers: Transfers, kv_addr: String, block_size: usize, links: Option<DeviceLinks>) -> DecodeService {
+    pub fn new(engine: EngineHandle, cfg: DecodeConfig, transfers: Transfers, kv_addr: String, block_size: usize, links: Option<Arc<DeviceLinks>>) -> DecodeService {
         let seed = tandem_worker::status::new_epoch() & 0xFFFF_FFFF;
         DecodeService(Arc::new(Shared { engine, cfg, transfers, kv_addr, block_size, clients: PrefillClients::default(), links, next_transfer: AtomicU64::new(seed << 32) }))
     }

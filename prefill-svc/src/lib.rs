@@ -74,7 +74,7 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let status = StatusService { engine: handle.clone(), worker_id: cfg.worker_id.clone(), role: "prefill".into(), model: cfg.model_name.clone(), epoch, max_model_len, block_size: block_size as u32 };
     let links = cfg.kv_device.as_ref().map(|d| std::sync::Arc::new(links::PrefillLinks::new(d.0.clone(), layout.clone())));
-    let svc = PrefillService { engine: handle.clone(), layout, transfer_timeout: cfg.transfer_timeout, fault: cfg.fault, links };
+    let svc = PrefillService { engine: handle.clone(), layout, transfer_timeout: cfg.transfer_timeout, fault: cfg.fault, links: links.clone() };
     if let Some(f) = cfg.fault {
         tracing::warn!(fault = ?f, "fault injection is on");
     }
@@ -83,5 +83,9 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
         .add_service(pb::worker_server::WorkerServer::new(status));
     tracing::info!(%addr, "prefill worker serving");
     announce_ready("prefill", addr);
-    serve(listener, grpc, http_routes(metrics, handle), cfg.watch_stdin, cfg.drain_timeout).await
+    let served = serve(listener, grpc, http_routes(metrics, handle), cfg.watch_stdin, cfg.drain_timeout).await;
+    if let Some(l) = links {
+        l.close_all();
+    }
+    served
 }

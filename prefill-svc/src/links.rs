@@ -49,6 +49,15 @@ impl PrefillLinks {
         Ok(())
     }
 
+    /// Closes every link (at shutdown: their communicators are aborted).
+    pub fn close_all(&self) {
+        for (_, slot) in self.links.lock().expect("links lock").drain() {
+            if let Ok(mut l) = slot.try_lock() {
+                l.take();
+            }
+        }
+    }
+
     /// Sends `blocks` (pages `first_index..`) as `transfer_id` over link `link_id`, blocking
     /// until they have left; a failed link is closed and forgotten.
     pub fn send(&self, link_id: u64, transfer_id: u64, first_index: u32, blocks: &[u32], opts: SendOptions) -> Result<u64, TransferError> {

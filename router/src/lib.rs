@@ -146,6 +146,6 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, decode = ?cfg.decode_workers, prefill = ?cfg.prefill_workers, "router serving the OpenAI API");
     tandem_worker::serve::announce_ready("router", addr);
-    axum::serve(listener, app(state)).with_graceful_shutdown(tandem_worker::serve::shutdown_signal(cfg.watch_stdin)).await?;
+    axum::serve(tandem_worker::serve::nodelay(listener), app(state)).with_graceful_shutdown(tandem_worker::serve::shutdown_signal(cfg.watch_stdin)).await?;
     Ok(())
 }

@@ -108,7 +108,7 @@ pub async fn serve(listener: TcpListener, grpc: tonic::service::Routes, http: ax
     let app = grpc.into_axum_router().layer(axum::middleware::from_fn(crate::auth::require_token)).merge(http);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        axum::serve(listener, app)
+        axum::serve(nodelay(listener), app)
             .with_graceful_shutdown(async move {
                 let _ = stop_rx.await;
             })
@@ -127,4 +127,31 @@ pub async fn serve(listener: TcpListener, grpc: tonic::service::Routes, http: ax
     }
     tracing::info!("drained");
     Ok(())
+}
+
+/// `listener` with Nagle's algorithm off on every connection: streamed tokens are small writes,
+/// and Nagle holding one back until the peer's (delayed) acknowledgement of the last would
+/// deliver them in bursts tens of milliseconds apart.
+pub fn nodelay(listener: TcpListener) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    use axum::serve::ListenerExt;
+    listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    })
+}
+
+#[cfg(test)]
+mod nodelay_tests {
+    use axum::serve::Listener;
+
+    #[tokio::test]
+    async fn accepted_connections_do_not_wait_for_acknowledgements() {
+        let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = plain.local_addr().unwrap();
+        let mut l = super::nodelay(plain);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (io, _) = l.accept().await;
+        assert!(io.nodelay().unwrap(), "Nagle's algorithm is still on for an accepted connection");
+    }
 }
