@@ -206,7 +206,7 @@ fn receive(link: Arc<Link>, mut dl: Box<dyn DeviceLink>, transfers: Transfers, t
                     if let Err(e) = &r.verdict {
                         tracing::warn!(transfer_id = id, error = %e, "KV pages arrived corrupt");
                     }
-                    transfers.report_arrival(id, r.verdict.map_err(|e| e.to_string()));
+                    transfers.report_arrival(id, r.header.pages, r.verdict.map_err(|e| e.to_string()));
                 } else {
                     tracing::debug!(transfer_id = id, pages = r.header.pages, "pages of a withdrawn transfer received and dropped");
                 }
@@ -237,7 +237,7 @@ mod tests {
     async fn a_transfer_withdrawn_mid_landing_closes_the_link_and_waits_for_it() {
         let transfers = Transfers::default();
         let link = Arc::new(Link::new(5));
-        let (_fail, _arrive) = transfers.register_device(9, "r", vec![4, 5, 6], 5);
+        let (_fail, _arrive) = transfers.register_device(9, "r", vec![4, 5, 6], 5, 3);
         // The receiver claims transfer 9's pages 1..3.
         let blocks = transfers.route_device(9, 5, 1, 2, || link.lock().receiving = Some(9));
         assert_eq!(blocks, Some(vec![5, 6]));
@@ -262,7 +262,7 @@ mod tests {
     async fn a_transfer_withdrawn_before_its_header_leaves_the_link_open() {
         let transfers = Transfers::default();
         let link = Link::new(5);
-        let (_fail, _arrive) = transfers.register_device(9, "r", vec![4], 5);
+        let (_fail, _arrive) = transfers.register_device(9, "r", vec![4], 5, 1);
         link.withdraw(&transfers, 9).await;
         assert!(!link.is_closed());
         assert_eq!(transfers.route_device(9, 5, 0, 1, || panic!("not claimed")), None);
@@ -271,10 +271,13 @@ mod tests {
     #[test]
     fn arrivals_and_link_failures_reach_the_request() {
         let transfers = Transfers::default();
-        let (mut fail, mut arrive) = transfers.register_device(1, "a", vec![1], 7);
-        let (mut fail2, _a2) = transfers.register_device(2, "b", vec![2], 7);
-        let (mut fail3, _a3) = transfers.register_device(3, "c", vec![3], 8);
-        transfers.report_arrival(1, Ok(()));
+        let (mut fail, mut arrive) = transfers.register_device(1, "a", vec![1, 2, 3, 4], 7, 3);
+        let (mut fail2, _a2) = transfers.register_device(2, "b", vec![2], 7, 1);
+        let (mut fail3, _a3) = transfers.register_device(3, "c", vec![3], 8, 1);
+        // Three pages expected (one was cached here), landing in two pieces.
+        transfers.report_arrival(1, 2, Ok(()));
+        assert!(arrive.try_recv().is_err(), "not complete after the first piece");
+        transfers.report_arrival(1, 1, Ok(()));
         assert!(arrive.try_recv().is_ok());
         assert!(fail.try_recv().is_err());
         transfers.fail_link(7, "gone");

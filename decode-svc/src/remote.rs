@@ -98,7 +98,8 @@ async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: Remote
     let (mut failed_rx, arrived) = match &link {
         Some(l) => {
             l.begin();
-            let (f, a) = svc.transfers.register_device(transfer_id, &rid, rp.block_table.clone(), l.id);
+            let expected = rp.block_table.len().saturating_sub(skip) as u32;
+            let (f, a) = svc.transfers.register_device(transfer_id, &rid, rp.block_table.clone(), l.id, expected);
             (f, Some(a))
         }
         None => (svc.transfers.register(transfer_id, &rid, rp.block_table.clone()), None),

@@ -18,9 +18,12 @@ struct Transfer {
     request_id: String,
     blocks: Vec<u32>,
     on_fail: Option<oneshot::Sender<String>>,
-    /// Device transfers: the link the pages come over, and who waits for them.
+    /// Device transfers: the link the pages come over, who waits for them, and how many pages
+    /// are expected and have landed (they may come in several pieces).
     link: Option<u64>,
     on_arrive: Option<oneshot::Sender<()>>,
+    expected: u32,
+    received: u32,
 }
 
 /// The registry of pending transfers (shared by the request tasks and the receiver threads).
@@ -34,17 +37,18 @@ impl Transfers {
     /// on the returned channel.
     pub fn register(&self, id: u64, request_id: &str, blocks: Vec<u32>) -> oneshot::Receiver<String> {
         let (tx, rx) = oneshot::channel();
-        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx), link: None, on_arrive: None });
+        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx), link: None, on_arrive: None, expected: 0, received: 0 });
         rx
     }
 
-    /// Registers transfer `id` of `request_id` into `blocks`, its pages coming over device link
-    /// `link`: the receiver reports a failure on the first channel, the pages' arrival (in the
-    /// blocks, checksums verified) on the second.
-    pub fn register_device(&self, id: u64, request_id: &str, blocks: Vec<u32>, link: u64) -> (oneshot::Receiver<String>, oneshot::Receiver<()>) {
+    /// Registers transfer `id` of `request_id` into `blocks`, `expected` pages of it coming over
+    /// device link `link` (in one piece or several): the receiver reports a failure on the first
+    /// channel, the arrival of every expected page (in the blocks, checksums verified) on the
+    /// second.
+    pub fn register_device(&self, id: u64, request_id: &str, blocks: Vec<u32>, link: u64, expected: u32) -> (oneshot::Receiver<String>, oneshot::Receiver<()>) {
         let (tx, rx) = oneshot::channel();
         let (atx, arx) = oneshot::channel();
-        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx), link: Some(link), on_arrive: Some(atx) });
+        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx), link: Some(link), on_arrive: Some(atx), expected, received: 0 });
         (rx, arx)
     }
 
@@ -59,12 +63,18 @@ impl Transfers {
         Some(blocks)
     }
 
-    /// Reports device transfer `id` complete (`Ok`) or failed.
-    pub(crate) fn report_arrival(&self, id: u64, verdict: Result<(), String>) {
+    /// Reports `pages` more pages of device transfer `id` landed (`Ok`), or the piece failed;
+    /// the transfer is complete once every expected page has landed.
+    pub(crate) fn report_arrival(&self, id: u64, pages: u32, verdict: Result<(), String>) {
         match verdict {
             Ok(()) => {
-                if let Some(tx) = self.lock().get_mut(&id).and_then(|t| t.on_arrive.take()) {
-                    let _ = tx.send(());
+                let mut map = self.lock();
+                let Some(t) = map.get_mut(&id) else { return };
+                t.received = t.received.saturating_add(pages);
+                if t.received >= t.expected {
+                    if let Some(tx) = t.on_arrive.take() {
+                        let _ = tx.send(());
+                    }
                 }
             }
             Err(e) => self.report_failure(id, e),

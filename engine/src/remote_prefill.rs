@@ -21,7 +21,28 @@ pub struct RemotePrefill {
     pub num_cached_tokens: usize,
 }
 
+/// How far a prefill-only request has come: the pages that can be shipped while it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefillProgress {
+    /// The request's blocks whose KV is complete (every token computed), in logical order.
+    pub complete_blocks: Vec<u32>,
+    /// Preemptions in this engine so far: when it changes while pages are shipped early, a
+    /// preempted request may have moved to other blocks, so ship them again from its final ones.
+    pub preemptions: u64,
+}
+
 impl LLMEngine {
+    /// The progress of running prefill-only request `request_id` (`None` once it finished or
+    /// if it is unknown).
+    pub fn prefill_progress(&self, request_id: &str) -> Option<PrefillProgress> {
+        let seq = self.scheduler.seqs.get(&self.single_seq(request_id)?)?;
+        if !seq.prefill_only {
+            return None;
+        }
+        let full = (seq.num_computed_tokens / self.scheduler.block_manager.block_size()).min(seq.block_table.blocks.len());
+        Some(PrefillProgress { complete_blocks: seq.block_table.blocks[..full].to_vec(), preemptions: self.scheduler.num_preemptions })
+    }
+
     /// The blocks of a finished prefill-only request (pages to ship, in logical order).
     pub fn prefill_blocks(&self, request_id: &str) -> Option<Vec<u32>> {
         self.pinned.get(request_id).map(|t| t.blocks.clone())

@@ -144,3 +144,42 @@ fn n_greater_than_one_is_prefilled_locally() {
         dec.step().unwrap();
     }
 }
+
+/// A prefill worker ships complete blocks while the rest of the prompt is still being computed:
+/// what `prefill_progress` reports complete is a prefix of the final blocks and its pages do not
+/// change afterwards.
+#[test]
+fn complete_blocks_are_reported_while_a_chunked_prefill_runs_and_never_change() {
+    let mut cfg = EngineConfig::default();
+    cfg.scheduler.max_num_batched_tokens = 48;
+    let mut e = LLMEngine::new(model(), cfg);
+    let prompt: Vec<u32> = (0..200u32).map(|i| 100 + (i * 37) % 5000).collect();
+    let opts = RequestOptions { prefill_only: true, ..Default::default() };
+    e.add_request_with("p", Prompt::TokenIds(prompt.clone()), params(), opts).unwrap();
+    assert_eq!(e.prefill_progress("p").unwrap().complete_blocks, Vec::<u32>::new(), "nothing computed yet");
+    let mut early: Vec<(u32, Vec<u8>)> = Vec::new();
+    let mut seen = Vec::new();
+    let mut finished = false;
+    for _ in 0..100 {
+        finished = e.step().unwrap().iter().any(|o| o.finished);
+        if finished {
+            break;
+        }
+        let p = e.prefill_progress("p").expect("running");
+        assert!(p.complete_blocks.starts_with(&seen), "complete blocks only grow");
+        assert!(p.complete_blocks.len() <= 48 * (early.len() + 1), "reported no faster than computed");
+        for &b in &p.complete_blocks[seen.len()..] {
+            early.push((b, e.read_kv_block(b).unwrap()));
+        }
+        seen = p.complete_blocks;
+    }
+    assert!(finished);
+    assert!(seen.len() >= 9, "most of the 12 full blocks were complete before the last chunk: {}", seen.len());
+    assert_eq!(e.prefill_progress("p"), None, "a finished prefill has no progress");
+    let fin = e.prefill_blocks("p").unwrap();
+    assert!(fin.starts_with(&seen));
+    for (b, page) in &early {
+        assert_eq!(&e.read_kv_block(*b).unwrap(), page, "block {b} changed after it was reported complete");
+    }
+    assert!(e.release_prefill("p"));
+}

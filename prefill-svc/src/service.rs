@@ -79,9 +79,6 @@ fn first_token(out: &RequestOutput) -> Option<SampledToken> {
 
 impl PrefillService {
     fn ship(&self, blocks: &[u32], r: &pb::PrefillRequest) -> Result<(u32, u64), TransferError> {
-        if r.kv_link != 0 {
-            return self.ship_device(blocks, r);
-        }
         let mut tx = TcpSender::connect_with_auth(r.kv_destination.as_str(), &self.layout, self.transfer_timeout, tandem_worker::auth::kv_auth())?;
         let (mut pages, mut bytes) = (0u32, 0u64);
         let skip = r.skip_blocks as usize;
@@ -118,20 +115,90 @@ impl PrefillService {
     }
 }
 
+/// Pages a device transfer shipped while its prompt was still being computed.
+#[derive(Debug, Clone, Default)]
+struct Streamed {
+    /// Logical index of the next page to ship.
+    next: usize,
+    /// The blocks shipped so far (logical pages `skip..next`).
+    ids: Vec<u32>,
+    /// The engine's preemption count when the first piece left.
+    preemptions: Option<u64>,
+    /// A preemption happened meanwhile: what left early may be stale.
+    preempted: bool,
+    pages: u32,
+    bytes: u64,
+}
+
+/// How long the early shipper waits when no new block is complete.
+const PROGRESS_POLL: Duration = Duration::from_millis(1);
+
 impl PrefillService {
-    /// Ships the pages GPU to GPU over the device link the request names.
-    fn ship_device(&self, blocks: &[u32], r: &pb::PrefillRequest) -> Result<(u32, u64), TransferError> {
-        let links = self.links.as_ref().ok_or_else(|| TransferError::Refused("this prefill worker has no device transport (start it with --kv-transport nccl)".into()))?;
-        let skip = (r.skip_blocks as usize).min(blocks.len());
-        let opts = SendOptions {
+    fn send_options(&self) -> SendOptions {
+        SendOptions {
             timeout: self.transfer_timeout,
             stall_after_pages: match self.fault {
                 Some(Fault::StallAfterPages(n)) => Some(n),
                 _ => None,
             },
-        };
-        let bytes = links.send(r.kv_link, r.transfer_id, skip as u32, &blocks[skip..], opts)?;
-        Ok(((blocks.len() - skip) as u32, bytes))
+        }
+    }
+
+    /// Waits for the prefill of `rid` to finish, shipping over the request's device link each
+    /// block that becomes complete meanwhile (a chunked prefill completes blocks step by step),
+    /// so the transfer overlaps the computation of the rest of the prompt.
+    async fn stream_while_prefilling(&self, rid: &str, r: &pb::PrefillRequest, early: &mut Streamed, mut done: tokio::sync::oneshot::Receiver<Result<RequestOutput, String>>) -> Result<RequestOutput, Status> {
+        let links = self.links.clone().ok_or_else(|| Status::failed_precondition("no device transport"))?;
+        loop {
+            let id = rid.to_string();
+            let progress = tokio::select! {
+                out = &mut done => return out.map_err(|_| Status::internal("the prefill was dropped"))?.map_err(Status::internal),
+                p = self.engine.call(move |s| s.engine.prefill_progress(&id)) => p.flatten(),
+            };
+            let piece = match progress {
+                Some(p) => {
+                    early.preempted |= *early.preemptions.get_or_insert(p.preemptions) != p.preemptions;
+                    if early.preempted || p.complete_blocks.len() <= early.next {
+                        None
+                    } else {
+                        Some(p.complete_blocks[early.next..].to_vec())
+                    }
+                }
+                None => None,
+            };
+            let Some(piece) = piece else {
+                tokio::time::sleep(PROGRESS_POLL).await;
+                continue;
+            };
+            let (l, opts, link, tid, first) = (links.clone(), self.send_options(), r.kv_link, r.transfer_id, early.next as u32);
+            let blocks = piece.clone();
+            let sent = tokio::task::spawn_blocking(move || l.send(link, tid, first, &blocks, opts)).await.map_err(|e| Status::internal(e.to_string()))?;
+            let bytes = sent.map_err(|e| {
+                count_transfer_failure(if matches!(e, TransferError::Timeout(_)) { "timeout" } else { "send" });
+                Status::unavailable(format!("KV transfer over device link {link:#x} failed: {e}"))
+            })?;
+            early.next += piece.len();
+            early.pages += piece.len() as u32;
+            early.bytes += bytes;
+            early.ids.extend(piece);
+        }
+    }
+
+    /// Ships the pages GPU to GPU over the device link the request names: those not shipped
+    /// early, or all of them again when a preemption may have moved what left early.
+    fn ship_device(&self, blocks: &[u32], r: &pb::PrefillRequest, early: &Streamed) -> Result<(u32, u64), TransferError> {
+        let links = self.links.as_ref().ok_or_else(|| TransferError::Refused("this prefill worker has no device transport (start it with --kv-transport nccl)".into()))?;
+        let skip = (r.skip_blocks as usize).min(blocks.len());
+        let stale = early.preempted || !blocks[skip..].starts_with(&early.ids);
+        let from = if stale { skip } else { early.next.clamp(skip, blocks.len()) };
+        if stale && early.pages > 0 {
+            tracing::warn!(early_pages = early.pages, "a preemption may have moved pages shipped early; shipping them all again");
+        }
+        let mut bytes = early.bytes;
+        if from < blocks.len() {
+            bytes += links.send(r.kv_link, r.transfer_id, from as u32, &blocks[from..], self.send_options())?;
+        }
+        Ok((early.pages + (blocks.len() - from) as u32, bytes))
     }
 }
 
@@ -186,7 +253,12 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
                 .await
                 .ok_or_else(|| Status::unavailable("the engine has stopped"))?
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
-            let out = rx.await.map_err(|_| Status::internal("the prefill was dropped"))?.map_err(Status::internal)?;
+            let mut early = Streamed { next: r.skip_blocks as usize, ..Default::default() };
+            let out = if r.kv_link != 0 && self.links.is_some() {
+                self.stream_while_prefilling(&rid, &r, &mut early, rx).await?
+            } else {
+                rx.await.map_err(|_| Status::internal("the prefill was dropped"))?.map_err(Status::internal)?
+            };
             let first = first_token(&out).ok_or_else(|| Status::internal("the prefill produced no token"))?;
             let num_cached = out.metrics.num_cached_tokens as u32;
             let prefill_seconds = started.elapsed().as_secs_f64();
@@ -194,12 +266,13 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
             let blocks = self.engine.call(move |s| s.engine.prefill_blocks(&id)).await.flatten().ok_or_else(|| Status::internal("the prefill's blocks are gone"))?;
             let (svc, req2) = (self.clone(), r.clone());
             let t0 = Instant::now();
-            let shipped = tokio::task::spawn_blocking(move || svc.ship(&blocks, &req2)).await.map_err(|e| Status::internal(e.to_string()))?;
+            let early2 = early.clone();
+            let shipped = tokio::task::spawn_blocking(move || if req2.kv_link != 0 { svc.ship_device(&blocks, &req2, &early2) } else { svc.ship(&blocks, &req2) }).await.map_err(|e| Status::internal(e.to_string()))?;
             let transfer_seconds = t0.elapsed().as_secs_f64();
             match shipped {
                 Ok((pages, bytes)) => {
                     observe_transfer(bytes, transfer_seconds);
-                    tracing::info!(pages, bytes, prefill_seconds, transfer_seconds, "pages shipped");
+                    tracing::info!(pages, bytes, early_pages = early.pages, prefill_seconds, transfer_seconds, "pages shipped");
                     Ok(Response::new(pb::PrefillResponse {
                         first_token: Some(sampled_to_proto(&first)),
                         pages_sent: pages,

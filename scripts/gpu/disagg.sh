@@ -35,6 +35,10 @@ pids=()
 
 now() { date +%s.%N; }
 
+early() { # prefill log: pages shipped while their prompt was still being computed, of all
+  sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '/pages shipped/ { for (i = 1; i <= NF; i++) { if ($i ~ /^pages=/) { split($i, a, "="); p += a[2] } if ($i ~ /^early_pages=/) { split($i, b, "="); e += b[2] } } } END { printf "%d of %d pages shipped while their prompt was still being computed", e, p }'
+}
+
 wait_healthy() { # url name pid
   for _ in $(seq 1 600); do
     curl -sf "$1" > /dev/null 2>&1 && return 0
@@ -123,6 +127,7 @@ greedy() {
     greedy_client "$out/greedy-disagg.jsonl" || { echo "disaggregated: a request failed"; fail=1; }
     echo "decode worker: $(grep -c 'remote prefill done' "$out/greedy-disagg-decode.log") remote prefills, $(grep -c 'device link to the prefill worker up' "$out/greedy-disagg-decode.log") link(s) made, $(grep -c 'remote prefill failed' "$out/greedy-disagg-decode.log") failed"
     grep -m1 'device link to the prefill worker up' "$out/greedy-disagg-decode.log"
+    echo "prefill worker: $(early "$out/greedy-disagg-prefill.log")"
   else fail=1; fi
   stop_all
   if colocated greedy-coloc; then
@@ -170,7 +175,7 @@ mixed_run() { # name
 mixed() {
   echo "== mixed load: short chats (256 in / 128 out, 8 req/s) + 8000-token prompts (0.5 req/s), 30 s, after a warm-up"
   if disaggregated mixed-disagg; then mixed_run disagg; else fail=1; fi
-  echo "decode worker: $(grep -c 'remote prefill done' "$out/mixed-disagg-decode.log") remote prefills, $(grep -c 'remote prefill failed' "$out/mixed-disagg-decode.log") failed"
+  echo "decode worker: $(grep -c 'remote prefill done' "$out/mixed-disagg-decode.log") remote prefills, $(grep -c 'remote prefill failed' "$out/mixed-disagg-decode.log") failed; prefill worker: $(early "$out/mixed-disagg-prefill.log")"
   stop_all
   if colocated mixed-coloc; then mixed_run coloc; else fail=1; fi
   stop_all
