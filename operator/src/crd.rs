@@ -362,6 +362,16 @@ pub enum KvBackend {
     Nccl,
 }
 
+impl KvBackend {
+    /// The workers' `--kv-transport` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvBackend::Tcp => "tcp",
+            KvBackend::Nccl => "nccl",
+        }
+    }
+}
+
 /// What a failed KV transfer does.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "lowercase")]

@@ -217,6 +217,7 @@ pub fn config_data(isvc: &InferenceService) -> BTreeMap<String, String> {
     d.insert("TANDEM_BLOCK_SIZE".into(), s.kv_transfer.block_size.to_string());
     d.insert("TANDEM_TRANSFER_TIMEOUT".into(), format!("{}s", s.kv_transfer.timeout_seconds));
     d.insert("TANDEM_KV_FAILURE_POLICY".into(), s.kv_transfer.failure_policy.as_str().into());
+    d.insert("TANDEM_KV_TRANSPORT".into(), s.kv_transfer.backend.as_str().into());
     let min_tokens = match s.disaggregation.mode {
         DisaggregationMode::Always => 1,
         _ => s.disaggregation.min_tokens,
@@ -326,6 +327,9 @@ fn container_args(isvc: &InferenceService, role: Role) -> Vec<String> {
                     a.push(format!("--speculative={}", spec.method.as_str()));
                     a.push(format!("--num-speculative-tokens={}", spec.tokens));
                 }
+            }
+            if w.accelerator == Accelerator::Nvidia {
+                a.push("--device=cuda".into());
             }
             a.push("--worker-id=$(POD_NAME)".into());
             a.push(format!("--drain-timeout={}s", w.drain_seconds));
@@ -579,6 +583,7 @@ mod tests {
         let c = &decode.object["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "2");
         assert!(c["args"].to_string().contains("--colocated"));
+        assert!(c["args"].to_string().contains("--device=cuda"), "a GPU worker runs the model on its GPU");
 
         // Same spec, same hashes; a config change changes the ConfigMap and the pod templates.
         let again = desired(&i, false);
@@ -589,5 +594,19 @@ mod tests {
         let cm_hash = |o: &[Desired]| o.iter().find(|d| d.kind == Kind::Deployment && d.name == "chat-router").unwrap().object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION].clone();
         assert_ne!(cm_hash(&objs), cm_hash(&changed));
         assert_ne!(objs[0].hash(), changed[0].hash());
+    }
+
+    #[test]
+    fn nccl_transfers_reach_both_gpu_worker_roles() {
+        let i = isvc(json!({ "prefill": { "accelerator": "nvidia" }, "decode": { "accelerator": "nvidia" }, "kvTransfer": { "backend": "nccl" } }));
+        assert!(crate::validate::problems(&i.spec).is_empty(), "{:?}", crate::validate::problems(&i.spec));
+        assert_eq!(config_data(&i)["TANDEM_KV_TRANSPORT"], "nccl");
+        for role in [Role::Prefill, Role::Decode] {
+            let args = container_args(&i, role);
+            assert!(args.contains(&"--device=cuda".to_string()), "{role:?}: {args:?}");
+        }
+        let cpu = isvc(json!({ "prefill": {}, "decode": {} }));
+        assert_eq!(config_data(&cpu)["TANDEM_KV_TRANSPORT"], "tcp");
+        assert!(!container_args(&cpu, Role::Decode).contains(&"--device=cuda".to_string()));
     }
 }
