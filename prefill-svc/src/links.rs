@@ -74,3 +74,87 @@ impl PrefillLinks {
         res
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tandem_kv_transfer::device::{Received, TransferHeader};
+    use tandem_kv_transfer::KvDtype;
+
+    /// A pool whose links fail their first send after `fail_after` good ones.
+    struct FakePool {
+        joins: AtomicUsize,
+        fail_after: usize,
+    }
+
+    struct FakeLink {
+        sends: usize,
+        fail_after: usize,
+    }
+
+    impl DeviceLink for FakeLink {
+        fn send(&mut self, _id: u64, _first: u32, blocks: &[u32], opts: SendOptions) -> Result<u64, TransferError> {
+            self.sends += 1;
+            if self.sends > self.fail_after {
+                return Err(TransferError::Timeout(opts.timeout));
+            }
+            Ok(blocks.len() as u64 * 64)
+        }
+        fn recv(&mut self, _: &mut dyn FnMut(&TransferHeader) -> Option<Vec<u32>>, _: &dyn Fn() -> bool, _: Duration) -> Result<Option<Received>, TransferError> {
+            unreachable!("a prefill worker only sends")
+        }
+    }
+
+    impl DeviceKv for FakePool {
+        fn info(&self) -> DeviceKvInfo {
+            DeviceKvInfo { page_bytes: 64, dtype: "bf16".into() }
+        }
+        fn new_link_id(&self) -> Result<[u8; 128], TransferError> {
+            Ok([7; 128])
+        }
+        fn connect(&self, role: LinkRole, _id: &[u8; 128]) -> Result<Box<dyn DeviceLink>, TransferError> {
+            assert_eq!(role, LinkRole::Sender);
+            self.joins.fetch_add(1, Ordering::SeqCst);
+            Ok(Box::new(FakeLink { sends: 0, fail_after: self.fail_after }))
+        }
+    }
+
+    fn layout() -> KvLayout {
+        KvLayout { model_id: "m".into(), dtype: KvDtype::F32, block_size: 16, num_layers: 2, num_kv_heads: 1, head_dim: 4, hash_seed: 1 }
+    }
+
+    fn request(link_id: u64, layout: &KvLayout, page_bytes: u64, dtype: &str, id_len: usize) -> pb::JoinLinkRequest {
+        pb::JoinLinkRequest { link_id, nccl_unique_id: vec![1; id_len], layout: Some(tandem_worker::kv::layout_to_proto(layout)), device_page_bytes: page_bytes, device_dtype: dtype.into() }
+    }
+
+    #[tokio::test]
+    async fn joins_only_a_matching_peer_and_forgets_a_failed_link() {
+        let pool = Arc::new(FakePool { joins: AtomicUsize::new(0), fail_after: 2 });
+        let links = PrefillLinks::new(pool.clone(), layout());
+        let opts = SendOptions { timeout: Duration::from_millis(10), stall_after_pages: None };
+
+        // The same handshake as a TCP session, plus the device's page size and type.
+        let mut other = layout();
+        other.num_layers = 3;
+        let e = links.join(request(1, &other, 64, "bf16", 128)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(e.message().contains("num_layers"), "{}", e.message());
+        let e = links.join(request(1, &layout(), 64, "f16", 128)).await.unwrap_err();
+        assert!(e.message().contains("device KV dtype"), "{}", e.message());
+        let e = links.join(request(1, &layout(), 128, "bf16", 128)).await.unwrap_err();
+        assert!(e.message().contains("device page bytes"), "{}", e.message());
+        let e = links.join(request(1, &layout(), 64, "bf16", 100)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(pool.joins.load(Ordering::SeqCst), 0, "refused before joining");
+        assert!(matches!(links.send(1, 9, 0, &[1, 2], opts), Err(TransferError::Refused(_))), "no link 1 yet");
+
+        links.join(request(1, &layout(), 64, "bf16", 128)).await.unwrap();
+        assert_eq!(links.send(1, 9, 0, &[1, 2], opts).unwrap(), 128);
+        assert_eq!(links.send(1, 10, 0, &[3], opts).unwrap(), 64, "the link is reused");
+        assert!(matches!(links.send(1, 11, 0, &[4], opts), Err(TransferError::Timeout(_))));
+        let e = links.send(1, 12, 0, &[4], opts).unwrap_err();
+        assert!(e.to_string().contains("no device link"), "a failed link is gone: {e}");
+        assert_eq!(pool.joins.load(Ordering::SeqCst), 1);
+    }
+}
