@@ -329,9 +329,7 @@ impl PageLink {
     /// Closes the link after an error: aborts the communicator (its waiting kernels end) and
     /// waits for both streams, so nothing of this link touches the pool any more.
     fn fail(&mut self, e: CudaError) -> CudaError {
-        if let Some(comm) = self.comm.take() {
-            drop(comm);
-        }
+        abort(self.comm.take());
         let _ = self.net.synchronize();
         let _ = self.copy.synchronize();
         self.header_posted = None;
@@ -485,11 +483,21 @@ fn link_err(e: CudaError, timeout: Duration) -> TransferError {
     }
 }
 
+/// Aborts a communicator (cudarc's drop aborts it, and panics if NCCL reports an error then: a
+/// link being torn down has no use for that panic).
+fn abort(comm: Option<Comm>) {
+    if let Some(c) = comm {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(c))).is_err() {
+            tracing::warn!("NCCL reported an error while aborting a page link's communicator");
+        }
+    }
+}
+
 impl Drop for PageLink {
     fn drop(&mut self) {
         // Abort first: a kernel still waiting for the peer ends, then the streams drain before
         // the buffers they use are freed.
-        drop(self.comm.take());
+        abort(self.comm.take());
         let _ = self.pool.ctx.bind_to_thread();
         let _ = self.net.synchronize();
         let _ = self.copy.synchronize();

@@ -185,7 +185,27 @@ impl DeviceLinks {
 
 /// The receiving loop of one link: waits while no transfer is outstanding, receives each
 /// transfer into the blocks of its request, and closes the link on the first link error.
-fn receive(link: Arc<Link>, mut dl: Box<dyn DeviceLink>, transfers: Transfers, timeout: Duration) {
+fn receive(link: Arc<Link>, dl: Box<dyn DeviceLink>, transfers: Transfers, timeout: Duration) {
+    /// Whatever ends this thread (a panic included), the link ends with it, in this order: its
+    /// communicator aborted and streams drained (dropping it), the link closed, what is awaited
+    /// on it failed, and those waiting for the end told.
+    struct Ending {
+        link: Arc<Link>,
+        transfers: Transfers,
+        reason: String,
+        dl: Option<Box<dyn DeviceLink>>,
+    }
+    impl Drop for Ending {
+        fn drop(&mut self) {
+            self.link.close();
+            drop(self.dl.take());
+            self.link.lock().receiving = None;
+            self.transfers.fail_link(self.link.id, &self.reason);
+            let _ = self.link.ended.send(true);
+        }
+    }
+    let mut ending = Ending { link: link.clone(), transfers: transfers.clone(), reason: "the device link's receiver stopped".into(), dl: Some(dl) };
+    let dl = ending.dl.as_mut().expect("set above");
     let reason = loop {
         {
             let mut s = link.lock();
@@ -221,12 +241,7 @@ fn receive(link: Arc<Link>, mut dl: Box<dyn DeviceLink>, transfers: Transfers, t
             }
         }
     };
-    link.close();
-    // Aborts the communicator and drains the link's streams.
-    drop(dl);
-    link.lock().receiving = None;
-    transfers.fail_link(link.id, &reason);
-    let _ = link.ended.send(true);
+    ending.reason = reason;
 }
 
 #[cfg(test)]
@@ -283,5 +298,98 @@ mod tests {
         transfers.fail_link(7, "gone");
         assert_eq!(fail2.try_recv().unwrap(), "gone");
         assert!(fail3.try_recv().is_err(), "another link's transfer is not failed");
+    }
+
+    /// A link that plays a script: each call receives the next header (routing it as the real
+    /// link does), fails, or panics.
+    enum Step {
+        Pages(u64, u32, u32, bool),
+        Fail,
+        Panic,
+    }
+
+    struct Scripted(std::collections::VecDeque<Step>, Arc<AtomicBool>);
+
+    impl DeviceLink for Scripted {
+        fn send(&mut self, _: u64, _: u32, _: &[u32], _: tandem_kv_transfer::device::SendOptions) -> Result<u64, tandem_kv_transfer::TransferError> {
+            unreachable!()
+        }
+        fn recv(&mut self, route: &mut dyn FnMut(&tandem_kv_transfer::device::TransferHeader) -> Option<Vec<u32>>, keep_waiting: &dyn Fn() -> bool, _: Duration) -> Result<Option<tandem_kv_transfer::device::Received>, tandem_kv_transfer::TransferError> {
+            match self.0.pop_front() {
+                Some(Step::Pages(id, first, pages, good)) => {
+                    let header = tandem_kv_transfer::device::TransferHeader { transfer_id: id, first_index: first, pages, page_bytes: 64 };
+                    let stored = route(&header).is_some();
+                    let verdict = if good { Ok(()) } else { Err(tandem_kv_transfer::TransferError::Checksum { transfer_id: id, index: first, expected: 1, actual: 2 }) };
+                    Ok(Some(tandem_kv_transfer::device::Received { header, stored, verdict }))
+                }
+                Some(Step::Fail) => Err(tandem_kv_transfer::TransferError::Timeout(Duration::from_secs(2))),
+                Some(Step::Panic) => panic!("scripted panic"),
+                None => {
+                    while keep_waiting() {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Ok(None)
+                }
+            }
+        }
+    }
+
+    impl Drop for Scripted {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+
+    async fn ended(link: &Link) {
+        let mut rx = link.ended.subscribe();
+        tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|&e| e)).await.expect("the receiver ended").unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_receiver_reports_pieces_checksums_and_its_own_end() {
+        let transfers = Transfers::default();
+        let link = Arc::new(Link::new(3));
+        let (mut fail1, mut arrive1) = transfers.register_device(1, "a", vec![10, 11, 12], 3, 3);
+        let (mut fail2, _a2) = transfers.register_device(2, "b", vec![20], 3, 1);
+        let (mut fail3, _a3) = transfers.register_device(3, "c", vec![30], 3, 1);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let script = [Step::Pages(1, 0, 2, true), Step::Pages(99, 0, 1, true), Step::Pages(1, 2, 1, true), Step::Pages(2, 0, 1, false), Step::Fail];
+        let dl = Box::new(Scripted(script.into_iter().collect(), dropped.clone()));
+        link.begin();
+        let (l, t) = (link.clone(), transfers.clone());
+        std::thread::spawn(move || receive(l, dl, t, Duration::from_secs(2)));
+        ended(&link).await;
+        assert!(arrive1.try_recv().is_ok(), "transfer 1 complete after its two pieces");
+        assert!(fail2.try_recv().unwrap().contains("checksum"), "a corrupt piece fails its transfer");
+        assert!(fail3.try_recv().unwrap().contains("failed"), "a failed link fails what is awaited on it");
+        assert!(link.is_closed() && dropped.load(Ordering::SeqCst), "closed, and the link dropped (aborted) before the end was told");
+    }
+
+    #[tokio::test]
+    async fn a_panicking_receiver_still_ends_its_link() {
+        let transfers = Transfers::default();
+        let link = Arc::new(Link::new(4));
+        let (mut fail, _a) = transfers.register_device(1, "a", vec![1], 4, 1);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let dl = Box::new(Scripted([Step::Panic].into_iter().collect(), dropped.clone()));
+        link.begin();
+        let (l, t) = (link.clone(), transfers.clone());
+        let h = std::thread::spawn(move || receive(l, dl, t, Duration::from_secs(2)));
+        ended(&link).await;
+        assert!(h.join().is_err());
+        assert!(dropped.load(Ordering::SeqCst) && link.is_closed());
+        assert!(fail.try_recv().is_ok(), "the request waiting on it is told");
+    }
+
+    #[tokio::test]
+    async fn closing_an_idle_link_ends_its_receiver() {
+        let link = Arc::new(Link::new(6));
+        let dropped = Arc::new(AtomicBool::new(false));
+        let dl = Box::new(Scripted(Default::default(), dropped.clone()));
+        let (l, t) = (link.clone(), Transfers::default());
+        std::thread::spawn(move || receive(l, dl, t, Duration::from_secs(2)));
+        link.close();
+        ended(&link).await;
+        assert!(dropped.load(Ordering::SeqCst));
     }
 }
