@@ -199,9 +199,9 @@ fn spread_blocks(n: usize, num_blocks: usize, step: usize, offset: usize) -> Vec
 
 /// KV pages of the model `cfg` (random contents, blocks of 16) from GPU 0 to GPU 1 over NCCL, a
 /// thread per GPU as two processes would be: for each count, the paged transfer (gather, chunks
-/// of `chunk_pages` pages, scatter into scattered blocks) against one raw NCCL send/recv of the
+/// of `chunk_pages` pages through `stages` staging buffers, scatter into scattered blocks) against one raw NCCL send/recv of the
 /// same bytes, and the moved pages checked.
-pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas: usize) -> Result<Vec<PagesRow>, CudaError> {
+pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas: usize, stages: usize) -> Result<Vec<PagesRow>, CudaError> {
     use crate::nccl::{DevicePool, PageLink, PoolView};
     use std::sync::{mpsc, Barrier};
     let max = counts.iter().copied().max().unwrap_or(1);
@@ -228,7 +228,7 @@ pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas:
         let view = PoolView { base: ptr(&pool), parts, num_blocks, block_elems };
         let mut raw = g.zeros::<u8>(max * view.page_bytes())?;
         g.sync()?;
-        let mut link = PageLink::connect(&DevicePool::new(&g, view), rank, id, chunk_pages, max)?;
+        let mut link = PageLink::connect(&DevicePool::new(&g, view), rank, id, chunk_pages, stages, max)?;
         link.set_copy_ctas(copy_ctas);
         let mut rows = Vec::new();
         for &n in counts {

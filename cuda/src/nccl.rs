@@ -3,7 +3,7 @@
 //!
 //! A [`PageLink`] joins this process's GPU to one peer (a two-rank communicator created from an
 //! NCCL unique id that the peers exchange over the control plane). Pages leave the sender's pool
-//! through a gather kernel into one of two staging buffers and cross in chunks of many pages per
+//! through a gather kernel into one of a few staging buffers and cross in chunks of many pages per
 //! NCCL call; the receiver scatters each chunk into its own blocks. Gathers and scatters run on a
 //! copy stream of the link, NCCL on a high-priority stream of its own, so chunk `k + 1` is
 //! gathered (or chunk `k − 1` scattered) while chunk `k` is on the wire, and the backend's own
@@ -115,12 +115,13 @@ pub struct DevicePool {
     view: PoolView,
     dtype: Dtype,
     chunk_pages: usize,
+    stages: usize,
 }
 
 impl DevicePool {
     /// The pool `view` of `g`'s device (the backend's stream is `g.stream`).
     pub fn new(g: &Gpu, view: PoolView) -> DevicePool {
-        DevicePool { ctx: g.ctx.clone(), compute: g.stream.clone(), gather: g.k.gather_pages.clone(), scatter: g.k.scatter_pages.clone(), view, dtype: g.dtype, chunk_pages: 64 }
+        DevicePool { ctx: g.ctx.clone(), compute: g.stream.clone(), gather: g.k.gather_pages.clone(), scatter: g.k.scatter_pages.clone(), view, dtype: g.dtype, chunk_pages: 64, stages: 3 }
     }
 
     /// Where the pool lies.
@@ -144,7 +145,7 @@ impl DeviceKv for DevicePool {
 
     fn connect(&self, role: LinkRole, id: &[u8; 128]) -> Result<Box<dyn DeviceLink>, TransferError> {
         let rank = if role == LinkRole::Sender { 0 } else { 1 };
-        let link = PageLink::connect(self, rank, id_from_bytes(id), self.chunk_pages, self.view.num_blocks).map_err(transfer_err)?;
+        let link = PageLink::connect(self, rank, id_from_bytes(id), self.chunk_pages, self.stages, self.view.num_blocks).map_err(transfer_err)?;
         Ok(Box::new(link))
     }
 }
@@ -160,7 +161,7 @@ pub struct PageLink {
     net: Arc<CudaStream>,
     copy: Arc<CudaStream>,
     peer: i32,
-    staging: [CudaSlice<u8>; 2],
+    staging: Vec<CudaSlice<u8>>,
     blocks: CudaSlice<i32>,
     sums: CudaSlice<u32>,
     peer_sums: CudaSlice<u32>,
@@ -176,11 +177,11 @@ pub struct PageLink {
 
 impl PageLink {
     /// Joins the two-rank communicator of `id` as `rank` (0 sends, 1 receives) on `pool`'s
-    /// device, with staging for `chunk_pages` pages (twice) and room for `max_pages` pages per
+    /// device, with `stages` staging buffers of `chunk_pages` pages and room for `max_pages` pages per
     /// transfer. Both ranks must call this at the same time; it returns when both have joined.
-    pub fn connect(pool: &DevicePool, rank: usize, id: Id, chunk_pages: usize, max_pages: usize) -> Result<PageLink, CudaError> {
+    pub fn connect(pool: &DevicePool, rank: usize, id: Id, chunk_pages: usize, stages: usize, max_pages: usize) -> Result<PageLink, CudaError> {
         let page_bytes = pool.view.page_bytes();
-        if rank > 1 || page_bytes % 16 != 0 || chunk_pages == 0 {
+        if rank > 1 || page_bytes % 16 != 0 || chunk_pages == 0 || stages < 2 {
             return Err(CudaError::Unsupported(format!("page link rank {rank}, page of {page_bytes} bytes, {chunk_pages} pages per chunk")));
         }
         pool.ctx.bind_to_thread()?;
@@ -189,7 +190,7 @@ impl PageLink {
         let copy = pool.ctx.new_stream()?;
         let comm = Comm::from_rank(net.clone(), rank, 2, id)?;
         let max_pages = max_pages.max(1);
-        let staging = [copy.alloc_zeros::<u8>(chunk_pages * page_bytes)?, copy.alloc_zeros::<u8>(chunk_pages * page_bytes)?];
+        let staging = (0..stages).map(|_| copy.alloc_zeros::<u8>(chunk_pages * page_bytes)).collect::<Result<Vec<_>, _>>()?;
         let link = PageLink {
             blocks: copy.alloc_zeros::<i32>(max_pages)?,
             sums: copy.alloc_zeros::<u32>(max_pages)?,
@@ -204,7 +205,7 @@ impl PageLink {
             header_posted: None,
             chunk_pages,
             page_bytes,
-            copy_ctas: 64,
+            copy_ctas: 96,
             dead: None,
         };
         link.copy.synchronize()?;
@@ -269,13 +270,13 @@ impl PageLink {
     /// Queues the gather and send of the uploaded pages (`n` of them); `stall_after` stops
     /// queueing (fault injection) once that many pages are on their way.
     fn queue_send(&mut self, n: usize, stall_after: Option<u32>) -> Result<(), CudaError> {
-        let mut sent: [Option<CudaEvent>; 2] = [None, None];
+        let mut sent: Vec<Option<CudaEvent>> = (0..self.staging.len()).map(|_| None).collect();
         for (c, (first, k)) in chunk_plan(n, self.chunk_pages).into_iter().enumerate() {
             if stall_after.is_some_and(|s| first >= s as usize) {
                 tracing::warn!(pages = first, "fault injection: the page link stalls");
                 std::thread::sleep(Duration::from_secs(3600));
             }
-            let buf = c % 2;
+            let buf = c % self.staging.len();
             if let Some(e) = &sent[buf] {
                 self.copy.wait(e)?; // the buffer's previous chunk has left
             }
@@ -289,9 +290,9 @@ impl PageLink {
 
     /// Queues the receive and scatter of `n` pages into the uploaded block list.
     fn queue_recv(&mut self, n: usize) -> Result<(), CudaError> {
-        let mut scattered: [Option<CudaEvent>; 2] = [None, None];
+        let mut scattered: Vec<Option<CudaEvent>> = (0..self.staging.len()).map(|_| None).collect();
         for (c, (first, k)) in chunk_plan(n, self.chunk_pages).into_iter().enumerate() {
-            let buf = c % 2;
+            let buf = c % self.staging.len();
             if let Some(e) = &scattered[buf] {
                 self.net.wait(e)?; // the buffer's previous chunk is in the pool
             }

@@ -35,6 +35,15 @@ pids=()
 
 now() { date +%s.%N; }
 
+blocks_back() { # port name: every KV block of an idle worker is free (or an evictable cached block)
+  sleep 1
+  local m; m=$(curl -sf "http://127.0.0.1:$1/metrics")
+  local free num
+  free=$(echo "$m" | awk '/^tandem_kv_cache_free_blocks/ { print $NF }')
+  num=$(echo "$m" | awk '/^tandem_kv_cache_num_blocks/ { print $NF }')
+  if [ -n "$free" ] && [ "$free" = "$num" ]; then echo "$2: all $num KV blocks free when idle"; else echo "$2: $free of $num KV blocks free when idle: LEAK"; fail=1; fi
+}
+
 early() { # prefill log: pages shipped while their prompt was still being computed, of all
   sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '/pages shipped/ { for (i = 1; i <= NF; i++) { if ($i ~ /^pages=/) { split($i, a, "="); p += a[2] } if ($i ~ /^early_pages=/) { split($i, b, "="); e += b[2] } } } END { printf "%d of %d pages shipped while their prompt was still being computed", e, p }'
 }
@@ -125,6 +134,7 @@ greedy() {
   echo "== greedy: disaggregated (NCCL) vs colocated, 32 prompts one after another, 48 tokens each"
   if disaggregated greedy-disagg; then
     greedy_client "$out/greedy-disagg.jsonl" || { echo "disaggregated: a request failed"; fail=1; }
+    blocks_back $dport "decode worker"; blocks_back $pport "prefill worker"
     echo "decode worker: $(grep -c 'remote prefill done' "$out/greedy-disagg-decode.log") remote prefills, $(grep -c 'device link to the prefill worker up' "$out/greedy-disagg-decode.log") link(s) made, $(grep -c 'remote prefill failed' "$out/greedy-disagg-decode.log") failed"
     grep -m1 'device link to the prefill worker up' "$out/greedy-disagg-decode.log"
     echo "prefill worker: $(early "$out/greedy-disagg-prefill.log")"
@@ -174,7 +184,7 @@ mixed_run() { # name
 
 mixed() {
   echo "== mixed load: short chats (256 in / 128 out, 8 req/s) + 8000-token prompts (0.5 req/s), 30 s, after a warm-up"
-  if disaggregated mixed-disagg; then mixed_run disagg; else fail=1; fi
+  if disaggregated mixed-disagg; then mixed_run disagg; blocks_back $dport "decode worker"; blocks_back $pport "prefill worker"; else fail=1; fi
   echo "decode worker: $(grep -c 'remote prefill done' "$out/mixed-disagg-decode.log") remote prefills, $(grep -c 'remote prefill failed' "$out/mixed-disagg-decode.log") failed; prefill worker: $(early "$out/mixed-disagg-prefill.log")"
   stop_all
   if colocated mixed-coloc; then mixed_run coloc; else fail=1; fi
@@ -249,6 +259,7 @@ EOF
   sleep 2
   greedy_client "$out/kill-restarted.jsonl" > /dev/null 2>&1 || { echo "requests failed after the restart"; fail=1; }
   local after; after=$(grep -c 'remote prefill done' "$out/kill-decode.log")
+  blocks_back $dport "decode worker (after the kill and the restart)"; blocks_back $pport "restarted prefill worker"
   echo "restarted prefill worker: $((after - before)) remote prefills over $(grep -c 'device link to the prefill worker up' "$out/kill-decode.log") link(s) made in all"
   [ $((after - before)) -gt 0 ] || { echo "no remote prefill after the restart"; fail=1; }
   stop_all

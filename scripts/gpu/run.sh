@@ -71,7 +71,7 @@ run() {
   section decode-qwen3 bench-decode "$bin/configs/qwen3-0.6b.json" 1,64,256 1024
   if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
     # KV pages GPU 0 -> GPU 1 over NCCL against raw NCCL (NVLS multicast stays off).
-    NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}" section pages bench-pages "$bin/configs/llama-3-8b.json" 1,16,256,4096 64 64
+    NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}" section pages bench-pages "$bin/configs/llama-3-8b.json" 1,16,256,4096 64 96 3
   fi
   [ -x .gpu/tandem/tandem ] && { engine || fail=1; }
   [ "$fail" -eq 0 ] && echo "all sections passed" || echo "some section failed"

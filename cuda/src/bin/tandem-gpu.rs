@@ -7,7 +7,7 @@
 //! tandem-gpu e2e MODEL.gguf [f16|bf16] [TOL_NATS]   the real model against the CPU exact path
 //! tandem-gpu bench-decode CONFIG.json [BATCHES] [CONTEXT]   e.g. 1,16,64,256 1024
 //! tandem-gpu bench-prefill CONFIG.json [PROMPTS] [LEN]      e.g. 4 2048
-//! tandem-gpu bench-pages CONFIG.json [COUNTS] [CHUNK] [CTAS]  e.g. 1,16,256,4096 64 64 (two GPUs)
+//! tandem-gpu bench-pages CONFIG.json [COUNTS] [CHUNK] [CTAS] [STAGES]  e.g. 1,16,256,4096 64 96 3 (two GPUs)
 //! ```
 //! Every figure line names the device. Exit status 1 when a check fails.
 
@@ -89,15 +89,16 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             let cfg = tandem_cuda::dummy_config(Path::new(arg(1).unwrap_or("cuda/configs/llama-3-8b.json")))?;
             let counts: Vec<usize> = arg(2).unwrap_or("1,16,256,4096").split(',').filter_map(|s| s.parse().ok()).filter(|&n| n > 0).collect();
             let chunk: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(64);
-            let ctas: usize = arg(4).and_then(|s| s.parse().ok()).unwrap_or(64);
+            let ctas: usize = arg(4).and_then(|s| s.parse().ok()).unwrap_or(96);
+            let stages: usize = arg(5).and_then(|s| s.parse().ok()).unwrap_or(3);
             if !tandem_cuda::nccl::nccl_present() {
                 return Err(CudaError::Unavailable("libnccl is not installed".into()));
             }
             let (a, b) = (Gpu::open(0, Dtype::Bf16)?.name.clone(), Gpu::open(1, Dtype::Bf16)?.name.clone());
             let name = format!("{a} -> {b}");
             let mut ok = true;
-            println!("[{name}] chunks of {chunk} pages, gather/scatter on {} CTAs", if ctas == 0 { "all".to_string() } else { ctas.to_string() });
-            for r in bench::pages(&cfg, &counts, chunk, ctas)? {
+            println!("[{name}] chunks of {chunk} pages, {stages} staging buffers, gather/scatter on {} CTAs", if ctas == 0 { "all".to_string() } else { ctas.to_string() });
+            for r in bench::pages(&cfg, &counts, chunk, ctas, stages)? {
                 ok &= r.differing == 0 && r.bad_sums == 0;
                 println!(
                     "[{name}] KV pages {} {:>5} x {} KiB = {:.1} MiB: paged {:.3} ms = {:.1} GB/s, raw NCCL {:.3} ms = {:.1} GB/s -> {:.1}% of raw; {} pages checked, {} differ, {} checksums off the reference",
