@@ -30,6 +30,10 @@ use crate::transfers::Transfers;
 /// How long joining a link may take (NCCL's first communicator in a process takes seconds).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a prefill worker that would not join a device link gets its pages over TCP instead
+/// before it is asked again.
+const REFUSED_FOR: Duration = Duration::from_secs(60);
+
 #[derive(Default)]
 struct LinkState {
     /// Transfers requested over the link and not yet settled.
@@ -101,6 +105,8 @@ pub struct DeviceLinks {
     layout: KvLayout,
     transfer_timeout: Duration,
     links: Mutex<HashMap<String, Arc<Link>>>,
+    /// Prefill workers that would not join, and when they said so.
+    refused: Mutex<HashMap<String, std::time::Instant>>,
     connecting: tokio::sync::Mutex<()>,
 }
 
@@ -112,7 +118,7 @@ fn new_link_id() -> u64 {
 impl DeviceLinks {
     /// Links from `device` (this worker's pool) for transfers of `layout`.
     pub fn new(device: Arc<dyn DeviceKv>, layout: KvLayout, transfer_timeout: Duration) -> DeviceLinks {
-        DeviceLinks { device, layout, transfer_timeout, links: Mutex::default(), connecting: tokio::sync::Mutex::new(()) }
+        DeviceLinks { device, layout, transfer_timeout, links: Mutex::default(), refused: Mutex::default(), connecting: tokio::sync::Mutex::new(()) }
     }
 
     /// Closes every link and waits (up to `wait`) until their receivers have aborted the
@@ -134,15 +140,26 @@ impl DeviceLinks {
         self.links.lock().expect("links lock").get(addr).filter(|l| !l.is_closed()).cloned()
     }
 
+    fn recently_refused(&self, addr: &str) -> bool {
+        self.refused.lock().expect("refused lock").get(addr).is_some_and(|t| t.elapsed() < REFUSED_FOR)
+    }
+
     /// The link to the prefill worker at `addr`, made (and its receiver started) if there is
-    /// none or the last one closed.
-    pub async fn get(&self, addr: &str, clients: &PrefillClients, transfers: &Transfers) -> Result<Arc<Link>, String> {
+    /// none or the last one closed; `None` when that worker would not join one lately (it is
+    /// not on a GPU, or not started with `--kv-transport nccl`): its pages then come over TCP.
+    pub async fn get(&self, addr: &str, clients: &PrefillClients, transfers: &Transfers) -> Result<Option<Arc<Link>>, String> {
         if let Some(l) = self.live(addr) {
-            return Ok(l);
+            return Ok(Some(l));
+        }
+        if self.recently_refused(addr) {
+            return Ok(None);
         }
         let _one_at_a_time = self.connecting.lock().await;
         if let Some(l) = self.live(addr) {
-            return Ok(l);
+            return Ok(Some(l));
+        }
+        if self.recently_refused(addr) {
+            return Ok(None);
         }
         let started = std::time::Instant::now();
         let id_bytes = self.device.new_link_id().map_err(|e| e.to_string())?;
@@ -161,12 +178,20 @@ impl DeviceLinks {
         let mut call = tonic::Request::new(req);
         call.set_timeout(CONNECT_TIMEOUT);
         if let Err(s) = client.join_link(call).await {
-            // Our end is waiting for a peer that will not come: join it ourselves so that the
-            // waiting ends (NCCL refuses two ends on one GPU), then let both go.
+            // Our end is waiting for a peer that will not come: join it ourselves in the
+            // background so that the waiting ends (NCCL refuses two ends on one GPU), and let
+            // both go; nobody waits for that here.
             let dev = self.device.clone();
-            tokio::task::spawn_blocking(move || drop(dev.connect(LinkRole::Sender, &id_bytes)));
-            let _ = join.await;
-            return Err(format!("prefill worker {addr} did not join a device link: {}", s.message()));
+            tokio::spawn(async move {
+                let other = tokio::task::spawn_blocking(move || drop(dev.connect(LinkRole::Sender, &id_bytes)));
+                if tokio::time::timeout(CONNECT_TIMEOUT, join).await.is_err() {
+                    tracing::warn!("an abandoned device link end did not stop waiting for its peer");
+                }
+                drop(other);
+            });
+            tracing::warn!(prefill = addr, error = s.message(), "the prefill worker would not join a device link; its pages come over TCP for now");
+            self.refused.lock().expect("refused lock").insert(addr.to_string(), std::time::Instant::now());
+            return Ok(None);
         }
         let dl = match tokio::time::timeout(CONNECT_TIMEOUT, join).await {
             Ok(Ok(Ok(dl))) => dl,
@@ -179,7 +204,7 @@ impl DeviceLinks {
         std::thread::Builder::new().name("kv-link".into()).spawn(move || receive(l, dl, t, timeout)).map_err(|e| format!("starting the link's receiver: {e}"))?;
         tracing::info!(prefill = addr, link = link_id, seconds = started.elapsed().as_secs_f64(), "device link to the prefill worker up");
         self.links.lock().expect("links lock").insert(addr.to_string(), link.clone());
-        Ok(link)
+        Ok(Some(link))
     }
 }
 
@@ -391,5 +416,76 @@ mod tests {
         link.close();
         ended(&link).await;
         assert!(dropped.load(Ordering::SeqCst));
+    }
+
+    /// A device whose link ends wait for each other, as NCCL's do: a receiver's `connect`
+    /// returns only once a sender joined with the same id.
+    #[derive(Default)]
+    struct Rendezvous {
+        joined: Mutex<Vec<[u8; 128]>>,
+        wake: Condvar,
+    }
+
+    impl DeviceKv for Rendezvous {
+        fn info(&self) -> tandem_kv_transfer::device::DeviceKvInfo {
+            tandem_kv_transfer::device::DeviceKvInfo { page_bytes: 64, dtype: "bf16".into() }
+        }
+        fn new_link_id(&self) -> Result<[u8; 128], tandem_kv_transfer::TransferError> {
+            Ok([3; 128])
+        }
+        fn connect(&self, role: LinkRole, id: &[u8; 128]) -> Result<Box<dyn DeviceLink>, tandem_kv_transfer::TransferError> {
+            let mut j = self.joined.lock().unwrap();
+            if role == LinkRole::Sender {
+                j.push(*id);
+                self.wake.notify_all();
+            } else {
+                while !j.contains(id) {
+                    j = self.wake.wait(j).unwrap();
+                }
+            }
+            Ok(Box::new(Scripted(Default::default(), Arc::new(AtomicBool::new(false)))))
+        }
+    }
+
+    /// A prefill worker that refuses every device link.
+    #[derive(Clone, Default)]
+    struct Refuser(Arc<std::sync::atomic::AtomicUsize>);
+
+    #[tonic::async_trait]
+    impl pb::kv_transfer_server::KvTransfer for Refuser {
+        async fn endpoint(&self, _: tonic::Request<pb::EndpointRequest>) -> Result<tonic::Response<pb::TransferEndpoint>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no"))
+        }
+        async fn join_link(&self, _: tonic::Request<pb::JoinLinkRequest>) -> Result<tonic::Response<pb::JoinLinkResponse>, tonic::Status> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Err(tonic::Status::failed_precondition("this prefill worker has no device transport"))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_prefill_worker_that_will_not_join_gets_its_pages_over_tcp() {
+        let refuser = Refuser::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let routes = tonic::service::Routes::new(pb::kv_transfer_server::KvTransferServer::new(refuser.clone())).into_axum_router();
+        tokio::spawn(async move { axum::serve(listener, routes).await });
+        let device = Arc::new(Rendezvous::default());
+        let layout = tandem_kv_transfer::KvLayout { model_id: "m".into(), dtype: tandem_kv_transfer::KvDtype::F32, block_size: 16, num_layers: 1, num_kv_heads: 1, head_dim: 4, hash_seed: 0 };
+        let links = DeviceLinks::new(device.clone(), layout, Duration::from_secs(2));
+        let (clients, transfers) = (PrefillClients::default(), Transfers::default());
+        let got = tokio::time::timeout(Duration::from_secs(10), links.get(&addr, &clients, &transfers)).await.expect("no hang");
+        assert!(matches!(got, Ok(None)), "TCP instead");
+        assert_eq!(refuser.0.load(Ordering::SeqCst), 1);
+        // Asked once, not on every request.
+        assert!(matches!(links.get(&addr, &clients, &transfers).await, Ok(None)));
+        assert_eq!(refuser.0.load(Ordering::SeqCst), 1);
+        // The abandoned end was released: the sender side joined with its id in the background.
+        for _ in 0..100 {
+            if device.joined.lock().unwrap().contains(&[3; 128]) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the abandoned receiving end was never released");
     }
 }

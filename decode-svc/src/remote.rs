@@ -83,15 +83,13 @@ async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: Remote
     let started = Instant::now();
     // Pages over a device link to this prefill worker when this worker has one, else TCP.
     let link = match &svc.links {
-        Some(links) => Some(links.get(&req.prefill_worker, &svc.clients, &svc.transfers).await),
-        None => None,
-    };
-    let link = match link {
-        Some(Err(e)) => {
-            settle(&svc, &rid, transfer_id, Err(("connect", e)), started, None).await;
-            return;
-        }
-        Some(Ok(l)) => Some(l),
+        Some(links) => match links.get(&req.prefill_worker, &svc.clients, &svc.transfers).await {
+            Ok(l) => l,
+            Err(e) => {
+                settle(&svc, &rid, transfer_id, Err(("connect", e)), started, None).await;
+                return;
+            }
+        },
         None => None,
     };
     let skip = rp.num_cached_tokens / svc.block_size;
