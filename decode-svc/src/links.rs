@@ -374,7 +374,7 @@ mod tests {
     async fn the_receiver_reports_pieces_checksums_and_its_own_end() {
         let transfers = Transfers::default();
         let link = Arc::new(Link::new(3));
-        let (mut fail1, mut arrive1) = transfers.register_device(1, "a", vec![10, 11, 12], 3, 3);
+        let (_fail1, mut arrive1) = transfers.register_device(1, "a", vec![10, 11, 12], 3, 3);
         let (mut fail2, _a2) = transfers.register_device(2, "b", vec![20], 3, 1);
         let (mut fail3, _a3) = transfers.register_device(3, "c", vec![30], 3, 1);
         let dropped = Arc::new(AtomicBool::new(false));
