@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use tandem_engine::backend::KernelPath;
 use tandem_engine::scheduler::{PreemptionMode, SchedulerConfig, SchedulingPolicy};
+use tandem_engine::backend::KernelPath;
 use tandem_engine::{EngineConfig, KvCacheSize, LoadOptions};
 
 /// How preempted sequences release memory.
@@ -248,7 +248,12 @@ impl EngineArgs {
         let mut engine = tandem_engine::LLMEngine::new(model, self.engine_config());
         if self.speculative == SpecArg::DraftModel {
             let path = self.draft_model.as_ref().ok_or_else(|| anyhow::anyhow!("--speculative draft-model needs --draft-model PATH"))?;
-            let opts = LoadOptions { kernel: KernelPath::Fast, block_size: spec.block_size, kv_cache: KvCacheSize::Tokens(spec.num_blocks * spec.block_size), swap_space_bytes: 0 };
+            let opts = LoadOptions {
+                kernel: KernelPath::Fast,
+                block_size: spec.block_size,
+                kv_cache: KvCacheSize::Tokens(spec.num_blocks * spec.block_size),
+                swap_space_bytes: 0,
+            };
             let draft = tandem_engine::Model::load(path, opts).map_err(|e| anyhow::anyhow!("loading the draft model {}: {e}", path.display()))?;
             engine.set_draft_model(draft)?;
         }
@@ -279,9 +284,7 @@ impl EngineArgs {
         let opts = self.load_options()?;
         match (self.device, self.load_format) {
             (DeviceArg::Cpu, LoadFormatArg::Auto) => Ok((tandem_engine::Model::load(path, opts)?, None)),
-            (DeviceArg::Cpu, LoadFormatArg::Dummy) => {
-                bail!("--load-format dummy needs --device cuda")
-            }
+            (DeviceArg::Cpu, LoadFormatArg::Dummy) => bail!("--load-format dummy needs --device cuda"),
             (DeviceArg::Cuda, _) => self.load_cuda(path, opts).map(|(m, d)| (m, Some(d))),
         }
     }

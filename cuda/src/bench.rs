@@ -199,8 +199,9 @@ fn spread_blocks(n: usize, num_blocks: usize, step: usize, offset: usize) -> Vec
 
 /// KV pages of the model `cfg` (random contents, blocks of 16) from GPU 0 to GPU 1 over NCCL, a
 /// thread per GPU as two processes would be: for each count, the paged transfer (gather, chunks
-/// of `chunk_pages` pages through `stages` staging buffers, scatter into scattered blocks) against one raw NCCL send/recv of the
-/// same bytes, and the moved pages checked.
+/// of `chunk_pages` pages through `stages` staging buffers, scatter into scattered blocks)
+/// against one raw NCCL send/recv of the same bytes, and the moved pages and their checksums
+/// checked.
 pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas: usize, stages: usize) -> Result<Vec<PagesRow>, CudaError> {
     use crate::nccl::{DevicePool, PageLink, PoolView};
     use std::sync::{mpsc, Barrier};
@@ -239,20 +240,12 @@ pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas:
             for rep in 0..6 {
                 barrier.wait();
                 let t = Instant::now();
-                if rank == 0 {
-                    link.send_blocks(&blocks)?
-                } else {
-                    link.recv_blocks(&blocks)?
-                }
+                if rank == 0 { link.send_blocks(&blocks)? } else { link.recv_blocks(&blocks)? }
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 barrier.wait();
                 barrier.wait();
                 let t = Instant::now();
-                if rank == 0 {
-                    link.send_raw(&raw, bytes)?
-                } else {
-                    link.recv_raw(&mut raw, bytes)?
-                }
+                if rank == 0 { link.send_raw(&raw, bytes)? } else { link.recv_raw(&mut raw, bytes)? }
                 let raw_ms = t.elapsed().as_secs_f64() * 1e3;
                 if rep > 0 {
                     paged.push(ms);

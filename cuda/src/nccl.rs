@@ -181,7 +181,7 @@ impl PageLink {
     /// transfer. Both ranks must call this at the same time; it returns when both have joined.
     pub fn connect(pool: &DevicePool, rank: usize, id: Id, chunk_pages: usize, stages: usize, max_pages: usize) -> Result<PageLink, CudaError> {
         let page_bytes = pool.view.page_bytes();
-        if rank > 1 || page_bytes % 16 != 0 || chunk_pages == 0 || stages < 2 {
+        if rank > 1 || !page_bytes.is_multiple_of(16) || chunk_pages == 0 || stages < 2 {
             return Err(CudaError::Unsupported(format!("page link rank {rank}, page of {page_bytes} bytes, {chunk_pages} pages per chunk")));
         }
         pool.ctx.bind_to_thread()?;
@@ -217,9 +217,6 @@ impl PageLink {
         self.copy_ctas = n;
     }
 
-    fn comm(&self) -> Result<&Comm, CudaError> {
-        self.comm.as_ref().ok_or_else(|| CudaError::Unsupported(format!("the page link is closed: {}", self.dead.as_deref().unwrap_or("aborted"))))
-    }
 
     fn check(&self, n: usize) -> Result<(), CudaError> {
         if n > self.blocks.len() {
@@ -282,7 +279,7 @@ impl PageLink {
             }
             self.copy_kernel(true, first, k, buf)?;
             self.net.wait(&self.copy.record_event(None)?)?;
-            self.comm()?.send(&self.staging[buf].slice(..k * self.page_bytes), self.peer)?;
+            live(&self.comm)?.send(&self.staging[buf].slice(..k * self.page_bytes), self.peer)?;
             sent[buf] = Some(self.net.record_event(None)?);
         }
         Ok(())
@@ -296,9 +293,7 @@ impl PageLink {
             if let Some(e) = &scattered[buf] {
                 self.net.wait(e)?; // the buffer's previous chunk is in the pool
             }
-            let mut dst = self.staging[buf].slice_mut(..k * self.page_bytes);
-            let comm = self.comm.as_ref().ok_or_else(|| CudaError::Unsupported("the page link is closed".into()))?;
-            comm.recv(&mut dst, self.peer)?;
+            live(&self.comm)?.recv(&mut self.staging[buf].slice_mut(..k * self.page_bytes), self.peer)?;
             self.copy.wait(&self.net.record_event(None)?)?;
             self.copy_kernel(false, first, k, buf)?;
             scattered[buf] = Some(self.copy.record_event(None)?);
@@ -343,18 +338,16 @@ impl PageLink {
     /// Sends the pages of `blocks` (in order) to the peer and returns when they have left: the
     /// bare page stream, without header or checksums (the transfer benchmark's paged path).
     pub fn send_blocks(&mut self, blocks: &[u32]) -> Result<(), CudaError> {
-        let ids: Vec<i32> = blocks.iter().map(|&b| b as i32).collect();
-        self.prepare(&ids)?;
-        self.queue_send(ids.len(), None)?;
+        self.prepare(&block_ids(blocks))?;
+        self.queue_send(blocks.len(), None)?;
         Ok(self.net.synchronize()?)
     }
 
     /// Receives pages from the peer into `blocks` (the peer's [`PageLink::send_blocks`]);
     /// returns when they are in the pool.
     pub fn recv_blocks(&mut self, blocks: &[u32]) -> Result<(), CudaError> {
-        let ids: Vec<i32> = blocks.iter().map(|&b| b as i32).collect();
-        self.prepare(&ids)?;
-        self.queue_recv(ids.len())?;
+        self.prepare(&block_ids(blocks))?;
+        self.queue_recv(blocks.len())?;
         self.net.synchronize()?;
         Ok(self.copy.synchronize()?)
     }
@@ -371,41 +364,40 @@ impl PageLink {
 
     /// Sends `bytes` of `src` in one NCCL call (the raw baseline).
     pub fn send_raw(&self, src: &CudaSlice<u8>, bytes: usize) -> Result<(), CudaError> {
-        self.comm()?.send(&src.slice(..bytes), self.peer)?;
+        live(&self.comm)?.send(&src.slice(..bytes), self.peer)?;
         Ok(self.net.synchronize()?)
     }
 
     /// Receives `bytes` into `dst` in one NCCL call (the raw baseline).
     pub fn recv_raw(&self, dst: &mut CudaSlice<u8>, bytes: usize) -> Result<(), CudaError> {
         let mut d = dst.slice_mut(..bytes);
-        self.comm()?.recv(&mut d, self.peer)?;
+        live(&self.comm)?.recv(&mut d, self.peer)?;
         Ok(self.net.synchronize()?)
     }
 
     fn send_transfer(&mut self, h: &TransferHeader, blocks: &[u32], opts: SendOptions) -> Result<u64, CudaError> {
         let deadline = Instant::now() + opts.timeout;
-        let ids: Vec<i32> = blocks.iter().map(|&b| b as i32).collect();
-        self.prepare(&ids)?;
+        let n = blocks.len();
+        self.prepare(&block_ids(blocks))?;
         let bytes = h.encode();
         self.copy.memcpy_htod(&bytes, &mut self.header.slice_mut(..))?;
         self.net.wait(&self.copy.record_event(None)?)?;
-        self.comm()?.send(&self.header, self.peer)?;
-        self.queue_send(ids.len(), opts.stall_after_pages)?;
+        live(&self.comm)?.send(&self.header, self.peer)?;
+        self.queue_send(n, opts.stall_after_pages)?;
         // The trailer: this side's checksums, complete once the last gather is.
         self.net.wait(&self.copy.record_event(None)?)?;
-        if !ids.is_empty() {
-            self.comm()?.send(&self.sums.slice(..ids.len()), self.peer)?;
+        if n > 0 {
+            live(&self.comm)?.send(&self.sums.slice(..n), self.peer)?;
         }
         let done = self.net.record_event(None)?;
         self.wait(&[&done], Some(deadline), &|| true, "acceptance of the pages by the peer")?;
-        Ok((ids.len() * self.page_bytes) as u64)
+        Ok((n * self.page_bytes) as u64)
     }
 
     fn recv_transfer(&mut self, route: &mut dyn FnMut(&TransferHeader) -> Option<Vec<u32>>, keep_waiting: &dyn Fn() -> bool, timeout: Duration) -> Result<Option<Received>, CudaError> {
         self.pool.ctx.bind_to_thread()?;
         if self.header_posted.is_none() {
-            let comm = self.comm.as_ref().ok_or_else(|| CudaError::Unsupported("the page link is closed".into()))?;
-            comm.recv(&mut self.header, self.peer)?;
+            live(&self.comm)?.recv(&mut self.header, self.peer)?;
             self.header_posted = Some(self.net.record_event(None)?);
         }
         let posted = self.header_posted.as_ref().expect("posted above");
@@ -425,15 +417,11 @@ impl PageLink {
         self.check(n)?;
         let target = route(&h).filter(|b| b.len() == n);
         let stored = target.is_some();
-        let ids: Vec<i32> = match target {
-            Some(b) => b.iter().map(|&b| b as i32).collect(),
-            None => vec![-1; n],
-        };
+        let ids = target.as_deref().map_or_else(|| vec![-1; n], block_ids);
         self.prepare(&ids)?;
         self.queue_recv(n)?;
         if n > 0 {
-            let comm = self.comm.as_ref().ok_or_else(|| CudaError::Unsupported("the page link is closed".into()))?;
-            comm.recv(&mut self.peer_sums.slice_mut(..n), self.peer)?;
+            live(&self.comm)?.recv(&mut self.peer_sums.slice_mut(..n), self.peer)?;
         }
         let (net_done, copy_done) = (self.net.record_event(None)?, self.copy.record_event(None)?);
         if !self.wait(&[&net_done, &copy_done], Some(deadline), keep_waiting, "pages")? {
@@ -482,6 +470,16 @@ fn link_err(e: CudaError, timeout: Duration) -> TransferError {
         CudaError::Stalled(_) => TransferError::Timeout(timeout),
         other => transfer_err(other),
     }
+}
+
+/// The communicator of a link that has not been closed.
+fn live(comm: &Option<Comm>) -> Result<&Comm, CudaError> {
+    comm.as_ref().ok_or_else(|| CudaError::Unsupported("the page link is closed".into()))
+}
+
+/// Block ids as the copy kernels take them (a negative id: receive into nowhere).
+fn block_ids(blocks: &[u32]) -> Vec<i32> {
+    blocks.iter().map(|&b| b as i32).collect()
 }
 
 /// Aborts a communicator (cudarc's drop aborts it, and panics if NCCL reports an error then: a

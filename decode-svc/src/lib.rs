@@ -104,7 +104,15 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
     let kv_addr = transfers::start_receiver(&cfg.kv_listen, layout, cfg.transfer_timeout, handle.clone(), transfers.clone())?;
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;
-    let status = StatusService { engine: handle.clone(), worker_id: cfg.worker_id.clone(), role: cfg.role.clone(), model: cfg.model_name.clone(), epoch, max_model_len, block_size: block_size as u32 };
+    let status = StatusService {
+        engine: handle.clone(),
+        worker_id: cfg.worker_id.clone(),
+        role: cfg.role.clone(),
+        model: cfg.model_name.clone(),
+        epoch,
+        max_model_len,
+        block_size: block_size as u32,
+    };
     let (watch, drain) = (cfg.watch_stdin, cfg.drain_timeout);
     let advertised = cfg.kv_advertise.clone().unwrap_or_else(|| kv_addr.to_string());
     let svc = service::DecodeService::new(handle.clone(), cfg, transfers, advertised, block_size, links.clone());

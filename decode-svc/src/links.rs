@@ -93,9 +93,13 @@ impl Link {
         if landing {
             tracing::warn!(transfer_id = id, link = self.id, "transfer given up while its pages land; closing the link");
             self.close();
-            let mut rx = self.ended.subscribe();
-            let _ = rx.wait_for(|&e| e).await;
+            self.ended().await;
         }
+    }
+
+    /// Returns once the link's receiver has ended (its communicator aborted and drained).
+    async fn ended(&self) {
+        let _ = self.ended.subscribe().wait_for(|&e| e).await;
     }
 }
 
@@ -129,8 +133,7 @@ impl DeviceLinks {
             l.close();
         }
         for l in links {
-            let mut rx = l.ended.subscribe();
-            if tokio::time::timeout(wait, rx.wait_for(|&e| e)).await.is_err() {
+            if tokio::time::timeout(wait, l.ended()).await.is_err() {
                 tracing::warn!(link = l.id, "a device link's receiver did not stop in time");
             }
         }
@@ -366,8 +369,7 @@ mod tests {
     }
 
     async fn ended(link: &Link) {
-        let mut rx = link.ended.subscribe();
-        tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|&e| e)).await.expect("the receiver ended").unwrap();
+        tokio::time::timeout(Duration::from_secs(10), link.ended()).await.expect("the receiver ended");
     }
 
     #[tokio::test]
@@ -480,7 +482,7 @@ mod tests {
         assert!(matches!(links.get(&addr, &clients, &transfers).await, Ok(None)));
         assert_eq!(refuser.0.load(Ordering::SeqCst), 1);
         // The abandoned end was released: the sender side joined with its id in the background.
-        for _ in 0..100 {
+        for _ in 0..1000 {
             if device.joined.lock().unwrap().contains(&[3; 128]) {
                 return;
             }

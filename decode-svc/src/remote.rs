@@ -55,9 +55,6 @@ impl PrefillClients {
 
 type Tx = mpsc::UnboundedSender<Result<pb::GenerateResponse, Status>>;
 
-/// Runs the remote prefill of `req` into the blocks of `rp`, then hands the request back to
-/// the engine: continuing from the prefill worker's first token, recomputing locally, or
-/// failing it, by the configured policy.
 /// Runs [`remote_prefill`] on a task of its own, in the caller's span; should that task panic,
 /// the request fails (its client gets an error) instead of waiting forever.
 pub(crate) fn spawn_remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: RemotePrefill, tx: Tx) {
@@ -76,6 +73,8 @@ pub(crate) fn spawn_remote_prefill(svc: DecodeService, req: pb::GenerateRequest,
     });
 }
 
+/// Runs the remote prefill of `req` into the blocks of `rp` (over the prefill worker's device
+/// link when this worker has one, else TCP), then hands the request back to the engine.
 async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: RemotePrefill, tx: Tx) {
     let transfer_id = svc.next_transfer_id();
     let rid = req.request_id.clone();
@@ -86,7 +85,7 @@ async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: Remote
         Some(links) => match links.get(&req.prefill_worker, &svc.clients, &svc.transfers).await {
             Ok(l) => l,
             Err(e) => {
-                settle(&svc, &rid, transfer_id, Err(("connect", e)), started, None).await;
+                settle(&svc, &rid, transfer_id, Err(("connect", e)), started, None);
                 return;
             }
         },
@@ -147,14 +146,14 @@ async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: Remote
         }
         l.end();
     }
-    settle(&svc, &rid, transfer_id, outcome, started, link.map(|l| l.id)).await;
+    settle(&svc, &rid, transfer_id, outcome, started, link.map(|l| l.id));
 }
 
 type Outcome = Result<pb::PrefillResponse, (&'static str, String)>;
 
 /// Hands the request back to the engine after its remote prefill: continuing from the first
 /// token, or recomputing / failing it by the configured policy.
-async fn settle(svc: &DecodeService, rid: &str, transfer_id: u64, outcome: Outcome, started: Instant, link: Option<u64>) {
+fn settle(svc: &DecodeService, rid: &str, transfer_id: u64, outcome: Outcome, started: Instant, link: Option<u64>) {
     let rid = rid.to_string();
     let policy = svc.cfg.failure_policy;
     let transfers = svc.transfers.clone();

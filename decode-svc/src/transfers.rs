@@ -18,9 +18,13 @@ struct Transfer {
     request_id: String,
     blocks: Vec<u32>,
     on_fail: Option<oneshot::Sender<String>>,
-    /// Device transfers: the link the pages come over, who waits for them, and how many pages
-    /// are expected and have landed (they may come in several pieces).
-    link: Option<u64>,
+    /// Device transfers only.
+    device: Option<DeviceWait>,
+}
+
+/// What a device transfer waits for: its pages over one link, possibly in several pieces.
+struct DeviceWait {
+    link: u64,
     on_arrive: Option<oneshot::Sender<()>>,
     expected: u32,
     received: u32,
@@ -37,7 +41,7 @@ impl Transfers {
     /// on the returned channel.
     pub fn register(&self, id: u64, request_id: &str, blocks: Vec<u32>) -> oneshot::Receiver<String> {
         let (tx, rx) = oneshot::channel();
-        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx), link: None, on_arrive: None, expected: 0, received: 0 });
+        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx), device: None });
         rx
     }
 
@@ -48,7 +52,8 @@ impl Transfers {
     pub fn register_device(&self, id: u64, request_id: &str, blocks: Vec<u32>, link: u64, expected: u32) -> (oneshot::Receiver<String>, oneshot::Receiver<()>) {
         let (tx, rx) = oneshot::channel();
         let (atx, arx) = oneshot::channel();
-        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx), link: Some(link), on_arrive: Some(atx), expected, received: 0 });
+        let device = DeviceWait { link, on_arrive: Some(atx), expected, received: 0 };
+        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx), device: Some(device) });
         (rx, arx)
     }
 
@@ -57,7 +62,7 @@ impl Transfers {
     /// cancellation sees the claim).
     pub(crate) fn route_device(&self, id: u64, link: u64, first: u32, pages: u32, claim: impl FnOnce()) -> Option<Vec<u32>> {
         let map = self.lock();
-        let t = map.get(&id).filter(|t| t.link == Some(link))?;
+        let t = map.get(&id).filter(|t| t.device.as_ref().is_some_and(|d| d.link == link))?;
         let blocks = t.blocks.get(first as usize..(first as usize).checked_add(pages as usize)?)?.to_vec();
         claim();
         Some(blocks)
@@ -69,10 +74,10 @@ impl Transfers {
         match verdict {
             Ok(()) => {
                 let mut map = self.lock();
-                let Some(t) = map.get_mut(&id) else { return };
-                t.received = t.received.saturating_add(pages);
-                if t.received >= t.expected {
-                    if let Some(tx) = t.on_arrive.take() {
+                let Some(d) = map.get_mut(&id).and_then(|t| t.device.as_mut()) else { return };
+                d.received = d.received.saturating_add(pages);
+                if d.received >= d.expected {
+                    if let Some(tx) = d.on_arrive.take() {
                         let _ = tx.send(());
                     }
                 }
@@ -83,7 +88,7 @@ impl Transfers {
 
     /// Fails every transfer still awaited over `link` (the link closed).
     pub(crate) fn fail_link(&self, link: u64, message: &str) {
-        for t in self.lock().values_mut().filter(|t| t.link == Some(link)) {
+        for t in self.lock().values_mut().filter(|t| t.device.as_ref().is_some_and(|d| d.link == link)) {
             if let Some(tx) = t.on_fail.take() {
                 let _ = tx.send(message.to_string());
             }
@@ -147,7 +152,11 @@ impl PageSink for EngineSink {
         let (transfers, error) = (self.transfers.clone(), self.error.clone());
         let queued = self.engine.submit(move |s| {
             // Re-checked on the engine thread: the transfer may have been cancelled since.
-            let res = if !transfers.contains(id) { Err(format!("transfer {id} was cancelled")) } else { s.engine.write_kv_block(block, &payload).map_err(|e| e.to_string()) };
+            let res = if !transfers.contains(id) {
+                Err(format!("transfer {id} was cancelled"))
+            } else {
+                s.engine.write_kv_block(block, &payload).map_err(|e| e.to_string())
+            };
             if let Err(e) = res {
                 error.lock().expect("sink error lock").get_or_insert(e);
             }

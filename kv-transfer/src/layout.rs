@@ -21,7 +21,8 @@ impl KvDtype {
             KvDtype::F16 | KvDtype::BF16 => 2,
         }
     }
-    fn from_u8(v: u8) -> Option<KvDtype> {
+    /// The type of a wire code (the enum's discriminant), if known.
+    pub fn from_u8(v: u8) -> Option<KvDtype> {
         Some(match v {
             0 => KvDtype::F32,
             1 => KvDtype::F16,

@@ -18,15 +18,6 @@ pub mod tcp;
 pub use layout::{KvDtype, KvLayout};
 pub use page::KvPage;
 
-/// The ways KV pages can travel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    /// TCP between hosts (CPU workers).
-    Tcp,
-    /// NCCL send/recv between GPUs.
-    Nccl,
-}
-
 /// Why a transfer failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TransferError {

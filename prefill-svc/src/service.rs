@@ -115,8 +115,20 @@ impl PrefillService {
     }
 }
 
+/// Counts and logs a failed shipment of `r`'s pages; the caller's answer.
+fn transfer_failed(r: &pb::PrefillRequest, e: TransferError) -> Status {
+    count_transfer_failure(match e {
+        TransferError::LayoutMismatch { .. } | TransferError::Refused(_) => "refused",
+        TransferError::Timeout(_) => "timeout",
+        _ => "send",
+    });
+    tracing::warn!(error = %e, "shipping KV pages failed");
+    let to = if r.kv_link != 0 { format!("device link {:#x}", r.kv_link) } else { r.kv_destination.clone() };
+    Status::unavailable(format!("KV transfer over {to} failed: {e}"))
+}
+
 /// Pages a device transfer shipped while its prompt was still being computed.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 struct Streamed {
     /// Logical index of the next page to ship.
     next: usize,
@@ -173,10 +185,7 @@ impl PrefillService {
             let (l, opts, link, tid, first) = (links.clone(), self.send_options(), r.kv_link, r.transfer_id, early.next as u32);
             let blocks = piece.clone();
             let sent = tokio::task::spawn_blocking(move || l.send(link, tid, first, &blocks, opts)).await.map_err(|e| Status::internal(e.to_string()))?;
-            let bytes = sent.map_err(|e| {
-                count_transfer_failure(if matches!(e, TransferError::Timeout(_)) { "timeout" } else { "send" });
-                Status::unavailable(format!("KV transfer over device link {link:#x} failed: {e}"))
-            })?;
+            let bytes = sent.map_err(|e| transfer_failed(r, e))?;
             early.next += piece.len();
             early.pages += piece.len() as u32;
             early.bytes += bytes;
@@ -266,13 +275,13 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
             let blocks = self.engine.call(move |s| s.engine.prefill_blocks(&id)).await.flatten().ok_or_else(|| Status::internal("the prefill's blocks are gone"))?;
             let (svc, req2) = (self.clone(), r.clone());
             let t0 = Instant::now();
-            let early2 = early.clone();
-            let shipped = tokio::task::spawn_blocking(move || if req2.kv_link != 0 { svc.ship_device(&blocks, &req2, &early2) } else { svc.ship(&blocks, &req2) }).await.map_err(|e| Status::internal(e.to_string()))?;
+            let early_pages = early.pages;
+            let shipped = tokio::task::spawn_blocking(move || if req2.kv_link != 0 { svc.ship_device(&blocks, &req2, &early) } else { svc.ship(&blocks, &req2) }).await.map_err(|e| Status::internal(e.to_string()))?;
             let transfer_seconds = t0.elapsed().as_secs_f64();
             match shipped {
                 Ok((pages, bytes)) => {
                     observe_transfer(bytes, transfer_seconds);
-                    tracing::info!(pages, bytes, early_pages = early.pages, prefill_seconds, transfer_seconds, "pages shipped");
+                    tracing::info!(pages, bytes, early_pages, prefill_seconds, transfer_seconds, "pages shipped");
                     Ok(Response::new(pb::PrefillResponse {
                         first_token: Some(sampled_to_proto(&first)),
                         pages_sent: pages,
@@ -282,15 +291,7 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
                         transfer_seconds,
                     }))
                 }
-                Err(e) => {
-                    count_transfer_failure(match e {
-                        TransferError::LayoutMismatch { .. } | TransferError::Refused(_) => "refused",
-                        TransferError::Timeout(_) => "timeout",
-                        _ => "send",
-                    });
-                    tracing::warn!(error = %e, "shipping KV pages failed");
-                    Err(Status::unavailable(format!("KV transfer to {} failed: {e}", r.kv_destination)))
-                }
+                Err(e) => Err(transfer_failed(&r, e)),
             }
         }
         .instrument(span)

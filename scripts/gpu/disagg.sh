@@ -21,6 +21,7 @@
 # two-GPU machines need NVLink multicast off). Exit status 1 when a check failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/gpu/lib.sh
 model="${1:-$HOME/.cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 tandem="${2:-.gpu/tandem/tandem}"
 sections="${3:-greedy mixed kill}"
@@ -48,21 +49,12 @@ early() { # prefill log: pages shipped while their prompt was still being comput
   sed 's/\x1b\[[0-9;]*m//g' "$1" | awk '/pages shipped/ { for (i = 1; i <= NF; i++) { if ($i ~ /^pages=/) { split($i, a, "="); p += a[2] } if ($i ~ /^early_pages=/) { split($i, b, "="); e += b[2] } } } END { printf "%d of %d pages shipped while their prompt was still being computed", e, p }'
 }
 
-wait_healthy() { # url name pid
-  for _ in $(seq 1 600); do
-    curl -sf "$1" > /dev/null 2>&1 && return 0
-    kill -0 "$3" 2>/dev/null || break
-    sleep 0.2
-  done
-  echo "$2: not healthy; log tail:"; tail -20 "$out/$2.log"; return 1
-}
-
 start_prefill() { # log-name [env...]
   env "${@:2}" "$tandem" prefill --model "$model" --device cuda --cuda-device 0 --kv-transport nccl \
     --listen 127.0.0.1:$pport "${engine_flags[@]}" > "$out/$1.log" 2>&1 &
   ppid_=$!
   pids+=("$ppid_")
-  wait_healthy "http://127.0.0.1:$pport/health" "$1" "$ppid_"
+  wait_healthy "http://127.0.0.1:$pport/health" "$ppid_" "$out/$1.log"
 }
 
 start_decode() { # log-name gpu transport [flags...]
@@ -70,14 +62,14 @@ start_decode() { # log-name gpu transport [flags...]
     --listen 127.0.0.1:$dport --kv-listen 127.0.0.1:$kport "${engine_flags[@]}" "${@:4}" > "$out/$1.log" 2>&1 &
   dpid=$!
   pids+=("$dpid")
-  wait_healthy "http://127.0.0.1:$dport/health" "$1" "$dpid"
+  wait_healthy "http://127.0.0.1:$dport/health" "$dpid" "$out/$1.log"
 }
 
 start_router() { # log-name [flags...]
   "$tandem" router --model "$model" --listen 127.0.0.1:$port --decode-workers 127.0.0.1:$dport "${@:2}" > "$out/$1.log" 2>&1 &
   rpid=$!
   pids+=("$rpid")
-  wait_healthy "http://127.0.0.1:$port/health" "$1" "$rpid"
+  wait_healthy "http://127.0.0.1:$port/health" "$rpid" "$out/$1.log"
 }
 
 stop_all() { # SIGTERM, then SIGKILL (and a note of what it was waiting in) after 20 s

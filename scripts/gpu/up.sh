@@ -10,6 +10,7 @@
 # the outputs differ.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/gpu/lib.sh
 model="${1:-$HOME/.cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 tandem="${2:-.gpu/tandem/tandem}"
 out="${OUT:-.gpu/out}"
@@ -19,12 +20,7 @@ port=18431
 serve() { # topology-flags... ; leaves the server running, its pid in $pid
   "$tandem" up --device "${DEVICE:-cuda}" --model "$model" --port "$port" "$@" > "$out/up-$name.log" 2>&1 &
   pid=$!
-  for _ in $(seq 1 240); do
-    curl -sf "http://127.0.0.1:$port/health" > /dev/null 2>&1 && return 0
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-  done
-  echo "$name: not healthy; log tail:"; tail -20 "$out/up-$name.log"; return 1
+  wait_healthy "http://127.0.0.1:$port/health" "$pid" "$out/up-$name.log"
 }
 
 ask() { # writes one JSON line per request to $out/answers-$name.jsonl

@@ -44,12 +44,7 @@ pub fn layout_to_proto(l: &KvLayout) -> tandem_proto::v1::KvLayout {
 
 /// A layout from the control plane's message.
 pub fn layout_from_proto(p: &tandem_proto::v1::KvLayout) -> Result<KvLayout, String> {
-    let dtype = match p.dtype {
-        0 => KvDtype::F32,
-        1 => KvDtype::F16,
-        2 => KvDtype::BF16,
-        d => return Err(format!("unknown KV dtype {d}")),
-    };
+    let dtype = u8::try_from(p.dtype).ok().and_then(KvDtype::from_u8).ok_or_else(|| format!("unknown KV dtype {}", p.dtype))?;
     Ok(KvLayout { model_id: p.model_id.clone(), dtype, block_size: p.block_size, num_layers: p.num_layers, num_kv_heads: p.num_kv_heads, head_dim: p.head_dim, hash_seed: p.hash_seed })
 }
 

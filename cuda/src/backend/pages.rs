@@ -31,7 +31,10 @@ impl CudaBackend {
     /// block)` pair, in elements.
     pub(super) fn swap_spans(&self, pairs: impl Iterator<Item = (u32, u32)>) -> Vec<(usize, usize)> {
         let (e, parts) = (self.block_elems(), 2 * self.cfg.num_layers);
-        pairs.flat_map(|(d, h)| (0..parts).map(move |i| (d as usize, h as usize, i))).map(|(d, h, i)| (self.kv_offset(i / 2, i % 2) + d * e, (h * parts + i) * e)).collect()
+        pairs
+            .flat_map(|(d, h)| (0..parts).map(move |i| (d as usize, h as usize, i)))
+            .map(|(d, h, i)| (self.kv_offset(i / 2, i % 2) + d * e, (h * parts + i) * e))
+            .collect()
     }
 
     /// Elements of one block's rows within one layer's K or V cache.
