@@ -17,8 +17,8 @@
 #         how long the decode worker takes to notice, that the request still completes, that the
 #         next requests are served, and that a restarted prefill worker gets a new link.
 #
-# Logs and JSON go to $OUT (default .gpu/out/disagg). NCCL_NVLS_ENABLE=0 is set (the lent
-# two-GPU machines need NVLink multicast off). Exit status 1 when a check failed.
+# Logs and JSON go to $OUT (default .gpu/out/disagg). NCCL_NVLS_ENABLE=0 is set (the H200
+# hosts it was measured on need NVLink multicast off). Exit status 1 when a check failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/lib.sh
