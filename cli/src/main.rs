@@ -57,6 +57,10 @@ fn main() {
         LogFormat::Text => fmt.init(),
         LogFormat::Json => fmt.json().with_current_span(true).init(),
     }
+    if let Err(name) = tandem_engine::backend::cpu::quant::QKernel::requested() {
+        eprintln!("error: TANDEM_CPU_KERNEL={name}: expected auto, scalar, avx2, avxvnni or avx512");
+        std::process::exit(2);
+    }
     let result = match cli.command {
         Command::Up(a) => up_cmd::run(a, matches!(cli.log_format, LogFormat::Json)),
         Command::Generate(a) => generate_cmd::run(a),

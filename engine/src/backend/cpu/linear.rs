@@ -195,7 +195,7 @@ mod quant_tests {
         let kernels = QKernel::available();
         eprintln!("kernels on this CPU: {kernels:?}");
         for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
-            for &(n, k, t) in &[(37, 96, 1), (64, 576, 5), (200, 1536, 9), (3, 32, 4)] {
+            for &(n, k, t) in &[(37, 96, 1), (64, 576, 5), (200, 1536, 9), (3, 32, 4), (70, 160, 7), (9, 96, 6)] {
                 let data = super::super::quant::tests_support::random_gguf(ty, n, k, (n * k + t) as u64);
                 let w = QMatrix::from_gguf(ty, &data, n, k).unwrap();
                 let mut rng = crate::sampler::Rng::new(7);

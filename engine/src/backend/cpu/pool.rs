@@ -1,10 +1,14 @@
 //! `ThreadPool`: the CPU backend's persistent workers for the many small parallel regions of a
 //! forward pass (a decode step of the default model has about 150).
 //!
-//! The caller publishes a job by bumping an epoch; workers spin on it for a short while, then
-//! park, so hand-off costs well under a microsecond while the model runs and nothing while the
-//! process idles. Tasks are claimed from an atomic counter; the caller works too and returns
-//! when every task has finished. One job runs at a time (callers are serialised).
+//! The caller publishes a job in one atomic word — `(epoch, task count, next task)` — and wakes
+//! workers that are parked. Workers spin on the word for a short while, then park, so hand-off
+//! costs well under a microsecond while the model runs and nothing while the process idles.
+//! Tasks are claimed by compare-and-swap on that word, which fails once the job has changed; the
+//! caller works too and returns when every *task* has finished. It never waits for a worker
+//! that has not started: a worker descheduled by the OS (more threads than free cores, a busy
+//! host) delays nobody unless it holds a task. One job runs at a time (callers are
+//! serialised).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -13,17 +17,70 @@ use std::thread::Thread;
 /// Spins before a worker parks (~tens of microseconds).
 const SPIN_ITERS: u32 = 1 << 14;
 
+/// Bits of the task count and of the next-task index in the job word; the epoch takes the rest.
+const TASK_BITS: u32 = 20;
+const TASK_MASK: u64 = (1 << TASK_BITS) - 1;
+/// Most tasks one job may have (larger jobs are run in rounds).
+const MAX_TASKS: usize = TASK_MASK as usize;
+
 type Task = dyn Fn(usize) + Sync;
 
+/// The fields of the job word.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct JobWord {
+    epoch: u64,
+    n_tasks: usize,
+    next: usize,
+}
+
+impl JobWord {
+    fn pack(self) -> u64 {
+        (self.epoch << (2 * TASK_BITS)) | ((self.n_tasks as u64) << TASK_BITS) | self.next as u64
+    }
+    fn unpack(w: u64) -> JobWord {
+        JobWord { epoch: w >> (2 * TASK_BITS), n_tasks: ((w >> TASK_BITS) & TASK_MASK) as usize, next: (w & TASK_MASK) as usize }
+    }
+}
+
 struct Shared {
-    epoch: AtomicU64,
-    /// The current job: a `&Task` valid until every worker reports done.
+    /// The job word: epoch, task count, next unclaimed task.
+    word: AtomicU64,
+    /// The current job: a `&Task`, valid while any of its tasks is unfinished.
     job: AtomicU64,
     job_meta: AtomicU64,
-    n_tasks: AtomicUsize,
-    next: AtomicUsize,
-    done_workers: AtomicUsize,
+    /// Tasks of the current job that have finished.
+    done_tasks: AtomicUsize,
     sleeping: Vec<AtomicBool>,
+}
+
+impl Shared {
+    /// Claims the next task of the job in `w`, if any is left; on success the current job is
+    /// that one until the task is reported done.
+    fn claim(&self, mut w: u64) -> Option<usize> {
+        loop {
+            let j = JobWord::unpack(w);
+            if j.next >= j.n_tasks {
+                return None;
+            }
+            match self.word.compare_exchange_weak(w, w + 1, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Some(j.next),
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    /// Runs tasks of the job in `w` until none is left to claim.
+    fn work(&self, w: u64) {
+        let mut w = w;
+        while let Some(i) = self.claim(w) {
+            // The job cannot change before this task is reported done, so it is the one claimed.
+            let f = decode(self.job.load(Ordering::Relaxed), self.job_meta.load(Ordering::Relaxed));
+            // SAFETY: `run` keeps the job alive until every task has been reported done.
+            unsafe { (*f)(i) };
+            self.done_tasks.fetch_add(1, Ordering::Release);
+            w = self.word.load(Ordering::Acquire);
+        }
+    }
 }
 
 /// Persistent worker threads.
@@ -44,17 +101,44 @@ fn decode(a: u64, b: u64) -> *const Task {
     unsafe { std::mem::transmute::<[usize; 2], *const Task>([a as usize, b as usize]) }
 }
 
+/// Physical cores available to this process: logical CPUs in its affinity mask (and cgroup
+/// quota, as `available_parallelism` counts them), less SMT siblings when the topology says
+/// so. Compute-bound threads gain nothing from a core's second hardware thread.
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut cores = std::collections::HashSet::new();
+    let mut seen = 0usize;
+    if let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") {
+        for e in dir.flatten() {
+            let name = e.file_name();
+            if !name.to_str().and_then(|n| n.strip_prefix("cpu")).is_some_and(|n| n.parse::<usize>().is_ok()) {
+                continue;
+            }
+            let topo = e.path().join("topology");
+            let read = |f: &str| std::fs::read_to_string(topo.join(f)).ok().map(|s| s.trim().to_string());
+            if let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) {
+                cores.insert((pkg, core));
+                seen += 1;
+            }
+        }
+    }
+    if cores.is_empty() || seen == 0 {
+        return logical;
+    }
+    // Scale by the SMT ratio of the whole machine: the affinity mask may hold part of it.
+    let smt = seen.div_ceil(cores.len()).max(1);
+    logical.div_ceil(smt).max(1)
+}
+
 impl ThreadPool {
     /// A pool with `threads` threads in all (the caller counts as one).
     pub fn new(threads: usize) -> ThreadPool {
         let workers = threads.max(1) - 1;
         let shared = Arc::new(Shared {
-            epoch: AtomicU64::new(0),
+            word: AtomicU64::new(0),
             job: AtomicU64::new(0),
             job_meta: AtomicU64::new(0),
-            n_tasks: AtomicUsize::new(0),
-            next: AtomicUsize::new(0),
-            done_workers: AtomicUsize::new(0),
+            done_tasks: AtomicUsize::new(0),
             sleeping: (0..workers).map(|_| AtomicBool::new(false)).collect(),
         });
         let mut handles = Vec::with_capacity(workers);
@@ -69,16 +153,15 @@ impl ThreadPool {
         ThreadPool { shared, threads: handles, lock: Mutex::new(()) }
     }
 
-    /// The process-wide pool: `TANDEM_NUM_THREADS` threads, else one per available core.
+    /// The process-wide pool: `TANDEM_NUM_THREADS` threads, else one per physical core.
     pub fn global() -> &'static ThreadPool {
         static POOL: OnceLock<ThreadPool> = OnceLock::new();
-        POOL.get_or_init(|| {
-            let n = std::env::var("TANDEM_NUM_THREADS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-            ThreadPool::new(n)
-        })
+        POOL.get_or_init(|| ThreadPool::new(Self::default_threads()))
+    }
+
+    /// `TANDEM_NUM_THREADS` if set to a positive number, else [`physical_cores`].
+    pub fn default_threads() -> usize {
+        std::env::var("TANDEM_NUM_THREADS").ok().and_then(|v| v.parse().ok()).filter(|&n: &usize| n > 0).unwrap_or_else(physical_cores)
     }
 
     /// Threads in all, the caller included.
@@ -95,68 +178,60 @@ impl ThreadPool {
             (0..n_tasks).for_each(f);
             return;
         }
+        if n_tasks > MAX_TASKS {
+            for round in 0..n_tasks.div_ceil(MAX_TASKS) {
+                let base = round * MAX_TASKS;
+                self.run(MAX_TASKS.min(n_tasks - base), &|i| f(base + i));
+            }
+            return;
+        }
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let s = &*self.shared;
-        // SAFETY: the workers use `f` only until `done_workers` says they finished, which this
-        // function waits for before returning, so the erased lifetime is never outlived.
+        // SAFETY: workers call `f` only for tasks they claimed, and this function returns only
+        // after every task has been reported done, so the erased lifetime is never outlived.
         let f_static: &'static Task = unsafe { std::mem::transmute::<&'a (dyn Fn(usize) + Sync + 'a), &'static Task>(f) };
         let (a, b) = encode(f_static);
         s.job.store(a, Ordering::Relaxed);
         s.job_meta.store(b, Ordering::Relaxed);
-        s.n_tasks.store(n_tasks, Ordering::Relaxed);
-        s.next.store(0, Ordering::Relaxed);
-        s.done_workers.store(0, Ordering::Relaxed);
-        s.epoch.fetch_add(1, Ordering::SeqCst);
+        s.done_tasks.store(0, Ordering::Relaxed);
+        let epoch = JobWord::unpack(s.word.load(Ordering::Relaxed)).epoch.wrapping_add(1) & (u64::MAX >> (2 * TASK_BITS));
+        let w = JobWord { epoch, n_tasks, next: 0 }.pack();
+        // Publishes the job (release: the stores above happen before any claim of it).
+        s.word.store(w, Ordering::SeqCst);
         for (i, t) in self.threads.iter().enumerate() {
             if s.sleeping[i].load(Ordering::SeqCst) {
                 t.unpark();
             }
         }
-        loop {
-            let i = s.next.fetch_add(1, Ordering::Relaxed);
-            if i >= n_tasks {
-                break;
-            }
-            f(i);
-        }
-        while s.done_workers.load(Ordering::Acquire) < self.threads.len() {
+        s.work(w);
+        while s.done_tasks.load(Ordering::Acquire) < n_tasks {
             std::hint::spin_loop();
         }
     }
 }
 
 fn worker(s: Arc<Shared>, index: usize) {
-    let mut seen = 0u64;
+    let mut seen = JobWord::unpack(s.word.load(Ordering::Acquire)).epoch;
     loop {
         let mut spins = 0u32;
-        let epoch = loop {
-            let e = s.epoch.load(Ordering::Acquire);
-            if e != seen {
-                break e;
+        let w = loop {
+            let w = s.word.load(Ordering::Acquire);
+            if JobWord::unpack(w).epoch != seen {
+                break w;
             }
             if spins < SPIN_ITERS {
                 spins += 1;
                 std::hint::spin_loop();
             } else {
                 s.sleeping[index].store(true, Ordering::SeqCst);
-                if s.epoch.load(Ordering::SeqCst) == seen {
+                if JobWord::unpack(s.word.load(Ordering::SeqCst)).epoch == seen {
                     std::thread::park_timeout(std::time::Duration::from_millis(50));
                 }
                 s.sleeping[index].store(false, Ordering::SeqCst);
             }
         };
-        seen = epoch;
-        let f = decode(s.job.load(Ordering::Relaxed), s.job_meta.load(Ordering::Relaxed));
-        let n = s.n_tasks.load(Ordering::Relaxed);
-        loop {
-            let i = s.next.fetch_add(1, Ordering::Relaxed);
-            if i >= n {
-                break;
-            }
-            // SAFETY: `run` keeps the job alive until this worker reports done below.
-            unsafe { (*f)(i) };
-        }
-        s.done_workers.fetch_add(1, Ordering::Release);
+        seen = JobWord::unpack(w).epoch;
+        s.work(w);
     }
 }
 
@@ -174,6 +249,41 @@ mod tests {
             });
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
         }
+    }
+
+    #[test]
+    fn every_task_once_with_more_threads_than_cores() {
+        // Workers are preempted mid-claim here; a claim must never run a task of another job or
+        // run one twice, and a job must not wait for a worker that holds no task.
+        let pool = ThreadPool::new(8);
+        let hits: Vec<AtomicUsize> = (0..13).map(|_| AtomicUsize::new(0)).collect();
+        for job in 0..5000 {
+            let n = 1 + job % 13;
+            pool.run(n, &|i| {
+                assert!(i < n, "task {i} of a job of {n}");
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        let total: usize = hits.iter().map(|h| h.load(Ordering::Relaxed)).sum();
+        assert_eq!(total, (0..5000).map(|j| 1 + j % 13).sum::<usize>());
+    }
+
+    #[test]
+    fn large_jobs_run_in_rounds() {
+        let pool = ThreadPool::new(2);
+        let n = MAX_TASKS + 5;
+        let sum = AtomicU64::new(0);
+        pool.run(n, &|i| {
+            sum.fetch_add(i as u64, Ordering::Relaxed);
+        });
+        assert_eq!(sum.load(Ordering::Relaxed), (n as u64 - 1) * n as u64 / 2);
+    }
+
+    #[test]
+    fn job_word_round_trips() {
+        let j = JobWord { epoch: (1 << 24) - 1, n_tasks: MAX_TASKS, next: 17 };
+        assert_eq!(JobWord::unpack(j.pack()), j);
+        assert!(physical_cores() >= 1);
     }
 
     #[test]

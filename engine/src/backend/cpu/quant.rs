@@ -411,26 +411,41 @@ pub enum QKernel {
 }
 
 impl QKernel {
-    /// The best kernel this CPU runs. AMX is never selected (the hypervisor may fault on it).
+    /// The kernel to use: the best this CPU runs, or the one `TANDEM_CPU_KERNEL` asks for
+    /// (`scalar`, `avx2` — plain AVX2 as on CPUs without VNNI —, `avxvnni`, `avx512`; `auto` or
+    /// unset picks). A kernel the CPU lacks falls back to the best it has, with a warning; an
+    /// unknown name is refused by the command line
+    /// at start-up (see [`QKernel::requested`]) and ignored here. AMX is never selected (the hypervisor may fault on
+    /// it).
     pub fn detect() -> QKernel {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::env::var("TANDEM_CPU_KERNEL").is_ok_and(|v| v == "scalar") {
-                return QKernel::Scalar;
+        static CHOSEN: std::sync::OnceLock<QKernel> = std::sync::OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let best = *Self::available().last().expect("scalar is always available");
+            let asked = Self::requested().unwrap_or_else(|name| {
+                tracing::warn!("TANDEM_CPU_KERNEL={name}: expected auto, scalar, avx2, avxvnni or avx512; using {best:?}");
+                None
+            });
+            match asked {
+                None => best,
+                Some(k) if Self::available().contains(&k) => k,
+                Some(k) => {
+                    tracing::warn!(asked = ?k, using = ?best, "TANDEM_CPU_KERNEL names a kernel this CPU cannot run");
+                    best
+                }
             }
-            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
-            let no512 = std::env::var("TANDEM_CPU_KERNEL").is_ok_and(|v| v == "avx2");
-            if avx2 && !no512 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni") {
-                return QKernel::Avx512Vnni;
-            }
-            if avx2 && is_x86_feature_detected!("avxvnni") && std::env::var("TANDEM_CPU_KERNEL").map_or(true, |v| v != "avx2-novnni") {
-                return QKernel::AvxVnni;
-            }
-            if avx2 {
-                return QKernel::Avx2;
-            }
+        })
+    }
+
+    /// The kernel `TANDEM_CPU_KERNEL` names (`None` for unset or `auto`), or the unknown name.
+    pub fn requested() -> Result<Option<QKernel>, String> {
+        match std::env::var("TANDEM_CPU_KERNEL").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => Ok(None),
+            Ok("scalar") => Ok(Some(QKernel::Scalar)),
+            Ok("avx2") => Ok(Some(QKernel::Avx2)),
+            Ok("avxvnni") => Ok(Some(QKernel::AvxVnni)),
+            Ok("avx512") => Ok(Some(QKernel::Avx512Vnni)),
+            Ok(other) => Err(other.to_string()),
         }
-        QKernel::Scalar
     }
 
     /// Every kernel this CPU can run (for tests).
