@@ -206,7 +206,15 @@ pub struct RouterArgs {
     /// Longest prompt, in tokens (400 beyond; default: the context window).
     #[arg(long, env = "TANDEM_MAX_PROMPT_TOKENS")]
     pub max_prompt_tokens: Option<usize>,
+    /// Completion tokens of a chat request that sets neither max_tokens nor
+    /// max_completion_tokens; 0 = the rest of the context window (as vLLM does). Completions keep
+    /// the OpenAI default of 16.
+    #[arg(long, env = "TANDEM_DEFAULT_MAX_TOKENS", default_value_t = DEFAULT_MAX_TOKENS)]
+    pub default_max_tokens: usize,
 }
+
+/// The router's default completion budget for chat requests that give none.
+pub const DEFAULT_MAX_TOKENS: usize = 1024;
 
 /// The router's API keys: the file's and `TANDEM_API_KEYS`' (comma-separated) together.
 fn api_keys(a: &RouterArgs) -> Result<Option<Arc<tandem_router::auth::ApiKeys>>> {
@@ -337,6 +345,7 @@ pub fn run_router(a: RouterArgs) -> Result<()> {
         api_keys,
         max_body_bytes: a.max_body_bytes,
         max_prompt_tokens: a.max_prompt_tokens,
+        default_max_tokens: (a.default_max_tokens > 0).then_some(a.default_max_tokens),
     };
     block_on(tandem_router::run(info, cfg))
 }

