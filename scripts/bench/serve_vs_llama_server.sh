@@ -4,6 +4,7 @@
 # client (`tandem bench serve`). Prints each figure set and the ratios Tandem / llama-server.
 # Default workload: 32 concurrent streamed requests, 64-token prompts, 64 tokens out
 # (ignore_eos); extra arguments go to `tandem bench serve` (e.g. --num-prompts 64).
+# TANDEM_CPU_KERNEL / LLAMA_CPP_ISA force lower paths on both sides (see cpu_vs_llama_cpp.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -p tandem-cli >&2
@@ -17,6 +18,7 @@ PY
 )"
 [ -f "$model" ] || $bin generate --prompt hi --max-tokens 1 >/dev/null  # fetches the default model
 name=SmolLM2-135M-Instruct
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//') ($(nproc) logical CPUs); tandem kernel: $(TANDEM_NUM_THREADS=1 $bin bench kernels --tokens 1 --iters 1 | sed -n 's/^kernel \([A-Za-z0-9]*\),.*/\1/p') (TANDEM_CPU_KERNEL=${TANDEM_CPU_KERNEL:-auto}); llama.cpp: $llama_bin"
 port="${TANDEM_BENCH_PORT:-18777}"
 out="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
