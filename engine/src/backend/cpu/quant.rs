@@ -199,6 +199,12 @@ pub struct QActs {
     pub s: Vec<f32>,
     /// `s / 8`, for kernels that spread a pair's minimum term over eight lanes.
     pub s8: Vec<f32>,
+    /// `d` of four consecutive tokens side by side: per quad of tokens and pair, eight floats
+    /// `(d[t₀,b₀], d[t₀,b₁], d[t₁,b₀], …, d[t₃,b₁])`, `⌈t/4⌉ × npairs × 8` (for kernels that reduce
+    /// four tokens' sums into one vector).
+    pub d4: Vec<f32>,
+    /// `s` in the layout of `d4`.
+    pub s4: Vec<f32>,
 }
 
 impl QActs {
@@ -217,6 +223,12 @@ impl QActs {
             v.clear();
             v.resize(t * npairs * 2, 0.0);
         }
+        let quads = t.div_ceil(4);
+        for v in [&mut self.d4, &mut self.s4] {
+            v.clear();
+            v.resize(quads * npairs * 8, 0.0);
+        }
+        let (d4, s4) = (super::linear::OutPtr(self.d4.as_mut_ptr()), super::linear::OutPtr(self.s4.as_mut_ptr()));
         let ptrs = RowPtrs {
             qs: self.qs.as_mut_ptr(),
             qs2: self.qs2.as_mut_ptr(),
@@ -228,8 +240,18 @@ impl QActs {
         super::pool::ThreadPool::global().run(t.div_ceil(rows_per_task), &|task| {
             let p = ptrs;
             for ti in task * rows_per_task..((task + 1) * rows_per_task).min(t) {
-                // SAFETY: each row writes only its own region of the four buffers.
-                unsafe { quantize_row(&x[ti * k..(ti + 1) * k], npairs, p.at(ti, npairs)) };
+                // SAFETY: each row writes only its own region of the buffers (in `d4`/`s4`, its
+                // own two floats of every eight).
+                unsafe {
+                    let row = p.at(ti, npairs);
+                    quantize_row(&x[ti * k..(ti + 1) * k], npairs, row);
+                    let base = (ti / 4) * npairs * 8 + (ti % 4) * 2;
+                    for j in 0..npairs * 2 {
+                        let at = base + (j / 2) * 8 + j % 2;
+                        *d4.get().add(at) = *row.d.add(j);
+                        *s4.get().add(at) = *row.s.add(j);
+                    }
+                }
             }
         });
     }
@@ -524,7 +546,7 @@ mod tests {
         let mut a = QActs::default();
         a.quantize(&x, t, k);
         let npairs = a.npairs;
-        let mut b = QActs { t, npairs, qs: vec![0; a.qs.len()], qs2: vec![0; a.qs.len()], d: vec![0.0; a.d.len()], s: vec![0.0; a.d.len()], s8: vec![0.0; a.d.len()] };
+        let mut b = QActs { t, npairs, qs: vec![0; a.qs.len()], qs2: vec![0; a.qs.len()], d: vec![0.0; a.d.len()], s: vec![0.0; a.d.len()], s8: vec![0.0; a.d.len()], d4: Vec::new(), s4: Vec::new() };
         for ti in 0..t {
             let ptrs = RowPtrs { qs: b.qs.as_mut_ptr(), qs2: b.qs2.as_mut_ptr(), d: b.d.as_mut_ptr(), s: b.s.as_mut_ptr(), s8: b.s8.as_mut_ptr() };
             unsafe { quantize_row_body(&x[ti * k..(ti + 1) * k], npairs, ptrs.at(ti, npairs)) };
