@@ -279,7 +279,7 @@ macro_rules! avx2_kernels {
                 if a.t == 1 {
                     let mut r = rows.start;
                     while r + 4 <= rows.end {
-                        tile::<4, 1, Q8>(w, r, a, 0, out);
+                        rows_quad::<Q8>(w, r, a, out);
                         r += 4;
                     }
                     for r in r..rows.end {
@@ -349,6 +349,52 @@ macro_rules! avx2_kernels {
                 *out.add((t0 + 1) * w.n + r) = _mm_cvtss_f32(_mm_movehdup_ps(lo));
                 *out.add((t0 + 2) * w.n + r) = _mm_cvtss_f32(hi);
                 *out.add((t0 + 3) * w.n + r) = _mm_cvtss_f32(_mm_movehdup_ps(hi));
+            }
+
+            /// Four rows × one token (decode): as [`tile_quad`] with rows in place of tokens,
+            /// the rows' scales gathered into one vector per pair.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn rows_quad<const Q8: bool>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f32) {
+                let np = w.npairs;
+                let pb = w.format.pair_bytes();
+                let mask = _mm256_set1_epi8(0x0F);
+                let with_min = !Q8 || $q8_min;
+                let mut acc = _mm256_setzero_ps();
+                for p in 0..np {
+                    let (a1, a2) = (a.qs.as_ptr().add(p * 64), a.qs2.as_ptr().add(p * 64));
+                    let mut isum = [_mm256_setzero_si256(); 4];
+                    let mut dm = [_mm_setzero_ps(); 4];
+                    for (i, s) in isum.iter_mut().enumerate() {
+                        let wq = w.qs.as_ptr().add(((r0 + i) * np + p) * pb);
+                        let (wlo, whi) = if Q8 {
+                            $load_q8(wq)
+                        } else {
+                            let v = load256(wq as *const i8);
+                            (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16(v, 4), mask))
+                        };
+                        *s = if Q8 { $pair_q8(wlo, whi, a1, a2) } else { $pair_q4(wlo, whi, a1, a2) };
+                        dm[i] = pair_dm(w, r0 + i, p);
+                    }
+                    let (d01, d23) = (_mm_movelh_ps(dm[0], dm[1]), _mm_movelh_ps(dm[2], dm[3]));
+                    let dw = _mm256_insertf128_ps(_mm256_castps128_ps256(d01), d23, 1);
+                    let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(p * 2))));
+                    let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_quad(&isum)), _mm256_mul_ps(dw, da), acc);
+                    acc = if with_min {
+                        let (m01, m23) = (_mm_movehl_ps(dm[1], dm[0]), _mm_movehl_ps(dm[3], dm[2]));
+                        let mw = _mm256_insertf128_ps(_mm256_castps128_ps256(m01), m23, 1);
+                        let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s.as_ptr().add(p * 2))));
+                        _mm256_fmadd_ps(mw, sa, v)
+                    } else {
+                        v
+                    };
+                }
+                let h = _mm256_hadd_ps(acc, acc);
+                let (lo, hi) = (_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+                *out.add(r0) = _mm_cvtss_f32(lo);
+                *out.add(r0 + 1) = _mm_cvtss_f32(_mm_movehdup_ps(lo));
+                *out.add(r0 + 2) = _mm_cvtss_f32(hi);
+                *out.add(r0 + 3) = _mm_cvtss_f32(_mm_movehdup_ps(hi));
             }
 
             /// RT rows × T tokens. Eight lanes carry a pair's `(m₀·s₀, m₁·s₁)` four times:
