@@ -138,7 +138,8 @@ fn row_chunk(n: usize, k: usize, t: usize, threads: usize) -> usize {
         return n; // too small to split
     }
     let tasks = threads * 4;
-    n.div_ceil(tasks).clamp(8, 1024)
+    // A multiple of four rows: decode kernels take rows four at a time.
+    n.div_ceil(tasks).clamp(8, 1024).next_multiple_of(4)
 }
 
 impl QuantLinear {
