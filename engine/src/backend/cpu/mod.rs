@@ -294,10 +294,13 @@ impl CpuBackend {
     }
 }
 
+/// A task of [`par_rows`]: a range of token rows and each buffer's part for them.
+type RowTask<'a, const N: usize> = dyn Fn(std::ops::Range<usize>, [&mut [f32]; N]) + Sync + 'a;
+
 /// Runs `f(rows, parts)` over chunks of `t` token rows, on the CPU pool when there are enough
 /// rows to be worth it. Each `(buffer, width)` of `bufs` is handed to `f` as the sub-slice of
 /// the chunk's rows (`rows.len() × width` floats), so tasks write disjoint parts.
-fn par_rows<const N: usize>(t: usize, bufs: &mut [(&mut [f32], usize); N], f: &(dyn Fn(std::ops::Range<usize>, [&mut [f32]; N]) + Sync)) {
+fn par_rows<const N: usize>(t: usize, bufs: &mut [(&mut [f32], usize); N], f: &RowTask<'_, N>) {
     let pool = pool::ThreadPool::global();
     let ptrs: [(linear::OutPtr, usize); N] = std::array::from_fn(|i| (linear::OutPtr(bufs[i].0.as_mut_ptr()), bufs[i].1));
     for (buf, width) in bufs.iter() {

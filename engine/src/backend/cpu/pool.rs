@@ -111,7 +111,8 @@ pub fn physical_cores() -> usize {
     if let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") {
         for e in dir.flatten() {
             let name = e.file_name();
-            if !name.to_str().and_then(|n| n.strip_prefix("cpu")).is_some_and(|n| n.parse::<usize>().is_ok()) {
+            let is_cpu = name.to_str().and_then(|n| n.strip_prefix("cpu")).is_some_and(|n| n.parse::<usize>().is_ok());
+            if !is_cpu {
                 continue;
             }
             let topo = e.path().join("topology");
