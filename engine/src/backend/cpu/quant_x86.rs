@@ -304,6 +304,20 @@ macro_rules! avx2_kernels {
                 }
             }
 
+            /// A pair's weights for the pair dots: Q4 nibbles split low / high, Q8 as
+            /// this feature set's Q8 dot wants them.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn pair_weights<const Q8: bool>(wq: *const u8) -> (__m256i, __m256i) {
+                if Q8 {
+                    $load_q8(wq)
+                } else {
+                    let v = load256(wq as *const i8);
+                    let mask = _mm256_set1_epi8(0x0F);
+                    (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16(v, 4), mask))
+                }
+            }
+
             /// One row × four tokens (`t0` a multiple of four): the four tokens' integer sums
             /// are reduced into one vector of (token, block) lanes before conversion, so the
             /// scaling costs one multiply and two FMAs per pair for all four tokens instead of
@@ -313,18 +327,12 @@ macro_rules! avx2_kernels {
             unsafe fn tile_quad<const Q8: bool>(w: &QMatrix, r: usize, a: &QActs, t0: usize, out: *mut f32) {
                 let np = w.npairs;
                 let pb = w.format.pair_bytes();
-                let mask = _mm256_set1_epi8(0x0F);
                 let with_min = !Q8 || $q8_min;
                 let quad = (t0 / 4) * np * 8;
                 let mut acc = _mm256_setzero_ps();
                 for p in 0..np {
                     let wq = w.qs.as_ptr().add((r * np + p) * pb);
-                    let (wlo, whi) = if Q8 {
-                        $load_q8(wq)
-                    } else {
-                        let v = load256(wq as *const i8);
-                        (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16(v, 4), mask))
-                    };
+                    let (wlo, whi) = pair_weights::<Q8>(wq);
                     let mut isum = [_mm256_setzero_si256(); 4];
                     for (t, s) in isum.iter_mut().enumerate() {
                         let off = ((t0 + t) * np + p) * 64;
@@ -358,7 +366,6 @@ macro_rules! avx2_kernels {
             unsafe fn rows_quad<const Q8: bool>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f32) {
                 let np = w.npairs;
                 let pb = w.format.pair_bytes();
-                let mask = _mm256_set1_epi8(0x0F);
                 let with_min = !Q8 || $q8_min;
                 let mut acc = _mm256_setzero_ps();
                 for p in 0..np {
@@ -367,12 +374,7 @@ macro_rules! avx2_kernels {
                     let mut dm = [_mm_setzero_ps(); 4];
                     for (i, s) in isum.iter_mut().enumerate() {
                         let wq = w.qs.as_ptr().add(((r0 + i) * np + p) * pb);
-                        let (wlo, whi) = if Q8 {
-                            $load_q8(wq)
-                        } else {
-                            let v = load256(wq as *const i8);
-                            (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16(v, 4), mask))
-                        };
+                        let (wlo, whi) = pair_weights::<Q8>(wq);
                         *s = if Q8 { $pair_q8(wlo, whi, a1, a2) } else { $pair_q4(wlo, whi, a1, a2) };
                         dm[i] = pair_dm(w, r0 + i, p);
                     }
@@ -404,19 +406,13 @@ macro_rules! avx2_kernels {
             unsafe fn tile<const RT: usize, const T: usize, const Q8: bool>(w: &QMatrix, r0: usize, a: &QActs, t0: usize, out: *mut f32) {
                 let np = w.npairs;
                 let pb = w.format.pair_bytes();
-                let mask = _mm256_set1_epi8(0x0F);
                 let with_min = !Q8 || $q8_min;
                 let mut acc = [[_mm256_setzero_ps(); T]; RT];
                 for p in 0..np {
                     for (i, acc_i) in acc.iter_mut().enumerate() {
                         let r = r0 + i;
                         let wq = w.qs.as_ptr().add((r * np + p) * pb);
-                        let (wlo, whi) = if Q8 {
-                            $load_q8(wq)
-                        } else {
-                            let v = load256(wq as *const i8);
-                            (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16(v, 4), mask))
-                        };
+                        let (wlo, whi) = pair_weights::<Q8>(wq);
                         let dm = pair_dm(w, r, p);
                         let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
                         let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm))));
