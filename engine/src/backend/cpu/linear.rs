@@ -114,19 +114,6 @@ pub struct QuantLinear {
     kernel: super::quant::QKernel,
 }
 
-/// Raw output pointer shared by the threads of one parallel region; each writes a disjoint part.
-#[derive(Clone, Copy)]
-pub(crate) struct OutPtr(pub(crate) *mut f32);
-
-impl OutPtr {
-    /// The pointer (a method, so closures capture the `Sync` wrapper, not the raw pointer).
-    pub(crate) fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-// SAFETY: threads write disjoint output rows (see `QuantLinear::forward_quantized`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
 
 thread_local! {
     static ACTS: std::cell::RefCell<super::quant::QActs> = std::cell::RefCell::new(super::quant::QActs::default());
@@ -152,7 +139,7 @@ impl QuantLinear {
     pub fn forward_quantized(&self, a: &super::quant::QActs, out: &mut [f32]) {
         let (n, t) = (self.w.n, a.t);
         debug_assert_eq!(out.len(), t * n);
-        let ptr = OutPtr(out.as_mut_ptr());
+        let ptr = super::pool::OutPtr(out.as_mut_ptr());
         let pool = super::pool::ThreadPool::global();
         let chunk = row_chunk(n, self.w.k, t, pool.num_threads());
         let kernel = self.kernel;

@@ -254,7 +254,7 @@ impl CpuBackend {
         let bs = self.kv.block_size();
         let scale = 1.0 / (hd as f32).sqrt();
         let kernel = self.simd && hd % 8 == 0;
-        let optr = linear::OutPtr(out.as_mut_ptr());
+        let optr = pool::OutPtr(out.as_mut_ptr());
         let n_items = b.num_tokens() * nkv;
         let pool = pool::ThreadPool::global();
         let per_task = n_items.div_ceil(pool.num_threads() * 4).max(1);
@@ -302,7 +302,7 @@ type RowTask<'a, const N: usize> = dyn Fn(std::ops::Range<usize>, [&mut [f32]; N
 /// the chunk's rows (`rows.len() × width` floats), so tasks write disjoint parts.
 fn par_rows<const N: usize>(t: usize, bufs: &mut [(&mut [f32], usize); N], f: &RowTask<'_, N>) {
     let pool = pool::ThreadPool::global();
-    let ptrs: [(linear::OutPtr, usize); N] = std::array::from_fn(|i| (linear::OutPtr(bufs[i].0.as_mut_ptr()), bufs[i].1));
+    let ptrs: [(pool::OutPtr, usize); N] = std::array::from_fn(|i| (pool::OutPtr(bufs[i].0.as_mut_ptr()), bufs[i].1));
     for (buf, width) in bufs.iter() {
         assert!(buf.len() >= t * width, "row buffer too small");
     }

@@ -83,6 +83,20 @@ impl Shared {
     }
 }
 
+/// Raw output pointer shared by the threads of one parallel region; each writes a disjoint part.
+#[derive(Clone, Copy)]
+pub(crate) struct OutPtr(pub(crate) *mut f32);
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the `Sync` wrapper, not the raw pointer).
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+// SAFETY: the tasks of a region write disjoint parts (each user says which).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
 /// Persistent worker threads.
 pub struct ThreadPool {
     shared: Arc<Shared>,

@@ -228,7 +228,7 @@ impl QActs {
             v.clear();
             v.resize(quads * npairs * 8, 0.0);
         }
-        let (d4, s4) = (super::linear::OutPtr(self.d4.as_mut_ptr()), super::linear::OutPtr(self.s4.as_mut_ptr()));
+        let (d4, s4) = (super::pool::OutPtr(self.d4.as_mut_ptr()), super::pool::OutPtr(self.s4.as_mut_ptr()));
         let ptrs = RowPtrs {
             qs: self.qs.as_mut_ptr(),
             qs2: self.qs2.as_mut_ptr(),
