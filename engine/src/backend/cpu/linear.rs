@@ -129,6 +129,25 @@ fn row_chunk(n: usize, k: usize, t: usize, threads: usize) -> usize {
     n.div_ceil(tasks).clamp(8, 1024).next_multiple_of(4)
 }
 
+/// Computes rows `rows` of `out = a · wᵀ` (`out` is `t × n`, row-major) with `kernel`: the
+/// x86 SIMD kernels of `quant_x86.rs`, or the portable oracle `quant::scalar`.
+///
+/// # Safety
+/// `out` must point to `a.t × w.n` floats, and no other thread may write the same rows.
+unsafe fn matmul_rows(kernel: super::quant::QKernel, w: &super::quant::QMatrix, a: &super::quant::QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        super::quant::QKernel::Avx512Vnni | super::quant::QKernel::AvxVnni | super::quant::QKernel::Avx2 => super::quant_x86::matmul_rows(kernel, w, a, rows, out),
+        _ => {
+            for r in rows {
+                for t in 0..a.t {
+                    *out.add(t * w.n + r) = super::quant::scalar::dot(w, r, a, t);
+                }
+            }
+        }
+    }
+}
+
 impl QuantLinear {
     /// Wraps a repacked matrix; `kernel` is usually [`super::quant::QKernel::detect`].
     pub fn new(w: Arc<super::quant::QMatrix>, kernel: super::quant::QKernel) -> Self {
@@ -147,7 +166,7 @@ impl QuantLinear {
         pool.run(n.div_ceil(chunk), &|c| {
             let rows = c * chunk..((c + 1) * chunk).min(n);
             // SAFETY: tasks cover disjoint row ranges of a buffer of t × n floats.
-            unsafe { super::quant::matmul_rows(kernel, w, a, rows, ptr.get()) };
+            unsafe { matmul_rows(kernel, w, a, rows, ptr.get()) };
         });
     }
 }

@@ -491,24 +491,6 @@ impl QKernel {
     }
 }
 
-/// Computes rows `rows` of `out = a · wᵀ` (`out` is `t × n`, row-major) with `kernel`.
-///
-/// # Safety
-/// `out` must point to `a.t × w.n` floats, and no other thread may write the same rows.
-pub unsafe fn matmul_rows(kernel: QKernel, w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
-    match kernel {
-        #[cfg(target_arch = "x86_64")]
-        QKernel::Avx512Vnni | QKernel::AvxVnni | QKernel::Avx2 => super::quant_x86::matmul_rows(kernel, w, a, rows, out),
-        _ => {
-            for r in rows {
-                for t in 0..a.t {
-                    *out.add(t * w.n + r) = scalar::dot(w, r, a, t);
-                }
-            }
-        }
-    }
-}
-
 /// Test data shared with the kernel tests of other modules.
 #[cfg(test)]
 pub(crate) mod tests_support {

@@ -283,7 +283,7 @@ macro_rules! avx2_kernels {
                         r += 4;
                     }
                     for r in r..rows.end {
-                        tile::<1, 1, Q8>(w, r, a, 0, out);
+                        tile::<1, Q8>(w, r, a, 0, out);
                     }
                     return;
                 }
@@ -294,9 +294,9 @@ macro_rules! avx2_kernels {
                             let nt = (tb.end - t0).min(NT);
                             match nt {
                                 4 => tile_quad::<Q8>(w, r, a, t0, out),
-                                3 => tile::<1, 3, Q8>(w, r, a, t0, out),
-                                2 => tile::<1, 2, Q8>(w, r, a, t0, out),
-                                _ => tile::<1, 1, Q8>(w, r, a, t0, out),
+                                3 => tile::<3, Q8>(w, r, a, t0, out),
+                                2 => tile::<2, Q8>(w, r, a, t0, out),
+                                _ => tile::<1, Q8>(w, r, a, t0, out),
                             }
                             t0 += nt;
                         }
@@ -399,44 +399,38 @@ macro_rules! avx2_kernels {
                 *out.add(r0 + 3) = _mm_cvtss_f32(_mm_movehdup_ps(hi));
             }
 
-            /// RT rows × T tokens. Eight lanes carry a pair's `(m₀·s₀, m₁·s₁)` four times:
-            /// `2·m` against `s/8`.
+            /// One row × T tokens (the leftovers of four-token quads, and single rows of
+            /// decode). Eight lanes carry a pair's `(m₀·s₀, m₁·s₁)` four times: `2·m` against
+            /// `s/8`.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn tile<const RT: usize, const T: usize, const Q8: bool>(w: &QMatrix, r0: usize, a: &QActs, t0: usize, out: *mut f32) {
+            unsafe fn tile<const T: usize, const Q8: bool>(w: &QMatrix, r: usize, a: &QActs, t0: usize, out: *mut f32) {
                 let np = w.npairs;
                 let pb = w.format.pair_bytes();
                 let with_min = !Q8 || $q8_min;
-                let mut acc = [[_mm256_setzero_ps(); T]; RT];
+                let mut acc = [_mm256_setzero_ps(); T];
                 for p in 0..np {
-                    for (i, acc_i) in acc.iter_mut().enumerate() {
-                        let r = r0 + i;
-                        let wq = w.qs.as_ptr().add((r * np + p) * pb);
-                        let (wlo, whi) = pair_weights::<Q8>(wq);
-                        let dm = pair_dm(w, r, p);
-                        let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
-                        let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm))));
-                        let mw = _mm256_add_ps(mw, mw);
-                        for (t, acc_t) in acc_i.iter_mut().enumerate() {
-                            let ti = t0 + t;
-                            let off = (ti * np + p) * 64;
-                            let (a1, a2) = (a.qs.as_ptr().add(off), a.qs2.as_ptr().add(off));
-                            let isum = if Q8 { $pair_q8(wlo, whi, a1, a2) } else { $pair_q4(wlo, whi, a1, a2) };
-                            let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add((ti * np + p) * 2))));
-                            let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), *acc_t);
-                            *acc_t = if with_min {
-                                let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s8.as_ptr().add((ti * np + p) * 2))));
-                                _mm256_fmadd_ps(mw, sa, v)
-                            } else {
-                                v
-                            };
-                        }
+                    let (wlo, whi) = pair_weights::<Q8>(w.qs.as_ptr().add((r * np + p) * pb));
+                    let dm = pair_dm(w, r, p);
+                    let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
+                    let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm))));
+                    let mw = _mm256_add_ps(mw, mw);
+                    for (t, acc_t) in acc.iter_mut().enumerate() {
+                        let at = (t0 + t) * np + p;
+                        let (a1, a2) = (a.qs.as_ptr().add(at * 64), a.qs2.as_ptr().add(at * 64));
+                        let isum = if Q8 { $pair_q8(wlo, whi, a1, a2) } else { $pair_q4(wlo, whi, a1, a2) };
+                        let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(at * 2))));
+                        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), *acc_t);
+                        *acc_t = if with_min {
+                            let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s8.as_ptr().add(at * 2))));
+                            _mm256_fmadd_ps(mw, sa, v)
+                        } else {
+                            v
+                        };
                     }
                 }
-                for (i, acc_i) in acc.iter().enumerate() {
-                    for (t, acc_t) in acc_i.iter().enumerate() {
-                        *out.add((t0 + t) * w.n + r0 + i) = hsum256(*acc_t);
-                    }
+                for (t, acc_t) in acc.iter().enumerate() {
+                    *out.add((t0 + t) * w.n + r) = hsum256(*acc_t);
                 }
             }
         }
