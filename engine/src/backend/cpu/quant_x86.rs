@@ -19,7 +19,7 @@ const NT: usize = 4;
 /// Dispatches to the kernel's tile loop.
 ///
 /// # Safety
-/// The CPU must support `kernel`; `out` as in [`super::quant::matmul_rows`].
+/// The CPU must support `kernel`; `out` as in `super::linear::matmul_rows`.
 pub unsafe fn matmul_rows(kernel: QKernel, w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
     match kernel {
         // One to three tokens: the 256-bit kernel measured faster on AMD EPYC (~130-170 vs
