@@ -211,6 +211,15 @@ pub struct RouterArgs {
     /// the OpenAI default of 16.
     #[arg(long, env = "TANDEM_DEFAULT_MAX_TOKENS", default_value_t = DEFAULT_MAX_TOKENS)]
     pub default_max_tokens: usize,
+    /// How special-token text inside chat messages (e.g. `<|im_end|>` typed by a user) is
+    /// tokenized: `plain` (default) as the characters it is made of, so a message cannot forge
+    /// the chat template's markup; `control` as control tokens.
+    #[arg(long, env = "TANDEM_SPECIAL_TOKENS_IN_MESSAGES", default_value = "plain")]
+    pub special_tokens_in_messages: tandem_router::prompt::SpecialTokens,
+    /// Conditional disaggregation: while every prefill worker has more prompt tokens queued than
+    /// this, prompts are prefilled on their decode worker.
+    #[arg(long, env = "TANDEM_MAX_PREFILL_QUEUE_TOKENS", default_value_t = tandem_router::routing::MAX_PREFILL_QUEUE_TOKENS)]
+    pub max_prefill_queue_tokens: f64,
 }
 
 /// The router's default completion budget for chat requests that give none.
@@ -339,6 +348,7 @@ pub fn run_router(a: RouterArgs) -> Result<()> {
             },
             cost: tandem_router::cost::CostConfig { overlap_weight: a.overlap_weight, decode_weight: a.decode_weight, margin: a.route_margin, ..Default::default() },
             approx_ttl: a.approx_ttl,
+            max_prefill_queue_tokens: a.max_prefill_queue_tokens,
             ..Default::default()
         },
         router_id: a.router_id.unwrap_or_else(|| format!("router-{:x}", std::process::id())),
@@ -346,6 +356,7 @@ pub fn run_router(a: RouterArgs) -> Result<()> {
         max_body_bytes: a.max_body_bytes,
         max_prompt_tokens: a.max_prompt_tokens,
         default_max_tokens: (a.default_max_tokens > 0).then_some(a.default_max_tokens),
+        special_tokens: a.special_tokens_in_messages,
     };
     block_on(tandem_router::run(info, cfg))
 }

@@ -1,7 +1,10 @@
 //! `tandem up`: the embedded default. Starts a router, a prefill worker and a decode worker as
 //! local processes (or, with `--colocated`, one worker that does both) on CPU with the default
-//! model, and serves the OpenAI API on 127.0.0.1. Ctrl-C stops everything; the workers also
-//! exit on their own if this process dies (they watch their standard input).
+//! model, and serves the OpenAI API on 127.0.0.1. It supervises them: a service that dies is
+//! started again on the same address, after a backoff that grows while it keeps dying (the
+//! router meanwhile routes around a dead prefill worker and its `/health` says `degraded`).
+//! Only Ctrl-C or SIGTERM stops everything; the services also exit on their own if this
+//! process dies (they watch their standard input).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -42,6 +45,36 @@ struct Service {
     child: Child,
     stdin: Option<ChildStdin>,
     addr: String,
+}
+
+/// Supervision of one service: how to start it again and when.
+struct Supervised {
+    service: Service,
+    /// Its arguments, listening on the address it got the first time.
+    args: Vec<String>,
+    /// When it was last started.
+    since: Instant,
+    /// Restarts in a row without a long enough run in between (sets the backoff).
+    failures: u32,
+    /// Dead and waiting to be started again at this time.
+    restart_at: Option<Instant>,
+}
+
+/// First wait before starting a dead service again; it doubles per failure in a row.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// Longest wait between restarts.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// A run this long resets the backoff.
+const HEALTHY_RUN: Duration = Duration::from_secs(30);
+
+/// The wait before restart number `failures` (1-based) in a row.
+fn backoff(failures: u32) -> Duration {
+    FIRST_BACKOFF.saturating_mul(1u32 << failures.saturating_sub(1).min(10)).min(MAX_BACKOFF)
+}
+
+/// `args` with its `--listen=` value replaced by `addr` (a restarted service keeps its address).
+fn pin_listen(args: &[String], addr: &str) -> Vec<String> {
+    args.iter().map(|a| if a.starts_with("--listen=") { format!("--listen={addr}") } else { a.clone() }).collect()
 }
 
 /// Starts `tandem <args>` and waits for its `TANDEM_READY` line; its further output goes to
@@ -111,6 +144,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
     let engine = a.engine.to_args();
     let split = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     let mut services: Vec<Service> = Vec::new();
+    let mut started_with: Vec<Vec<String>> = Vec::new();
     let result = (|| -> Result<String> {
         let mut decode = vec!["decode".to_string(), "--listen=127.0.0.1:0".into()];
         decode.extend(common.clone());
@@ -120,6 +154,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
         }
         decode.extend(split(&a.decode_flags));
         services.push(start("decode worker", &decode)?);
+        started_with.push(decode);
         let decode_addr = services[0].addr.clone();
         let mut router = vec!["router".to_string(), format!("--listen=127.0.0.1:{}", a.port), format!("--decode-workers={decode_addr}")];
         if !a.colocated {
@@ -128,10 +163,12 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             prefill.extend(engine.clone());
             prefill.extend(split(&a.prefill_flags));
             services.push(start("prefill worker", &prefill)?);
+            started_with.push(prefill);
             router.push(format!("--prefill-workers={}", services[1].addr));
         }
         router.extend(common.clone());
         services.push(start("router", &router)?);
+        started_with.push(router);
         Ok(services.last().expect("router").addr.clone())
     })();
     let api = match result {
@@ -156,22 +193,71 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
         }
         flag.store(true, Ordering::SeqCst);
     });
-    let mut failed = None;
+    let now = Instant::now();
+    let mut supervised: Vec<Supervised> = services
+        .into_iter()
+        .zip(started_with)
+        .map(|(service, args)| Supervised { args: pin_listen(&args, &service.addr), service, since: now, failures: 0, restart_at: None })
+        .collect();
     while !stop.load(Ordering::SeqCst) {
-        for s in services.iter_mut() {
-            if let Ok(Some(status)) = s.child.try_wait() {
-                failed = Some(format!("the {} exited ({status})", s.name));
-            }
-        }
-        if failed.is_some() {
-            break;
+        for s in supervised.iter_mut() {
+            supervise(s, &stop);
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!("stopping...");
+    let mut services: Vec<Service> = supervised.into_iter().map(|s| s.service).collect();
     stop_all(&mut services);
-    match failed {
-        Some(f) => bail!("{f}; stopped the other services"),
-        None => Ok(()),
+    Ok(())
+}
+
+/// One supervision round for `s`: notice that it died, or start it again once its backoff is
+/// over.
+fn supervise(s: &mut Supervised, stop: &AtomicBool) {
+    let name = s.service.name;
+    match s.restart_at {
+        None => {
+            if let Ok(Some(status)) = s.service.child.try_wait() {
+                s.failures = if s.since.elapsed() >= HEALTHY_RUN { 1 } else { s.failures + 1 };
+                let wait = backoff(s.failures);
+                eprintln!("[up] the {name} exited ({status}); starting it again in {wait:?} (restart {} in a row)", s.failures);
+                s.restart_at = Some(Instant::now() + wait);
+            }
+        }
+        Some(at) if Instant::now() >= at && !stop.load(Ordering::SeqCst) => match start(name, &s.args) {
+            Ok(service) => {
+                eprintln!("[up] the {name} is back at {}", service.addr);
+                s.service = service;
+                s.since = Instant::now();
+                s.restart_at = None;
+            }
+            Err(e) => {
+                s.failures += 1;
+                let wait = backoff(s.failures);
+                eprintln!("[up] starting the {name} again failed: {e:#}; next try in {wait:?}");
+                s.restart_at = Some(Instant::now() + wait);
+            }
+        },
+        Some(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_a_cap() {
+        assert_eq!(backoff(1), Duration::from_millis(500));
+        assert_eq!(backoff(2), Duration::from_secs(1));
+        assert_eq!(backoff(4), Duration::from_secs(4));
+        assert_eq!(backoff(6), MAX_BACKOFF);
+        assert_eq!(backoff(40), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn a_restarted_service_keeps_its_address() {
+        let args: Vec<String> = ["decode", "--listen=127.0.0.1:0", "--model", "m"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(pin_listen(&args, "127.0.0.1:4321"), ["decode", "--listen=127.0.0.1:4321", "--model", "m"]);
     }
 }

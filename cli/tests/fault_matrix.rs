@@ -54,7 +54,11 @@ struct Record {
 fn one_request(addr: &str, i: u64) -> Outcome {
     let stream = i % 2 == 0;
     let prompt = format!("Request {i}: {}", long_prompt());
-    let body = json!({ "model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "ignore_eos": true, "temperature": 0, "stream": stream, "stream_options": { "include_usage": true } }).to_string();
+    let mut body = json!({ "model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "ignore_eos": true, "temperature": 0, "stream": stream });
+    if stream {
+        body["stream_options"] = json!({ "include_usage": true });
+    }
+    let body = body.to_string();
     let req = format!("POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
     let res = match http_raw(addr, req.as_bytes(), Duration::from_secs(60)) {
         Ok(r) => r,

@@ -128,7 +128,7 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
             };
             let min_remote = self.cfg.min_remote_prefill_tokens;
             let id = r.request_id.clone();
-            let opts = RequestOptions { priority: r.priority, cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()), no_speculation: r.no_speculation, ..Default::default() };
+            let opts = RequestOptions { priority: r.priority, cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()), no_speculation: r.no_speculation, group: (!r.group.is_empty()).then(|| r.group.clone()), ..Default::default() };
             let prompt = Prompt::TokenIds(r.prompt_token_ids.clone());
             let sink_tx = tx.clone();
             // Armed before the request enters the engine: if this call is dropped while it waits for

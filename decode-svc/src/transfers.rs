@@ -139,6 +139,8 @@ struct EngineSink {
     transfers: Transfers,
     current: Option<u64>,
     error: Arc<Mutex<Option<String>>>,
+    /// Answers once the engine thread has run every write queued before the flush began.
+    flushing: Option<std::sync::mpsc::Receiver<()>>,
 }
 
 impl PageSink for EngineSink {
@@ -171,10 +173,34 @@ impl PageSink for EngineSink {
     }
 
     fn flush(&mut self) -> Result<(), String> {
-        self.engine.call_blocking(|_| ()).ok_or("the engine has stopped")?;
-        match self.error.lock().expect("sink error lock").clone() {
-            Some(e) => Err(e),
-            None => Ok(()),
+        while !self.flush_wait(Duration::from_secs(1))? {}
+        Ok(())
+    }
+
+    fn flush_wait(&mut self, wait: Duration) -> Result<bool, String> {
+        let rx = match &self.flushing {
+            Some(rx) => rx,
+            None => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                // Jobs run in order: this one runs after every queued write.
+                if !self.engine.submit(move |_| {
+                    let _ = tx.send(());
+                }) {
+                    return Err("the engine has stopped".into());
+                }
+                self.flushing.insert(rx)
+            }
+        };
+        match rx.recv_timeout(wait) {
+            Ok(()) => {
+                self.flushing = None;
+                match self.error.lock().expect("sink error lock").clone() {
+                    Some(e) => Err(e),
+                    None => Ok(true),
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(false),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err("the engine has stopped".into()),
         }
     }
 }
@@ -198,7 +224,7 @@ pub fn start_receiver(addr: &str, layout: KvLayout, timeout: Duration, engine: E
             };
             let (receiver, engine, transfers) = (receiver.clone(), engine.clone(), transfers.clone());
             std::thread::spawn(move || {
-                let mut sink = EngineSink { engine, transfers: transfers.clone(), current: None, error: Arc::default() };
+                let mut sink = EngineSink { engine, transfers: transfers.clone(), current: None, error: Arc::default(), flushing: None };
                 match receiver.serve_connection(conn, &mut sink) {
                     Ok(sum) => tracing::debug!(transfer_id = sum.transfer_id, pages = sum.pages, bytes = sum.bytes, "KV pages received"),
                     Err(e) => {

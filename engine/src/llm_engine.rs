@@ -41,6 +41,9 @@ pub struct RequestOptions {
     pub prefill_only: bool,
     /// Opt this request out of speculative decoding.
     pub no_speculation: bool,
+    /// The client request this one is part of (a completions request with several prompts is
+    /// several engine requests): groups share the running set fairly. None: its own group.
+    pub group: Option<String>,
 }
 
 /// Engine configuration.
@@ -199,6 +202,10 @@ impl LLMEngine {
         if opts.prefill_only && params.n > 1 {
             return Err(EngineError::InvalidRequest("a prefill-only request has one completion (n = 1)".into()));
         }
+        let max_seqs = self.scheduler.config.max_num_seqs;
+        if params.n > max_seqs {
+            return Err(EngineError::InvalidRequest(format!("n is {}, but this server runs at most {max_seqs} sequences at once", params.n)));
+        }
         if self.requests.contains_key(request_id) || self.pinned.contains_key(request_id) {
             return Err(EngineError::DuplicateRequestId(request_id.to_string()));
         }
@@ -232,6 +239,7 @@ impl LLMEngine {
         seq.arrival_seq = self.next_arrival;
         self.next_arrival += 1;
         seq.salt = opts.cache_salt.as_deref().map(salt_digest).unwrap_or(0);
+        seq.group = salt_digest(opts.group.as_deref().unwrap_or(request_id));
         seq.prefill_only = opts.prefill_only;
         if self.speculative.is_some() {
             seq.speculate = !opts.no_speculation && !opts.prefill_only && params.n == 1;

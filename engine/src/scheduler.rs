@@ -7,6 +7,12 @@
 //! the lowest-priority / newest sequence not yet scheduled is preempted — by recompute (blocks
 //! freed, sequence re-queued) or by swap (blocks copied to host memory). The scheduler owns the
 //! sequences and the block manager; it decides, and never runs the model.
+//!
+//! `max_num_seqs` bounds the running set however a sequence gets there: a new prompt is
+//! admitted only with room for itself and the completions it will fork (`n > 1`), and a
+//! sequence parked for a remote prefill holds its slot until its KV arrives. New sequences are admitted least-served group first (a group
+//! is one client request, which may span several engine requests), so one request's many
+//! prompts and completions cannot starve the others.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -160,9 +166,25 @@ impl Scheduler {
         !(self.waiting.is_empty() && self.running.is_empty() && self.swapped.is_empty() && self.parked.is_empty())
     }
 
+    /// Running-set slots `id` takes: itself and the completions still to fork from it.
+    fn slots(&self, id: SeqId) -> usize {
+        self.seqs.get(&id).map_or(0, |s| 1 + s.pending_forks)
+    }
+
+    /// Slots taken by running and parked sequences (parked ones run as soon as their KV lands).
+    pub fn occupied_slots(&self) -> usize {
+        self.running.iter().chain(&self.parked).map(|&id| self.slots(id)).sum()
+    }
+
+    /// Whether `need` more slots fit under `max_num_seqs`.
+    fn has_room(&self, need: usize) -> bool {
+        self.occupied_slots() + need <= self.config.max_num_seqs
+    }
+
     /// Moves a waiting sequence to the parked set with blocks for its whole prompt, reusing
-    /// prefix-cache hits. Returns the number of prompt tokens already cached, or None (and
-    /// leaves it waiting) when the blocks are not available.
+    /// prefix-cache hits; it takes its running-set slot now. Returns the number of prompt tokens
+    /// already cached, or None (and leaves it waiting) when the blocks or the slot are not
+    /// available.
     pub fn park(&mut self, id: SeqId) -> Option<usize> {
         let bs = self.block_manager.block_size();
         let seed = self.config.hash_seed;
@@ -170,6 +192,11 @@ impl Scheduler {
         if seq.status != SequenceStatus::Waiting || !self.waiting.contains(&id) {
             return None;
         }
+        let need = 1 + seq.pending_forks;
+        if !self.has_room(need) {
+            return None;
+        }
+        let seq = self.seqs.get_mut(&id)?;
         seq.update_block_hashes(seed, bs);
         let usable = (seq.len() - 1) / bs;
         let cached = self.block_manager.lookup_prefix(&seq.block_hashes[..usable], true);
@@ -185,7 +212,8 @@ impl Scheduler {
         Some(seq.num_computed_tokens)
     }
 
-    /// A parked sequence whose KV has arrived joins the running set.
+    /// A parked sequence whose KV has arrived joins the running set (in the slot it took when
+    /// parked).
     pub fn unpark_running(&mut self, id: SeqId) -> bool {
         if !self.parked.contains(&id) {
             return false;
@@ -313,7 +341,7 @@ impl Scheduler {
             let mut swapped: Vec<SeqId> = self.swapped.iter().copied().collect();
             swapped.sort_by_key(|&id| self.key(id));
             for id in swapped {
-                if self.running.len() >= self.config.max_num_seqs || budget == 0 {
+                if !self.has_room(self.slots(id)) || budget == 0 {
                     break;
                 }
                 let bs = self.block_manager.block_size();
@@ -347,6 +375,20 @@ impl Scheduler {
         out
     }
 
+    /// The waiting sequence to admit next: highest priority (under the priority policy), then
+    /// the group holding the fewest running-set slots, then queue order. Returns its position.
+    fn next_waiting(&self, served: &HashMap<u64, usize>) -> Option<usize> {
+        let prio = |s: &Sequence| if self.config.policy == SchedulingPolicy::Priority { s.priority } else { 0 };
+        self.waiting
+            .iter()
+            .enumerate()
+            .min_by_key(|&(pos, id)| {
+                let s = &self.seqs[id];
+                (prio(s), served.get(&s.group).copied().unwrap_or(0), pos)
+            })
+            .map(|(pos, _)| pos)
+    }
+
     fn admit_waiting(&mut self, budget: &mut usize, now: f64, out: &mut SchedulerOutput) {
         if self.config.policy == SchedulingPolicy::Priority {
             let mut w: Vec<SeqId> = self.waiting.drain(..).collect();
@@ -354,8 +396,19 @@ impl Scheduler {
             self.waiting = w.into();
         }
         let bs = self.block_manager.block_size();
-        while let Some(&id) = self.waiting.front() {
-            if self.running.len() >= self.config.max_num_seqs || *budget == 0 {
+        // Slots each group holds, and all of them.
+        let mut served: HashMap<u64, usize> = HashMap::new();
+        let mut used = 0;
+        for &id in self.running.iter().chain(&self.parked) {
+            let n = self.slots(id);
+            *served.entry(self.seqs[&id].group).or_default() += n;
+            used += n;
+        }
+        while *budget > 0 {
+            let Some(pos) = self.next_waiting(&served) else { break };
+            let id = self.waiting[pos];
+            let need = self.slots(id);
+            if used + need > self.config.max_num_seqs {
                 break;
             }
             let seed = self.config.hash_seed;
@@ -386,7 +439,9 @@ impl Scheduler {
                 seq.metrics.first_scheduled_time = Some(now);
                 seq.metrics.num_cached_tokens = num_cached;
             }
-            self.waiting.pop_front();
+            *served.entry(seq.group).or_default() += need;
+            used += need;
+            self.waiting.remove(pos);
             self.running.push(id);
             out.scheduled.push(ScheduledSeq { seq_id: id, num_tokens: n });
             *budget -= n;

@@ -66,6 +66,9 @@ pub struct Sequence {
     pub priority: i32,
     /// Order of arrival (ties of priority are served first come, first served).
     pub arrival_seq: u64,
+    /// The client request this sequence serves, as a digest: sequences of one group share the
+    /// running set fairly with other groups (see `Scheduler::schedule`).
+    pub group: u64,
     /// Digest of the cache salt.
     pub salt: u64,
     /// Chained hashes of the full blocks of `token_ids`.
@@ -125,6 +128,7 @@ impl Sequence {
             params,
             priority: 0,
             arrival_seq: 0,
+            group: 0,
             salt: 0,
             block_hashes: Vec::new(),
             rng,
@@ -164,6 +168,7 @@ impl Sequence {
             params: self.params.clone(),
             priority: self.priority,
             arrival_seq: self.arrival_seq,
+            group: self.group,
             salt: self.salt,
             block_hashes: self.block_hashes.clone(),
             rng,
@@ -236,8 +241,13 @@ impl Sequence {
         let p = self.params.clone();
         let n_out = self.num_output_tokens();
         let may_stop = n_out >= p.min_tokens;
-        if may_stop && ((!p.ignore_eos && tok.eos_token_ids.contains(&id)) || p.stop_token_ids.contains(&id)) {
+        // A requested stop token is the stop reason; end-of-sequence has none (as in vLLM).
+        if may_stop && p.stop_token_ids.contains(&id) {
             self.finish(FinishReason::Stop, Some(StopReason::Token(id)));
+            return Ok(true);
+        }
+        if may_stop && !p.ignore_eos && tok.eos_token_ids.contains(&id) {
+            self.finish(FinishReason::Stop, None);
             return Ok(true);
         }
         let prev_len = self.output_text.len();

@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::OnceLock;
 
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -33,6 +34,10 @@ pub struct Tokenizer {
     special_ids: HashSet<u32>,
     /// No vocabulary at all ([`Tokenizer::ids_only`]).
     ids_only: bool,
+    /// The same tokenizer with special-token text read as plain text (built on first use).
+    plain: OnceLock<tokenizers::Tokenizer>,
+    /// Most prompt bytes one token can stand for (computed on first use).
+    max_bytes_per_token: OnceLock<usize>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -120,6 +125,8 @@ impl Tokenizer {
             add_bos_token: f.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
             special_ids,
             ids_only: false,
+            plain: OnceLock::new(),
+            max_bytes_per_token: OnceLock::new(),
         })
     }
 
@@ -155,6 +162,8 @@ impl Tokenizer {
             add_bos_token: cfg.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
             special_ids,
             ids_only: false,
+            plain: OnceLock::new(),
+            max_bytes_per_token: OnceLock::new(),
         })
     }
 
@@ -162,7 +171,7 @@ impl Tokenizer {
     /// configuration): prompts must be token ids and outputs are not detokenized.
     pub fn ids_only() -> Tokenizer {
         let model = tokenizers::models::wordlevel::WordLevel::default();
-        Tokenizer { inner: tokenizers::Tokenizer::new(model), bos_token_id: None, eos_token_ids: Vec::new(), add_bos_token: false, special_ids: HashSet::new(), ids_only: true }
+        Tokenizer { inner: tokenizers::Tokenizer::new(model), bos_token_id: None, eos_token_ids: Vec::new(), add_bos_token: false, special_ids: HashSet::new(), ids_only: true, plain: OnceLock::new(), max_bytes_per_token: OnceLock::new() }
     }
 
     /// Whether this is [`Tokenizer::ids_only`]: text can be neither encoded nor decoded.
@@ -188,6 +197,43 @@ impl Tokenizer {
         }
         ids.extend_from_slice(enc.get_ids());
         Ok(ids)
+    }
+
+    /// Encodes text with special-token text read as plain text: `<|im_end|>` written by a user
+    /// becomes the tokens of those characters, never the control token. No BOS is added.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        if self.ids_only {
+            return Err(TokenizeError("this model was loaded without a tokenizer: send token ids, not text".into()));
+        }
+        let plain = self.plain.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        Ok(plain.encode_fast(text, false).map_err(|e| TokenizeError(e.to_string()))?.get_ids().to_vec())
+    }
+
+    /// The text of every special (control) token, e.g. `<|im_start|>`.
+    pub fn special_texts(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.special_ids.iter().filter_map(|&id| self.inner.id_to_token(id)).filter(|t| !t.is_empty()).collect();
+        v.sort();
+        v
+    }
+
+    /// An upper bound on the bytes of text one token stands for, so that a text longer than
+    /// `tokens * max_bytes_per_token()` cannot fit in `tokens` tokens and can be refused
+    /// without tokenizing it. Byte-level BPE maps each text byte to one vocabulary character,
+    /// so a token's vocabulary string has at least as many UTF-8 bytes as the text it covers;
+    /// a tokenizer with a normalizer (which may shrink text) gets a fourfold margin.
+    pub fn max_bytes_per_token(&self) -> usize {
+        *self.max_bytes_per_token.get_or_init(|| {
+            let longest = self.inner.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1);
+            if self.inner.get_normalizer().is_some() {
+                longest * 4
+            } else {
+                longest
+            }
+        })
     }
 
     /// Decodes ids to text. Invalid UTF-8 (an incomplete character) becomes U+FFFD.

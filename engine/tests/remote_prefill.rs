@@ -184,3 +184,28 @@ fn complete_blocks_are_reported_while_a_chunked_prefill_runs_and_never_change() 
     }
     assert!(e.release_prefill("p"));
 }
+
+#[test]
+fn a_parked_prefill_holds_its_running_slot() {
+    // Room for two sequences: one running locally, one parked for a remote prefill. A third
+    // request cannot be parked (it would run past the limit when its KV lands) nor admitted
+    // locally until a slot frees.
+    let sched = tandem_engine::scheduler::SchedulerConfig { max_num_seqs: 2, ..Default::default() };
+    let mut dec = LLMEngine::new(model(), EngineConfig { scheduler: sched, ..EngineConfig::default() });
+    let prompt = dec.tokenizer.encode("Name three rivers of Europe and the seas they flow into.", false).unwrap();
+    dec.add_request("local", Prompt::TokenIds(prompt.clone()), params(), None).unwrap();
+    dec.step().unwrap();
+    assert!(dec.add_remote_prefill("parked", Prompt::TokenIds(prompt.clone()), params(), RequestOptions::default()).unwrap().is_some());
+    assert!(dec.add_remote_prefill("third", Prompt::TokenIds(prompt.clone()), params(), RequestOptions::default()).unwrap().is_none(), "no slot left to park in");
+    for _ in 0..5 {
+        dec.step().unwrap();
+        let (waiting, running, _) = dec.queue_lengths();
+        assert_eq!((waiting, running), (1, 1), "the third request waits while the parked one holds its slot");
+    }
+    assert!(dec.fail_remote_prefill("parked", false));
+    dec.abort_request("third");
+    while dec.has_unfinished_requests() {
+        dec.step().unwrap();
+    }
+    dec.check_invariants().unwrap();
+}

@@ -98,3 +98,63 @@ fn aborting_a_swapped_sequence_frees_host_blocks() {
     assert_eq!(bm.num_free_blocks(), bm.num_blocks());
     assert_eq!(bm.num_free_host_blocks(), bm.num_host_blocks());
 }
+
+/// Steps `e` to the end, asserting after every step that the running set stays within
+/// `max_num_seqs`; returns the order in which requests finished.
+fn run_within(e: &mut LLMEngine, max_num_seqs: usize) -> Vec<String> {
+    let mut order = Vec::new();
+    for _ in 0..100_000 {
+        if !e.has_unfinished_requests() {
+            return order;
+        }
+        order.extend(e.step().unwrap().into_iter().filter(|o| o.finished).map(|o| o.request_id));
+        let (_, running, _) = e.queue_lengths();
+        assert!(running <= max_num_seqs, "{running} sequences running, limit {max_num_seqs}");
+        e.check_invariants().unwrap();
+    }
+    panic!("the requests did not finish");
+}
+
+#[test]
+fn forked_completions_count_against_max_num_seqs() {
+    let sched = SchedulerConfig { max_num_seqs: 4, ..Default::default() };
+    let mut e = tiny(4096, 0, sched);
+    let p = SamplingParams { ignore_eos: true, n: 3, ..SamplingParams::greedy(6) };
+    for i in 0..5 {
+        e.add_request(&format!("r{i}"), prompt(i), p.clone(), None).unwrap();
+    }
+    let order = run_within(&mut e, 4);
+    assert_eq!(order.len(), 5);
+
+    // A request that could never fit is refused up front, with the reason.
+    let err = e.add_request("too-wide", prompt(9), SamplingParams { n: 5, ..p }, None).unwrap_err();
+    assert!(err.to_string().contains("at most 4 sequences"), "{err}");
+}
+
+#[test]
+fn one_groups_many_sequences_do_not_starve_a_newcomer() {
+    // One client request of 16 prompts x n=4 (one group) arrives before a single small request;
+    // with room for 8 sequences, the newcomer is admitted as soon as a slot frees, not after
+    // the whole group.
+    let sched = SchedulerConfig { max_num_seqs: 8, ..Default::default() };
+    let mut e = tiny(8192, 0, sched);
+    let wide = SamplingParams { ignore_eos: true, n: 4, ..SamplingParams::greedy(8) };
+    for i in 0..16 {
+        let opts = RequestOptions { group: Some("batch".into()), ..Default::default() };
+        e.add_request_with(&format!("batch-{i}"), prompt(i), wide.clone(), opts).unwrap();
+    }
+    e.add_request("small", prompt(99), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) }, None).unwrap();
+    let order = run_within(&mut e, 8);
+    let pos = order.iter().position(|r| r == "small").unwrap();
+    assert!(pos <= 2, "the small request finished after {pos} of the group's prompts: {order:?}");
+
+    // Without groups (every prompt its own request) the same load is served first come, first
+    // served, so the small request finishes last: the grouping is what makes the difference.
+    let mut e = tiny(8192, 0, sched);
+    for i in 0..16 {
+        e.add_request(&format!("batch-{i}"), prompt(i), wide.clone(), None).unwrap();
+    }
+    e.add_request("small", prompt(99), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) }, None).unwrap();
+    let order = run_within(&mut e, 8);
+    assert!(order.iter().position(|r| r == "small").unwrap() >= 12, "{order:?}");
+}

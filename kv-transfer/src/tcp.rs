@@ -4,6 +4,9 @@
 //! or refuses it, with the reason), then page frames, then an end frame with the page count; the
 //! receiver answers with an acknowledgement once every page is written into its blocks. Every
 //! read and write has a timeout, so a peer that dies or stalls is detected in bounded time.
+//! A side that is alive but busy — the sender waiting for its engine to read the next pages,
+//! the receiver waiting for its engine to write them — sends keep-alive frames meanwhile, so
+//! busy is never mistaken for stalled.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -15,6 +18,8 @@ use crate::{KvLayout, TransferError};
 const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"TKVH");
 const END_MAGIC: u32 = u32::from_le_bytes(*b"TKVE");
 const ACK_MAGIC: u32 = u32::from_le_bytes(*b"TKVA");
+/// A frame that only says "still here, busy": either side may send it where the other waits.
+const KEEPALIVE_MAGIC: u32 = u32::from_le_bytes(*b"TKVK");
 
 /// Where received pages go: the receiver's allocated blocks.
 pub trait PageSink {
@@ -25,6 +30,12 @@ pub trait PageSink {
     /// Completes every queued write; called before the transfer is acknowledged.
     fn flush(&mut self) -> Result<(), String> {
         Ok(())
+    }
+    /// Waits up to `wait` for the queued writes: `Ok(true)` once complete, `Ok(false)` while
+    /// still in progress (the receiver then tells the sender it is busy and asks again).
+    fn flush_wait(&mut self, wait: Duration) -> Result<bool, String> {
+        let _ = wait;
+        self.flush().map(|()| true)
     }
 }
 
@@ -113,6 +124,13 @@ impl TcpSender {
         self.stream.write_all(&page.payload).map_err(|e| TransferError::from_io(e, t))
     }
 
+    /// Tells the receiver this sender is alive but busy (waiting for the next pages); call it
+    /// at least once per timeout while pages are delayed.
+    pub fn keepalive(&mut self) -> Result<(), TransferError> {
+        let t = self.timeout;
+        self.stream.write_all(&KEEPALIVE_MAGIC.to_le_bytes()).map_err(|e| TransferError::from_io(e, t))
+    }
+
     /// Writes raw bytes on the session (fault-injection tests send corrupt frames with it).
     pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), TransferError> {
         let t = self.timeout;
@@ -126,7 +144,11 @@ impl TcpSender {
         end.extend(transfer_id.to_le_bytes());
         end.extend(pages.to_le_bytes());
         self.stream.write_all(&end).map_err(|e| TransferError::from_io(e, t))?;
-        let magic = read_u32(&mut self.stream, t)?;
+        let mut magic = read_u32(&mut self.stream, t)?;
+        // The receiver is still writing the pages into its blocks.
+        while magic == KEEPALIVE_MAGIC {
+            magic = read_u32(&mut self.stream, t)?;
+        }
         if magic != ACK_MAGIC {
             return Err(TransferError::Protocol(format!("bad ack magic {magic:#010x}")));
         }
@@ -252,8 +274,14 @@ impl TcpReceiver {
                     return Err(TransferError::Protocol(format!("sender announced {count} pages of transfer {id}, received {}", sum.pages)));
                 }
                 sum.transfer_id = id;
-                sink.flush().map_err(TransferError::Protocol)?;
+                // Tell the sender we are busy for as long as the writes take.
+                while !sink.flush_wait(t / 4).map_err(TransferError::Protocol)? {
+                    s.write_all(&KEEPALIVE_MAGIC.to_le_bytes()).map_err(|e| TransferError::from_io(e, t))?;
+                }
                 return Ok(sum);
+            }
+            if magic_v == KEEPALIVE_MAGIC {
+                continue;
             }
             if magic_v != PAGE_MAGIC {
                 return Err(TransferError::Protocol(format!("unexpected frame {magic_v:#010x}")));

@@ -187,3 +187,48 @@ fn receivers_with_a_secret_refuse_senders_without_it() {
         }
     }
 }
+
+/// A sink whose writes take `delay` to complete (an engine busy with a long step).
+struct SlowSink {
+    written: u32,
+    delay: Duration,
+    since: Option<std::time::Instant>,
+}
+impl PageSink for SlowSink {
+    fn target(&mut self, _: u64, index: u32, _: u64) -> Option<u32> {
+        Some(index)
+    }
+    fn write(&mut self, _: u32, _: Vec<u8>) -> Result<(), String> {
+        self.written += 1;
+        Ok(())
+    }
+    fn flush_wait(&mut self, wait: Duration) -> Result<bool, String> {
+        let since = *self.since.get_or_insert_with(std::time::Instant::now);
+        std::thread::sleep(wait);
+        Ok(since.elapsed() >= self.delay)
+    }
+}
+
+#[test]
+fn busy_is_not_stalled_on_either_side() {
+    // The sender waits three timeouts for its next pages, then the receiver's writes take three
+    // more: with keep-alives in between, the transfer completes.
+    let receiver = TcpReceiver::bind("127.0.0.1:0", small_layout(), TIMEOUT).unwrap();
+    let addr = receiver.local_addr().unwrap();
+    let rx = std::thread::spawn(move || {
+        let mut sink = SlowSink { written: 0, delay: TIMEOUT * 3, since: None };
+        (receiver.serve_one(&mut sink), sink.written)
+    });
+    let mut tx = TcpSender::connect(addr, &small_layout(), TIMEOUT).unwrap();
+    let page = |i: u32| KvPage { transfer_id: 9, index: i, block_hash: 0, payload: vec![i as u8; small_layout().page_bytes()] };
+    tx.send(&page(0)).unwrap();
+    for _ in 0..12 {
+        std::thread::sleep(TIMEOUT / 4);
+        tx.keepalive().unwrap();
+    }
+    tx.send(&page(1)).unwrap();
+    assert_eq!(tx.finish(9, 2).unwrap(), 2);
+    let (res, written) = rx.join().unwrap();
+    assert_eq!(res.unwrap().pages, 2);
+    assert_eq!(written, 2);
+}

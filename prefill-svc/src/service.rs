@@ -66,8 +66,9 @@ impl Drop for Release {
     }
 }
 
-/// Pages read from the engine per engine-thread call while shipping.
-const PAGES_PER_READ: usize = 4;
+/// Bytes of pages read from the engine per engine-thread call while shipping (each call waits
+/// for the engine's current step, so few large reads beat many small ones).
+const BYTES_PER_READ: usize = 32 << 20;
 
 fn first_token(out: &RequestOutput) -> Option<SampledToken> {
     let c = out.outputs.first()?;
@@ -78,18 +79,44 @@ fn first_token(out: &RequestOutput) -> Option<SampledToken> {
 }
 
 impl PrefillService {
+    /// Reads the pages of `ids` on the engine thread. The engine may be in the middle of a long
+    /// step: while waiting, `tx` (once connected) tells the receiver this sender is busy, not
+    /// stalled.
+    fn read_pages(&self, ids: Vec<u32>, mut tx: Option<&mut TcpSender>) -> Result<Vec<Vec<u8>>, TransferError> {
+        let stopped = || TransferError::Protocol("the engine has stopped".into());
+        let (send, recv) = std::sync::mpsc::channel();
+        if !self.engine.submit(move |s| {
+            let _ = send.send(ids.iter().map(|&b| s.engine.read_kv_block(b)).collect::<Result<Vec<_>, _>>());
+        }) {
+            return Err(stopped());
+        }
+        loop {
+            match recv.recv_timeout(self.transfer_timeout / 4) {
+                Ok(pages) => return pages.map_err(|e| TransferError::Protocol(e.to_string())),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(tx) = tx.as_deref_mut() {
+                        tx.keepalive()?;
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err(stopped()),
+            }
+        }
+    }
+
     fn ship(&self, blocks: &[u32], r: &pb::PrefillRequest) -> Result<(u32, u64), TransferError> {
-        let mut tx = TcpSender::connect_with_auth(r.kv_destination.as_str(), &self.layout, self.transfer_timeout, tandem_worker::auth::kv_auth())?;
         let (mut pages, mut bytes) = (0u32, 0u64);
         let skip = r.skip_blocks as usize;
         let todo: Vec<(usize, u32)> = blocks.iter().copied().enumerate().skip(skip).collect();
-        for chunk in todo.chunks(PAGES_PER_READ) {
+        let per_read = (BYTES_PER_READ / self.layout.page_bytes().max(1)).max(1);
+        // The first pages are read before connecting, so the connection never idles at the start.
+        let mut tx: Option<TcpSender> = None;
+        for chunk in todo.chunks(per_read) {
             let ids: Vec<u32> = chunk.iter().map(|&(_, b)| b).collect();
-            let payloads = self
-                .engine
-                .call_blocking(move |s| ids.iter().map(|&b| s.engine.read_kv_block(b)).collect::<Result<Vec<_>, _>>())
-                .ok_or_else(|| TransferError::Protocol("the engine has stopped".into()))?
-                .map_err(|e| TransferError::Protocol(e.to_string()))?;
+            let payloads = self.read_pages(ids, tx.as_mut())?;
+            let tx = match &mut tx {
+                Some(t) => t,
+                None => tx.insert(TcpSender::connect_with_auth(r.kv_destination.as_str(), &self.layout, self.transfer_timeout, tandem_worker::auth::kv_auth())?),
+            };
             for (&(index, _), payload) in chunk.iter().zip(payloads) {
                 if self.fault == Some(Fault::StallAfterPages(pages)) {
                     tracing::warn!("fault injection: stalling the transfer");
@@ -110,6 +137,10 @@ impl PrefillService {
                 bytes += page.payload.len() as u64;
             }
         }
+        let tx = match tx {
+            Some(t) => t,
+            None => TcpSender::connect_with_auth(r.kv_destination.as_str(), &self.layout, self.transfer_timeout, tandem_worker::auth::kv_auth())?,
+        };
         tx.finish(r.transfer_id, pages)?;
         Ok((pages, bytes))
     }

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::Extension;
-use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
@@ -28,6 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::ApiError;
 use crate::openai::{self, ChatRequest, CommonParams, CompletionRequest, PromptInput};
+use crate::prompt::{self, SpecialTokens};
 use crate::responses::{self, Choice, Endpoint, Header};
 use crate::routing::{Route, Routing};
 use crate::auth::{ApiKeys, Tenant};
@@ -60,6 +61,13 @@ pub struct AppState {
     pub max_prompt_tokens: Option<usize>,
     /// Completion budget of a chat request that gives none (none: the rest of the context).
     pub default_max_tokens: Option<usize>,
+    /// How special-token text inside chat messages is tokenized.
+    pub special_tokens: SpecialTokens,
+    /// A request body that sends nothing for this long is refused (408).
+    pub body_read_timeout: Duration,
+    /// Requests being parsed and tokenized at once (off the async threads), at most one per
+    /// core: a flood of large prompts queues here instead of taking every thread.
+    tokenizing: tokio::sync::Semaphore,
     ids: AtomicU64,
 }
 
@@ -68,7 +76,7 @@ impl AppState {
     pub fn new(model_name: String, info: ModelInfo, pool: Workers, routing: Routing, metrics: Option<PrometheusHandle>) -> AppState {
         let started = unix_now();
         let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 40;
-        AppState { model_name, info, pool, routing, load_sync: None, metrics, started, api_keys: None, max_body_bytes: crate::MAX_BODY_BYTES, max_prompt_tokens: None, default_max_tokens: None, ids: AtomicU64::new(seed) }
+        AppState { model_name, info, pool, routing, load_sync: None, metrics, started, api_keys: None, max_body_bytes: crate::MAX_BODY_BYTES, max_prompt_tokens: None, default_max_tokens: None, special_tokens: SpecialTokens::default(), body_read_timeout: Duration::from_secs(10), tokenizing: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())), ids: AtomicU64::new(seed) }
     }
 
     fn new_id(&self, prefix: &str) -> String {
@@ -81,6 +89,11 @@ impl AppState {
             0 => self.info.config.max_position_embeddings,
             n => n,
         }
+    }
+
+    /// The most tokens a prompt may have: `--max-prompt-tokens`, and one less than the context.
+    fn prompt_limit(&self) -> usize {
+        self.max_prompt_tokens.unwrap_or(usize::MAX).min(self.max_model_len().saturating_sub(1)).max(1)
     }
 }
 
@@ -121,7 +134,7 @@ fn token_prompt(st: &AppState, ids: &[i64], param: &str) -> Result<Vec<u32>, Api
 }
 
 fn encode(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
-    st.info.tokenizer.encode(text, true).map_err(|e| ApiError::invalid(Some("prompt"), format!("the prompt cannot be tokenized: {e}")))
+    prompt::encode_text(&st.info.tokenizer, text, st.prompt_limit())
 }
 
 /// The completion budget a request asked for: the parameter's name, its value and the default.
@@ -144,6 +157,16 @@ fn finish_prepare(st: &AppState, ep: Endpoint, c: &CommonParams, prompts: Vec<Ve
         .iter()
         .map(|p| openai::max_tokens(budget.param, budget.requested, budget.default, p.len(), max_len).map(|m| SamplingParams { max_tokens: m, ..base.clone() }))
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some(p) = params.iter().find(|p| p.min_tokens > p.max_tokens) {
+        return Err(ApiError::invalid(Some("min_tokens"), format!("min_tokens ({}) must be at most the completion budget ({})", c.min_tokens.unwrap_or(0), p.max_tokens)));
+    }
+    if c.stream_options.is_some() && c.stream != Some(true) {
+        return Err(ApiError::invalid(Some("stream_options"), "stream_options may only be set when stream is true"));
+    }
+    let vocab = st.info.config.vocab_size;
+    if let Some(&t) = base.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid(Some("stop_token_ids"), format!("stop token id {t} is outside the vocabulary (0..{vocab})")));
+    }
     let prefix = if ep == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
     Ok(Prepared {
         ep,
@@ -222,8 +245,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let base = openai::sampling_params(&common, want.then(|| top.unwrap_or(0)))?;
     let messages = openai::chat_messages(r.messages.as_deref().ok_or_else(|| ApiError::invalid(Some("messages"), "messages is required"))?)?;
     let template = st.info.chat_template.as_ref().ok_or_else(|| ApiError::invalid(None, "this model has no chat template; use /v1/completions"))?;
-    let text = template.render(&messages, true).map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
-    let ids = encode(st, &text)?;
+    let ids = prompt::encode_chat(&st.info.tokenizer, template, &messages, st.special_tokens, st.prompt_limit())?;
     let requested = r.max_completion_tokens.or(common.max_tokens);
     let param = if r.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
     finish_prepare(st, Endpoint::Chat, &common, vec![ids], vec![None], base, Budget { param, requested, default: st.default_max_tokens }, want)
@@ -234,9 +256,12 @@ type WorkerStream = tonic::Streaming<pb::GenerateResponse>;
 /// Starts one `Generate` stream per prompt on a decode worker; a worker that cannot be reached
 /// is marked failed and another one is tried.
 async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>), ApiError> {
-    let mut last_err = ApiError::unavailable("no decode worker is configured");
-    let mut tried: Vec<String> = Vec::new();
     let pool = st.pool.current();
+    let mut last_err = match pool.decode.len() {
+        0 => ApiError::unavailable("no decode worker is configured"),
+        n => ApiError::unavailable(format!("no decode worker is healthy ({n} configured; see /health)")),
+    };
+    let mut tried: Vec<String> = Vec::new();
     for _attempt in 0..pool.decode.len().max(1) {
         // See the other replicas' latest load, then decide (the booking wakes the load loop,
         // which publishes ours).
@@ -260,6 +285,7 @@ async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>)
                 cache_salt: p.cache_salt.clone(),
                 prefill_worker: prefill_addr.clone(),
                 no_speculation: p.no_speculation,
+                group: p.id.clone(),
             };
             match worker.decode_client().generate(req).await {
                 Ok(s) => streams.push(s.into_inner()),
@@ -355,7 +381,7 @@ async fn stream_task(st: Arc<AppState>, p: Prepared, mut route: Route, streams: 
             for j in 0..p.n {
                 let i = pi * p.n + j;
                 offsets[i] = text.len();
-                send!(sse_data(&responses::chunk(p.ep, &h, vec![responses::chunk_choice(p.ep, tok, i, text, &[], false, 0, None, None)])));
+                send!(sse_data(&responses::chunk(p.ep, &h, vec![responses::chunk_choice(p.ep, tok, i, text, &[], false, 0, None, Value::Null)])));
             }
         }
     }
@@ -397,7 +423,7 @@ async fn stream_task(st: Arc<AppState>, p: Prepared, mut route: Route, streams: 
                 tokens[i] += d.token_ids.len();
                 continue;
             }
-            let stop = (!d.stop_reason.is_empty()).then_some(d.stop_reason.as_str());
+            let stop = responses::stop_reason(d);
             let c = responses::chunk_choice(p.ep, tok, i, &d.text, &d.logprobs, p.logprobs, offsets[i], finish, stop);
             offsets[i] += d.text.len();
             tokens[i] += d.token_ids.len();
@@ -419,14 +445,57 @@ async fn stream_task(st: Arc<AppState>, p: Prepared, mut route: Route, streams: 
     let _ = tx.send(Event::default().data("[DONE]")).await;
 }
 
-async fn generate(st: Arc<AppState>, ep: Endpoint, tenant: Option<Extension<Tenant>>, body: Result<Bytes, BytesRejection>) -> Response {
+/// Refuses a body that is not declared as JSON (OpenAI's and vLLM's rule).
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let value = headers.get(CONTENT_TYPE).map(|v| v.to_str().unwrap_or("?"));
+    let mime = value.unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
+        return Ok(());
+    }
+    Err(ApiError::invalid(None, match value {
+        None => "the request has no Content-Type; send the JSON body with 'Content-Type: application/json'".to_string(),
+        Some(v) => format!("unsupported Content-Type '{v}'; send the JSON body with 'Content-Type: application/json'"),
+    }))
+}
+
+/// Reads a request body of at most `limit` bytes (413 beyond); a body that stalls — no byte
+/// for `idle` — is refused with 408, so a half-sent request cannot hold its connection.
+async fn read_body(body: Body, limit: usize, idle: Duration) -> Result<Bytes, ApiError> {
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        match tokio::time::timeout(idle, stream.next()).await {
+            Err(_) => return Err(ApiError { status: StatusCode::REQUEST_TIMEOUT, ..ApiError::invalid(None, format!("the request body stalled: no data for {idle:?}")) }),
+            Ok(None) => return Ok(Bytes::from(buf)),
+            Ok(Some(Err(e))) => return Err(ApiError::invalid(None, format!("reading the request body failed: {e}"))),
+            Ok(Some(Ok(chunk))) => {
+                if buf.len() + chunk.len() > limit {
+                    return Err(ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, ..ApiError::invalid(None, format!("the request body is larger than this server's limit of {limit} bytes")) });
+                }
+                buf.extend_from_slice(&chunk);
+            }
+        }
+    }
+}
+
+/// Parses, validates and tokenizes a request on the blocking pool, at most one per core at a
+/// time (waiting for a turn does not hold a thread).
+async fn prepare(st: &Arc<AppState>, ep: Endpoint, headers: &HeaderMap, body: Body) -> Result<Prepared, ApiError> {
+    check_content_type(headers)?;
+    let body = read_body(body, st.max_body_bytes, st.body_read_timeout).await?;
+    let _turn = st.tokenizing.acquire().await.map_err(|_| ApiError::unavailable("the router is shutting down"))?;
+    let state = st.clone();
+    tokio::task::spawn_blocking(move || match ep {
+        Endpoint::Completions => prepare_completion(&state, &body),
+        Endpoint::Chat => prepare_chat(&state, &body),
+    })
+    .await
+    .map_err(|e| ApiError::upstream(format!("preparing the request failed: {e}")))?
+}
+
+async fn generate(st: Arc<AppState>, ep: Endpoint, tenant: Option<Extension<Tenant>>, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    let prepared = body
-        .map_err(|e| ApiError { status: e.status(), ..ApiError::invalid(None, e.body_text()) })
-        .and_then(|b| match ep {
-            Endpoint::Completions => prepare_completion(&st, &b),
-            Endpoint::Chat => prepare_chat(&st, &b),
-        });
+    let prepared = prepare(&st, ep, &headers, body).await;
     let mut p = match prepared {
         Ok(p) => p,
         Err(e) => {
@@ -465,13 +534,13 @@ async fn generate(st: Arc<AppState>, ep: Endpoint, tenant: Option<Extension<Tena
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(State(st): State<Arc<AppState>>, tenant: Option<Extension<Tenant>>, body: Result<Bytes, BytesRejection>) -> Response {
-    generate(st, Endpoint::Completions, tenant, body).await
+pub async fn completions(State(st): State<Arc<AppState>>, tenant: Option<Extension<Tenant>>, headers: HeaderMap, body: Body) -> Response {
+    generate(st, Endpoint::Completions, tenant, headers, body).await
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat_completions(State(st): State<Arc<AppState>>, tenant: Option<Extension<Tenant>>, body: Result<Bytes, BytesRejection>) -> Response {
-    generate(st, Endpoint::Chat, tenant, body).await
+pub async fn chat_completions(State(st): State<Arc<AppState>>, tenant: Option<Extension<Tenant>>, headers: HeaderMap, body: Body) -> Response {
+    generate(st, Endpoint::Chat, tenant, headers, body).await
 }
 
 /// `GET /v1/models`.
@@ -480,7 +549,8 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Response {
     axum::Json(json!({ "object": "list", "data": [m] })).into_response()
 }
 
-/// `GET /health`: 200 only when at least one decode worker answers its status check.
+/// `GET /health`: 200 only when at least one decode worker answers its status check; the
+/// status says `degraded` while any worker does not.
 pub async fn health(State(st): State<Arc<AppState>>) -> Response {
     let checks = st.pool.current().check_all(Duration::from_secs(1)).await;
     let decode_ok = checks.iter().any(|(_, role, r)| *role == "decode" && r.is_ok());
@@ -491,8 +561,15 @@ pub async fn health(State(st): State<Arc<AppState>>) -> Response {
             Err(e) => json!({ "address": addr, "role": role, "healthy": false, "error": e }),
         })
         .collect();
-    let code = if decode_ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (code, axum::Json(json!({ "status": if decode_ok { "ok" } else { "unavailable" }, "workers": workers }))).into_response()
+    // Degraded: serving, with some worker down (a dead prefill worker's prompts are prefilled
+    // on the decode workers meanwhile).
+    let all_ok = checks.iter().all(|(_, _, r)| r.is_ok());
+    let (code, status) = match (decode_ok, all_ok) {
+        (true, true) => (StatusCode::OK, "ok"),
+        (true, false) => (StatusCode::OK, "degraded"),
+        (false, _) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+    };
+    (code, axum::Json(json!({ "status": status, "workers": workers }))).into_response()
 }
 
 /// `GET /debug/routing`: the index, the loads and the last routing decisions with every

@@ -6,6 +6,7 @@
 //! the decode worker's token stream to the client.
 //!
 //! - [`openai`]: request bodies and their validation.
+//! - [`prompt`]: prompt text to token ids within the admission bounds (length, special tokens).
 //! - [`responses`]: response bodies and streamed chunks.
 //! - [`handlers`]: the HTTP handlers.
 //! - [`routing`]: worker choice — [`kv_index`] (exact from KV events, approximate from
@@ -21,6 +22,7 @@ pub mod handlers;
 pub mod kv_index;
 pub mod load;
 pub mod openai;
+pub mod prompt;
 pub mod responses;
 pub mod routing;
 pub mod sync;
@@ -64,6 +66,8 @@ pub struct RouterConfig {
     /// Completion budget of a chat request that sets neither `max_tokens` nor
     /// `max_completion_tokens` (none: the rest of the context window).
     pub default_max_tokens: Option<usize>,
+    /// How special-token text inside chat messages is tokenized.
+    pub special_tokens: prompt::SpecialTokens,
 }
 
 /// Largest request body accepted.
@@ -96,6 +100,7 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     metrics::describe_counter!("tandem_router_decisions_total", "Requests routed, by decode and prefill worker.");
     metrics::describe_counter!("tandem_router_requests_total", "HTTP generation requests, by endpoint and status code.");
     metrics::describe_counter!("tandem_router_routed_total", "Routing decisions, by the index used (exact or approximate).");
+    metrics::describe_counter!("tandem_router_prefill_skipped_total", "Prompts prefilled on their decode worker because every prefill worker's queue was full.");
     metrics::describe_histogram!("tandem_router_prefix_match_blocks", "Prompt blocks the chosen worker already caches.");
     metrics::describe_gauge!("tandem_router_index_blocks", "Blocks in the routing indexes (exact, approximate).");
     metrics::describe_gauge!("tandem_router_exact_index_live", "1 while KV events flow from Redis into the exact index.");
@@ -111,6 +116,7 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     state.max_body_bytes = cfg.max_body_bytes;
     state.max_prompt_tokens = cfg.max_prompt_tokens;
     state.default_max_tokens = cfg.default_max_tokens;
+    state.special_tokens = cfg.special_tokens;
     if let Some(url) = &cfg.redis_url {
         state.load_sync = Some(sync::LoadSync::new(url.clone(), &cfg.router_id));
     }
@@ -150,6 +156,6 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, decode = ?cfg.decode_workers, prefill = ?cfg.prefill_workers, "router serving the OpenAI API");
     tandem_worker::serve::announce_ready("router", addr);
-    axum::serve(tandem_worker::serve::nodelay(listener), app(state)).with_graceful_shutdown(tandem_worker::serve::shutdown_signal(cfg.watch_stdin)).await?;
+    tandem_worker::serve::serve_http(tandem_worker::serve::nodelay(listener), app(state), tandem_worker::serve::CONN_LIMITS, tandem_worker::serve::shutdown_signal(cfg.watch_stdin)).await?;
     Ok(())
 }

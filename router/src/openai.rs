@@ -269,11 +269,12 @@ pub fn max_tokens(param: &str, requested: Option<i64>, default: Option<usize>, p
     }
     match requested {
         Some(m) if m < 1 => Err(ApiError::invalid(Some(param), format!("{param} must be at least 1, got {m}"))),
-        Some(m) if prompt_len as i64 + m > max_model_len as i64 => Err(ApiError::invalid(
+        // Compared without adding, so no value can wrap past the check.
+        Some(m) if m as u64 > (max_model_len - prompt_len) as u64 => Err(ApiError::invalid(
             Some(param),
             format!(
                 "This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens ({prompt_len} in the prompt, {m} in the completion). Please reduce the length of the prompt or of the completion.",
-                prompt_len as i64 + m
+                prompt_len as i128 + m as i128
             ),
         )),
         Some(m) => Ok(m as usize),
@@ -300,7 +301,10 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
             return Err(ApiError::invalid(Some(&format!("messages[{i}].role")), format!("unknown role '{}' (expected system, developer, user, assistant or tool)", m.role)));
         }
         let text = match &m.content {
-            None => String::new(),
+            // Only an assistant turn may come without content (OpenAI's rule: one that made
+            // tool calls); any other message must say something.
+            None if m.role == "assistant" => String::new(),
+            None => return Err(ApiError::invalid(Some(&format!("messages[{i}].content")), format!("a {} message needs content (a string or a list of text parts), got null", m.role))),
             Some(Content::Text(t)) => t.clone(),
             Some(Content::Parts(parts)) => {
                 let mut t = String::new();
@@ -348,6 +352,9 @@ mod tests {
         assert!(max_tokens("max_tokens", Some(96), None, 5, 100).unwrap_err().message.contains("maximum context length is 100"));
         assert!(max_tokens("max_tokens", Some(0), None, 5, 100).is_err());
         assert!(max_tokens("max_tokens", Some(-3), None, 5, 100).is_err());
+        // The largest value cannot wrap past the check, and the error reports it as sent.
+        let e = max_tokens("max_tokens", Some(i64::MAX), None, 5, 100).unwrap_err();
+        assert!(e.message.contains(&format!("{} tokens (5 in the prompt, {} in the completion)", i64::MAX as i128 + 5, i64::MAX)), "{}", e.message);
         assert!(max_tokens("max_tokens", None, None, 100, 100).is_err());
     }
 

@@ -35,8 +35,8 @@ pub struct Choice {
     pub logprobs: Vec<pb::SampledToken>,
     /// Finish reason.
     pub finish_reason: Option<String>,
-    /// Stop string or token.
-    pub stop_reason: Option<String>,
+    /// Stop string or token (JSON null, a string or an integer).
+    pub stop_reason: Value,
 }
 
 impl Choice {
@@ -47,8 +47,18 @@ impl Choice {
         self.logprobs.extend(d.logprobs.iter().cloned());
         if !d.finish_reason.is_empty() {
             self.finish_reason = Some(d.finish_reason.clone());
-            self.stop_reason = (!d.stop_reason.is_empty()).then(|| d.stop_reason.clone());
+            self.stop_reason = stop_reason(d);
         }
+    }
+}
+
+/// vLLM's `stop_reason` of a finished completion: the matched stop string, the stop token id
+/// (an integer), or null (end-of-sequence, length, abort).
+pub fn stop_reason(d: &pb::CompletionDelta) -> Value {
+    match (d.stop_reason.is_empty(), d.stop_token_id) {
+        (false, _) => Value::String(d.stop_reason.clone()),
+        (true, Some(t)) => Value::from(t),
+        (true, None) => Value::Null,
     }
 }
 
@@ -145,7 +155,7 @@ pub fn chunk(ep: Endpoint, h: &Header, choices: Vec<Value>) -> Value {
 
 /// A streamed choice for a delta. `offset` is the length of the choice's text so far.
 #[allow(clippy::too_many_arguments)]
-pub fn chunk_choice(ep: Endpoint, tok: &Tokenizer, index: usize, text: &str, lps: &[pb::SampledToken], logprobs: bool, offset: usize, finish: Option<&str>, stop_reason: Option<&str>) -> Value {
+pub fn chunk_choice(ep: Endpoint, tok: &Tokenizer, index: usize, text: &str, lps: &[pb::SampledToken], logprobs: bool, offset: usize, finish: Option<&str>, stop_reason: Value) -> Value {
     match ep {
         Endpoint::Completions => {
             let lp = if logprobs { completion_logprobs(tok, lps, offset) } else { Value::Null };

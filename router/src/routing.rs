@@ -44,11 +44,18 @@ pub struct RoutingConfig {
     pub approx_max_blocks: usize,
     /// Tokens per block until a worker reports its own.
     pub default_block_size: usize,
+    /// Conditional disaggregation: while every prefill worker has more prompt tokens than this
+    /// queued (booked by all routers), a prompt is prefilled on its decode worker instead of
+    /// waiting in that queue.
+    pub max_prefill_queue_tokens: f64,
 }
+
+/// Default of [`RoutingConfig::max_prefill_queue_tokens`]: a few seconds of prefill on a CPU.
+pub const MAX_PREFILL_QUEUE_TOKENS: f64 = 2048.0;
 
 impl Default for RoutingConfig {
     fn default() -> Self {
-        RoutingConfig { policy: Policy::Kv, cost: CostConfig::default(), approx_ttl: Duration::from_secs(120), approx_max_blocks: 1 << 20, default_block_size: 16 }
+        RoutingConfig { policy: Policy::Kv, cost: CostConfig::default(), approx_ttl: Duration::from_secs(120), approx_max_blocks: 1 << 20, default_block_size: 16, max_prefill_queue_tokens: MAX_PREFILL_QUEUE_TOKENS }
     }
 }
 
@@ -119,8 +126,9 @@ impl Routing {
     }
 
     fn choose(&self, workers: &[Arc<Worker>], exclude: &[String], matches: &Matches, prompt: usize, bs: usize) -> (Option<Arc<Worker>>, Vec<Candidate>) {
-        let healthy: Vec<(usize, &Arc<Worker>)> = workers.iter().enumerate().filter(|(_, w)| w.healthy() && !exclude.contains(&w.addr)).collect();
-        let pool: Vec<(usize, &Arc<Worker>)> = if healthy.is_empty() { workers.iter().enumerate().filter(|(_, w)| !exclude.contains(&w.addr)).collect() } else { healthy };
+        // A worker known to be unhealthy is skipped at once (its status check runs every second,
+        // so one that recovers is back within a second).
+        let pool: Vec<(usize, &Arc<Worker>)> = workers.iter().enumerate().filter(|(_, w)| w.healthy() && !exclude.contains(&w.addr)).collect();
         if pool.is_empty() {
             return (None, Vec::new());
         }
@@ -156,8 +164,12 @@ impl Routing {
         let (matches, mode) = self.matches(&hashes, &all);
         let (decode, d_cands) = self.choose(&pool.decode, exclude, &matches, prompt.len(), bs);
         let decode = decode?;
-        let (prefill, p_cands) = if pool.prefill.is_empty() { (None, Vec::new()) } else { self.choose(&pool.prefill, &[], &matches, prompt.len(), bs) };
+        let saturated: Vec<String> = pool.prefill.iter().filter(|w| self.load.get(&w.addr).prefill_tokens > self.cfg.max_prefill_queue_tokens).map(|w| w.addr.clone()).collect();
+        let (prefill, p_cands) = if pool.prefill.is_empty() { (None, Vec::new()) } else { self.choose(&pool.prefill, &saturated, &matches, prompt.len(), bs) };
         let prefill = prefill.filter(|p| p.healthy());
+        if prefill.is_none() && !saturated.is_empty() {
+            counter!("tandem_router_prefill_skipped_total", "reason" => "queue_full").increment(1);
+        }
         // Book: uncached prompt tokens where the prompt is computed, blocks where it decodes.
         let computing = prefill.as_ref().unwrap_or(&decode);
         let cached = matches.get(&computing.addr).copied().unwrap_or(0) * bs;
@@ -247,4 +259,29 @@ impl Routing {
         }
     }
 
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_saturated_prefill_worker_is_skipped_until_its_queue_drains() {
+        let pool = WorkerPool::new(&["127.0.0.1:7001".into()], &["127.0.0.1:7002".into()]).unwrap();
+        let r = Routing::new(RoutingConfig { max_prefill_queue_tokens: 1500.0, ..Default::default() });
+        let prompt = |i: u32| -> Vec<u32> { (0..1000).map(|j| i * 7919 + j).collect() };
+        let first = r.route(&pool, "a", &prompt(1), "", &[]).unwrap();
+        let second = r.route(&pool, "b", &prompt(2), "", &[]).unwrap();
+        assert!(first.prefill.is_some() && second.prefill.is_some(), "room in the queue: remote prefill");
+        // 2000 tokens queued > 1500: the next prompt is prefilled where it decodes.
+        let mut third = r.route(&pool, "c", &prompt(3), "", &[]).unwrap();
+        assert!(third.prefill.is_none(), "queue full: local prefill");
+        assert_eq!(r.load.get("127.0.0.1:7001").prefill_tokens, 1000.0, "booked on the decode worker");
+        third.ticket.first_token();
+        // Once the queued prompts have their first tokens, remote prefill resumes.
+        let (mut first, mut second) = (first, second);
+        first.ticket.first_token();
+        second.ticket.first_token();
+        assert!(r.route(&pool, "d", &prompt(4), "", &[]).unwrap().prefill.is_some());
+    }
 }

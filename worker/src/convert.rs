@@ -82,8 +82,11 @@ pub fn delta_to_proto(c: &CompletionOutput) -> pb::CompletionDelta {
         finish_reason: c.finish_reason.map(|f| f.as_str().to_string()).unwrap_or_default(),
         stop_reason: match &c.stop_reason {
             Some(StopReason::Str(s)) => s.clone(),
-            Some(StopReason::Token(t)) => t.to_string(),
-            None => String::new(),
+            _ => String::new(),
+        },
+        stop_token_id: match &c.stop_reason {
+            Some(StopReason::Token(t)) => Some(*t),
+            _ => None,
         },
     }
 }

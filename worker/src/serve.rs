@@ -108,11 +108,10 @@ pub async fn serve(listener: TcpListener, grpc: tonic::service::Routes, http: ax
     let app = grpc.into_axum_router().layer(axum::middleware::from_fn(crate::auth::require_token)).merge(http);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        axum::serve(nodelay(listener), app)
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.await;
-            })
-            .await
+        serve_http(nodelay(listener), app, CONN_LIMITS, async move {
+            let _ = stop_rx.await;
+        })
+        .await
     });
     let why = wait_shutdown(watch_stdin).await;
     DRAINING.store(true, Ordering::Relaxed);
@@ -126,6 +125,54 @@ pub async fn serve(listener: TcpListener, grpc: tonic::service::Routes, http: ax
         Err(_) => tracing::warn!("drain timeout: stopping with requests still in flight"),
     }
     tracing::info!("drained");
+    Ok(())
+}
+
+/// Time limits of a listener's connections, so that a client that connects and then sends
+/// nothing (or half a request) cannot hold a connection and its memory indefinitely.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// A request's headers must arrive in full within this; it is also how long an idle
+    /// HTTP/1.1 keep-alive connection stays open.
+    pub header_read: Duration,
+    /// HTTP/2 connections are pinged this often and closed when a ping is not answered within
+    /// the same time (a peer that vanished without closing).
+    pub h2_keep_alive: Duration,
+}
+
+/// The limits every Tandem listener uses (the router also refuses a request body that stalls).
+pub const CONN_LIMITS: ConnLimits = ConnLimits { header_read: Duration::from_secs(10), h2_keep_alive: Duration::from_secs(20) };
+
+/// Serves `app` on `listener` (HTTP/1.1 and HTTP/2, upgrades included) with `limits` until
+/// `shutdown` resolves; then stops accepting and waits for the open connections to finish
+/// their requests (callers bound that wait).
+pub async fn serve_http<L>(mut listener: L, app: axum::Router, limits: ConnLimits, shutdown: impl std::future::Future<Output = ()> + Send) -> std::io::Result<()>
+where
+    L: axum::serve::Listener<Io = tokio::net::TcpStream>,
+{
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read);
+    builder.http2().timer(TokioTimer::new()).keep_alive_interval(limits.h2_keep_alive).keep_alive_timeout(limits.h2_keep_alive).enable_connect_protocol();
+    tokio::pin!(shutdown);
+    loop {
+        let (io, _) = tokio::select! {
+            conn = listener.accept() => conn,
+            _ = &mut shutdown => break,
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let conn = graceful.watch(builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::trace!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
     Ok(())
 }
 
