@@ -1,6 +1,9 @@
 //! `tandem bench soak`: runs `tandem up` at saturation for a bounded time and records, over
 //! time, the requests served, the errors, every process's resident memory and the KV block
-//! pools; at the end, after the load stops, every pool must be whole again.
+//! pools; at the end, after the load stops, every pool must be whole again. It also reports the
+//! streams' time to first token and inter-token gaps and the workers' remote prefills and KV
+//! transfer failures; with `--kill-every`, it kills `tandem up`'s children with SIGKILL in turn
+//! (prefill, decode, router) and counts what the clients saw while `up` brought them back.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -34,6 +37,25 @@ pub struct SoakArgs {
     /// Write the report as JSON here (`-`: standard output).
     #[arg(long)]
     pub json: Option<String>,
+    /// Words per prompt, `MIN-MAX` (each request draws one).
+    #[arg(long, value_parser = parse_range, default_value = "8-128")]
+    pub prompt_words: (usize, usize),
+    /// Tokens per completion, `MIN-MAX` (each request draws one).
+    #[arg(long, value_parser = parse_range, default_value = "8-72")]
+    pub output_tokens: (usize, usize),
+    /// Kill one of `tandem up`'s children with SIGKILL this often, in turn (errors are then
+    /// counted, not fatal; the service must be healthy again at the end).
+    #[arg(long, value_parser = parse_duration)]
+    pub kill_every: Option<Duration>,
+}
+
+fn parse_range(s: &str) -> Result<(usize, usize), String> {
+    let (a, b) = s.split_once('-').ok_or_else(|| format!("'{s}' is not MIN-MAX"))?;
+    let (a, b): (usize, usize) = (a.trim().parse().map_err(|e| format!("{e}"))?, b.trim().parse().map_err(|e| format!("{e}"))?);
+    if a == 0 || a > b {
+        return Err(format!("'{s}': want 0 < MIN <= MAX"));
+    }
+    Ok((a, b))
 }
 
 #[derive(Default)]
@@ -41,6 +63,10 @@ struct Counters {
     ok: AtomicU64,
     errors: AtomicU64,
     tokens: AtomicU64,
+    /// Time to first token of every served stream, seconds.
+    ttft: std::sync::Mutex<Vec<f64>>,
+    /// Every gap between consecutive token events of a stream, seconds.
+    gaps: std::sync::Mutex<Vec<f64>>,
 }
 
 fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
@@ -105,12 +131,19 @@ fn prompt(rng: &mut u64, words: usize) -> String {
         .join(" ")
 }
 
-async fn client(api: String, model: String, seed: u64, stop: Arc<AtomicBool>, c: Arc<Counters>) {
+/// The workload: prompt words and completion tokens, each drawn from its range.
+#[derive(Clone, Copy)]
+struct Shape {
+    words: (usize, usize),
+    tokens: (usize, usize),
+}
+
+async fn client(api: String, model: String, seed: u64, shape: Shape, stop: Arc<AtomicBool>, c: Arc<Counters>) {
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     while !stop.load(Ordering::Relaxed) {
         rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let words = 8 + (rng >> 33) as usize % 120;
-        let max_tokens = 8 + (rng >> 20) as usize % 64;
+        let words = shape.words.0 + (rng >> 33) as usize % (shape.words.1 - shape.words.0 + 1);
+        let max_tokens = shape.tokens.0 + (rng >> 20) as usize % (shape.tokens.1 - shape.tokens.0 + 1);
         let (path, body) = if rng % 3 == 0 {
             ("/v1/chat/completions", json!({ "model": model, "messages": [{ "role": "user", "content": prompt(&mut rng, words) }], "max_tokens": max_tokens, "stream": true, "ignore_eos": true }))
         } else {
@@ -119,12 +152,23 @@ async fn client(api: String, model: String, seed: u64, stop: Arc<AtomicBool>, c:
         let mut tokens = 0u64;
         let mut done = false;
         let mut failed = false;
+        let sent = Instant::now();
+        let mut last: Option<Instant> = None;
+        let mut ttft = None;
+        let mut gaps = Vec::new();
         let r = post_events(&api, path, body.to_string().as_bytes(), Duration::from_secs(300), &mut |d: &str| {
             if d == "[DONE]" {
                 done = true;
             } else if d.contains("\"error\"") {
                 failed = true;
-            } else {
+            } else if d.contains("\"text\":\"") || d.contains("\"content\":\"") {
+                // A chunk that carries text (not the role chunk or the finish chunk).
+                let now = Instant::now();
+                match last {
+                    None => ttft = Some(now.duration_since(sent).as_secs_f64()),
+                    Some(l) => gaps.push(now.duration_since(l).as_secs_f64()),
+                }
+                last = Some(now);
                 tokens += 1;
             }
         })
@@ -132,6 +176,8 @@ async fn client(api: String, model: String, seed: u64, stop: Arc<AtomicBool>, c:
         if r.is_ok() && done && !failed {
             c.ok.fetch_add(1, Ordering::Relaxed);
             c.tokens.fetch_add(tokens, Ordering::Relaxed);
+            c.ttft.lock().expect("ttft lock").extend(ttft);
+            c.gaps.lock().expect("gaps lock").extend(gaps);
         } else {
             c.errors.fetch_add(1, Ordering::Relaxed);
             eprintln!("request failed: {}", r.err().unwrap_or_else(|| if failed { "error event".into() } else { "stream ended without [DONE]".into() }));
@@ -166,10 +212,53 @@ pub fn run(a: SoakArgs) -> Result<()> {
         Some(p) => std::fs::write(p, text + "\n")?,
         None => {}
     }
-    if report["errors"].as_u64() != Some(0) || report["blocks_leaked"].as_f64() != Some(0.0) {
-        bail!("soak failed: {} errors, {} blocks not returned", report["errors"], report["blocks_leaked"]);
+    let killing = a.kill_every.is_some();
+    if (!killing && report["errors"].as_u64() != Some(0)) || report["blocks_leaked"].as_f64() != Some(0.0) || report["healthy_at_end"] != json!(true) {
+        bail!("soak failed: {} errors, {} blocks not returned, healthy at the end: {}", report["errors"], report["blocks_leaked"], report["healthy_at_end"]);
     }
     Ok(())
+}
+
+/// Sum of the samples of `name` whose labels contain `label` (e.g. `decision="remote"`).
+fn metric_with(text: &str, name: &str, label: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+/// The `q` quantile of `v` (sorted in place).
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// Kills `tandem up`'s children in turn — prefill worker, decode worker, router — every
+/// `every`, until `stop`; returns what it killed, when.
+fn killer(up_pid: u32, every: Duration, started: Instant, stop: Arc<AtomicBool>) -> Vec<Value> {
+    let order = ["prefill", "decode", "router"];
+    let mut kills = Vec::new();
+    let mut turn = 0;
+    let mut next = started + every;
+    while !stop.load(Ordering::Relaxed) {
+        if Instant::now() < next {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        next += every;
+        let kids: Vec<(u32, String)> = children(up_pid).into_iter().map(|p| (p, role(p))).collect();
+        for _ in 0..order.len() {
+            let want = order[turn % order.len()];
+            turn += 1;
+            if let Some((pid, r)) = kids.iter().find(|(_, r)| r == want) {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+                eprintln!("soak: killed the {r} (pid {pid}) at {:.0} s", started.elapsed().as_secs_f64());
+                kills.push(json!({ "t": started.elapsed().as_secs_f64(), "role": r, "pid": pid }));
+                break;
+            }
+        }
+    }
+    kills
 }
 
 fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
@@ -177,19 +266,31 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
     let workers: Vec<(String, String)> = health["workers"].as_array().into_iter().flatten().map(|w| (w["role"].as_str().unwrap_or("").to_string(), w["address"].as_str().unwrap_or("").to_string())).collect();
     let models: Value = serde_json::from_str(&http_get(api, "/v1/models").context("/v1/models")?.1)?;
     let model = models["data"][0]["id"].as_str().unwrap_or_default().to_string();
-    let pids: Vec<u32> = std::iter::once(up_pid).chain(children(up_pid)).collect();
-    let roles: Vec<String> = pids.iter().map(|&p| role(p)).collect();
+    let pids = || -> Vec<u32> {
+        let mut kids = children(up_pid);
+        kids.sort_by_key(|&p| role(p));
+        std::iter::once(up_pid).chain(kids).collect()
+    };
+    let roles: Vec<String> = pids().iter().map(|&p| role(p)).collect();
     let pools = || -> (f64, f64) {
         workers.iter().filter_map(|(_, addr)| http_get(addr, "/metrics")).fold((0.0, 0.0), |(f, t), (_, m)| (f + metric(&m, "tandem_kv_cache_free_blocks").unwrap_or(0.0), t + metric(&m, "tandem_kv_cache_num_blocks").unwrap_or(0.0)))
     };
-    let rss = || pids.iter().map(|&p| rss_mib(p).unwrap_or(0.0)).collect::<Vec<_>>();
+    let rss = || pids().iter().map(|&p| rss_mib(p).unwrap_or(0.0)).collect::<Vec<_>>();
+    let worker_metrics = || workers.iter().filter_map(|(_, addr)| http_get(addr, "/metrics")).map(|(_, m)| m).collect::<Vec<_>>();
+    let remote_before: f64 = worker_metrics().iter().map(|m| metric_with(m, "tandem_disagg_decisions_total", "decision=\"remote\"")).sum();
+    let failures_before: f64 = worker_metrics().iter().map(|m| metric(m, "tandem_kv_transfer_failures_total").unwrap_or(0.0)).sum();
 
     let stop = Arc::new(AtomicBool::new(false));
     let counters = Arc::new(Counters::default());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let tasks: Vec<_> = (0..a.concurrency).map(|i| rt.spawn(client(api.to_string(), model.clone(), i as u64 + 1, stop.clone(), counters.clone()))).collect();
+    let shape = Shape { words: a.prompt_words, tokens: a.output_tokens };
+    let tasks: Vec<_> = (0..a.concurrency).map(|i| rt.spawn(client(api.to_string(), model.clone(), i as u64 + 1, shape, stop.clone(), counters.clone()))).collect();
 
     let started = Instant::now();
+    let kill_task = a.kill_every.map(|every| {
+        let stop = stop.clone();
+        std::thread::spawn(move || killer(up_pid, every, started, stop))
+    });
     let mut samples: Vec<Value> = Vec::new();
     eprintln!("{:>7} {:>9} {:>7} {:>9} {:>10}  RSS MiB of {}", "t (s)", "requests", "errors", "tokens", "KV used", roles.join(", "));
     let rss_start = rss();
@@ -212,6 +313,26 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
         }
     });
     let elapsed = started.elapsed().as_secs_f64();
+    let kills = kill_task.map(|t| t.join().unwrap_or_default()).unwrap_or_default();
+    // The service is back: the router answers /health with 200 (within a minute of the load's end).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let healthy_at_end = loop {
+        if http_get(api, "/health").is_some_and(|(code, _)| code == 200) {
+            break true;
+        }
+        if Instant::now() >= deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let remote: f64 = worker_metrics().iter().map(|m| metric_with(m, "tandem_disagg_decisions_total", "decision=\"remote\"")).sum::<f64>() - if kills.is_empty() { remote_before } else { 0.0 };
+    let transfer_failures: f64 = worker_metrics().iter().map(|m| metric(m, "tandem_kv_transfer_failures_total").unwrap_or(0.0)).sum::<f64>() - if kills.is_empty() { failures_before } else { 0.0 };
+    let mut ttft = counters.ttft.lock().expect("ttft lock").clone();
+    let mut gaps = counters.gaps.lock().expect("gaps lock").clone();
+    let gaps_over_1s = gaps.iter().filter(|&&g| g > 1.0).count();
+    let max_gap = gaps.iter().copied().fold(0.0, f64::max);
+    let (ttft_p50, ttft_p99) = (quantile(&mut ttft, 0.5), quantile(&mut ttft, 0.99));
+    let gap_p99 = quantile(&mut gaps, 0.99);
     // Idle: every block must come back (cached blocks count as free).
     let deadline = Instant::now() + Duration::from_secs(30);
     let (mut free, mut total) = pools();
@@ -239,8 +360,21 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
         "blocks_total": total,
         "blocks_leaked": total - free,
         "workers": workers.iter().map(|(r, a)| json!({ "role": r, "address": a })).collect::<Vec<_>>(),
+        "ttft_p50_s": ttft_p50,
+        "ttft_p99_s": ttft_p99,
+        "inter_token_gap_p99_s": gap_p99,
+        "inter_token_gap_max_s": max_gap,
+        "inter_token_gaps_over_1s": gaps_over_1s,
+        "remote_prefills": remote,
+        "kv_transfer_failures": transfer_failures,
+        "kills": kills,
+        "healthy_at_end": healthy_at_end,
         "samples": samples,
     });
+    eprintln!(
+        "soak: TTFT p50 {ttft_p50:.2} s, p99 {ttft_p99:.2} s; inter-token gap p99 {gap_p99:.3} s, max {max_gap:.2} s, {gaps_over_1s} over 1 s; {remote} remote prefills, {transfer_failures} KV transfer failures{}; healthy at the end: {healthy_at_end}",
+        if kills.is_empty() { String::new() } else { format!(" (counters since start; {} kills)", kills.len()) }
+    );
     eprintln!(
         "soak: {ok} requests, {} errors, {:.2} req/s over {elapsed:.0} s; RSS MiB ({}) start {:?} end {:?}, second-half growth {:?}; KV blocks not returned: {}",
         report["errors"],

@@ -74,6 +74,12 @@ fn cases() -> Vec<Case> {
         case("json response_format", CHAT, json!({ "model": m, "messages": user, "response_format": { "type": "json_object" } }), 400, Some("response_format")),
         case("chat completion beyond the context", CHAT, json!({ "model": m, "messages": user, "max_completion_tokens": 1_000_000 }), 400, Some("max_completion_tokens")),
         case("chat temperature is a string", CHAT, json!({ "model": m, "messages": user, "temperature": "warm" }), 400, Some("temperature")),
+        case("max_tokens past i64", C, json!({ "model": m, "prompt": "hi", "max_tokens": i64::MAX }), 400, Some("max_tokens")),
+        case("min_tokens past u32", C, json!({ "model": m, "prompt": "hi", "max_tokens": 8, "min_tokens": 4_294_967_301u64 }), 400, Some("min_tokens")),
+        case("min_tokens above max_tokens", C, json!({ "model": m, "prompt": "hi", "max_tokens": 4, "min_tokens": 5 }), 400, Some("min_tokens")),
+        case("stream_options without stream", C, json!({ "model": m, "prompt": "hi", "stream_options": { "include_usage": true } }), 400, Some("stream_options")),
+        case("stop token outside the vocabulary", C, json!({ "model": m, "prompt": "hi", "stop_token_ids": [99_999_999] }), 400, Some("stop_token_ids")),
+        case("user message with null content", CHAT, json!({ "model": m, "messages": [{ "role": "user", "content": null }] }), 400, Some("messages[0].content")),
         raw("wrong method", "GET", C, "", 405),
         raw("unknown path", "POST", "/v1/embeddings", "{}", 404),
     ]
@@ -114,8 +120,10 @@ fn malformed_requests_get_openai_errors() {
     let ok = http(&r.addr, "POST", C, Some(&json!({ "model": MODEL, "prompt": "hi", "max_tokens": 3 }).to_string()));
     assert_eq!(ok.status, 200, "{}", ok.body);
     assert_eq!(wait_metric(&d.addr, "tandem_num_requests_running", 0.0), Some(0.0));
-    let huge = http(&r.addr, "POST", C, Some(&json!({ "model": MODEL, "prompt": "hello ".repeat(100_000) }).to_string()));
+    let huge = http(&r.addr, "POST", C, Some(&json!({ "model": MODEL, "prompt": "hello ".repeat(200_000) }).to_string()));
     assert!(huge.json()["error"]["message"].as_str().unwrap().contains("maximum context length"), "{}", huge.body);
+    // Refused by its length before tokenizing: the message counts bytes, not tokens.
+    assert!(huge.json()["error"]["message"].as_str().unwrap().contains("1200000 bytes"), "{}", huge.body);
 }
 
 #[test]

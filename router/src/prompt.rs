@@ -39,9 +39,13 @@ const CLOSE: char = '\u{E001}';
 
 /// Refuses a text that cannot fit in `limit` tokens, by its length alone.
 pub fn check_text_len(tok: &Tokenizer, text: &str, limit: usize, param: &str) -> Result<(), ApiError> {
+    too_long(tok, text.len(), limit, param)
+}
+
+fn too_long(tok: &Tokenizer, bytes: usize, limit: usize, param: &str) -> Result<(), ApiError> {
     let most = limit.saturating_mul(tok.max_bytes_per_token());
-    if text.len() > most {
-        return Err(ApiError::invalid(Some(param), format!("the prompt is {} bytes long and cannot fit in the {limit} tokens this server accepts (at most {most} bytes)", text.len())));
+    if bytes > most {
+        return Err(ApiError::invalid(Some(param), format!("the prompt is {bytes} bytes long and cannot fit in the {limit} prompt tokens this server accepts (the maximum context length less one, or --max-prompt-tokens)")));
     }
     Ok(())
 }
@@ -56,10 +60,7 @@ pub fn encode_text(tok: &Tokenizer, text: &str, limit: usize) -> Result<Vec<u32>
 /// Renders the conversation with the chat template and encodes it, after the length check.
 /// With [`SpecialTokens::Plain`], special-token text inside the messages becomes plain text.
 pub fn encode_chat(tok: &Tokenizer, template: &ChatTemplate, messages: &[ChatMessage], mode: SpecialTokens, limit: usize) -> Result<Vec<u32>, ApiError> {
-    let total: usize = messages.iter().map(|m| m.content.len()).sum();
-    if total > limit.saturating_mul(tok.max_bytes_per_token()) {
-        return Err(ApiError::invalid(Some("messages"), format!("the messages are {total} bytes long and cannot fit in the {limit} tokens this server accepts")));
-    }
+    too_long(tok, messages.iter().map(|m| m.content.len()).sum(), limit, "messages")?;
     let render = |ms: &[ChatMessage]| template.render(ms, true).map_err(|e| ApiError::invalid(Some("messages"), e.to_string()));
     let encode_err = |e: TokenizeError| ApiError::invalid(Some("messages"), format!("the messages cannot be tokenized: {e}"));
     // The special texts to neutralise: every special token, and the placeholder mark itself (so
