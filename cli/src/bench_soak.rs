@@ -151,7 +151,7 @@ async fn client(api: String, model: String, seed: u64, shape: Shape, stop: Arc<A
         };
         let mut tokens = 0u64;
         let mut done = false;
-        let mut failed = false;
+        let mut failed: Option<String> = None;
         let sent = Instant::now();
         let mut last: Option<Instant> = None;
         let mut ttft = None;
@@ -160,7 +160,7 @@ async fn client(api: String, model: String, seed: u64, shape: Shape, stop: Arc<A
             if d == "[DONE]" {
                 done = true;
             } else if d.contains("\"error\"") {
-                failed = true;
+                failed = Some(d.chars().take(300).collect());
             } else if d.contains("\"text\":\"") || d.contains("\"content\":\"") {
                 // A chunk that carries text (not the role chunk or the finish chunk).
                 let now = Instant::now();
@@ -173,14 +173,14 @@ async fn client(api: String, model: String, seed: u64, shape: Shape, stop: Arc<A
             }
         })
         .await;
-        if r.is_ok() && done && !failed {
+        if r.is_ok() && done && failed.is_none() {
             c.ok.fetch_add(1, Ordering::Relaxed);
             c.tokens.fetch_add(tokens, Ordering::Relaxed);
             c.ttft.lock().expect("ttft lock").extend(ttft);
             c.gaps.lock().expect("gaps lock").extend(gaps);
         } else {
             c.errors.fetch_add(1, Ordering::Relaxed);
-            eprintln!("request failed: {}", r.err().unwrap_or_else(|| if failed { "error event".into() } else { "stream ended without [DONE]".into() }));
+            eprintln!("request failed: {}", r.err().unwrap_or_else(|| failed.map(|f| format!("error event {f}")).unwrap_or_else(|| "stream ended without [DONE]".into())));
         }
     }
 }
@@ -190,7 +190,10 @@ pub fn run(a: SoakArgs) -> Result<()> {
     let exe = std::env::current_exe()?;
     let mut up = Command::new(exe);
     up.args(["up", "--port", "0"]).args(a.up_flags.split_whitespace());
-    let mut child = up.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().context("starting tandem up")?;
+    let log_path = std::env::temp_dir().join(format!("tandem-soak-{}.log", std::process::id()));
+    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    eprintln!("soak: the services' logs go to {}", log_path.display());
+    let mut child = up.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log).spawn().context("starting tandem up")?;
     let _stdin = child.stdin.take();
     let mut out = std::io::BufReader::new(child.stdout.take().expect("piped"));
     let api = loop {

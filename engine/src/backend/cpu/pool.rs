@@ -7,8 +7,8 @@
 //! Tasks are claimed by compare-and-swap on that word, which fails once the job has changed; the
 //! caller works too and returns when every *task* has finished. It never waits for a worker
 //! that has not started: a worker descheduled by the OS (more threads than free cores, a busy
-//! host) delays nobody unless it holds a task. One job runs at a time (callers are
-//! serialised).
+//! host) delays nobody unless it holds a task, and while one does, the caller spins only
+//! briefly and then yields its core. One job runs at a time (callers are serialised).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -219,8 +219,17 @@ impl ThreadPool {
             }
         }
         s.work(w);
+        // Spin briefly, then yield: when the cores are shared (a prefill and a decode worker on
+        // one laptop), the thread still holding a task may be descheduled, and spinning would
+        // keep it off the core for the rest of our time slice.
+        let mut spins = 0u32;
         while s.done_tasks.load(Ordering::Acquire) < n_tasks {
-            std::hint::spin_loop();
+            if spins < SPIN_ITERS {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
     }
 }
