@@ -67,6 +67,8 @@ struct Counters {
     ttft: std::sync::Mutex<Vec<f64>>,
     /// Every gap between consecutive token events of a stream, seconds.
     gaps: std::sync::Mutex<Vec<f64>>,
+    /// `(seconds since the soak started at the gap's end, gap)` of every gap over 1 s.
+    long_gaps: std::sync::Mutex<Vec<(f64, f64)>>,
 }
 
 fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
@@ -138,7 +140,7 @@ struct Shape {
     tokens: (usize, usize),
 }
 
-async fn client(api: String, model: String, seed: u64, shape: Shape, stop: Arc<AtomicBool>, c: Arc<Counters>) {
+async fn client(api: String, model: String, seed: u64, shape: Shape, stop: Arc<AtomicBool>, c: Arc<Counters>, t0: Instant) {
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     while !stop.load(Ordering::Relaxed) {
         rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -156,17 +158,32 @@ async fn client(api: String, model: String, seed: u64, shape: Shape, stop: Arc<A
         let mut last: Option<Instant> = None;
         let mut ttft = None;
         let mut gaps = Vec::new();
+        let mut long = Vec::new();
         let r = post_events(&api, path, body.to_string().as_bytes(), Duration::from_secs(300), &mut |d: &str| {
             if d == "[DONE]" {
                 done = true;
-            } else if d.contains("\"error\"") {
+                return;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(d) else { return };
+            if v.get("error").is_some() {
+                // An error event (a chunk whose generated text says "error" is not one).
                 failed = Some(d.chars().take(300).collect());
-            } else if d.contains("\"text\":\"") || d.contains("\"content\":\"") {
-                // A chunk that carries text (not the role chunk or the finish chunk).
+                return;
+            }
+            let c = &v["choices"][0];
+            let text = c["text"].as_str().or_else(|| c["delta"]["content"].as_str()).unwrap_or("");
+            if !text.is_empty() {
+                // A chunk that carries generated text (not the role chunk or the finish chunk).
                 let now = Instant::now();
                 match last {
                     None => ttft = Some(now.duration_since(sent).as_secs_f64()),
-                    Some(l) => gaps.push(now.duration_since(l).as_secs_f64()),
+                    Some(l) => {
+                        let gap = now.duration_since(l).as_secs_f64();
+                        if gap > 1.0 {
+                            long.push((now.duration_since(t0).as_secs_f64(), gap));
+                        }
+                        gaps.push(gap);
+                    }
                 }
                 last = Some(now);
                 tokens += 1;
@@ -178,6 +195,7 @@ async fn client(api: String, model: String, seed: u64, shape: Shape, stop: Arc<A
             c.tokens.fetch_add(tokens, Ordering::Relaxed);
             c.ttft.lock().expect("ttft lock").extend(ttft);
             c.gaps.lock().expect("gaps lock").extend(gaps);
+            c.long_gaps.lock().expect("gaps lock").extend(long);
         } else {
             c.errors.fetch_add(1, Ordering::Relaxed);
             eprintln!("request failed: {}", r.err().unwrap_or_else(|| failed.map(|f| format!("error event {f}")).unwrap_or_else(|| "stream ended without [DONE]".into())));
@@ -287,7 +305,8 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
     let counters = Arc::new(Counters::default());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let shape = Shape { words: a.prompt_words, tokens: a.output_tokens };
-    let tasks: Vec<_> = (0..a.concurrency).map(|i| rt.spawn(client(api.to_string(), model.clone(), i as u64 + 1, shape, stop.clone(), counters.clone()))).collect();
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..a.concurrency).map(|i| rt.spawn(client(api.to_string(), model.clone(), i as u64 + 1, shape, stop.clone(), counters.clone(), t0))).collect();
 
     let started = Instant::now();
     let kill_task = a.kill_every.map(|every| {
@@ -368,6 +387,7 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
         "inter_token_gap_p99_s": gap_p99,
         "inter_token_gap_max_s": max_gap,
         "inter_token_gaps_over_1s": gaps_over_1s,
+        "long_gaps": counters.long_gaps.lock().expect("gaps lock").iter().map(|(t, g)| json!({ "t": t, "gap_s": g })).collect::<Vec<_>>(),
         "remote_prefills": remote,
         "kv_transfer_failures": transfer_failures,
         "kills": kills,

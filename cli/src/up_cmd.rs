@@ -67,6 +67,17 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// A run this long resets the backoff.
 const HEALTHY_RUN: Duration = Duration::from_secs(30);
 
+/// Token budget of a disaggregated decode worker's step (unless `--max-num-seqs` asks for more).
+const DECODE_STEP_TOKENS: usize = 128;
+
+/// `args` without the flags that `extra` sets (so `--decode-flags` and `--prefill-flags`
+/// override `up`'s own engine flags instead of repeating them).
+fn without_flags(args: Vec<String>, extra: &[String]) -> Vec<String> {
+    let name = |a: &str| a.split('=').next().unwrap_or(a).to_string();
+    let set: Vec<String> = extra.iter().filter(|e| e.starts_with("--")).map(|e| name(e)).collect();
+    args.into_iter().filter(|a| !set.contains(&name(a))).collect()
+}
+
 /// The wait before restart number `failures` (1-based) in a row.
 fn backoff(failures: u32) -> Duration {
     FIRST_BACKOFF.saturating_mul(1u32 << failures.saturating_sub(1).min(10)).min(MAX_BACKOFF)
@@ -148,11 +159,19 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
     let result = (|| -> Result<String> {
         let mut decode = vec!["decode".to_string(), "--listen=127.0.0.1:0".into()];
         decode.extend(common.clone());
-        decode.extend(engine.clone());
+        let mut decode_engine = a.engine.clone();
+        if !a.colocated {
+            // Its prompts are prefilled elsewhere; one it must prefill itself (a full prefill
+            // queue, a failed transfer) comes in small chunks, so the streams it decodes never
+            // wait long for their next token.
+            decode_engine.max_num_batched_tokens = decode_engine.max_num_batched_tokens.min((2 * decode_engine.max_num_seqs).max(DECODE_STEP_TOKENS));
+        }
+        let decode_flags = split(&a.decode_flags);
+        decode.extend(without_flags(decode_engine.to_args(), &decode_flags));
         if a.colocated {
             decode.push("--colocated".into());
         }
-        decode.extend(split(&a.decode_flags));
+        decode.extend(decode_flags);
         services.push(start("decode worker", &decode)?);
         started_with.push(decode);
         let decode_addr = services[0].addr.clone();
@@ -160,8 +179,9 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
         if !a.colocated {
             let mut prefill = vec!["prefill".to_string(), "--listen=127.0.0.1:0".into()];
             prefill.extend(common.clone());
-            prefill.extend(engine.clone());
-            prefill.extend(split(&a.prefill_flags));
+            let prefill_flags = split(&a.prefill_flags);
+            prefill.extend(without_flags(engine.clone(), &prefill_flags));
+            prefill.extend(prefill_flags);
             services.push(start("prefill worker", &prefill)?);
             started_with.push(prefill);
             router.push(format!("--prefill-workers={}", services[1].addr));
@@ -253,6 +273,13 @@ mod tests {
         assert_eq!(backoff(4), Duration::from_secs(4));
         assert_eq!(backoff(6), MAX_BACKOFF);
         assert_eq!(backoff(40), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn extra_flags_override_ups_own() {
+        let args: Vec<String> = ["--max-num-seqs=64", "--max-num-batched-tokens=128", "--block-size=16"].iter().map(|s| s.to_string()).collect();
+        let extra: Vec<String> = ["--max-num-batched-tokens", "512", "--disagg-min-tokens=8"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(without_flags(args, &extra), ["--max-num-seqs=64", "--block-size=16"]);
     }
 
     #[test]

@@ -231,6 +231,10 @@ fn publish(state: &mut LoopState, snap: &Mutex<Snapshot>, failed: bool) {
     m::publish_engine(&prev, &s);
 }
 
+/// A step (or a batch of jobs between steps) longer than this is logged at debug level:
+/// streams wait for it.
+const SLOW: Duration = Duration::from_millis(500);
+
 fn run(state: &mut LoopState, rx: &Receiver<Job>, snap: &Mutex<Snapshot>) {
     let mut failed = false;
     loop {
@@ -241,14 +245,24 @@ fn run(state: &mut LoopState, rx: &Receiver<Job>, snap: &Mutex<Snapshot>) {
                 Err(_) => return,
             }
         }
+        let jobs_started = Instant::now();
         while let Ok(job) = rx.try_recv() {
             job(state);
+        }
+        if jobs_started.elapsed() > SLOW {
+            tracing::debug!(ms = jobs_started.elapsed().as_millis() as u64, "slow engine jobs (between steps)");
         }
         if !(state.engine.has_unfinished_requests() || state.engine.has_pending_outputs()) {
             publish(state, snap, failed);
             continue;
         }
-        match state.engine.step() {
+        let step_started = Instant::now();
+        let stepped = state.engine.step();
+        if step_started.elapsed() > SLOW {
+            let plan = state.engine.last_schedule();
+            tracing::debug!(ms = step_started.elapsed().as_millis() as u64, tokens = plan.num_batched_tokens, seqs = plan.scheduled.len(), preempted = plan.preempted.len(), "slow engine step");
+        }
+        match stepped {
             Ok(outs) => {
                 let idle = outs.is_empty() && state.engine.last_schedule().is_empty();
                 failed = false;
