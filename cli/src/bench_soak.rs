@@ -69,6 +69,19 @@ struct Counters {
     gaps: std::sync::Mutex<Vec<f64>>,
     /// `(seconds since the soak started at the gap's end, gap)` of every gap over 1 s.
     long_gaps: std::sync::Mutex<Vec<(f64, f64)>>,
+    /// Failed requests by what the client saw.
+    error_kinds: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+/// What a failed request's client saw, in a few words (`http_503`, `connect`, ...).
+fn error_kind(e: &str) -> String {
+    if e.starts_with("error event") {
+        "error event in the stream".into()
+    } else if e.starts_with("stream ended") {
+        "stream cut".into()
+    } else {
+        e.split(|c: char| c == ':' || c.is_whitespace()).next().unwrap_or(e).to_string()
+    }
 }
 
 fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
@@ -198,7 +211,11 @@ async fn client(api: String, model: String, seed: u64, shape: Shape, stop: Arc<A
             c.long_gaps.lock().expect("gaps lock").extend(long);
         } else {
             c.errors.fetch_add(1, Ordering::Relaxed);
-            eprintln!("request failed: {}", r.err().unwrap_or_else(|| failed.map(|f| format!("error event {f}")).unwrap_or_else(|| "stream ended without [DONE]".into())));
+            let why = r.err().unwrap_or_else(|| failed.map(|f| format!("error event {f}")).unwrap_or_else(|| "stream ended without [DONE]".into()));
+            eprintln!("request failed: {why}");
+            *c.error_kinds.lock().expect("errors lock").entry(error_kind(&why)).or_default() += 1;
+            // As a client would: wait a little before trying again.
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
 }
@@ -373,6 +390,7 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
         "concurrency": a.concurrency,
         "requests": ok,
         "errors": counters.errors.load(Ordering::Relaxed),
+        "errors_by_kind": counters.error_kinds.lock().expect("errors lock").clone(),
         "output_tokens": counters.tokens.load(Ordering::Relaxed),
         "requests_per_s": ok as f64 / elapsed,
         "processes": roles,
