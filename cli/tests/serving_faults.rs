@@ -1,6 +1,7 @@
 //! Fault tests with real processes on loopback: a KV layout mismatch, a corrupted page, a decode
 //! worker killed mid-stream, a prefill worker that stalls or is killed mid-transfer, a client
-//! that goes away. In each case the client gets tokens or an OpenAI error (the failure is
+//! that goes away (also while its prompt waits at a frozen prefill worker, which then never
+//! computes it). In each case the client gets tokens or an OpenAI error (the failure is
 //! detected by the mechanism each test names, which the test checks; times are printed, not
 //! asserted: the HTTP client's 120 s read timeout only guards against a hang), and the
 //! surviving workers' free-block counts return to their baselines.
@@ -168,4 +169,37 @@ fn client_going_away_aborts_the_request_and_frees_its_blocks() {
     s.shutdown(std::net::Shutdown::Both).unwrap();
     drop(s);
     assert_baseline(&d, d0);
+}
+
+#[test]
+fn a_prefill_the_decode_side_gave_up_on_is_never_computed() {
+    let _s = serial();
+    let p = prefill(&[], &[]);
+    let d = decode(&[], &[]);
+    let r = router(&[&d], &[&p]);
+    let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &p.child.id().to_string()]).status().unwrap().success());
+    // The prefill worker is frozen while the request reaches it; its client then goes away,
+    // which cancels the Prefill call. Once thawed, the worker must not compute that prompt.
+    signal("-STOP");
+    let body = json!({ "model": MODEL, "prompt": long_prompt(), "max_tokens": 8, "temperature": 0, "stream": true }).to_string();
+    let s = open_stream(&r.addr, "/v1/completions", &body);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&d.addr, "tandem_disagg_decisions_total", &["decision=\"remote\""]).unwrap_or(0.0) < 1.0 {
+        assert!(Instant::now() < deadline, "the decode worker never asked for the remote prefill");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    s.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(s);
+    assert_eq!(wait_metric(&d.addr, "tandem_num_requests_running", 0.0), Some(0.0));
+    std::thread::sleep(Duration::from_millis(500));
+    signal("-CONT");
+    // The worker is alive and serves the next prompt, but computed none of the abandoned one.
+    std::thread::sleep(Duration::from_secs(2));
+    // A computed prefill samples its first token; the abandoned one ended aborted, with none.
+    assert_eq!(metric_sum(&p.addr, "tandem_generation_tokens_total"), 0.0, "the abandoned prompt was prefilled");
+    assert_eq!(metric_sum(&p.addr, "tandem_request_prompt_tokens_count"), 1.0, "the call reached the prefill worker and ended there");
+    let (res, _) = completion(&r, 4);
+    assert_tokens(&res, 4);
+    assert!(metric_sum(&p.addr, "tandem_generation_tokens_total") > 0.0);
 }
