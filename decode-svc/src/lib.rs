@@ -8,13 +8,17 @@
 //! worker are prefilled locally (conditional disaggregation).
 //!
 //! - [`service`]: the `DecodeWorker` and `KvTransfer` gRPC services.
+//! - [`state`]: what the handlers and the remote prefill tasks share.
+//! - [`clients`]: gRPC channels to prefill workers.
 //! - [`remote`]: the remote prefill of one request and its failure policy.
 //! - [`transfers`]: pending transfers and the TCP page receiver.
 //! - [`links`]: device links to prefill workers and their receivers.
 
+pub mod clients;
 pub mod links;
 pub mod remote;
 pub mod service;
+pub mod state;
 pub mod transfers;
 
 use std::time::Duration;

@@ -24,7 +24,7 @@ use tandem_proto::v1::kv_transfer_client::KvTransferClient;
 use tandem_worker::auth::authed;
 use tokio::sync::watch;
 
-use crate::remote::PrefillClients;
+use crate::clients::PrefillClients;
 use crate::transfers::Transfers;
 
 /// How long joining a link may take (NCCL's first communicator in a process takes seconds).

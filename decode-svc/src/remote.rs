@@ -4,54 +4,18 @@
 //! the request is then prefilled locally (`recompute`) or failed (`fail`). Blocks are freed on
 //! both sides either way.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tandem_engine::remote_prefill::RemotePrefill;
 use tandem_proto::v1 as pb;
-use tandem_proto::v1::prefill_worker_client::PrefillWorkerClient;
-use tandem_worker::auth::{authed, AuthChannel};
 use tandem_worker::convert::sampled_from_proto;
 use tandem_worker::metrics::{count_transfer_failure, observe_transfer};
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
 use tonic::Status;
 use tracing::Instrument;
 
-use crate::service::DecodeService;
+use crate::state::DecodeService;
 use crate::FailurePolicy;
-
-/// gRPC channels to prefill workers, one per address, reused across requests.
-#[derive(Default)]
-pub struct PrefillClients {
-    channels: Mutex<HashMap<String, Channel>>,
-}
-
-impl PrefillClients {
-    /// A client for the prefill worker at `addr` ("host:port"); the channel connects lazily
-    /// and pings the peer so a stalled worker is noticed within `stall`.
-    pub fn get(&self, addr: &str, stall: Duration) -> Result<PrefillWorkerClient<AuthChannel>, String> {
-        Ok(PrefillWorkerClient::new(authed(self.channel(addr, stall)?)))
-    }
-
-    /// The channel to the prefill worker at `addr` (see [`PrefillClients::get`]).
-    pub fn channel(&self, addr: &str, stall: Duration) -> Result<Channel, String> {
-        let mut map = self.channels.lock().expect("clients lock");
-        if let Some(c) = map.get(addr) {
-            return Ok(c.clone());
-        }
-        let ch = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("bad prefill worker address '{addr}': {e}"))?
-            .connect_timeout(stall)
-            .http2_keep_alive_interval(stall / 2)
-            .keep_alive_timeout(stall / 2)
-            .keep_alive_while_idle(true)
-            .connect_lazy();
-        map.insert(addr.to_string(), ch.clone());
-        Ok(ch)
-    }
-}
 
 type Tx = mpsc::UnboundedSender<Result<pb::GenerateResponse, Status>>;
 

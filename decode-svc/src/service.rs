@@ -6,59 +6,20 @@
 //! blocks.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tandem_engine::{Prompt, RequestOptions, RequestOutput};
 use tandem_proto::v1 as pb;
 use tandem_worker::convert::{delta_to_proto, params_from_proto};
 use tandem_worker::metrics::count_disagg_decision;
-use tandem_worker::{EngineEvent, EngineHandle};
+use tandem_worker::EngineEvent;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::links::DeviceLinks;
-use crate::remote::{spawn_remote_prefill, PrefillClients};
-use crate::transfers::Transfers;
-use crate::DecodeConfig;
-
-/// The decode service (cheap to clone: its state is shared).
-#[derive(Clone)]
-pub struct DecodeService(Arc<Shared>);
-
-impl std::ops::Deref for DecodeService {
-    type Target = Shared;
-    fn deref(&self) -> &Shared {
-        &self.0
-    }
-}
-
-/// State shared by the decode service's handlers.
-pub struct Shared {
-    pub(crate) engine: EngineHandle,
-    pub(crate) cfg: DecodeConfig,
-    pub(crate) transfers: Transfers,
-    pub(crate) kv_addr: String,
-    pub(crate) block_size: usize,
-    pub(crate) clients: PrefillClients,
-    pub(crate) links: Option<Arc<DeviceLinks>>,
-    next_transfer: AtomicU64,
-}
-
-impl DecodeService {
-    /// The service over `engine`, receiving KV pages at `kv_addr` (TCP) or over `links`.
-    pub fn new(engine: EngineHandle, cfg: DecodeConfig, transfers: Transfers, kv_addr: String, block_size: usize, links: Option<Arc<DeviceLinks>>) -> DecodeService {
-        let seed = tandem_worker::status::new_epoch() & 0xFFFF_FFFF;
-        DecodeService(Arc::new(Shared { engine, cfg, transfers, kv_addr, block_size, clients: PrefillClients::default(), links, next_transfer: AtomicU64::new(seed << 32) }))
-    }
-
-    pub(crate) fn next_transfer_id(&self) -> u64 {
-        self.next_transfer.fetch_add(1, Ordering::Relaxed)
-    }
-}
+use crate::remote::spawn_remote_prefill;
+pub use crate::state::DecodeService;
 
 /// A response stream that aborts its request when dropped.
 pub struct GenerateStream {

@@ -3,7 +3,6 @@
 //! min-p / top-k / top-p filtering, and log-probabilities of the model's own distribution.
 
 use crate::backend::cpu::ops::log_sum_exp;
-use crate::backend::RowSampling;
 use crate::sampling_params::SamplingParams;
 
 /// A token with its log-probability under the model (before penalties and temperature).
@@ -23,6 +22,30 @@ pub struct SampledToken {
     pub chosen: TokenLogprob,
     /// Most likely tokens, best first (empty when not asked for).
     pub top: Vec<TokenLogprob>,
+}
+
+/// How a backend that samples on the device chooses the token of one logits row: Gumbel-max
+/// over the tokens surviving min-p, top-k and top-p, with this temperature (0 = argmax) and
+/// seed, as [`gumbel_max`] defines it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowSampling {
+    /// Softmax temperature (0 = greedy).
+    pub temperature: f32,
+    /// Seed of the row's random draws.
+    pub seed: u64,
+    /// Keep the `top_k` most likely tokens (0 or negative: all).
+    pub top_k: i32,
+    /// Keep the smallest most likely set reaching this probability (1: all).
+    pub top_p: f32,
+    /// Drop tokens below this fraction of the most likely one's probability (0: none).
+    pub min_p: f32,
+}
+
+impl RowSampling {
+    /// Plain temperature sampling (no filter) with `seed`.
+    pub fn new(temperature: f32, seed: u64) -> Self {
+        RowSampling { temperature, seed, top_k: 0, top_p: 1.0, min_p: 0.0 }
+    }
 }
 
 /// A small, fast, seedable PRNG (xoshiro256**), so a request's seed fixes its output.

@@ -97,6 +97,18 @@ impl AppState {
     }
 }
 
+impl crate::sync::Shared for AppState {
+    fn routing(&self) -> &Routing {
+        &self.routing
+    }
+    fn workers(&self) -> &Workers {
+        &self.pool
+    }
+    fn load_sync(&self) -> Option<&crate::sync::LoadSync> {
+        self.load_sync.as_ref()
+    }
+}
+
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
@@ -266,7 +278,7 @@ async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>)
         // See the other replicas' latest load, then decide (the booking wakes the load loop,
         // which publishes ours).
         if let Some(sync) = &st.load_sync {
-            sync.exchange(st, Duration::from_millis(100)).await;
+            sync.exchange(&st.routing, Duration::from_millis(100)).await;
         }
         let Some(route) = st.routing.route(&pool, &p.id, &p.prompts[0], &p.cache_salt, &tried) else { break };
         let worker = route.decode.clone();

@@ -12,9 +12,21 @@ use metrics::{counter, gauge};
 use tandem_worker::kv_events::{decode, EVENTS_STREAM};
 use tandem_worker::redis::{RedisConn, Reply};
 
-use crate::handlers::AppState;
 use crate::kv_index::Applied;
 use crate::load::Load;
+use crate::routing::Routing;
+use crate::workers::Workers;
+
+/// What the Redis loops work on: the router's routing state, its workers and its load syncer
+/// (the HTTP handlers' state provides them).
+pub trait Shared: Send + Sync + 'static {
+    /// Indexes and load.
+    fn routing(&self) -> &Routing;
+    /// The workers.
+    fn workers(&self) -> &Workers;
+    /// The load syncer, with Redis.
+    fn load_sync(&self) -> Option<&LoadSync>;
+}
 
 /// Redis hash of every router's booked load: field = router id, value = `{"at": ms, "loads": {…}}`.
 const LOAD_KEY: &str = "tandem:load";
@@ -32,43 +44,43 @@ fn now_ms() -> u64 {
 }
 
 /// Starts both loops.
-pub fn spawn(state: Arc<AppState>, url: String) {
+pub fn spawn<S: Shared>(state: Arc<S>, url: String) {
     tokio::spawn(events_loop(state.clone(), url));
     tokio::spawn(load_loop(state));
 }
 
 /// Replaces the index entries of every worker that needs it with a snapshot from its Status.
-async fn resync(state: &AppState, all: bool) {
+async fn resync<S: Shared>(state: &S, all: bool) {
     let wanted = if all {
-        state.pool.current().all().map(|w| w.worker_id()).collect::<Vec<_>>()
+        state.workers().current().all().map(|w| w.worker_id()).collect::<Vec<_>>()
     } else {
-        state.routing.exact.lock().expect("index lock").needing_resync()
+        state.routing().exact.lock().expect("index lock").needing_resync()
     };
-    for w in state.pool.current().all() {
+    for w in state.workers().current().all() {
         let id = w.worker_id();
         if !(all || wanted.contains(&id)) {
             continue;
         }
         match w.status(Duration::from_secs(2), true).await {
             Ok(s) => {
-                state.routing.exact.lock().expect("index lock").resync(&s.worker_id, s.epoch, s.event_seq, &s.cached_block_hashes);
+                state.routing().exact.lock().expect("index lock").resync(&s.worker_id, s.epoch, s.event_seq, &s.cached_block_hashes);
                 counter!("tandem_router_index_resyncs_total").increment(1);
                 tracing::info!(worker = %s.worker_id, blocks = s.cached_block_hashes.len(), seq = s.event_seq, "index resynchronised from the worker's status");
             }
             Err(e) => {
                 tracing::warn!(worker = %w.addr, error = %e, "resync failed; the worker is left out of the index");
-                state.routing.forget(w);
+                state.routing().forget(w);
             }
         }
     }
 }
 
-async fn events_loop(state: Arc<AppState>, url: String) {
+async fn events_loop<S: Shared>(state: Arc<S>, url: String) {
     loop {
         let mut conn = match RedisConn::connect(&url, Duration::from_secs(1)).await {
             Ok(c) => c,
             Err(e) => {
-                state.routing.exact_live.store(false, Ordering::Relaxed);
+                state.routing().exact_live.store(false, Ordering::Relaxed);
                 gauge!("tandem_router_redis_up").set(0.0);
                 tracing::debug!(error = %e, "redis unreachable; routing on the approximate index");
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -81,8 +93,8 @@ async fn events_loop(state: Arc<AppState>, url: String) {
             Ok(r) => r.items().first().and_then(|e| e.items().first()).and_then(Reply::text).unwrap_or_else(|| "0-0".into()),
             Err(_) => continue,
         };
-        resync(&state, true).await;
-        state.routing.exact_live.store(true, Ordering::Relaxed);
+        resync(&*state, true).await;
+        state.routing().exact_live.store(true, Ordering::Relaxed);
         gauge!("tandem_router_redis_up").set(1.0);
         tracing::info!(%url, "reading KV events; routing on the exact index");
         loop {
@@ -104,7 +116,7 @@ async fn events_loop(state: Arc<AppState>, url: String) {
                         next_last = Some(id);
                     }
                     let Some(ev) = items.get(1).and_then(|f| decode(f.items())) else { continue };
-                    let applied = state.routing.exact.lock().expect("index lock").apply(&ev.worker, ev.epoch, ev.seq, &ev.event);
+                    let applied = state.routing().exact.lock().expect("index lock").apply(&ev.worker, ev.epoch, ev.seq, &ev.event);
                     let kind = match applied {
                         Applied::Ok => "applied",
                         Applied::NewEpoch => "new_epoch",
@@ -120,12 +132,12 @@ async fn events_loop(state: Arc<AppState>, url: String) {
             if let Some(l) = next_last {
                 last = l;
             }
-            if !state.routing.exact.lock().expect("index lock").needing_resync().is_empty() {
-                resync(&state, false).await;
+            if !state.routing().exact.lock().expect("index lock").needing_resync().is_empty() {
+                resync(&*state, false).await;
             }
-            state.routing.publish_gauges(&state.pool.current());
+            state.routing().publish_gauges(&state.workers().current());
         }
-        state.routing.exact_live.store(false, Ordering::Relaxed);
+        state.routing().exact_live.store(false, Ordering::Relaxed);
         gauge!("tandem_router_redis_up").set(0.0);
     }
 }
@@ -149,7 +161,7 @@ impl LoadSync {
 
     /// One exchange, bounded by `timeout`; on failure the other replicas' load is taken as
     /// unknown (zero) until the next success.
-    pub async fn exchange(&self, state: &AppState, timeout: Duration) {
+    pub async fn exchange(&self, routing: &Routing, timeout: Duration) {
         let Ok(mut guard) = tokio::time::timeout(timeout, self.conn.lock()).await else { return };
         let fut = async {
             if guard.is_none() {
@@ -157,7 +169,7 @@ impl LoadSync {
             }
             let c = guard.as_mut().expect("connected above");
             let now = now_ms();
-            let mine = serde_json::to_vec(&LoadEntry { at: now, loads: state.routing.load.local() }).unwrap_or_default();
+            let mine = serde_json::to_vec(&LoadEntry { at: now, loads: routing.load.local() }).unwrap_or_default();
             let replies = c.pipeline(&[&[b"HSET", LOAD_KEY.as_bytes(), self.field.as_bytes(), &mine], &[b"HGETALL", LOAD_KEY.as_bytes()]]).await?;
             let mut sum: HashMap<String, Load> = HashMap::new();
             let mut stale: Vec<String> = Vec::new();
@@ -185,30 +197,30 @@ impl LoadSync {
             Ok::<_, tandem_worker::redis::RedisError>(sum)
         };
         match tokio::time::timeout(timeout, fut).await {
-            Ok(Ok(sum)) => state.routing.load.set_remote(sum),
+            Ok(Ok(sum)) => routing.load.set_remote(sum),
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "sharing load through redis failed");
-                state.routing.load.set_remote(HashMap::new());
+                routing.load.set_remote(HashMap::new());
                 *guard = None;
             }
             Err(_) => {
-                state.routing.load.set_remote(HashMap::new());
+                routing.load.set_remote(HashMap::new());
                 *guard = None;
             }
         }
     }
 }
 
-async fn load_loop(state: Arc<AppState>) {
+async fn load_loop<S: Shared>(state: Arc<S>) {
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         // Every 250 ms, and at once when a booking or a release changes this router's load.
         tokio::select! {
             _ = tick.tick() => {}
-            _ = state.routing.load.changed.notified() => {}
+            _ = state.routing().load.changed.notified() => {}
         }
-        if let Some(sync) = &state.load_sync {
-            sync.exchange(&state, Duration::from_millis(500)).await;
+        if let Some(sync) = state.load_sync() {
+            sync.exchange(state.routing(), Duration::from_millis(500)).await;
         }
     }
 }

@@ -1,6 +1,7 @@
 //! What every Tandem worker process shares.
 //!
 //! - [`engine_loop`]: the engine on its own thread, driven by closures, with per-request sinks.
+//! - [`snapshot`]: the engine's state as of its last step, for readers that must not wait.
 //! - [`kv`]: the KV layout of the engine on the wire.
 //! - [`convert`]: gRPC messages to engine types and back.
 //! - [`metrics`]: the Prometheus recorder and the `tandem_` series.
@@ -15,6 +16,7 @@ pub mod kv_events;
 pub mod metrics;
 pub mod redis;
 pub mod serve;
+pub mod snapshot;
 pub mod status;
 
 pub use engine_loop::{EngineEvent, EngineHandle, LoopState, Snapshot};

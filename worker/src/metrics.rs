@@ -7,7 +7,7 @@ use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gau
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tandem_engine::request_output::RequestMetrics;
 
-use crate::engine_loop::Snapshot;
+use crate::snapshot::Snapshot;
 
 /// Latency buckets in seconds (5 ms to 10 min).
 const LATENCY_BUCKETS: [f64; 20] = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 600.0];

@@ -80,29 +80,7 @@ impl ForwardBatch {
     }
 }
 
-/// How a backend that samples on the device chooses the token of one logits row: Gumbel-max
-/// over the tokens surviving min-p, top-k and top-p, with this temperature (0 = argmax) and
-/// seed, as [`crate::sampler::gumbel_max`] defines it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RowSampling {
-    /// Softmax temperature (0 = greedy).
-    pub temperature: f32,
-    /// Seed of the row's random draws.
-    pub seed: u64,
-    /// Keep the `top_k` most likely tokens (0 or negative: all).
-    pub top_k: i32,
-    /// Keep the smallest most likely set reaching this probability (1: all).
-    pub top_p: f32,
-    /// Drop tokens below this fraction of the most likely one's probability (0: none).
-    pub min_p: f32,
-}
-
-impl RowSampling {
-    /// Plain temperature sampling (no filter) with `seed`.
-    pub fn new(temperature: f32, seed: u64) -> Self {
-        RowSampling { temperature, seed, top_k: 0, top_p: 1.0, min_p: 0.0 }
-    }
-}
+pub use crate::sampler::RowSampling;
 
 /// Shape of a backend's paged KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
