@@ -102,7 +102,8 @@ pub enum EngineWorkload {
     Chat,
 }
 
-const CODE_ITEMS: [&str; 8] = ["width", "height", "depth", "weight", "color", "price", "owner", "label"];
+const CODE_ITEMS: [&str; 8] =
+    ["width", "height", "depth", "weight", "color", "price", "owner", "label"];
 const CHAT_TOPICS: [&str; 8] = [
     "why the sky is blue",
     "how bread rises",
@@ -128,7 +129,9 @@ fn workload_text(w: EngineWorkload, i: usize) -> String {
             }
             s
         }
-        EngineWorkload::Chat | EngineWorkload::Random => format!("Explain {} in a few paragraphs.", CHAT_TOPICS[i % CHAT_TOPICS.len()]),
+        EngineWorkload::Chat | EngineWorkload::Random => {
+            format!("Explain {} in a few paragraphs.", CHAT_TOPICS[i % CHAT_TOPICS.len()])
+        }
     }
 }
 #[derive(Args, Debug)]
@@ -183,8 +186,13 @@ fn kernels(a: KernelArgs) -> Result<()> {
     use tandem_engine::dtype::GgmlType;
     let mut rng = tandem_engine::sampler::Rng::new(1);
     let mut mat = |ty: GgmlType, n: usize, k: usize| {
-        let bytes: Vec<u8> = (0..ty.bytes_for(n * k)).map(|i| if i % ty.block_bytes() < 4 { 0x20 } else { rng.next_u64() as u8 }).collect();
-        QuantLinear::new(Arc::new(QMatrix::from_gguf(ty, &bytes, n, k).expect("valid blocks")), QKernel::detect())
+        let bytes: Vec<u8> = (0..ty.bytes_for(n * k))
+            .map(|i| if i % ty.block_bytes() < 4 { 0x20 } else { rng.next_u64() as u8 })
+            .collect();
+        QuantLinear::new(
+            Arc::new(QMatrix::from_gguf(ty, &bytes, n, k).expect("valid blocks")),
+            QKernel::detect(),
+        )
     };
     // SmolLM2-135M: 30 x (qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536) + head 49152x576.
     let mut layers = Vec::new();
@@ -211,7 +219,11 @@ fn kernels(a: KernelArgs) -> Result<()> {
     }
     let secs = start.elapsed().as_secs_f64();
     let threads = cpu_threads();
-    println!("kernel {:?}, threads {threads}, tokens {t}: {:.1} tok/s (matmuls only)", QKernel::detect(), (a.iters * t) as f64 / secs);
+    println!(
+        "kernel {:?}, threads {threads}, tokens {t}: {:.1} tok/s (matmuls only)",
+        QKernel::detect(),
+        (a.iters * t) as f64 / secs
+    );
     Ok(())
 }
 
@@ -223,10 +235,22 @@ fn workload_file(path: &std::path::Path, vocab: u64) -> Result<Vec<(Vec<u32>, us
         prompts: Vec<Vec<u32>>,
         max_tokens: Vec<usize>,
     }
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let w: Workload = serde_json::from_str(&text).with_context(|| format!("{}: not a workload file", path.display()))?;
-    anyhow::ensure!(w.prompts.len() == w.max_tokens.len(), "{}: {} prompts but {} max_tokens", path.display(), w.prompts.len(), w.max_tokens.len());
-    anyhow::ensure!(w.prompts.iter().flatten().all(|&t| (t as u64) < vocab), "{}: a token id is outside the vocabulary of {vocab}", path.display());
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let w: Workload = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a workload file", path.display()))?;
+    anyhow::ensure!(
+        w.prompts.len() == w.max_tokens.len(),
+        "{}: {} prompts but {} max_tokens",
+        path.display(),
+        w.prompts.len(),
+        w.max_tokens.len()
+    );
+    anyhow::ensure!(
+        w.prompts.iter().flatten().all(|&t| (t as u64) < vocab),
+        "{}: a token id is outside the vocabulary of {vocab}",
+        path.display()
+    );
     Ok(w.prompts.into_iter().zip(w.max_tokens).collect())
 }
 
@@ -237,14 +261,21 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         match p {
             "nano-vllm" => {
                 a.num_prompts = 256;
-                (a.min_input_len, a.input_len, a.min_output_len, a.output_len) = (100, 1024, 100, 1024);
+                (a.min_input_len, a.input_len, a.min_output_len, a.output_len) =
+                    (100, 1024, 100, 1024);
                 a.temperature = 0.6;
             }
             other => anyhow::bail!("unknown preset '{other}' (known: nano-vllm)"),
         }
     }
-    anyhow::ensure!(a.min_input_len >= 1 && a.min_input_len <= a.input_len, "need 1 <= --min-input-len <= --input-len");
-    anyhow::ensure!(a.min_output_len >= 1 && a.min_output_len <= a.output_len, "need 1 <= --min-output-len <= --output-len");
+    anyhow::ensure!(
+        a.min_input_len >= 1 && a.min_input_len <= a.input_len,
+        "need 1 <= --min-input-len <= --input-len"
+    );
+    anyhow::ensure!(
+        a.min_output_len >= 1 && a.min_output_len <= a.output_len,
+        "need 1 <= --min-output-len <= --output-len"
+    );
     let path = crate::generate_cmd::model_path(a.model.clone())?;
     let model = a.engine.load_model(&path)?;
     let vocab = model.config.vocab_size as u64;
@@ -254,7 +285,13 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         w => (0..a.num_prompts)
             .map(|i| {
                 let t = workload_text(w, i);
-                let t = if w == EngineWorkload::Chat && has_template { model.apply_chat_template(&[tandem_engine::ChatMessage::new("user", &t)]).unwrap_or(t) } else { t };
+                let t = if w == EngineWorkload::Chat && has_template {
+                    model
+                        .apply_chat_template(&[tandem_engine::ChatMessage::new("user", &t)])
+                        .unwrap_or(t)
+                } else {
+                    t
+                };
                 model.tokenizer.encode(&t, true).map_err(anyhow::Error::from)
             })
             .collect::<Result<_>>()?,
@@ -275,7 +312,9 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         let (li, lo) = (pick(a.min_input_len, a.input_len), pick(a.min_output_len, a.output_len));
         let ids: Vec<u32> = match texts.get(i) {
             Some(t) => t.clone(),
-            None => (0..li as u64).map(|j| ((i as u64 * 7919 + j * 104_729) % (vocab - 200) + 100) as u32).collect(),
+            None => (0..li as u64)
+                .map(|j| ((i as u64 * 7919 + j * 104_729) % (vocab - 200) + 100) as u32)
+                .collect(),
         };
         let li = ids.len();
         total_in += li;
@@ -283,12 +322,20 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         reqs.push((ids, lo));
     }
     for (i, (ids, lo)) in reqs.into_iter().enumerate() {
-        let params = SamplingParams { ignore_eos: true, temperature: a.temperature, top_p: a.top_p, top_k: a.top_k, seed: Some(a.seed ^ i as u64), ..SamplingParams::greedy(lo) };
+        let params = SamplingParams {
+            ignore_eos: true,
+            temperature: a.temperature,
+            top_p: a.top_p,
+            top_k: a.top_k,
+            seed: Some(a.seed ^ i as u64),
+            ..SamplingParams::greedy(lo)
+        };
         engine.add_request(&format!("b{i}"), Prompt::TokenIds(ids), params, None)?;
     }
     let bar = indicatif::ProgressBar::new(a.num_prompts as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests {msg}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let t = Instant::now();
     let mut generated = 0usize;
@@ -334,7 +381,12 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         println!("input tokens     {total_in}");
         println!("output tokens    {total_out}");
         println!("time             {secs:.2} s");
-        println!("throughput       {:.1} output tok/s, {:.1} total tok/s, {:.2} req/s", total_out as f64 / secs, (total_in + total_out) as f64 / secs, a.num_prompts as f64 / secs);
+        println!(
+            "throughput       {:.1} output tok/s, {:.1} total tok/s, {:.2} req/s",
+            total_out as f64 / secs,
+            (total_in + total_out) as f64 / secs,
+            a.num_prompts as f64 / secs
+        );
         println!("prefill phase    {pf_s:.2} s ({:.1} prompt tok/s)", total_in as f64 / pf_s);
         println!("decode phase     {:.2} s ({decode_tps:.1} tok/s)", secs - pf_s);
         println!("steps            {} ({} preemptions)", stats.steps, stats.num_preemptions);
@@ -347,13 +399,18 @@ fn single(a: SingleArgs) -> Result<()> {
     let path = crate::generate_cmd::model_path(a.model)?;
     let total = a.prompt_tokens + a.decode_tokens;
     let t0 = Instant::now();
-    let mut model = Model::load(&path, LoadOptions { kernel: a.kernel.path(), ..LoadOptions::with_kv_tokens(total) })?;
+    let mut model = Model::load(
+        &path,
+        LoadOptions { kernel: a.kernel.path(), ..LoadOptions::with_kv_tokens(total) },
+    )?;
     let load_s = t0.elapsed().as_secs_f64();
     let spec = model.backend.kv_cache_spec();
     let table: Vec<u32> = (0..spec.num_blocks as u32).collect();
     let vocab = model.config.vocab_size as u32;
     // A deterministic pseudo-random prompt of ordinary tokens.
-    let prompt: Vec<u32> = (0..a.prompt_tokens as u64).map(|i| ((i * 2654435761 + 17) % (vocab as u64 - 100) + 100) as u32).collect();
+    let prompt: Vec<u32> = (0..a.prompt_tokens as u64)
+        .map(|i| ((i * 2654435761 + 17) % (vocab as u64 - 100) + 100) as u32)
+        .collect();
     // Mean over repetitions, as llama-bench reports (`*_best` fields carry the maxima).
     let (mut best_pp, mut best_tg) = (0f64, 0f64);
     let (mut sum_pp, mut sum_tg) = (0f64, 0f64);

@@ -51,7 +51,10 @@ pub struct SoakArgs {
 
 fn parse_range(s: &str) -> Result<(usize, usize), String> {
     let (a, b) = s.split_once('-').ok_or_else(|| format!("'{s}' is not MIN-MAX"))?;
-    let (a, b): (usize, usize) = (a.trim().parse().map_err(|e| format!("{e}"))?, b.trim().parse().map_err(|e| format!("{e}"))?);
+    let (a, b): (usize, usize) = (
+        a.trim().parse().map_err(|e| format!("{e}"))?,
+        b.trim().parse().map_err(|e| format!("{e}"))?,
+    );
     if a == 0 || a > b {
         return Err(format!("'{s}': want 0 < MIN <= MAX"));
     }
@@ -98,7 +101,10 @@ fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
 /// Sum of every sample of `name` in a Prometheus text page.
 fn metric(text: &str, name: &str) -> Option<f64> {
     let mut found = None;
-    for l in text.lines().filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{"))) {
+    for l in text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+    {
         let v: f64 = l.rsplit(' ').next()?.parse().ok()?;
         found = Some(found.unwrap_or(0.0) + v);
     }
@@ -108,14 +114,18 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 /// Resident memory of `pid` in MiB.
 fn rss_mib(pid: u32) -> Option<f64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = s.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    let kb: f64 =
+        s.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
 }
 
 /// The `tandem` subcommand a process runs (`up`, `router`, `prefill`, `decode`).
 fn role(pid: u32) -> String {
     let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    cmd.split(|&b| b == 0).nth(1).map(|s| String::from_utf8_lossy(s).into_owned()).unwrap_or_default()
+    cmd.split(|&b| b == 0)
+        .nth(1)
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .unwrap_or_default()
 }
 
 /// The direct children of `pid`.
@@ -125,7 +135,10 @@ fn children(pid: u32) -> Vec<u32> {
         let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
         // Fields after the command name (which may hold spaces) start after the last ')'.
-        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)).and_then(|x| x.parse::<u32>().ok());
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|x| x.parse::<u32>().ok());
         if ppid == Some(pid) {
             out.push(p);
         }
@@ -134,7 +147,10 @@ fn children(pid: u32) -> Vec<u32> {
 }
 
 fn prompt(rng: &mut u64, words: usize) -> String {
-    const WORDS: [&str; 16] = ["river", "stone", "light", "market", "engine", "garden", "winter", "paper", "signal", "harbor", "forest", "copper", "window", "ladder", "planet", "violin"];
+    const WORDS: [&str; 16] = [
+        "river", "stone", "light", "market", "engine", "garden", "winter", "paper", "signal",
+        "harbor", "forest", "copper", "window", "ladder", "planet", "violin",
+    ];
     (0..words)
         .map(|_| {
             *rng ^= *rng << 13;
@@ -153,16 +169,31 @@ struct Shape {
     tokens: (usize, usize),
 }
 
-async fn client(api: String, model: String, seed: u64, shape: Shape, stop: Arc<AtomicBool>, c: Arc<Counters>, t0: Instant) {
+async fn client(
+    api: String,
+    model: String,
+    seed: u64,
+    shape: Shape,
+    stop: Arc<AtomicBool>,
+    c: Arc<Counters>,
+    t0: Instant,
+) {
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     while !stop.load(Ordering::Relaxed) {
         rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let words = shape.words.0 + (rng >> 33) as usize % (shape.words.1 - shape.words.0 + 1);
-        let max_tokens = shape.tokens.0 + (rng >> 20) as usize % (shape.tokens.1 - shape.tokens.0 + 1);
+        let max_tokens =
+            shape.tokens.0 + (rng >> 20) as usize % (shape.tokens.1 - shape.tokens.0 + 1);
         let (path, body) = if rng % 3 == 0 {
-            ("/v1/chat/completions", json!({ "model": model, "messages": [{ "role": "user", "content": prompt(&mut rng, words) }], "max_tokens": max_tokens, "stream": true, "ignore_eos": true }))
+            (
+                "/v1/chat/completions",
+                json!({ "model": model, "messages": [{ "role": "user", "content": prompt(&mut rng, words) }], "max_tokens": max_tokens, "stream": true, "ignore_eos": true }),
+            )
         } else {
-            ("/v1/completions", json!({ "model": model, "prompt": prompt(&mut rng, words), "max_tokens": max_tokens, "stream": true, "ignore_eos": true, "temperature": 0.8, "seed": rng % 1000 }))
+            (
+                "/v1/completions",
+                json!({ "model": model, "prompt": prompt(&mut rng, words), "max_tokens": max_tokens, "stream": true, "ignore_eos": true, "temperature": 0.8, "seed": rng % 1000 }),
+            )
         };
         let mut tokens = 0u64;
         let mut done = false;
@@ -172,36 +203,43 @@ async fn client(api: String, model: String, seed: u64, shape: Shape, stop: Arc<A
         let mut ttft = None;
         let mut gaps = Vec::new();
         let mut long = Vec::new();
-        let r = post_events(&api, path, body.to_string().as_bytes(), Duration::from_secs(300), &mut |d: &str| {
-            if d == "[DONE]" {
-                done = true;
-                return;
-            }
-            let Ok(v) = serde_json::from_str::<Value>(d) else { return };
-            if v.get("error").is_some() {
-                // An error event (a chunk whose generated text says "error" is not one).
-                failed = Some(d.chars().take(300).collect());
-                return;
-            }
-            let c = &v["choices"][0];
-            let text = c["text"].as_str().or_else(|| c["delta"]["content"].as_str()).unwrap_or("");
-            if !text.is_empty() {
-                // A chunk that carries generated text (not the role chunk or the finish chunk).
-                let now = Instant::now();
-                match last {
-                    None => ttft = Some(now.duration_since(sent).as_secs_f64()),
-                    Some(l) => {
-                        let gap = now.duration_since(l).as_secs_f64();
-                        if gap > 1.0 {
-                            long.push((now.duration_since(t0).as_secs_f64(), gap));
-                        }
-                        gaps.push(gap);
-                    }
+        let r = post_events(
+            &api,
+            path,
+            body.to_string().as_bytes(),
+            Duration::from_secs(300),
+            &mut |d: &str| {
+                if d == "[DONE]" {
+                    done = true;
+                    return;
                 }
-                last = Some(now);
-                tokens += 1;
-            }
-        })
+                let Ok(v) = serde_json::from_str::<Value>(d) else { return };
+                if v.get("error").is_some() {
+                    // An error event (a chunk whose generated text says "error" is not one).
+                    failed = Some(d.chars().take(300).collect());
+                    return;
+                }
+                let c = &v["choices"][0];
+                let text =
+                    c["text"].as_str().or_else(|| c["delta"]["content"].as_str()).unwrap_or("");
+                if !text.is_empty() {
+                    // A chunk that carries generated text (not the role chunk or the finish chunk).
+                    let now = Instant::now();
+                    match last {
+                        None => ttft = Some(now.duration_since(sent).as_secs_f64()),
+                        Some(l) => {
+                            let gap = now.duration_since(l).as_secs_f64();
+                            if gap > 1.0 {
+                                long.push((now.duration_since(t0).as_secs_f64(), gap));
+                            }
+                            gaps.push(gap);
+                        }
+                    }
+                    last = Some(now);
+                    tokens += 1;
+                }
+            },
+        )
         .await;
         if r.is_ok() && done && failed.is_none() {
             c.ok.fetch_add(1, Ordering::Relaxed);
@@ -211,7 +249,11 @@ async fn client(api: String, model: String, seed: u64, shape: Shape, stop: Arc<A
             c.long_gaps.lock().expect("gaps lock").extend(long);
         } else {
             c.errors.fetch_add(1, Ordering::Relaxed);
-            let why = r.err().unwrap_or_else(|| failed.map(|f| format!("error event {f}")).unwrap_or_else(|| "stream ended without [DONE]".into()));
+            let why = r.err().unwrap_or_else(|| {
+                failed
+                    .map(|f| format!("error event {f}"))
+                    .unwrap_or_else(|| "stream ended without [DONE]".into())
+            });
             eprintln!("request failed: {why}");
             *c.error_kinds.lock().expect("errors lock").entry(error_kind(&why)).or_default() += 1;
             // As a client would: wait a little before trying again.
@@ -226,9 +268,15 @@ pub fn run(a: SoakArgs) -> Result<()> {
     let mut up = Command::new(exe);
     up.args(["up", "--port", "0"]).args(a.up_flags.split_whitespace());
     let log_path = std::env::temp_dir().join(format!("tandem-soak-{}.log", std::process::id()));
-    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
     eprintln!("soak: the services' logs go to {}", log_path.display());
-    let mut child = up.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log).spawn().context("starting tandem up")?;
+    let mut child = up
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .context("starting tandem up")?;
     let _stdin = child.stdin.take();
     let mut out = std::io::BufReader::new(child.stdout.take().expect("piped"));
     let api = loop {
@@ -251,15 +299,26 @@ pub fn run(a: SoakArgs) -> Result<()> {
         None => {}
     }
     let killing = a.kill_every.is_some();
-    if (!killing && report["errors"].as_u64() != Some(0)) || report["blocks_leaked"].as_f64() != Some(0.0) || report["healthy_at_end"] != json!(true) {
-        bail!("soak failed: {} errors, {} blocks not returned, healthy at the end: {}", report["errors"], report["blocks_leaked"], report["healthy_at_end"]);
+    if (!killing && report["errors"].as_u64() != Some(0))
+        || report["blocks_leaked"].as_f64() != Some(0.0)
+        || report["healthy_at_end"] != json!(true)
+    {
+        bail!(
+            "soak failed: {} errors, {} blocks not returned, healthy at the end: {}",
+            report["errors"],
+            report["blocks_leaked"],
+            report["healthy_at_end"]
+        );
     }
     Ok(())
 }
 
 /// Sum of the samples of `name` whose labels contain `label` (e.g. `decision="remote"`).
 fn metric_with(text: &str, name: &str, label: &str) -> f64 {
-    text.lines().filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The `q` quantile of `v` (sorted in place).
@@ -290,7 +349,10 @@ fn killer(up_pid: u32, every: Duration, started: Instant, stop: Arc<AtomicBool>)
             turn += 1;
             if let Some((pid, r)) = kids.iter().find(|(_, r)| r == want) {
                 let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-                eprintln!("soak: killed the {r} (pid {pid}) at {:.0} s", started.elapsed().as_secs_f64());
+                eprintln!(
+                    "soak: killed the {r} (pid {pid}) at {:.0} s",
+                    started.elapsed().as_secs_f64()
+                );
                 kills.push(json!({ "t": started.elapsed().as_secs_f64(), "role": r, "pid": pid }));
                 break;
             }
@@ -300,9 +362,21 @@ fn killer(up_pid: u32, every: Duration, started: Instant, stop: Arc<AtomicBool>)
 }
 
 fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
-    let health: Value = serde_json::from_str(&http_get(api, "/health").context("router /health")?.1)?;
-    let workers: Vec<(String, String)> = health["workers"].as_array().into_iter().flatten().map(|w| (w["role"].as_str().unwrap_or("").to_string(), w["address"].as_str().unwrap_or("").to_string())).collect();
-    let models: Value = serde_json::from_str(&http_get(api, "/v1/models").context("/v1/models")?.1)?;
+    let health: Value =
+        serde_json::from_str(&http_get(api, "/health").context("router /health")?.1)?;
+    let workers: Vec<(String, String)> = health["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            (
+                w["role"].as_str().unwrap_or("").to_string(),
+                w["address"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let models: Value =
+        serde_json::from_str(&http_get(api, "/v1/models").context("/v1/models")?.1)?;
     let model = models["data"][0]["id"].as_str().unwrap_or_default().to_string();
     let pids = || -> Vec<u32> {
         let mut kids = children(up_pid);
@@ -311,19 +385,51 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
     };
     let roles: Vec<String> = pids().iter().map(|&p| role(p)).collect();
     let pools = || -> (f64, f64) {
-        workers.iter().filter_map(|(_, addr)| http_get(addr, "/metrics")).fold((0.0, 0.0), |(f, t), (_, m)| (f + metric(&m, "tandem_kv_cache_free_blocks").unwrap_or(0.0), t + metric(&m, "tandem_kv_cache_num_blocks").unwrap_or(0.0)))
+        workers.iter().filter_map(|(_, addr)| http_get(addr, "/metrics")).fold(
+            (0.0, 0.0),
+            |(f, t), (_, m)| {
+                (
+                    f + metric(&m, "tandem_kv_cache_free_blocks").unwrap_or(0.0),
+                    t + metric(&m, "tandem_kv_cache_num_blocks").unwrap_or(0.0),
+                )
+            },
+        )
     };
     let rss = || pids().iter().map(|&p| rss_mib(p).unwrap_or(0.0)).collect::<Vec<_>>();
-    let worker_metrics = || workers.iter().filter_map(|(_, addr)| http_get(addr, "/metrics")).map(|(_, m)| m).collect::<Vec<_>>();
-    let remote_before: f64 = worker_metrics().iter().map(|m| metric_with(m, "tandem_disagg_decisions_total", "decision=\"remote\"")).sum();
-    let failures_before: f64 = worker_metrics().iter().map(|m| metric(m, "tandem_kv_transfer_failures_total").unwrap_or(0.0)).sum();
+    let worker_metrics = || {
+        workers
+            .iter()
+            .filter_map(|(_, addr)| http_get(addr, "/metrics"))
+            .map(|(_, m)| m)
+            .collect::<Vec<_>>()
+    };
+    let remote_before: f64 = worker_metrics()
+        .iter()
+        .map(|m| metric_with(m, "tandem_disagg_decisions_total", "decision=\"remote\""))
+        .sum();
+    let failures_before: f64 = worker_metrics()
+        .iter()
+        .map(|m| metric(m, "tandem_kv_transfer_failures_total").unwrap_or(0.0))
+        .sum();
 
     let stop = Arc::new(AtomicBool::new(false));
     let counters = Arc::new(Counters::default());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let shape = Shape { words: a.prompt_words, tokens: a.output_tokens };
     let t0 = Instant::now();
-    let tasks: Vec<_> = (0..a.concurrency).map(|i| rt.spawn(client(api.to_string(), model.clone(), i as u64 + 1, shape, stop.clone(), counters.clone(), t0))).collect();
+    let tasks: Vec<_> = (0..a.concurrency)
+        .map(|i| {
+            rt.spawn(client(
+                api.to_string(),
+                model.clone(),
+                i as u64 + 1,
+                shape,
+                stop.clone(),
+                counters.clone(),
+                t0,
+            ))
+        })
+        .collect();
 
     let started = Instant::now();
     let kill_task = a.kill_every.map(|every| {
@@ -331,14 +437,31 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
         std::thread::spawn(move || killer(up_pid, every, started, stop))
     });
     let mut samples: Vec<Value> = Vec::new();
-    eprintln!("{:>7} {:>9} {:>7} {:>9} {:>10}  RSS MiB of {}", "t (s)", "requests", "errors", "tokens", "KV used", roles.join(", "));
+    eprintln!(
+        "{:>7} {:>9} {:>7} {:>9} {:>10}  RSS MiB of {}",
+        "t (s)",
+        "requests",
+        "errors",
+        "tokens",
+        "KV used",
+        roles.join(", ")
+    );
     let rss_start = rss();
     loop {
         let t = started.elapsed();
         let (free, total) = pools();
         let r = rss();
-        let (ok, err, tok) = (counters.ok.load(Ordering::Relaxed), counters.errors.load(Ordering::Relaxed), counters.tokens.load(Ordering::Relaxed));
-        eprintln!("{:>7.0} {ok:>9} {err:>7} {tok:>9} {:>9.1}%  {}", t.as_secs_f64(), 100.0 * (total - free) / total.max(1.0), r.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" "));
+        let (ok, err, tok) = (
+            counters.ok.load(Ordering::Relaxed),
+            counters.errors.load(Ordering::Relaxed),
+            counters.tokens.load(Ordering::Relaxed),
+        );
+        eprintln!(
+            "{:>7.0} {ok:>9} {err:>7} {tok:>9} {:>9.1}%  {}",
+            t.as_secs_f64(),
+            100.0 * (total - free) / total.max(1.0),
+            r.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ")
+        );
         samples.push(json!({ "t": t.as_secs_f64(), "requests": ok, "errors": err, "tokens": tok, "kv_used_blocks": total - free, "kv_total_blocks": total, "rss_mib": r }));
         if t >= a.duration {
             break;
@@ -364,8 +487,16 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
         }
         std::thread::sleep(Duration::from_millis(250));
     };
-    let remote: f64 = worker_metrics().iter().map(|m| metric_with(m, "tandem_disagg_decisions_total", "decision=\"remote\"")).sum::<f64>() - if kills.is_empty() { remote_before } else { 0.0 };
-    let transfer_failures: f64 = worker_metrics().iter().map(|m| metric(m, "tandem_kv_transfer_failures_total").unwrap_or(0.0)).sum::<f64>() - if kills.is_empty() { failures_before } else { 0.0 };
+    let remote: f64 = worker_metrics()
+        .iter()
+        .map(|m| metric_with(m, "tandem_disagg_decisions_total", "decision=\"remote\""))
+        .sum::<f64>()
+        - if kills.is_empty() { remote_before } else { 0.0 };
+    let transfer_failures: f64 = worker_metrics()
+        .iter()
+        .map(|m| metric(m, "tandem_kv_transfer_failures_total").unwrap_or(0.0))
+        .sum::<f64>()
+        - if kills.is_empty() { failures_before } else { 0.0 };
     let mut ttft = counters.ttft.lock().expect("ttft lock").clone();
     let mut gaps = counters.gaps.lock().expect("gaps lock").clone();
     let gaps_over_1s = gaps.iter().filter(|&&g| g > 1.0).count();
@@ -383,8 +514,15 @@ fn soak(a: &SoakArgs, api: &str, up_pid: u32) -> Result<Value> {
     let ok = counters.ok.load(Ordering::Relaxed);
     // Memory that keeps growing once the KV pool's pages have all been touched is a leak:
     // growth over the second half of the run, per process.
-    let mid = samples.iter().find(|s| s["t"].as_f64().unwrap_or(0.0) >= elapsed / 2.0).unwrap_or(&samples[0]);
-    let growth: Vec<f64> = rss_end.iter().enumerate().map(|(i, e)| e - mid["rss_mib"][i].as_f64().unwrap_or(0.0)).collect();
+    let mid = samples
+        .iter()
+        .find(|s| s["t"].as_f64().unwrap_or(0.0) >= elapsed / 2.0)
+        .unwrap_or(&samples[0]);
+    let growth: Vec<f64> = rss_end
+        .iter()
+        .enumerate()
+        .map(|(i, e)| e - mid["rss_mib"][i].as_f64().unwrap_or(0.0))
+        .collect();
     let report = json!({
         "duration_s": elapsed,
         "concurrency": a.concurrency,

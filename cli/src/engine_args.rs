@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use tandem_engine::scheduler::{PreemptionMode, SchedulerConfig, SchedulingPolicy};
 use tandem_engine::backend::KernelPath;
+use tandem_engine::scheduler::{PreemptionMode, SchedulerConfig, SchedulingPolicy};
 use tandem_engine::{EngineConfig, KvCacheSize, LoadOptions};
 
 /// How preempted sequences release memory.
@@ -247,14 +247,17 @@ impl EngineArgs {
         let spec = model.backend.kv_cache_spec();
         let mut engine = tandem_engine::LLMEngine::new(model, self.engine_config());
         if self.speculative == SpecArg::DraftModel {
-            let path = self.draft_model.as_ref().ok_or_else(|| anyhow::anyhow!("--speculative draft-model needs --draft-model PATH"))?;
+            let path = self.draft_model.as_ref().ok_or_else(|| {
+                anyhow::anyhow!("--speculative draft-model needs --draft-model PATH")
+            })?;
             let opts = LoadOptions {
                 kernel: KernelPath::Fast,
                 block_size: spec.block_size,
                 kv_cache: KvCacheSize::Tokens(spec.num_blocks * spec.block_size),
                 swap_space_bytes: 0,
             };
-            let draft = tandem_engine::Model::load(path, opts).map_err(|e| anyhow::anyhow!("loading the draft model {}: {e}", path.display()))?;
+            let draft = tandem_engine::Model::load(path, opts)
+                .map_err(|e| anyhow::anyhow!("loading the draft model {}: {e}", path.display()))?;
             engine.set_draft_model(draft)?;
         }
         Ok(engine)
@@ -270,7 +273,12 @@ impl EngineArgs {
         if self.block_size == 0 || self.block_size > 1024 {
             bail!("--block-size must be between 1 and 1024");
         }
-        Ok(LoadOptions { kernel: self.kernel.path(), kv_cache, block_size: self.block_size, swap_space_bytes: parse_size(&self.swap_space)? })
+        Ok(LoadOptions {
+            kernel: self.kernel.path(),
+            kv_cache,
+            block_size: self.block_size,
+            swap_space_bytes: parse_size(&self.swap_space)?,
+        })
     }
 
     /// Loads the model at `path` on the device these flags name.
@@ -280,11 +288,18 @@ impl EngineArgs {
 
     /// [`EngineArgs::load_model`], with the GPU's KV pool as an endpoint of the device
     /// transport when the model is on a GPU.
-    pub fn load_model_with_device(&self, path: &std::path::Path) -> Result<(tandem_engine::Model, Option<tandem_worker::kv::KvDevice>)> {
+    pub fn load_model_with_device(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<(tandem_engine::Model, Option<tandem_worker::kv::KvDevice>)> {
         let opts = self.load_options()?;
         match (self.device, self.load_format) {
-            (DeviceArg::Cpu, LoadFormatArg::Auto) => Ok((tandem_engine::Model::load(path, opts)?, None)),
-            (DeviceArg::Cpu, LoadFormatArg::Dummy) => bail!("--load-format dummy needs --device cuda"),
+            (DeviceArg::Cpu, LoadFormatArg::Auto) => {
+                Ok((tandem_engine::Model::load(path, opts)?, None))
+            }
+            (DeviceArg::Cpu, LoadFormatArg::Dummy) => {
+                bail!("--load-format dummy needs --device cuda")
+            }
             (DeviceArg::Cuda, _) => self.load_cuda(path, opts).map(|(m, d)| (m, Some(d))),
         }
     }
@@ -292,7 +307,11 @@ impl EngineArgs {
     /// The CUDA backend: weights in the chosen 16-bit type, the KV pool from
     /// `--kv-cache-memory` or what `--gpu-memory-utilization` leaves, decode graphs captured
     /// for batch sizes up to `--max-num-seqs` before serving.
-    fn load_cuda(&self, path: &std::path::Path, opts: LoadOptions) -> Result<(tandem_engine::Model, tandem_worker::kv::KvDevice)> {
+    fn load_cuda(
+        &self,
+        path: &std::path::Path,
+        opts: LoadOptions,
+    ) -> Result<(tandem_engine::Model, tandem_worker::kv::KvDevice)> {
         use tandem_cuda::{Dtype, WeightSource};
         if !tandem_cuda::device::driver_present() {
             bail!("--device cuda: CUDA is not available on this machine (libcuda, the NVIDIA driver, cannot be loaded)");
@@ -303,7 +322,15 @@ impl EngineArgs {
             let backend = self.cuda_backend(&config, dtype, WeightSource::Dummy(0), &opts)?;
             let tokenizer = tandem_engine::tokenizer::Tokenizer::ids_only();
             let device = tandem_worker::kv::KvDevice(std::sync::Arc::new(backend.device_pool()));
-            return Ok((tandem_engine::Model { config, tokenizer, chat_template: None, backend: Box::new(backend) }, device));
+            return Ok((
+                tandem_engine::Model {
+                    config,
+                    tokenizer,
+                    chat_template: None,
+                    backend: Box::new(backend),
+                },
+                device,
+            ));
         }
         let info = tandem_engine::ModelInfo::open(path)?;
         let (files, _) = tandem_engine::weights::ModelFiles::open(path)?;
@@ -314,11 +341,25 @@ impl EngineArgs {
         };
         let backend = self.cuda_backend(&info.config, dtype, WeightSource::Files(&files), &opts)?;
         let device = tandem_worker::kv::KvDevice(std::sync::Arc::new(backend.device_pool()));
-        Ok((tandem_engine::Model { config: info.config, tokenizer: info.tokenizer, chat_template: info.chat_template, backend: Box::new(backend) }, device))
+        Ok((
+            tandem_engine::Model {
+                config: info.config,
+                tokenizer: info.tokenizer,
+                chat_template: info.chat_template,
+                backend: Box::new(backend),
+            },
+            device,
+        ))
     }
 
     /// The CUDA backend for `config` with the KV pool and graphs these flags ask for.
-    fn cuda_backend(&self, config: &tandem_engine::ModelConfig, dtype: tandem_cuda::Dtype, weights: tandem_cuda::WeightSource<'_>, opts: &LoadOptions) -> Result<tandem_cuda::CudaBackend> {
+    fn cuda_backend(
+        &self,
+        config: &tandem_engine::ModelConfig,
+        dtype: tandem_cuda::Dtype,
+        weights: tandem_cuda::WeightSource<'_>,
+        opts: &LoadOptions,
+    ) -> Result<tandem_cuda::CudaBackend> {
         use tandem_cuda::{CudaBackend, CudaBackendOptions};
         let per_block = CudaBackend::kv_bytes_per_block(config, opts.block_size) as u64;
         let num_blocks = match (self.kv_cache_memory.is_some(), opts.kv_cache) {
@@ -337,7 +378,10 @@ impl EngineArgs {
         };
         let mut backend = tandem_cuda::load(self.cuda_device, dtype, config, weights, copts)?;
         let bar = indicatif::ProgressBar::new(0);
-        bar.set_style(indicatif::ProgressStyle::with_template("capturing decode graphs {bar:30} {pos}/{len}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("capturing decode graphs {bar:30} {pos}/{len}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
         backend.capture_all(|done, total| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
@@ -365,13 +409,15 @@ impl EngineArgs {
                 ..Default::default()
             },
             enable_prefix_caching: !self.no_prefix_caching,
-            speculative: (self.speculative != SpecArg::None && self.num_speculative_tokens > 0).then(|| tandem_engine::spec_decode::SpeculativeConfig {
-                draft_layers: (self.speculative == SpecArg::SelfDraft).then_some(self.draft_layers.max(1)),
-                num_tokens: self.num_speculative_tokens.min(16),
-                ngram_max: self.ngram_max.max(1),
-                ngram_min: self.ngram_min.clamp(1, self.ngram_max.max(1)),
-                ..Default::default()
-            }),
+            speculative: (self.speculative != SpecArg::None && self.num_speculative_tokens > 0)
+                .then(|| tandem_engine::spec_decode::SpeculativeConfig {
+                    draft_layers: (self.speculative == SpecArg::SelfDraft)
+                        .then_some(self.draft_layers.max(1)),
+                    num_tokens: self.num_speculative_tokens.min(16),
+                    ngram_max: self.ngram_max.max(1),
+                    ngram_min: self.ngram_min.clamp(1, self.ngram_max.max(1)),
+                    ..Default::default()
+                }),
             zero_freed_blocks: self.zero_freed_blocks,
         }
     }
@@ -420,7 +466,15 @@ mod tests {
         let again = Wrap::parse_from(std::iter::once("x".to_string()).chain(w.e.to_args()));
         assert_eq!(format!("{:?}", w.e), format!("{:?}", again.e));
         assert!(again.e.no_prefix_caching && again.e.block_size == 32);
-        let w = Wrap::parse_from(["x", "--device", "cuda", "--dtype", "f16", "--gpu-memory-utilization", "0.5"]);
+        let w = Wrap::parse_from([
+            "x",
+            "--device",
+            "cuda",
+            "--dtype",
+            "f16",
+            "--gpu-memory-utilization",
+            "0.5",
+        ]);
         let again = Wrap::parse_from(std::iter::once("x".to_string()).chain(w.e.to_args()));
         assert_eq!(format!("{:?}", w.e), format!("{:?}", again.e));
     }
@@ -432,7 +486,8 @@ mod tests {
             return; // a GPU machine: scripts/gpu/run.sh covers the CUDA path there
         }
         let w = Wrap::parse_from(["x", "--device", "cuda"]);
-        let e = w.e.load_model(std::path::Path::new("/nonexistent.gguf")).err().expect("no GPU here");
+        let e =
+            w.e.load_model(std::path::Path::new("/nonexistent.gguf")).err().expect("no GPU here");
         assert!(e.to_string().contains("CUDA is not available"), "{e}");
     }
 }

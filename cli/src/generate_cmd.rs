@@ -82,8 +82,13 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         bail!("the prompt is empty (pass --prompt TEXT or pipe it on stdin)");
     }
     let path = model_path(a.model)?;
-    let model = a.engine.load_model(&path).with_context(|| format!("loading {}", path.display()))?;
-    let text = if a.chat { model.apply_chat_template(&[ChatMessage::new("user", &prompt)])? } else { prompt };
+    let model =
+        a.engine.load_model(&path).with_context(|| format!("loading {}", path.display()))?;
+    let text = if a.chat {
+        model.apply_chat_template(&[ChatMessage::new("user", &prompt)])?
+    } else {
+        prompt
+    };
     let prompt_ids = model.tokenizer.encode(&text, true)?;
     let params = SamplingParams {
         temperature: a.temperature,
@@ -115,13 +120,18 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             logprobs: out
                 .logprobs
                 .into_iter()
-                .map(|s| JsonLogprob { token_id: s.chosen.token_id, logprob: s.chosen.logprob, top: s.top })
+                .map(|s| JsonLogprob {
+                    token_id: s.chosen.token_id,
+                    logprob: s.chosen.logprob,
+                    top: s.top,
+                })
                 .collect(),
         };
         println!("{}", serde_json::to_string(&j)?);
     } else if a.top_logprobs > 0 {
         for (i, s) in out.logprobs.iter().enumerate() {
-            let alts: Vec<String> = s.top.iter().map(|t| format!("{}:{:.3}", t.token_id, t.logprob)).collect();
+            let alts: Vec<String> =
+                s.top.iter().map(|t| format!("{}:{:.3}", t.token_id, t.logprob)).collect();
             eprintln!("[{i}] {} {:.4} | {}", s.chosen.token_id, s.chosen.logprob, alts.join(" "));
         }
     }

@@ -49,16 +49,22 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    let server = matches!(cli.command, Command::Up(_) | Command::Router(_) | Command::Prefill(_) | Command::Decode(_));
+    let server = matches!(
+        cli.command,
+        Command::Up(_) | Command::Router(_) | Command::Prefill(_) | Command::Decode(_)
+    );
     let default_filter = if server { "info,h2=warn,tower=warn,hyper=warn" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_filter.into());
     let fmt = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
     match cli.log_format {
         LogFormat::Text => fmt.init(),
         LogFormat::Json => fmt.json().with_current_span(true).init(),
     }
     if let Err(name) = tandem_engine::backend::cpu::quant::QKernel::requested() {
-        eprintln!("error: TANDEM_CPU_KERNEL={name}: expected auto, scalar, avx2, avxvnni or avx512");
+        eprintln!(
+            "error: TANDEM_CPU_KERNEL={name}: expected auto, scalar, avx2, avxvnni or avx512"
+        );
         std::process::exit(2);
     }
     let result = match cli.command {

@@ -36,7 +36,10 @@ impl ModelArgs {
         if let Some(n) = &self.served_model_name {
             return n.clone();
         }
-        let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+        let file = path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
         file.split('.').next().filter(|s| !s.is_empty()).unwrap_or("model").to_string()
     }
 }
@@ -53,7 +56,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     } else {
         (t, 1.0)
     };
-    let v: f64 = num.trim().parse().map_err(|_| format!("invalid duration '{s}' (use e.g. 2s, 500ms)"))?;
+    let v: f64 =
+        num.trim().parse().map_err(|_| format!("invalid duration '{s}' (use e.g. 2s, 500ms)"))?;
     if !(v.is_finite() && v > 0.0) {
         return Err(format!("duration '{s}' must be positive"));
     }
@@ -227,10 +231,18 @@ pub const DEFAULT_MAX_TOKENS: usize = 1024;
 
 /// The router's API keys: the file's and `TANDEM_API_KEYS`' (comma-separated) together.
 fn api_keys(a: &RouterArgs) -> Result<Option<Arc<tandem_router::auth::ApiKeys>>> {
-    let limits = tandem_router::auth::KeyLimits { max_concurrent: a.max_concurrent_per_key, requests_per_second: a.requests_per_second_per_key };
+    let limits = tandem_router::auth::KeyLimits {
+        max_concurrent: a.max_concurrent_per_key,
+        requests_per_second: a.requests_per_second_per_key,
+    };
     let mut entries: Vec<String> = Vec::new();
     if let Some(p) = &a.api_keys_file {
-        entries.extend(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.lines().map(str::to_string));
+        entries.extend(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .lines()
+                .map(str::to_string),
+        );
     }
     if let Ok(env) = std::env::var("TANDEM_API_KEYS") {
         entries.extend(env.split(',').map(str::to_string));
@@ -271,10 +283,16 @@ fn block_on(server: impl std::future::Future<Output = Result<()>>) -> Result<()>
     r
 }
 
-fn load_engine(model: &ModelArgs, worker: &WorkerArgs) -> Result<(LLMEngine, String, Option<tandem_worker::kv::KvDevice>)> {
+fn load_engine(
+    model: &ModelArgs,
+    worker: &WorkerArgs,
+) -> Result<(LLMEngine, String, Option<tandem_worker::kv::KvDevice>)> {
     let path = model.path()?;
     let name = model.served_name(&path);
-    let (m, device) = worker.engine.load_model_with_device(&path).with_context(|| format!("loading {}", path.display()))?;
+    let (m, device) = worker
+        .engine
+        .load_model_with_device(&path)
+        .with_context(|| format!("loading {}", path.display()))?;
     let device = match (worker.kv_transport, device) {
         (TransportArg::Tcp, _) => None,
         (TransportArg::Nccl, Some(d)) => Some(d),
@@ -313,7 +331,8 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
 /// `tandem prefill`.
 pub fn run_prefill(a: PrefillArgs) -> Result<()> {
     let (engine, name, kv_device) = load_engine(&a.model, &a.worker)?;
-    let fault = std::env::var("TANDEM_FAULT_INJECT").ok().and_then(|s| tandem_prefill::Fault::parse(&s));
+    let fault =
+        std::env::var("TANDEM_FAULT_INJECT").ok().and_then(|s| tandem_prefill::Fault::parse(&s));
     let cfg = tandem_prefill::PrefillConfig {
         kv_device,
         model_name: name,
@@ -346,7 +365,12 @@ pub fn run_router(a: RouterArgs) -> Result<()> {
                 RoutingPolicyArg::RoundRobin => tandem_router::routing::Policy::RoundRobin,
                 RoutingPolicyArg::LeastLoaded => tandem_router::routing::Policy::LeastLoaded,
             },
-            cost: tandem_router::cost::CostConfig { overlap_weight: a.overlap_weight, decode_weight: a.decode_weight, margin: a.route_margin, ..Default::default() },
+            cost: tandem_router::cost::CostConfig {
+                overlap_weight: a.overlap_weight,
+                decode_weight: a.decode_weight,
+                margin: a.route_margin,
+                ..Default::default()
+            },
             approx_ttl: a.approx_ttl,
             max_prefill_queue_tokens: a.max_prefill_queue_tokens,
             ..Default::default()
@@ -377,7 +401,10 @@ mod tests {
     #[test]
     fn served_names() {
         let m = ModelArgs { model: None, served_model_name: None };
-        assert_eq!(m.served_name(Path::new("/c/SmolLM2-135M-Instruct.Q4_1.gguf")), "SmolLM2-135M-Instruct");
+        assert_eq!(
+            m.served_name(Path::new("/c/SmolLM2-135M-Instruct.Q4_1.gguf")),
+            "SmolLM2-135M-Instruct"
+        );
         let m = ModelArgs { model: None, served_model_name: Some("x".into()) };
         assert_eq!(m.served_name(Path::new("/c/a.gguf")), "x");
     }

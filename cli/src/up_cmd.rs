@@ -85,7 +85,9 @@ fn backoff(failures: u32) -> Duration {
 
 /// `args` with its `--listen=` value replaced by `addr` (a restarted service keeps its address).
 fn pin_listen(args: &[String], addr: &str) -> Vec<String> {
-    args.iter().map(|a| if a.starts_with("--listen=") { format!("--listen={addr}") } else { a.clone() }).collect()
+    args.iter()
+        .map(|a| if a.starts_with("--listen=") { format!("--listen={addr}") } else { a.clone() })
+        .collect()
 }
 
 /// Starts `tandem <args>` and waits for its `TANDEM_READY` line; its further output goes to
@@ -148,7 +150,12 @@ fn stop_all(services: &mut [Service]) {
 pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
     let path = a.model.path()?;
     let name = a.model.served_name(&path);
-    let mut common = vec!["--model".to_string(), path.display().to_string(), "--served-model-name".to_string(), name.clone()];
+    let mut common = vec![
+        "--model".to_string(),
+        path.display().to_string(),
+        "--served-model-name".to_string(),
+        name.clone(),
+    ];
     if log_json {
         common.push("--log-format=json".into());
     }
@@ -164,7 +171,9 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             // Its prompts are prefilled elsewhere; one it must prefill itself (a full prefill
             // queue, a failed transfer) comes in small chunks, so the streams it decodes never
             // wait long for their next token.
-            decode_engine.max_num_batched_tokens = decode_engine.max_num_batched_tokens.min((2 * decode_engine.max_num_seqs).max(DECODE_STEP_TOKENS));
+            decode_engine.max_num_batched_tokens = decode_engine
+                .max_num_batched_tokens
+                .min((2 * decode_engine.max_num_seqs).max(DECODE_STEP_TOKENS));
         }
         let decode_flags = split(&a.decode_flags);
         decode.extend(without_flags(decode_engine.to_args(), &decode_flags));
@@ -175,7 +184,11 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
         services.push(start("decode worker", &decode)?);
         started_with.push(decode);
         let decode_addr = services[0].addr.clone();
-        let mut router = vec!["router".to_string(), format!("--listen=127.0.0.1:{}", a.port), format!("--decode-workers={decode_addr}")];
+        let mut router = vec![
+            "router".to_string(),
+            format!("--listen=127.0.0.1:{}", a.port),
+            format!("--decode-workers={decode_addr}"),
+        ];
         if !a.colocated {
             let mut prefill = vec!["prefill".to_string(), "--listen=127.0.0.1:0".into()];
             prefill.extend(common.clone());
@@ -198,7 +211,11 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             return Err(e);
         }
     };
-    let topology = if a.colocated { "colocated: one worker prefills and decodes" } else { "disaggregated: prefill worker -> KV pages over TCP -> decode worker" };
+    let topology = if a.colocated {
+        "colocated: one worker prefills and decodes"
+    } else {
+        "disaggregated: prefill worker -> KV pages over TCP -> decode worker"
+    };
     eprintln!("Tandem is serving {name} at http://{api}/v1 ({topology}). Press Ctrl-C to stop.");
     {
         let mut out = std::io::stdout().lock();
@@ -217,7 +234,13 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
     let mut supervised: Vec<Supervised> = services
         .into_iter()
         .zip(started_with)
-        .map(|(service, args)| Supervised { args: pin_listen(&args, &service.addr), service, since: now, failures: 0, restart_at: None })
+        .map(|(service, args)| Supervised {
+            args: pin_listen(&args, &service.addr),
+            service,
+            since: now,
+            failures: 0,
+            restart_at: None,
+        })
         .collect();
     while !stop.load(Ordering::SeqCst) {
         for s in supervised.iter_mut() {
@@ -244,20 +267,22 @@ fn supervise(s: &mut Supervised, stop: &AtomicBool) {
                 s.restart_at = Some(Instant::now() + wait);
             }
         }
-        Some(at) if Instant::now() >= at && !stop.load(Ordering::SeqCst) => match start(name, &s.args) {
-            Ok(service) => {
-                eprintln!("[up] the {name} is back at {}", service.addr);
-                s.service = service;
-                s.since = Instant::now();
-                s.restart_at = None;
+        Some(at) if Instant::now() >= at && !stop.load(Ordering::SeqCst) => {
+            match start(name, &s.args) {
+                Ok(service) => {
+                    eprintln!("[up] the {name} is back at {}", service.addr);
+                    s.service = service;
+                    s.since = Instant::now();
+                    s.restart_at = None;
+                }
+                Err(e) => {
+                    s.failures += 1;
+                    let wait = backoff(s.failures);
+                    eprintln!("[up] starting the {name} again failed: {e:#}; next try in {wait:?}");
+                    s.restart_at = Some(Instant::now() + wait);
+                }
             }
-            Err(e) => {
-                s.failures += 1;
-                let wait = backoff(s.failures);
-                eprintln!("[up] starting the {name} again failed: {e:#}; next try in {wait:?}");
-                s.restart_at = Some(Instant::now() + wait);
-            }
-        },
+        }
         Some(_) => {}
     }
 }
@@ -277,14 +302,27 @@ mod tests {
 
     #[test]
     fn extra_flags_override_ups_own() {
-        let args: Vec<String> = ["--max-num-seqs=64", "--max-num-batched-tokens=128", "--block-size=16"].iter().map(|s| s.to_string()).collect();
-        let extra: Vec<String> = ["--max-num-batched-tokens", "512", "--disagg-min-tokens=8"].iter().map(|s| s.to_string()).collect();
+        let args: Vec<String> =
+            ["--max-num-seqs=64", "--max-num-batched-tokens=128", "--block-size=16"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        let extra: Vec<String> = ["--max-num-batched-tokens", "512", "--disagg-min-tokens=8"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         assert_eq!(without_flags(args, &extra), ["--max-num-seqs=64", "--block-size=16"]);
     }
 
     #[test]
     fn a_restarted_service_keeps_its_address() {
-        let args: Vec<String> = ["decode", "--listen=127.0.0.1:0", "--model", "m"].iter().map(|s| s.to_string()).collect();
-        assert_eq!(pin_listen(&args, "127.0.0.1:4321"), ["decode", "--listen=127.0.0.1:4321", "--model", "m"]);
+        let args: Vec<String> = ["decode", "--listen=127.0.0.1:0", "--model", "m"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            pin_listen(&args, "127.0.0.1:4321"),
+            ["decode", "--listen=127.0.0.1:4321", "--model", "m"]
+        );
     }
 }

@@ -28,7 +28,11 @@ impl Drop for Prometheus {
 fn start_prometheus(targets: &[String]) -> Prometheus {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test/prometheus.sh");
     let out = Command::new("bash").arg(script).output().expect("run prometheus.sh");
-    assert!(out.status.success(), "prometheus is missing and could not be installed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "prometheus is missing and could not be installed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let bin = String::from_utf8(out.stdout).unwrap().trim().to_string();
     let dir = std::env::temp_dir().join(format!("tandem-prometheus-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -49,7 +53,12 @@ fn start_prometheus(targets: &[String]) -> Prometheus {
     let p = Prometheus { child, addr, _dir: dir };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Ok(r) = http_raw(&p.addr, format!("GET /-/ready HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", p.addr).as_bytes(), Duration::from_secs(2)) {
+        if let Ok(r) = http_raw(
+            &p.addr,
+            format!("GET /-/ready HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", p.addr)
+                .as_bytes(),
+            Duration::from_secs(2),
+        ) {
             if r.status == 200 {
                 break;
             }
@@ -61,7 +70,15 @@ fn start_prometheus(targets: &[String]) -> Prometheus {
 }
 
 fn urlencode(s: &str) -> String {
-    s.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 fn query(p: &Prometheus, q: &str) -> Value {
@@ -71,13 +88,21 @@ fn query(p: &Prometheus, q: &str) -> Value {
 /// Whether a query result has a sample with a finite value.
 fn has_data(v: &Value) -> bool {
     v["status"] == "success"
-        && v["data"]["result"].as_array().is_some_and(|r| r.iter().any(|s| s["value"][1].as_str().and_then(|x| x.parse::<f64>().ok()).is_some_and(f64::is_finite)))
+        && v["data"]["result"].as_array().is_some_and(|r| {
+            r.iter().any(|s| {
+                s["value"][1]
+                    .as_str()
+                    .and_then(|x| x.parse::<f64>().ok())
+                    .is_some_and(f64::is_finite)
+            })
+        })
 }
 
 /// `rounds` rounds of requests from two clients, and one bad request. Long prompts begin
 /// differently in every call, so each is computed (and its KV shipped) anew.
 fn load(addr: &str, rounds: usize) {
-    let repetitive = "alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta";
+    let repetitive =
+        "alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta";
     let handles: Vec<_> = (0..2)
         .map(|t| {
             let addr = addr.to_string();
@@ -96,17 +121,36 @@ fn load(addr: &str, rounds: usize) {
     for h in handles {
         h.join().unwrap();
     }
-    let bad = http(addr, "POST", "/v1/completions", Some(&json!({ "model": MODEL, "prompt": "x", "max_tokens": -1 }).to_string()));
+    let bad = http(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(&json!({ "model": MODEL, "prompt": "x", "max_tokens": -1 }).to_string()),
+    );
     assert_eq!(bad.status, 400);
 }
 
 #[test]
 fn every_dashboard_query_returns_data() {
     let redis = RedisServer::start(None);
-    let up = Proc::start("up", &["up".into(), "--port=0".into(), "--decode-flags=--speculative ngram --num-speculative-tokens 3".into()], &[("TANDEM_REDIS_URL", &redis.url)]);
+    let up = Proc::start(
+        "up",
+        &[
+            "up".into(),
+            "--port=0".into(),
+            "--decode-flags=--speculative ngram --num-speculative-tokens 3".into(),
+        ],
+        &[("TANDEM_REDIS_URL", &redis.url)],
+    );
     let health = http(&up.addr, "GET", "/health", None).json();
     let mut targets = vec![up.addr.clone()];
-    targets.extend(health["workers"].as_array().unwrap().iter().map(|w| w["address"].as_str().unwrap().to_string()));
+    targets.extend(
+        health["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["address"].as_str().unwrap().to_string()),
+    );
     assert_eq!(targets.len(), 3, "{health}");
     let prom = start_prometheus(&targets);
 
@@ -126,12 +170,20 @@ fn every_dashboard_query_returns_data() {
     let queries = tandem_operator::dashboards::queries();
     assert!(queries.len() >= 30, "{} queries", queries.len());
     let missing = loop {
-        let missing: Vec<String> = queries.iter().filter(|(_, _, q)| !has_data(&query(&prom, q))).map(|(d, p, q)| format!("{d} / {p}: {q}")).collect();
+        let missing: Vec<String> = queries
+            .iter()
+            .filter(|(_, _, q)| !has_data(&query(&prom, q)))
+            .map(|(d, p, q)| format!("{d} / {p}: {q}"))
+            .collect();
         if missing.is_empty() || Instant::now() > deadline {
             break missing;
         }
         std::thread::sleep(Duration::from_secs(2));
     };
     assert!(missing.is_empty(), "panel queries without data:\n{}", missing.join("\n"));
-    eprintln!("{} panel queries across {} dashboards returned data", queries.len(), tandem_operator::dashboards::all().len());
+    eprintln!(
+        "{} panel queries across {} dashboards returned data",
+        queries.len(),
+        tandem_operator::dashboards::all().len()
+    );
 }

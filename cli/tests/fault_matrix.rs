@@ -62,7 +62,12 @@ fn one_request(addr: &str, i: u64) -> Outcome {
     let req = format!("POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
     let res = match http_raw(addr, req.as_bytes(), Duration::from_secs(60)) {
         Ok(r) => r,
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => return Outcome::Hung,
+        Err(e)
+            if e.kind() == std::io::ErrorKind::WouldBlock
+                || e.kind() == std::io::ErrorKind::TimedOut =>
+        {
+            return Outcome::Hung
+        }
         Err(e) => return Outcome::Connection(e.to_string()),
     };
     if res.status == 0 {
@@ -70,7 +75,9 @@ fn one_request(addr: &str, i: u64) -> Outcome {
     }
     if res.status != 200 {
         return match serde_json::from_str::<Value>(&res.body) {
-            Ok(v) if v["error"]["message"].is_string() => Outcome::ApiError(res.status, v["error"]["message"].as_str().unwrap().to_string()),
+            Ok(v) if v["error"]["message"].is_string() => {
+                Outcome::ApiError(res.status, v["error"]["message"].as_str().unwrap().to_string())
+            }
             _ => Outcome::Wrong(format!("status {} without error JSON: {}", res.status, res.body)),
         };
     }
@@ -79,14 +86,22 @@ fn one_request(addr: &str, i: u64) -> Outcome {
             Ok(v) => v,
             Err(_) => return Outcome::Wrong(format!("not JSON: {}", res.body)),
         };
-        return if v["usage"]["completion_tokens"] == MAX_TOKENS { Outcome::Ok } else { Outcome::Wrong(format!("usage {}", v["usage"])) };
+        return if v["usage"]["completion_tokens"] == MAX_TOKENS {
+            Outcome::Ok
+        } else {
+            Outcome::Wrong(format!("usage {}", v["usage"]))
+        };
     }
     let events: Vec<&str> = res.body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
     if let Some(e) = events.iter().find(|e| e.contains("\"error\"")) {
         return Outcome::ApiError(200, e.to_string());
     }
     let done = events.iter().filter(|e| **e == "[DONE]").count();
-    let usage = events.iter().filter_map(|e| serde_json::from_str::<Value>(e).ok()).find(|v| v["usage"].is_object()).map(|v| v["usage"]["completion_tokens"].clone());
+    let usage = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .find(|v| v["usage"].is_object())
+        .map(|v| v["usage"]["completion_tokens"].clone());
     if done == 1 && usage == Some(json!(MAX_TOKENS)) {
         Outcome::Ok
     } else if done == 0 {
@@ -119,7 +134,12 @@ impl Load {
                         let start = Instant::now();
                         let outcome = one_request(&addr, i);
                         let refused = matches!(outcome, Outcome::Connection(_));
-                        records.lock().unwrap().push(Record { router, start, end: Instant::now(), outcome });
+                        records.lock().unwrap().push(Record {
+                            router,
+                            start,
+                            end: Instant::now(),
+                            outcome,
+                        });
                         if refused {
                             // A client whose router is gone retries at a human pace.
                             std::thread::sleep(Duration::from_millis(200));
@@ -144,7 +164,11 @@ impl Load {
 /// Checks the records: nothing hung or wrong; connection failures only where `dropped_router`
 /// allows; returns (ok count, errors, longest time from `fault` to the end of a request that
 /// was in flight at the fault).
-fn check(records: &[Record], fault: Instant, dropped_router: Option<usize>) -> (usize, usize, Duration) {
+fn check(
+    records: &[Record],
+    fault: Instant,
+    dropped_router: Option<usize>,
+) -> (usize, usize, Duration) {
     let mut ok = 0;
     let mut errors = 0;
     let mut to_end = Duration::ZERO;
@@ -152,9 +176,15 @@ fn check(records: &[Record], fault: Instant, dropped_router: Option<usize>) -> (
         match &r.outcome {
             Outcome::Ok => ok += 1,
             Outcome::ApiError(..) => errors += 1,
-            Outcome::Connection(e) => assert_eq!(Some(r.router), dropped_router, "a client of a live router lost its connection: {e}"),
+            Outcome::Connection(e) => assert_eq!(
+                Some(r.router),
+                dropped_router,
+                "a client of a live router lost its connection: {e}"
+            ),
             Outcome::Hung => panic!("a request hung: {r:?}"),
-            Outcome::Wrong(e) => panic!("a request was answered wrongly (dropped or duplicated tokens): {e}"),
+            Outcome::Wrong(e) => {
+                panic!("a request was answered wrongly (dropped or duplicated tokens): {e}")
+            }
         }
         if r.start <= fault && r.end >= fault {
             to_end = to_end.max(r.end - fault);
@@ -175,11 +205,15 @@ fn wait_worker_health(router: &Proc, addr: &str, healthy: bool) -> Duration {
     let t = Instant::now();
     loop {
         let h = health(router);
-        let w = h["workers"].as_array().into_iter().flatten().find(|w| w["address"] == addr).cloned();
+        let w =
+            h["workers"].as_array().into_iter().flatten().find(|w| w["address"] == addr).cloned();
         if w.is_some_and(|w| w["healthy"] == healthy) {
             return t.elapsed();
         }
-        assert!(t.elapsed() < Duration::from_secs(30), "the router's /health never said {addr} healthy={healthy}: {h}");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the router's /health never said {addr} healthy={healthy}: {h}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -200,7 +234,11 @@ fn assert_baseline(w: &Proc, base: f64) {
 }
 
 fn signal(p: &Proc, sig: &str) {
-    assert!(std::process::Command::new("kill").args([sig, &p.child.id().to_string()]).status().unwrap().success());
+    assert!(std::process::Command::new("kill")
+        .args([sig, &p.child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
 }
 
 #[test]
@@ -260,9 +298,13 @@ fn decode_worker_killed_under_load() {
     let (ok, errors, to_end) = check(&records, fault, None);
     // Requests sent once the router knew should normally all succeed; a stream the router had
     // already sent to the dying worker may still end in an error. Printed, not asserted.
-    let after: Vec<&Record> = records.iter().filter(|x| x.start > fault + seen && x.outcome != Outcome::Ok).collect();
+    let after: Vec<&Record> =
+        records.iter().filter(|x| x.start > fault + seen && x.outcome != Outcome::Ok).collect();
     eprintln!("requests sent after the failure was seen that did not succeed: {after:?}");
-    assert!(metric(&restarted.addr, "tandem_generation_tokens_total", &[]).unwrap_or(0.0) > 0.0, "the restarted decode worker serves again");
+    assert!(
+        metric(&restarted.addr, "tandem_generation_tokens_total", &[]).unwrap_or(0.0) > 0.0,
+        "the restarted decode worker serves again"
+    );
     assert_baseline(&d2, d20);
     assert_baseline(&p, p0);
     eprintln!("decode kill -9: {ok} served, {errors} OpenAI errors (streams cut on the dead worker); in-flight requests ended {to_end:?} after the kill; /health unhealthy after {seen:?}; healthy again {back:?} after restart");
@@ -286,7 +328,12 @@ fn router_replica_killed_under_load() {
     std::thread::sleep(Duration::from_secs(4));
     let restarted = router_with(&[&d], &[&p], &[&format!("--listen={r2_addr}")], &env);
     let t = Instant::now();
-    let res = http(&restarted.addr, "POST", "/v1/completions", Some(&json!({ "model": MODEL, "prompt": "Hello", "max_tokens": 4 }).to_string()));
+    let res = http(
+        &restarted.addr,
+        "POST",
+        "/v1/completions",
+        Some(&json!({ "model": MODEL, "prompt": "Hello", "max_tokens": 4 }).to_string()),
+    );
     assert_eq!(res.status, 200, "{}", res.body);
     let back = t.elapsed();
     let records = load.finish();
@@ -324,7 +371,11 @@ fn redis_stopped_and_restarted_under_load() {
         t.elapsed()
     };
     let seen = wait_redis(0.0);
-    assert_eq!(health(&r1)["status_code"], 200, "routing degrades to the approximate index; serving goes on");
+    assert_eq!(
+        health(&r1)["status_code"],
+        200,
+        "routing degrades to the approximate index; serving goes on"
+    );
     std::thread::sleep(Duration::from_secs(4));
     let _redis2 = RedisServer::start(Some(port));
     let back = wait_redis(1.0);
@@ -332,7 +383,11 @@ fn redis_stopped_and_restarted_under_load() {
     let records = load.finish();
     let (ok, errors, _) = check(&records, fault, None);
     assert_eq!(errors, 0, "no request fails for Redis");
-    assert!(debug_routing(&r1)["exact_index_live"] == true || metric(&r1.addr, "tandem_router_exact_index_live", &[]) == Some(1.0), "the exact index is live again");
+    assert!(
+        debug_routing(&r1)["exact_index_live"] == true
+            || metric(&r1.addr, "tandem_router_exact_index_live", &[]) == Some(1.0),
+        "the exact index is live again"
+    );
     assert_baseline(&d, d0);
     assert_baseline(&p, p0);
     eprintln!("redis stop/start: {ok} served, 0 errors; routers noticed the outage after {seen:?}, were back on Redis {back:?} after it restarted");

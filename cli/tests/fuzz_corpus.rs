@@ -10,7 +10,11 @@ use std::path::Path;
 
 fn inputs(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut v: Vec<_> = rd.flatten().filter(|e| e.path().is_file()).map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())).collect();
+    let mut v: Vec<_> = rd
+        .flatten()
+        .filter(|e| e.path().is_file())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+        .collect();
     v.sort();
     v
 }
@@ -18,7 +22,12 @@ fn inputs(dir: &Path) -> Vec<(String, Vec<u8>)> {
 #[test]
 fn corpora_and_regressions_replay_without_panics() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-    let targets: [(&str, fn(&[u8])); 4] = [("gguf", harness::gguf), ("openai_request", harness::openai_request), ("kv_page", harness::kv_page), ("chat_template", harness::chat_template)];
+    let targets: [(&str, fn(&[u8])); 4] = [
+        ("gguf", harness::gguf),
+        ("openai_request", harness::openai_request),
+        ("kv_page", harness::kv_page),
+        ("chat_template", harness::chat_template),
+    ];
     for (name, f) in targets {
         let mut seeds = inputs(&root.join("seeds").join(name));
         assert!(seeds.len() >= 2, "{name}: {} seeds", seeds.len());
@@ -35,7 +44,10 @@ fn corpora_and_regressions_replay_without_panics() {
     let f = tandem_engine::gguf::GgufFile::from_bytes(tiny).expect("the GGUF seed parses");
     assert_eq!(f.get("general.architecture").and_then(|v| v.as_str()), Some("llama"));
     let page = std::fs::read(root.join("seeds/kv_page/page.bin")).unwrap();
-    assert!(tandem_kv_transfer::page::KvPage::decode(&page, 1 << 20).is_ok(), "the page seed has a valid checksum");
+    assert!(
+        tandem_kv_transfer::page::KvPage::decode(&page, 1 << 20).is_ok(),
+        "the page seed has a valid checksum"
+    );
     let layout = std::fs::read(root.join("seeds/kv_page/layout.bin")).unwrap();
     assert!(tandem_kv_transfer::layout::KvLayout::decode(&layout).is_ok());
 }

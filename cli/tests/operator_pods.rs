@@ -29,19 +29,32 @@ struct Secrets {
     keys_dir: std::path::PathBuf,
 }
 
-fn pods(isvc: &InferenceService, ports: &BTreeMap<i32, u16>, secrets: &Secrets) -> BTreeMap<String, (Vec<String>, Vec<(String, String)>)> {
+fn pods(
+    isvc: &InferenceService,
+    ports: &BTreeMap<i32, u16>,
+    secrets: &Secrets,
+) -> BTreeMap<String, (Vec<String>, Vec<(String, String)>)> {
     let objs = workloads::desired(isvc, false);
     let config = &objs.iter().find(|d| d.kind == Kind::ConfigMap).unwrap().object["data"];
-    let config_env: Vec<(String, String)> = config.as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string())).collect();
+    let config_env: Vec<(String, String)> = config
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+        .collect();
     let mut out = BTreeMap::new();
     for d in objs.iter().filter(|d| d.kind == Kind::Deployment) {
-        let role = d.object["metadata"]["labels"][workloads::ROLE_LABEL].as_str().unwrap().to_string();
+        let role =
+            d.object["metadata"]["labels"][workloads::ROLE_LABEL].as_str().unwrap().to_string();
         let c = &d.object["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["envFrom"][0]["configMapRef"]["name"], "chat-config");
         let mut env = config_env.clone();
         for e in c["env"].as_array().unwrap() {
             if let Some(r) = e["valueFrom"]["secretKeyRef"].as_object() {
-                let key = (r["name"].as_str().unwrap().to_string(), r["key"].as_str().unwrap().to_string());
+                let key = (
+                    r["name"].as_str().unwrap().to_string(),
+                    r["key"].as_str().unwrap().to_string(),
+                );
                 env.push((e["name"].as_str().unwrap().to_string(), secrets.values[&key].clone()));
             }
         }
@@ -50,9 +63,19 @@ fn pods(isvc: &InferenceService, ports: &BTreeMap<i32, u16>, secrets: &Secrets) 
             .unwrap()
             .iter()
             .map(|a| {
-                let mut a = a.as_str().unwrap().replace("$(POD_IP)", "127.0.0.1").replace("$(POD_NAME)", &format!("chat-{role}-0")).replace("0.0.0.0:", "127.0.0.1:");
-                a = a.replace("chat-decode.ml.svc", "localhost").replace("chat-prefill.ml.svc", "localhost");
-                a = a.replace(tandem_operator::crd::API_KEYS_DIR, secrets.keys_dir.to_str().unwrap());
+                let mut a = a
+                    .as_str()
+                    .unwrap()
+                    .replace("$(POD_IP)", "127.0.0.1")
+                    .replace("$(POD_NAME)", &format!("chat-{role}-0"))
+                    .replace("0.0.0.0:", "127.0.0.1:");
+                a = a
+                    .replace("chat-decode.ml.svc", "localhost")
+                    .replace("chat-prefill.ml.svc", "localhost");
+                a = a.replace(
+                    tandem_operator::crd::API_KEYS_DIR,
+                    secrets.keys_dir.to_str().unwrap(),
+                );
                 for (from, to) in ports {
                     a = a.replace(&format!(":{from}"), &format!(":{to}"));
                 }
@@ -90,11 +113,20 @@ fn operator_pods_serve_find_each_other_and_drain() {
     let keys_dir = std::env::temp_dir().join(format!("tandem-api-keys-{}", std::process::id()));
     std::fs::create_dir_all(&keys_dir).unwrap();
     std::fs::write(keys_dir.join("api-keys"), "sk-operator-test-1:ops\n").unwrap();
-    let secrets = Secrets { values: BTreeMap::from([(("chat-internal".to_string(), "token".to_string()), "internal-secret-from-k8s".to_string())]), keys_dir };
+    let secrets = Secrets {
+        values: BTreeMap::from([(
+            ("chat-internal".to_string(), "token".to_string()),
+            "internal-secret-from-k8s".to_string(),
+        )]),
+        keys_dir,
+    };
     let mut isvc = InferenceService::new("chat", serde_json::from_value(spec).unwrap());
     isvc.metadata.namespace = Some("ml".into());
     assert!(tandem_operator::validate::problems(&isvc.spec).is_empty());
-    let ports: BTreeMap<i32, u16> = [DECODE_PORT, KV_PORT, PREFILL_PORT, ROUTER_PORT].into_iter().map(|p| (p, free_port())).collect();
+    let ports: BTreeMap<i32, u16> = [DECODE_PORT, KV_PORT, PREFILL_PORT, ROUTER_PORT]
+        .into_iter()
+        .map(|p| (p, free_port()))
+        .collect();
     let pods = pods(&isvc, &ports, &secrets);
     eprintln!("{pods:#?}");
 
@@ -106,16 +138,33 @@ fn operator_pods_serve_find_each_other_and_drain() {
     // The router found both workers through its DNS entries.
     let health = http(&router.addr, "GET", "/health", None);
     assert_eq!(health.status, 200, "{}", health.body);
-    let workers: Vec<String> = health.json()["workers"].as_array().unwrap().iter().map(|w| w["address"].as_str().unwrap().to_string()).collect();
+    let workers: Vec<String> = health.json()["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["address"].as_str().unwrap().to_string())
+        .collect();
     assert!(workers.contains(&decode.addr) && workers.contains(&prefill.addr), "{workers:?}");
 
     // A prompt goes through the prefill worker to the decode worker's advertised KV address.
-    let body = json!({ "model": MODEL, "prompt": long_prompt(), "max_tokens": 8, "temperature": 0 }).to_string();
-    assert_eq!(http(&router.addr, "POST", "/v1/completions", Some(&body)).status, 401, "the API keys Secret is enforced");
+    let body =
+        json!({ "model": MODEL, "prompt": long_prompt(), "max_tokens": 8, "temperature": 0 })
+            .to_string();
+    assert_eq!(
+        http(&router.addr, "POST", "/v1/completions", Some(&body)).status,
+        401,
+        "the API keys Secret is enforced"
+    );
     let res = authed(&router.addr, "/v1/completions", &body);
     assert_eq!(res.status, 200, "{}", res.body);
-    assert_eq!(metric(&decode.addr, "tandem_disagg_decisions_total", &["decision=\"remote\""]), Some(1.0));
-    assert_eq!(metric(&decode.addr, "tandem_kv_transfer_failures_total", &["reason=\"receive\""]), Some(0.0));
+    assert_eq!(
+        metric(&decode.addr, "tandem_disagg_decisions_total", &["decision=\"remote\""]),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&decode.addr, "tandem_kv_transfer_failures_total", &["reason=\"receive\""]),
+        Some(0.0)
+    );
     assert!(metric(&decode.addr, "tandem_kv_transfer_bytes_total", &[]).unwrap() > 0.0);
     // Worker ids from the pod names reach the router's index.
     let st = http_key(&router.addr, "GET", "/debug/routing", None, Some(KEY)).json();
@@ -129,9 +178,16 @@ fn operator_pods_serve_find_each_other_and_drain() {
     assert!(first.contains("200 OK"), "{first}");
     let pid = decode.child.id();
     let t = Instant::now();
-    assert!(std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap().success());
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
     let rest = read_until(&mut s, "data: [DONE]");
-    assert!(rest.contains("data: [DONE]") && !rest.contains("\"error\""), "the stream was cut:\n{rest}");
+    assert!(
+        rest.contains("data: [DONE]") && !rest.contains("\"error\""),
+        "the stream was cut:\n{rest}"
+    );
     let text = format!("{first}{rest}");
     assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
     let status = loop {
@@ -145,7 +201,11 @@ fn operator_pods_serve_find_each_other_and_drain() {
     assert!(status.success(), "{status}");
     let log = decode.log_text();
     assert!(log.contains("draining") && log.contains("drained"), "{log}");
-    let res = authed(&router.addr, "/v1/completions", &json!({ "model": MODEL, "prompt": "Hi", "max_tokens": 2 }).to_string());
+    let res = authed(
+        &router.addr,
+        "/v1/completions",
+        &json!({ "model": MODEL, "prompt": "Hi", "max_tokens": 2 }).to_string(),
+    );
     assert_eq!(res.status, 503, "no decode worker left: {}", res.body);
     let v: Value = res.json();
     assert!(v["error"]["message"].is_string());

@@ -16,7 +16,12 @@ use serde_json::{json, Value};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn system_prompt(i: usize) -> String {
-    let topics = ["the history of astronomy", "baking sourdough bread", "the rules of chess", "sailing across the Atlantic"];
+    let topics = [
+        "the history of astronomy",
+        "baking sourdough bread",
+        "the rules of chess",
+        "sailing across the Atlantic",
+    ];
     format!("System {i}: You are an expert on {}. Answer carefully, cite the facts you rely on, and keep every answer short, friendly and precise. ", topics[i]).repeat(3)
 }
 
@@ -25,7 +30,8 @@ fn user_turn(i: usize) -> String {
 }
 
 fn complete(router: &Proc, prompt: &str) -> String {
-    let body = json!({ "model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0 }).to_string();
+    let body =
+        json!({ "model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0 }).to_string();
     let res = http(&router.addr, "POST", "/v1/completions", Some(&body));
     assert_eq!(res.status, 200, "{}", res.body);
     res.json()["id"].as_str().unwrap().to_string()
@@ -33,7 +39,13 @@ fn complete(router: &Proc, prompt: &str) -> String {
 
 fn decision(router: &Proc, id: &str) -> Value {
     let d = debug_routing(router);
-    d["decisions"].as_array().unwrap().iter().find(|x| x["request_id"] == id).cloned().unwrap_or_else(|| panic!("no decision for {id}: {d}"))
+    d["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["request_id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no decision for {id}: {d}"))
 }
 
 /// Waits until both routers index at least `blocks` blocks for `worker_id`.
@@ -42,7 +54,12 @@ fn wait_indexed(routers: &[&Proc], worker_id: &str, at_least: u64) {
     for r in routers {
         loop {
             let d = debug_routing(r);
-            let n = d["workers"].as_array().unwrap().iter().find(|w| w["worker_id"] == worker_id).map_or(0, |w| w["indexed_blocks"].as_u64().unwrap());
+            let n = d["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|w| w["worker_id"] == worker_id)
+                .map_or(0, |w| w["indexed_blocks"].as_u64().unwrap());
             if n >= at_least {
                 break;
             }
@@ -73,13 +90,23 @@ fn prefix_aware_routing_across_router_replicas() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let redis = RedisServer::start(None);
     let rflag = format!("--redis-url={}", redis.url);
-    let prefills: Vec<Proc> = (0..3).map(|i| prefill(&[&rflag, &format!("--worker-id=prefill-{i}")], &[])).collect();
+    let prefills: Vec<Proc> =
+        (0..3).map(|i| prefill(&[&rflag, &format!("--worker-id=prefill-{i}")], &[])).collect();
     let d = decode(&[&rflag, "--worker-id=decode-0", "--disagg-min-tokens=1"], &[]);
     let p_refs: Vec<&Proc> = prefills.iter().collect();
     let mk_router = || {
-        let mut a: Vec<String> = vec!["router".into(), "--listen=127.0.0.1:0".into(), rflag.clone(), "--model".into(), model()];
+        let mut a: Vec<String> = vec![
+            "router".into(),
+            "--listen=127.0.0.1:0".into(),
+            rflag.clone(),
+            "--model".into(),
+            model(),
+        ];
         a.push(format!("--decode-workers={}", d.addr));
-        a.push(format!("--prefill-workers={}", p_refs.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")));
+        a.push(format!(
+            "--prefill-workers={}",
+            p_refs.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")
+        ));
         Proc::start("router", &a, &[])
     };
     let routers = [mk_router(), mk_router()];
@@ -102,13 +129,28 @@ fn prefix_aware_routing_across_router_replicas() {
             let dec = decision(r, &id);
             let matched = dec["matched_blocks"].as_u64().unwrap();
             let chosen = dec["prefill"]["chosen"].as_str().unwrap().to_string();
-            eprintln!("prefix {s} round {round}: router {} -> {chosen}, matched {matched}/{} blocks", k % 2, dec["prompt_blocks"]);
+            eprintln!(
+                "prefix {s} round {round}: router {} -> {chosen}, matched {matched}/{} blocks",
+                k % 2,
+                dec["prompt_blocks"]
+            );
             if round == 0 {
                 assert_eq!(matched, 0, "a new prefix cannot be cached yet: {dec}");
             } else {
-                assert!(matched > 0, "prefix {s} round {round} was sent where it is not cached: {dec}");
+                assert!(
+                    matched > 0,
+                    "prefix {s} round {round} was sent where it is not cached: {dec}"
+                );
             }
-            let worker_id = dec["prefill"]["candidates"].as_array().unwrap().iter().find(|c| c["worker"] == chosen.as_str()).unwrap()["worker_id"].as_str().unwrap().to_string();
+            let worker_id = dec["prefill"]["candidates"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["worker"] == chosen.as_str())
+                .unwrap()["worker_id"]
+                .as_str()
+                .unwrap()
+                .to_string();
             wait_indexed(&[&routers[0], &routers[1]], &worker_id, 1);
             wait_idle(&[&routers[0], &routers[1]]);
         }
@@ -121,9 +163,12 @@ fn prefix_aware_routing_across_router_replicas() {
     let hot = system_prompt(0);
     let handles: Vec<_> = (0..24)
         .map(|i| {
-            let (addr, prompt) = (routers[i % 2].addr.clone(), format!("{hot}{}", user_turn(100 + i)));
+            let (addr, prompt) =
+                (routers[i % 2].addr.clone(), format!("{hot}{}", user_turn(100 + i)));
             std::thread::spawn(move || {
-                let body = json!({ "model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0 }).to_string();
+                let body =
+                    json!({ "model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0 })
+                        .to_string();
                 let res = http(&addr, "POST", "/v1/completions", Some(&body));
                 assert_eq!(res.status, 200, "{}", res.body);
                 (i % 2, res.json()["id"].as_str().unwrap().to_string())
@@ -137,8 +182,15 @@ fn prefix_aware_routing_across_router_replicas() {
         let (ri, id) = h.join().unwrap();
         let dec = decision(&routers[ri], &id);
         let chosen = dec["prefill"]["chosen"].as_str().unwrap().to_string();
-        let c = dec["prefill"]["candidates"].as_array().unwrap().iter().find(|c| c["worker"] == chosen.as_str()).unwrap().clone();
-        let uncached = dec["prompt_tokens"].as_u64().unwrap() - 16 * c["cached_blocks"].as_u64().unwrap();
+        let c = dec["prefill"]["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["worker"] == chosen.as_str())
+            .unwrap()
+            .clone();
+        let uncached =
+            dec["prompt_tokens"].as_u64().unwrap() - 16 * c["cached_blocks"].as_u64().unwrap();
         largest = largest.max(dec["prompt_tokens"].as_u64().unwrap());
         *requests.entry(chosen.clone()).or_default() += 1;
         *work.entry(chosen).or_default() += uncached;
@@ -146,7 +198,10 @@ fn prefix_aware_routing_across_router_replicas() {
     eprintln!("dominant prefix, 24 concurrent requests per worker: {requests:?}; booked prefill tokens: {work:?}");
     assert_eq!(work.len(), 3, "every worker takes part: {requests:?}");
     let (max, min) = (*work.values().max().unwrap(), *work.values().min().unwrap());
-    assert!(max <= min + largest, "prefill work unbalanced beyond one prompt ({largest} tokens): {work:?}");
+    assert!(
+        max <= min + largest,
+        "prefill work unbalanced beyond one prompt ({largest} tokens): {work:?}"
+    );
 
     // 3. Nothing leaked anywhere.
     for p in &prefills {
@@ -163,7 +218,13 @@ fn restarted_worker_is_purged_and_redis_outage_degrades_gracefully() {
     let mut p0 = prefill(&[&rflag, "--worker-id=prefill-0"], &[]);
     let p1 = prefill(&[&rflag, "--worker-id=prefill-1"], &[]);
     let d = decode(&[&rflag, "--worker-id=decode-0", "--disagg-min-tokens=1"], &[]);
-    let mut a: Vec<String> = vec!["router".into(), "--listen=127.0.0.1:0".into(), rflag.clone(), "--model".into(), model()];
+    let mut a: Vec<String> = vec![
+        "router".into(),
+        "--listen=127.0.0.1:0".into(),
+        rflag.clone(),
+        "--model".into(),
+        model(),
+    ];
     a.push(format!("--decode-workers={}", d.addr));
     a.push(format!("--prefill-workers={},{}", p0.addr, p1.addr));
     let r = Proc::start("router", &a, &[]);
@@ -187,7 +248,14 @@ fn restarted_worker_is_purged_and_redis_outage_degrades_gracefully() {
 
     // Kill and restart prefill-0 on the same port: the new process's first event (cleared,
     // new epoch) replaces the old entries.
-    let epoch_of = |dbg: &Value| dbg["exact_workers"].as_array().unwrap().iter().find(|w| w["worker_id"] == "prefill-0").map(|w| w["epoch"].clone());
+    let epoch_of = |dbg: &Value| {
+        dbg["exact_workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["worker_id"] == "prefill-0")
+            .map(|w| w["epoch"].clone())
+    };
     let old_epoch = epoch_of(&debug_routing(&r)).expect("prefill-0 is indexed");
     let addr = p0.addr.clone();
     p0.kill();
@@ -196,12 +264,21 @@ fn restarted_worker_is_purged_and_redis_outage_degrades_gracefully() {
     let deadline = t + Duration::from_secs(30);
     loop {
         let dbg = debug_routing(&r);
-        let w = dbg["workers"].as_array().unwrap().iter().find(|w| w["address"] == addr.as_str()).cloned().unwrap();
+        let w = dbg["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["address"] == addr.as_str())
+            .cloned()
+            .unwrap();
         let epoch = epoch_of(&dbg);
         if w["indexed_blocks"] == 0 && epoch.is_some() && epoch != Some(old_epoch.clone()) {
             break;
         }
-        assert!(Instant::now() < deadline, "the restarted worker's new epoch never replaced its old entries: {dbg}");
+        assert!(
+            Instant::now() < deadline,
+            "the restarted worker's new epoch never replaced its old entries: {dbg}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     eprintln!("restarted worker's stale entries gone {:?} after it was ready", t.elapsed());

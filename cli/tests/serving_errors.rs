@@ -17,11 +17,23 @@ struct Case {
     param: Option<&'static str>,
 }
 
-fn case(name: &'static str, path: &'static str, body: Value, status: u16, param: Option<&'static str>) -> Case {
+fn case(
+    name: &'static str,
+    path: &'static str,
+    body: Value,
+    status: u16,
+    param: Option<&'static str>,
+) -> Case {
     Case { name, method: "POST", path, body: body.to_string(), status, param }
 }
 
-fn raw(name: &'static str, method: &'static str, path: &'static str, body: &str, status: u16) -> Case {
+fn raw(
+    name: &'static str,
+    method: &'static str,
+    path: &'static str,
+    body: &str,
+    status: u16,
+) -> Case {
     Case { name, method, path, body: body.to_string(), status, param: None }
 }
 
@@ -40,46 +52,250 @@ fn cases() -> Vec<Case> {
         case("unknown model", C, json!({ "model": "gpt-17", "prompt": "hi" }), 404, Some("model")),
         case("missing prompt", C, json!({ "model": m }), 400, Some("prompt")),
         case("prompt is a number", C, json!({ "model": m, "prompt": 42 }), 400, Some("prompt")),
-        case("negative max_tokens", C, json!({ "model": m, "prompt": "hi", "max_tokens": -5 }), 400, Some("max_tokens")),
-        case("zero max_tokens", C, json!({ "model": m, "prompt": "hi", "max_tokens": 0 }), 400, Some("max_tokens")),
-        case("max_tokens is a string", C, json!({ "model": m, "prompt": "hi", "max_tokens": "ten" }), 400, Some("max_tokens")),
-        case("temperature too high", C, json!({ "model": m, "prompt": "hi", "temperature": 5 }), 400, Some("temperature")),
-        case("negative temperature", C, json!({ "model": m, "prompt": "hi", "temperature": -1 }), 400, Some("temperature")),
-        case("top_p zero", C, json!({ "model": m, "prompt": "hi", "top_p": 0 }), 400, Some("top_p")),
-        case("top_p above one", C, json!({ "model": m, "prompt": "hi", "top_p": 1.5 }), 400, Some("top_p")),
+        case(
+            "negative max_tokens",
+            C,
+            json!({ "model": m, "prompt": "hi", "max_tokens": -5 }),
+            400,
+            Some("max_tokens"),
+        ),
+        case(
+            "zero max_tokens",
+            C,
+            json!({ "model": m, "prompt": "hi", "max_tokens": 0 }),
+            400,
+            Some("max_tokens"),
+        ),
+        case(
+            "max_tokens is a string",
+            C,
+            json!({ "model": m, "prompt": "hi", "max_tokens": "ten" }),
+            400,
+            Some("max_tokens"),
+        ),
+        case(
+            "temperature too high",
+            C,
+            json!({ "model": m, "prompt": "hi", "temperature": 5 }),
+            400,
+            Some("temperature"),
+        ),
+        case(
+            "negative temperature",
+            C,
+            json!({ "model": m, "prompt": "hi", "temperature": -1 }),
+            400,
+            Some("temperature"),
+        ),
+        case(
+            "top_p zero",
+            C,
+            json!({ "model": m, "prompt": "hi", "top_p": 0 }),
+            400,
+            Some("top_p"),
+        ),
+        case(
+            "top_p above one",
+            C,
+            json!({ "model": m, "prompt": "hi", "top_p": 1.5 }),
+            400,
+            Some("top_p"),
+        ),
         case("n zero", C, json!({ "model": m, "prompt": "hi", "n": 0 }), 400, Some("n")),
         case("n huge", C, json!({ "model": m, "prompt": "hi", "n": 500 }), 400, Some("n")),
-        case("presence_penalty out of range", C, json!({ "model": m, "prompt": "hi", "presence_penalty": 3 }), 400, Some("presence_penalty")),
-        case("frequency_penalty out of range", C, json!({ "model": m, "prompt": "hi", "frequency_penalty": -3 }), 400, Some("frequency_penalty")),
-        case("logprobs too many", C, json!({ "model": m, "prompt": "hi", "logprobs": 50 }), 400, Some("logprobs")),
-        case("empty stop string", C, json!({ "model": m, "prompt": "hi", "stop": [""] }), 400, Some("stop")),
-        case("negative seed", C, json!({ "model": m, "prompt": "hi", "seed": -1 }), 400, Some("seed")),
-        case("token id outside the vocabulary", C, json!({ "model": m, "prompt": [1, 2, 999999] }), 400, Some("prompt")),
+        case(
+            "presence_penalty out of range",
+            C,
+            json!({ "model": m, "prompt": "hi", "presence_penalty": 3 }),
+            400,
+            Some("presence_penalty"),
+        ),
+        case(
+            "frequency_penalty out of range",
+            C,
+            json!({ "model": m, "prompt": "hi", "frequency_penalty": -3 }),
+            400,
+            Some("frequency_penalty"),
+        ),
+        case(
+            "logprobs too many",
+            C,
+            json!({ "model": m, "prompt": "hi", "logprobs": 50 }),
+            400,
+            Some("logprobs"),
+        ),
+        case(
+            "empty stop string",
+            C,
+            json!({ "model": m, "prompt": "hi", "stop": [""] }),
+            400,
+            Some("stop"),
+        ),
+        case(
+            "negative seed",
+            C,
+            json!({ "model": m, "prompt": "hi", "seed": -1 }),
+            400,
+            Some("seed"),
+        ),
+        case(
+            "token id outside the vocabulary",
+            C,
+            json!({ "model": m, "prompt": [1, 2, 999999] }),
+            400,
+            Some("prompt"),
+        ),
         case("empty prompt", C, json!({ "model": m, "prompt": "" }), 400, Some("prompt")),
         case("empty prompt list", C, json!({ "model": m, "prompt": [] }), 400, Some("prompt")),
-        case("huge prompt", C, json!({ "model": m, "prompt": "hello ".repeat(100_000) }), 400, None),
-        case("completion beyond the context", C, json!({ "model": m, "prompt": "hi", "max_tokens": 1_000_000 }), 400, Some("max_tokens")),
-        case("stream is not a boolean", C, json!({ "model": m, "prompt": "hi", "stream": "yes" }), 400, Some("stream")),
-        case("best_of differs from n", C, json!({ "model": m, "prompt": "hi", "best_of": 3 }), 400, Some("best_of")),
-        case("echo with logprobs", C, json!({ "model": m, "prompt": "hi", "echo": true, "logprobs": 1 }), 400, Some("echo")),
-        case("logit_bias", C, json!({ "model": m, "prompt": "hi", "logit_bias": { "50256": -100 } }), 400, Some("logit_bias")),
+        case(
+            "huge prompt",
+            C,
+            json!({ "model": m, "prompt": "hello ".repeat(100_000) }),
+            400,
+            None,
+        ),
+        case(
+            "completion beyond the context",
+            C,
+            json!({ "model": m, "prompt": "hi", "max_tokens": 1_000_000 }),
+            400,
+            Some("max_tokens"),
+        ),
+        case(
+            "stream is not a boolean",
+            C,
+            json!({ "model": m, "prompt": "hi", "stream": "yes" }),
+            400,
+            Some("stream"),
+        ),
+        case(
+            "best_of differs from n",
+            C,
+            json!({ "model": m, "prompt": "hi", "best_of": 3 }),
+            400,
+            Some("best_of"),
+        ),
+        case(
+            "echo with logprobs",
+            C,
+            json!({ "model": m, "prompt": "hi", "echo": true, "logprobs": 1 }),
+            400,
+            Some("echo"),
+        ),
+        case(
+            "logit_bias",
+            C,
+            json!({ "model": m, "prompt": "hi", "logit_bias": { "50256": -100 } }),
+            400,
+            Some("logit_bias"),
+        ),
         case("empty messages", CHAT, json!({ "model": m, "messages": [] }), 400, Some("messages")),
         case("missing messages", CHAT, json!({ "model": m }), 400, Some("messages")),
-        case("messages is a string", CHAT, json!({ "model": m, "messages": "hello" }), 400, Some("messages")),
-        case("unknown role", CHAT, json!({ "model": m, "messages": [{ "role": "wizard", "content": "hi" }] }), 400, Some("messages[0].role")),
-        case("message without role", CHAT, json!({ "model": m, "messages": [{ "content": "hi" }] }), 400, Some("messages[0]")),
-        case("image content part", CHAT, json!({ "model": m, "messages": [{ "role": "user", "content": [{ "type": "image_url", "image_url": { "url": "x" } }] }] }), 400, Some("messages[0].content[0].type")),
-        case("top_logprobs without logprobs", CHAT, json!({ "model": m, "messages": user, "top_logprobs": 3 }), 400, Some("top_logprobs")),
-        case("tools", CHAT, json!({ "model": m, "messages": user, "tools": [{ "type": "function", "function": { "name": "f" } }] }), 400, Some("tools")),
-        case("json response_format", CHAT, json!({ "model": m, "messages": user, "response_format": { "type": "json_object" } }), 400, Some("response_format")),
-        case("chat completion beyond the context", CHAT, json!({ "model": m, "messages": user, "max_completion_tokens": 1_000_000 }), 400, Some("max_completion_tokens")),
-        case("chat temperature is a string", CHAT, json!({ "model": m, "messages": user, "temperature": "warm" }), 400, Some("temperature")),
-        case("max_tokens past i64", C, json!({ "model": m, "prompt": "hi", "max_tokens": i64::MAX }), 400, Some("max_tokens")),
-        case("min_tokens past u32", C, json!({ "model": m, "prompt": "hi", "max_tokens": 8, "min_tokens": 4_294_967_301u64 }), 400, Some("min_tokens")),
-        case("min_tokens above max_tokens", C, json!({ "model": m, "prompt": "hi", "max_tokens": 4, "min_tokens": 5 }), 400, Some("min_tokens")),
-        case("stream_options without stream", C, json!({ "model": m, "prompt": "hi", "stream_options": { "include_usage": true } }), 400, Some("stream_options")),
-        case("stop token outside the vocabulary", C, json!({ "model": m, "prompt": "hi", "stop_token_ids": [99_999_999] }), 400, Some("stop_token_ids")),
-        case("user message with null content", CHAT, json!({ "model": m, "messages": [{ "role": "user", "content": null }] }), 400, Some("messages[0].content")),
+        case(
+            "messages is a string",
+            CHAT,
+            json!({ "model": m, "messages": "hello" }),
+            400,
+            Some("messages"),
+        ),
+        case(
+            "unknown role",
+            CHAT,
+            json!({ "model": m, "messages": [{ "role": "wizard", "content": "hi" }] }),
+            400,
+            Some("messages[0].role"),
+        ),
+        case(
+            "message without role",
+            CHAT,
+            json!({ "model": m, "messages": [{ "content": "hi" }] }),
+            400,
+            Some("messages[0]"),
+        ),
+        case(
+            "image content part",
+            CHAT,
+            json!({ "model": m, "messages": [{ "role": "user", "content": [{ "type": "image_url", "image_url": { "url": "x" } }] }] }),
+            400,
+            Some("messages[0].content[0].type"),
+        ),
+        case(
+            "top_logprobs without logprobs",
+            CHAT,
+            json!({ "model": m, "messages": user, "top_logprobs": 3 }),
+            400,
+            Some("top_logprobs"),
+        ),
+        case(
+            "tools",
+            CHAT,
+            json!({ "model": m, "messages": user, "tools": [{ "type": "function", "function": { "name": "f" } }] }),
+            400,
+            Some("tools"),
+        ),
+        case(
+            "json response_format",
+            CHAT,
+            json!({ "model": m, "messages": user, "response_format": { "type": "json_object" } }),
+            400,
+            Some("response_format"),
+        ),
+        case(
+            "chat completion beyond the context",
+            CHAT,
+            json!({ "model": m, "messages": user, "max_completion_tokens": 1_000_000 }),
+            400,
+            Some("max_completion_tokens"),
+        ),
+        case(
+            "chat temperature is a string",
+            CHAT,
+            json!({ "model": m, "messages": user, "temperature": "warm" }),
+            400,
+            Some("temperature"),
+        ),
+        case(
+            "max_tokens past i64",
+            C,
+            json!({ "model": m, "prompt": "hi", "max_tokens": i64::MAX }),
+            400,
+            Some("max_tokens"),
+        ),
+        case(
+            "min_tokens past u32",
+            C,
+            json!({ "model": m, "prompt": "hi", "max_tokens": 8, "min_tokens": 4_294_967_301u64 }),
+            400,
+            Some("min_tokens"),
+        ),
+        case(
+            "min_tokens above max_tokens",
+            C,
+            json!({ "model": m, "prompt": "hi", "max_tokens": 4, "min_tokens": 5 }),
+            400,
+            Some("min_tokens"),
+        ),
+        case(
+            "stream_options without stream",
+            C,
+            json!({ "model": m, "prompt": "hi", "stream_options": { "include_usage": true } }),
+            400,
+            Some("stream_options"),
+        ),
+        case(
+            "stop token outside the vocabulary",
+            C,
+            json!({ "model": m, "prompt": "hi", "stop_token_ids": [99_999_999] }),
+            400,
+            Some("stop_token_ids"),
+        ),
+        case(
+            "user message with null content",
+            CHAT,
+            json!({ "model": m, "messages": [{ "role": "user", "content": null }] }),
+            400,
+            Some("messages[0].content"),
+        ),
         raw("wrong method", "GET", C, "", 405),
         raw("unknown path", "POST", "/v1/embeddings", "{}", 404),
     ]
@@ -101,7 +317,11 @@ fn malformed_requests_get_openai_errors() {
             let v: Value = serde_json::from_str(&res.body).map_err(|e| format!("not JSON: {e}"))?;
             let e = v.get("error").ok_or("no 'error' object")?;
             let msg = e["message"].as_str().ok_or("no message")?;
-            if msg.is_empty() || !e["type"].is_string() || e.get("param").is_none() || e.get("code").is_none() {
+            if msg.is_empty()
+                || !e["type"].is_string()
+                || e.get("param").is_none()
+                || e.get("code").is_none()
+            {
                 return Err(format!("incomplete error object {e}"));
             }
             if let Some(p) = c.param {
@@ -112,18 +332,46 @@ fn malformed_requests_get_openai_errors() {
             Ok(())
         })();
         if let Err(why) = ok {
-            failures.push(format!("{}: {why}\n    body: {}", c.name, res.body.chars().take(300).collect::<String>()));
+            failures.push(format!(
+                "{}: {why}\n    body: {}",
+                c.name,
+                res.body.chars().take(300).collect::<String>()
+            ));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), all.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        all.len(),
+        failures.join("\n")
+    );
     // The server is unharmed and no request is left behind.
-    let ok = http(&r.addr, "POST", C, Some(&json!({ "model": MODEL, "prompt": "hi", "max_tokens": 3 }).to_string()));
+    let ok = http(
+        &r.addr,
+        "POST",
+        C,
+        Some(&json!({ "model": MODEL, "prompt": "hi", "max_tokens": 3 }).to_string()),
+    );
     assert_eq!(ok.status, 200, "{}", ok.body);
     assert_eq!(wait_metric(&d.addr, "tandem_num_requests_running", 0.0), Some(0.0));
-    let huge = http(&r.addr, "POST", C, Some(&json!({ "model": MODEL, "prompt": "hello ".repeat(200_000) }).to_string()));
-    assert!(huge.json()["error"]["message"].as_str().unwrap().contains("maximum context length"), "{}", huge.body);
+    let huge = http(
+        &r.addr,
+        "POST",
+        C,
+        Some(&json!({ "model": MODEL, "prompt": "hello ".repeat(200_000) }).to_string()),
+    );
+    assert!(
+        huge.json()["error"]["message"].as_str().unwrap().contains("maximum context length"),
+        "{}",
+        huge.body
+    );
     // Refused by its length before tokenizing: the message counts bytes, not tokens.
-    assert!(huge.json()["error"]["message"].as_str().unwrap().contains("1200000 bytes"), "{}", huge.body);
+    assert!(
+        huge.json()["error"]["message"].as_str().unwrap().contains("1200000 bytes"),
+        "{}",
+        huge.body
+    );
 }
 
 #[test]

@@ -34,7 +34,12 @@ fn assert_tokens(res: &HttpResponse, n: u64) {
 }
 
 fn assert_baseline(w: &Proc, base: f64) {
-    assert_eq!(wait_metric(&w.addr, "tandem_kv_cache_free_blocks", base), Some(base), "{} leaked KV blocks", w.name);
+    assert_eq!(
+        wait_metric(&w.addr, "tandem_kv_cache_free_blocks", base),
+        Some(base),
+        "{} leaked KV blocks",
+        w.name
+    );
 }
 
 #[test]
@@ -47,8 +52,16 @@ fn layout_mismatch_is_refused_and_the_prompt_recomputed() {
     let (res, took) = completion(&r, 8);
     assert_tokens(&res, 8);
     eprintln!("answered in {took:?}");
-    assert!(p.log_text().contains("KV layout mismatch on block_size"), "the refusal names the field:\n{}", p.log_text());
-    assert!(metric(&p.addr, "tandem_kv_transfer_failures_total", &["reason=\"refused\""]).unwrap_or(0.0) >= 1.0);
+    assert!(
+        p.log_text().contains("KV layout mismatch on block_size"),
+        "the refusal names the field:\n{}",
+        p.log_text()
+    );
+    assert!(
+        metric(&p.addr, "tandem_kv_transfer_failures_total", &["reason=\"refused\""])
+            .unwrap_or(0.0)
+            >= 1.0
+    );
     assert!(metric_sum(&d.addr, "tandem_kv_transfer_failures_total") >= 1.0);
     assert_baseline(&d, d0);
     assert_baseline(&p, p0);
@@ -68,7 +81,11 @@ fn corrupted_page_recomputes_or_fails_by_policy() {
     let (res, took) = completion(&r, 8);
     assert_tokens(&res, 8);
     eprintln!("answered in {took:?}");
-    assert!(d.log_text().contains("corrupt"), "the decode worker reports the checksum failure:\n{}", d.log_text());
+    assert!(
+        d.log_text().contains("corrupt"),
+        "the decode worker reports the checksum failure:\n{}",
+        d.log_text()
+    );
 
     // fail: the client gets an OpenAI error naming the transfer.
     let r2 = router(&[&d_fail], &[&p]);
@@ -177,14 +194,22 @@ fn a_prefill_the_decode_side_gave_up_on_is_never_computed() {
     let p = prefill(&[], &[]);
     let d = decode(&[], &[]);
     let r = router(&[&d], &[&p]);
-    let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &p.child.id().to_string()]).status().unwrap().success());
+    let signal = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, &p.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success())
+    };
     // The prefill worker is frozen while the request reaches it; its client then goes away,
     // which cancels the Prefill call. Once thawed, the worker must not compute that prompt.
     signal("-STOP");
     let body = json!({ "model": MODEL, "prompt": long_prompt(), "max_tokens": 8, "temperature": 0, "stream": true }).to_string();
     let s = open_stream(&r.addr, "/v1/completions", &body);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(&d.addr, "tandem_disagg_decisions_total", &["decision=\"remote\""]).unwrap_or(0.0) < 1.0 {
+    while metric(&d.addr, "tandem_disagg_decisions_total", &["decision=\"remote\""]).unwrap_or(0.0)
+        < 1.0
+    {
         assert!(Instant::now() < deadline, "the decode worker never asked for the remote prefill");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -197,8 +222,16 @@ fn a_prefill_the_decode_side_gave_up_on_is_never_computed() {
     // The worker is alive and serves the next prompt, but computed none of the abandoned one.
     std::thread::sleep(Duration::from_secs(2));
     // A computed prefill samples its first token; the abandoned one ended aborted, with none.
-    assert_eq!(metric_sum(&p.addr, "tandem_generation_tokens_total"), 0.0, "the abandoned prompt was prefilled");
-    assert_eq!(metric_sum(&p.addr, "tandem_request_prompt_tokens_count"), 1.0, "the call reached the prefill worker and ended there");
+    assert_eq!(
+        metric_sum(&p.addr, "tandem_generation_tokens_total"),
+        0.0,
+        "the abandoned prompt was prefilled"
+    );
+    assert_eq!(
+        metric_sum(&p.addr, "tandem_request_prompt_tokens_count"),
+        1.0,
+        "the call reached the prefill worker and ended there"
+    );
     let (res, _) = completion(&r, 4);
     assert_tokens(&res, 4);
     assert!(metric_sum(&p.addr, "tandem_generation_tokens_total") > 0.0);

@@ -16,14 +16,28 @@ const CHAT_PROMPT: &str = "What is the capital of France?";
 fn python() -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test/python_env.sh");
     let out = Command::new("bash").arg(script).output().expect("run python_env.sh");
-    assert!(out.status.success(), "setting up the openai SDK failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "setting up the openai SDK failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// `tandem generate --json` on the exact kernels: the reference.
 fn reference(prompt: &str, chat: bool, kernel: &str) -> Value {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
-    cmd.args(["generate", "--json", "--top-logprobs=2", &format!("--kernel={kernel}"), &format!("--max-tokens={MAX_TOKENS}"), "--model", &model(), "--prompt", prompt]);
+    cmd.args([
+        "generate",
+        "--json",
+        "--top-logprobs=2",
+        &format!("--kernel={kernel}"),
+        &format!("--max-tokens={MAX_TOKENS}"),
+        "--model",
+        &model(),
+        "--prompt",
+        prompt,
+    ]);
     if chat {
         cmd.arg("--chat");
     }
@@ -34,8 +48,23 @@ fn reference(prompt: &str, chat: bool, kernel: &str) -> Value {
 
 fn run_client(base: &str) -> Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/openai_client.py");
-    let out = Command::new(python()).args([script, &format!("http://{base}/v1"), MODEL, &long_prompt(), CHAT_PROMPT, &MAX_TOKENS.to_string()]).output().unwrap();
-    assert!(out.status.success(), "the openai client failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(python())
+        .args([
+            script,
+            &format!("http://{base}/v1"),
+            MODEL,
+            &long_prompt(),
+            CHAT_PROMPT,
+            &MAX_TOKENS.to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the openai client failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -64,13 +93,27 @@ fn openai_sdk_against_disaggregated_services_equals_tandem_generate() {
     assert_eq!(got["models"], serde_json::json!([MODEL]));
     assert_eq!(got["completion"]["text"], want["text"], "completion differs from tandem generate");
     assert_eq!(got["completion"]["usage"]["completion_tokens"].as_u64().unwrap() as usize, n);
-    assert_eq!(got["completion"]["usage"]["prompt_tokens"].as_u64().unwrap() as usize, want["prompt_token_ids"].as_array().unwrap().len());
-    let lps: Vec<f64> = want["logprobs"].as_array().unwrap().iter().map(|l| l["logprob"].as_f64().unwrap()).collect();
-    for (i, (a, b)) in got["completion"]["token_logprobs"].as_array().unwrap().iter().zip(&lps).enumerate() {
+    assert_eq!(
+        got["completion"]["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        want["prompt_token_ids"].as_array().unwrap().len()
+    );
+    let lps: Vec<f64> = want["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["logprob"].as_f64().unwrap())
+        .collect();
+    for (i, (a, b)) in
+        got["completion"]["token_logprobs"].as_array().unwrap().iter().zip(&lps).enumerate()
+    {
         assert!((a.as_f64().unwrap() - b).abs() < 1e-3, "token {i}: logprob {a} vs reference {b}");
     }
     assert_eq!(got["completion_stream"]["text"], want["text"], "streamed completion differs");
-    assert_eq!(got["completion_stream"]["usage"]["completion_tokens"].as_u64().unwrap() as usize, n, "include_usage chunk");
+    assert_eq!(
+        got["completion_stream"]["usage"]["completion_tokens"].as_u64().unwrap() as usize,
+        n,
+        "include_usage chunk"
+    );
     assert_eq!(got["chat"]["text"], want_chat["text"], "chat differs from tandem generate --chat");
     assert_eq!(got["chat_stream"]["text"], want_chat["text"], "streamed chat differs");
     let finish = if want_chat["finish_reason"] == "stop" { "stop" } else { "length" };
@@ -84,10 +127,13 @@ fn openai_sdk_against_disaggregated_services_equals_tandem_generate() {
 
     // The single-completion prompts above were prefilled remotely and shipped as pages
     // (n = 2 is prefilled locally: its completions fork the prompt's blocks).
-    let remote = metric(&d.addr, "tandem_disagg_decisions_total", &["decision=\"remote\""]).unwrap_or(0.0);
+    let remote =
+        metric(&d.addr, "tandem_disagg_decisions_total", &["decision=\"remote\""]).unwrap_or(0.0);
     assert!(remote >= 6.0, "expected remote prefills on the decode worker, got {remote}");
     assert!(metric(&p.addr, "tandem_kv_transfer_bytes_total", &[]).unwrap_or(0.0) > 0.0);
-    assert!(metric(&r.addr, "tandem_router_requests_total", &["code=\"200\""]).unwrap_or(0.0) >= 1.0);
+    assert!(
+        metric(&r.addr, "tandem_router_requests_total", &["code=\"200\""]).unwrap_or(0.0) >= 1.0
+    );
     // Nothing leaked on either side.
     assert_eq!(wait_metric(&d.addr, "tandem_kv_cache_free_blocks", d_base), Some(d_base));
     assert_eq!(wait_metric(&p.addr, "tandem_kv_cache_free_blocks", p_base), Some(p_base));
@@ -95,7 +141,18 @@ fn openai_sdk_against_disaggregated_services_equals_tandem_generate() {
 
 #[test]
 fn tandem_up_colocated_serves_the_openai_api() {
-    let up = Proc::start("up", &["up".into(), "--colocated".into(), "--port=0".into(), "--kernel=exact".into(), "--model".into(), model()], &[]);
+    let up = Proc::start(
+        "up",
+        &[
+            "up".into(),
+            "--colocated".into(),
+            "--port=0".into(),
+            "--kernel=exact".into(),
+            "--model".into(),
+            model(),
+        ],
+        &[],
+    );
     let body = serde_json::json!({ "model": MODEL, "prompt": long_prompt(), "max_tokens": MAX_TOKENS, "temperature": 0 }).to_string();
     let res = http(&up.addr, "POST", "/v1/completions", Some(&body));
     assert_eq!(res.status, 200, "{}", res.body);
@@ -110,7 +167,15 @@ fn tandem_up_colocated_serves_the_openai_api() {
 /// two best tokens below 0.05 nats), which is reported.
 #[test]
 fn fast_kernels_disaggregated_equal_generate_except_near_ties() {
-    let mut a = vec!["decode".to_string(), "--listen=127.0.0.1:0".into(), "--kernel=fast".into(), "--kv-cache-memory=128MiB".into(), "--disagg-min-tokens=1".into(), "--model".into(), model()];
+    let mut a = vec![
+        "decode".to_string(),
+        "--listen=127.0.0.1:0".into(),
+        "--kernel=fast".into(),
+        "--kv-cache-memory=128MiB".into(),
+        "--disagg-min-tokens=1".into(),
+        "--model".into(),
+        model(),
+    ];
     let d = Proc::start("decode-fast", &a, &[]);
     a[0] = "prefill".into();
     a[2] = "--kernel=fast".into();
@@ -118,13 +183,22 @@ fn fast_kernels_disaggregated_equal_generate_except_near_ties() {
     let p = Proc::start("prefill-fast", &a, &[]);
     let r = router(&[&d], &[&p]);
     let info = tandem_engine::ModelInfo::open(std::path::Path::new(&model())).unwrap();
-    let prompts = [long_prompt(), "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n".repeat(2), "Les Misérables est un roman de Victor Hugo publié en 1862. ".repeat(2)];
+    let prompts = [
+        long_prompt(),
+        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n".repeat(2),
+        "Les Misérables est un roman de Victor Hugo publié en 1862. ".repeat(2),
+    ];
     let mut near_ties = 0;
     for prompt in &prompts {
         let body = json!({ "model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 1 }).to_string();
         let res = http(&r.addr, "POST", "/v1/completions", Some(&body));
         assert_eq!(res.status, 200, "{}", res.body);
-        let got: Vec<String> = res.json()["choices"][0]["logprobs"]["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+        let got: Vec<String> = res.json()["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_string())
+            .collect();
         let want = reference(prompt, false, "fast");
         let steps = want["logprobs"].as_array().unwrap();
         for (i, step) in steps.iter().enumerate() {
@@ -152,23 +226,46 @@ fn bench_serve_measures_a_real_server() {
     let d = decode(&["--colocated"], &[]);
     let r = router(&[&d], &[]);
     let run = |extra: &[&str]| -> Value {
-        let mut args = vec!["bench".to_string(), "serve".into(), format!("--base-url=http://{}/v1", r.addr), "--json=-".into(), "--quiet".into()];
+        let mut args = vec![
+            "bench".to_string(),
+            "serve".into(),
+            format!("--base-url=http://{}/v1", r.addr),
+            "--json=-".into(),
+            "--quiet".into(),
+        ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let out = Command::new(env!("CARGO_BIN_EXE_tandem")).args(&args).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         assert!(String::from_utf8_lossy(&out.stderr).contains("Serving Benchmark Result"));
         serde_json::from_slice(&out.stdout).unwrap()
     };
-    let v = run(&["--num-prompts=6", "--concurrency=3", "--input-len=24", "--output-len=5", "--ignore-eos"]);
+    let v = run(&[
+        "--num-prompts=6",
+        "--concurrency=3",
+        "--input-len=24",
+        "--output-len=5",
+        "--ignore-eos",
+    ]);
     let res = &v["result"];
     assert_eq!(v["config"]["model"], MODEL, "the model is discovered from /v1/models");
     assert_eq!((res["completed"].as_u64(), res["failed"].as_u64()), (Some(6), Some(0)), "{res}");
     assert_eq!(res["total_output_tokens"], 30);
     assert_eq!(res["total_input_tokens"], 6 * 24);
-    let (t50, t99, e99) = (res["ttft"]["median_ms"].as_f64().unwrap(), res["ttft"]["p99_ms"].as_f64().unwrap(), res["e2e"]["p99_ms"].as_f64().unwrap());
+    let (t50, t99, e99) = (
+        res["ttft"]["median_ms"].as_f64().unwrap(),
+        res["ttft"]["p99_ms"].as_f64().unwrap(),
+        res["e2e"]["p99_ms"].as_f64().unwrap(),
+    );
     assert!(0.0 < t50 && t50 <= t99 && t99 <= e99, "{res}");
     assert!(res["tpot"]["mean_ms"].as_f64().unwrap() > 0.0);
-    let mt = run(&["--workload=multi-turn", "--num-prompts=4", "--turns=2", "--input-len=8", "--output-len=4", "--ignore-eos"]);
+    let mt = run(&[
+        "--workload=multi-turn",
+        "--num-prompts=4",
+        "--turns=2",
+        "--input-len=8",
+        "--output-len=4",
+        "--ignore-eos",
+    ]);
     let res = &mt["result"];
     assert_eq!(res["completed"], 4, "{res}");
     // Second turns re-send the first turn and its answer: more input than 4 fresh turns would be.
@@ -183,17 +280,21 @@ fn speculative_decode_worker_serves_identical_greedy_output() {
     let d = decode(&["--colocated", "--speculative=ngram"], &[]);
     let r = router(&[&d], &[]);
     let prompt = "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday,";
-    let body = json!({ "model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0 }).to_string();
+    let body =
+        json!({ "model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0 })
+            .to_string();
     let res = http(&r.addr, "POST", "/v1/completions", Some(&body));
     assert_eq!(res.status, 200, "{}", res.body);
     assert_eq!(res.json()["choices"][0]["text"], reference(prompt, false, "exact")["text"]);
     // The engine publishes its counters right after dispatching a step's outputs: read until
     // the value settles.
     let settled = || {
-        let mut last = metric(&d.addr, "tandem_spec_decode_accepted_tokens_total", &[]).unwrap_or(0.0);
+        let mut last =
+            metric(&d.addr, "tandem_spec_decode_accepted_tokens_total", &[]).unwrap_or(0.0);
         loop {
             std::thread::sleep(std::time::Duration::from_millis(200));
-            let now = metric(&d.addr, "tandem_spec_decode_accepted_tokens_total", &[]).unwrap_or(0.0);
+            let now =
+                metric(&d.addr, "tandem_spec_decode_accepted_tokens_total", &[]).unwrap_or(0.0);
             if now == last {
                 return now;
             }

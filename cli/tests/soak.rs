@@ -20,7 +20,8 @@ fn sixty_second_soak_has_no_errors_and_no_leaked_blocks() {
     assert_eq!(r["blocks_leaked"], 0.0);
     assert!(r["requests"].as_u64().unwrap() > 10, "{r}");
     assert!(r["blocks_total"].as_f64().unwrap() > 0.0);
-    let procs: Vec<&str> = r["processes"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    let procs: Vec<&str> =
+        r["processes"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
     assert_eq!(procs, ["up", "decode", "prefill", "router"], "every service's memory is sampled");
     assert!(r["samples"].as_array().unwrap().len() >= 6);
 }

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 
 use cudarc::driver::{sys as dsys, CudaGraph, CudaSlice, LaunchConfig};
 use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBackend, RowSampling};
-use tandem_engine::sampler::TokenLogprob;
 use tandem_engine::config::{ModelConfig, RopeStyle};
+use tandem_engine::sampler::TokenLogprob;
 
 use crate::device::{ptr, Dtype, Gpu, Operand};
 use crate::plan::{self, BatchPlan, LongSeq, ATT_MAX_HEAD_DIM, TILE_INTS};
@@ -144,22 +144,36 @@ fn dev(e: CudaError) -> BackendError {
     BackendError::Device(e.to_string())
 }
 
-
 impl CudaBackend {
     /// Builds the backend around loaded weights: sizes activations, then the KV pool from what
     /// memory is left.
-    pub fn new(gpu: Gpu, cfg: &ModelConfig, w: DeviceWeights, opts: CudaBackendOptions) -> Result<CudaBackend, CudaError> {
+    pub fn new(
+        gpu: Gpu,
+        cfg: &ModelConfig,
+        w: DeviceWeights,
+        opts: CudaBackendOptions,
+    ) -> Result<CudaBackend, CudaError> {
         if cfg.head_dim > ATT_MAX_HEAD_DIM || cfg.head_dim % 8 != 0 {
-            return Err(CudaError::Unsupported(format!("head_dim {} (the attention kernel takes multiples of 8 up to {ATT_MAX_HEAD_DIM})", cfg.head_dim)));
+            return Err(CudaError::Unsupported(format!(
+                "head_dim {} (the attention kernel takes multiples of 8 up to {ATT_MAX_HEAD_DIM})",
+                cfg.head_dim
+            )));
         }
         if cfg.num_heads / cfg.num_kv_heads > plan::ATT_MAX_ROWS {
-            return Err(CudaError::Unsupported(format!("{} query heads per KV head (the attention kernel takes up to {})", cfg.num_heads / cfg.num_kv_heads, plan::ATT_MAX_ROWS)));
+            return Err(CudaError::Unsupported(format!(
+                "{} query heads per KV head (the attention kernel takes up to {})",
+                cfg.num_heads / cfg.num_kv_heads,
+                plan::ATT_MAX_ROWS
+            )));
         }
         if opts.block_size == 0 || opts.max_num_batched_tokens == 0 {
-            return Err(CudaError::Unsupported("block size and max_num_batched_tokens must be positive".into()));
+            return Err(CudaError::Unsupported(
+                "block size and max_num_batched_tokens must be positive".into(),
+            ));
         }
         let t = opts.max_num_batched_tokens.max(opts.max_graph_batch);
-        let (h, q, kvs, ff, v) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size, cfg.vocab_size);
+        let (h, q, kvs, ff, v) =
+            (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size, cfg.vocab_size);
         let max_blocks_per_seq = opts.max_model_len.div_ceil(opts.block_size);
         let logits_cap = 1024.max(opts.max_graph_batch);
         // Scores of the GEMM attention path: at most 128M per pass (512 MiB), chunked by rows.
@@ -199,11 +213,20 @@ impl CudaBackend {
                 let (free, total) = gpu.mem_info()?;
                 let used = gpu.free_at_open.saturating_sub(free) as u64;
                 // Half a GiB for cuBLAS, graphs and the allocator's slack.
-                plan::kv_blocks_for(total as u64, free as u64, used, opts.gpu_memory_utilization, 512 << 20, per_block)
+                plan::kv_blocks_for(
+                    total as u64,
+                    free as u64,
+                    used,
+                    opts.gpu_memory_utilization,
+                    512 << 20,
+                    per_block,
+                )
             }
         };
         if num_blocks == 0 {
-            return Err(CudaError::OutOfMemory(format!("no room for a KV block of {per_block} bytes after the weights and activations")));
+            return Err(CudaError::OutOfMemory(format!(
+                "no room for a KV block of {per_block} bytes after the weights and activations"
+            )));
         }
         let kv = gpu.zeros::<u16>(num_blocks * opts.block_size * kvs * 2 * cfg.num_layers)?;
         let page = 2 * cfg.num_layers * opts.block_size * kvs;
@@ -212,7 +235,10 @@ impl CudaBackend {
             None
         } else {
             // SAFETY: page-locked host memory, written by swap-outs before any swap-in reads it.
-            Some(unsafe { gpu.ctx.alloc_pinned_with_flags::<u16>(opts.num_host_blocks * page, 0) }.map_err(CudaError::from)?)
+            Some(
+                unsafe { gpu.ctx.alloc_pinned_with_flags::<u16>(opts.num_host_blocks * page, 0) }
+                    .map_err(CudaError::from)?,
+            )
         };
         Ok(CudaBackend {
             gpu,
@@ -267,7 +293,8 @@ impl CudaBackend {
         if rows > SPLIT_ROWS {
             return 1;
         }
-        plan::attention_splits(tiles, self.cfg.num_kv_heads, max_context, self.gpu.num_sms).min(MAX_SPLITS)
+        plan::attention_splits(tiles, self.cfg.num_kv_heads, max_context, self.gpu.num_sms)
+            .min(MAX_SPLITS)
     }
 
     /// The tensor-core attention kernel for this model, when the device, head width and block
@@ -308,13 +335,23 @@ impl CudaBackend {
         let t = b.num_tokens();
         let bad = |m: String| Err(BackendError::InvalidBatch(m));
         if t > self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch) {
-            return bad(format!("{t} tokens exceed max_num_batched_tokens {}", self.opts.max_num_batched_tokens));
+            return bad(format!(
+                "{t} tokens exceed max_num_batched_tokens {}",
+                self.opts.max_num_batched_tokens
+            ));
         }
         if b.positions.len() != t || b.slot_mapping.len() != t {
-            return bad(format!("{t} tokens but {} positions and {} slots", b.positions.len(), b.slot_mapping.len()));
+            return bad(format!(
+                "{t} tokens but {} positions and {} slots",
+                b.positions.len(),
+                b.slot_mapping.len()
+            ));
         }
         if let Some(&tok) = b.token_ids.iter().find(|&&x| x as usize >= self.cfg.vocab_size) {
-            return bad(format!("token id {tok} outside the vocabulary of {}", self.cfg.vocab_size));
+            return bad(format!(
+                "token id {tok} outside the vocabulary of {}",
+                self.cfg.vocab_size
+            ));
         }
         if let Some(&s) = b.slot_mapping.iter().find(|&&s| s as usize >= self.num_slots()) {
             return bad(format!("slot {s} outside the KV cache of {} slots", self.num_slots()));
@@ -329,10 +366,17 @@ impl CudaBackend {
                 return bad(format!("sequence slice {s:?} does not tile the batch"));
             }
             if s.context_len > self.opts.max_model_len {
-                return bad(format!("context of {} tokens exceeds max_model_len {}", s.context_len, self.opts.max_model_len));
+                return bad(format!(
+                    "context of {} tokens exceeds max_model_len {}",
+                    s.context_len, self.opts.max_model_len
+                ));
             }
             if s.context_len.div_ceil(self.block_size) > s.block_table.len() {
-                return bad(format!("context of {} tokens needs more than {} blocks", s.context_len, s.block_table.len()));
+                return bad(format!(
+                    "context of {} tokens needs more than {} blocks",
+                    s.context_len,
+                    s.block_table.len()
+                ));
             }
             if let Some(&blk) = s.block_table.iter().find(|&&x| x as usize >= self.num_blocks) {
                 return bad(format!("block {blk} outside the pool of {}", self.num_blocks));
@@ -352,7 +396,11 @@ impl CudaBackend {
     /// Records the start of stage `name` when profiling (eager runs only).
     fn mark(&self, name: &'static str) -> Result<(), CudaError> {
         if let Some(marks) = self.marks.borrow_mut().as_mut() {
-            let e = self.gpu.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::from)?;
+            let e = self
+                .gpu
+                .ctx
+                .new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(CudaError::from)?;
             e.record(&self.gpu.stream).map_err(CudaError::from)?;
             marks.push((name, e));
         }
@@ -397,16 +445,31 @@ impl CudaBackend {
     /// can be captured): `num_layers` layers, then the final norm and LM head for
     /// `logit_rows` rows starting at `logits_rows[row_off]`.
     #[allow(clippy::too_many_arguments)]
-    fn enqueue(&self, t: usize, tiling: (usize, bool), splits: usize, long: &[LongSeq], num_layers: usize, logit_rows: usize, row_off: usize) -> Result<(), CudaError> {
+    fn enqueue(
+        &self,
+        t: usize,
+        tiling: (usize, bool),
+        splits: usize,
+        long: &[LongSeq],
+        num_layers: usize,
+        logit_rows: usize,
+        row_off: usize,
+    ) -> Result<(), CudaError> {
         // Number of tiles, and whether every tile has at most 8 query rows.
         let (num_tiles, small_tiles) = tiling;
         let (g, c, a, w) = (&self.gpu, &self.cfg, &self.a, &self.w);
         let (h, qs, kvs, ff) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
         let (nh, nkv, hd) = (c.num_heads as i32, c.num_kv_heads as i32, c.head_dim as i32);
         let eps = c.rms_norm_eps;
-        let (x, hb, qkv, q, att, gu, act) = (ptr(&a.x), ptr(&a.hb), ptr(&a.qkv), ptr(&a.q), ptr(&a.att), ptr(&a.gu), ptr(&a.act));
-        let (tok, pos, slot, tiles, bt) = (ptr(&a.tokens), ptr(&a.positions), ptr(&a.slots), ptr(&a.tiles), ptr(&a.block_tables));
-        let rows_cfg = |n: usize, threads: u32| LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let (x, hb, qkv, q, att, gu, act) =
+            (ptr(&a.x), ptr(&a.hb), ptr(&a.qkv), ptr(&a.q), ptr(&a.att), ptr(&a.gu), ptr(&a.act));
+        let (tok, pos, slot, tiles, bt) =
+            (ptr(&a.tokens), ptr(&a.positions), ptr(&a.slots), ptr(&a.tiles), ptr(&a.block_tables));
+        let rows_cfg = |n: usize, threads: u32| LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let (hi, null) = (h as i32, 0u64);
         // SAFETY (every launch below): argument lists match kernels.cu, and every buffer was
         // sized in `new` for at least `t` rows (validate checks the batch against it).
@@ -417,18 +480,55 @@ impl CudaBackend {
         let (kv_base, bs) = (ptr(&self.kv), self.block_size as i32);
         for (li, l) in w.layers.iter().enumerate().take(num_layers) {
             self.mark("rmsnorm")?;
-            unsafe { g.launch(&g.k.rmsnorm, rows_cfg(t, 256), &[&x, &null, &ptr(&l.attn_norm), &hb, &hi, &eps])? };
+            unsafe {
+                g.launch(
+                    &g.k.rmsnorm,
+                    rows_cfg(t, 256),
+                    &[&x, &null, &ptr(&l.attn_norm), &hb, &hi, &eps],
+                )?
+            };
             self.mark("gemm qkv")?;
             g.gemm(t, qs + 2 * kvs, h, hb, ptr(&l.qkv), qkv, true, false)?;
             self.mark("qk norm, rope, kv store")?;
             let kc = kv_base + 2 * self.kv_offset(li, 0) as u64;
             let vc = kv_base + 2 * self.kv_offset(li, 1) as u64;
             let (qn, kn) = (l.q_norm.as_ref().map_or(0, ptr), l.k_norm.as_ref().map_or(0, ptr));
-            let cfg = LaunchConfig { grid_dim: (t as u32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1), block_dim: (hd as u32, 1, 1), shared_mem_bytes: hd as u32 * 4 };
+            let cfg = LaunchConfig {
+                grid_dim: (t as u32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1),
+                block_dim: (hd as u32, 1, 1),
+                shared_mem_bytes: hd as u32 * 4,
+            };
             let q16 = ptr(&a.q16);
-            unsafe { g.launch(&g.k.qkv_rope_store, cfg, &[&qkv, &pos, &slot, &ptr(&w.inv_freq), &qn, &kn, &q, &q16, &kc, &vc, &nh, &nkv, &hd, &interleaved, &eps, &bs])? };
+            unsafe {
+                g.launch(
+                    &g.k.qkv_rope_store,
+                    cfg,
+                    &[
+                        &qkv,
+                        &pos,
+                        &slot,
+                        &ptr(&w.inv_freq),
+                        &qn,
+                        &kn,
+                        &q,
+                        &q16,
+                        &kc,
+                        &vc,
+                        &nh,
+                        &nkv,
+                        &hd,
+                        &interleaved,
+                        &eps,
+                        &bs,
+                    ],
+                )?
+            };
             self.mark("attention")?;
-            let cfg = LaunchConfig { grid_dim: (num_tiles as u32, nkv as u32, splits as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (num_tiles as u32, nkv as u32, splits as u32),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let (ti, bsz) = (t as i32, bs);
             if num_tiles > 0 {
                 let (f, cfg) = match self.mma_kernel() {
@@ -436,26 +536,76 @@ impl CudaBackend {
                     None if small_tiles => (&g.k.attention_decode, cfg),
                     None => (&g.k.attention, cfg),
                 };
-                unsafe { g.launch(f, cfg, &[&q, &kc, &vc, &tiles, &bt, &att, &ptr(&a.part_acc), &ptr(&a.part_ml), &ti, &nh, &nkv, &hd, &bsz, &scale])? };
+                unsafe {
+                    g.launch(
+                        f,
+                        cfg,
+                        &[
+                            &q,
+                            &kc,
+                            &vc,
+                            &tiles,
+                            &bt,
+                            &att,
+                            &ptr(&a.part_acc),
+                            &ptr(&a.part_ml),
+                            &ti,
+                            &nh,
+                            &nkv,
+                            &hd,
+                            &bsz,
+                            &scale,
+                        ],
+                    )?
+                };
             }
             for s in long {
                 self.mark("attention (GEMM path)")?;
                 self.attend_long(s, kc, vc, scale)?;
             }
             if num_tiles > 0 && splits > 1 {
-                let cfg = LaunchConfig { grid_dim: (t as u32, nh as u32, 1), block_dim: (hd as u32, 1, 1), shared_mem_bytes: 0 };
+                let cfg = LaunchConfig {
+                    grid_dim: (t as u32, nh as u32, 1),
+                    block_dim: (hd as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
                 let sp = splits as i32;
-                unsafe { g.launch(&g.k.attention_reduce, cfg, &[&ptr(&a.part_acc), &ptr(&a.part_ml), &ptr(&a.row_valid), &att, &ti, &nh, &hd, &sp])? };
+                unsafe {
+                    g.launch(
+                        &g.k.attention_reduce,
+                        cfg,
+                        &[
+                            &ptr(&a.part_acc),
+                            &ptr(&a.part_ml),
+                            &ptr(&a.row_valid),
+                            &att,
+                            &ti,
+                            &nh,
+                            &hd,
+                            &sp,
+                        ],
+                    )?
+                };
             }
             self.mark("gemm o")?;
             g.gemm(t, h, qs, att, ptr(&l.o), x, true, true)?;
             self.mark("rmsnorm")?;
-            unsafe { g.launch(&g.k.rmsnorm, rows_cfg(t, 256), &[&x, &null, &ptr(&l.ffn_norm), &hb, &hi, &eps])? };
+            unsafe {
+                g.launch(
+                    &g.k.rmsnorm,
+                    rows_cfg(t, 256),
+                    &[&x, &null, &ptr(&l.ffn_norm), &hb, &hi, &eps],
+                )?
+            };
             self.mark("gemm gate_up")?;
             g.gemm(t, 2 * ff, h, hb, ptr(&l.gate_up), gu, true, false)?;
             self.mark("silu_mul")?;
             let fi = ff as i32;
-            let cfg = LaunchConfig { grid_dim: (ff.div_ceil(1024) as u32, t as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (ff.div_ceil(1024) as u32, t as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
             unsafe { g.launch(&g.k.silu_mul, cfg, &[&gu, &act, &fi])? };
             self.mark("gemm down")?;
             g.gemm(t, h, ff, act, ptr(&l.down), x, true, true)?;
@@ -463,7 +613,13 @@ impl CudaBackend {
         self.mark("final norm, lm head")?;
         if logit_rows > 0 {
             let rows = ptr(&a.logits_rows) + 4 * row_off as u64;
-            unsafe { g.launch(&g.k.rmsnorm, rows_cfg(logit_rows, 256), &[&x, &rows, &ptr(&w.norm), &hb, &hi, &eps])? };
+            unsafe {
+                g.launch(
+                    &g.k.rmsnorm,
+                    rows_cfg(logit_rows, 256),
+                    &[&x, &rows, &ptr(&w.norm), &hb, &hi, &eps],
+                )?
+            };
             g.gemm(logit_rows, c.vocab_size, h, hb, ptr(w.head()), ptr(&a.logits), true, false)?;
         }
         Ok(())
@@ -478,10 +634,17 @@ impl CudaBackend {
         let ctx = s.pos0 + s.len;
         let (kg, vg) = (ptr(&a.kg), ptr(&a.vg));
         let bt = ptr(&a.block_tables) + 4 * s.bt_off as u64;
-        let cfg = LaunchConfig { grid_dim: (ctx as u32, nh as u32, 1), block_dim: ((hd / 8) as u32, 1, 1), shared_mem_bytes: 0 };
-        let (ci, nhi, nkvi, hdi, bsi) = (ctx as i32, nh as i32, nkv as i32, hd as i32, self.block_size as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (ctx as u32, nh as u32, 1),
+            block_dim: ((hd / 8) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ci, nhi, nkvi, hdi, bsi) =
+            (ctx as i32, nh as i32, nkv as i32, hd as i32, self.block_size as i32);
         // SAFETY: gather_kv's parameters; kg/vg hold nh × max_model_len × hd ≥ nh × ctx × hd.
-        unsafe { g.launch(&g.k.gather_kv, cfg, &[&kc, &vc, &bt, &kg, &vg, &ci, &nhi, &nkvi, &hdi, &bsi])? };
+        unsafe {
+            g.launch(&g.k.gather_kv, cfg, &[&kc, &vc, &bt, &kg, &vg, &ci, &nhi, &nkvi, &hdi, &bsi])?
+        };
         let rows_cap = (a.scores.len() / (nh * ctx)).max(1);
         let mut r0 = 0;
         while r0 < s.len {
@@ -491,22 +654,55 @@ impl CudaBackend {
             let qrow = (s.row0 + r0) * nh * hd;
             let k = Operand { ptr: kg, ld: hd, stride: ctx * hd, trans: true };
             let sc = Operand { ptr: ptr(&a.scores), ld: cctx, stride: n * cctx, trans: false };
-            let q = Operand { ptr: ptr(&a.q16) + 2 * qrow as u64, ld: nh * hd, stride: hd, trans: false };
+            let q = Operand {
+                ptr: ptr(&a.q16) + 2 * qrow as u64,
+                ld: nh * hd,
+                stride: hd,
+                trans: false,
+            };
             g.gemm_batched(Dtype::F16, cctx, n, hd, scale, k, q, 0.0, sc, true, nh)?;
             let (ni, cci, p0) = (n as i32, cctx as i32, (s.pos0 + r0) as i32);
-            let cfg = LaunchConfig { grid_dim: (n as u32, nh as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (n as u32, nh as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
             // SAFETY: softmax_causal over nh × n × cctx scores (≤ the buffer by rows_cap).
-            unsafe { g.launch(&g.k.softmax_causal, cfg, &[&ptr(&a.scores), &ptr(&a.probs), &ni, &cci, &p0])? };
+            unsafe {
+                g.launch(
+                    &g.k.softmax_causal,
+                    cfg,
+                    &[&ptr(&a.scores), &ptr(&a.probs), &ni, &cci, &p0],
+                )?
+            };
             let v = Operand { ptr: vg, ld: hd, stride: ctx * hd, trans: false };
             let p = Operand { ptr: ptr(&a.probs), ld: cctx, stride: n * cctx, trans: false };
             if g.dtype == Dtype::F16 {
-                let o = Operand { ptr: ptr(&a.att) + 2 * qrow as u64, ld: nh * hd, stride: hd, trans: false };
+                let o = Operand {
+                    ptr: ptr(&a.att) + 2 * qrow as u64,
+                    ld: nh * hd,
+                    stride: hd,
+                    trans: false,
+                };
                 g.gemm_batched(Dtype::F16, hd, n, cctx, 1.0, v, p, 0.0, o, false, nh)?;
             } else {
-                let o = Operand { ptr: ptr(&a.o32) + 4 * qrow as u64, ld: nh * hd, stride: hd, trans: false };
+                let o = Operand {
+                    ptr: ptr(&a.o32) + 4 * qrow as u64,
+                    ld: nh * hd,
+                    stride: hd,
+                    trans: false,
+                };
                 g.gemm_batched(Dtype::F16, hd, n, cctx, 1.0, v, p, 0.0, o, true, nh)?;
-                let (src, dst, cnt) = (ptr(&a.o32) + 4 * qrow as u64, ptr(&a.att) + 2 * qrow as u64, (n * nh * hd) as i64);
-                let cfg = LaunchConfig { grid_dim: ((g.num_sms * 4) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                let (src, dst, cnt) = (
+                    ptr(&a.o32) + 4 * qrow as u64,
+                    ptr(&a.att) + 2 * qrow as u64,
+                    (n * nh * hd) as i64,
+                );
+                let cfg = LaunchConfig {
+                    grid_dim: ((g.num_sms * 4) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
                 // SAFETY: to_model(const float*, h16*, long long) over the chunk's rows.
                 unsafe { g.launch(&g.k.to_model, cfg, &[&src, &dst, &cnt])? };
             }
@@ -531,11 +727,23 @@ impl CudaBackend {
                 }
             }
         }
-        let p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads, self.opts.long_prompt_min_tokens);
+        let p = BatchPlan::new(
+            b,
+            self.cfg.num_heads / self.cfg.num_kv_heads,
+            self.opts.long_prompt_min_tokens,
+        );
         self.upload_plan(&p)?;
         let splits = self.splits(n, p.num_tiles(), p.max_context);
         let first = p.logits_rows.len().min(self.logits_cap);
-        self.enqueue(n, (p.num_tiles(), p.max_tile_rows(self.group()) <= 8), splits, &p.long, num_layers, first, 0)?;
+        self.enqueue(
+            n,
+            (p.num_tiles(), p.max_tile_rows(self.group()) <= 8),
+            splits,
+            &p.long,
+            num_layers,
+            first,
+            0,
+        )?;
         Ok(Pass::Eager(first))
     }
 
@@ -575,11 +783,26 @@ impl CudaBackend {
     fn head_only(&self, rows: usize, row_off: usize) -> Result<(), CudaError> {
         let (g, a, w, c) = (&self.gpu, &self.a, &self.w, &self.cfg);
         let (hi, eps) = (c.hidden_size as i32, c.rms_norm_eps);
-        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let rp = ptr(&a.logits_rows) + 4 * row_off as u64;
         // SAFETY: rmsnorm's arguments; `rows` ≤ logits_cap rows of hb and logits.
-        unsafe { g.launch(&g.k.rmsnorm, cfg, &[&ptr(&a.x), &rp, &ptr(&w.norm), &ptr(&a.hb), &hi, &eps])? };
-        g.gemm(rows, c.vocab_size, c.hidden_size, ptr(&a.hb), ptr(w.head()), ptr(&a.logits), true, false)
+        unsafe {
+            g.launch(&g.k.rmsnorm, cfg, &[&ptr(&a.x), &rp, &ptr(&w.norm), &ptr(&a.hb), &hi, &eps])?
+        };
+        g.gemm(
+            rows,
+            c.vocab_size,
+            c.hidden_size,
+            ptr(&a.hb),
+            ptr(w.head()),
+            ptr(&a.logits),
+            true,
+            false,
+        )
     }
 
     /// Replays (capturing first if needed) the decode graph of `size` sequences over the
@@ -599,11 +822,13 @@ impl CudaBackend {
         self.enqueue(size, (size, self.group() <= 8), splits, &[], layers, size, 0)?;
         self.gpu.sync()?;
         let s = self.gpu.stream.clone();
-        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(CudaError::from)?;
+        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(CudaError::from)?;
         let r = self.enqueue(size, (size, self.group() <= 8), splits, &[], layers, size, 0);
         let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
         r?;
-        let graph = graph.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
+        let graph =
+            graph.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
         graph.upload().map_err(CudaError::from)?;
         self.graphs.insert(size, DecodeGraph(graph));
         self.capture_seconds += start.elapsed().as_secs_f64();
@@ -614,8 +839,10 @@ impl CudaBackend {
     /// `reps` replays in ms; captures the graph if needed. Logits stay on the device.
     pub fn replay_ms(&mut self, b: &ForwardBatch, reps: usize) -> Result<f64, CudaError> {
         self.validate(b).map_err(|e| CudaError::Unsupported(e.to_string()))?;
-        let size = plan::graph_size_for(&self.graph_sizes, b.num_tokens()).ok_or_else(|| CudaError::Unsupported("batch larger than every graph".into()))?;
-        let p = BatchPlan::padded_decode(b, size, self.max_blocks_per_seq).ok_or_else(|| CudaError::Unsupported("not a decode step".into()))?;
+        let size = plan::graph_size_for(&self.graph_sizes, b.num_tokens())
+            .ok_or_else(|| CudaError::Unsupported("batch larger than every graph".into()))?;
+        let p = BatchPlan::padded_decode(b, size, self.max_blocks_per_seq)
+            .ok_or_else(|| CudaError::Unsupported("not a decode step".into()))?;
         self.gpu.bind()?;
         self.upload_plan(&p)?;
         if !self.graphs.contains_key(&size) {
@@ -629,7 +856,17 @@ impl CudaBackend {
     pub fn capture_all(&mut self, mut progress: impl FnMut(usize, usize)) -> Result<(), CudaError> {
         // Inert inputs: padding rows only, so the eager warm-up run stores nothing.
         let max = *self.graph_sizes.last().unwrap_or(&0);
-        let p = BatchPlan { tokens: vec![0; max], positions: vec![0; max], slots: vec![-1; max], tiles: vec![0; max * TILE_INTS], block_tables: vec![0; max * self.max_blocks_per_seq], row_valid: vec![0; max], logits_rows: (0..max as i32).collect(), max_context: 0, long: Vec::new() };
+        let p = BatchPlan {
+            tokens: vec![0; max],
+            positions: vec![0; max],
+            slots: vec![-1; max],
+            tiles: vec![0; max * TILE_INTS],
+            block_tables: vec![0; max * self.max_blocks_per_seq],
+            row_valid: vec![0; max],
+            logits_rows: (0..max as i32).collect(),
+            max_context: 0,
+            long: Vec::new(),
+        };
         self.upload_plan(&p)?;
         let sizes = self.graph_sizes.clone();
         for (i, &s) in sizes.iter().enumerate().rev() {
@@ -640,7 +877,6 @@ impl CudaBackend {
         }
         Ok(())
     }
-
 }
 
 impl ModelBackend for CudaBackend {
@@ -650,7 +886,11 @@ impl ModelBackend for CudaBackend {
 
     fn kv_cache_spec(&self) -> KvCacheSpec {
         // Pages travel as f32, as the CPU backend's do.
-        KvCacheSpec { num_blocks: self.num_blocks, block_size: self.block_size, bytes_per_block: 2 * 4 * self.cfg.num_layers * self.block_elems() }
+        KvCacheSpec {
+            num_blocks: self.num_blocks,
+            block_size: self.block_size,
+            bytes_per_block: 2 * 4 * self.cfg.num_layers * self.block_elems(),
+        }
     }
 
     fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
@@ -662,15 +902,27 @@ impl ModelBackend for CudaBackend {
         true
     }
 
-    fn forward_sampled(&mut self, b: &ForwardBatch, rows: &[RowSampling]) -> Result<Vec<TokenLogprob>, BackendError> {
+    fn forward_sampled(
+        &mut self,
+        b: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<Vec<TokenLogprob>, BackendError> {
         self.validate(b)?;
         if rows.len() != b.logits_indices.len() {
-            return Err(BackendError::InvalidBatch(format!("{} sampling rows for {} logits rows", rows.len(), b.logits_indices.len())));
+            return Err(BackendError::InvalidBatch(format!(
+                "{} sampling rows for {} logits rows",
+                rows.len(),
+                b.logits_indices.len()
+            )));
         }
         self.run_sampled(b, rows).map_err(dev)
     }
 
-    fn forward_layers(&mut self, b: &ForwardBatch, num_layers: usize) -> Result<Vec<f32>, BackendError> {
+    fn forward_layers(
+        &mut self,
+        b: &ForwardBatch,
+        num_layers: usize,
+    ) -> Result<Vec<f32>, BackendError> {
         self.validate(b)?;
         self.run(b, num_layers.min(self.cfg.num_layers)).map_err(dev)
     }
@@ -686,7 +938,9 @@ impl ModelBackend for CudaBackend {
                 let bytes = 2 * e;
                 let (sp, dp) = (ptr(&self.kv) + 2 * so as u64, ptr(&self.kv) + 2 * d_o as u64);
                 // SAFETY: both ranges lie inside the KV allocation (pairs checked) and differ.
-                let r = unsafe { dsys::cuMemcpyDtoDAsync_v2(dp, sp, bytes, self.gpu.stream.cu_stream()) };
+                let r = unsafe {
+                    dsys::cuMemcpyDtoDAsync_v2(dp, sp, bytes, self.gpu.stream.cu_stream())
+                };
                 if r != dsys::CUresult::CUDA_SUCCESS {
                     return Err(BackendError::Device(format!("block copy: {r:?}")));
                 }
@@ -703,7 +957,10 @@ impl ModelBackend for CudaBackend {
         let Some(host) = self.host.as_mut() else { return Ok(()) };
         let host = host.as_mut_slice().map_err(|e| dev(e.into()))?;
         for (d, h) in spans {
-            self.gpu.stream.memcpy_dtoh(&self.kv.slice(d..d + e), &mut host[h..h + e]).map_err(|e| dev(e.into()))?;
+            self.gpu
+                .stream
+                .memcpy_dtoh(&self.kv.slice(d..d + e), &mut host[h..h + e])
+                .map_err(|e| dev(e.into()))?;
         }
         self.gpu.sync().map_err(dev)
     }
@@ -728,25 +985,39 @@ impl ModelBackend for CudaBackend {
 
     fn read_block(&self, block: u32) -> Result<Vec<u8>, BackendError> {
         if block as usize >= self.num_blocks {
-            return Err(BackendError::InvalidBatch(format!("block {block} outside the pool of {}", self.num_blocks)));
+            return Err(BackendError::InvalidBatch(format!(
+                "block {block} outside the pool of {}",
+                self.num_blocks
+            )));
         }
         let bits = self.read_page_bits(block as usize).map_err(dev)?;
-        let bits: Vec<u16> = bits.chunks_exact(self.block_elems()).flat_map(|p| self.reorder(p, true)).collect();
+        let bits: Vec<u16> =
+            bits.chunks_exact(self.block_elems()).flat_map(|p| self.reorder(p, true)).collect();
         let d = self.gpu.dtype;
         Ok(bits.iter().flat_map(|&b| d.to_f32(b).to_le_bytes()).collect())
     }
 
     fn write_block(&mut self, block: u32, page: &[u8]) -> Result<(), BackendError> {
         if block as usize >= self.num_blocks {
-            return Err(BackendError::InvalidBatch(format!("block {block} outside the pool of {}", self.num_blocks)));
+            return Err(BackendError::InvalidBatch(format!(
+                "block {block} outside the pool of {}",
+                self.num_blocks
+            )));
         }
         let want = self.kv_cache_spec().bytes_per_block;
         if page.len() != want {
-            return Err(BackendError::InvalidBatch(format!("page of {} bytes, blocks hold {want}", page.len())));
+            return Err(BackendError::InvalidBatch(format!(
+                "page of {} bytes, blocks hold {want}",
+                page.len()
+            )));
         }
         let d = self.gpu.dtype;
-        let bits: Vec<u16> = page.chunks_exact(4).map(|c| d.from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect();
-        let bits: Vec<u16> = bits.chunks_exact(self.block_elems()).flat_map(|p| self.reorder(p, false)).collect();
+        let bits: Vec<u16> = page
+            .chunks_exact(4)
+            .map(|c| d.from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect();
+        let bits: Vec<u16> =
+            bits.chunks_exact(self.block_elems()).flat_map(|p| self.reorder(p, false)).collect();
         self.write_page_bits(block as usize, &bits).map_err(dev)
     }
 }

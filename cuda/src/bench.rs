@@ -12,13 +12,20 @@ use crate::device::{ptr, Gpu};
 use crate::{CudaBackend, CudaBackendOptions, CudaError, Dtype, WeightSource};
 
 /// Milliseconds of GPU time `f` takes, median of `reps` after `warm` warm-ups (CUDA events).
-pub fn time_ms(g: &Gpu, warm: usize, reps: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
+pub fn time_ms(
+    g: &Gpu,
+    warm: usize,
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
     for _ in 0..warm {
         f()?;
     }
     g.sync()?;
-    let e0 = g.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::from)?;
-    let e1 = g.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::from)?;
+    let e0 =
+        g.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::from)?;
+    let e1 =
+        g.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::from)?;
     let mut ts = Vec::with_capacity(reps);
     for _ in 0..reps {
         e0.record(&g.stream).map_err(CudaError::from)?;
@@ -54,8 +61,13 @@ pub fn limits(g: &Gpu) -> Result<Limits, CudaError> {
     let c = g.zeros::<u16>(n * n)?;
     // Random operands: cuBLAS runs faster on zeros than on data.
     for (i, buf) in [&a, &w].into_iter().enumerate() {
-        let (p, len, seed, scale, konst) = (ptr(buf), (n * n) as u64, 17u32 + i as u32, 1.0f32, 0i32);
-        let cfg = cudarc::driver::LaunchConfig { grid_dim: (g.num_sms as u32 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (p, len, seed, scale, konst) =
+            (ptr(buf), (n * n) as u64, 17u32 + i as u32, 1.0f32, 0i32);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (g.num_sms as u32 * 8, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: fill_random over n² bf16 elements.
         unsafe { g.launch(&g.k.fill_random, cfg, &[&p, &len, &seed, &scale, &konst])? };
     }
@@ -65,7 +77,8 @@ pub fn limits(g: &Gpu) -> Result<Limits, CudaError> {
 
 /// Parameters of the linear layers (what a decode step streams): every layer plus the LM head.
 pub fn linear_params(c: &ModelConfig) -> u64 {
-    let (h, q, kv, ff) = (c.hidden_size as u64, c.q_size() as u64, c.kv_size() as u64, c.intermediate_size as u64);
+    let (h, q, kv, ff) =
+        (c.hidden_size as u64, c.q_size() as u64, c.kv_size() as u64, c.intermediate_size as u64);
     c.num_layers as u64 * (h * (q + 2 * kv) + q * h + 3 * h * ff) + c.vocab_size as u64 * h
 }
 
@@ -100,11 +113,22 @@ fn decode_batch(batch: usize, context: usize, block_size: usize) -> ForwardBatch
 }
 
 /// Decode steps of the model `cfg` (random weights) at each batch size, context `context`.
-pub fn decode(cfg: &ModelConfig, batches: &[usize], context: usize, lim: &Limits) -> Result<Vec<DecodeRow>, CudaError> {
+pub fn decode(
+    cfg: &ModelConfig,
+    batches: &[usize],
+    context: usize,
+    lim: &Limits,
+) -> Result<Vec<DecodeRow>, CudaError> {
     let max_b = batches.iter().copied().max().unwrap_or(1);
     let bs = 16;
     let blocks = max_b * (context + 1).div_ceil(bs);
-    let opts = CudaBackendOptions { num_blocks: Some(blocks), max_num_batched_tokens: 2048, max_model_len: context + bs, max_graph_batch: max_b, ..Default::default() };
+    let opts = CudaBackendOptions {
+        num_blocks: Some(blocks),
+        max_num_batched_tokens: 2048,
+        max_model_len: context + bs,
+        max_graph_batch: max_b,
+        ..Default::default()
+    };
     let mut be: CudaBackend = crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(1), opts)?;
     let kv_per_token = 2.0 * 2.0 * (cfg.num_layers * cfg.kv_size()) as f64;
     let mut rows = Vec::new();
@@ -117,7 +141,15 @@ pub fn decode(cfg: &ModelConfig, batches: &[usize], context: usize, lim: &Limits
         let tile_step_ms = be.replay_ms(&b, 20)?;
         be.set_mma_attention(true);
         let bytes = 2.0 * linear_params(cfg) as f64 + kv_per_token * (batch * (context + 1)) as f64;
-        rows.push(DecodeRow { batch, context, step_ms, tile_step_ms, bytes, roofline_ms: bytes / lim.hbm_bytes_per_s * 1e3, profile });
+        rows.push(DecodeRow {
+            batch,
+            context,
+            step_ms,
+            tile_step_ms,
+            bytes,
+            roofline_ms: bytes / lim.hbm_bytes_per_s * 1e3,
+            profile,
+        });
     }
     Ok(rows)
 }
@@ -151,7 +183,13 @@ pub fn prefill_flops(c: &ModelConfig, prompts: usize, len: usize) -> f64 {
 pub fn prefill(cfg: &ModelConfig, prompts: usize, len: usize) -> Result<PrefillRow, CudaError> {
     let bs = 16;
     let per = len.div_ceil(bs);
-    let opts = CudaBackendOptions { num_blocks: Some(prompts * per), max_num_batched_tokens: prompts * len, max_model_len: len, max_graph_batch: 0, ..Default::default() };
+    let opts = CudaBackendOptions {
+        num_blocks: Some(prompts * per),
+        max_num_batched_tokens: prompts * len,
+        max_model_len: len,
+        max_graph_batch: 0,
+        ..Default::default()
+    };
     let mut be: CudaBackend = crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(2), opts)?;
     let mut b = ForwardBatch::default();
     for p in 0..prompts {
@@ -169,7 +207,13 @@ pub fn prefill(cfg: &ModelConfig, prompts: usize, len: usize) -> Result<PrefillR
     }
     ts.sort_by(f64::total_cmp);
     let profile = be.profile(&b)?;
-    Ok(PrefillRow { prompts, len, ms: ts[ts.len() / 2], flops: prefill_flops(cfg, prompts, len), profile })
+    Ok(PrefillRow {
+        prompts,
+        len,
+        ms: ts[ts.len() / 2],
+        flops: prefill_flops(cfg, prompts, len),
+        profile,
+    })
 }
 
 /// One KV page transfer measurement between two GPUs.
@@ -202,7 +246,13 @@ fn spread_blocks(n: usize, num_blocks: usize, step: usize, offset: usize) -> Vec
 /// of `chunk_pages` pages through `stages` staging buffers, scatter into scattered blocks)
 /// against one raw NCCL send/recv of the same bytes, and the moved pages and their checksums
 /// checked.
-pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas: usize, stages: usize) -> Result<Vec<PagesRow>, CudaError> {
+pub fn pages(
+    cfg: &ModelConfig,
+    counts: &[usize],
+    chunk_pages: usize,
+    copy_ctas: usize,
+    stages: usize,
+) -> Result<Vec<PagesRow>, CudaError> {
     use crate::nccl::{DevicePool, PageLink, PoolView};
     use std::sync::{mpsc, Barrier};
     let max = counts.iter().copied().max().unwrap_or(1);
@@ -216,36 +266,56 @@ pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas:
     let id = crate::nccl::new_id()?;
     let barrier = Barrier::new(2);
     let (page_tx, page_rx) = mpsc::channel::<Vec<u16>>();
-    let run = |rank: usize, page_tx: Option<mpsc::Sender<Vec<u16>>>, page_rx: Option<mpsc::Receiver<Vec<u16>>>| -> Result<Vec<PagesRow>, CudaError> {
+    let run = |rank: usize,
+               page_tx: Option<mpsc::Sender<Vec<u16>>>,
+               page_rx: Option<mpsc::Receiver<Vec<u16>>>|
+     -> Result<Vec<PagesRow>, CudaError> {
         let gone = || CudaError::Unsupported("peer thread gone".into());
         let g = Gpu::open(rank, Dtype::Bf16)?;
         let pool = g.zeros::<u16>(parts * num_blocks * block_elems)?;
         if rank == 0 {
             let (p, len, seed, scale, konst) = (ptr(&pool), pool.len() as u64, 5u32, 1.0f32, 0i32);
-            let cfg = cudarc::driver::LaunchConfig { grid_dim: (g.num_sms as u32 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = cudarc::driver::LaunchConfig {
+                grid_dim: (g.num_sms as u32 * 8, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
             // SAFETY: fill_random over the pool's elements.
             unsafe { g.launch(&g.k.fill_random, cfg, &[&p, &len, &seed, &scale, &konst])? };
         }
         let view = PoolView { base: ptr(&pool), parts, num_blocks, block_elems };
         let mut raw = g.zeros::<u8>(max * view.page_bytes())?;
         g.sync()?;
-        let mut link = PageLink::connect(&DevicePool::new(&g, view), rank, id, chunk_pages, stages, max)?;
+        let mut link =
+            PageLink::connect(&DevicePool::new(&g, view), rank, id, chunk_pages, stages, max)?;
         link.set_copy_ctas(copy_ctas);
         let mut rows = Vec::new();
         for &n in counts {
-            let blocks = if rank == 0 { spread_blocks(n, num_blocks, 7, 3) } else { spread_blocks(n, num_blocks, 5, 11) };
+            let blocks = if rank == 0 {
+                spread_blocks(n, num_blocks, 7, 3)
+            } else {
+                spread_blocks(n, num_blocks, 5, 11)
+            };
             let bytes = n * view.page_bytes();
             let mut paged = Vec::new();
             let mut rawt = Vec::new();
             for rep in 0..6 {
                 barrier.wait();
                 let t = Instant::now();
-                if rank == 0 { link.send_blocks(&blocks)? } else { link.recv_blocks(&blocks)? }
+                if rank == 0 {
+                    link.send_blocks(&blocks)?
+                } else {
+                    link.recv_blocks(&blocks)?
+                }
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 barrier.wait();
                 barrier.wait();
                 let t = Instant::now();
-                if rank == 0 { link.send_raw(&raw, bytes)? } else { link.recv_raw(&mut raw, bytes)? }
+                if rank == 0 {
+                    link.send_raw(&raw, bytes)?
+                } else {
+                    link.recv_raw(&mut raw, bytes)?
+                }
                 let raw_ms = t.elapsed().as_secs_f64() * 1e3;
                 if rep > 0 {
                     paged.push(ms);
@@ -262,7 +332,8 @@ pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas:
             for &i in &picks {
                 let page = crate::nccl::read_page(&g, &pool, &view, blocks[i] as usize)?;
                 let bytes: Vec<u8> = page.iter().flat_map(|v| v.to_le_bytes()).collect();
-                bad_sums += usize::from(tandem_kv_transfer::device::page_checksum(&bytes) != sums[i]);
+                bad_sums +=
+                    usize::from(tandem_kv_transfer::device::page_checksum(&bytes) != sums[i]);
                 if let Some(tx) = &page_tx {
                     tx.send(page).map_err(|_| gone())?;
                 } else if let Some(rx) = &page_rx {
@@ -271,7 +342,15 @@ pub fn pages(cfg: &ModelConfig, counts: &[usize], chunk_pages: usize, copy_ctas:
                     differing += usize::from(sent != page);
                 }
             }
-            rows.push(PagesRow { pages: n, bytes, paged_ms: paged[paged.len() / 2], raw_ms: rawt[rawt.len() / 2], checked, differing, bad_sums });
+            rows.push(PagesRow {
+                pages: n,
+                bytes,
+                paged_ms: paged[paged.len() / 2],
+                raw_ms: rawt[rawt.len() / 2],
+                checked,
+                differing,
+                bad_sums,
+            });
         }
         Ok(rows)
     };
@@ -294,7 +373,10 @@ mod tests {
     use super::*;
 
     fn llama8b() -> ModelConfig {
-        crate::dummy_config(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/llama-3-8b.json")).unwrap()
+        crate::dummy_config(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/llama-3-8b.json"),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -303,7 +385,10 @@ mod tests {
         // 32 layers × 218.1M linear parameters + a 525M LM head: the published 8.03B less the
         // 525M embedding and the norms.
         let p = linear_params(&c);
-        assert_eq!(p, 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336) + 128_256 * 4096);
+        assert_eq!(
+            p,
+            32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336) + 128_256 * 4096
+        );
         assert!((7.4e9..7.6e9).contains(&(p as f64)), "{p}");
         let b = decode_batch(3, 1024, 16);
         assert_eq!(b.seqs.len(), 3);
@@ -315,7 +400,12 @@ mod tests {
     fn page_transfer_layout() {
         let c = llama8b();
         // A Llama-3-8B page: 32 layers × K and V × 16 positions × 8 KV heads × 128 dims × 2 bytes.
-        let v = crate::nccl::PoolView { base: 0, parts: 2 * c.num_layers, num_blocks: 4113, block_elems: 16 * c.kv_size() };
+        let v = crate::nccl::PoolView {
+            base: 0,
+            parts: 2 * c.num_layers,
+            num_blocks: 4113,
+            block_elems: 16 * c.kv_size(),
+        };
         assert_eq!(v.page_bytes(), 2 << 20);
         for (step, off) in [(7, 3), (5, 11)] {
             let b = spread_blocks(4096, 4113, step, off);

@@ -146,11 +146,16 @@ fn embed(g: &Gpu) -> Result<CheckResult, CudaError> {
     let toks: Vec<i32> = (0..17).map(|i| (i * 97 + 5) % v as i32).collect();
     let (dt, dk, dx) = (g.upload(&table)?, g.upload(&toks)?, g.zeros::<f32>(toks.len() * h)?);
     let hi = h as i32;
-    let cfg = LaunchConfig { grid_dim: (toks.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (toks.len() as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: embed(const int*, const h16*, float*, int) over these buffers.
     unsafe { g.launch(&g.k.embed, cfg, &[&ptr(&dk), &ptr(&dt), &ptr(&dx), &hi])? };
     let got = g.read(&dx, toks.len() * h)?;
-    let want: Vec<f32> = toks.iter().flat_map(|&t| unbf(&table[t as usize * h..(t as usize + 1) * h])).collect();
+    let want: Vec<f32> =
+        toks.iter().flat_map(|&t| unbf(&table[t as usize * h..(t as usize + 1) * h])).collect();
     Ok(result("embed (exact)", abs_err(&got, &want), 0.0))
 }
 
@@ -163,16 +168,29 @@ fn rmsnorm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
     ops::rms_norm(&x, &w, eps, &mut want);
     let (dx, dw, dy) = (g.upload(&x)?, g.upload(&w)?, g.zeros::<u16>(rows * h)?);
     let hi = h as i32;
-    let cfg = |n: usize| LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = |n: usize| LaunchConfig {
+        grid_dim: (n as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: rmsnorm(const float*, const int*, const float*, h16*, int, float).
-    unsafe { g.launch(&g.k.rmsnorm, cfg(rows), &[&ptr(&dx), &0u64, &ptr(&dw), &ptr(&dy), &hi, &eps])? };
+    unsafe {
+        g.launch(&g.k.rmsnorm, cfg(rows), &[&ptr(&dx), &0u64, &ptr(&dw), &ptr(&dy), &hi, &eps])?
+    };
     let got = unbf(&g.read(&dy, rows * h)?);
     let sel = [12i32, 0, 5];
     let dsel = g.upload(&sel)?;
     // SAFETY: as above, gathering rows `sel`.
-    unsafe { g.launch(&g.k.rmsnorm, cfg(sel.len()), &[&ptr(&dx), &ptr(&dsel), &ptr(&dw), &ptr(&dy), &hi, &eps])? };
+    unsafe {
+        g.launch(
+            &g.k.rmsnorm,
+            cfg(sel.len()),
+            &[&ptr(&dx), &ptr(&dsel), &ptr(&dw), &ptr(&dy), &hi, &eps],
+        )?
+    };
     let got_sel = unbf(&g.read(&dy, sel.len() * h)?);
-    let want_sel: Vec<f32> = sel.iter().flat_map(|&i| want[i as usize * h..(i as usize + 1) * h].to_vec()).collect();
+    let want_sel: Vec<f32> =
+        sel.iter().flat_map(|&i| want[i as usize * h..(i as usize + 1) * h].to_vec()).collect();
     Ok(vec![
         // Output rounded to 16 bits: within u relative (plus a floor for values near zero).
         result("rmsnorm f32→16-bit (tol 1.05u)", rel_err(&got, &want, 1e-2), 1.05 * u),
@@ -183,7 +201,14 @@ fn rmsnorm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
 /// Tokens per block in the KV-store check.
 const BS: usize = 16;
 
-fn qkv_rope_store(g: &Gpu, u: f64, qwen: bool, nh: usize, nkv: usize, hd: usize) -> Result<Vec<CheckResult>, CudaError> {
+fn qkv_rope_store(
+    g: &Gpu,
+    u: f64,
+    qwen: bool,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+) -> Result<Vec<CheckResult>, CudaError> {
     let t = 11;
     let width = (nh + 2 * nkv) * hd;
     let eps = 1e-6f32;
@@ -191,13 +216,20 @@ fn qkv_rope_store(g: &Gpu, u: f64, qwen: bool, nh: usize, nkv: usize, hd: usize)
     let qkv = r.vec(t * width, 2.0);
     let pos: Vec<i32> = (0..t as i32).map(|i| i * 377 + 3).collect();
     let num_slots = 64;
-    let slots: Vec<i32> = (0..t as i32).map(|i| if i == 4 { -1 } else { (i * 5 + 1) % num_slots }).collect();
+    let slots: Vec<i32> =
+        (0..t as i32).map(|i| if i == 4 { -1 } else { (i * 5 + 1) % num_slots }).collect();
     let (qn, kn) = (r.vec(hd, 1.0), r.vec(hd, 1.0));
     let theta = if qwen { 1_000_000.0 } else { 100_000.0 };
     let rope = ops::Rope::new(hd, theta, !qwen);
-    let inv: Vec<f32> = (0..hd / 2).map(|i| (1.0 / (theta as f64).powf(2.0 * i as f64 / hd as f64)) as f32).collect();
+    let inv: Vec<f32> = (0..hd / 2)
+        .map(|i| (1.0 / (theta as f64).powf(2.0 * i as f64 / hd as f64)) as f32)
+        .collect();
     // CPU exact: norm, rope.
-    let (mut want_q, mut want_k, mut want_v) = (Vec::new(), vec![0f32; num_slots as usize * nkv * hd], vec![0f32; num_slots as usize * nkv * hd]);
+    let (mut want_q, mut want_k, mut want_v) = (
+        Vec::new(),
+        vec![0f32; num_slots as usize * nkv * hd],
+        vec![0f32; num_slots as usize * nkv * hd],
+    );
     let (mut c, mut s) = (Vec::new(), Vec::new());
     for ti in 0..t {
         let row = &qkv[ti * width..(ti + 1) * width];
@@ -222,17 +254,47 @@ fn qkv_rope_store(g: &Gpu, u: f64, qwen: bool, nh: usize, nkv: usize, hd: usize)
     let dq = g.upload(&qkv)?;
     let (dp, ds, di) = (g.upload(&pos)?, g.upload(&slots)?, g.upload(&inv)?);
     let (dqn, dkn) = (g.upload(&qn)?, g.upload(&kn)?);
-    let (qo, kc, vc) = (g.zeros::<f32>(t * nh * hd)?, g.zeros::<u16>(want_k.len())?, g.zeros::<u16>(want_v.len())?);
+    let (qo, kc, vc) = (
+        g.zeros::<f32>(t * nh * hd)?,
+        g.zeros::<u16>(want_k.len())?,
+        g.zeros::<u16>(want_v.len())?,
+    );
     let q16 = g.zeros::<u16>(t * nh * hd)?;
     let (qnp, knp) = if qwen { (ptr(&dqn), ptr(&dkn)) } else { (0, 0) };
     let (nhi, nkvi, hdi, il, bsi) = (nh as i32, nkv as i32, hd as i32, (!qwen) as i32, BS as i32);
-    let cfg = LaunchConfig { grid_dim: (t as u32, (nh + 2 * nkv) as u32, 1), block_dim: (hd as u32, 1, 1), shared_mem_bytes: hd as u32 * 4 };
+    let cfg = LaunchConfig {
+        grid_dim: (t as u32, (nh + 2 * nkv) as u32, 1),
+        block_dim: (hd as u32, 1, 1),
+        shared_mem_bytes: hd as u32 * 4,
+    };
     // SAFETY: qkv_rope_store's parameter list, buffers sized for t tokens and 64 slots.
     unsafe {
-        g.launch(&g.k.qkv_rope_store, cfg, &[&ptr(&dq), &ptr(&dp), &ptr(&ds), &ptr(&di), &qnp, &knp, &ptr(&qo), &ptr(&q16), &ptr(&kc), &ptr(&vc), &nhi, &nkvi, &hdi, &il, &eps, &bsi])?
+        g.launch(
+            &g.k.qkv_rope_store,
+            cfg,
+            &[
+                &ptr(&dq),
+                &ptr(&dp),
+                &ptr(&ds),
+                &ptr(&di),
+                &qnp,
+                &knp,
+                &ptr(&qo),
+                &ptr(&q16),
+                &ptr(&kc),
+                &ptr(&vc),
+                &nhi,
+                &nkvi,
+                &hdi,
+                &il,
+                &eps,
+                &bsi,
+            ],
+        )?
     };
     let got_q = g.read(&qo, t * nh * hd)?;
-    let got_q16: Vec<f32> = g.read(&q16, t * nh * hd)?.iter().map(|&b| Dtype::F16.to_f32(b)).collect();
+    let got_q16: Vec<f32> =
+        g.read(&q16, t * nh * hd)?.iter().map(|&b| Dtype::F16.to_f32(b)).collect();
     let got_k = unbf(&g.read(&kc, want_k.len())?);
     let got_v = unbf(&g.read(&vc, want_v.len())?);
     let tag = if qwen { "Qwen3 (q/k norm, neox)" } else { "Llama (interleaved)" };
@@ -240,16 +302,38 @@ fn qkv_rope_store(g: &Gpu, u: f64, qwen: bool, nh: usize, nkv: usize, hd: usize)
         // f32 both sides; sincosf vs the CPU's f32 sin/cos differ by an ulp or two of the angle.
         result(&format!("q norm+rope {tag}, f32"), abs_err(&got_q, &want_q), 1e-4),
         // The GEMM path's half-precision copy: one rounding of the kernel's own f32 q.
-        result(&format!("q norm+rope {tag}, IEEE-half copy (tol 2^-11)"), rel_err(&got_q16, &got_q, 1e-2), Dtype::F16.unit_roundoff()),
+        result(
+            &format!("q norm+rope {tag}, IEEE-half copy (tol 2^-11)"),
+            rel_err(&got_q16, &got_q, 1e-2),
+            Dtype::F16.unit_roundoff(),
+        ),
         // K rounded to 16 bits on both sides: at most one step (2u) apart.
-        result(&format!("k norm+rope+store {tag}, 16-bit (tol 2u)"), rel_err(&got_k, &want_k, 1e-2), 2.0 * u),
-        result(&format!("v store {tag} (exact), skipped slot untouched"), abs_err(&got_v, &want_v), 0.0),
+        result(
+            &format!("k norm+rope+store {tag}, 16-bit (tol 2u)"),
+            rel_err(&got_k, &want_k, 1e-2),
+            2.0 * u,
+        ),
+        result(
+            &format!("v store {tag} (exact), skipped slot untouched"),
+            abs_err(&got_v, &want_v),
+            0.0,
+        ),
     ])
 }
 
 /// f64 paged attention for one query row over positions `0..=qpos` of a sequence's blocks.
 #[allow(clippy::too_many_arguments)]
-fn attend_ref(q: &[f32], k: &[f32], v: &[f32], bt: &[i32], bs: usize, qpos: usize, nkv: usize, kvh: usize, hd: usize) -> Vec<f32> {
+fn attend_ref(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    bt: &[i32],
+    bs: usize,
+    qpos: usize,
+    nkv: usize,
+    kvh: usize,
+    hd: usize,
+) -> Vec<f32> {
     let slot = |p: usize| bt[p / bs] as usize * bs + p % bs;
     let scale = 1.0 / (hd as f64).sqrt();
     let scores: Vec<f64> = (0..=qpos)
@@ -262,7 +346,12 @@ fn attend_ref(q: &[f32], k: &[f32], v: &[f32], bt: &[i32], bs: usize, qpos: usiz
     let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
     let z: f64 = e.iter().sum();
     (0..hd)
-        .map(|d| (0..=qpos).map(|p| e[p] * v[kv_index(slot(p), kvh, nkv, hd, bs) + d] as f64).sum::<f64>() / z)
+        .map(|d| {
+            (0..=qpos)
+                .map(|p| e[p] * v[kv_index(slot(p), kvh, nkv, hd, bs) + d] as f64)
+                .sum::<f64>()
+                / z
+        })
         .map(|x| x as f32)
         .collect()
 }
@@ -278,7 +367,15 @@ enum AttKernel {
     Mma,
 }
 
-fn attention(g: &Gpu, u: f64, nh: usize, nkv: usize, hd: usize, splits: usize, kernel: AttKernel) -> Result<CheckResult, CudaError> {
+fn attention(
+    g: &Gpu,
+    u: f64,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    splits: usize,
+    kernel: AttKernel,
+) -> Result<CheckResult, CudaError> {
     let decode_only = kernel == AttKernel::Decode;
     use crate::plan::BatchPlan;
     use tandem_engine::backend::{ForwardBatch, Logits};
@@ -290,7 +387,9 @@ fn attention(g: &Gpu, u: f64, nh: usize, nkv: usize, hd: usize, splits: usize, k
     // A 40-token chunk after 260 cached tokens; a decode step at context 1000; a fresh
     // 5-token prompt. Blocks scattered through the pool.
     let mut b = ForwardBatch::default();
-    let table = |start: u32, n: usize| -> Vec<u32> { (0..n as u32).map(|i| (start + i * 7) % num_blocks as u32).collect() };
+    let table = |start: u32, n: usize| -> Vec<u32> {
+        (0..n as u32).map(|i| (start + i * 7) % num_blocks as u32).collect()
+    };
     if decode_only {
         b.push_seq(&[0], 999, &table(11, 63), bs, Logits::None);
         b.push_seq(&[0], 17, &table(5, 2), bs, Logits::None);
@@ -307,9 +406,14 @@ fn attention(g: &Gpu, u: f64, nh: usize, nkv: usize, hd: usize, splits: usize, k
     let (dt, dbt, drv) = (g.upload(&p.tiles)?, g.upload(&p.block_tables)?, g.upload(&p.row_valid)?);
     let out = g.zeros::<u16>(t * nh * hd)?;
     let (pa, pm) = (g.zeros::<f32>(splits * t * nh * hd)?, g.zeros::<f32>(splits * t * nh * 2)?);
-    let (ti, nhi, nkvi, hdi, bsi, scale) = (t as i32, nh as i32, nkv as i32, hd as i32, bs as i32, 1.0 / (hd as f32).sqrt());
+    let (ti, nhi, nkvi, hdi, bsi, scale) =
+        (t as i32, nh as i32, nkv as i32, hd as i32, bs as i32, 1.0 / (hd as f32).sqrt());
     let threads = if kernel == AttKernel::Mma { 64 } else { 128 };
-    let cfg = LaunchConfig { grid_dim: (p.num_tiles() as u32, nkv as u32, splits as u32), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (p.num_tiles() as u32, nkv as u32, splits as u32),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: attention's parameter list over buffers sized for this batch and these splits.
     unsafe {
         let f = match kernel {
@@ -318,11 +422,38 @@ fn attention(g: &Gpu, u: f64, nh: usize, nkv: usize, hd: usize, splits: usize, k
             AttKernel::Mma if hd == 64 => &g.k.attention_mma64,
             AttKernel::Mma => &g.k.attention_mma128,
         };
-        g.launch(f, cfg, &[&ptr(&dq), &ptr(&dk), &ptr(&dv), &ptr(&dt), &ptr(&dbt), &ptr(&out), &ptr(&pa), &ptr(&pm), &ti, &nhi, &nkvi, &hdi, &bsi, &scale])?;
+        g.launch(
+            f,
+            cfg,
+            &[
+                &ptr(&dq),
+                &ptr(&dk),
+                &ptr(&dv),
+                &ptr(&dt),
+                &ptr(&dbt),
+                &ptr(&out),
+                &ptr(&pa),
+                &ptr(&pm),
+                &ti,
+                &nhi,
+                &nkvi,
+                &hdi,
+                &bsi,
+                &scale,
+            ],
+        )?;
         if splits > 1 {
             let sp = splits as i32;
-            let cfg = LaunchConfig { grid_dim: (t as u32, nh as u32, 1), block_dim: (hd as u32, 1, 1), shared_mem_bytes: 0 };
-            g.launch(&g.k.attention_reduce, cfg, &[&ptr(&pa), &ptr(&pm), &ptr(&drv), &ptr(&out), &ti, &nhi, &hdi, &sp])?;
+            let cfg = LaunchConfig {
+                grid_dim: (t as u32, nh as u32, 1),
+                block_dim: (hd as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            g.launch(
+                &g.k.attention_reduce,
+                cfg,
+                &[&ptr(&pa), &ptr(&pm), &ptr(&drv), &ptr(&out), &ti, &nhi, &hdi, &sp],
+            )?;
         }
     }
     let got = unbf(&g.read(&out, t * nh * hd)?);
@@ -345,7 +476,11 @@ fn attention(g: &Gpu, u: f64, nh: usize, nkv: usize, hd: usize, splits: usize, k
         AttKernel::Tile => "prefill+prefix, decode 1000, fresh prompt",
         AttKernel::Mma => "prefill+prefix, decode 1000, fresh prompt (tensor cores)",
     };
-    Ok(result(&format!("paged attention nh={nh} nkv={nkv} hd={hd} splits={splits}: {what}; tol 1.3u abs"), err, 1.3 * u))
+    Ok(result(
+        &format!("paged attention nh={nh} nkv={nkv} hd={hd} splits={splits}: {what}; tol 1.3u abs"),
+        err,
+        1.3 * u,
+    ))
 }
 
 fn silu_mul(g: &Gpu, u: f64) -> Result<CheckResult, CudaError> {
@@ -360,7 +495,8 @@ fn silu_mul(g: &Gpu, u: f64) -> Result<CheckResult, CudaError> {
     }
     let (dg, dout) = (g.upload(&gu)?, g.zeros::<u16>(t * f)?);
     let fi = f as i32;
-    let cfg = LaunchConfig { grid_dim: (2, t as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg =
+        LaunchConfig { grid_dim: (2, t as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: silu_mul(const float*, h16*, int).
     unsafe { g.launch(&g.k.silu_mul, cfg, &[&ptr(&dg), &ptr(&dout), &fi])? };
     let got = unbf(&g.read(&dout, t * f)?);
@@ -394,13 +530,18 @@ fn sampling(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     let mut logits = r.vec(rows * vocab, 10.0);
     logits[2 * vocab + 140_000] = 50.0;
     logits[2 * vocab + 123] = 50.0;
-    let want: Vec<_> = logits.chunks_exact(vocab).zip(&specs).map(|(l, r)| gumbel_max(l, r)).collect();
+    let want: Vec<_> =
+        logits.chunks_exact(vocab).zip(&specs).map(|(l, r)| gumbel_max(l, r)).collect();
     let order: Vec<u32> = (0..rows as u32).rev().collect(); // rows named out of order
     let named: Vec<RowSampling> = order.iter().map(|&i| specs[i as usize]).collect();
     let (dl, da) = (g.upload(&logits)?, g.upload(&crate::backend::sampling_args(&order, &named))?);
     let dout = g.zeros::<i32>(2 * rows)?;
     let (ni, vi) = (rows as i32, vocab as i32);
-    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: sample_rows(logits, args, out, n, vocab) with 7n argument words and 2n outputs.
     unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(&dl), &ptr(&da), &ptr(&dout), &ni, &vi])? };
     let out = g.read(&dout, 2 * rows)?;
@@ -413,7 +554,11 @@ fn sampling(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
         lp_err = lp_err.max((f32::from_bits(out[rows + k] as u32) - w.logprob).abs() as f64);
     }
     Ok(vec![
-        result("sampling: tokens ≠ CPU Gumbel-max (greedy with a tie, T 0.3–1, min-p, top-k, top-p)", wrong as f64, 0.0),
+        result(
+            "sampling: tokens ≠ CPU Gumbel-max (greedy with a tie, T 0.3–1, min-p, top-k, top-p)",
+            wrong as f64,
+            0.0,
+        ),
         result("sampling: chosen log-prob vs CPU (abs)", lp_err, 1e-4),
     ])
 }

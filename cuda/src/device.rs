@@ -10,7 +10,10 @@ use std::ffi::{c_char, c_void, CString};
 use std::sync::Arc;
 
 use cudarc::cublas::{sys as bsys, CudaBlas};
-use cudarc::driver::{sys as dsys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{
+    sys as dsys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
 use cudarc::nvrtc::{sys as nsys, Ptx};
 
 use crate::CudaError;
@@ -135,7 +138,6 @@ pub struct Gpu {
     pub free_at_open: usize,
 }
 
-
 /// Whether the CUDA driver library can be loaded on this machine.
 pub fn driver_present() -> bool {
     // SAFETY: only probes for the shared library.
@@ -146,11 +148,23 @@ impl Gpu {
     /// Opens device `ordinal`, compiles the kernels for `dtype` and sets up cuBLAS.
     pub fn open(ordinal: usize, dtype: Dtype) -> Result<Gpu, CudaError> {
         // SAFETY: the probes only try to dlopen the libraries.
-        let present = unsafe { (dsys::is_culib_present(), nsys::is_culib_present(), bsys::is_culib_present()) };
+        let present = unsafe {
+            (dsys::is_culib_present(), nsys::is_culib_present(), bsys::is_culib_present())
+        };
         match present {
-            (false, _, _) => return Err(CudaError::Unavailable("libcuda (the NVIDIA driver) is not installed".into())),
-            (_, false, _) => return Err(CudaError::Unavailable("libnvrtc (CUDA runtime compiler) is not installed".into())),
-            (_, _, false) => return Err(CudaError::Unavailable("libcublas is not installed".into())),
+            (false, _, _) => {
+                return Err(CudaError::Unavailable(
+                    "libcuda (the NVIDIA driver) is not installed".into(),
+                ))
+            }
+            (_, false, _) => {
+                return Err(CudaError::Unavailable(
+                    "libnvrtc (CUDA runtime compiler) is not installed".into(),
+                ))
+            }
+            (_, _, false) => {
+                return Err(CudaError::Unavailable("libcublas is not installed".into()))
+            }
             _ => {}
         }
         let ctx = CudaContext::new(ordinal).map_err(CudaError::from)?;
@@ -190,14 +204,29 @@ impl Gpu {
         {
             let (wp, _g) = workspace.device_ptr(&stream);
             // SAFETY: the workspace outlives the handle (both live in `Gpu`).
-            let st = unsafe { bsys::cublasSetWorkspace_v2(*blas.handle(), wp as *mut c_void, BLAS_WORKSPACE) };
+            let st = unsafe {
+                bsys::cublasSetWorkspace_v2(*blas.handle(), wp as *mut c_void, BLAS_WORKSPACE)
+            };
             if st != bsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
                 return Err(CudaError::Blas(format!("cublasSetWorkspace: {st:?}")));
             }
         }
         let name = ctx.name().map_err(CudaError::from)?;
-        let num_sms = ctx.attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(CudaError::from)? as usize;
-        Ok(Gpu { ctx, stream, k, blas, _workspace: workspace, name, num_sms, sm: (maj * 10 + min) as u32, dtype, free_at_open })
+        let num_sms = ctx
+            .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(CudaError::from)? as usize;
+        Ok(Gpu {
+            ctx,
+            stream,
+            k,
+            blas,
+            _workspace: workspace,
+            name,
+            num_sms,
+            sm: (maj * 10 + min) as u32,
+            dtype,
+            free_at_open,
+        })
     }
 
     /// Makes the context current on the calling thread (the engine may run on another thread
@@ -212,7 +241,10 @@ impl Gpu {
     }
 
     /// A zeroed device buffer.
-    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>, CudaError> {
         self.stream.alloc_zeros::<T>(n.max(1)).map_err(CudaError::from)
     }
 
@@ -226,7 +258,11 @@ impl Gpu {
     }
 
     /// Copies `data` into the start of `dst`.
-    pub fn write<T: DeviceRepr>(&self, dst: &mut CudaSlice<T>, data: &[T]) -> Result<(), CudaError> {
+    pub fn write<T: DeviceRepr>(
+        &self,
+        dst: &mut CudaSlice<T>,
+        data: &[T],
+    ) -> Result<(), CudaError> {
         if data.is_empty() {
             return Ok(());
         }
@@ -235,7 +271,11 @@ impl Gpu {
     }
 
     /// Copies the first `n` elements of `src` to the host (waits for the stream).
-    pub fn read<T: DeviceRepr + Default + Clone>(&self, src: &CudaSlice<T>, n: usize) -> Result<Vec<T>, CudaError> {
+    pub fn read<T: DeviceRepr + Default + Clone>(
+        &self,
+        src: &CudaSlice<T>,
+        n: usize,
+    ) -> Result<Vec<T>, CudaError> {
         let mut out = vec![T::default(); n];
         if n > 0 {
             self.stream.memcpy_dtoh(&src.slice(..n), &mut out).map_err(CudaError::from)?;
@@ -254,7 +294,12 @@ impl Gpu {
     /// # Safety
     /// The arguments must match the kernel's parameters in number, order and type, and every
     /// pointer must address enough device memory for the launch.
-    pub unsafe fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[&dyn KernelArg]) -> Result<(), CudaError> {
+    pub unsafe fn launch(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &[&dyn KernelArg],
+    ) -> Result<(), CudaError> {
         let mut b = self.stream.launch_builder(f);
         for a in args {
             a.push(&mut b);
@@ -267,7 +312,17 @@ impl Gpu {
     /// device's 16-bit type, f32 accumulation, `c` 16-bit or f32 (`c_f32`). Pointers are raw
     /// device addresses.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm(&self, m: usize, n: usize, k: usize, a: u64, w: u64, c: u64, c_f32: bool, accumulate: bool) -> Result<(), CudaError> {
+    pub fn gemm(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: u64,
+        w: u64,
+        c: u64,
+        c_f32: bool,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
         if m == 0 {
             return Ok(());
         }
@@ -323,11 +378,30 @@ impl Gpu {
     /// Column-major strided-batched `C = alpha · op(A) · op(B) + beta · C` (cuBLAS conventions:
     /// `C` is `m×n`), `A`/`B` of type `ab`, f32 accumulation, `C` f32 or of type `ab`.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_batched(&self, ab: Dtype, m: usize, n: usize, k: usize, alpha: f32, a: Operand, b: Operand, beta: f32, c: Operand, c_f32: bool, batch: usize) -> Result<(), CudaError> {
+    pub fn gemm_batched(
+        &self,
+        ab: Dtype,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: Operand,
+        b: Operand,
+        beta: f32,
+        c: Operand,
+        c_f32: bool,
+        batch: usize,
+    ) -> Result<(), CudaError> {
         if m == 0 || n == 0 || batch == 0 {
             return Ok(());
         }
-        let op = |t: bool| if t { bsys::cublasOperation_t::CUBLAS_OP_T } else { bsys::cublasOperation_t::CUBLAS_OP_N };
+        let op = |t: bool| {
+            if t {
+                bsys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                bsys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
         let ctype = if c_f32 { bsys::cudaDataType_t::CUDA_R_32F } else { ab.cuda() };
         // SAFETY: the caller's operands address `batch` matrices of the stated shapes.
         let st = unsafe {
@@ -358,7 +432,9 @@ impl Gpu {
             )
         };
         if st != bsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(CudaError::Blas(format!("cublasGemmStridedBatchedEx {m}x{n}x{k}x{batch}: {st:?}")));
+            return Err(CudaError::Blas(format!(
+                "cublasGemmStridedBatchedEx {m}x{n}x{k}x{batch}: {st:?}"
+            )));
         }
         Ok(())
     }
@@ -386,12 +462,20 @@ impl<T: DeviceRepr> KernelArg for T {
 pub fn nvrtc_cubin(src: &str, opts: &[String]) -> Result<Vec<u8>, CudaError> {
     let err = |what: &str, r: nsys::nvrtcResult| CudaError::Nvrtc(format!("{what}: {r:?}"));
     let csrc = CString::new(src).map_err(|e| CudaError::Nvrtc(e.to_string()))?;
-    let copts: Vec<CString> = opts.iter().map(|s| CString::new(s.as_str()).expect("option without NUL")).collect();
+    let copts: Vec<CString> =
+        opts.iter().map(|s| CString::new(s.as_str()).expect("option without NUL")).collect();
     let ptrs: Vec<*const c_char> = copts.iter().map(|c| c.as_ptr()).collect();
     // SAFETY: plain NVRTC calls on a program this function creates and destroys.
     unsafe {
         let mut prog: nsys::nvrtcProgram = std::ptr::null_mut();
-        let r = nsys::nvrtcCreateProgram(&mut prog, csrc.as_ptr(), std::ptr::null(), 0, std::ptr::null(), std::ptr::null());
+        let r = nsys::nvrtcCreateProgram(
+            &mut prog,
+            csrc.as_ptr(),
+            std::ptr::null(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        );
         if r != nsys::nvrtcResult::NVRTC_SUCCESS {
             return Err(err("nvrtcCreateProgram", r));
         }
@@ -402,7 +486,10 @@ pub fn nvrtc_cubin(src: &str, opts: &[String]) -> Result<Vec<u8>, CudaError> {
             let mut log = vec![0u8; ls.max(1)];
             nsys::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut c_char);
             nsys::nvrtcDestroyProgram(&mut prog);
-            return Err(CudaError::Nvrtc(format!("compile: {r:?}: {}", String::from_utf8_lossy(&log))));
+            return Err(CudaError::Nvrtc(format!(
+                "compile: {r:?}: {}",
+                String::from_utf8_lossy(&log)
+            )));
         }
         let mut sz = 0usize;
         let r = nsys::nvrtcGetCUBINSize(prog, &mut sz);

@@ -45,19 +45,26 @@ fn batch(tokens: &[u32], start: usize, blocks: &[u32], logits: Logits) -> Forwar
 }
 
 /// Greedy continuation of `prompt` on `be`, with the log-probs of every step.
-fn greedy(be: &mut dyn ModelBackend, prompt: &[u32], blocks: &[u32]) -> Result<(Vec<u32>, Vec<Vec<f64>>), String> {
+fn greedy(
+    be: &mut dyn ModelBackend,
+    prompt: &[u32],
+    blocks: &[u32],
+) -> Result<(Vec<u32>, Vec<Vec<f64>>), String> {
     let vocab = be.config().vocab_size;
     let mut toks = prompt.to_vec();
     let mut out = Vec::new();
     let mut lps = Vec::new();
-    let mut logits = be.forward(&batch(prompt, 0, blocks, Logits::Last)).map_err(|e| e.to_string())?;
+    let mut logits =
+        be.forward(&batch(prompt, 0, blocks, Logits::Last)).map_err(|e| e.to_string())?;
     for _ in 0..GREEDY_STEPS {
         let lp = log_softmax(&logits[..vocab]);
         let next = top_k(&lp, 1)[0] as u32;
         lps.push(lp);
         out.push(next);
         toks.push(next);
-        logits = be.forward(&batch(&[next], toks.len() - 1, blocks, Logits::Last)).map_err(|e| e.to_string())?;
+        logits = be
+            .forward(&batch(&[next], toks.len() - 1, blocks, Logits::Last))
+            .map_err(|e| e.to_string())?;
     }
     Ok((out, lps))
 }
@@ -73,12 +80,30 @@ pub struct GreedyReport {
 
 /// Runs the comparison for the model at `path` on GPU `ordinal` in `dtype`, with `tol` nats
 /// allowed on the log-probs.
-pub fn run(path: &Path, ordinal: usize, dtype: Dtype, tol: f64) -> Result<(Vec<CheckResult>, Vec<GreedyReport>), CudaError> {
-    let opts = LoadOptions { kernel: KernelPath::Exact, block_size: 16, kv_cache: KvCacheSize::Tokens(16 * 256), swap_space_bytes: 0 };
+pub fn run(
+    path: &Path,
+    ordinal: usize,
+    dtype: Dtype,
+    tol: f64,
+) -> Result<(Vec<CheckResult>, Vec<GreedyReport>), CudaError> {
+    let opts = LoadOptions {
+        kernel: KernelPath::Exact,
+        block_size: 16,
+        kv_cache: KvCacheSize::Tokens(16 * 256),
+        swap_space_bytes: 0,
+    };
     let mut cpu = Model::load(path, opts)?;
     let (files, cfg) = ModelFiles::open(path)?;
-    let gopts = CudaBackendOptions { num_blocks: Some(256), num_host_blocks: 4, max_num_batched_tokens: 1024, max_model_len: 1024, max_graph_batch: 8, ..Default::default() };
-    let mut gpu: CudaBackend = crate::load(ordinal, dtype, &cfg, WeightSource::Files(&files), gopts)?;
+    let gopts = CudaBackendOptions {
+        num_blocks: Some(256),
+        num_host_blocks: 4,
+        max_num_batched_tokens: 1024,
+        max_model_len: 1024,
+        max_graph_batch: 8,
+        ..Default::default()
+    };
+    let mut gpu: CudaBackend =
+        crate::load(ordinal, dtype, &cfg, WeightSource::Files(&files), gopts)?;
     let vocab = cfg.vocab_size;
     let mut results = Vec::new();
     let mut reports = Vec::new();
@@ -95,34 +120,69 @@ pub fn run(path: &Path, ordinal: usize, dtype: Dtype, tol: f64) -> Result<(Vec<C
         let lg = gpu.forward(&b).map_err(|e| err(e.to_string()))?;
         let mut worst = 0f64;
         for p in 0..POSITIONS {
-            let (a, g) = (log_softmax(&lc[p * vocab..(p + 1) * vocab]), log_softmax(&lg[p * vocab..(p + 1) * vocab]));
+            let (a, g) = (
+                log_softmax(&lc[p * vocab..(p + 1) * vocab]),
+                log_softmax(&lg[p * vocab..(p + 1) * vocab]),
+            );
             for i in top_k(&a, 5) {
                 worst = worst.max((a[i] - g[i]).abs());
             }
         }
-        results.push(CheckResult { name: format!("{}: prompt {pi}: top-5 log-probs, first {POSITIONS} positions (nats)", dtype.name()), max_err: worst, tol });
+        results.push(CheckResult {
+            name: format!(
+                "{}: prompt {pi}: top-5 log-probs, first {POSITIONS} positions (nats)",
+                dtype.name()
+            ),
+            max_err: worst,
+            tol,
+        });
         if pi == 0 {
             // The KV page of the first block as the transfer format carries it: the GPU's
             // (16-bit, reordered) against the CPU's f32, relative to the page's scale.
-            let (pc, pg) = (cpu.backend.read_block(0).map_err(|e| err(e.to_string()))?, gpu.read_block(0).map_err(|e| err(e.to_string()))?);
-            let f = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
+            let (pc, pg) = (
+                cpu.backend.read_block(0).map_err(|e| err(e.to_string()))?,
+                gpu.read_block(0).map_err(|e| err(e.to_string()))?,
+            );
+            let f = |b: &[u8]| -> Vec<f32> {
+                b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+            };
             let (vc, vg) = (f(&pc), f(&pg));
             let scale = vc.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
-            let diff = vc.iter().zip(&vg).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max) / scale;
-            results.push(CheckResult { name: format!("{}: KV page of block 0 (read_block) vs the CPU's, max diff / max |value|", dtype.name()), max_err: diff, tol: 0.05 });
+            let diff =
+                vc.iter().zip(&vg).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max) / scale;
+            results.push(CheckResult {
+                name: format!(
+                    "{}: KV page of block 0 (read_block) vs the CPU's, max diff / max |value|",
+                    dtype.name()
+                ),
+                max_err: diff,
+                tol: 0.05,
+            });
             // Writing a page back and reading it again returns it unchanged.
             gpu.write_block(200, &pg).map_err(|e| err(e.to_string()))?;
             let back = gpu.read_block(200).map_err(|e| err(e.to_string()))?;
-            results.push(CheckResult { name: "write_block then read_block round trip (differing bytes)".into(), max_err: back.iter().zip(&pg).filter(|(a, b)| a != b).count() as f64, tol: 0.0 });
+            results.push(CheckResult {
+                name: "write_block then read_block round trip (differing bytes)".into(),
+                max_err: back.iter().zip(&pg).filter(|(a, b)| a != b).count() as f64,
+                tol: 0.0,
+            });
             // Swap preemption: out to page-locked host memory, the device block overwritten,
             // back in (to another block) unchanged; a copy-on-write copy likewise.
             gpu.swap_out(&[(0, 3)]).map_err(|e| err(e.to_string()))?;
             gpu.write_block(0, &vec![0u8; pg.len()]).map_err(|e| err(e.to_string()))?;
             gpu.swap_in(&[(3, 201)]).map_err(|e| err(e.to_string()))?;
             gpu.copy_blocks(&[(201, 0)]).map_err(|e| err(e.to_string()))?;
-            let (a, b) = (gpu.read_block(201).map_err(|e| err(e.to_string()))?, gpu.read_block(0).map_err(|e| err(e.to_string()))?);
-            let bad = a.iter().zip(&pg).filter(|(x, y)| x != y).count() + b.iter().zip(&pg).filter(|(x, y)| x != y).count();
-            results.push(CheckResult { name: "swap out, overwrite, swap in, copy back (differing bytes)".into(), max_err: bad as f64, tol: 0.0 });
+            let (a, b) = (
+                gpu.read_block(201).map_err(|e| err(e.to_string()))?,
+                gpu.read_block(0).map_err(|e| err(e.to_string()))?,
+            );
+            let bad = a.iter().zip(&pg).filter(|(x, y)| x != y).count()
+                + b.iter().zip(&pg).filter(|(x, y)| x != y).count();
+            results.push(CheckResult {
+                name: "swap out, overwrite, swap in, copy back (differing bytes)".into(),
+                max_err: bad as f64,
+                tol: 0.0,
+            });
         }
         // Greedy continuations (the GPU's decode steps replay graphs).
         let (tc, lpc) = greedy(cpu.backend.as_mut(), &toks, &blocks).map_err(err)?;
@@ -135,7 +195,11 @@ pub fn run(path: &Path, ordinal: usize, dtype: Dtype, tol: f64) -> Result<(Vec<C
         });
         let bad = tie_margin.map_or(0.0, |m| if m < TIE_NATS { 0.0 } else { 1.0 });
         results.push(CheckResult {
-            name: format!("prompt {pi}: greedy {agreed}/{GREEDY_STEPS} tokens equal{}", tie_margin.map_or(String::new(), |m| format!(", then a near-tie of margin {m:.4} nats"))),
+            name: format!(
+                "prompt {pi}: greedy {agreed}/{GREEDY_STEPS} tokens equal{}",
+                tie_margin
+                    .map_or(String::new(), |m| format!(", then a near-tie of margin {m:.4} nats"))
+            ),
             max_err: bad,
             tol: 0.0,
         });
@@ -147,16 +211,28 @@ pub fn run(path: &Path, ordinal: usize, dtype: Dtype, tol: f64) -> Result<(Vec<C
     let long: Vec<u32> = encoded.iter().chain(encoded.iter()).flatten().copied().collect();
     let lblocks: Vec<u32> = (100..100 + long.len().div_ceil(16) as u32).collect();
     let split = 60;
-    let lc = cpu.backend.forward(&batch(&long, 0, &lblocks, Logits::All)).map_err(|e| err(e.to_string()))?;
-    let mut lg = gpu.forward(&batch(&long[..split], 0, &lblocks, Logits::All)).map_err(|e| err(e.to_string()))?;
-    lg.extend(gpu.forward(&batch(&long[split..], split, &lblocks, Logits::All)).map_err(|e| err(e.to_string()))?);
+    let lc = cpu
+        .backend
+        .forward(&batch(&long, 0, &lblocks, Logits::All))
+        .map_err(|e| err(e.to_string()))?;
+    let mut lg = gpu
+        .forward(&batch(&long[..split], 0, &lblocks, Logits::All))
+        .map_err(|e| err(e.to_string()))?;
+    lg.extend(
+        gpu.forward(&batch(&long[split..], split, &lblocks, Logits::All))
+            .map_err(|e| err(e.to_string()))?,
+    );
     gpu.set_long_prompt_min(usize::MAX);
-    let lt = gpu.forward(&batch(&long, 0, &lblocks, Logits::All)).map_err(|e| err(e.to_string()))?;
+    let lt =
+        gpu.forward(&batch(&long, 0, &lblocks, Logits::All)).map_err(|e| err(e.to_string()))?;
     gpu.set_long_prompt_min(64);
     let (mut worst, mut paths) = (0f64, 0f64);
     for p in 0..long.len() {
         let a = log_softmax(&lc[p * vocab..(p + 1) * vocab]);
-        let (g, t) = (log_softmax(&lg[p * vocab..(p + 1) * vocab]), log_softmax(&lt[p * vocab..(p + 1) * vocab]));
+        let (g, t) = (
+            log_softmax(&lg[p * vocab..(p + 1) * vocab]),
+            log_softmax(&lt[p * vocab..(p + 1) * vocab]),
+        );
         for i in top_k(&a, 5) {
             worst = worst.max((a[i] - g[i]).abs());
             paths = paths.max((g[i] - t[i]).abs());
@@ -171,7 +247,14 @@ pub fn run(path: &Path, ordinal: usize, dtype: Dtype, tol: f64) -> Result<(Vec<C
         max_err: worst,
         tol: if dtype == Dtype::Bf16 { 3.0 * tol } else { tol },
     });
-    results.push(CheckResult { name: format!("{}: same prompt, GEMM attention path vs tile kernel, top-5 log-probs (nats)", dtype.name()), max_err: paths, tol: 0.05 * noise });
+    results.push(CheckResult {
+        name: format!(
+            "{}: same prompt, GEMM attention path vs tile kernel, top-5 log-probs (nats)",
+            dtype.name()
+        ),
+        max_err: paths,
+        tol: 0.05 * noise,
+    });
     // The four prompts in one batch (different block ranges) against each alone.
     let mut mixed = ForwardBatch::default();
     for (i, t) in encoded.iter().enumerate() {
@@ -181,13 +264,18 @@ pub fn run(path: &Path, ordinal: usize, dtype: Dtype, tol: f64) -> Result<(Vec<C
     let lm = gpu.forward(&mixed).map_err(|e| err(e.to_string()))?;
     let mut worst = 0f64;
     for (i, t) in encoded.iter().enumerate() {
-        let alone = gpu.forward(&batch(t, 0, &blocks, Logits::Last)).map_err(|e| err(e.to_string()))?;
+        let alone =
+            gpu.forward(&batch(t, 0, &blocks, Logits::Last)).map_err(|e| err(e.to_string()))?;
         let (a, m) = (log_softmax(&alone[..vocab]), log_softmax(&lm[i * vocab..(i + 1) * vocab]));
         for j in top_k(&a, 5) {
             worst = worst.max((a[j] - m[j]).abs());
         }
     }
-    results.push(CheckResult { name: "mixed batch of 4 prompts vs each alone, top-5 log-probs (nats)".into(), max_err: worst, tol: 0.02 });
+    results.push(CheckResult {
+        name: "mixed batch of 4 prompts vs each alone, top-5 log-probs (nats)".into(),
+        max_err: worst,
+        tol: 0.02,
+    });
     // One decode step of all four: graph replay against eager.
     let mut step = ForwardBatch::default();
     for (i, t) in encoded.iter().enumerate() {
@@ -198,7 +286,14 @@ pub fn run(path: &Path, ordinal: usize, dtype: Dtype, tol: f64) -> Result<(Vec<C
     gpu.set_graphs(false);
     let leager = gpu.forward(&step).map_err(|e| err(e.to_string()))?;
     let diff = lgraph.iter().zip(&leager).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
-    results.push(CheckResult { name: format!("{}: decode step of 4, graph replay (context split) vs eager logits (max abs)", dtype.name()), max_err: diff, tol: 0.05 * noise });
+    results.push(CheckResult {
+        name: format!(
+            "{}: decode step of 4, graph replay (context split) vs eager logits (max abs)",
+            dtype.name()
+        ),
+        max_err: diff,
+        tol: 0.05 * noise,
+    });
     // The same step sampled greedily on the device, eagerly and through the graph: the argmax of
     // each path's own logits, with its log-probability.
     let rows = vec![RowSampling::new(0.0, 0); encoded.len()];
@@ -212,8 +307,18 @@ pub fn run(path: &Path, ordinal: usize, dtype: Dtype, tol: f64) -> Result<(Vec<C
             wrong += usize::from(t.token_id as usize != best);
             lp = lp.max((t.logprob as f64 - row[best]).abs());
         }
-        results.push(CheckResult { name: format!("{path} decode step sampled on the device: tokens ≠ argmax of its logits"), max_err: wrong as f64, tol: 0.0 });
-        results.push(CheckResult { name: format!("{path} decode step sampled on the device: log-prob vs host (abs)"), max_err: lp, tol: 1e-4 });
+        results.push(CheckResult {
+            name: format!(
+                "{path} decode step sampled on the device: tokens ≠ argmax of its logits"
+            ),
+            max_err: wrong as f64,
+            tol: 0.0,
+        });
+        results.push(CheckResult {
+            name: format!("{path} decode step sampled on the device: log-prob vs host (abs)"),
+            max_err: lp,
+            tol: 1e-4,
+        });
     }
     Ok((results, reports))
 }

@@ -78,7 +78,13 @@ pub enum WeightSource<'a> {
 }
 
 /// Opens GPU `ordinal` and loads a model on it in `dtype`.
-pub fn load(ordinal: usize, dtype: Dtype, cfg: &ModelConfig, weights: WeightSource<'_>, opts: CudaBackendOptions) -> Result<CudaBackend, CudaError> {
+pub fn load(
+    ordinal: usize,
+    dtype: Dtype,
+    cfg: &ModelConfig,
+    weights: WeightSource<'_>,
+    opts: CudaBackendOptions,
+) -> Result<CudaBackend, CudaError> {
     let gpu = Gpu::open(ordinal, dtype)?;
     let w = match weights {
         WeightSource::Files(f) => DeviceWeights::load(&gpu, f, cfg)?,
@@ -89,6 +95,7 @@ pub fn load(ordinal: usize, dtype: Dtype, cfg: &ModelConfig, weights: WeightSour
 
 /// Reads a model configuration for the dummy load format: a Hugging Face `config.json`.
 pub fn dummy_config(path: &Path) -> Result<ModelConfig, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io { path: path.display().to_string(), source })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| LoadError::Io { path: path.display().to_string(), source })?;
     ModelConfig::from_hf_json(&text)
 }

@@ -16,9 +16,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
 use cudarc::nccl::{Comm, Id};
-use tandem_kv_transfer::device::{compare_checksums, DeviceKv, DeviceKvInfo, DeviceLink, LinkRole, Received, SendOptions, TransferHeader, HEADER_BYTES};
+use tandem_kv_transfer::device::{
+    compare_checksums, DeviceKv, DeviceKvInfo, DeviceLink, LinkRole, Received, SendOptions,
+    TransferHeader, HEADER_BYTES,
+};
 use tandem_kv_transfer::TransferError;
 
 use crate::device::{ptr, Dtype, Gpu};
@@ -53,7 +58,12 @@ impl PoolView {
 
 /// One page of the pool `pool` (laid out as `view` says) as stored, `parts` chunks of
 /// `block_elems`, read back to the host.
-pub fn read_page(g: &Gpu, pool: &CudaSlice<u16>, view: &PoolView, block: usize) -> Result<Vec<u16>, CudaError> {
+pub fn read_page(
+    g: &Gpu,
+    pool: &CudaSlice<u16>,
+    view: &PoolView,
+    block: usize,
+) -> Result<Vec<u16>, CudaError> {
     let mut out = vec![0u16; view.parts * view.block_elems];
     for (p, chunk) in out.chunks_exact_mut(view.block_elems).enumerate() {
         let off = (p * view.num_blocks + block) * view.block_elems;
@@ -121,7 +131,16 @@ pub struct DevicePool {
 impl DevicePool {
     /// The pool `view` of `g`'s device (the backend's stream is `g.stream`).
     pub fn new(g: &Gpu, view: PoolView) -> DevicePool {
-        DevicePool { ctx: g.ctx.clone(), compute: g.stream.clone(), gather: g.k.gather_pages.clone(), scatter: g.k.scatter_pages.clone(), view, dtype: g.dtype, chunk_pages: 64, stages: 3 }
+        DevicePool {
+            ctx: g.ctx.clone(),
+            compute: g.stream.clone(),
+            gather: g.k.gather_pages.clone(),
+            scatter: g.k.scatter_pages.clone(),
+            view,
+            dtype: g.dtype,
+            chunk_pages: 64,
+            stages: 3,
+        }
     }
 
     /// Where the pool lies.
@@ -136,16 +155,31 @@ fn transfer_err(e: CudaError) -> TransferError {
 
 impl DeviceKv for DevicePool {
     fn info(&self) -> DeviceKvInfo {
-        DeviceKvInfo { page_bytes: self.view.page_bytes() as u64, dtype: self.dtype.name().to_string() }
+        DeviceKvInfo {
+            page_bytes: self.view.page_bytes() as u64,
+            dtype: self.dtype.name().to_string(),
+        }
     }
 
     fn new_link_id(&self) -> Result<[u8; 128], TransferError> {
         Ok(id_bytes(&new_id().map_err(transfer_err)?))
     }
 
-    fn connect(&self, role: LinkRole, id: &[u8; 128]) -> Result<Box<dyn DeviceLink>, TransferError> {
+    fn connect(
+        &self,
+        role: LinkRole,
+        id: &[u8; 128],
+    ) -> Result<Box<dyn DeviceLink>, TransferError> {
         let rank = if role == LinkRole::Sender { 0 } else { 1 };
-        let link = PageLink::connect(self, rank, id_from_bytes(id), self.chunk_pages, self.stages, self.view.num_blocks).map_err(transfer_err)?;
+        let link = PageLink::connect(
+            self,
+            rank,
+            id_from_bytes(id),
+            self.chunk_pages,
+            self.stages,
+            self.view.num_blocks,
+        )
+        .map_err(transfer_err)?;
         Ok(Box::new(link))
     }
 }
@@ -179,10 +213,19 @@ impl PageLink {
     /// Joins the two-rank communicator of `id` as `rank` (0 sends, 1 receives) on `pool`'s
     /// device, with `stages` staging buffers of `chunk_pages` pages and room for `max_pages` pages per
     /// transfer. Both ranks must call this at the same time; it returns when both have joined.
-    pub fn connect(pool: &DevicePool, rank: usize, id: Id, chunk_pages: usize, stages: usize, max_pages: usize) -> Result<PageLink, CudaError> {
+    pub fn connect(
+        pool: &DevicePool,
+        rank: usize,
+        id: Id,
+        chunk_pages: usize,
+        stages: usize,
+        max_pages: usize,
+    ) -> Result<PageLink, CudaError> {
         let page_bytes = pool.view.page_bytes();
         if rank > 1 || !page_bytes.is_multiple_of(16) || chunk_pages == 0 || stages < 2 {
-            return Err(CudaError::Unsupported(format!("page link rank {rank}, page of {page_bytes} bytes, {chunk_pages} pages per chunk")));
+            return Err(CudaError::Unsupported(format!(
+                "page link rank {rank}, page of {page_bytes} bytes, {chunk_pages} pages per chunk"
+            )));
         }
         pool.ctx.bind_to_thread()?;
         // NCCL's stream first in line, so its kernels are not queued behind a gather.
@@ -190,7 +233,9 @@ impl PageLink {
         let copy = pool.ctx.new_stream()?;
         let comm = Comm::from_rank(net.clone(), rank, 2, id)?;
         let max_pages = max_pages.max(1);
-        let staging = (0..stages).map(|_| copy.alloc_zeros::<u8>(chunk_pages * page_bytes)).collect::<Result<Vec<_>, _>>()?;
+        let staging = (0..stages)
+            .map(|_| copy.alloc_zeros::<u8>(chunk_pages * page_bytes))
+            .collect::<Result<Vec<_>, _>>()?;
         let link = PageLink {
             blocks: copy.alloc_zeros::<i32>(max_pages)?,
             sums: copy.alloc_zeros::<u32>(max_pages)?,
@@ -217,10 +262,12 @@ impl PageLink {
         self.copy_ctas = n;
     }
 
-
     fn check(&self, n: usize) -> Result<(), CudaError> {
         if n > self.blocks.len() {
-            return Err(CudaError::Unsupported(format!("{n} pages in one transfer (at most {})", self.blocks.len())));
+            return Err(CudaError::Unsupported(format!(
+                "{n} pages in one transfer (at most {})",
+                self.blocks.len()
+            )));
         }
         Ok(())
     }
@@ -230,7 +277,10 @@ impl PageLink {
     fn prepare(&mut self, ids: &[i32]) -> Result<(), CudaError> {
         self.check(ids.len())?;
         if let Some(b) = ids.iter().find(|&&b| b >= self.pool.view.num_blocks as i32) {
-            return Err(CudaError::Unsupported(format!("block {b} outside a pool of {}", self.pool.view.num_blocks)));
+            return Err(CudaError::Unsupported(format!(
+                "block {b} outside a pool of {}",
+                self.pool.view.num_blocks
+            )));
         }
         self.pool.ctx.bind_to_thread()?;
         self.copy.wait(&self.pool.compute.record_event(None)?)?;
@@ -243,7 +293,13 @@ impl PageLink {
 
     /// Launches the gather (or scatter) of pages `first..first + n` of the uploaded block list
     /// between the pool and staging buffer `buf`, on the copy stream.
-    fn copy_kernel(&self, gather: bool, first: usize, n: usize, buf: usize) -> Result<(), CudaError> {
+    fn copy_kernel(
+        &self,
+        gather: bool,
+        first: usize,
+        n: usize,
+        buf: usize,
+    ) -> Result<(), CudaError> {
         let v = &self.pool.view;
         let chunk = (2 * v.block_elems / 16) as i32;
         let parts = v.parts as i32;
@@ -252,9 +308,18 @@ impl PageLink {
         let sums = ptr(&self.sums) + 4 * first as u64;
         let staging = ptr(&self.staging[buf]);
         let pieces = (n * v.parts) as i32;
-        let ctas = if self.copy_ctas == 0 { n * v.parts } else { (n * v.parts).min(self.copy_ctas) };
-        let cfg = LaunchConfig { grid_dim: (ctas as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let (f, a, c) = if gather { (&self.pool.gather, v.base, staging) } else { (&self.pool.scatter, staging, v.base) };
+        let ctas =
+            if self.copy_ctas == 0 { n * v.parts } else { (n * v.parts).min(self.copy_ctas) };
+        let cfg = LaunchConfig {
+            grid_dim: (ctas as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (f, a, c) = if gather {
+            (&self.pool.gather, v.base, staging)
+        } else {
+            (&self.pool.scatter, staging, v.base)
+        };
         let mut b = self.copy.launch_builder(f);
         b.arg(&a).arg(&blocks).arg(&c).arg(&pieces).arg(&parts).arg(&stride).arg(&chunk).arg(&sums);
         // SAFETY: gather/scatter_pages(src, blocks, dst, pieces, parts, part_stride, chunk, sums)
@@ -293,7 +358,8 @@ impl PageLink {
             if let Some(e) = &scattered[buf] {
                 self.net.wait(e)?; // the buffer's previous chunk is in the pool
             }
-            live(&self.comm)?.recv(&mut self.staging[buf].slice_mut(..k * self.page_bytes), self.peer)?;
+            live(&self.comm)?
+                .recv(&mut self.staging[buf].slice_mut(..k * self.page_bytes), self.peer)?;
             self.copy.wait(&self.net.record_event(None)?)?;
             self.copy_kernel(false, first, k, buf)?;
             scattered[buf] = Some(self.copy.record_event(None)?);
@@ -303,7 +369,13 @@ impl PageLink {
 
     /// Waits until `events` are complete, `deadline` passes (an error), or `keep_waiting` says
     /// to stop (`Ok(false)`).
-    fn wait(&self, events: &[&CudaEvent], deadline: Option<Instant>, keep_waiting: &dyn Fn() -> bool, what: &str) -> Result<bool, CudaError> {
+    fn wait(
+        &self,
+        events: &[&CudaEvent],
+        deadline: Option<Instant>,
+        keep_waiting: &dyn Fn() -> bool,
+        what: &str,
+    ) -> Result<bool, CudaError> {
         loop {
             let mut done = true;
             for e in events {
@@ -375,7 +447,12 @@ impl PageLink {
         Ok(self.net.synchronize()?)
     }
 
-    fn send_transfer(&mut self, h: &TransferHeader, blocks: &[u32], opts: SendOptions) -> Result<u64, CudaError> {
+    fn send_transfer(
+        &mut self,
+        h: &TransferHeader,
+        blocks: &[u32],
+        opts: SendOptions,
+    ) -> Result<u64, CudaError> {
         let deadline = Instant::now() + opts.timeout;
         let n = blocks.len();
         self.prepare(&block_ids(blocks))?;
@@ -394,7 +471,12 @@ impl PageLink {
         Ok((n * self.page_bytes) as u64)
     }
 
-    fn recv_transfer(&mut self, route: &mut dyn FnMut(&TransferHeader) -> Option<Vec<u32>>, keep_waiting: &dyn Fn() -> bool, timeout: Duration) -> Result<Option<Received>, CudaError> {
+    fn recv_transfer(
+        &mut self,
+        route: &mut dyn FnMut(&TransferHeader) -> Option<Vec<u32>>,
+        keep_waiting: &dyn Fn() -> bool,
+        timeout: Duration,
+    ) -> Result<Option<Received>, CudaError> {
         self.pool.ctx.bind_to_thread()?;
         if self.header_posted.is_none() {
             live(&self.comm)?.recv(&mut self.header, self.peer)?;
@@ -411,7 +493,10 @@ impl PageLink {
         self.net.synchronize()?;
         let h = TransferHeader::decode(&raw).map_err(|e| CudaError::Unsupported(e.to_string()))?;
         if h.page_bytes != self.page_bytes as u64 {
-            return Err(CudaError::Unsupported(format!("peer sends pages of {} bytes, this pool's are {}", h.page_bytes, self.page_bytes)));
+            return Err(CudaError::Unsupported(format!(
+                "peer sends pages of {} bytes, this pool's are {}",
+                h.page_bytes, self.page_bytes
+            )));
         }
         let n = h.pages as usize;
         self.check(n)?;
@@ -425,7 +510,9 @@ impl PageLink {
         }
         let (net_done, copy_done) = (self.net.record_event(None)?, self.copy.record_event(None)?);
         if !self.wait(&[&net_done, &copy_done], Some(deadline), keep_waiting, "pages")? {
-            return Err(CudaError::Unsupported("the link was closed while pages were landing".into()));
+            return Err(CudaError::Unsupported(
+                "the link was closed while pages were landing".into(),
+            ));
         }
         let mine = self.checksums(n)?;
         let mut theirs = vec![0u32; n];
@@ -443,18 +530,34 @@ impl PageLink {
 unsafe impl Send for PageLink {}
 
 impl DeviceLink for PageLink {
-    fn send(&mut self, transfer_id: u64, first_index: u32, blocks: &[u32], opts: SendOptions) -> Result<u64, TransferError> {
+    fn send(
+        &mut self,
+        transfer_id: u64,
+        first_index: u32,
+        blocks: &[u32],
+        opts: SendOptions,
+    ) -> Result<u64, TransferError> {
         if let Some(d) = &self.dead {
             return Err(TransferError::Protocol(format!("the page link is closed: {d}")));
         }
-        let h = TransferHeader { transfer_id, first_index, pages: blocks.len() as u32, page_bytes: self.page_bytes as u64 };
+        let h = TransferHeader {
+            transfer_id,
+            first_index,
+            pages: blocks.len() as u32,
+            page_bytes: self.page_bytes as u64,
+        };
         match self.send_transfer(&h, blocks, opts) {
             Ok(b) => Ok(b),
             Err(e) => Err(link_err(self.fail(e), opts.timeout)),
         }
     }
 
-    fn recv(&mut self, route: &mut dyn FnMut(&TransferHeader) -> Option<Vec<u32>>, keep_waiting: &dyn Fn() -> bool, timeout: Duration) -> Result<Option<Received>, TransferError> {
+    fn recv(
+        &mut self,
+        route: &mut dyn FnMut(&TransferHeader) -> Option<Vec<u32>>,
+        keep_waiting: &dyn Fn() -> bool,
+        timeout: Duration,
+    ) -> Result<Option<Received>, TransferError> {
         if let Some(d) = &self.dead {
             return Err(TransferError::Protocol(format!("the page link is closed: {d}")));
         }

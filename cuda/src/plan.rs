@@ -79,14 +79,25 @@ impl BatchPlan {
             let first_pos = s.context_len - s.query_len;
             p.max_context = p.max_context.max(s.context_len);
             if s.query_len >= long_min {
-                p.long.push(LongSeq { row0: s.query_start, len: s.query_len, pos0: first_pos, bt_off: bt_off as usize });
+                p.long.push(LongSeq {
+                    row0: s.query_start,
+                    len: s.query_len,
+                    pos0: first_pos,
+                    bt_off: bt_off as usize,
+                });
                 p.row_valid[s.query_start..s.query_start + s.query_len].fill(0);
                 continue;
             }
             let mut done = 0;
             while done < s.query_len {
                 let n = per_tile.min(s.query_len - done);
-                p.tiles.extend_from_slice(&[(s.query_start + done) as i32, n as i32, (first_pos + done) as i32, bt_off, 0]);
+                p.tiles.extend_from_slice(&[
+                    (s.query_start + done) as i32,
+                    n as i32,
+                    (first_pos + done) as i32,
+                    bt_off,
+                    0,
+                ]);
                 done += n;
             }
         }
@@ -97,9 +108,16 @@ impl BatchPlan {
     /// `max_blocks`, so a CUDA graph captured for that size reads every input from the same
     /// places. Padding rows attend nothing and store nothing. `None` when the batch is not a
     /// pure decode step or does not fit.
-    pub fn padded_decode(b: &ForwardBatch, graph_size: usize, max_blocks: usize) -> Option<BatchPlan> {
+    pub fn padded_decode(
+        b: &ForwardBatch,
+        graph_size: usize,
+        max_blocks: usize,
+    ) -> Option<BatchPlan> {
         let n = b.seqs.len();
-        if n > graph_size || b.num_tokens() != n || b.seqs.iter().any(|s| s.query_len != 1 || s.block_table.len() > max_blocks) {
+        if n > graph_size
+            || b.num_tokens() != n
+            || b.seqs.iter().any(|s| s.query_len != 1 || s.block_table.len() > max_blocks)
+        {
             return None;
         }
         let mut p = BatchPlan {
@@ -122,7 +140,13 @@ impl BatchPlan {
             for (j, &blk) in s.block_table.iter().enumerate() {
                 p.block_tables[off + j] = blk as i32;
             }
-            p.tiles[i * TILE_INTS..(i + 1) * TILE_INTS].copy_from_slice(&[i as i32, 1, (s.context_len - 1) as i32, off as i32, 0]);
+            p.tiles[i * TILE_INTS..(i + 1) * TILE_INTS].copy_from_slice(&[
+                i as i32,
+                1,
+                (s.context_len - 1) as i32,
+                off as i32,
+                0,
+            ]);
             p.max_context = p.max_context.max(s.context_len);
         }
         // Every row's logits; padding rows' are ignored.
@@ -143,7 +167,12 @@ impl BatchPlan {
 
 /// How many ways the attention kernel splits each context: enough CTAs to fill the GPU
 /// (about two per SM), never a split shorter than 128 positions, at most 16.
-pub fn attention_splits(num_tiles: usize, num_kv_heads: usize, max_context: usize, num_sms: usize) -> usize {
+pub fn attention_splits(
+    num_tiles: usize,
+    num_kv_heads: usize,
+    max_context: usize,
+    num_sms: usize,
+) -> usize {
     let ctas = (num_tiles * num_kv_heads).max(1);
     let want = (2 * num_sms).div_ceil(ctas);
     let by_len = max_context.div_ceil(128).max(1);
@@ -166,7 +195,14 @@ pub fn graph_size_for(sizes: &[usize], n: usize) -> Option<usize> {
 /// the process's own use (`used`: weights and activations so far) plus its KV pool stay within
 /// `utilization · total`, less `slack` for cuBLAS, graphs and the allocator; never more than is
 /// `free`. Two workers on one GPU each take their share this way.
-pub fn kv_blocks_for(total: u64, free: u64, used: u64, utilization: f64, slack: u64, bytes_per_block: u64) -> usize {
+pub fn kv_blocks_for(
+    total: u64,
+    free: u64,
+    used: u64,
+    utilization: f64,
+    slack: u64,
+    bytes_per_block: u64,
+) -> usize {
     let budget = (total as f64 * utilization.clamp(0.0, 1.0)) as u64;
     let room = budget.saturating_sub(used).saturating_sub(slack).min(free.saturating_sub(slack));
     (room / bytes_per_block.max(1)) as usize
@@ -197,11 +233,22 @@ mod tests {
             assert!(n * group <= ATT_MAX_ROWS && n > 0);
             for r in row0..row0 + n {
                 covered[r] += 1;
-                assert_eq!(b.positions[r] as usize, pos0 + (r - row0), "tile positions follow the batch");
+                assert_eq!(
+                    b.positions[r] as usize,
+                    pos0 + (r - row0),
+                    "tile positions follow the batch"
+                );
             }
             let off = t[3] as usize;
-            let seq = b.seqs.iter().position(|s| (s.query_start..s.query_start + s.query_len).contains(&row0)).unwrap();
-            assert_eq!(&p.block_tables[off..off + b.seqs[seq].block_table.len()], &b.seqs[seq].block_table.iter().map(|&x| x as i32).collect::<Vec<_>>()[..]);
+            let seq = b
+                .seqs
+                .iter()
+                .position(|s| (s.query_start..s.query_start + s.query_len).contains(&row0))
+                .unwrap();
+            assert_eq!(
+                &p.block_tables[off..off + b.seqs[seq].block_table.len()],
+                &b.seqs[seq].block_table.iter().map(|&x| x as i32).collect::<Vec<_>>()[..]
+            );
         }
         assert!(covered.iter().all(|&c| c == 1));
         assert_eq!(p.num_tiles(), 40usize.div_ceil(ATT_MAX_ROWS / group) + 1);
@@ -247,7 +294,8 @@ mod tests {
         assert_eq!(idx, vec![32, 40, 48, 56]);
         assert_eq!(kv_index(4, 0, nkv, hd, bs), nkv * bs * hd);
         // Every (slot, head) gets its own run of hd values.
-        let mut all: Vec<usize> = (0..8).flat_map(|s| (0..nkv).map(move |h| kv_index(s, h, nkv, hd, bs))).collect();
+        let mut all: Vec<usize> =
+            (0..8).flat_map(|s| (0..nkv).map(move |h| kv_index(s, h, nkv, hd, bs))).collect();
         all.sort();
         assert!(all.windows(2).all(|w| w[1] - w[0] == hd));
     }

@@ -46,16 +46,21 @@ pub struct DeviceWeights {
     pub bytes: u64,
 }
 
-
 /// RoPE inverse frequencies `theta^(-2i/d)` (computed in f64, rounded to f32 as the CPU path does).
 pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
     let d = cfg.head_dim;
-    (0..d / 2).map(|i| (1.0 / (cfg.rope_theta as f64).powf(2.0 * i as f64 / d as f64)) as f32).collect()
+    (0..d / 2)
+        .map(|i| (1.0 / (cfg.rope_theta as f64).powf(2.0 * i as f64 / d as f64)) as f32)
+        .collect()
 }
 
 impl DeviceWeights {
     /// Uploads the weights of `files`.
-    pub fn load(gpu: &Gpu, files: &ModelFiles, cfg: &ModelConfig) -> Result<DeviceWeights, CudaError> {
+    pub fn load(
+        gpu: &Gpu,
+        files: &ModelFiles,
+        cfg: &ModelConfig,
+    ) -> Result<DeviceWeights, CudaError> {
         let (h, q, kv, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
         let mut bytes = 0u64;
         let mut mat = |parts: &[(String, usize)], k: usize| -> Result<CudaSlice<u16>, CudaError> {
@@ -85,7 +90,11 @@ impl DeviceWeights {
                 down: mat(&[(p("ffn_down"), h)], ff)?,
             });
         }
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(mat(&[("output.weight".into(), cfg.vocab_size)], h)?) };
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(mat(&[("output.weight".into(), cfg.vocab_size)], h)?)
+        };
         Ok(DeviceWeights {
             embed,
             layers,
@@ -106,7 +115,11 @@ impl DeviceWeights {
             let buf = gpu.zeros::<u16>(n)?;
             next = next.wrapping_mul(747_796_405).wrapping_add(2_891_336_453);
             let (p, n64, s, c) = (ptr(&buf), n as u64, next, 0i32);
-            let cfg = LaunchConfig { grid_dim: (gpu.num_sms as u32 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (gpu.num_sms as u32 * 8, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
             // SAFETY: matches fill_random(h16*, u64, u32, f32, int) over a buffer of n elements.
             unsafe { gpu.launch(&gpu.k.fill_random, cfg, &[&p, &n64, &s, &scale, &c])? };
             bytes += 2 * n as u64;
@@ -128,9 +141,20 @@ impl DeviceWeights {
                 down: rand(h * ff, 1.0 / (ff as f32).sqrt())?,
             });
         }
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(rand(cfg.vocab_size * h, 1.0 / (h as f32).sqrt())?) };
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(rand(cfg.vocab_size * h, 1.0 / (h as f32).sqrt())?)
+        };
         gpu.sync()?;
-        Ok(DeviceWeights { embed, layers, norm: ones(h)?, lm_head, inv_freq: gpu.upload(&inv_freq(cfg))?, bytes })
+        Ok(DeviceWeights {
+            embed,
+            layers,
+            norm: ones(h)?,
+            lm_head,
+            inv_freq: gpu.upload(&inv_freq(cfg))?,
+            bytes,
+        })
     }
 
     /// The LM head (the embedding when tied).

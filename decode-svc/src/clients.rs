@@ -17,7 +17,11 @@ pub struct PrefillClients {
 impl PrefillClients {
     /// A client for the prefill worker at `addr` ("host:port"); the channel connects lazily
     /// and pings the peer so a stalled worker is noticed within `stall`.
-    pub fn get(&self, addr: &str, stall: Duration) -> Result<PrefillWorkerClient<AuthChannel>, String> {
+    pub fn get(
+        &self,
+        addr: &str,
+        stall: Duration,
+    ) -> Result<PrefillWorkerClient<AuthChannel>, String> {
         Ok(PrefillWorkerClient::new(authed(self.channel(addr, stall)?)))
     }
 

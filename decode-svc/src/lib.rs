@@ -101,11 +101,25 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
     let block_size = engine.block_manager().block_size();
     let max_model_len = engine.max_model_len() as u32;
     let epoch = new_epoch();
-    let kv_sink = cfg.redis_url.as_ref().map(|url| tandem_worker::kv_events::spawn_publisher(url.clone(), cfg.worker_id.clone(), epoch));
+    let kv_sink = cfg.redis_url.as_ref().map(|url| {
+        tandem_worker::kv_events::spawn_publisher(url.clone(), cfg.worker_id.clone(), epoch)
+    });
     let handle = EngineHandle::spawn_with_events(engine, kv_sink);
     let transfers = transfers::Transfers::default();
-    let links = cfg.kv_device.as_ref().map(|d| std::sync::Arc::new(links::DeviceLinks::new(d.0.clone(), layout.clone(), cfg.transfer_timeout)));
-    let kv_addr = transfers::start_receiver(&cfg.kv_listen, layout, cfg.transfer_timeout, handle.clone(), transfers.clone())?;
+    let links = cfg.kv_device.as_ref().map(|d| {
+        std::sync::Arc::new(links::DeviceLinks::new(
+            d.0.clone(),
+            layout.clone(),
+            cfg.transfer_timeout,
+        ))
+    });
+    let kv_addr = transfers::start_receiver(
+        &cfg.kv_listen,
+        layout,
+        cfg.transfer_timeout,
+        handle.clone(),
+        transfers.clone(),
+    )?;
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;
     let status = StatusService {
@@ -119,10 +133,18 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
     };
     let (watch, drain) = (cfg.watch_stdin, cfg.drain_timeout);
     let advertised = cfg.kv_advertise.clone().unwrap_or_else(|| kv_addr.to_string());
-    let svc = service::DecodeService::new(handle.clone(), cfg, transfers, advertised, block_size, links.clone());
-    let grpc = tonic::service::Routes::new(pb::decode_worker_server::DecodeWorkerServer::new(svc.clone()))
-        .add_service(pb::kv_transfer_server::KvTransferServer::new(svc))
-        .add_service(pb::worker_server::WorkerServer::new(status));
+    let svc = service::DecodeService::new(
+        handle.clone(),
+        cfg,
+        transfers,
+        advertised,
+        block_size,
+        links.clone(),
+    );
+    let grpc =
+        tonic::service::Routes::new(pb::decode_worker_server::DecodeWorkerServer::new(svc.clone()))
+            .add_service(pb::kv_transfer_server::KvTransferServer::new(svc))
+            .add_service(pb::worker_server::WorkerServer::new(status));
     tracing::info!(%addr, %kv_addr, "decode worker serving");
     announce_ready("decode", addr);
     let served = serve(listener, grpc, http_routes(metrics, handle), watch, drain).await;

@@ -54,7 +54,13 @@ pub struct Link {
 
 impl Link {
     fn new(id: u64) -> Link {
-        Link { id, state: Mutex::default(), wake: Condvar::new(), closed: AtomicBool::new(false), ended: watch::channel(false).0 }
+        Link {
+            id,
+            state: Mutex::default(),
+            wake: Condvar::new(),
+            closed: AtomicBool::new(false),
+            ended: watch::channel(false).0,
+        }
     }
 
     /// Whether the link is closed (or closing).
@@ -91,7 +97,11 @@ impl Link {
     pub async fn withdraw(&self, transfers: &Transfers, id: u64) {
         let landing = transfers.withdraw(id, || self.lock().receiving == Some(id));
         if landing {
-            tracing::warn!(transfer_id = id, link = self.id, "transfer given up while its pages land; closing the link");
+            tracing::warn!(
+                transfer_id = id,
+                link = self.id,
+                "transfer given up while its pages land; closing the link"
+            );
             self.close();
             self.ended().await;
         }
@@ -121,14 +131,26 @@ fn new_link_id() -> u64 {
 
 impl DeviceLinks {
     /// Links from `device` (this worker's pool) for transfers of `layout`.
-    pub fn new(device: Arc<dyn DeviceKv>, layout: KvLayout, transfer_timeout: Duration) -> DeviceLinks {
-        DeviceLinks { device, layout, transfer_timeout, links: Mutex::default(), refused: Mutex::default(), connecting: tokio::sync::Mutex::new(()) }
+    pub fn new(
+        device: Arc<dyn DeviceKv>,
+        layout: KvLayout,
+        transfer_timeout: Duration,
+    ) -> DeviceLinks {
+        DeviceLinks {
+            device,
+            layout,
+            transfer_timeout,
+            links: Mutex::default(),
+            refused: Mutex::default(),
+            connecting: tokio::sync::Mutex::new(()),
+        }
     }
 
     /// Closes every link and waits (up to `wait`) until their receivers have aborted the
     /// communicators and drained their streams: at shutdown, before the process tears CUDA down.
     pub async fn close_all(&self, wait: Duration) {
-        let links: Vec<Arc<Link>> = self.links.lock().expect("links lock").drain().map(|(_, l)| l).collect();
+        let links: Vec<Arc<Link>> =
+            self.links.lock().expect("links lock").drain().map(|(_, l)| l).collect();
         for l in &links {
             l.close();
         }
@@ -144,13 +166,22 @@ impl DeviceLinks {
     }
 
     fn recently_refused(&self, addr: &str) -> bool {
-        self.refused.lock().expect("refused lock").get(addr).is_some_and(|t| t.elapsed() < REFUSED_FOR)
+        self.refused
+            .lock()
+            .expect("refused lock")
+            .get(addr)
+            .is_some_and(|t| t.elapsed() < REFUSED_FOR)
     }
 
     /// The link to the prefill worker at `addr`, made (and its receiver started) if there is
     /// none or the last one closed; `None` when that worker would not join one lately (it is
     /// not on a GPU, or not started with `--kv-transport nccl`): its pages then come over TCP.
-    pub async fn get(&self, addr: &str, clients: &PrefillClients, transfers: &Transfers) -> Result<Option<Arc<Link>>, String> {
+    pub async fn get(
+        &self,
+        addr: &str,
+        clients: &PrefillClients,
+        transfers: &Transfers,
+    ) -> Result<Option<Arc<Link>>, String> {
         if let Some(l) = self.live(addr) {
             return Ok(Some(l));
         }
@@ -177,7 +208,8 @@ impl DeviceLinks {
             device_page_bytes: info.page_bytes,
             device_dtype: info.dtype,
         };
-        let mut client = KvTransferClient::new(authed(clients.channel(addr, self.transfer_timeout)?));
+        let mut client =
+            KvTransferClient::new(authed(clients.channel(addr, self.transfer_timeout)?));
         let mut call = tonic::Request::new(req);
         call.set_timeout(CONNECT_TIMEOUT);
         if let Err(s) = client.join_link(call).await {
@@ -186,14 +218,25 @@ impl DeviceLinks {
             // both go; nobody waits for that here.
             let dev = self.device.clone();
             tokio::spawn(async move {
-                let other = tokio::task::spawn_blocking(move || drop(dev.connect(LinkRole::Sender, &id_bytes)));
+                let other = tokio::task::spawn_blocking(move || {
+                    drop(dev.connect(LinkRole::Sender, &id_bytes))
+                });
                 if tokio::time::timeout(CONNECT_TIMEOUT, join).await.is_err() {
-                    tracing::warn!("an abandoned device link end did not stop waiting for its peer");
+                    tracing::warn!(
+                        "an abandoned device link end did not stop waiting for its peer"
+                    );
                 }
                 drop(other);
             });
-            tracing::warn!(prefill = addr, error = s.message(), "the prefill worker would not join a device link; its pages come over TCP for now");
-            self.refused.lock().expect("refused lock").insert(addr.to_string(), std::time::Instant::now());
+            tracing::warn!(
+                prefill = addr,
+                error = s.message(),
+                "the prefill worker would not join a device link; its pages come over TCP for now"
+            );
+            self.refused
+                .lock()
+                .expect("refused lock")
+                .insert(addr.to_string(), std::time::Instant::now());
             return Ok(None);
         }
         let dl = match tokio::time::timeout(CONNECT_TIMEOUT, join).await {
@@ -204,8 +247,16 @@ impl DeviceLinks {
         };
         let link = Arc::new(Link::new(link_id));
         let (l, t, timeout) = (link.clone(), transfers.clone(), self.transfer_timeout);
-        std::thread::Builder::new().name("kv-link".into()).spawn(move || receive(l, dl, t, timeout)).map_err(|e| format!("starting the link's receiver: {e}"))?;
-        tracing::info!(prefill = addr, link = link_id, seconds = started.elapsed().as_secs_f64(), "device link to the prefill worker up");
+        std::thread::Builder::new()
+            .name("kv-link".into())
+            .spawn(move || receive(l, dl, t, timeout))
+            .map_err(|e| format!("starting the link's receiver: {e}"))?;
+        tracing::info!(
+            prefill = addr,
+            link = link_id,
+            seconds = started.elapsed().as_secs_f64(),
+            "device link to the prefill worker up"
+        );
         self.links.lock().expect("links lock").insert(addr.to_string(), link.clone());
         Ok(Some(link))
     }
@@ -232,19 +283,32 @@ fn receive(link: Arc<Link>, dl: Box<dyn DeviceLink>, transfers: Transfers, timeo
             let _ = self.link.ended.send(true);
         }
     }
-    let mut ending = Ending { link: link.clone(), transfers: transfers.clone(), reason: "the device link's receiver stopped".into(), dl: Some(dl) };
+    let mut ending = Ending {
+        link: link.clone(),
+        transfers: transfers.clone(),
+        reason: "the device link's receiver stopped".into(),
+        dl: Some(dl),
+    };
     let dl = ending.dl.as_mut().expect("set above");
     let reason = loop {
         {
             let mut s = link.lock();
             while s.outstanding == 0 && !link.is_closed() {
-                s = link.wake.wait_timeout(s, Duration::from_millis(200)).expect("link state lock").0;
+                s = link
+                    .wake
+                    .wait_timeout(s, Duration::from_millis(200))
+                    .expect("link state lock")
+                    .0;
             }
         }
         if link.is_closed() {
             break "the device link was closed".to_string();
         }
-        let mut route = |h: &tandem_kv_transfer::device::TransferHeader| transfers.route_device(h.transfer_id, link.id, h.first_index, h.pages, || link.lock().receiving = Some(h.transfer_id));
+        let mut route = |h: &tandem_kv_transfer::device::TransferHeader| {
+            transfers.route_device(h.transfer_id, link.id, h.first_index, h.pages, || {
+                link.lock().receiving = Some(h.transfer_id)
+            })
+        };
         match dl.recv(&mut route, &|| !link.is_closed(), timeout) {
             Ok(None) => continue,
             Ok(Some(r)) => {
@@ -254,9 +318,17 @@ fn receive(link: Arc<Link>, dl: Box<dyn DeviceLink>, transfers: Transfers, timeo
                     if let Err(e) = &r.verdict {
                         tracing::warn!(transfer_id = id, error = %e, "KV pages arrived corrupt");
                     }
-                    transfers.report_arrival(id, r.header.pages, r.verdict.map_err(|e| e.to_string()));
+                    transfers.report_arrival(
+                        id,
+                        r.header.pages,
+                        r.verdict.map_err(|e| e.to_string()),
+                    );
                 } else {
-                    tracing::debug!(transfer_id = id, pages = r.header.pages, "pages of a withdrawn transfer received and dropped");
+                    tracing::debug!(
+                        transfer_id = id,
+                        pages = r.header.pages,
+                        "pages of a withdrawn transfer received and dropped"
+                    );
                 }
             }
             Err(e) => {
@@ -339,18 +411,46 @@ mod tests {
     struct Scripted(std::collections::VecDeque<Step>, Arc<AtomicBool>);
 
     impl DeviceLink for Scripted {
-        fn send(&mut self, _: u64, _: u32, _: &[u32], _: tandem_kv_transfer::device::SendOptions) -> Result<u64, tandem_kv_transfer::TransferError> {
+        fn send(
+            &mut self,
+            _: u64,
+            _: u32,
+            _: &[u32],
+            _: tandem_kv_transfer::device::SendOptions,
+        ) -> Result<u64, tandem_kv_transfer::TransferError> {
             unreachable!()
         }
-        fn recv(&mut self, route: &mut dyn FnMut(&tandem_kv_transfer::device::TransferHeader) -> Option<Vec<u32>>, keep_waiting: &dyn Fn() -> bool, _: Duration) -> Result<Option<tandem_kv_transfer::device::Received>, tandem_kv_transfer::TransferError> {
+        fn recv(
+            &mut self,
+            route: &mut dyn FnMut(&tandem_kv_transfer::device::TransferHeader) -> Option<Vec<u32>>,
+            keep_waiting: &dyn Fn() -> bool,
+            _: Duration,
+        ) -> Result<Option<tandem_kv_transfer::device::Received>, tandem_kv_transfer::TransferError>
+        {
             match self.0.pop_front() {
                 Some(Step::Pages(id, first, pages, good)) => {
-                    let header = tandem_kv_transfer::device::TransferHeader { transfer_id: id, first_index: first, pages, page_bytes: 64 };
+                    let header = tandem_kv_transfer::device::TransferHeader {
+                        transfer_id: id,
+                        first_index: first,
+                        pages,
+                        page_bytes: 64,
+                    };
                     let stored = route(&header).is_some();
-                    let verdict = if good { Ok(()) } else { Err(tandem_kv_transfer::TransferError::Checksum { transfer_id: id, index: first, expected: 1, actual: 2 }) };
+                    let verdict = if good {
+                        Ok(())
+                    } else {
+                        Err(tandem_kv_transfer::TransferError::Checksum {
+                            transfer_id: id,
+                            index: first,
+                            expected: 1,
+                            actual: 2,
+                        })
+                    };
                     Ok(Some(tandem_kv_transfer::device::Received { header, stored, verdict }))
                 }
-                Some(Step::Fail) => Err(tandem_kv_transfer::TransferError::Timeout(Duration::from_secs(2))),
+                Some(Step::Fail) => {
+                    Err(tandem_kv_transfer::TransferError::Timeout(Duration::from_secs(2)))
+                }
                 Some(Step::Panic) => panic!("scripted panic"),
                 None => {
                     while keep_waiting() {
@@ -369,7 +469,9 @@ mod tests {
     }
 
     async fn ended(link: &Link) {
-        tokio::time::timeout(Duration::from_secs(10), link.ended()).await.expect("the receiver ended");
+        tokio::time::timeout(Duration::from_secs(10), link.ended())
+            .await
+            .expect("the receiver ended");
     }
 
     #[tokio::test]
@@ -380,16 +482,31 @@ mod tests {
         let (mut fail2, _a2) = transfers.register_device(2, "b", vec![20], 3, 1);
         let (mut fail3, _a3) = transfers.register_device(3, "c", vec![30], 3, 1);
         let dropped = Arc::new(AtomicBool::new(false));
-        let script = [Step::Pages(1, 0, 2, true), Step::Pages(99, 0, 1, true), Step::Pages(1, 2, 1, true), Step::Pages(2, 0, 1, false), Step::Fail];
+        let script = [
+            Step::Pages(1, 0, 2, true),
+            Step::Pages(99, 0, 1, true),
+            Step::Pages(1, 2, 1, true),
+            Step::Pages(2, 0, 1, false),
+            Step::Fail,
+        ];
         let dl = Box::new(Scripted(script.into_iter().collect(), dropped.clone()));
         link.begin();
         let (l, t) = (link.clone(), transfers.clone());
         std::thread::spawn(move || receive(l, dl, t, Duration::from_secs(2)));
         ended(&link).await;
         assert!(arrive1.try_recv().is_ok(), "transfer 1 complete after its two pieces");
-        assert!(fail2.try_recv().unwrap().contains("checksum"), "a corrupt piece fails its transfer");
-        assert!(fail3.try_recv().unwrap().contains("failed"), "a failed link fails what is awaited on it");
-        assert!(link.is_closed() && dropped.load(Ordering::SeqCst), "closed, and the link dropped (aborted) before the end was told");
+        assert!(
+            fail2.try_recv().unwrap().contains("checksum"),
+            "a corrupt piece fails its transfer"
+        );
+        assert!(
+            fail3.try_recv().unwrap().contains("failed"),
+            "a failed link fails what is awaited on it"
+        );
+        assert!(
+            link.is_closed() && dropped.load(Ordering::SeqCst),
+            "closed, and the link dropped (aborted) before the end was told"
+        );
     }
 
     #[tokio::test]
@@ -435,7 +552,11 @@ mod tests {
         fn new_link_id(&self) -> Result<[u8; 128], tandem_kv_transfer::TransferError> {
             Ok([3; 128])
         }
-        fn connect(&self, role: LinkRole, id: &[u8; 128]) -> Result<Box<dyn DeviceLink>, tandem_kv_transfer::TransferError> {
+        fn connect(
+            &self,
+            role: LinkRole,
+            id: &[u8; 128],
+        ) -> Result<Box<dyn DeviceLink>, tandem_kv_transfer::TransferError> {
             let mut j = self.joined.lock().unwrap();
             if role == LinkRole::Sender {
                 j.push(*id);
@@ -455,10 +576,16 @@ mod tests {
 
     #[tonic::async_trait]
     impl pb::kv_transfer_server::KvTransfer for Refuser {
-        async fn endpoint(&self, _: tonic::Request<pb::EndpointRequest>) -> Result<tonic::Response<pb::TransferEndpoint>, tonic::Status> {
+        async fn endpoint(
+            &self,
+            _: tonic::Request<pb::EndpointRequest>,
+        ) -> Result<tonic::Response<pb::TransferEndpoint>, tonic::Status> {
             Err(tonic::Status::unimplemented("no"))
         }
-        async fn join_link(&self, _: tonic::Request<pb::JoinLinkRequest>) -> Result<tonic::Response<pb::JoinLinkResponse>, tonic::Status> {
+        async fn join_link(
+            &self,
+            _: tonic::Request<pb::JoinLinkRequest>,
+        ) -> Result<tonic::Response<pb::JoinLinkResponse>, tonic::Status> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Err(tonic::Status::failed_precondition("this prefill worker has no device transport"))
         }
@@ -469,13 +596,27 @@ mod tests {
         let refuser = Refuser::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let routes = tonic::service::Routes::new(pb::kv_transfer_server::KvTransferServer::new(refuser.clone())).into_axum_router();
+        let routes = tonic::service::Routes::new(pb::kv_transfer_server::KvTransferServer::new(
+            refuser.clone(),
+        ))
+        .into_axum_router();
         tokio::spawn(async move { axum::serve(listener, routes).await });
         let device = Arc::new(Rendezvous::default());
-        let layout = tandem_kv_transfer::KvLayout { model_id: "m".into(), dtype: tandem_kv_transfer::KvDtype::F32, block_size: 16, num_layers: 1, num_kv_heads: 1, head_dim: 4, hash_seed: 0 };
+        let layout = tandem_kv_transfer::KvLayout {
+            model_id: "m".into(),
+            dtype: tandem_kv_transfer::KvDtype::F32,
+            block_size: 16,
+            num_layers: 1,
+            num_kv_heads: 1,
+            head_dim: 4,
+            hash_seed: 0,
+        };
         let links = DeviceLinks::new(device.clone(), layout, Duration::from_secs(2));
         let (clients, transfers) = (PrefillClients::default(), Transfers::default());
-        let got = tokio::time::timeout(Duration::from_secs(10), links.get(&addr, &clients, &transfers)).await.expect("no hang");
+        let got =
+            tokio::time::timeout(Duration::from_secs(10), links.get(&addr, &clients, &transfers))
+                .await
+                .expect("no hang");
         assert!(matches!(got, Ok(None)), "TCP instead");
         assert_eq!(refuser.0.load(Ordering::SeqCst), 1);
         // Asked once, not on every request.

@@ -21,8 +21,14 @@ type Tx = mpsc::UnboundedSender<Result<pb::GenerateResponse, Status>>;
 
 /// Runs [`remote_prefill`] on a task of its own, in the caller's span; should that task panic,
 /// the request fails (its client gets an error) instead of waiting forever.
-pub(crate) fn spawn_remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: RemotePrefill, tx: Tx) {
-    let (rid, engine, transfers) = (req.request_id.clone(), svc.engine.clone(), svc.transfers.clone());
+pub(crate) fn spawn_remote_prefill(
+    svc: DecodeService,
+    req: pb::GenerateRequest,
+    rp: RemotePrefill,
+    tx: Tx,
+) {
+    let (rid, engine, transfers) =
+        (req.request_id.clone(), svc.engine.clone(), svc.transfers.clone());
     let task = tokio::spawn(remote_prefill(svc, req, rp, tx).instrument(tracing::Span::current()));
     tokio::spawn(async move {
         if let Err(e) = task.await {
@@ -60,7 +66,13 @@ async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: Remote
         Some(l) => {
             l.begin();
             let expected = rp.block_table.len().saturating_sub(skip) as u32;
-            let (f, a) = svc.transfers.register_device(transfer_id, &rid, rp.block_table.clone(), l.id, expected);
+            let (f, a) = svc.transfers.register_device(
+                transfer_id,
+                &rid,
+                rp.block_table.clone(),
+                l.id,
+                expected,
+            );
             (f, Some(a))
         }
         None => (svc.transfers.register(transfer_id, &rid, rp.block_table.clone()), None),
@@ -117,7 +129,14 @@ type Outcome = Result<pb::PrefillResponse, (&'static str, String)>;
 
 /// Hands the request back to the engine after its remote prefill: continuing from the first
 /// token, or recomputing / failing it by the configured policy.
-fn settle(svc: &DecodeService, rid: &str, transfer_id: u64, outcome: Outcome, started: Instant, link: Option<u64>) {
+fn settle(
+    svc: &DecodeService,
+    rid: &str,
+    transfer_id: u64,
+    outcome: Outcome,
+    started: Instant,
+    link: Option<u64>,
+) {
     let rid = rid.to_string();
     let policy = svc.cfg.failure_policy;
     let transfers = svc.transfers.clone();

@@ -69,12 +69,17 @@ pub(crate) enum Placement {
 impl pb::decode_worker_server::DecodeWorker for DecodeService {
     type GenerateStream = GenerateStream;
 
-    async fn generate(&self, req: Request<pb::GenerateRequest>) -> Result<Response<GenerateStream>, Status> {
+    async fn generate(
+        &self,
+        req: Request<pb::GenerateRequest>,
+    ) -> Result<Response<GenerateStream>, Status> {
         let r = req.into_inner();
         if r.request_id.is_empty() {
             return Err(Status::invalid_argument("request_id is empty"));
         }
-        let params = params_from_proto(r.params.as_ref().ok_or_else(|| Status::invalid_argument("params are missing"))?);
+        let params = params_from_proto(
+            r.params.as_ref().ok_or_else(|| Status::invalid_argument("params are missing"))?,
+        );
         params.validate().map_err(Status::invalid_argument)?;
         let span = tracing::info_span!("generate", request_id = %r.request_id);
         async move {
@@ -169,7 +174,10 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
         .await
     }
 
-    async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
+    async fn abort(
+        &self,
+        req: Request<pb::AbortRequest>,
+    ) -> Result<Response<pb::AbortResponse>, Status> {
         let id = req.into_inner().request_id;
         let transfers = self.transfers.clone();
         let found = self
@@ -188,8 +196,15 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
 
 #[tonic::async_trait]
 impl pb::kv_transfer_server::KvTransfer for DecodeService {
-    async fn endpoint(&self, _req: Request<pb::EndpointRequest>) -> Result<Response<pb::TransferEndpoint>, Status> {
-        let l = self.engine.call(|s| tandem_worker::kv::kv_layout(&s.engine)).await.ok_or_else(|| Status::unavailable("the engine has stopped"))?;
+    async fn endpoint(
+        &self,
+        _req: Request<pb::EndpointRequest>,
+    ) -> Result<Response<pb::TransferEndpoint>, Status> {
+        let l = self
+            .engine
+            .call(|s| tandem_worker::kv::kv_layout(&s.engine))
+            .await
+            .ok_or_else(|| Status::unavailable("the engine has stopped"))?;
         Ok(Response::new(pb::TransferEndpoint {
             transport: if self.links.is_some() { "nccl" } else { "tcp" }.into(),
             address: self.kv_addr.clone(),
@@ -198,7 +213,12 @@ impl pb::kv_transfer_server::KvTransfer for DecodeService {
         }))
     }
 
-    async fn join_link(&self, _req: Request<pb::JoinLinkRequest>) -> Result<Response<pb::JoinLinkResponse>, Status> {
-        Err(Status::unimplemented("decode workers receive KV pages; prefill workers join device links"))
+    async fn join_link(
+        &self,
+        _req: Request<pb::JoinLinkRequest>,
+    ) -> Result<Response<pb::JoinLinkResponse>, Status> {
+        Err(Status::unimplemented(
+            "decode workers receive KV pages; prefill workers join device links",
+        ))
     }
 }

@@ -36,9 +36,25 @@ pub struct Shared {
 
 impl DecodeService {
     /// The service over `engine`, receiving KV pages at `kv_addr` (TCP) or over `links`.
-    pub fn new(engine: EngineHandle, cfg: DecodeConfig, transfers: Transfers, kv_addr: String, block_size: usize, links: Option<Arc<DeviceLinks>>) -> DecodeService {
+    pub fn new(
+        engine: EngineHandle,
+        cfg: DecodeConfig,
+        transfers: Transfers,
+        kv_addr: String,
+        block_size: usize,
+        links: Option<Arc<DeviceLinks>>,
+    ) -> DecodeService {
         let seed = tandem_worker::status::new_epoch() & 0xFFFF_FFFF;
-        DecodeService(Arc::new(Shared { engine, cfg, transfers, kv_addr, block_size, clients: PrefillClients::default(), links, next_transfer: AtomicU64::new(seed << 32) }))
+        DecodeService(Arc::new(Shared {
+            engine,
+            cfg,
+            transfers,
+            kv_addr,
+            block_size,
+            clients: PrefillClients::default(),
+            links,
+            next_transfer: AtomicU64::new(seed << 32),
+        }))
     }
 
     pub(crate) fn next_transfer_id(&self) -> u64 {

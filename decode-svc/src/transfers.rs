@@ -39,9 +39,22 @@ pub struct Transfers {
 impl Transfers {
     /// Registers transfer `id` of `request_id` into `blocks`; the receiver reports its failure
     /// on the returned channel.
-    pub fn register(&self, id: u64, request_id: &str, blocks: Vec<u32>) -> oneshot::Receiver<String> {
+    pub fn register(
+        &self,
+        id: u64,
+        request_id: &str,
+        blocks: Vec<u32>,
+    ) -> oneshot::Receiver<String> {
         let (tx, rx) = oneshot::channel();
-        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx), device: None });
+        self.lock().insert(
+            id,
+            Transfer {
+                request_id: request_id.to_string(),
+                blocks,
+                on_fail: Some(tx),
+                device: None,
+            },
+        );
         rx
     }
 
@@ -49,21 +62,44 @@ impl Transfers {
     /// device link `link` (in one piece or several): the receiver reports a failure on the first
     /// channel, the arrival of every expected page (in the blocks, checksums verified) on the
     /// second.
-    pub fn register_device(&self, id: u64, request_id: &str, blocks: Vec<u32>, link: u64, expected: u32) -> (oneshot::Receiver<String>, oneshot::Receiver<()>) {
+    pub fn register_device(
+        &self,
+        id: u64,
+        request_id: &str,
+        blocks: Vec<u32>,
+        link: u64,
+        expected: u32,
+    ) -> (oneshot::Receiver<String>, oneshot::Receiver<()>) {
         let (tx, rx) = oneshot::channel();
         let (atx, arx) = oneshot::channel();
         let device = DeviceWait { link, on_arrive: Some(atx), expected, received: 0 };
-        self.lock().insert(id, Transfer { request_id: request_id.to_string(), blocks, on_fail: Some(tx), device: Some(device) });
+        self.lock().insert(
+            id,
+            Transfer {
+                request_id: request_id.to_string(),
+                blocks,
+                on_fail: Some(tx),
+                device: Some(device),
+            },
+        );
         (rx, arx)
     }
 
     /// The blocks for pages `first..first + pages` of device transfer `id` arriving over `link`,
     /// if it is still awaited there; `claim` runs under the registry's lock when it is (so a
     /// cancellation sees the claim).
-    pub(crate) fn route_device(&self, id: u64, link: u64, first: u32, pages: u32, claim: impl FnOnce()) -> Option<Vec<u32>> {
+    pub(crate) fn route_device(
+        &self,
+        id: u64,
+        link: u64,
+        first: u32,
+        pages: u32,
+        claim: impl FnOnce(),
+    ) -> Option<Vec<u32>> {
         let map = self.lock();
         let t = map.get(&id).filter(|t| t.device.as_ref().is_some_and(|d| d.link == link))?;
-        let blocks = t.blocks.get(first as usize..(first as usize).checked_add(pages as usize)?)?.to_vec();
+        let blocks =
+            t.blocks.get(first as usize..(first as usize).checked_add(pages as usize)?)?.to_vec();
         claim();
         Some(blocks)
     }
@@ -88,7 +124,9 @@ impl Transfers {
 
     /// Fails every transfer still awaited over `link` (the link closed).
     pub(crate) fn fail_link(&self, link: u64, message: &str) {
-        for t in self.lock().values_mut().filter(|t| t.device.as_ref().is_some_and(|d| d.link == link)) {
+        for t in
+            self.lock().values_mut().filter(|t| t.device.as_ref().is_some_and(|d| d.link == link))
+        {
             if let Some(tx) = t.on_fail.take() {
                 let _ = tx.send(message.to_string());
             }
@@ -200,7 +238,9 @@ impl PageSink for EngineSink {
                 }
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(false),
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err("the engine has stopped".into()),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err("the engine has stopped".into())
+            }
         }
     }
 }
@@ -208,8 +248,16 @@ impl PageSink for EngineSink {
 /// Listens for KV pages on `addr`, one thread per sending connection. Returns the bound
 /// address. A connection that fails (layout mismatch, corrupt page, stall beyond `timeout`)
 /// reports the failure to the transfer's request task.
-pub fn start_receiver(addr: &str, layout: KvLayout, timeout: Duration, engine: EngineHandle, transfers: Transfers) -> Result<std::net::SocketAddr, TransferError> {
-    let receiver = Arc::new(TcpReceiver::bind(addr, layout, timeout)?.require_auth(tandem_worker::auth::kv_auth()));
+pub fn start_receiver(
+    addr: &str,
+    layout: KvLayout,
+    timeout: Duration,
+    engine: EngineHandle,
+    transfers: Transfers,
+) -> Result<std::net::SocketAddr, TransferError> {
+    let receiver = Arc::new(
+        TcpReceiver::bind(addr, layout, timeout)?.require_auth(tandem_worker::auth::kv_auth()),
+    );
     let local = receiver.local_addr()?;
     std::thread::Builder::new()
         .name("kv-receiver".into())

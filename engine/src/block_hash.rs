@@ -10,7 +10,9 @@
 pub const DEFAULT_HASH_SEED: u64 = 0x7A6E_6465_6D5F_6B76;
 
 /// Chained 64-bit hash of one full block of tokens and everything before it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct BlockHash(pub u64);
 
 #[inline]
@@ -76,6 +78,9 @@ mod tests {
         assert_ne!(a[0], BlockHash::chain(DEFAULT_HASH_SEED, &toks, 16, salt_digest("tenant"))[0]);
         assert_ne!(a[0], BlockHash::chain(1, &toks, 16, 0)[0]);
         // A fixed function: this value must never change (other processes depend on it).
-        assert_eq!(BlockHash::new(DEFAULT_HASH_SEED, None, &[1, 2, 3], 0), BlockHash(0xb992_005a_7616_313e));
+        assert_eq!(
+            BlockHash::new(DEFAULT_HASH_SEED, None, &[1, 2, 3], 0),
+            BlockHash(0xb992_005a_7616_313e)
+        );
     }
 }

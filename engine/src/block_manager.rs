@@ -91,7 +91,12 @@ pub enum KvEvent {
 
 impl BlockManager {
     /// `num_blocks` device blocks of `block_size` tokens and `num_host_blocks` of swap space.
-    pub fn new(num_blocks: usize, block_size: usize, num_host_blocks: usize, enable_prefix_caching: bool) -> Self {
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        num_host_blocks: usize,
+        enable_prefix_caching: bool,
+    ) -> Self {
         let mut m = BlockManager {
             block_size,
             ref_count: vec![0; num_blocks],
@@ -308,7 +313,12 @@ impl BlockManager {
 
     /// Appends the prefix-cache hits `cached` (full blocks) to an empty `table`, then fresh
     /// blocks until it covers `num_tokens` tokens. All or nothing.
-    pub fn allocate(&mut self, table: &mut BlockTable, cached: &[u32], num_tokens: usize) -> Result<(), NoFreeBlocks> {
+    pub fn allocate(
+        &mut self,
+        table: &mut BlockTable,
+        cached: &[u32],
+        num_tokens: usize,
+    ) -> Result<(), NoFreeBlocks> {
         let needed = self.blocks_needed(table, cached, num_tokens);
         if needed > self.num_free {
             return Err(NoFreeBlocks { needed, free: self.num_free });
@@ -329,7 +339,12 @@ impl BlockManager {
     /// Makes room for tokens `first_new..num_tokens` to be written: appends blocks and copies
     /// any shared block that will be written (copy-on-write). Returns `(src, dst)` block copies
     /// the backend must perform before the write. All or nothing.
-    pub fn append_slots(&mut self, table: &mut BlockTable, first_new: usize, num_tokens: usize) -> Result<Vec<(u32, u32)>, NoFreeBlocks> {
+    pub fn append_slots(
+        &mut self,
+        table: &mut BlockTable,
+        first_new: usize,
+        num_tokens: usize,
+    ) -> Result<Vec<(u32, u32)>, NoFreeBlocks> {
         let bs = self.block_size;
         let existing = table.len();
         let first_block = first_new / bs;
@@ -390,7 +405,10 @@ impl BlockManager {
         for i in table.num_hashed..upto {
             let b = table.blocks[i];
             let h = hashes[i];
-            if self.hash[b as usize].is_none() && !self.cached.contains_key(&h) && self.ref_count[b as usize] == 1 {
+            if self.hash[b as usize].is_none()
+                && !self.cached.contains_key(&h)
+                && self.ref_count[b as usize] == 1
+            {
                 self.hash[b as usize] = Some(h);
                 self.cached.insert(h, b);
                 stored.push(h);
@@ -431,7 +449,10 @@ impl BlockManager {
 
     /// Moves a table to host memory: returns the host table and `(device, host)` copies to run
     /// before the device blocks are reused. All or nothing.
-    pub fn swap_out(&mut self, table: &mut BlockTable) -> Result<(Vec<u32>, Vec<(u32, u32)>), NoFreeBlocks> {
+    pub fn swap_out(
+        &mut self,
+        table: &mut BlockTable,
+    ) -> Result<(Vec<u32>, Vec<(u32, u32)>), NoFreeBlocks> {
         if self.host_free.len() < table.len() {
             return Err(NoFreeBlocks { needed: table.len(), free: self.host_free.len() });
         }
@@ -452,7 +473,10 @@ impl BlockManager {
     }
 
     /// Brings a host table back: returns the device table and `(host, device)` copies.
-    pub fn swap_in(&mut self, host: &mut Vec<u32>) -> Result<(BlockTable, Vec<(u32, u32)>), NoFreeBlocks> {
+    pub fn swap_in(
+        &mut self,
+        host: &mut Vec<u32>,
+    ) -> Result<(BlockTable, Vec<(u32, u32)>), NoFreeBlocks> {
         if host.len() > self.num_free {
             return Err(NoFreeBlocks { needed: host.len(), free: self.num_free });
         }
@@ -474,7 +498,11 @@ impl BlockManager {
 
     /// Checks every invariant against the complete list of holders; returns a description of the
     /// first violation. For tests and debug assertions.
-    pub fn check_invariants(&self, holders: &[&BlockTable], host_holders: &[&Vec<u32>]) -> Result<(), String> {
+    pub fn check_invariants(
+        &self,
+        holders: &[&BlockTable],
+        host_holders: &[&Vec<u32>],
+    ) -> Result<(), String> {
         let mut counts = vec![0u32; self.num_blocks()];
         for t in holders {
             for &b in &t.blocks {
@@ -486,7 +514,10 @@ impl BlockManager {
                 return Err(format!("block {b}: ref count {have}, held by {want}"));
             }
             if (have == 0) != self.in_free[b] {
-                return Err(format!("block {b}: ref count {have} but in free queue = {}", self.in_free[b]));
+                return Err(format!(
+                    "block {b}: ref count {have} but in free queue = {}",
+                    self.in_free[b]
+                ));
             }
         }
         let mut n = 0;
@@ -503,12 +534,19 @@ impl BlockManager {
         }
         for (h, &b) in &self.cached {
             if self.hash[b as usize] != Some(*h) {
-                return Err(format!("cache entry {h:?} -> {b} but block hash is {:?}", self.hash[b as usize]));
+                return Err(format!(
+                    "cache entry {h:?} -> {b} but block hash is {:?}",
+                    self.hash[b as usize]
+                ));
             }
         }
         let held_host: usize = host_holders.iter().map(|h| h.len()).sum();
         if held_host + self.host_free.len() != self.num_host_blocks {
-            return Err(format!("host blocks: {held_host} held + {} free != {}", self.host_free.len(), self.num_host_blocks));
+            return Err(format!(
+                "host blocks: {held_host} held + {} free != {}",
+                self.host_free.len(),
+                self.num_host_blocks
+            ));
         }
         Ok(())
     }

@@ -51,20 +51,29 @@ const NAME: &str = "chat";
 
 impl ChatTemplate {
     /// Compiles `source`; `bos_token`/`eos_token` are the strings the template may reference.
-    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TemplateError> {
+    pub fn new(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<Value, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
-        env.add_template_owned(NAME, source.to_string()).map_err(|e| TemplateError::Syntax(format!("{e:#}")))?;
+        env.add_template_owned(NAME, source.to_string())
+            .map_err(|e| TemplateError::Syntax(format!("{e:#}")))?;
         Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
     }
 
     /// Renders the conversation; with `add_generation_prompt` the text ends where the
     /// assistant's reply begins.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TemplateError> {
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
         let tmpl = self.env.get_template(NAME).map_err(|e| TemplateError::Render(e.to_string()))?;
         tmpl.render(minijinja::context! {
             messages => messages,
@@ -78,10 +87,25 @@ impl ChatTemplate {
 
 /// Today's date (UTC) for templates that call `strftime_now`; supports %d %m %Y %y %b %B.
 fn strftime_now(fmt: &str) -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    const MONTHS: [&str; 12] =
-        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
     let month = MONTHS[(m - 1) as usize];
     let mut out = String::new();
     let mut chars = fmt.chars();

@@ -81,17 +81,27 @@ impl ModelConfig {
     /// Checks internal consistency.
     pub fn validate(&self) -> Result<(), LoadError> {
         let bad = |m: String| Err(LoadError::Config(m));
-        if self.hidden_size == 0 || self.num_layers == 0 || self.num_heads == 0 || self.num_kv_heads == 0 {
+        if self.hidden_size == 0
+            || self.num_layers == 0
+            || self.num_heads == 0
+            || self.num_kv_heads == 0
+        {
             return bad(format!("zero-sized model dimension in {self:?}"));
         }
         if self.num_heads % self.num_kv_heads != 0 {
-            return bad(format!("{} query heads not divisible by {} KV heads", self.num_heads, self.num_kv_heads));
+            return bad(format!(
+                "{} query heads not divisible by {} KV heads",
+                self.num_heads, self.num_kv_heads
+            ));
         }
         if self.head_dim == 0 || self.head_dim % 2 != 0 {
             return bad(format!("head_dim {} must be even and positive", self.head_dim));
         }
         if !(self.rms_norm_eps > 0.0) || !(self.rope_theta > 0.0) {
-            return bad(format!("invalid rms_norm_eps {} or rope_theta {}", self.rms_norm_eps, self.rope_theta));
+            return bad(format!(
+                "invalid rms_norm_eps {} or rope_theta {}",
+                self.rms_norm_eps, self.rope_theta
+            ));
         }
         Ok(())
     }
@@ -109,20 +119,24 @@ impl ModelConfig {
         };
         let key = |k: &str| format!("{arch_name}.{k}");
         let req = |k: &str| -> Result<usize, LoadError> {
-            f.get(&key(k))
-                .and_then(|v| v.as_u64())
-                .map(|v| v as usize)
-                .ok_or_else(|| LoadError::Config(format!("GGUF metadata lacks integer '{}'", key(k))))
+            f.get(&key(k)).and_then(|v| v.as_u64()).map(|v| v as usize).ok_or_else(|| {
+                LoadError::Config(format!("GGUF metadata lacks integer '{}'", key(k)))
+            })
         };
         let opt_u = |k: &str| f.get(&key(k)).and_then(|v| v.as_u64()).map(|v| v as usize);
         let opt_f = |k: &str| f.get(&key(k)).and_then(|v| v.as_f64()).map(|v| v as f32);
-        if f.tensor("rope_freqs.weight").is_some() || f.get(&key("rope.scaling.type")).is_some_and(|v| v.as_str() != Some("none")) {
+        if f.tensor("rope_freqs.weight").is_some()
+            || f.get(&key("rope.scaling.type")).is_some_and(|v| v.as_str() != Some("none"))
+        {
             return Err(LoadError::Config("RoPE scaling is not supported yet".into()));
         }
         let hidden_size = req("embedding_length")?;
         let num_heads = req("attention.head_count")?;
-        let embd = f.tensor("token_embd.weight").ok_or_else(|| LoadError::MissingTensor("token_embd.weight".into()))?;
-        let vocab_size = opt_u("vocab_size").unwrap_or(embd.dims.get(1).copied().unwrap_or(0) as usize);
+        let embd = f
+            .tensor("token_embd.weight")
+            .ok_or_else(|| LoadError::MissingTensor("token_embd.weight".into()))?;
+        let vocab_size =
+            opt_u("vocab_size").unwrap_or(embd.dims.get(1).copied().unwrap_or(0) as usize);
         let cfg = ModelConfig {
             arch,
             name: f.get("general.name").and_then(|v| v.as_str()).unwrap_or(arch_name).to_string(),
@@ -130,13 +144,21 @@ impl ModelConfig {
             num_layers: req("block_count")?,
             num_heads,
             num_kv_heads: opt_u("attention.head_count_kv").unwrap_or(num_heads),
-            head_dim: opt_u("attention.key_length").unwrap_or(if num_heads > 0 { hidden_size / num_heads } else { 0 }),
+            head_dim: opt_u("attention.key_length").unwrap_or(if num_heads > 0 {
+                hidden_size / num_heads
+            } else {
+                0
+            }),
             intermediate_size: req("feed_forward_length")?,
             vocab_size,
             max_position_embeddings: opt_u("context_length").unwrap_or(2048),
             rope_theta: opt_f("rope.freq_base").unwrap_or(10_000.0),
-            rms_norm_eps: opt_f("attention.layer_norm_rms_epsilon")
-                .ok_or_else(|| LoadError::Config(format!("GGUF metadata lacks '{}'", key("attention.layer_norm_rms_epsilon"))))?,
+            rms_norm_eps: opt_f("attention.layer_norm_rms_epsilon").ok_or_else(|| {
+                LoadError::Config(format!(
+                    "GGUF metadata lacks '{}'",
+                    key("attention.layer_norm_rms_epsilon")
+                ))
+            })?,
             rope_style: match arch {
                 Arch::Llama => RopeStyle::Interleaved,
                 Arch::Qwen3 => RopeStyle::Neox,
@@ -149,7 +171,8 @@ impl ModelConfig {
 
     /// Reads a Hugging Face `config.json`.
     pub fn from_hf_json(text: &str) -> Result<ModelConfig, LoadError> {
-        let c: HfConfig = serde_json::from_str(text).map_err(|e| LoadError::Config(format!("config.json: {e}")))?;
+        let c: HfConfig = serde_json::from_str(text)
+            .map_err(|e| LoadError::Config(format!("config.json: {e}")))?;
         let arch_name = c
             .architectures
             .as_ref()
@@ -174,7 +197,11 @@ impl ModelConfig {
             num_layers: c.num_hidden_layers,
             num_heads: c.num_attention_heads,
             num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
-            head_dim: c.head_dim.unwrap_or(if c.num_attention_heads > 0 { c.hidden_size / c.num_attention_heads } else { 0 }),
+            head_dim: c.head_dim.unwrap_or(if c.num_attention_heads > 0 {
+                c.hidden_size / c.num_attention_heads
+            } else {
+                0
+            }),
             intermediate_size: c.intermediate_size,
             vocab_size: c.vocab_size,
             max_position_embeddings: c.max_position_embeddings.unwrap_or(2048),

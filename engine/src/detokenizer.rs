@@ -36,7 +36,8 @@ impl IncrementalDetokenizer {
     /// Adds one token and returns the text that became complete (possibly empty).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizeError> {
         self.ids.push(id);
-        let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special)?;
+        let prefix =
+            tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special)?;
         let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
         if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
             if let Some(delta) = full.get(prefix.len()..).filter(|_| full.starts_with(&prefix)) {
@@ -55,7 +56,8 @@ impl IncrementalDetokenizer {
 
     /// Text still held back (an incomplete character at the end of the stream), flushed as-is.
     pub fn flush(&mut self, tok: &Tokenizer) -> Result<String, TokenizeError> {
-        let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special)?;
+        let prefix =
+            tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special)?;
         let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
         self.advance();
         Ok(full.get(prefix.len()..).unwrap_or("").to_string())

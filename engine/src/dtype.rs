@@ -46,10 +46,46 @@ impl GgmlType {
     /// A readable name for any GGML type id, supported or not.
     pub fn name_of_id(id: u32) -> String {
         const NAMES: [&str; 40] = [
-            "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K",
-            "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",
-            "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16", "Q4_0_4_4", "Q4_0_4_8",
-            "Q4_0_8_8", "TQ1_0", "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
+            "F32",
+            "F16",
+            "Q4_0",
+            "Q4_1",
+            "Q4_2",
+            "Q4_3",
+            "Q5_0",
+            "Q5_1",
+            "Q8_0",
+            "Q8_1",
+            "Q2_K",
+            "Q3_K",
+            "Q4_K",
+            "Q5_K",
+            "Q6_K",
+            "Q8_K",
+            "IQ2_XXS",
+            "IQ2_XS",
+            "IQ3_XXS",
+            "IQ1_S",
+            "IQ4_NL",
+            "IQ3_S",
+            "IQ2_S",
+            "IQ4_XS",
+            "I8",
+            "I16",
+            "I32",
+            "I64",
+            "F64",
+            "IQ1_M",
+            "BF16",
+            "Q4_0_4_4",
+            "Q4_0_4_8",
+            "Q4_0_8_8",
+            "TQ1_0",
+            "TQ2_0",
+            "IQ4_NL_4_4",
+            "IQ4_NL_4_8",
+            "IQ4_NL_8_8",
+            "MXFP4",
         ];
         NAMES.get(id as usize).map(|s| s.to_string()).unwrap_or_else(|| format!("unknown({id})"))
     }
@@ -103,7 +139,14 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 ///
 /// Panics if the lengths disagree; callers validate sizes when they load a tensor.
 pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) {
-    assert_eq!(src.len(), ty.bytes_for(out.len()), "dequantize: {} bytes for {} {} elements", src.len(), out.len(), ty.name());
+    assert_eq!(
+        src.len(),
+        ty.bytes_for(out.len()),
+        "dequantize: {} bytes for {} {} elements",
+        src.len(),
+        out.len(),
+        ty.name()
+    );
     match ty {
         GgmlType::F32 => {
             for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
@@ -249,7 +292,8 @@ mod tests {
         let src: Vec<u8> = [h(1.5), h(-2.0)].concat();
         dequantize(GgmlType::F16, &src, &mut out);
         assert_eq!(out, [1.5, -2.0]);
-        let src: Vec<u8> = [bf16::from_f32(1.5).to_le_bytes(), bf16::from_f32(-2.0).to_le_bytes()].concat();
+        let src: Vec<u8> =
+            [bf16::from_f32(1.5).to_le_bytes(), bf16::from_f32(-2.0).to_le_bytes()].concat();
         dequantize(GgmlType::BF16, &src, &mut out);
         assert_eq!(out, [1.5, -2.0]);
     }

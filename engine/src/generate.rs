@@ -27,7 +27,12 @@ pub struct Generation {
 impl LLMEngine {
     /// Runs one request to completion on an idle engine; `on_text` receives each new piece of
     /// text as soon as it is final.
-    pub fn generate(&mut self, prompt: Prompt, params: SamplingParams, on_text: &mut dyn FnMut(&str)) -> Result<Generation, EngineError> {
+    pub fn generate(
+        &mut self,
+        prompt: Prompt,
+        params: SamplingParams,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, EngineError> {
         if self.has_unfinished_requests() {
             return Err(EngineError::InvalidRequest("generate needs an idle engine".into()));
         }
@@ -70,7 +75,10 @@ pub fn score(model: &mut Model, ids: &[u32]) -> Result<Vec<Vec<f32>>, EngineErro
     let spec = model.backend.kv_cache_spec();
     let need = ids.len().div_ceil(spec.block_size);
     if need > spec.num_blocks {
-        return Err(EngineError::Backend(BackendError::InvalidBatch(format!("{} tokens do not fit the KV cache", ids.len()))));
+        return Err(EngineError::Backend(BackendError::InvalidBatch(format!(
+            "{} tokens do not fit the KV cache",
+            ids.len()
+        ))));
     }
     let table: Vec<u32> = (0..need as u32).collect();
     let mut batch = ForwardBatch::default();

@@ -218,7 +218,11 @@ impl GgufFile {
                 None => DEFAULT_ALIGNMENT,
                 Some(v) => match v.as_u64() {
                     Some(a) if a > 0 && a.is_power_of_two() => a,
-                    _ => return Err(GgufError::Corrupt(format!("general.alignment {v:?} is not a power of two"))),
+                    _ => {
+                        return Err(GgufError::Corrupt(format!(
+                            "general.alignment {v:?} is not a power of two"
+                        )))
+                    }
                 },
             };
             let mut raw = Vec::with_capacity(n_tensors as usize);
@@ -240,14 +244,16 @@ impl GgufFile {
             let file_len = r.buf.len() as u64;
             let mut tensors = Vec::with_capacity(raw.len());
             for (name, dims, type_id, offset) in raw {
-                let dtype = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnsupportedTensorType {
-                    tensor: name.clone(),
-                    type_id,
-                    type_name: GgmlType::name_of_id(type_id),
-                })?;
-                let n = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or_else(|| {
-                    GgufError::Corrupt(format!("tensor '{name}' dimensions {dims:?} overflow"))
-                })?;
+                let dtype =
+                    GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnsupportedTensorType {
+                        tensor: name.clone(),
+                        type_id,
+                        type_name: GgmlType::name_of_id(type_id),
+                    })?;
+                let n =
+                    dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or_else(|| {
+                        GgufError::Corrupt(format!("tensor '{name}' dimensions {dims:?} overflow"))
+                    })?;
                 if dims[0] % dtype.block_size() as u64 != 0 {
                     return Err(GgufError::Corrupt(format!(
                         "tensor '{name}' row length {} is not a multiple of the {} block size {}",
@@ -256,14 +262,18 @@ impl GgufFile {
                         dtype.block_size()
                     )));
                 }
-                let size = (n / dtype.block_size() as u64).checked_mul(dtype.block_bytes() as u64).ok_or_else(|| {
-                    GgufError::Corrupt(format!("tensor '{name}' size overflows ({dims:?})"))
-                })?;
+                let size = (n / dtype.block_size() as u64)
+                    .checked_mul(dtype.block_bytes() as u64)
+                    .ok_or_else(|| {
+                        GgufError::Corrupt(format!("tensor '{name}' size overflows ({dims:?})"))
+                    })?;
                 let abs = data_start.checked_add(offset).ok_or_else(|| {
                     GgufError::Corrupt(format!("tensor '{name}' offset {offset} overflows"))
                 })?;
                 if abs % alignment != 0 {
-                    return Err(GgufError::Corrupt(format!("tensor '{name}' offset {offset} is not aligned to {alignment}")));
+                    return Err(GgufError::Corrupt(format!(
+                        "tensor '{name}' offset {offset} is not aligned to {alignment}"
+                    )));
                 }
                 if abs.checked_add(size).is_none_or(|end| end > file_len) {
                     return Err(GgufError::Truncated {
@@ -372,7 +382,9 @@ impl<'a> Reader<'a> {
             8 => GgufValue::Str(self.string(what)?),
             9 => {
                 if depth >= MAX_NESTING {
-                    return Err(GgufError::Corrupt(format!("metadata '{key}': arrays nested too deep")));
+                    return Err(GgufError::Corrupt(format!(
+                        "metadata '{key}': arrays nested too deep"
+                    )));
                 }
                 let elem_ty = self.u32(what)?;
                 let n = self.u64(what)?;
@@ -386,7 +398,11 @@ impl<'a> Reader<'a> {
             10 => GgufValue::U64(self.u64(what)?),
             11 => GgufValue::I64(self.u64(what)? as i64),
             12 => GgufValue::F64(f64::from_bits(self.u64(what)?)),
-            t => return Err(GgufError::Corrupt(format!("metadata '{key}' has unknown value type {t}"))),
+            t => {
+                return Err(GgufError::Corrupt(format!(
+                    "metadata '{key}' has unknown value type {t}"
+                )))
+            }
         })
     }
 }
@@ -538,7 +554,8 @@ mod tests {
 
     #[test]
     fn unknown_tensor_type_names_tensor_and_type() {
-        let b = GgufWriter::new().tensor("blk.0.ffn_up.weight", &[256, 1], 14, vec![0; 210]).build();
+        let b =
+            GgufWriter::new().tensor("blk.0.ffn_up.weight", &[256, 1], 14, vec![0; 210]).build();
         let e = GgufFile::from_bytes(b).unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("blk.0.ffn_up.weight") && msg.contains("Q6_K"), "{msg}");

@@ -35,6 +35,6 @@ pub use config::{Arch, ModelConfig};
 pub use error::LoadError;
 pub use generate::{score, Generation};
 pub use llm_engine::{EngineConfig, EngineError, LLMEngine, Prompt, RequestOptions};
-pub use request_output::{CompletionOutput, FinishReason, RequestOutput};
 pub use model::{KvCacheSize, LoadOptions, Model, ModelInfo};
+pub use request_output::{CompletionOutput, FinishReason, RequestOutput};
 pub use sampling_params::SamplingParams;

@@ -61,7 +61,12 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { scheduler: SchedulerConfig::default(), enable_prefix_caching: true, speculative: None, zero_freed_blocks: false }
+        EngineConfig {
+            scheduler: SchedulerConfig::default(),
+            enable_prefix_caching: true,
+            speculative: None,
+            zero_freed_blocks: false,
+        }
     }
 }
 
@@ -140,7 +145,10 @@ pub struct LLMEngine {
 }
 
 pub(crate) fn now_secs() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 fn child_rng(seed: Option<u64>, index: usize, fallback: u64) -> Rng {
@@ -155,9 +163,11 @@ impl LLMEngine {
     pub fn new(model: Model, config: EngineConfig) -> Self {
         let spec = model.backend.kv_cache_spec();
         let host = model.backend.num_host_blocks();
-        let mut bm = BlockManager::new(spec.num_blocks, spec.block_size, host, config.enable_prefix_caching);
+        let mut bm =
+            BlockManager::new(spec.num_blocks, spec.block_size, host, config.enable_prefix_caching);
         bm.set_zero_freed(config.zero_freed_blocks);
-        let max_model_len = model.config.max_position_embeddings.min(spec.num_blocks * spec.block_size);
+        let max_model_len =
+            model.config.max_position_embeddings.min(spec.num_blocks * spec.block_size);
         let mut sched_cfg = config.scheduler;
         sched_cfg.max_model_len = max_model_len;
         LLMEngine {
@@ -178,7 +188,10 @@ impl LLMEngine {
             proposer: config.speculative.map(|c| -> Box<dyn crate::proposer::Proposer> {
                 match c.draft_layers {
                     Some(layers) => Box::new(crate::proposer::SelfDraft { layers }),
-                    None => Box::new(crate::proposer::NgramProposer { max_n: c.ngram_max, min_n: c.ngram_min }),
+                    None => Box::new(crate::proposer::NgramProposer {
+                        max_n: c.ngram_max,
+                        min_n: c.ngram_min,
+                    }),
                 }
             }),
         }
@@ -190,21 +203,43 @@ impl LLMEngine {
     }
 
     /// Queues a request.
-    pub fn add_request(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams, arrival_time: Option<f64>) -> Result<(), EngineError> {
-        self.add_request_with(request_id, prompt, params, RequestOptions { arrival_time, ..Default::default() })
+    pub fn add_request(
+        &mut self,
+        request_id: &str,
+        prompt: Prompt,
+        params: SamplingParams,
+        arrival_time: Option<f64>,
+    ) -> Result<(), EngineError> {
+        self.add_request_with(
+            request_id,
+            prompt,
+            params,
+            RequestOptions { arrival_time, ..Default::default() },
+        )
     }
 
     /// Queues a request with priority and cache salt.
-    pub fn add_request_with(&mut self, request_id: &str, prompt: Prompt, mut params: SamplingParams, opts: RequestOptions) -> Result<(), EngineError> {
+    pub fn add_request_with(
+        &mut self,
+        request_id: &str,
+        prompt: Prompt,
+        mut params: SamplingParams,
+        opts: RequestOptions,
+    ) -> Result<(), EngineError> {
         // A model loaded without a tokenizer serves token ids only.
         params.detokenize &= !self.tokenizer.is_ids_only();
         params.validate().map_err(EngineError::InvalidRequest)?;
         if opts.prefill_only && params.n > 1 {
-            return Err(EngineError::InvalidRequest("a prefill-only request has one completion (n = 1)".into()));
+            return Err(EngineError::InvalidRequest(
+                "a prefill-only request has one completion (n = 1)".into(),
+            ));
         }
         let max_seqs = self.scheduler.config.max_num_seqs;
         if params.n > max_seqs {
-            return Err(EngineError::InvalidRequest(format!("n is {}, but this server runs at most {max_seqs} sequences at once", params.n)));
+            return Err(EngineError::InvalidRequest(format!(
+                "n is {}, but this server runs at most {max_seqs} sequences at once",
+                params.n
+            )));
         }
         if self.requests.contains_key(request_id) || self.pinned.contains_key(request_id) {
             return Err(EngineError::DuplicateRequestId(request_id.to_string()));
@@ -217,7 +252,10 @@ impl LLMEngine {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
         }
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.model_config.vocab_size) {
-            return Err(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary of {}", self.model_config.vocab_size)));
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.model_config.vocab_size
+            )));
         }
         if ids.len() + params.max_tokens > self.max_model_len {
             return Err(EngineError::InvalidRequest(format!(
@@ -234,7 +272,14 @@ impl LLMEngine {
         self.next_seq_id += 1;
         let fallback = now_secs().to_bits() ^ id;
         let metrics = RequestMetrics { arrival_time: arrival, ..Default::default() };
-        let mut seq = Sequence::new(id, request_id.to_string(), ids, params.clone(), child_rng(params.seed, 0, fallback), metrics);
+        let mut seq = Sequence::new(
+            id,
+            request_id.to_string(),
+            ids,
+            params.clone(),
+            child_rng(params.seed, 0, fallback),
+            metrics,
+        );
         seq.priority = opts.priority;
         seq.arrival_seq = self.next_arrival;
         self.next_arrival += 1;
@@ -245,7 +290,10 @@ impl LLMEngine {
             seq.speculate = !opts.no_speculation && !opts.prefill_only && params.n == 1;
         }
         self.scheduler.add(seq);
-        self.requests.insert(request_id.to_string(), RequestState { seq_ids: vec![id], prompt, n: params.n, finished: 0 });
+        self.requests.insert(
+            request_id.to_string(),
+            RequestState { seq_ids: vec![id], prompt, n: params.n, finished: 0 },
+        );
         Ok(())
     }
 
@@ -265,7 +313,13 @@ impl LLMEngine {
             }
         }
         metrics.finished_time = Some(now_secs());
-        self.pending.push(RequestOutput { request_id: request_id.to_string(), prompt_token_ids: req.prompt, outputs, finished: true, metrics });
+        self.pending.push(RequestOutput {
+            request_id: request_id.to_string(),
+            prompt_token_ids: req.prompt,
+            outputs,
+            finished: true,
+            metrics,
+        });
         self.wipe_freed();
         true
     }
@@ -283,7 +337,12 @@ impl LLMEngine {
     /// States of a request's sequences, when the request is unfinished.
     pub fn request_status(&self, request_id: &str) -> Option<Vec<SequenceStatus>> {
         let req = self.requests.get(request_id)?;
-        Some(req.seq_ids.iter().filter_map(|id| self.scheduler.seqs.get(id).map(|s| s.status)).collect())
+        Some(
+            req.seq_ids
+                .iter()
+                .filter_map(|id| self.scheduler.seqs.get(id).map(|s| s.status))
+                .collect(),
+        )
     }
 
     /// Whether any request is unfinished.
@@ -349,7 +408,12 @@ impl LLMEngine {
     /// Prompt tokens not yet computed, over every waiting and running sequence (the prefill
     /// work queued on this engine).
     pub fn queued_prefill_tokens(&self) -> usize {
-        self.scheduler.seqs.values().filter(|s| !s.status.is_finished()).map(|s| s.prompt_len.saturating_sub(s.num_computed_tokens)).sum()
+        self.scheduler
+            .seqs
+            .values()
+            .filter(|s| !s.status.is_finished())
+            .map(|s| s.prompt_len.saturating_sub(s.num_computed_tokens))
+            .sum()
     }
 
     /// Checks block ownership invariants (for tests).
@@ -385,7 +449,9 @@ impl LLMEngine {
         let vocab = self.model_config.vocab_size;
         for (id, row) in logits {
             match row {
-                RowOutput::Logits(row) if row.len() > vocab => self.verify_drafts(id, &row, &mut finished)?,
+                RowOutput::Logits(row) if row.len() > vocab => {
+                    self.verify_drafts(id, &row, &mut finished)?
+                }
                 row => self.sample_and_append(id, &row, &mut finished)?,
             }
             let rid = self.scheduler.seqs[&id].request_id.clone();
@@ -399,7 +465,8 @@ impl LLMEngine {
             let seq = if pin { self.scheduler.detach(id) } else { self.scheduler.remove(id) };
             if let Some(mut seq) = seq {
                 if pin {
-                    self.pinned.insert(seq.request_id.clone(), std::mem::take(&mut seq.block_table));
+                    self.pinned
+                        .insert(seq.request_id.clone(), std::mem::take(&mut seq.block_table));
                 }
                 finished_seqs.insert(id, seq);
             }
@@ -428,7 +495,13 @@ impl LLMEngine {
             }
             if !outputs.is_empty() || done {
                 outputs.sort_by_key(|o| o.index);
-                results.push(RequestOutput { request_id: rid.clone(), prompt_token_ids: req.prompt.clone(), outputs, finished: done, metrics });
+                results.push(RequestOutput {
+                    request_id: rid.clone(),
+                    prompt_token_ids: req.prompt.clone(),
+                    outputs,
+                    finished: done,
+                    metrics,
+                });
             }
             if done {
                 self.requests.remove(&rid);
@@ -441,7 +514,12 @@ impl LLMEngine {
 
     /// Chooses the next token of `id` (and of the completions forked off it) from its logits,
     /// or takes the one the device chose, and appends it.
-    fn sample_and_append(&mut self, id: SeqId, row: &RowOutput, finished: &mut Vec<SeqId>) -> Result<(), EngineError> {
+    fn sample_and_append(
+        &mut self,
+        id: SeqId,
+        row: &RowOutput,
+        finished: &mut Vec<SeqId>,
+    ) -> Result<(), EngineError> {
         let seq = self.scheduler.seqs.get_mut(&id).expect("sampled sequence exists");
         if seq.metrics.first_token_time.is_none() {
             seq.metrics.first_token_time = Some(now_secs());
@@ -476,7 +554,11 @@ impl LLMEngine {
             let s = match row {
                 RowOutput::Logits(row) => {
                     let mut rng = seq.rng.clone();
-                    let ctx = SamplingContext { prompt: &seq.token_ids[..seq.prompt_len], output: seq.output_ids(), eos_token_ids: &self.tokenizer.eos_token_ids };
+                    let ctx = SamplingContext {
+                        prompt: &seq.token_ids[..seq.prompt_len],
+                        output: seq.output_ids(),
+                        eos_token_ids: &self.tokenizer.eos_token_ids,
+                    };
                     let s = sample_token(row, &seq.params, &ctx, &mut rng);
                     seq.rng = rng;
                     s
@@ -500,7 +582,9 @@ impl LLMEngine {
 
     /// Runs requests to completion (the offline path): returns, per request id, the
     /// accumulated completions in index order.
-    pub fn run_to_completion(&mut self) -> Result<HashMap<String, Vec<CompletionOutput>>, EngineError> {
+    pub fn run_to_completion(
+        &mut self,
+    ) -> Result<HashMap<String, Vec<CompletionOutput>>, EngineError> {
         let mut acc: HashMap<String, Vec<CompletionOutput>> = HashMap::new();
         while self.has_unfinished_requests() || !self.pending.is_empty() {
             for out in self.step()? {

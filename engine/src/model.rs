@@ -37,14 +37,23 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { kernel: KernelPath::Exact, block_size: 16, kv_cache: KvCacheSize::Bytes(512 << 20), swap_space_bytes: 256 << 20 }
+        LoadOptions {
+            kernel: KernelPath::Exact,
+            block_size: 16,
+            kv_cache: KvCacheSize::Bytes(512 << 20),
+            swap_space_bytes: 256 << 20,
+        }
     }
 }
 
 impl LoadOptions {
     /// Options with a KV cache of `tokens` tokens and no swap space.
     pub fn with_kv_tokens(tokens: usize) -> Self {
-        LoadOptions { kv_cache: KvCacheSize::Tokens(tokens), swap_space_bytes: 0, ..Default::default() }
+        LoadOptions {
+            kv_cache: KvCacheSize::Tokens(tokens),
+            swap_space_bytes: 0,
+            ..Default::default()
+        }
     }
 }
 
@@ -104,7 +113,8 @@ impl ModelInfo {
                 config.vocab_size
             )));
         }
-        let tok_str = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
+        let tok_str =
+            |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
         let chat_template = match template_src {
             Some(src) => Some(ChatTemplate::new(
                 &src,
@@ -135,7 +145,9 @@ impl Model {
             KvCacheSize::Bytes(b) => (b / per_block) as usize,
             KvCacheSize::Fraction(f) => {
                 if !(f > 0.0 && f <= 1.0) {
-                    return Err(LoadError::Config(format!("KV cache fraction {f} must be in (0, 1]")));
+                    return Err(LoadError::Config(format!(
+                        "KV cache fraction {f} must be in (0, 1]"
+                    )));
                 }
                 let weights = resident_weight_bytes(&files, opts.kernel);
                 let avail = available_memory_bytes().unwrap_or(0).saturating_sub(weights);
@@ -143,13 +155,20 @@ impl Model {
             }
         };
         if num_blocks == 0 {
-            return Err(LoadError::Config(format!("the KV cache budget holds no block of {per_block} bytes")));
+            return Err(LoadError::Config(format!(
+                "the KV cache budget holds no block of {per_block} bytes"
+            )));
         }
         let num_host_blocks = (opts.swap_space_bytes / per_block) as usize;
         let backend = CpuBackend::load(
             &files,
             &config,
-            CpuBackendOptions { kernel: opts.kernel, block_size: opts.block_size, num_blocks, num_host_blocks },
+            CpuBackendOptions {
+                kernel: opts.kernel,
+                block_size: opts.block_size,
+                num_blocks,
+                num_host_blocks,
+            },
         )?;
         Ok(Model { config, tokenizer, chat_template, backend: Box::new(backend) })
     }
@@ -165,7 +184,9 @@ impl Model {
 fn resident_weight_bytes(files: &ModelFiles, kernel: KernelPath) -> u64 {
     match (files, kernel) {
         (ModelFiles::Gguf(f), KernelPath::Fast) => f.tensors.iter().map(|t| t.size).sum(),
-        (ModelFiles::Gguf(f), KernelPath::Exact) => 4 * f.tensors.iter().map(|t| t.num_elements()).sum::<u64>(),
+        (ModelFiles::Gguf(f), KernelPath::Exact) => {
+            4 * f.tensors.iter().map(|t| t.num_elements()).sum::<u64>()
+        }
         (ModelFiles::Safetensors(st), _) => 4 * st.num_elements(),
     }
 }
@@ -176,7 +197,9 @@ fn hf_chat_template(dir: &Path) -> Option<String> {
     if let Ok(s) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
         return Some(s);
     }
-    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).ok()?).ok()?;
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).ok()?)
+            .ok()?;
     match cfg.get("chat_template")? {
         serde_json::Value::String(s) => Some(s.clone()),
         serde_json::Value::Array(list) => list

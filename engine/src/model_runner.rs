@@ -22,7 +22,10 @@ pub enum RowOutput {
 /// `min_tokens` masking still due, no completions to fork off this row, no drafts to verify.
 fn device_samplable(seq: &Sequence) -> bool {
     let p = &seq.params;
-    p.is_plain() && seq.num_output_tokens() >= p.min_tokens && seq.pending_forks == 0 && seq.spec_tokens.is_empty()
+    p.is_plain()
+        && seq.num_output_tokens() >= p.min_tokens
+        && seq.pending_forks == 0
+        && seq.spec_tokens.is_empty()
 }
 
 /// The row's sampling on the device: the request's temperature and a seed drawn from its
@@ -48,7 +51,11 @@ impl ModelRunner {
 
     /// Builds the batch of a step: each scheduled sequence's next tokens with their positions and
     /// slots; logits are asked for the sequences whose tokens are then all computed.
-    pub fn prepare(&self, out: &SchedulerOutput, seqs: &HashMap<SeqId, Sequence>) -> (ForwardBatch, Vec<SeqId>) {
+    pub fn prepare(
+        &self,
+        out: &SchedulerOutput,
+        seqs: &HashMap<SeqId, Sequence>,
+    ) -> (ForwardBatch, Vec<SeqId>) {
         let bs = self.backend.kv_cache_spec().block_size;
         let mut batch = ForwardBatch::default();
         let mut sampled = Vec::new();
@@ -79,7 +86,11 @@ impl ModelRunner {
     /// overwritten before it is read), then the forward pass. Returns, for every sequence ready
     /// to sample, its logits — or, when the backend samples on the device and every such
     /// sequence is plain, the chosen token.
-    pub fn execute(&mut self, out: &SchedulerOutput, seqs: &HashMap<SeqId, Sequence>) -> Result<Vec<(SeqId, RowOutput)>, BackendError> {
+    pub fn execute(
+        &mut self,
+        out: &SchedulerOutput,
+        seqs: &HashMap<SeqId, Sequence>,
+    ) -> Result<Vec<(SeqId, RowOutput)>, BackendError> {
         self.backend.swap_out(&out.blocks_to_swap_out)?;
         self.backend.zero_blocks(&out.blocks_to_zero)?;
         self.backend.copy_blocks(&out.blocks_to_copy)?;
@@ -88,13 +99,24 @@ impl ModelRunner {
             return Ok(Vec::new());
         }
         let (batch, sampled) = self.prepare(out, seqs);
-        if self.backend.samples_on_device() && !sampled.is_empty() && sampled.iter().all(|id| device_samplable(&seqs[id])) {
+        if self.backend.samples_on_device()
+            && !sampled.is_empty()
+            && sampled.iter().all(|id| device_samplable(&seqs[id]))
+        {
             let rows: Vec<RowSampling> = sampled.iter().map(|id| row_sampling(&seqs[id])).collect();
             let tokens = self.backend.forward_sampled(&batch, &rows)?;
             if tokens.len() != sampled.len() {
-                return Err(BackendError::Device(format!("{} tokens sampled for {} rows", tokens.len(), sampled.len())));
+                return Err(BackendError::Device(format!(
+                    "{} tokens sampled for {} rows",
+                    tokens.len(),
+                    sampled.len()
+                )));
             }
-            return Ok(sampled.into_iter().zip(tokens).map(|(id, t)| (id, RowOutput::Sampled(t))).collect());
+            return Ok(sampled
+                .into_iter()
+                .zip(tokens)
+                .map(|(id, t)| (id, RowOutput::Sampled(t)))
+                .collect());
         }
         let logits = self.backend.forward(&batch)?;
         let vocab = self.backend.config().vocab_size;

@@ -17,7 +17,11 @@ pub trait Proposer: Send {
     /// (lookup proposers); `None` when a model pass produces them after scheduling.
     fn propose(&self, tokens: &[u32], k: usize) -> Option<Vec<u32>>;
     /// One draft pass over `batch` (model proposers): logits of its requested rows.
-    fn forward(&mut self, target: &mut dyn ModelBackend, batch: &ForwardBatch) -> Result<Vec<f32>, BackendError>;
+    fn forward(
+        &mut self,
+        target: &mut dyn ModelBackend,
+        batch: &ForwardBatch,
+    ) -> Result<Vec<f32>, BackendError>;
     /// Whether drafts come from a model pass after scheduling (then `propose` gives `None`).
     fn runs_model(&self) -> bool {
         true
@@ -71,7 +75,11 @@ impl Proposer for NgramProposer {
     fn runs_model(&self) -> bool {
         false
     }
-    fn forward(&mut self, _target: &mut dyn ModelBackend, _batch: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
+    fn forward(
+        &mut self,
+        _target: &mut dyn ModelBackend,
+        _batch: &ForwardBatch,
+    ) -> Result<Vec<f32>, BackendError> {
         Err(BackendError::InvalidBatch("the n-gram proposer runs no model".into()))
     }
     fn cost(&self, _num_layers: usize) -> f64 {
@@ -90,7 +98,11 @@ impl Proposer for SelfDraft {
     fn propose(&self, _tokens: &[u32], _k: usize) -> Option<Vec<u32>> {
         None
     }
-    fn forward(&mut self, target: &mut dyn ModelBackend, batch: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
+    fn forward(
+        &mut self,
+        target: &mut dyn ModelBackend,
+        batch: &ForwardBatch,
+    ) -> Result<Vec<f32>, BackendError> {
         target.forward_layers(batch, self.layers)
     }
     fn cost(&self, num_layers: usize) -> f64 {
@@ -119,7 +131,11 @@ impl Proposer for DraftModel {
     fn propose(&self, _tokens: &[u32], _k: usize) -> Option<Vec<u32>> {
         None
     }
-    fn forward(&mut self, _target: &mut dyn ModelBackend, batch: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
+    fn forward(
+        &mut self,
+        _target: &mut dyn ModelBackend,
+        batch: &ForwardBatch,
+    ) -> Result<Vec<f32>, BackendError> {
         self.backend.forward(batch)
     }
     fn own_kv(&self) -> bool {

@@ -39,8 +39,12 @@ impl LLMEngine {
         if !seq.prefill_only {
             return None;
         }
-        let full = (seq.num_computed_tokens / self.scheduler.block_manager.block_size()).min(seq.block_table.blocks.len());
-        Some(PrefillProgress { complete_blocks: seq.block_table.blocks[..full].to_vec(), preemptions: self.scheduler.num_preemptions })
+        let full = (seq.num_computed_tokens / self.scheduler.block_manager.block_size())
+            .min(seq.block_table.blocks.len());
+        Some(PrefillProgress {
+            complete_blocks: seq.block_table.blocks[..full].to_vec(),
+            preemptions: self.scheduler.num_preemptions,
+        })
     }
 
     /// The blocks of a finished prefill-only request (pages to ship, in logical order).
@@ -68,7 +72,13 @@ impl LLMEngine {
 
     /// Queues a request whose prompt KV will arrive from a prefill worker. Returns the blocks to
     /// fill, or `None` when the request is instead prefilled here (no free blocks, or `n > 1`).
-    pub fn add_remote_prefill(&mut self, request_id: &str, prompt: Prompt, params: SamplingParams, opts: RequestOptions) -> Result<Option<RemotePrefill>, EngineError> {
+    pub fn add_remote_prefill(
+        &mut self,
+        request_id: &str,
+        prompt: Prompt,
+        params: SamplingParams,
+        opts: RequestOptions,
+    ) -> Result<Option<RemotePrefill>, EngineError> {
         let local = params.n > 1;
         self.add_request_with(request_id, prompt, params, opts)?;
         let id = self.single_seq(request_id).expect("just added");
@@ -77,7 +87,11 @@ impl LLMEngine {
         }
         let Some(cached) = self.scheduler.park(id) else { return Ok(None) };
         let seq = &self.scheduler.seqs[&id];
-        Ok(Some(RemotePrefill { prompt_token_ids: seq.token_ids.clone(), block_table: seq.block_table.blocks.clone(), num_cached_tokens: cached }))
+        Ok(Some(RemotePrefill {
+            prompt_token_ids: seq.token_ids.clone(),
+            block_table: seq.block_table.blocks.clone(),
+            num_cached_tokens: cached,
+        }))
     }
 
     /// Writes a received KV page into one of this engine's blocks.
@@ -92,13 +106,22 @@ impl LLMEngine {
 
     /// Every page has arrived: the request continues from `first`, the token the prefill worker
     /// sampled (its news comes with the next `step`).
-    pub fn finish_remote_prefill(&mut self, request_id: &str, first: SampledToken) -> Result<(), EngineError> {
-        let id = self.single_seq(request_id).ok_or_else(|| EngineError::InvalidRequest(format!("unknown request '{request_id}'")))?;
+    pub fn finish_remote_prefill(
+        &mut self,
+        request_id: &str,
+        first: SampledToken,
+    ) -> Result<(), EngineError> {
+        let id = self.single_seq(request_id).ok_or_else(|| {
+            EngineError::InvalidRequest(format!("unknown request '{request_id}'"))
+        })?;
         let now = now_secs();
         {
             let seq = self.scheduler.seqs.get_mut(&id).expect("request's sequence exists");
             if first.chosen.token_id as usize >= self.model_config.vocab_size {
-                return Err(EngineError::InvalidRequest(format!("first token {} is outside the vocabulary", first.chosen.token_id)));
+                return Err(EngineError::InvalidRequest(format!(
+                    "first token {} is outside the vocabulary",
+                    first.chosen.token_id
+                )));
             }
             seq.metrics.first_scheduled_time.get_or_insert(now);
             seq.metrics.first_token_time = Some(now);
@@ -108,7 +131,9 @@ impl LLMEngine {
             }
         }
         if !self.scheduler.unpark_running(id) {
-            return Err(EngineError::InvalidRequest(format!("request '{request_id}' is not waiting for KV")));
+            return Err(EngineError::InvalidRequest(format!(
+                "request '{request_id}' is not waiting for KV"
+            )));
         }
         let n = self.scheduler.seqs[&id].len() - self.scheduler.seqs[&id].num_computed_tokens;
         self.scheduler.mark_computed(id, n);
@@ -126,7 +151,13 @@ impl LLMEngine {
             self.requests.remove(request_id);
             self.wipe_freed();
         }
-        self.pending.push(RequestOutput { request_id: request_id.to_string(), prompt_token_ids: prompt, outputs, finished, metrics });
+        self.pending.push(RequestOutput {
+            request_id: request_id.to_string(),
+            prompt_token_ids: prompt,
+            outputs,
+            finished,
+            metrics,
+        });
         Ok(())
     }
 

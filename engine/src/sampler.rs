@@ -131,7 +131,13 @@ pub fn gumbel_max(logits: &[f32], r: &RowSampling) -> TokenLogprob {
     let id = if r.temperature == 0.0 {
         argmax(logits)
     } else {
-        let p = SamplingParams { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p, min_p: r.min_p, ..Default::default() };
+        let p = SamplingParams {
+            temperature: r.temperature,
+            top_k: r.top_k,
+            top_p: r.top_p,
+            min_p: r.min_p,
+            ..Default::default()
+        };
         let inv_t = 1.0 / r.temperature;
         let mut best = (f32::NEG_INFINITY, 0u32);
         for (i, _) in filtered_weights(logits, &p) {
@@ -168,7 +174,11 @@ pub fn process_logits(logits: &mut [f32], p: &SamplingParams, ctx: &SamplingCont
             seen.extend(counts.keys());
             for t in seen {
                 if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
                 }
             }
         }
@@ -259,7 +269,11 @@ fn filtered_weights(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
 
 /// `logits` with the request's penalties and `min_tokens` masking applied (a copy only when
 /// something applies).
-pub fn processed<'a>(logits: &'a [f32], p: &SamplingParams, ctx: &SamplingContext) -> std::borrow::Cow<'a, [f32]> {
+pub fn processed<'a>(
+    logits: &'a [f32],
+    p: &SamplingParams,
+    ctx: &SamplingContext,
+) -> std::borrow::Cow<'a, [f32]> {
     if p.has_penalties() || ctx.output.len() < p.min_tokens {
         let mut l = logits.to_vec();
         process_logits(&mut l, p, ctx);
@@ -282,7 +296,12 @@ pub fn sampled(logits: &[f32], id: u32, p: &SamplingParams) -> SampledToken {
 
 /// Chooses the next token from raw `logits` under `p`, drawing from `rng` when sampling.
 /// Log-probabilities are those of the raw model distribution.
-pub fn sample_token(logits: &[f32], p: &SamplingParams, ctx: &SamplingContext, rng: &mut Rng) -> SampledToken {
+pub fn sample_token(
+    logits: &[f32],
+    p: &SamplingParams,
+    ctx: &SamplingContext,
+    rng: &mut Rng,
+) -> SampledToken {
     let work = processed(logits, p, ctx);
     let id = if p.is_greedy() { argmax(&work) } else { sample_filtered(&work, p, rng) };
     sampled(logits, id, p)
@@ -325,7 +344,12 @@ mod tests {
 
     #[test]
     fn penalties_follow_openai_and_vllm_semantics() {
-        let p = SamplingParams { presence_penalty: 0.5, frequency_penalty: 0.25, repetition_penalty: 2.0, ..Default::default() };
+        let p = SamplingParams {
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            repetition_penalty: 2.0,
+            ..Default::default()
+        };
         let mut l = vec![1.0f32, 2.0, -2.0, 4.0];
         process_logits(&mut l, &p, &ctx(&[3], &[1, 1, 2]));
         assert_eq!(l[0], 1.0); // unseen
@@ -336,10 +360,14 @@ mod tests {
 
     #[test]
     fn min_tokens_masks_eos_and_stop_ids() {
-        let p = SamplingParams { min_tokens: 2, stop_token_ids: vec![2], ..SamplingParams::greedy(4) };
+        let p =
+            SamplingParams { min_tokens: 2, stop_token_ids: vec![2], ..SamplingParams::greedy(4) };
         let logits = [9.0f32, 1.0, 8.0, 0.0];
         assert_eq!(sample_token(&logits, &p, &ctx(&[], &[5]), &mut Rng::new(0)).chosen.token_id, 1);
-        assert_eq!(sample_token(&logits, &p, &ctx(&[], &[5, 5]), &mut Rng::new(0)).chosen.token_id, 0);
+        assert_eq!(
+            sample_token(&logits, &p, &ctx(&[], &[5, 5]), &mut Rng::new(0)).chosen.token_id,
+            0
+        );
     }
 
     #[test]
@@ -349,7 +377,8 @@ mod tests {
         let z: f64 = logits.iter().map(|&l| (l as f64 / t as f64).exp()).sum();
         let mut counts = [0usize; 4];
         for seed in 0..20_000u64 {
-            let s = gumbel_max(&logits, &RowSampling::new(t, seed.wrapping_mul(0x2545_F491_4F6C_DD1D)));
+            let s =
+                gumbel_max(&logits, &RowSampling::new(t, seed.wrapping_mul(0x2545_F491_4F6C_DD1D)));
             counts[s.token_id as usize] += 1;
             let lse = log_sum_exp(&logits);
             assert!((s.logprob - (logits[s.token_id as usize] - lse)).abs() < 1e-6);
@@ -361,7 +390,10 @@ mod tests {
         // Temperature 0 is the argmax, the first on ties.
         assert_eq!(gumbel_max(&[1.0, 3.0, 3.0], &RowSampling::new(0.0, 9)).token_id, 1);
         // The draw is fixed by the seed.
-        assert_eq!(gumbel_max(&logits, &RowSampling::new(1.0, 77)), gumbel_max(&logits, &RowSampling::new(1.0, 77)));
+        assert_eq!(
+            gumbel_max(&logits, &RowSampling::new(1.0, 77)),
+            gumbel_max(&logits, &RowSampling::new(1.0, 77))
+        );
         let u: Vec<f32> = (0..1000).map(|i| draw_uniform(5, i)).collect();
         assert!(u.iter().all(|&x| x > 0.0 && x < 1.0));
     }
@@ -375,16 +407,29 @@ mod tests {
             RowSampling { min_p: 0.3, ..RowSampling::new(1.2, 0) },
             RowSampling { top_k: 4, top_p: 0.9, min_p: 0.1, ..RowSampling::new(0.6, 0) },
         ] {
-            let p = SamplingParams { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p, min_p: r.min_p, ..Default::default() };
+            let p = SamplingParams {
+                temperature: r.temperature,
+                top_k: r.top_k,
+                top_p: r.top_p,
+                min_p: r.min_p,
+                ..Default::default()
+            };
             let want = filtered_distribution(&logits, &p);
             let mut counts = [0usize; 6];
             let n = 20_000;
             for seed in 0..n as u64 {
-                counts[gumbel_max(&logits, &RowSampling { seed: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) + 1, ..r }).token_id as usize] += 1;
+                counts[gumbel_max(
+                    &logits,
+                    &RowSampling { seed: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) + 1, ..r },
+                )
+                .token_id as usize] += 1;
             }
             for (i, &c) in counts.iter().enumerate() {
                 let p = want.iter().find(|w| w.0 == i as u32).map_or(0.0, |w| w.1);
-                assert!((c as f64 / n as f64 - p).abs() < 0.012, "{r:?} token {i}: {c} draws, p = {p}");
+                assert!(
+                    (c as f64 / n as f64 - p).abs() < 0.012,
+                    "{r:?} token {i}: {c} draws, p = {p}"
+                );
             }
         }
     }

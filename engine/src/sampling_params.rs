@@ -87,7 +87,9 @@ impl SamplingParams {
 
     /// Whether any penalty changes the logits.
     pub fn has_penalties(&self) -> bool {
-        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 || self.repetition_penalty != 1.0
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
     }
 
     /// Whether the next token depends on the logits row, temperature, filters and one random
@@ -99,7 +101,13 @@ impl SamplingParams {
 
     /// Rejects values no sampler can honour, with a message fit for an API error.
     pub fn validate(&self) -> Result<(), String> {
-        let finite = |name: &str, v: f32| if v.is_finite() { Ok(()) } else { Err(format!("{name} must be a finite number, got {v}")) };
+        let finite = |name: &str, v: f32| {
+            if v.is_finite() {
+                Ok(())
+            } else {
+                Err(format!("{name} must be a finite number, got {v}"))
+            }
+        };
         finite("temperature", self.temperature)?;
         finite("top_p", self.top_p)?;
         finite("min_p", self.min_p)?;
@@ -119,19 +127,31 @@ impl SamplingParams {
             return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
         if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return Err(format!("presence_penalty must be in [-2, 2], got {}", self.presence_penalty));
+            return Err(format!(
+                "presence_penalty must be in [-2, 2], got {}",
+                self.presence_penalty
+            ));
         }
         if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return Err(format!("frequency_penalty must be in [-2, 2], got {}", self.frequency_penalty));
+            return Err(format!(
+                "frequency_penalty must be in [-2, 2], got {}",
+                self.frequency_penalty
+            ));
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 2.0) {
-            return Err(format!("repetition_penalty must be in (0, 2], got {}", self.repetition_penalty));
+            return Err(format!(
+                "repetition_penalty must be in (0, 2], got {}",
+                self.repetition_penalty
+            ));
         }
         if self.max_tokens == 0 {
             return Err("max_tokens must be at least 1".into());
         }
         if self.min_tokens > self.max_tokens {
-            return Err(format!("min_tokens ({}) must not exceed max_tokens ({})", self.min_tokens, self.max_tokens));
+            return Err(format!(
+                "min_tokens ({}) must not exceed max_tokens ({})",
+                self.min_tokens, self.max_tokens
+            ));
         }
         if self.logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
             return Err(format!("logprobs must be at most {MAX_LOGPROBS}"));
@@ -165,7 +185,16 @@ mod tests {
             SamplingParams { repetition_penalty: 0.0, ..Default::default() },
             SamplingParams { temperature: f32::NAN, ..Default::default() },
         ];
-        let names = ["temperature", "top_p", "n must", "min_tokens", "logprobs", "stop", "repetition_penalty", "temperature"];
+        let names = [
+            "temperature",
+            "top_p",
+            "n must",
+            "min_tokens",
+            "logprobs",
+            "stop",
+            "repetition_penalty",
+            "temperature",
+        ];
         for (p, name) in bad.iter().zip(names) {
             let e = p.validate().unwrap_err();
             assert!(e.contains(name), "{e}");
@@ -175,7 +204,8 @@ mod tests {
 
     #[test]
     fn json_defaults() {
-        let p: SamplingParams = serde_json::from_str(r#"{"temperature": 0.5, "stop": ["\n"]}"#).unwrap();
+        let p: SamplingParams =
+            serde_json::from_str(r#"{"temperature": 0.5, "stop": ["\n"]}"#).unwrap();
         assert_eq!(p.temperature, 0.5);
         assert_eq!(p.max_tokens, 16);
         assert_eq!(p.stop, vec!["\n".to_string()]);

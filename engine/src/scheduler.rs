@@ -163,7 +163,10 @@ impl Scheduler {
 
     /// Whether any sequence is unfinished.
     pub fn has_unfinished(&self) -> bool {
-        !(self.waiting.is_empty() && self.running.is_empty() && self.swapped.is_empty() && self.parked.is_empty())
+        !(self.waiting.is_empty()
+            && self.running.is_empty()
+            && self.swapped.is_empty()
+            && self.parked.is_empty())
     }
 
     /// Running-set slots `id` takes: itself and the completions still to fork from it.
@@ -204,7 +207,9 @@ impl Scheduler {
         if !self.block_manager.can_allocate(&seq.block_table, &cached, len) {
             return None;
         }
-        self.block_manager.allocate(&mut seq.block_table, &cached, len).expect("checked can_allocate");
+        self.block_manager
+            .allocate(&mut seq.block_table, &cached, len)
+            .expect("checked can_allocate");
         seq.num_computed_tokens = cached.len() * bs;
         seq.metrics.num_cached_tokens = seq.num_computed_tokens;
         self.waiting.retain(|&x| x != id);
@@ -282,7 +287,14 @@ impl Scheduler {
 
     /// Gives `id` the blocks for `n` more tokens, preempting others (or itself) when memory is
     /// short. Returns whether `id` is still scheduled.
-    fn reserve(&mut self, id: SeqId, n: usize, order: &[SeqId], done: &[SeqId], out: &mut SchedulerOutput) -> bool {
+    fn reserve(
+        &mut self,
+        id: SeqId,
+        n: usize,
+        order: &[SeqId],
+        done: &[SeqId],
+        out: &mut SchedulerOutput,
+    ) -> bool {
         loop {
             let seq = self.seqs.get_mut(&id).expect("sequence exists");
             let from = seq.num_computed_tokens;
@@ -317,7 +329,8 @@ impl Scheduler {
         running.sort_by_key(|&id| self.key(id));
         self.running = running.clone();
         // Decodes first, then prompts being prefilled, each in priority order.
-        let (decodes, prefills): (Vec<SeqId>, Vec<SeqId>) = running.iter().partition(|id| self.seqs[id].is_decoding());
+        let (decodes, prefills): (Vec<SeqId>, Vec<SeqId>) =
+            running.iter().partition(|id| self.seqs[id].is_decoding());
         let order: Vec<SeqId> = decodes.into_iter().chain(prefills).collect();
         let mut done: Vec<SeqId> = Vec::new();
         for &id in &order {
@@ -354,7 +367,8 @@ impl Scheduler {
                     break;
                 }
                 let seq = self.seqs.get_mut(&id).expect("swapped sequence exists");
-                let (table, copies) = self.block_manager.swap_in(&mut seq.host_blocks).expect("checked can_swap_in");
+                let (table, copies) =
+                    self.block_manager.swap_in(&mut seq.host_blocks).expect("checked can_swap_in");
                 seq.block_table = table;
                 seq.status = SequenceStatus::Running;
                 out.blocks_to_swap_in.extend(copies);
@@ -378,7 +392,13 @@ impl Scheduler {
     /// The waiting sequence to admit next: highest priority (under the priority policy), then
     /// the group holding the fewest running-set slots, then queue order. Returns its position.
     fn next_waiting(&self, served: &HashMap<u64, usize>) -> Option<usize> {
-        let prio = |s: &Sequence| if self.config.policy == SchedulingPolicy::Priority { s.priority } else { 0 };
+        let prio = |s: &Sequence| {
+            if self.config.policy == SchedulingPolicy::Priority {
+                s.priority
+            } else {
+                0
+            }
+        };
         self.waiting
             .iter()
             .enumerate()

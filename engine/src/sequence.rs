@@ -35,7 +35,12 @@ pub enum SequenceStatus {
 impl SequenceStatus {
     /// Whether the sequence has ended.
     pub fn is_finished(self) -> bool {
-        matches!(self, SequenceStatus::FinishedStopped | SequenceStatus::FinishedLength | SequenceStatus::FinishedAborted)
+        matches!(
+            self,
+            SequenceStatus::FinishedStopped
+                | SequenceStatus::FinishedLength
+                | SequenceStatus::FinishedAborted
+        )
     }
 }
 
@@ -111,7 +116,14 @@ pub struct Sequence {
 
 impl Sequence {
     /// A new waiting sequence.
-    pub fn new(seq_id: SeqId, request_id: String, prompt: Vec<u32>, params: Arc<SamplingParams>, rng: Rng, metrics: RequestMetrics) -> Self {
+    pub fn new(
+        seq_id: SeqId,
+        request_id: String,
+        prompt: Vec<u32>,
+        params: Arc<SamplingParams>,
+        rng: Rng,
+        metrics: RequestMetrics,
+    ) -> Self {
         let detok = IncrementalDetokenizer::new(&prompt, params.skip_special_tokens);
         Sequence {
             seq_id,
@@ -225,13 +237,23 @@ impl Sequence {
         while self.block_hashes.len() < full {
             let i = self.block_hashes.len();
             let parent = i.checked_sub(1).map(|p| self.block_hashes[p]);
-            let h = BlockHash::new(seed, parent, &self.token_ids[i * block_size..(i + 1) * block_size], self.salt);
+            let h = BlockHash::new(
+                seed,
+                parent,
+                &self.token_ids[i * block_size..(i + 1) * block_size],
+                self.salt,
+            );
             self.block_hashes.push(h);
         }
     }
 
     /// Appends a sampled token and applies the stop conditions; returns whether it finished.
-    pub fn append_token(&mut self, s: SampledToken, tok: &Tokenizer, max_model_len: usize) -> Result<bool, TokenizeError> {
+    pub fn append_token(
+        &mut self,
+        s: SampledToken,
+        tok: &Tokenizer,
+        max_model_len: usize,
+    ) -> Result<bool, TokenizeError> {
         let id = s.chosen.token_id;
         self.token_ids.push(id);
         self.cumulative_logprob += s.chosen.logprob as f64;
@@ -291,7 +313,8 @@ impl Sequence {
         let finished = self.status.is_finished();
         let mut upto = self.output_text.len();
         if !finished && !self.params.include_stop_str_in_output {
-            let hold = self.params.stop.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1);
+            let hold =
+                self.params.stop.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1);
             upto = upto.saturating_sub(hold).max(self.emitted_text);
             while !self.output_text.is_char_boundary(upto) {
                 upto -= 1;

@@ -17,7 +17,9 @@
 use std::collections::HashMap;
 
 use crate::llm_engine::{now_secs, EngineError, LLMEngine};
-use crate::sampler::{argmax, draw_weighted, filtered_distribution, processed, sampled, Rng, SamplingContext};
+use crate::sampler::{
+    argmax, draw_weighted, filtered_distribution, processed, sampled, Rng, SamplingContext,
+};
 use crate::scheduler::SchedulerOutput;
 use crate::sequence::{SeqId, SequenceStatus};
 
@@ -46,7 +48,15 @@ pub struct SpeculativeConfig {
 
 impl Default for SpeculativeConfig {
     fn default() -> Self {
-        SpeculativeConfig { num_tokens: 4, ngram_max: 4, ngram_min: 2, disable_batch_size: 4, cost_slope: 0.2, draft_layers: None, draft_cost: None }
+        SpeculativeConfig {
+            num_tokens: 4,
+            ngram_max: 4,
+            ngram_min: 2,
+            disable_batch_size: 4,
+            cost_slope: 0.2,
+            draft_layers: None,
+            draft_cost: None,
+        }
     }
 }
 
@@ -72,13 +82,19 @@ impl DraftDist<'_> {
 /// Accepts `draft` or draws the replacement from the residual. `p` is the target's
 /// distribution (token, probability) as the request samples from it. Returns the token and
 /// whether it is the draft.
-pub fn accept_or_resample(p: &[(u32, f64)], draft: u32, q: &DraftDist, rng: &mut Rng) -> (u32, bool) {
+pub fn accept_or_resample(
+    p: &[(u32, f64)],
+    draft: u32,
+    q: &DraftDist,
+    rng: &mut Rng,
+) -> (u32, bool) {
     let pd = p.iter().find(|(t, _)| *t == draft).map_or(0.0, |x| x.1);
     let qd = q.q(draft, draft);
     if qd > 0.0 && rng.next_f64() < (pd / qd).min(1.0) {
         return (draft, true);
     }
-    let residual: Vec<(u32, f64)> = p.iter().map(|&(t, pt)| (t, (pt - q.q(draft, t)).max(0.0))).filter(|x| x.1 > 0.0).collect();
+    let residual: Vec<(u32, f64)> =
+        p.iter().map(|&(t, pt)| (t, (pt - q.q(draft, t)).max(0.0))).filter(|x| x.1 > 0.0).collect();
     if residual.is_empty() {
         // p ≤ q everywhere means p = q: the draft distribution is the target's; resample it.
         return (draw_weighted(p, rng), false);
@@ -172,18 +188,29 @@ impl LLMEngine {
     pub(crate) fn propose_drafts(&mut self) {
         let Some(cfg) = self.speculative else { return };
         let Some(proposer) = self.proposer.as_deref() else { return };
-        let draft_cost = cfg.draft_cost.unwrap_or_else(|| proposer.cost(self.model_config.num_layers));
+        let draft_cost =
+            cfg.draft_cost.unwrap_or_else(|| proposer.cost(self.model_config.num_layers));
         let max_len = self.max_model_len;
-        let decoding = self.scheduler.seqs.values().filter(|s| s.status == SequenceStatus::Running && s.is_decoding()).count();
+        let decoding = self
+            .scheduler
+            .seqs
+            .values()
+            .filter(|s| s.status == SequenceStatus::Running && s.is_decoding())
+            .count();
         let batch_ok = decoding < cfg.disable_batch_size;
         for seq in self.scheduler.seqs.values_mut() {
             seq.spec_tokens.clear();
             seq.spec_probs.clear();
-            if !batch_ok || !seq.speculate || seq.status != SequenceStatus::Running || !seq.is_decoding() {
+            if !batch_ok
+                || !seq.speculate
+                || seq.status != SequenceStatus::Running
+                || !seq.is_decoding()
+            {
                 continue;
             }
             // Room for the drafts and the token verification adds after them.
-            let left = seq.params.max_tokens.saturating_sub(seq.num_output_tokens()).saturating_sub(1);
+            let left =
+                seq.params.max_tokens.saturating_sub(seq.num_output_tokens()).saturating_sub(1);
             let room = max_len.saturating_sub(seq.len()).saturating_sub(1);
             let k = seq.spec.budget(cfg.num_tokens, cfg.cost_slope, draft_cost).min(left).min(room);
             if k > 0 {
@@ -195,7 +222,8 @@ impl LLMEngine {
 
     /// Drops drafts the schedule did not make room for.
     pub(crate) fn fit_drafts(&mut self, plan: &SchedulerOutput) {
-        let scheduled: HashMap<SeqId, usize> = plan.scheduled.iter().map(|s| (s.seq_id, s.num_tokens)).collect();
+        let scheduled: HashMap<SeqId, usize> =
+            plan.scheduled.iter().map(|s| (s.seq_id, s.num_tokens)).collect();
         for seq in self.scheduler.seqs.values_mut() {
             if seq.spec_tokens.is_empty() {
                 continue;
@@ -215,7 +243,10 @@ impl LLMEngine {
         let spec = draft.backend.kv_cache_spec();
         let mine = self.runner.backend.kv_cache_spec();
         if draft.config.vocab_size != self.model_config.vocab_size {
-            return Err(EngineError::InvalidRequest(format!("the draft model's vocabulary ({}) differs from the model's ({})", draft.config.vocab_size, self.model_config.vocab_size)));
+            return Err(EngineError::InvalidRequest(format!(
+                "the draft model's vocabulary ({}) differs from the model's ({})",
+                draft.config.vocab_size, self.model_config.vocab_size
+            )));
         }
         if spec.block_size != mine.block_size || spec.num_blocks < mine.num_blocks {
             return Err(EngineError::InvalidRequest(format!(
@@ -223,8 +254,10 @@ impl LLMEngine {
                 spec.num_blocks, spec.block_size, mine.num_blocks, mine.block_size
             )));
         }
-        let relative_cost = crate::proposer::macs_per_token(&draft.config) / crate::proposer::macs_per_token(&self.model_config);
-        self.proposer = Some(Box::new(crate::proposer::DraftModel { backend: draft.backend, relative_cost }));
+        let relative_cost = crate::proposer::macs_per_token(&draft.config)
+            / crate::proposer::macs_per_token(&self.model_config);
+        self.proposer =
+            Some(Box::new(crate::proposer::DraftModel { backend: draft.backend, relative_cost }));
         Ok(())
     }
 
@@ -237,8 +270,14 @@ impl LLMEngine {
             return Ok(()); // drafts were known before the step
         }
         let own_kv = proposer.own_kv();
-        let ids: Vec<SeqId> = plan.scheduled.iter().map(|s| s.seq_id).filter(|id| !self.scheduler.seqs[id].spec_tokens.is_empty()).collect();
-        let k_max = ids.iter().map(|id| self.scheduler.seqs[id].spec_tokens.len()).max().unwrap_or(0);
+        let ids: Vec<SeqId> = plan
+            .scheduled
+            .iter()
+            .map(|s| s.seq_id)
+            .filter(|id| !self.scheduler.seqs[id].spec_tokens.is_empty())
+            .collect();
+        let k_max =
+            ids.iter().map(|id| self.scheduler.seqs[id].spec_tokens.len()).max().unwrap_or(0);
         let bs = self.scheduler.block_manager.block_size();
         let vocab = self.model_config.vocab_size;
         for j in 0..k_max {
@@ -252,15 +291,28 @@ impl LLMEngine {
                 let pos = seq.num_computed_tokens + j;
                 if j == 0 && own_kv {
                     // A separate draft catches up on every token it has not seen yet.
-                    let same_blocks = seq.draft_blocks.len() <= seq.block_table.blocks.len() && seq.block_table.blocks.starts_with(&seq.draft_blocks);
+                    let same_blocks = seq.draft_blocks.len() <= seq.block_table.blocks.len()
+                        && seq.block_table.blocks.starts_with(&seq.draft_blocks);
                     if !same_blocks {
                         seq.draft_computed = 0;
                     }
                     let from = seq.draft_computed.min(pos);
-                    batch.push_seq(&seq.token_ids[from..=pos], from, &seq.block_table.blocks, bs, crate::backend::Logits::Last);
+                    batch.push_seq(
+                        &seq.token_ids[from..=pos],
+                        from,
+                        &seq.block_table.blocks,
+                        bs,
+                        crate::backend::Logits::Last,
+                    );
                 } else {
                     let tok = if j == 0 { seq.token_ids[pos] } else { seq.spec_tokens[j - 1] };
-                    batch.push_seq(&[tok], pos, &seq.block_table.blocks, bs, crate::backend::Logits::Last);
+                    batch.push_seq(
+                        &[tok],
+                        pos,
+                        &seq.block_table.blocks,
+                        bs,
+                        crate::backend::Logits::Last,
+                    );
                 }
                 if own_kv {
                     seq.draft_computed = pos + 1;
@@ -275,7 +327,11 @@ impl LLMEngine {
                 let seq = self.scheduler.seqs.get_mut(&id).expect("drafting sequence exists");
                 let params = seq.params.clone();
                 let (token, q) = {
-                    let ctx = SamplingContext { prompt: &seq.token_ids[..seq.prompt_len], output: seq.output_ids(), eos_token_ids: eos };
+                    let ctx = SamplingContext {
+                        prompt: &seq.token_ids[..seq.prompt_len],
+                        output: seq.output_ids(),
+                        eos_token_ids: eos,
+                    };
                     let work = processed(row, &params, &ctx);
                     if params.is_greedy() {
                         (argmax(&work), None)
@@ -302,7 +358,12 @@ impl LLMEngine {
     /// Verifies a sequence's drafts against the target's `rows` (one per fed token): appends
     /// the accepted drafts and one token of the target's, marks the valid KV computed, and
     /// gives back the blocks that only held rejected drafts.
-    pub(crate) fn verify_drafts(&mut self, id: SeqId, rows: &[f32], finished: &mut Vec<SeqId>) -> Result<(), EngineError> {
+    pub(crate) fn verify_drafts(
+        &mut self,
+        id: SeqId,
+        rows: &[f32],
+        finished: &mut Vec<SeqId>,
+    ) -> Result<(), EngineError> {
         let vocab = self.model_config.vocab_size;
         let max_len = self.max_model_len;
         let seq = self.scheduler.seqs.get_mut(&id).expect("verified sequence exists");
@@ -317,7 +378,11 @@ impl LLMEngine {
         for i in 0..=k {
             let row = &rows[i * vocab..(i + 1) * vocab];
             let (token, is_draft) = {
-                let ctx = SamplingContext { prompt: &seq.token_ids[..seq.prompt_len], output: seq.output_ids(), eos_token_ids: &self.tokenizer.eos_token_ids };
+                let ctx = SamplingContext {
+                    prompt: &seq.token_ids[..seq.prompt_len],
+                    output: seq.output_ids(),
+                    eos_token_ids: &self.tokenizer.eos_token_ids,
+                };
                 let work = processed(row, &params, &ctx);
                 match (drafts.get(i), params.is_greedy()) {
                     (Some(&d), true) => {
@@ -329,7 +394,9 @@ impl LLMEngine {
                         accept_or_resample(&filtered_distribution(&work, &params), d, &q, &mut rng)
                     }
                     (None, true) => (argmax(&work), false),
-                    (None, false) => (draw_weighted(&filtered_distribution(&work, &params), &mut rng), false),
+                    (None, false) => {
+                        (draw_weighted(&filtered_distribution(&work, &params), &mut rng), false)
+                    }
                 }
             };
             self.stats.generation_tokens += 1;
@@ -367,7 +434,6 @@ impl LLMEngine {
 mod tests {
     use super::*;
 
-
     #[test]
     fn draft_length_follows_acceptance_and_cost() {
         // Free verification (GPU-like): propose as much as allowed when acceptance is decent.
@@ -403,14 +469,22 @@ mod tests {
     /// Pearson's chi-square statistic of `counts` against probabilities `p`.
     fn chi2(counts: &[u64], p: &[f64]) -> f64 {
         let n: u64 = counts.iter().sum();
-        counts.iter().zip(p).map(|(&c, &pi)| (c as f64 - n as f64 * pi).powi(2) / (n as f64 * pi)).sum()
+        counts
+            .iter()
+            .zip(p)
+            .map(|(&c, &pi)| (c as f64 - n as f64 * pi).powi(2) / (n as f64 * pi))
+            .sum()
     }
 
     #[test]
     fn the_rejection_rule_preserves_the_target_distribution() {
         // 8 tokens; 99.9th percentile of chi-square with 7 degrees of freedom: 24.32 (the seed is
         // fixed, so the outcome is too).
-        let p: Vec<(u32, f64)> = [0.30, 0.20, 0.15, 0.12, 0.10, 0.07, 0.04, 0.02].iter().enumerate().map(|(i, &x)| (i as u32, x)).collect();
+        let p: Vec<(u32, f64)> = [0.30, 0.20, 0.15, 0.12, 0.10, 0.07, 0.04, 0.02]
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (i as u32, x))
+            .collect();
         let probs: Vec<f64> = p.iter().map(|x| x.1).collect();
         let n = 200_000;
         let q_model: Vec<f32> = vec![0.05, 0.05, 0.40, 0.10, 0.10, 0.10, 0.10, 0.10];
@@ -456,7 +530,10 @@ mod tests {
     fn acceptance_probability() {
         let p = vec![(0u32, 0.25), (1, 0.75)];
         let mut rng = Rng::new(3);
-        let acc = (0..40_000).filter(|_| accept_or_resample(&p, 1, &DraftDist::PointMass, &mut rng).1).count() as f64 / 40_000.0;
+        let acc = (0..40_000)
+            .filter(|_| accept_or_resample(&p, 1, &DraftDist::PointMass, &mut rng).1)
+            .count() as f64
+            / 40_000.0;
         assert!((acc - 0.75).abs() < 0.01, "{acc}");
         // A draft the target cannot produce is never accepted.
         let p = vec![(0u32, 1.0)];

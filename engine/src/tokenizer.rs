@@ -56,7 +56,11 @@ fn strings(f: &GgufFile, key: &str) -> Result<Vec<String>, LoadError> {
         .and_then(|v| v.as_array())
         .ok_or_else(|| LoadError::Tokenizer(format!("GGUF metadata lacks array '{key}'")))?;
     arr.iter()
-        .map(|v| v.as_str().map(str::to_string).ok_or_else(|| LoadError::Tokenizer(format!("'{key}' holds a non-string"))))
+        .map(|v| {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| LoadError::Tokenizer(format!("'{key}' holds a non-string")))
+        })
         .collect()
 }
 
@@ -108,21 +112,29 @@ impl Tokenizer {
                 _ => {}
             }
         }
-        inner.add_special_tokens(added).map_err(|e| LoadError::Tokenizer(format!("special tokens: {e}")))?;
+        inner
+            .add_special_tokens(added)
+            .map_err(|e| LoadError::Tokenizer(format!("special tokens: {e}")))?;
         let bos = token_id(f, "tokenizer.ggml.bos_token_id");
         let eos = token_id(f, "tokenizer.ggml.eos_token_id");
         let eot = token_id(f, "tokenizer.ggml.eot_token_id");
-        let eos_token_ids: Vec<u32> = eos.into_iter().chain(eot.filter(|t| Some(*t) != eos)).collect();
+        let eos_token_ids: Vec<u32> =
+            eos.into_iter().chain(eot.filter(|t| Some(*t) != eos)).collect();
         for id in bos.iter().chain(&eos_token_ids) {
             if *id as usize >= tokens.len() {
-                return Err(LoadError::Tokenizer(format!("special token id {id} is outside the vocabulary")));
+                return Err(LoadError::Tokenizer(format!(
+                    "special token id {id} is outside the vocabulary"
+                )));
             }
         }
         Ok(Tokenizer {
             inner,
             bos_token_id: bos,
             eos_token_ids,
-            add_bos_token: f.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+            add_bos_token: f
+                .get("tokenizer.ggml.add_bos_token")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false),
             special_ids,
             ids_only: false,
             plain: OnceLock::new(),
@@ -138,7 +150,12 @@ impl Tokenizer {
             .map_err(|e| LoadError::Tokenizer(format!("{}: {e}", path.display())))?;
         let cfg = read_json(&dir.join("tokenizer_config.json"));
         let model_cfg = read_json(&dir.join("config.json"));
-        let special_ids: HashSet<u32> = inner.get_added_tokens_decoder().iter().filter(|(_, t)| t.special).map(|(id, _)| *id).collect();
+        let special_ids: HashSet<u32> = inner
+            .get_added_tokens_decoder()
+            .iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| *id)
+            .collect();
         let id_of_cfg_token = |key: &str| -> Option<u32> {
             let v = cfg.get(key)?;
             let s = v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str()))?;
@@ -148,8 +165,12 @@ impl Tokenizer {
             .or_else(|| model_cfg.get("bos_token_id").and_then(|v| v.as_u64()).map(|v| v as u32));
         let mut eos_token_ids: Vec<u32> = id_of_cfg_token("eos_token").into_iter().collect();
         match model_cfg.get("eos_token_id") {
-            Some(serde_json::Value::Number(n)) => eos_token_ids.extend(n.as_u64().map(|v| v as u32)),
-            Some(serde_json::Value::Array(a)) => eos_token_ids.extend(a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32)),
+            Some(serde_json::Value::Number(n)) => {
+                eos_token_ids.extend(n.as_u64().map(|v| v as u32))
+            }
+            Some(serde_json::Value::Array(a)) => {
+                eos_token_ids.extend(a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32))
+            }
             _ => {}
         }
         eos_token_ids.dedup();
@@ -171,7 +192,16 @@ impl Tokenizer {
     /// configuration): prompts must be token ids and outputs are not detokenized.
     pub fn ids_only() -> Tokenizer {
         let model = tokenizers::models::wordlevel::WordLevel::default();
-        Tokenizer { inner: tokenizers::Tokenizer::new(model), bos_token_id: None, eos_token_ids: Vec::new(), add_bos_token: false, special_ids: HashSet::new(), ids_only: true, plain: OnceLock::new(), max_bytes_per_token: OnceLock::new() }
+        Tokenizer {
+            inner: tokenizers::Tokenizer::new(model),
+            bos_token_id: None,
+            eos_token_ids: Vec::new(),
+            add_bos_token: false,
+            special_ids: HashSet::new(),
+            ids_only: true,
+            plain: OnceLock::new(),
+            max_bytes_per_token: OnceLock::new(),
+        }
     }
 
     /// Whether this is [`Tokenizer::ids_only`]: text can be neither encoded nor decoded.
@@ -188,7 +218,9 @@ impl Tokenizer {
     /// set and the model asks for it, a BOS token is prepended.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizeError> {
         if self.ids_only {
-            return Err(TokenizeError("this model was loaded without a tokenizer: send token ids, not text".into()));
+            return Err(TokenizeError(
+                "this model was loaded without a tokenizer: send token ids, not text".into(),
+            ));
         }
         let enc = self.inner.encode_fast(text, false).map_err(|e| TokenizeError(e.to_string()))?;
         let mut ids = Vec::with_capacity(enc.get_ids().len() + 1);
@@ -203,19 +235,30 @@ impl Tokenizer {
     /// becomes the tokens of those characters, never the control token. No BOS is added.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         if self.ids_only {
-            return Err(TokenizeError("this model was loaded without a tokenizer: send token ids, not text".into()));
+            return Err(TokenizeError(
+                "this model was loaded without a tokenizer: send token ids, not text".into(),
+            ));
         }
         let plain = self.plain.get_or_init(|| {
             let mut t = self.inner.clone();
             t.set_encode_special_tokens(true);
             t
         });
-        Ok(plain.encode_fast(text, false).map_err(|e| TokenizeError(e.to_string()))?.get_ids().to_vec())
+        Ok(plain
+            .encode_fast(text, false)
+            .map_err(|e| TokenizeError(e.to_string()))?
+            .get_ids()
+            .to_vec())
     }
 
     /// The text of every special (control) token, e.g. `<|im_start|>`.
     pub fn special_texts(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.special_ids.iter().filter_map(|&id| self.inner.id_to_token(id)).filter(|t| !t.is_empty()).collect();
+        let mut v: Vec<String> = self
+            .special_ids
+            .iter()
+            .filter_map(|&id| self.inner.id_to_token(id))
+            .filter(|t| !t.is_empty())
+            .collect();
         v.sort();
         v
     }
@@ -227,7 +270,8 @@ impl Tokenizer {
     /// a tokenizer with a normalizer (which may shrink text) gets a fourfold margin.
     pub fn max_bytes_per_token(&self) -> usize {
         *self.max_bytes_per_token.get_or_init(|| {
-            let longest = self.inner.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1);
+            let longest =
+                self.inner.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1);
             if self.inner.get_normalizer().is_some() {
                 longest * 4
             } else {

@@ -73,7 +73,10 @@ impl ModelFiles {
         } else if !path.exists() {
             Err(LoadError::Io {
                 path: path.display().to_string(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no such file or directory",
+                ),
             })
         } else {
             Err(LoadError::UnknownFormat(path.display().to_string()))
@@ -95,7 +98,12 @@ impl ModelFiles {
             ModelFiles::Safetensors(st) => {
                 let hf = hf_name(name)?;
                 let (shard, dtype, shape, range) = st.index.get(&hf)?;
-                Some(TensorRef { name: hf, shape: shape.clone(), dtype: *dtype, bytes: &st.shards[*shard][range.clone()] })
+                Some(TensorRef {
+                    name: hf,
+                    shape: shape.clone(),
+                    dtype: *dtype,
+                    bytes: &st.shards[*shard][range.clone()],
+                })
             }
         }
     }
@@ -116,7 +124,8 @@ impl ModelFiles {
 fn sniff_gguf(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 4];
-    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"GGUF"
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok()
+        && &magic == b"GGUF"
 }
 
 /// Maps a GGUF tensor name to the Hugging Face name of the same tensor.
@@ -176,7 +185,10 @@ impl SafetensorsModel {
             let file = std::fs::File::open(path).map_err(io(path))?;
             // SAFETY: read-only map of a model file that is not modified while loaded.
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
-            let bad = |message: String| LoadError::Safetensors { path: path.display().to_string(), message };
+            let bad = |message: String| LoadError::Safetensors {
+                path: path.display().to_string(),
+                message,
+            };
             let (header_len, meta) =
                 safetensors::SafeTensors::read_metadata(&map).map_err(|e| bad(format!("{e}")))?;
             let base = 8 + header_len;
@@ -190,9 +202,12 @@ impl SafetensorsModel {
                 let (start, end) = info.data_offsets;
                 let n: usize = info.shape.iter().product();
                 if end < start || base + end > map.len() || end - start != dtype.bytes_for(n) {
-                    return Err(bad(format!("tensor '{name}' data range {start}..{end} is inconsistent with the file")));
+                    return Err(bad(format!(
+                        "tensor '{name}' data range {start}..{end} is inconsistent with the file"
+                    )));
                 }
-                index.insert(name.clone(), (i, dtype, info.shape.clone(), base + start..base + end));
+                index
+                    .insert(name.clone(), (i, dtype, info.shape.clone(), base + start..base + end));
             }
             shards.push(map);
         }
@@ -206,7 +221,10 @@ mod tests {
 
     #[test]
     fn hf_names_map() {
-        assert_eq!(hf_name("blk.12.attn_k_norm.weight").unwrap(), "model.layers.12.self_attn.k_norm.weight");
+        assert_eq!(
+            hf_name("blk.12.attn_k_norm.weight").unwrap(),
+            "model.layers.12.self_attn.k_norm.weight"
+        );
         assert_eq!(hf_name("output.weight").unwrap(), "lm_head.weight");
         assert!(hf_name("blk.1.unknown").is_none());
     }

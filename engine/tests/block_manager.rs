@@ -36,7 +36,8 @@ fn run(seed: u64, prefix_caching: bool) {
                 let mut table = BlockTable::default();
                 let full = hashes(&tokens);
                 // Keep at least one token to compute, as the scheduler does.
-                let usable = if tokens.len() % BS == 0 { full.len().saturating_sub(1) } else { full.len() };
+                let usable =
+                    if tokens.len() % BS == 0 { full.len().saturating_sub(1) } else { full.len() };
                 let cached = m.lookup_prefix(&full[..usable], true);
                 if m.can_allocate(&table, &cached, tokens.len()) {
                     m.allocate(&mut table, &cached, tokens.len()).unwrap();
@@ -65,7 +66,9 @@ fn run(seed: u64, prefix_caching: bool) {
                             let h = hashes(&s.tokens);
                             m.cache_blocks(&mut s.table, &h);
                         }
-                        Err(_) => assert_eq!(s.table, before, "failed append must not change the table"),
+                        Err(_) => {
+                            assert_eq!(s.table, before, "failed append must not change the table")
+                        }
                     }
                 }
             }
@@ -113,8 +116,12 @@ fn run(seed: u64, prefix_caching: bool) {
         }
         for ev in m.take_kv_events() {
             match ev {
-                KvEvent::Stored(v) => v.into_iter().for_each(|h| assert!(seen.insert(h), "stored twice")),
-                KvEvent::Removed(v) => v.into_iter().for_each(|h| assert!(seen.remove(&h), "removed unknown")),
+                KvEvent::Stored(v) => {
+                    v.into_iter().for_each(|h| assert!(seen.insert(h), "stored twice"))
+                }
+                KvEvent::Removed(v) => {
+                    v.into_iter().for_each(|h| assert!(seen.remove(&h), "removed unknown"))
+                }
                 KvEvent::Cleared => seen.clear(),
             }
         }
@@ -122,7 +129,10 @@ fn run(seed: u64, prefix_caching: bool) {
         cached.sort();
         let mut view: Vec<BlockHash> = seen.iter().copied().collect();
         view.sort();
-        assert_eq!(view, cached, "seed {seed} step {step}: the event stream disagrees with the cache");
+        assert_eq!(
+            view, cached,
+            "seed {seed} step {step}: the event stream disagrees with the cache"
+        );
         let holders: Vec<&BlockTable> = seqs.iter().map(|s| &s.table).collect();
         let hosts: Vec<&Vec<u32>> = seqs.iter().filter_map(|s| s.host.as_ref()).collect();
         if let Err(e) = m.check_invariants(&holders, &hosts) {

@@ -10,7 +10,10 @@ use std::sync::Arc;
 use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBackend, RowSampling};
 use tandem_engine::sampler::{gumbel_max, TokenLogprob};
 use tandem_engine::tokenizer::Tokenizer;
-use tandem_engine::{model_fetch, CompletionOutput, EngineConfig, LLMEngine, LoadOptions, Model, ModelConfig, Prompt, SamplingParams};
+use tandem_engine::{
+    model_fetch, CompletionOutput, EngineConfig, LLMEngine, LoadOptions, Model, ModelConfig,
+    Prompt, SamplingParams,
+};
 
 /// The CPU backend, sampling "on the device" with the reference sampler; counts the rows.
 struct DeviceSampling {
@@ -31,7 +34,11 @@ impl ModelBackend for DeviceSampling {
     fn samples_on_device(&self) -> bool {
         true
     }
-    fn forward_sampled(&mut self, batch: &ForwardBatch, rows: &[RowSampling]) -> Result<Vec<TokenLogprob>, BackendError> {
+    fn forward_sampled(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<Vec<TokenLogprob>, BackendError> {
         assert_eq!(rows.len(), batch.logits_indices.len());
         let logits = self.inner.forward(batch)?;
         let vocab = self.inner.config().vocab_size;
@@ -59,7 +66,8 @@ impl ModelBackend for DeviceSampling {
 }
 
 fn model() -> Model {
-    Model::load(&model_fetch::default_model_path().unwrap(), LoadOptions::with_kv_tokens(4096)).unwrap()
+    Model::load(&model_fetch::default_model_path().unwrap(), LoadOptions::with_kv_tokens(4096))
+        .unwrap()
 }
 
 /// An engine whose backend samples on the "device", and the counter of rows it sampled.
@@ -70,7 +78,10 @@ fn device_engine() -> (LLMEngine, Arc<AtomicUsize>) {
     (LLMEngine::new(m, EngineConfig::default()), rows)
 }
 
-fn run(e: &mut LLMEngine, reqs: &[(&str, &str, SamplingParams)]) -> std::collections::HashMap<String, Vec<CompletionOutput>> {
+fn run(
+    e: &mut LLMEngine,
+    reqs: &[(&str, &str, SamplingParams)],
+) -> std::collections::HashMap<String, Vec<CompletionOutput>> {
     for (id, text, p) in reqs {
         let ids = e.tokenizer.encode(text, true).unwrap();
         e.add_request(id, Prompt::TokenIds(ids), p.clone(), None).unwrap();
@@ -80,12 +91,14 @@ fn run(e: &mut LLMEngine, reqs: &[(&str, &str, SamplingParams)]) -> std::collect
     out
 }
 
-const PROMPTS: [&str; 4] = ["The capital of France is", "def add(a, b):\n    return", "Once upon a time", "1, 2, 3, 4,"];
+const PROMPTS: [&str; 4] =
+    ["The capital of France is", "def add(a, b):\n    return", "Once upon a time", "1, 2, 3, 4,"];
 
 #[test]
 fn greedy_on_the_device_equals_the_host_sampler() {
     let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) };
-    let reqs: Vec<(&str, &str, SamplingParams)> = PROMPTS.iter().map(|t| (*t, *t, p.clone())).collect();
+    let reqs: Vec<(&str, &str, SamplingParams)> =
+        PROMPTS.iter().map(|t| (*t, *t, p.clone())).collect();
     let host = run(&mut LLMEngine::new(model(), EngineConfig::default()), &reqs);
     let (mut e, rows) = device_engine();
     let dev = run(&mut e, &reqs);
@@ -95,16 +108,34 @@ fn greedy_on_the_device_equals_the_host_sampler() {
         let (h, d) = (&host[t][0], &dev[t][0]);
         assert_eq!(h.token_ids, d.token_ids, "{t}");
         assert_eq!(h.text, d.text);
-        assert!((h.cumulative_logprob - d.cumulative_logprob).abs() < 1e-3, "{t}: {} vs {}", h.cumulative_logprob, d.cumulative_logprob);
+        assert!(
+            (h.cumulative_logprob - d.cumulative_logprob).abs() < 1e-3,
+            "{t}: {} vs {}",
+            h.cumulative_logprob,
+            d.cumulative_logprob
+        );
     }
 }
 
 #[test]
 fn seeded_device_sampling_is_reproducible_in_any_batch() {
-    let p = |seed| SamplingParams { temperature: 0.6, seed: Some(seed), max_tokens: 16, ignore_eos: true, ..Default::default() };
+    let p = |seed| SamplingParams {
+        temperature: 0.6,
+        seed: Some(seed),
+        max_tokens: 16,
+        ignore_eos: true,
+        ..Default::default()
+    };
     let (mut e, rows) = device_engine();
     let alone = run(&mut e, &[("a", "Once upon a time", p(7))]);
-    let mixed = run(&mut e, &[("x", "The capital of France is", p(1)), ("b", "Once upon a time", p(7)), ("y", "Once upon a time", p(8))]);
+    let mixed = run(
+        &mut e,
+        &[
+            ("x", "The capital of France is", p(1)),
+            ("b", "Once upon a time", p(7)),
+            ("y", "Once upon a time", p(8)),
+        ],
+    );
     assert_eq!(alone["a"][0].token_ids, mixed["b"][0].token_ids);
     assert_ne!(mixed["b"][0].token_ids, mixed["y"][0].token_ids);
     assert_eq!(rows.load(Ordering::Relaxed), 4 * 16);
@@ -121,8 +152,16 @@ fn requests_the_device_cannot_sample_reach_the_host_sampler() {
     assert!(out["top"][0].logprobs.iter().all(|l| l.top.len() == 3));
     assert_eq!(out["top"][0].token_ids, out["plain"][0].token_ids);
     // Penalties and n > 1 (forks off the prompt's row) stay on the host too.
-    let pen = SamplingParams { repetition_penalty: 1.3, ignore_eos: true, ..SamplingParams::greedy(4) };
-    let n2 = SamplingParams { n: 2, temperature: 0.8, seed: Some(3), ignore_eos: true, max_tokens: 1, ..Default::default() };
+    let pen =
+        SamplingParams { repetition_penalty: 1.3, ignore_eos: true, ..SamplingParams::greedy(4) };
+    let n2 = SamplingParams {
+        n: 2,
+        temperature: 0.8,
+        seed: Some(3),
+        ignore_eos: true,
+        max_tokens: 1,
+        ..Default::default()
+    };
     run(&mut e, &[("pen", "Water boils at", pen), ("n2", "Water boils at", n2)]);
     assert_eq!(rows.load(Ordering::Relaxed), 0);
 }
@@ -134,8 +173,23 @@ fn filtered_sampling_runs_on_the_device_within_the_filters() {
     let greedy = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
     let k1 = SamplingParams { temperature: 1.5, top_k: 1, seed: Some(4), ..greedy.clone() };
     let p0 = SamplingParams { temperature: 1.5, top_p: 1e-6, seed: Some(5), ..greedy.clone() };
-    let mp = SamplingParams { temperature: 0.7, top_k: 20, top_p: 0.9, min_p: 0.05, seed: Some(6), ..greedy.clone() };
-    let out = run(&mut e, &[("g", "The capital of France is", greedy), ("k1", "The capital of France is", k1), ("p0", "The capital of France is", p0), ("mp", "Once upon a time", mp)]);
+    let mp = SamplingParams {
+        temperature: 0.7,
+        top_k: 20,
+        top_p: 0.9,
+        min_p: 0.05,
+        seed: Some(6),
+        ..greedy.clone()
+    };
+    let out = run(
+        &mut e,
+        &[
+            ("g", "The capital of France is", greedy),
+            ("k1", "The capital of France is", k1),
+            ("p0", "The capital of France is", p0),
+            ("mp", "Once upon a time", mp),
+        ],
+    );
     assert_eq!(rows.load(Ordering::Relaxed), 4 * 8);
     assert_eq!(out["g"][0].token_ids, out["k1"][0].token_ids);
     assert_eq!(out["g"][0].token_ids, out["p0"][0].token_ids);
@@ -151,7 +205,8 @@ fn detokenize_off_returns_the_same_tokens_without_text() {
     assert_eq!(out["on"][0].token_ids, out["off"][0].token_ids);
     assert!(!out["on"][0].text.is_empty());
     assert_eq!(out["off"][0].text, "");
-    let stop = SamplingParams { detokenize: false, stop: vec!["x".into()], ..SamplingParams::greedy(4) };
+    let stop =
+        SamplingParams { detokenize: false, stop: vec!["x".into()], ..SamplingParams::greedy(4) };
     assert!(e.add_request("s", Prompt::TokenIds(vec![1, 2]), stop, None).is_err());
 }
 
@@ -160,9 +215,17 @@ fn a_model_without_a_tokenizer_serves_token_ids() {
     let mut m = model();
     m.tokenizer = Tokenizer::ids_only();
     let mut e = LLMEngine::new(m, EngineConfig::default());
-    let err = e.add_request("t", Prompt::Text("hello".into()), SamplingParams::greedy(4), None).unwrap_err();
+    let err = e
+        .add_request("t", Prompt::Text("hello".into()), SamplingParams::greedy(4), None)
+        .unwrap_err();
     assert!(err.to_string().contains("without a tokenizer"), "{err}");
-    e.add_request("ids", Prompt::TokenIds(vec![504, 3458, 282]), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(5) }, None).unwrap();
+    e.add_request(
+        "ids",
+        Prompt::TokenIds(vec![504, 3458, 282]),
+        SamplingParams { ignore_eos: true, ..SamplingParams::greedy(5) },
+        None,
+    )
+    .unwrap();
     let out = e.run_to_completion().unwrap();
     assert_eq!(out["ids"][0].token_ids.len(), 5);
     assert_eq!(out["ids"][0].text, "");

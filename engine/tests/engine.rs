@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use tandem_engine::request_output::StopReason;
 use tandem_engine::scheduler::{PreemptionMode, SchedulerConfig};
 use tandem_engine::{
-    model_fetch, score, CompletionOutput, EngineConfig, FinishReason, KvCacheSize, LLMEngine, LoadOptions, Model, Prompt,
-    SamplingParams,
+    model_fetch, score, CompletionOutput, EngineConfig, FinishReason, KvCacheSize, LLMEngine,
+    LoadOptions, Model, Prompt, SamplingParams,
 };
 
 fn model_path() -> PathBuf {
@@ -20,7 +20,11 @@ fn model_path() -> PathBuf {
 fn engine_with(kv_tokens: usize, swap_tokens: usize, cfg: EngineConfig) -> LLMEngine {
     // f32 K and V for 30 layers x 3 heads x 64 dims.
     let per_token = 2 * 30 * 3 * 64 * 4;
-    let opts = LoadOptions { kv_cache: KvCacheSize::Tokens(kv_tokens), swap_space_bytes: (swap_tokens * per_token) as u64, ..Default::default() };
+    let opts = LoadOptions {
+        kv_cache: KvCacheSize::Tokens(kv_tokens),
+        swap_space_bytes: (swap_tokens * per_token) as u64,
+        ..Default::default()
+    };
     LLMEngine::new(Model::load(&model_path(), opts).unwrap(), cfg)
 }
 
@@ -51,7 +55,10 @@ fn tokens(e: &LLMEngine, text: &str) -> Vec<u32> {
     e.tokenizer.encode(text, true).unwrap()
 }
 
-fn run(e: &mut LLMEngine, reqs: &[(&str, Vec<u32>, SamplingParams)]) -> HashMap<String, Vec<CompletionOutput>> {
+fn run(
+    e: &mut LLMEngine,
+    reqs: &[(&str, Vec<u32>, SamplingParams)],
+) -> HashMap<String, Vec<CompletionOutput>> {
     for (id, p, sp) in reqs {
         e.add_request(id, Prompt::TokenIds(p.clone()), sp.clone(), None).unwrap();
     }
@@ -68,8 +75,10 @@ fn greedy_ids(out: &HashMap<String, Vec<CompletionOutput>>, id: &str) -> Vec<u32
 fn batch_invariance_sixteen_prompts() {
     let mut e = engine();
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) };
-    let reqs: Vec<(String, Vec<u32>)> = PROMPTS.iter().enumerate().map(|(i, p)| (format!("r{i}"), tokens(&e, p))).collect();
-    let all: Vec<(&str, Vec<u32>, SamplingParams)> = reqs.iter().map(|(id, p)| (id.as_str(), p.clone(), params.clone())).collect();
+    let reqs: Vec<(String, Vec<u32>)> =
+        PROMPTS.iter().enumerate().map(|(i, p)| (format!("r{i}"), tokens(&e, p))).collect();
+    let all: Vec<(&str, Vec<u32>, SamplingParams)> =
+        reqs.iter().map(|(id, p)| (id.as_str(), p.clone(), params.clone())).collect();
     let together = run(&mut e, &all);
     assert_eq!(e.block_manager().num_free_blocks(), e.block_manager().num_blocks());
     for (id, p) in &reqs {
@@ -81,8 +90,10 @@ fn batch_invariance_sixteen_prompts() {
 fn preemption_case(mode: PreemptionMode, zero_freed_blocks: bool) {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(40) };
     let mut free = engine();
-    let reqs: Vec<(String, Vec<u32>)> = PROMPTS[..8].iter().enumerate().map(|(i, p)| (format!("r{i}"), tokens(&free, p))).collect();
-    let all: Vec<(&str, Vec<u32>, SamplingParams)> = reqs.iter().map(|(id, p)| (id.as_str(), p.clone(), params.clone())).collect();
+    let reqs: Vec<(String, Vec<u32>)> =
+        PROMPTS[..8].iter().enumerate().map(|(i, p)| (format!("r{i}"), tokens(&free, p))).collect();
+    let all: Vec<(&str, Vec<u32>, SamplingParams)> =
+        reqs.iter().map(|(id, p)| (id.as_str(), p.clone(), params.clone())).collect();
     let reference = run(&mut free, &all);
     // 8 sequences of ~50 tokens need ~32 blocks of 16; give them 12.
     let cfg = EngineConfig {
@@ -95,7 +106,11 @@ fn preemption_case(mode: PreemptionMode, zero_freed_blocks: bool) {
     let out = run(&mut tight, &all);
     assert!(tight.stats().num_preemptions > 0, "the pool was meant to be too small");
     for (id, _) in &reqs {
-        assert_eq!(greedy_ids(&out, id), greedy_ids(&reference, id), "{id} under {mode:?}, zeroing {zero_freed_blocks}");
+        assert_eq!(
+            greedy_ids(&out, id),
+            greedy_ids(&reference, id),
+            "{id} under {mode:?}, zeroing {zero_freed_blocks}"
+        );
         assert_eq!(out[id][0].finish_reason, Some(FinishReason::Length));
     }
     let bm = tight.block_manager();
@@ -126,10 +141,16 @@ fn zeroing_freed_blocks_under_preemption_changes_no_output() {
 #[test]
 fn secure_mode_zeroes_freed_blocks() {
     let params = SamplingParams::greedy(8);
-    let prompt = "You are a careful assistant. Answer briefly and cite the source of every claim you make. ".repeat(3);
+    let prompt =
+        "You are a careful assistant. Answer briefly and cite the source of every claim you make. "
+            .repeat(3);
     let zero_page = |e: &LLMEngine, b: u32| e.read_kv_block(b).unwrap().iter().all(|&x| x == 0);
     for secure in [false, true] {
-        let mut e = engine_with(64 * 16, 0, EngineConfig { zero_freed_blocks: secure, ..Default::default() });
+        let mut e = engine_with(
+            64 * 16,
+            0,
+            EngineConfig { zero_freed_blocks: secure, ..Default::default() },
+        );
         let p = tokens(&e, &prompt);
         run(&mut e, &[("a", p.clone(), params.clone())]);
         e.add_request("b", Prompt::TokenIds(p.clone()), params.clone(), None).unwrap();
@@ -150,7 +171,9 @@ fn secure_mode_zeroes_freed_blocks() {
 #[test]
 fn prefix_cache_computes_only_uncached_tokens() {
     let mut e = engine();
-    let prefix: String = "You are a careful assistant. Answer briefly and cite the source of every claim you make. ".repeat(7);
+    let prefix: String =
+        "You are a careful assistant. Answer briefly and cite the source of every claim you make. "
+            .repeat(7);
     let a = tokens(&e, &format!("{prefix}Question: what is the boiling point of water?"));
     let b = tokens(&e, &format!("{prefix}Question: who wrote Hamlet?"));
     let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
@@ -161,9 +184,13 @@ fn prefix_cache_computes_only_uncached_tokens() {
     let warm = run(&mut e, &[("b", b.clone(), params.clone())]);
     let after = e.stats();
     let cached = shared / 16 * 16;
-    assert_eq!(after.prefill_tokens_computed - before.prefill_tokens_computed, (b.len() - cached) as u64);
+    assert_eq!(
+        after.prefill_tokens_computed - before.prefill_tokens_computed,
+        (b.len() - cached) as u64
+    );
     assert_eq!(after.prefix_cache_hits - before.prefix_cache_hits, (shared / 16) as u64);
-    let mut cold_engine = engine_with(4096, 0, EngineConfig { enable_prefix_caching: false, ..Default::default() });
+    let mut cold_engine =
+        engine_with(4096, 0, EngineConfig { enable_prefix_caching: false, ..Default::default() });
     let cold = run(&mut cold_engine, &[("b", b, params)]);
     assert_eq!(greedy_ids(&warm, "b"), greedy_ids(&cold, "b"));
     assert_eq!(warm["b"][0].text, cold["b"][0].text);
@@ -171,7 +198,10 @@ fn prefix_cache_computes_only_uncached_tokens() {
 
 #[test]
 fn chunked_prefill_does_not_stall_decodes() {
-    let cfg = EngineConfig { scheduler: SchedulerConfig { max_num_batched_tokens: 256, ..Default::default() }, ..Default::default() };
+    let cfg = EngineConfig {
+        scheduler: SchedulerConfig { max_num_batched_tokens: 256, ..Default::default() },
+        ..Default::default()
+    };
     let mut e = engine_with(4096, 0, cfg);
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(60) };
     for (i, p) in PROMPTS[..8].iter().enumerate() {
@@ -212,18 +242,31 @@ fn n_completions_share_the_prompt_blocks() {
     let mut e = engine();
     let prompt = tokens(&e, &"The history of the Roman Empire spans many centuries and ".repeat(3));
     let prompt_blocks = prompt.len().div_ceil(16);
-    let params = SamplingParams { n: 4, temperature: 1.0, seed: Some(11), max_tokens: 12, ignore_eos: true, ..Default::default() };
+    let params = SamplingParams {
+        n: 4,
+        temperature: 1.0,
+        seed: Some(11),
+        max_tokens: 12,
+        ignore_eos: true,
+        ..Default::default()
+    };
     e.add_request("n4", Prompt::TokenIds(prompt), params, None).unwrap();
     // The prompt is prefilled in one step; the four completions are forked from it.
     e.step().unwrap();
     let bm = e.block_manager();
-    assert_eq!(bm.num_blocks() - bm.num_free_blocks(), prompt_blocks, "forks must not copy the prompt");
+    assert_eq!(
+        bm.num_blocks() - bm.num_free_blocks(),
+        prompt_blocks,
+        "forks must not copy the prompt"
+    );
     assert_eq!(e.queue_lengths().1, 4);
     let out = e.run_to_completion().unwrap();
     let c = &out["n4"];
     assert_eq!(c.iter().map(|o| o.index).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
     // The first token comes from the first step's output; the rest from here.
-    assert!(c.iter().all(|o| o.token_ids.len() == 11 && o.finish_reason == Some(FinishReason::Length)));
+    assert!(c
+        .iter()
+        .all(|o| o.token_ids.len() == 11 && o.finish_reason == Some(FinishReason::Length)));
     let distinct: std::collections::HashSet<_> = c.iter().map(|o| o.token_ids.clone()).collect();
     assert!(distinct.len() > 1, "four samples at temperature 1 should differ");
     assert_eq!(e.block_manager().num_free_blocks(), e.block_manager().num_blocks());
@@ -231,7 +274,10 @@ fn n_completions_share_the_prompt_blocks() {
 
 #[test]
 fn abort_from_every_state_frees_everything() {
-    let cfg = EngineConfig { scheduler: SchedulerConfig { max_num_seqs: 2, ..Default::default() }, ..Default::default() };
+    let cfg = EngineConfig {
+        scheduler: SchedulerConfig { max_num_seqs: 2, ..Default::default() },
+        ..Default::default()
+    };
     let mut e = engine_with(4096, 0, cfg);
     let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(50) };
     for i in 0..4 {
@@ -259,18 +305,28 @@ fn abort_from_every_state_frees_everything() {
 fn stop_strings_match_across_token_boundaries() {
     let mut e = engine();
     let prompt = tokens(&e, "The capital of France is");
-    let free = run(&mut e, &[("f", prompt.clone(), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) })]);
+    let free = run(
+        &mut e,
+        &[("f", prompt.clone(), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) })],
+    );
     let ids = greedy_ids(&free, "f");
     let full = free["f"][0].text.clone();
     // A stop string made of the last character of one token and the first of the next.
-    let pieces: Vec<String> = ids.iter().map(|&t| e.tokenizer.decode(&[t], true).unwrap()).collect();
+    let pieces: Vec<String> =
+        ids.iter().map(|&t| e.tokenizer.decode(&[t], true).unwrap()).collect();
     let k = (3..pieces.len() - 1)
         .find(|&k| !pieces[k].is_empty() && !pieces[k + 1].is_empty() && !pieces[k].ends_with(' '))
         .unwrap();
-    let stop = format!("{}{}", pieces[k].chars().last().unwrap(), pieces[k + 1].chars().next().unwrap());
+    let stop =
+        format!("{}{}", pieces[k].chars().last().unwrap(), pieces[k + 1].chars().next().unwrap());
     let at = full.find(&stop).unwrap();
     for include in [false, true] {
-        let params = SamplingParams { stop: vec![stop.clone()], include_stop_str_in_output: include, ignore_eos: true, ..SamplingParams::greedy(24) };
+        let params = SamplingParams {
+            stop: vec![stop.clone()],
+            include_stop_str_in_output: include,
+            ignore_eos: true,
+            ..SamplingParams::greedy(24)
+        };
         e.add_request("s", Prompt::TokenIds(prompt.clone()), params, None).unwrap();
         let mut streamed = String::new();
         let mut last = None;
@@ -295,14 +351,22 @@ fn stop_strings_match_across_token_boundaries() {
 #[test]
 fn min_tokens_defers_end_of_sequence() {
     let mut e = engine();
-    let chat = e.chat_template.as_ref().unwrap().render(&[tandem_engine::ChatMessage::new("user", "Say hi.")], true).unwrap();
+    let chat = e
+        .chat_template
+        .as_ref()
+        .unwrap()
+        .render(&[tandem_engine::ChatMessage::new("user", "Say hi.")], true)
+        .unwrap();
     let prompt = tokens(&e, &chat);
     let natural = run(&mut e, &[("n", prompt.clone(), SamplingParams::greedy(64))]);
     let n = &natural["n"][0];
     assert_eq!(n.finish_reason, Some(FinishReason::Stop));
     let len = n.token_ids.len();
     let min = len + 5;
-    let forced = run(&mut e, &[("m", prompt, SamplingParams { min_tokens: min, ..SamplingParams::greedy(64) })]);
+    let forced = run(
+        &mut e,
+        &[("m", prompt, SamplingParams { min_tokens: min, ..SamplingParams::greedy(64) })],
+    );
     let m = &forced["m"][0];
     assert!(m.token_ids.len() >= min, "{} < {min}", m.token_ids.len());
     assert!(!m.token_ids[..min].iter().any(|t| e.tokenizer.eos_token_ids.contains(t)));
@@ -337,11 +401,21 @@ fn penalties_reduce_repetition() {
 fn seeds_fix_sampled_outputs() {
     let mut e = engine();
     let prompt = tokens(&e, "Once upon a time");
-    let p = |seed| SamplingParams { temperature: 1.0, top_p: 0.95, seed: Some(seed), max_tokens: 16, ignore_eos: true, ..Default::default() };
+    let p = |seed| SamplingParams {
+        temperature: 1.0,
+        top_p: 0.95,
+        seed: Some(seed),
+        max_tokens: 16,
+        ignore_eos: true,
+        ..Default::default()
+    };
     let a = run(&mut e, &[("a", prompt.clone(), p(42))]);
     // Same seed inside a batch with other requests: same output.
     let hello = tokens(&e, "Hello");
-    let b = run(&mut e, &[("b", prompt.clone(), p(42)), ("x", hello, p(1)), ("y", prompt.clone(), p(43))]);
+    let b = run(
+        &mut e,
+        &[("b", prompt.clone(), p(42)), ("x", hello, p(1)), ("y", prompt.clone(), p(43))],
+    );
     assert_eq!(greedy_ids(&a, "a"), greedy_ids(&b, "b"));
     assert_ne!(greedy_ids(&b, "b"), greedy_ids(&b, "y"));
 }
@@ -350,7 +424,14 @@ fn seeds_fix_sampled_outputs() {
 fn logprobs_are_the_models_own() {
     let mut e = engine();
     let prompt = tokens(&e, "Water boils at");
-    let out = run(&mut e, &[("l", prompt.clone(), SamplingParams { logprobs: Some(5), ignore_eos: true, ..SamplingParams::greedy(8) })]);
+    let out = run(
+        &mut e,
+        &[(
+            "l",
+            prompt.clone(),
+            SamplingParams { logprobs: Some(5), ignore_eos: true, ..SamplingParams::greedy(8) },
+        )],
+    );
     let c = &out["l"][0];
     assert_eq!(c.logprobs.len(), 8);
     let mut m = Model::load(&model_path(), LoadOptions::with_kv_tokens(256)).unwrap();
@@ -372,13 +453,26 @@ fn logprobs_are_the_models_own() {
 #[test]
 fn invalid_requests_are_refused() {
     let mut e = engine_with(256, 0, EngineConfig::default());
-    let err = |e: &mut LLMEngine, p: Prompt, sp: SamplingParams| e.add_request("x", p, sp, None).unwrap_err().to_string();
+    let err = |e: &mut LLMEngine, p: Prompt, sp: SamplingParams| {
+        e.add_request("x", p, sp, None).unwrap_err().to_string()
+    };
     assert!(err(&mut e, Prompt::TokenIds(vec![]), SamplingParams::default()).contains("empty"));
-    assert!(err(&mut e, Prompt::TokenIds(vec![999_999]), SamplingParams::default()).contains("outside the vocabulary"));
-    assert!(err(&mut e, Prompt::TokenIds(vec![5; 250]), SamplingParams::greedy(10)).contains("maximum context length is 256"));
-    assert!(err(&mut e, Prompt::Text("hi".into()), SamplingParams { top_p: 2.0, ..Default::default() }).contains("top_p"));
+    assert!(err(&mut e, Prompt::TokenIds(vec![999_999]), SamplingParams::default())
+        .contains("outside the vocabulary"));
+    assert!(err(&mut e, Prompt::TokenIds(vec![5; 250]), SamplingParams::greedy(10))
+        .contains("maximum context length is 256"));
+    assert!(err(
+        &mut e,
+        Prompt::Text("hi".into()),
+        SamplingParams { top_p: 2.0, ..Default::default() }
+    )
+    .contains("top_p"));
     e.add_request("dup", Prompt::Text("hi".into()), SamplingParams::default(), None).unwrap();
-    assert!(e.add_request("dup", Prompt::Text("hi".into()), SamplingParams::default(), None).unwrap_err().to_string().contains("already in use"));
+    assert!(e
+        .add_request("dup", Prompt::Text("hi".into()), SamplingParams::default(), None)
+        .unwrap_err()
+        .to_string()
+        .contains("already in use"));
 }
 
 /// The fast kernels over a prompt longer than the step budget: the chunks that end mid-prompt
@@ -386,12 +480,28 @@ fn invalid_requests_are_refused() {
 #[test]
 fn fast_kernels_chunked_prefill_of_a_long_prompt() {
     let load = |budget: usize, chunked: bool| {
-        let opts = LoadOptions { kernel: tandem_engine::backend::KernelPath::Fast, kv_cache: KvCacheSize::Tokens(2048), swap_space_bytes: 0, ..Default::default() };
-        let cfg = EngineConfig { scheduler: SchedulerConfig { max_num_batched_tokens: budget, enable_chunked_prefill: chunked, ..Default::default() }, ..Default::default() };
+        let opts = LoadOptions {
+            kernel: tandem_engine::backend::KernelPath::Fast,
+            kv_cache: KvCacheSize::Tokens(2048),
+            swap_space_bytes: 0,
+            ..Default::default()
+        };
+        let cfg = EngineConfig {
+            scheduler: SchedulerConfig {
+                max_num_batched_tokens: budget,
+                enable_chunked_prefill: chunked,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
         LLMEngine::new(Model::load(&model_path(), opts).unwrap(), cfg)
     };
     let mut chunked = load(128, true);
-    let prompt = tokens(&chunked, &"Rivers carry water from the mountains to the sea, shaping valleys on the way. ".repeat(30));
+    let prompt = tokens(
+        &chunked,
+        &"Rivers carry water from the mountains to the sea, shaping valleys on the way. "
+            .repeat(30),
+    );
     assert!(prompt.len() > 3 * 128, "{} tokens", prompt.len());
     let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
     let a = run(&mut chunked, &[("r", prompt.clone(), p.clone())]);

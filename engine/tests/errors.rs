@@ -36,10 +36,20 @@ fn tiny_gguf(name: &str, edit: impl FnOnce(&mut GgufWriter)) -> PathBuf {
         .u32("tokenizer.ggml.eos_token_id", 1)
         .str("tokenizer.chat_template", "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}");
     let mut tokens: Vec<String> = vec!["<|im_start|>".into(), "<|im_end|>".into()];
-    tokens.extend((0..VOCAB - 2).map(|i| ((b'a' + (i % 26) as u8) as char).to_string().repeat(1 + i as usize / 26)));
+    tokens.extend(
+        (0..VOCAB - 2)
+            .map(|i| ((b'a' + (i % 26) as u8) as char).to_string().repeat(1 + i as usize / 26)),
+    );
     let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
     w.str_array("tokenizer.ggml.tokens", &refs);
-    w.i32_array("tokenizer.ggml.token_type", &[3, 3].iter().copied().chain(std::iter::repeat(1).take(VOCAB as usize - 2)).collect::<Vec<_>>());
+    w.i32_array(
+        "tokenizer.ggml.token_type",
+        &[3, 3]
+            .iter()
+            .copied()
+            .chain(std::iter::repeat(1).take(VOCAB as usize - 2))
+            .collect::<Vec<_>>(),
+    );
     w.str_array("tokenizer.ggml.merges", &["a a"]);
     let f = |n: u64| (0..n).map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.01).collect::<Vec<f32>>();
     w.tensor_f32("token_embd.weight", &[H, VOCAB], &f(H * VOCAB));
@@ -88,7 +98,10 @@ fn truncated_gguf_is_reported_at_every_cut() {
     for cut in (0..full.len()).step_by(97).chain([full.len() - 1]) {
         std::fs::write(&p, &full[..cut]).unwrap();
         let e = err(&p);
-        assert!(e.contains("truncated") || e.contains("magic") || e.contains("corrupt"), "cut {cut}: {e}");
+        assert!(
+            e.contains("truncated") || e.contains("magic") || e.contains("corrupt"),
+            "cut {cut}: {e}"
+        );
     }
 }
 
@@ -158,7 +171,10 @@ fn bad_chat_template_is_reported() {
     assert!(e.to_string().contains("chat template does not compile"));
 
     let p = tiny_gguf("tmpl-raise.gguf", |w| {
-        w.str("tokenizer.chat_template", "{% if messages|length > 1 %}{{ raise_exception('only one message') }}{% endif %}x");
+        w.str(
+            "tokenizer.chat_template",
+            "{% if messages|length > 1 %}{{ raise_exception('only one message') }}{% endif %}x",
+        );
     });
     let m = load(&p).unwrap();
     let two = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
@@ -172,7 +188,9 @@ fn bad_batches_are_refused_not_panicking() {
     let table: Vec<u32> = (0..4).collect();
     let mut b = ForwardBatch::default();
     b.push_seq(&[VOCAB as u32 + 3], 0, &table, 16, Logits::Last);
-    assert!(matches!(m.backend.forward(&b), Err(BackendError::InvalidBatch(e)) if e.contains("outside the vocabulary")));
+    assert!(
+        matches!(m.backend.forward(&b), Err(BackendError::InvalidBatch(e)) if e.contains("outside the vocabulary"))
+    );
     let mut b = ForwardBatch::default();
     b.push_seq(&[1, 2], 0, &[99], 16, Logits::Last);
     assert!(m.backend.forward(&b).is_err());
@@ -194,7 +212,8 @@ fn bad_safetensors_are_reported() {
     let e = err(&dir);
     assert!(e.contains("safetensors") && e.contains("model.safetensors"), "{e}");
     // A tensor of an unsupported dtype.
-    let header = br#"{"model.embed_tokens.weight":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}}"#;
+    let header =
+        br#"{"model.embed_tokens.weight":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}}"#;
     let mut b = (header.len() as u64).to_le_bytes().to_vec();
     b.extend_from_slice(header);
     b.extend_from_slice(&[0; 4]);

@@ -11,7 +11,10 @@ use std::sync::{Mutex, OnceLock};
 
 use serde::Deserialize;
 use tandem_engine::backend::KernelPath;
-use tandem_engine::{model_fetch, score, ChatMessage, EngineConfig, LLMEngine, LoadOptions, Model, Prompt, SamplingParams};
+use tandem_engine::{
+    model_fetch, score, ChatMessage, EngineConfig, LLMEngine, LoadOptions, Model, Prompt,
+    SamplingParams,
+};
 
 const LOGPROB_TOL: f32 = 0.02;
 const TEACHER_FORCED_POSITIONS: usize = 16;
@@ -53,11 +56,15 @@ fn repo() -> PathBuf {
 
 fn golden(name: &str) -> Golden {
     let p = repo().join("tests/golden").join(name);
-    serde_json::from_str(&std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
+    serde_json::from_str(
+        &std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+    )
+    .unwrap()
 }
 
 fn load_with(path: &std::path::Path, kernel: KernelPath) -> Model {
-    Model::load(path, LoadOptions { kernel, ..LoadOptions::with_kv_tokens(1024) }).unwrap_or_else(|e| panic!("load {}: {e}", path.display()))
+    Model::load(path, LoadOptions { kernel, ..LoadOptions::with_kv_tokens(1024) })
+        .unwrap_or_else(|e| panic!("load {}: {e}", path.display()))
 }
 
 fn load(path: &std::path::Path) -> Model {
@@ -66,7 +73,9 @@ fn load(path: &std::path::Path) -> Model {
 
 fn smollm2() -> &'static Mutex<Model> {
     static M: OnceLock<Mutex<Model>> = OnceLock::new();
-    M.get_or_init(|| Mutex::new(load(&model_fetch::default_model_path().expect("fetch the default model"))))
+    M.get_or_init(|| {
+        Mutex::new(load(&model_fetch::default_model_path().expect("fetch the default model")))
+    })
 }
 
 fn check_prompt_ids(model: &Model, g: &Golden) {
@@ -101,7 +110,14 @@ fn check_teacher_forced_tol(model: &mut Model, g: &Golden, tol: f32) -> f32 {
             for t in &step.top {
                 let d = (row[t.token_id as usize] - t.logprob).abs();
                 worst = worst.max(d);
-                assert!(d <= tol, "{} position {i} token {}: ours {} reference {} (|Δ| {d})", c.name, t.token_id, row[t.token_id as usize], t.logprob);
+                assert!(
+                    d <= tol,
+                    "{} position {i} token {}: ours {} reference {} (|Δ| {d})",
+                    c.name,
+                    t.token_id,
+                    row[t.token_id as usize],
+                    t.logprob
+                );
             }
         }
     }
@@ -116,8 +132,11 @@ fn check_greedy(path: &std::path::Path, g: &Golden) {
 fn check_greedy_with(path: &std::path::Path, g: &Golden, kernel: KernelPath, near_tie: f32) {
     let mut engine = LLMEngine::new(load_with(path, kernel), EngineConfig::default());
     for c in &g.cases {
-        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(c.greedy_token_ids.len()) };
-        let out = engine.generate(Prompt::TokenIds(c.prompt_token_ids.clone()), params, &mut |_| {}).unwrap();
+        let params =
+            SamplingParams { ignore_eos: true, ..SamplingParams::greedy(c.greedy_token_ids.len()) };
+        let out = engine
+            .generate(Prompt::TokenIds(c.prompt_token_ids.clone()), params, &mut |_| {})
+            .unwrap();
         if let Some(i) = out.token_ids.iter().zip(&c.greedy_token_ids).position(|(a, b)| a != b) {
             // Everything before `i` matched, so both saw the same context: the reference's
             // choice at `i` itself must have been a near-tie.
@@ -129,7 +148,10 @@ fn check_greedy_with(path: &std::path::Path, g: &Golden, kernel: KernelPath, nea
                 &out.token_ids[..=i],
                 &c.greedy_token_ids[..=i]
             );
-            eprintln!("{}: diverges at {i}, a near-tie (reference top-2 margin {margin:.4} nats)", c.name);
+            eprintln!(
+                "{}: diverges at {i}, a near-tie (reference top-2 margin {margin:.4} nats)",
+                c.name
+            );
         } else {
             assert_eq!(out.token_ids, c.greedy_token_ids, "{}", c.name);
         }

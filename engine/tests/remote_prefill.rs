@@ -4,10 +4,14 @@
 
 use tandem_engine::backend::{ForwardBatch, Logits};
 use tandem_engine::sampler::{sample, Rng};
-use tandem_engine::{model_fetch, CompletionOutput, EngineConfig, FinishReason, LLMEngine, LoadOptions, Model, Prompt, RequestOptions, SamplingParams};
+use tandem_engine::{
+    model_fetch, CompletionOutput, EngineConfig, FinishReason, LLMEngine, LoadOptions, Model,
+    Prompt, RequestOptions, SamplingParams,
+};
 
 fn model() -> Model {
-    Model::load(&model_fetch::default_model_path().unwrap(), LoadOptions::with_kv_tokens(1024)).unwrap()
+    Model::load(&model_fetch::default_model_path().unwrap(), LoadOptions::with_kv_tokens(1024))
+        .unwrap()
 }
 
 fn engine() -> LLMEngine {
@@ -46,7 +50,10 @@ fn collect(e: &mut LLMEngine, id: &str) -> CompletionOutput {
 
 /// Prefill worker stand-in: computes the prompt's KV on its own backend, samples the first token
 /// and returns `(first token, pages)`.
-fn remote_prefill(prefill: &mut Model, prompt: &[u32]) -> (tandem_engine::sampler::SampledToken, Vec<Vec<u8>>) {
+fn remote_prefill(
+    prefill: &mut Model,
+    prompt: &[u32],
+) -> (tandem_engine::sampler::SampledToken, Vec<Vec<u8>>) {
     let bs = prefill.backend.kv_cache_spec().block_size;
     let table: Vec<u32> = (0..prompt.len().div_ceil(bs) as u32).collect();
     let mut b = ForwardBatch::default();
@@ -67,10 +74,24 @@ fn colocated(prompt: &[u32]) -> CompletionOutput {
 fn decode_after_remote_prefill_equals_colocated() {
     let mut prefill = model();
     let mut dec = engine();
-    let prompt = dec.tokenizer.encode("Write a short story about a lighthouse keeper who finds a message in a bottle.", false).unwrap();
+    let prompt = dec
+        .tokenizer
+        .encode(
+            "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+            false,
+        )
+        .unwrap();
     let (first, pages) = remote_prefill(&mut prefill, &prompt);
     let baseline = dec.block_manager().num_free_blocks();
-    let rp = dec.add_remote_prefill("r", Prompt::TokenIds(prompt.clone()), params(), RequestOptions::default()).unwrap().expect("blocks available");
+    let rp = dec
+        .add_remote_prefill(
+            "r",
+            Prompt::TokenIds(prompt.clone()),
+            params(),
+            RequestOptions::default(),
+        )
+        .unwrap()
+        .expect("blocks available");
     assert_eq!(rp.num_cached_tokens, 0);
     assert_eq!(rp.block_table.len(), pages.len());
     // Nothing is scheduled while the pages are in flight.
@@ -93,13 +114,27 @@ fn decode_after_remote_prefill_equals_colocated() {
 fn decode_side_prefix_hits_need_only_the_suffix_pages() {
     let mut prefill = model();
     let mut dec = engine();
-    let system = "You are a careful assistant. Answer briefly and cite the source of every claim you make. ".repeat(3);
-    let warm = dec.tokenizer.encode(&format!("{system}Question: what is the boiling point of water?"), false).unwrap();
+    let system =
+        "You are a careful assistant. Answer briefly and cite the source of every claim you make. "
+            .repeat(3);
+    let warm = dec
+        .tokenizer
+        .encode(&format!("{system}Question: what is the boiling point of water?"), false)
+        .unwrap();
     dec.add_request("warm", Prompt::TokenIds(warm), SamplingParams::greedy(2), None).unwrap();
     collect(&mut dec, "warm");
-    let prompt = dec.tokenizer.encode(&format!("{system}Question: who wrote Hamlet?"), false).unwrap();
+    let prompt =
+        dec.tokenizer.encode(&format!("{system}Question: who wrote Hamlet?"), false).unwrap();
     let (first, pages) = remote_prefill(&mut prefill, &prompt);
-    let rp = dec.add_remote_prefill("r", Prompt::TokenIds(prompt.clone()), params(), RequestOptions::default()).unwrap().unwrap();
+    let rp = dec
+        .add_remote_prefill(
+            "r",
+            Prompt::TokenIds(prompt.clone()),
+            params(),
+            RequestOptions::default(),
+        )
+        .unwrap()
+        .unwrap();
     assert!(rp.num_cached_tokens >= 48, "cached {}", rp.num_cached_tokens);
     for i in rp.num_cached_tokens / 16..pages.len() {
         dec.write_kv_block(rp.block_table[i], &pages[i]).unwrap();
@@ -111,23 +146,42 @@ fn decode_side_prefix_hits_need_only_the_suffix_pages() {
 #[test]
 fn failed_transfers_recompute_or_abort_and_free_blocks() {
     let mut dec = engine();
-    let prompt = dec.tokenizer.encode("The three primary colors are red, yellow and blue, and mixing them gives", false).unwrap();
+    let prompt = dec
+        .tokenizer
+        .encode("The three primary colors are red, yellow and blue, and mixing them gives", false)
+        .unwrap();
     let baseline = dec.block_manager().num_free_blocks();
     // recompute: prefilled locally, same output.
-    dec.add_remote_prefill("r", Prompt::TokenIds(prompt.clone()), params(), RequestOptions::default()).unwrap().unwrap();
+    dec.add_remote_prefill(
+        "r",
+        Prompt::TokenIds(prompt.clone()),
+        params(),
+        RequestOptions::default(),
+    )
+    .unwrap()
+    .unwrap();
     dec.write_kv_block(0, &vec![0u8; dec.read_kv_block(0).unwrap().len()]).unwrap(); // a half-finished transfer
     assert!(dec.fail_remote_prefill("r", true));
     assert_eq!(collect(&mut dec, "r").token_ids, colocated(&prompt).token_ids);
     assert_eq!(dec.block_manager().num_free_blocks(), baseline);
     // fail: aborted.
-    dec.add_remote_prefill("f", Prompt::TokenIds(prompt.clone()), params(), RequestOptions::default()).unwrap().unwrap();
+    dec.add_remote_prefill(
+        "f",
+        Prompt::TokenIds(prompt.clone()),
+        params(),
+        RequestOptions::default(),
+    )
+    .unwrap()
+    .unwrap();
     assert!(dec.block_manager().num_free_blocks() < baseline);
     assert!(dec.fail_remote_prefill("f", false));
     let out = collect(&mut dec, "f");
     assert_eq!(out.finish_reason, Some(FinishReason::Abort));
     assert_eq!(dec.block_manager().num_free_blocks(), baseline);
     // A client that goes away while pages are in flight.
-    dec.add_remote_prefill("a", Prompt::TokenIds(prompt), params(), RequestOptions::default()).unwrap().unwrap();
+    dec.add_remote_prefill("a", Prompt::TokenIds(prompt), params(), RequestOptions::default())
+        .unwrap()
+        .unwrap();
     assert!(dec.abort_request("a"));
     dec.step().unwrap();
     assert!(!dec.has_unfinished_requests());
@@ -139,7 +193,10 @@ fn failed_transfers_recompute_or_abort_and_free_blocks() {
 fn n_greater_than_one_is_prefilled_locally() {
     let mut dec = engine();
     let p = SamplingParams { n: 2, ..params() };
-    assert!(dec.add_remote_prefill("n2", Prompt::Text("Hello there".into()), p, RequestOptions::default()).unwrap().is_none());
+    assert!(dec
+        .add_remote_prefill("n2", Prompt::Text("Hello there".into()), p, RequestOptions::default())
+        .unwrap()
+        .is_none());
     while dec.has_unfinished_requests() {
         dec.step().unwrap();
     }
@@ -156,7 +213,11 @@ fn complete_blocks_are_reported_while_a_chunked_prefill_runs_and_never_change() 
     let prompt: Vec<u32> = (0..200u32).map(|i| 100 + (i * 37) % 5000).collect();
     let opts = RequestOptions { prefill_only: true, ..Default::default() };
     e.add_request_with("p", Prompt::TokenIds(prompt.clone()), params(), opts).unwrap();
-    assert_eq!(e.prefill_progress("p").unwrap().complete_blocks, Vec::<u32>::new(), "nothing computed yet");
+    assert_eq!(
+        e.prefill_progress("p").unwrap().complete_blocks,
+        Vec::<u32>::new(),
+        "nothing computed yet"
+    );
     let mut early: Vec<(u32, Vec<u8>)> = Vec::new();
     let mut seen = Vec::new();
     let mut finished = false;
@@ -175,12 +236,20 @@ fn complete_blocks_are_reported_while_a_chunked_prefill_runs_and_never_change() 
         seen = p.complete_blocks;
     }
     assert!(finished);
-    assert!(seen.len() >= 9, "most of the 12 full blocks were complete before the last chunk: {}", seen.len());
+    assert!(
+        seen.len() >= 9,
+        "most of the 12 full blocks were complete before the last chunk: {}",
+        seen.len()
+    );
     assert_eq!(e.prefill_progress("p"), None, "a finished prefill has no progress");
     let fin = e.prefill_blocks("p").unwrap();
     assert!(fin.starts_with(&seen));
     for (b, page) in &early {
-        assert_eq!(&e.read_kv_block(*b).unwrap(), page, "block {b} changed after it was reported complete");
+        assert_eq!(
+            &e.read_kv_block(*b).unwrap(),
+            page,
+            "block {b} changed after it was reported complete"
+        );
     }
     assert!(e.release_prefill("p"));
 }
@@ -191,16 +260,42 @@ fn a_parked_prefill_holds_its_running_slot() {
     // request cannot be parked (it would run past the limit when its KV lands) nor admitted
     // locally until a slot frees.
     let sched = tandem_engine::scheduler::SchedulerConfig { max_num_seqs: 2, ..Default::default() };
-    let mut dec = LLMEngine::new(model(), EngineConfig { scheduler: sched, ..EngineConfig::default() });
-    let prompt = dec.tokenizer.encode("Name three rivers of Europe and the seas they flow into.", false).unwrap();
+    let mut dec =
+        LLMEngine::new(model(), EngineConfig { scheduler: sched, ..EngineConfig::default() });
+    let prompt = dec
+        .tokenizer
+        .encode("Name three rivers of Europe and the seas they flow into.", false)
+        .unwrap();
     dec.add_request("local", Prompt::TokenIds(prompt.clone()), params(), None).unwrap();
     dec.step().unwrap();
-    assert!(dec.add_remote_prefill("parked", Prompt::TokenIds(prompt.clone()), params(), RequestOptions::default()).unwrap().is_some());
-    assert!(dec.add_remote_prefill("third", Prompt::TokenIds(prompt.clone()), params(), RequestOptions::default()).unwrap().is_none(), "no slot left to park in");
+    assert!(dec
+        .add_remote_prefill(
+            "parked",
+            Prompt::TokenIds(prompt.clone()),
+            params(),
+            RequestOptions::default()
+        )
+        .unwrap()
+        .is_some());
+    assert!(
+        dec.add_remote_prefill(
+            "third",
+            Prompt::TokenIds(prompt.clone()),
+            params(),
+            RequestOptions::default()
+        )
+        .unwrap()
+        .is_none(),
+        "no slot left to park in"
+    );
     for _ in 0..5 {
         dec.step().unwrap();
         let (waiting, running, _) = dec.queue_lengths();
-        assert_eq!((waiting, running), (1, 1), "the third request waits while the parked one holds its slot");
+        assert_eq!(
+            (waiting, running),
+            (1, 1),
+            "the third request waits while the parked one holds its slot"
+        );
     }
     assert!(dec.fail_remote_prefill("parked", false));
     dec.abort_request("third");

@@ -5,14 +5,29 @@ use std::path::PathBuf;
 
 use tandem_engine::scheduler::{PreemptionMode, SchedulerConfig, SchedulingPolicy};
 use tandem_engine::sequence::SequenceStatus;
-use tandem_engine::{EngineConfig, KvCacheSize, LLMEngine, LoadOptions, Model, Prompt, RequestOptions, SamplingParams};
+use tandem_engine::{
+    EngineConfig, KvCacheSize, LLMEngine, LoadOptions, Model, Prompt, RequestOptions,
+    SamplingParams,
+};
 
 fn tiny(kv_tokens: usize, swap_blocks: u64, sched: SchedulerConfig) -> LLMEngine {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-llama");
     // 2 layers x 2 KV heads x 16 dims, f32 K and V, 16-token blocks.
     let block_bytes = 2 * 2 * 2 * 16 * 4 * 16;
-    let opts = LoadOptions { kv_cache: KvCacheSize::Tokens(kv_tokens), swap_space_bytes: swap_blocks * block_bytes, ..Default::default() };
-    LLMEngine::new(Model::load(&dir, opts).unwrap(), EngineConfig { scheduler: sched, enable_prefix_caching: false, speculative: None, zero_freed_blocks: false })
+    let opts = LoadOptions {
+        kv_cache: KvCacheSize::Tokens(kv_tokens),
+        swap_space_bytes: swap_blocks * block_bytes,
+        ..Default::default()
+    };
+    LLMEngine::new(
+        Model::load(&dir, opts).unwrap(),
+        EngineConfig {
+            scheduler: sched,
+            enable_prefix_caching: false,
+            speculative: None,
+            zero_freed_blocks: false,
+        },
+    )
 }
 
 fn prompt(i: u32) -> Prompt {
@@ -21,11 +36,21 @@ fn prompt(i: u32) -> Prompt {
 
 #[test]
 fn priority_policy_serves_lower_values_first() {
-    let sched = SchedulerConfig { max_num_seqs: 1, policy: SchedulingPolicy::Priority, ..Default::default() };
+    let sched = SchedulerConfig {
+        max_num_seqs: 1,
+        policy: SchedulingPolicy::Priority,
+        ..Default::default()
+    };
     let mut e = tiny(512, 0, sched);
     let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) };
     for (id, prio) in [("low", 5), ("high", -1), ("mid", 2)] {
-        e.add_request_with(id, prompt((prio + 10) as u32), p.clone(), RequestOptions { priority: prio, ..Default::default() }).unwrap();
+        e.add_request_with(
+            id,
+            prompt((prio + 10) as u32),
+            p.clone(),
+            RequestOptions { priority: prio, ..Default::default() },
+        )
+        .unwrap();
     }
     let mut order = Vec::new();
     while e.has_unfinished_requests() {
@@ -41,7 +66,13 @@ fn priority_policy_serves_lower_values_first() {
     let sched = SchedulerConfig { max_num_seqs: 1, ..Default::default() };
     let mut e = tiny(512, 0, sched);
     for (id, prio) in [("first", 5), ("second", -1)] {
-        e.add_request_with(id, prompt(1), p.clone(), RequestOptions { priority: prio, ..Default::default() }).unwrap();
+        e.add_request_with(
+            id,
+            prompt(1),
+            p.clone(),
+            RequestOptions { priority: prio, ..Default::default() },
+        )
+        .unwrap();
     }
     let mut order = Vec::new();
     while e.has_unfinished_requests() {
@@ -57,7 +88,13 @@ fn priority_victims_are_the_lowest_priority() {
     let mut e = tiny(8 * 16, 0, sched);
     let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(40) };
     for (id, prio) in [("a", 0), ("b", 9), ("c", 1), ("d", 2)] {
-        e.add_request_with(id, prompt(prio as u32), p.clone(), RequestOptions { priority: prio, ..Default::default() }).unwrap();
+        e.add_request_with(
+            id,
+            prompt(prio as u32),
+            p.clone(),
+            RequestOptions { priority: prio, ..Default::default() },
+        )
+        .unwrap();
     }
     let mut first_preempted = None;
     while e.has_unfinished_requests() {
@@ -87,7 +124,9 @@ fn aborting_a_swapped_sequence_frees_host_blocks() {
             assert!(e.block_manager().num_free_host_blocks() < e.block_manager().num_host_blocks());
             let swapped = (0..4)
                 .map(|i| format!("r{i}"))
-                .find(|id| e.request_status(id).is_some_and(|s| s.contains(&SequenceStatus::Swapped)))
+                .find(|id| {
+                    e.request_status(id).is_some_and(|s| s.contains(&SequenceStatus::Swapped))
+                })
                 .expect("a swapped request");
             assert!(e.abort_request(&swapped));
             aborted = true;
@@ -143,7 +182,13 @@ fn one_groups_many_sequences_do_not_starve_a_newcomer() {
         let opts = RequestOptions { group: Some("batch".into()), ..Default::default() };
         e.add_request_with(&format!("batch-{i}"), prompt(i), wide.clone(), opts).unwrap();
     }
-    e.add_request("small", prompt(99), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) }, None).unwrap();
+    e.add_request(
+        "small",
+        prompt(99),
+        SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) },
+        None,
+    )
+    .unwrap();
     let order = run_within(&mut e, 8);
     let pos = order.iter().position(|r| r == "small").unwrap();
     assert!(pos <= 2, "the small request finished after {pos} of the group's prompts: {order:?}");
@@ -154,7 +199,13 @@ fn one_groups_many_sequences_do_not_starve_a_newcomer() {
     for i in 0..16 {
         e.add_request(&format!("batch-{i}"), prompt(i), wide.clone(), None).unwrap();
     }
-    e.add_request("small", prompt(99), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) }, None).unwrap();
+    e.add_request(
+        "small",
+        prompt(99),
+        SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) },
+        None,
+    )
+    .unwrap();
     let order = run_within(&mut e, 8);
     assert!(order.iter().position(|r| r == "small").unwrap() >= 12, "{order:?}");
 }

@@ -40,7 +40,8 @@ fn out_of_line_intrinsics(disassembly: &str) -> Vec<(String, String)> {
     let mut found = Vec::new();
     let mut current = String::new();
     for line in disassembly.lines() {
-        if let Some(name) = line.strip_suffix(">:").and_then(|l| l.split_once(" <")).map(|(_, n)| n) {
+        if let Some(name) = line.strip_suffix(">:").and_then(|l| l.split_once(" <")).map(|(_, n)| n)
+        {
             current = name.to_string();
             continue;
         }
@@ -69,12 +70,22 @@ fn no_intrinsic_is_called_out_of_line() {
     assert!(out.status.success(), "objdump failed: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     // The check must see the kernels, or it proves nothing.
-    assert!(text.contains("tandem_engine::backend::cpu::quant_x86"), "no quant_x86 kernel in {}", exe.display());
+    assert!(
+        text.contains("tandem_engine::backend::cpu::quant_x86"),
+        "no quant_x86 kernel in {}",
+        exe.display()
+    );
     let bad = out_of_line_intrinsics(&text);
-    let mut listed: Vec<String> = bad.iter().map(|(f, c)| format!("  {f}\n    calls {c}")).collect();
+    let mut listed: Vec<String> =
+        bad.iter().map(|(f, c)| format!("  {f}\n    calls {c}")).collect();
     listed.sort();
     listed.dedup();
-    assert!(bad.is_empty(), "{} calls to out-of-line SIMD intrinsics from engine code:\n{}", bad.len(), listed.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} calls to out-of-line SIMD intrinsics from engine code:\n{}",
+        bad.len(),
+        listed.join("\n")
+    );
 }
 
 #[test]

@@ -7,7 +7,10 @@
 use std::collections::HashMap;
 
 use tandem_engine::spec_decode::SpeculativeConfig;
-use tandem_engine::{model_fetch, CompletionOutput, EngineConfig, KvCacheSize, LLMEngine, LoadOptions, Model, Prompt, RequestOptions, SamplingParams};
+use tandem_engine::{
+    model_fetch, CompletionOutput, EngineConfig, KvCacheSize, LLMEngine, LoadOptions, Model,
+    Prompt, RequestOptions, SamplingParams,
+};
 
 /// Speculation on every decoding sequence, whatever the batch, at full draft length: the most
 /// drafts (and rejections) per run.
@@ -27,7 +30,12 @@ fn draft_model() -> SpeculativeConfig {
 }
 
 fn engine_with(spec: Option<SpeculativeConfig>, block_size: usize) -> LLMEngine {
-    let opts = LoadOptions { kv_cache: KvCacheSize::Tokens(4096), swap_space_bytes: 0, block_size, ..Default::default() };
+    let opts = LoadOptions {
+        kv_cache: KvCacheSize::Tokens(4096),
+        swap_space_bytes: 0,
+        block_size,
+        ..Default::default()
+    };
     let cfg = EngineConfig { speculative: spec, ..Default::default() };
     LLMEngine::new(Model::load(&model_fetch::default_model_path().unwrap(), opts).unwrap(), cfg)
 }
@@ -41,7 +49,8 @@ fn engine_with_draft(block_size: usize) -> LLMEngine {
         block_size,
         ..Default::default()
     };
-    e.set_draft_model(Model::load(&model_fetch::default_model_path().unwrap(), opts).unwrap()).unwrap();
+    e.set_draft_model(Model::load(&model_fetch::default_model_path().unwrap(), opts).unwrap())
+        .unwrap();
     e
 }
 
@@ -57,9 +66,18 @@ const PROMPTS: [&str; 5] = [
     "<ul>\n  <li>apple</li>\n  <li>banana</li>\n  <li>cherry</li>\n",
 ];
 
-fn run(e: &mut LLMEngine, reqs: &[(String, SamplingParams, RequestOptions)]) -> HashMap<String, Vec<CompletionOutput>> {
+fn run(
+    e: &mut LLMEngine,
+    reqs: &[(String, SamplingParams, RequestOptions)],
+) -> HashMap<String, Vec<CompletionOutput>> {
     for (i, (id, p, o)) in reqs.iter().enumerate() {
-        e.add_request_with(id, Prompt::Text(PROMPTS[i % PROMPTS.len()].to_string()), p.clone(), o.clone()).unwrap();
+        e.add_request_with(
+            id,
+            Prompt::Text(PROMPTS[i % PROMPTS.len()].to_string()),
+            p.clone(),
+            o.clone(),
+        )
+        .unwrap();
     }
     let mut acc: HashMap<String, Vec<CompletionOutput>> = HashMap::new();
     while e.has_unfinished_requests() || e.has_pending_outputs() {
@@ -104,18 +122,38 @@ fn greedy_equality(cfg: SpeculativeConfig, min_accepted: u64) {
 
 fn greedy_equality_with(mut spec: LLMEngine, min_accepted: u64) {
     let greedy = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(48) };
-    let mut reqs: Vec<(String, SamplingParams, RequestOptions)> = (0..5).map(|i| (format!("g{i}"), greedy.clone(), RequestOptions::default())).collect();
+    let mut reqs: Vec<(String, SamplingParams, RequestOptions)> =
+        (0..5).map(|i| (format!("g{i}"), greedy.clone(), RequestOptions::default())).collect();
     // A stop string, log-probabilities, a short max_tokens, and an opted-out request, all in the
     // same batch.
-    reqs.push(("stop".into(), SamplingParams { stop: vec!["(a, b):\n    return a *".into()], ..greedy.clone() }, RequestOptions::default()));
-    reqs.push(("lp".into(), SamplingParams { logprobs: Some(3), ..SamplingParams::greedy(40) }, RequestOptions::default()));
-    reqs.push(("short".into(), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) }, RequestOptions::default()));
-    reqs.push(("optout".into(), greedy.clone(), RequestOptions { no_speculation: true, ..Default::default() }));
+    reqs.push((
+        "stop".into(),
+        SamplingParams { stop: vec!["(a, b):\n    return a *".into()], ..greedy.clone() },
+        RequestOptions::default(),
+    ));
+    reqs.push((
+        "lp".into(),
+        SamplingParams { logprobs: Some(3), ..SamplingParams::greedy(40) },
+        RequestOptions::default(),
+    ));
+    reqs.push((
+        "short".into(),
+        SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) },
+        RequestOptions::default(),
+    ));
+    reqs.push((
+        "optout".into(),
+        greedy.clone(),
+        RequestOptions { no_speculation: true, ..Default::default() },
+    ));
     let mut plain = engine(false, 16);
     let want = run(&mut plain, &reqs);
     let got = run(&mut spec, &reqs);
     let s = spec.stats();
-    eprintln!("drafts {}, draft tokens {}, accepted {}, per position {:?}", s.spec_drafts, s.spec_draft_tokens, s.spec_accepted_tokens, s.spec_accepted_per_position);
+    eprintln!(
+        "drafts {}, draft tokens {}, accepted {}, per position {:?}",
+        s.spec_drafts, s.spec_draft_tokens, s.spec_accepted_tokens, s.spec_accepted_per_position
+    );
     assert!(s.spec_accepted_tokens > min_accepted, "the prompts should accept drafts: {s:?}");
     for (id, _, _) in &reqs {
         let (a, b) = (&got[id][0], &want[id][0]);
@@ -125,8 +163,16 @@ fn greedy_equality_with(mut spec: LLMEngine, min_accepted: u64) {
         assert_eq!(a.logprobs.len(), b.logprobs.len(), "{id}");
         for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
             assert_eq!(x.chosen.token_id, y.chosen.token_id);
-            assert!((x.chosen.logprob - y.chosen.logprob).abs() < 1e-3, "{id}: logprob {} vs {}", x.chosen.logprob, y.chosen.logprob);
-            assert_eq!(x.top.iter().map(|t| t.token_id).collect::<Vec<_>>(), y.top.iter().map(|t| t.token_id).collect::<Vec<_>>());
+            assert!(
+                (x.chosen.logprob - y.chosen.logprob).abs() < 1e-3,
+                "{id}: logprob {} vs {}",
+                x.chosen.logprob,
+                y.chosen.logprob
+            );
+            assert_eq!(
+                x.top.iter().map(|t| t.token_id).collect::<Vec<_>>(),
+                y.top.iter().map(|t| t.token_id).collect::<Vec<_>>()
+            );
         }
     }
     assert_eq!(got["short"][0].token_ids.len(), 3);
@@ -174,7 +220,13 @@ fn rollback_with(mut spec: LLMEngine, expect_rejections: bool) {
     let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(120) };
     let mut plain = engine(false, bs);
     for e in [&mut spec, &mut plain] {
-        e.add_request_with("r", Prompt::Text(PROMPTS[0].to_string()), p.clone(), RequestOptions::default()).unwrap();
+        e.add_request_with(
+            "r",
+            Prompt::Text(PROMPTS[0].to_string()),
+            p.clone(),
+            RequestOptions::default(),
+        )
+        .unwrap();
     }
     let mut compared = 0;
     for target in [40, 57, 75, 90, 111] {
@@ -192,9 +244,12 @@ fn rollback_with(mut spec: LLMEngine, expect_rejections: bool) {
             let valid = (sc - i * bs).min(bs);
             let (ka, kb) = (spec.read_kv_block(a).unwrap(), plain.read_kv_block(b).unwrap());
             let layers = spec.model_config.num_layers;
-            let (va, vb) = (valid_slots(&ka, bs, valid, layers), valid_slots(&kb, bs, valid, layers));
-            let fa: Vec<f32> = va.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-            let fb: Vec<f32> = vb.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let (va, vb) =
+                (valid_slots(&ka, bs, valid, layers), valid_slots(&kb, bs, valid, layers));
+            let fa: Vec<f32> =
+                va.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let fb: Vec<f32> =
+                vb.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
             let worst = fa.iter().zip(&fb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
             assert!(worst < 1e-3, "block {i} after {sc} tokens: KV differs by {worst}");
         }
@@ -203,21 +258,37 @@ fn rollback_with(mut spec: LLMEngine, expect_rejections: bool) {
     assert!(compared >= 3, "too few comparison points");
     assert!(spec.stats().spec_drafts > 0);
     if expect_rejections {
-        assert!(spec.stats().spec_draft_tokens > spec.stats().spec_accepted_tokens, "some drafts must have been rejected");
+        assert!(
+            spec.stats().spec_draft_tokens > spec.stats().spec_accepted_tokens,
+            "some drafts must have been rejected"
+        );
     }
 }
 
 /// The default policy: no drafts while a large batch decodes.
 #[test]
 fn no_drafts_in_a_large_batch_by_default() {
-    let opts = LoadOptions { kv_cache: KvCacheSize::Tokens(4096), swap_space_bytes: 0, ..Default::default() };
-    let cfg = EngineConfig { speculative: Some(SpeculativeConfig::default()), ..Default::default() };
-    let mut e = LLMEngine::new(Model::load(&model_fetch::default_model_path().unwrap(), opts).unwrap(), cfg);
+    let opts = LoadOptions {
+        kv_cache: KvCacheSize::Tokens(4096),
+        swap_space_bytes: 0,
+        ..Default::default()
+    };
+    let cfg =
+        EngineConfig { speculative: Some(SpeculativeConfig::default()), ..Default::default() };
+    let mut e = LLMEngine::new(
+        Model::load(&model_fetch::default_model_path().unwrap(), opts).unwrap(),
+        cfg,
+    );
     let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(16) };
-    let reqs: Vec<(String, SamplingParams, RequestOptions)> = (0..6).map(|i| (format!("b{i}"), p.clone(), RequestOptions::default())).collect();
+    let reqs: Vec<(String, SamplingParams, RequestOptions)> =
+        (0..6).map(|i| (format!("b{i}"), p.clone(), RequestOptions::default())).collect();
     run(&mut e, &reqs);
     assert_eq!(e.stats().spec_drafts, 0);
-    let one = vec![("solo".to_string(), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(48) }, RequestOptions::default())];
+    let one = vec![(
+        "solo".to_string(),
+        SamplingParams { ignore_eos: true, ..SamplingParams::greedy(48) },
+        RequestOptions::default(),
+    )];
     run(&mut e, &one);
     assert!(e.stats().spec_drafts > 0, "a single stream speculates");
 }
@@ -228,12 +299,19 @@ fn speculation_leaves_shared_prefix_blocks_untouched() {
     let mut e = engine(true, bs);
     let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(60) };
     // A's prompt blocks go to the prefix cache; B shares them and speculates on top.
-    e.add_request_with("a", Prompt::Text(PROMPTS[0].to_string()), SamplingParams::greedy(1), RequestOptions::default()).unwrap();
+    e.add_request_with(
+        "a",
+        Prompt::Text(PROMPTS[0].to_string()),
+        SamplingParams::greedy(1),
+        RequestOptions::default(),
+    )
+    .unwrap();
     while e.has_unfinished_requests() {
         e.step().unwrap();
     }
     let prompt = e.tokenizer.encode(PROMPTS[0], true).unwrap();
-    e.add_request_with("b", Prompt::TokenIds(prompt.clone()), p.clone(), RequestOptions::default()).unwrap();
+    e.add_request_with("b", Prompt::TokenIds(prompt.clone()), p.clone(), RequestOptions::default())
+        .unwrap();
     e.step().unwrap();
     let (blocks, _) = e.request_blocks("b").unwrap();
     let shared: Vec<u32> = blocks[..(prompt.len() - 1) / bs].to_vec();
@@ -255,12 +333,18 @@ fn speculation_leaves_shared_prefix_blocks_untouched() {
 #[test]
 fn fast_kernels_speculation_equals_plain_except_near_ties() {
     let load = |spec: bool| {
-        let opts = LoadOptions { kernel: tandem_engine::backend::KernelPath::Fast, kv_cache: KvCacheSize::Tokens(4096), swap_space_bytes: 0, ..Default::default() };
+        let opts = LoadOptions {
+            kernel: tandem_engine::backend::KernelPath::Fast,
+            kv_cache: KvCacheSize::Tokens(4096),
+            swap_space_bytes: 0,
+            ..Default::default()
+        };
         let cfg = EngineConfig { speculative: spec.then(always), ..Default::default() };
         LLMEngine::new(Model::load(&model_fetch::default_model_path().unwrap(), opts).unwrap(), cfg)
     };
     let p = SamplingParams { ignore_eos: true, logprobs: Some(2), ..SamplingParams::greedy(48) };
-    let reqs: Vec<(String, SamplingParams, RequestOptions)> = (0..5).map(|i| (format!("f{i}"), p.clone(), RequestOptions::default())).collect();
+    let reqs: Vec<(String, SamplingParams, RequestOptions)> =
+        (0..5).map(|i| (format!("f{i}"), p.clone(), RequestOptions::default())).collect();
     let want = run(&mut load(false), &reqs);
     let mut spec = load(true);
     let got = run(&mut spec, &reqs);
@@ -278,7 +362,10 @@ fn fast_kernels_speculation_equals_plain_except_near_ties() {
             assert_eq!(a.token_ids, b.token_ids, "{id}");
         }
     }
-    eprintln!("fast kernels with speculation: {} requests, {near_ties} near-tie divergences", reqs.len());
+    eprintln!(
+        "fast kernels with speculation: {} requests, {near_ties} near-tie divergences",
+        reqs.len()
+    );
 }
 
 /// A genuinely different draft: the tiny test Llama as the model, the tiny test Qwen3 (same
@@ -286,16 +373,37 @@ fn fast_kernels_speculation_equals_plain_except_near_ties() {
 /// output still equals plain decoding, and blocks and K/V roll back to the plain run's.
 #[test]
 fn a_different_draft_model_is_rejected_without_harm() {
-    let dir = |m: &str| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data").join(m);
+    let dir =
+        |m: &str| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data").join(m);
     let bs = 4;
-    let load = |m: &str| Model::load(&dir(m), LoadOptions { kv_cache: KvCacheSize::Tokens(2048), swap_space_bytes: 0, block_size: bs, ..Default::default() }).unwrap();
+    let load = |m: &str| {
+        Model::load(
+            &dir(m),
+            LoadOptions {
+                kv_cache: KvCacheSize::Tokens(2048),
+                swap_space_bytes: 0,
+                block_size: bs,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
     let mut plain = LLMEngine::new(load("tiny-llama"), EngineConfig::default());
-    let mut spec = LLMEngine::new(load("tiny-llama"), EngineConfig { speculative: Some(draft_model()), ..Default::default() });
+    let mut spec = LLMEngine::new(
+        load("tiny-llama"),
+        EngineConfig { speculative: Some(draft_model()), ..Default::default() },
+    );
     spec.set_draft_model(load("tiny-qwen3")).unwrap();
     let prompt: Vec<u32> = (0..23).map(|i| (i * 37 % 300 + 20) as u32).collect();
     let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(60) };
     for e in [&mut spec, &mut plain] {
-        e.add_request_with("r", Prompt::TokenIds(prompt.clone()), p.clone(), RequestOptions::default()).unwrap();
+        e.add_request_with(
+            "r",
+            Prompt::TokenIds(prompt.clone()),
+            p.clone(),
+            RequestOptions::default(),
+        )
+        .unwrap();
     }
     let mut compared = 0;
     for target in [35, 48, 61, 74] {
@@ -307,8 +415,20 @@ fn a_different_draft_model_is_rejected_without_harm() {
         for (i, (&a, &b)) in sb.iter().zip(&pb).enumerate() {
             let valid = (sc - i * bs).min(bs);
             let layers = spec.model_config.num_layers;
-            let (va, vb) = (valid_slots(&spec.read_kv_block(a).unwrap(), bs, valid, layers), valid_slots(&plain.read_kv_block(b).unwrap(), bs, valid, layers));
-            assert!(va.chunks_exact(4).zip(vb.chunks_exact(4)).all(|(x, y)| (f32::from_le_bytes(x.try_into().unwrap()) - f32::from_le_bytes(y.try_into().unwrap())).abs() < 1e-3), "block {i} after {sc}");
+            let (va, vb) = (
+                valid_slots(&spec.read_kv_block(a).unwrap(), bs, valid, layers),
+                valid_slots(&plain.read_kv_block(b).unwrap(), bs, valid, layers),
+            );
+            assert!(
+                va.chunks_exact(4).zip(vb.chunks_exact(4)).all(|(x, y)| (f32::from_le_bytes(
+                    x.try_into().unwrap()
+                ) - f32::from_le_bytes(
+                    y.try_into().unwrap()
+                ))
+                .abs()
+                    < 1e-3),
+                "block {i} after {sc}"
+            );
         }
         compared += 1;
     }
@@ -325,7 +445,13 @@ fn a_different_draft_model_is_rejected_without_harm() {
     };
     assert_eq!(rest(&mut spec), rest(&mut plain), "the rest of the output differs");
     let s = spec.stats();
-    eprintln!("different draft: {} drafts, {} accepted of {}", s.spec_drafts, s.spec_accepted_tokens, s.spec_draft_tokens);
-    assert!(s.spec_draft_tokens > s.spec_accepted_tokens, "a different model's drafts must be rejected sometimes");
+    eprintln!(
+        "different draft: {} drafts, {} accepted of {}",
+        s.spec_drafts, s.spec_accepted_tokens, s.spec_draft_tokens
+    );
+    assert!(
+        s.spec_draft_tokens > s.spec_accepted_tokens,
+        "a different model's drafts must be rejected sometimes"
+    );
     assert_eq!(spec.block_manager().num_free_blocks(), spec.block_manager().num_blocks());
 }

@@ -10,7 +10,10 @@ use tandem_kv_transfer::page::{KvPage, HEADER_BYTES};
 use tandem_router::openai::{self, ChatRequest, CompletionRequest};
 
 /// Chat templates the gateway renders: a ChatML one and a Llama-style one with a system slot.
-const TEMPLATES: [&str; 2] = [include_str!("../../tests/data/tiny-qwen3/chat_template.jinja"), include_str!("../../tests/data/tiny-llama/chat_template.jinja")];
+const TEMPLATES: [&str; 2] = [
+    include_str!("../../tests/data/tiny-qwen3/chat_template.jinja"),
+    include_str!("../../tests/data/tiny-llama/chat_template.jinja"),
+];
 
 /// GGUF files: header, metadata, tensor table; then what the loader derives from them.
 pub fn gguf(data: &[u8]) {
@@ -71,7 +74,12 @@ pub fn chat_template(data: &[u8]) {
 fn render_all(msgs: &[ChatMessage]) {
     // Compiled once: the inputs under test are the messages, not the templates.
     static COMPILED: std::sync::OnceLock<Vec<ChatTemplate>> = std::sync::OnceLock::new();
-    let templates = COMPILED.get_or_init(|| TEMPLATES.iter().map(|src| ChatTemplate::new(src, "<s>", "</s>").expect("the templates compile")).collect());
+    let templates = COMPILED.get_or_init(|| {
+        TEMPLATES
+            .iter()
+            .map(|src| ChatTemplate::new(src, "<s>", "</s>").expect("the templates compile"))
+            .collect()
+    });
     for t in templates {
         let _ = t.render(msgs, true);
         let _ = t.render(msgs, false);

@@ -57,27 +57,46 @@ impl TransferHeader {
 
     /// Parses and verifies a header.
     pub fn decode(b: &[u8]) -> Result<TransferHeader, TransferError> {
-        let b: &[u8; HEADER_BYTES] = b.get(..HEADER_BYTES).and_then(|h| h.try_into().ok()).ok_or_else(|| TransferError::Protocol("short transfer header".into()))?;
+        let b: &[u8; HEADER_BYTES] = b
+            .get(..HEADER_BYTES)
+            .and_then(|h| h.try_into().ok())
+            .ok_or_else(|| TransferError::Protocol("short transfer header".into()))?;
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         if u32_at(0) != HEADER_MAGIC {
-            return Err(TransferError::Protocol(format!("bad transfer header magic {:#010x}", u32_at(0))));
+            return Err(TransferError::Protocol(format!(
+                "bad transfer header magic {:#010x}",
+                u32_at(0)
+            )));
         }
         let (expected, actual) = (u32_at(32), crc32fast::hash(&b[..32]));
         if expected != actual {
-            return Err(TransferError::Protocol(format!("transfer header checksum {actual:#010x}, expected {expected:#010x}")));
+            return Err(TransferError::Protocol(format!(
+                "transfer header checksum {actual:#010x}, expected {expected:#010x}"
+            )));
         }
         if u32_at(4) != HEADER_VERSION {
-            return Err(TransferError::Protocol(format!("transfer header version {} (this side speaks {HEADER_VERSION})", u32_at(4))));
+            return Err(TransferError::Protocol(format!(
+                "transfer header version {} (this side speaks {HEADER_VERSION})",
+                u32_at(4)
+            )));
         }
-        Ok(TransferHeader { transfer_id: u64_at(8), first_index: u32_at(16), pages: u32_at(20), page_bytes: u64_at(24) })
+        Ok(TransferHeader {
+            transfer_id: u64_at(8),
+            first_index: u32_at(16),
+            pages: u32_at(20),
+            page_bytes: u64_at(24),
+        })
     }
 }
 
 /// One 32-bit word's share of a page checksum: a bijection of the word keyed by its position,
 /// so changing any one word changes the sum, and so does moving words around.
 pub fn page_word_hash(x: u32, pos: u32) -> u32 {
-    let mut x = x.wrapping_mul(0x9E37_79B1).wrapping_add(pos.wrapping_mul(0x85EB_CA77)).wrapping_add(0x1656_67B1);
+    let mut x = x
+        .wrapping_mul(0x9E37_79B1)
+        .wrapping_add(pos.wrapping_mul(0x85EB_CA77))
+        .wrapping_add(0x1656_67B1);
     x ^= x >> 15;
     x = x.wrapping_mul(0x2C1B_3C6D);
     x ^ (x >> 12)
@@ -87,17 +106,35 @@ pub fn page_word_hash(x: u32, pos: u32) -> u32 {
 /// add it up while they move the page): the wrapping sum of [`page_word_hash`] over the page's
 /// little-endian 32-bit words. This is the reference the kernels are checked against.
 pub fn page_checksum(page: &[u8]) -> u32 {
-    page.chunks_exact(4).enumerate().fold(0u32, |acc, (i, w)| acc.wrapping_add(page_word_hash(u32::from_le_bytes(w.try_into().expect("4 bytes")), i as u32)))
+    page.chunks_exact(4).enumerate().fold(0u32, |acc, (i, w)| {
+        acc.wrapping_add(page_word_hash(
+            u32::from_le_bytes(w.try_into().expect("4 bytes")),
+            i as u32,
+        ))
+    })
 }
 
 /// The first page whose checksums differ, as a [`TransferError::Checksum`].
-pub fn compare_checksums(h: &TransferHeader, sent: &[u32], received: &[u32]) -> Result<(), TransferError> {
+pub fn compare_checksums(
+    h: &TransferHeader,
+    sent: &[u32],
+    received: &[u32],
+) -> Result<(), TransferError> {
     if sent.len() != received.len() {
-        return Err(TransferError::Protocol(format!("{} checksums for {} pages", sent.len(), received.len())));
+        return Err(TransferError::Protocol(format!(
+            "{} checksums for {} pages",
+            sent.len(),
+            received.len()
+        )));
     }
     match sent.iter().zip(received).position(|(a, b)| a != b) {
         None => Ok(()),
-        Some(i) => Err(TransferError::Checksum { transfer_id: h.transfer_id, index: h.first_index + i as u32, expected: sent[i], actual: received[i] }),
+        Some(i) => Err(TransferError::Checksum {
+            transfer_id: h.transfer_id,
+            index: h.first_index + i as u32,
+            expected: sent[i],
+            actual: received[i],
+        }),
     }
 }
 
@@ -123,10 +160,18 @@ impl DeviceKvInfo {
     /// Refuses a peer whose pages differ from this side's, naming the field.
     pub fn check(&self, remote: &DeviceKvInfo) -> Result<(), TransferError> {
         if self.page_bytes != remote.page_bytes {
-            return Err(TransferError::LayoutMismatch { field: "device page bytes", local: self.page_bytes.to_string(), remote: remote.page_bytes.to_string() });
+            return Err(TransferError::LayoutMismatch {
+                field: "device page bytes",
+                local: self.page_bytes.to_string(),
+                remote: remote.page_bytes.to_string(),
+            });
         }
         if self.dtype != remote.dtype {
-            return Err(TransferError::LayoutMismatch { field: "device KV dtype", local: self.dtype.clone(), remote: remote.dtype.clone() });
+            return Err(TransferError::LayoutMismatch {
+                field: "device KV dtype",
+                local: self.dtype.clone(),
+                remote: remote.dtype.clone(),
+            });
         }
         Ok(())
     }
@@ -160,21 +205,33 @@ pub trait DeviceKv: Send + Sync {
     /// A new link id (the side that makes it hands its bytes to the peer).
     fn new_link_id(&self) -> Result<[u8; 128], TransferError>;
     /// Joins the link of `id` as `role`; returns once the peer has joined too, or with an error.
-    fn connect(&self, role: LinkRole, id: &[u8; 128]) -> Result<Box<dyn DeviceLink>, TransferError>;
+    fn connect(&self, role: LinkRole, id: &[u8; 128])
+        -> Result<Box<dyn DeviceLink>, TransferError>;
 }
 
 /// One end of a link between two processes' KV pools.
 pub trait DeviceLink: Send {
     /// Sends `blocks` (this side's block ids, pages `first_index..`) as transfer `transfer_id`;
     /// returns the bytes sent once they have left. An error leaves the link unusable.
-    fn send(&mut self, transfer_id: u64, first_index: u32, blocks: &[u32], opts: SendOptions) -> Result<u64, TransferError>;
+    fn send(
+        &mut self,
+        transfer_id: u64,
+        first_index: u32,
+        blocks: &[u32],
+        opts: SendOptions,
+    ) -> Result<u64, TransferError>;
 
     /// Waits for the next transfer while `keep_waiting()` says so (`Ok(None)` when it stopped
     /// waiting; the next call goes on waiting for the same transfer), then receives its pages
     /// into the blocks `route` names for its header (`None`: into nowhere). Pages must arrive
     /// within `timeout` of the header; `keep_waiting()` turning false while they land is an
     /// error. An error leaves the link unusable.
-    fn recv(&mut self, route: &mut dyn FnMut(&TransferHeader) -> Option<Vec<u32>>, keep_waiting: &dyn Fn() -> bool, timeout: Duration) -> Result<Option<Received>, TransferError>;
+    fn recv(
+        &mut self,
+        route: &mut dyn FnMut(&TransferHeader) -> Option<Vec<u32>>,
+        keep_waiting: &dyn Fn() -> bool,
+        timeout: Duration,
+    ) -> Result<Option<Received>, TransferError>;
 }
 
 #[cfg(test)]
@@ -183,14 +240,22 @@ mod tests {
 
     #[test]
     fn header_round_trips_and_every_bit_flip_is_caught() {
-        let h = TransferHeader { transfer_id: 0x1234_5678_9abc, first_index: 3, pages: 512, page_bytes: 2 << 20 };
+        let h = TransferHeader {
+            transfer_id: 0x1234_5678_9abc,
+            first_index: 3,
+            pages: 512,
+            page_bytes: 2 << 20,
+        };
         let b = h.encode();
         assert_eq!(TransferHeader::decode(&b).unwrap(), h);
         for i in 0..36 {
             for bit in 0..8 {
                 let mut c = b;
                 c[i] ^= 1 << bit;
-                assert!(TransferHeader::decode(&c).is_err(), "flip of bit {bit} of byte {i} went unnoticed");
+                assert!(
+                    TransferHeader::decode(&c).is_err(),
+                    "flip of bit {bit} of byte {i} went unnoticed"
+                );
             }
         }
         assert!(TransferHeader::decode(&b[..10]).is_err());
@@ -198,7 +263,8 @@ mod tests {
 
     #[test]
     fn checksum_sees_any_changed_word_and_swapped_words() {
-        let page: Vec<u8> = (0..4096u32).flat_map(|i| (i.wrapping_mul(2_654_435_761) >> 7).to_le_bytes()).collect();
+        let page: Vec<u8> =
+            (0..4096u32).flat_map(|i| (i.wrapping_mul(2_654_435_761) >> 7).to_le_bytes()).collect();
         let sum = page_checksum(&page);
         for byte in (0..page.len()).step_by(97) {
             for bit in [0, 3, 7] {
@@ -230,7 +296,10 @@ mod tests {
     fn device_pools_must_match() {
         let a = DeviceKvInfo { page_bytes: 1024, dtype: "bf16".into() };
         assert!(a.check(&a.clone()).is_ok());
-        let e = a.check(&DeviceKvInfo { page_bytes: 1024, dtype: "f16".into() }).unwrap_err().to_string();
+        let e = a
+            .check(&DeviceKvInfo { page_bytes: 1024, dtype: "f16".into() })
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("device KV dtype") && e.contains("bf16") && e.contains("f16"), "{e}");
         assert!(a.check(&DeviceKvInfo { page_bytes: 2048, dtype: "bf16".into() }).is_err());
     }

@@ -54,7 +54,11 @@ pub struct KvLayout {
 impl KvLayout {
     /// Bytes of one page (all layers, K and V).
     pub fn page_bytes(&self) -> usize {
-        2 * self.num_layers as usize * self.block_size as usize * self.num_kv_heads as usize * self.head_dim as usize * self.dtype.size()
+        2 * self.num_layers as usize
+            * self.block_size as usize
+            * self.num_kv_heads as usize
+            * self.head_dim as usize
+            * self.dtype.size()
     }
 
     /// Checks that `remote` matches this layout; the error names the first differing field.
@@ -92,7 +96,9 @@ impl KvLayout {
     /// Parses [`KvLayout::encode`]'s output.
     pub fn decode(b: &[u8]) -> Result<KvLayout, TransferError> {
         let bad = |m: &str| TransferError::Protocol(format!("layout: {m}"));
-        let n = u32::from_le_bytes(b.get(0..4).ok_or_else(|| bad("short"))?.try_into().expect("4 bytes")) as usize;
+        let n = u32::from_le_bytes(
+            b.get(0..4).ok_or_else(|| bad("short"))?.try_into().expect("4 bytes"),
+        ) as usize;
         if n > 4096 {
             return Err(bad("model id too long"));
         }
@@ -100,11 +106,22 @@ impl KvLayout {
         if rest.len() != n + 1 + 16 + 8 {
             return Err(bad("wrong length"));
         }
-        let model_id = String::from_utf8(rest[..n].to_vec()).map_err(|_| bad("model id is not UTF-8"))?;
+        let model_id =
+            String::from_utf8(rest[..n].to_vec()).map_err(|_| bad("model id is not UTF-8"))?;
         let dtype = KvDtype::from_u8(rest[n]).ok_or_else(|| bad("unknown dtype"))?;
-        let u = |i: usize| u32::from_le_bytes(rest[n + 1 + 4 * i..n + 5 + 4 * i].try_into().expect("4 bytes"));
+        let u = |i: usize| {
+            u32::from_le_bytes(rest[n + 1 + 4 * i..n + 5 + 4 * i].try_into().expect("4 bytes"))
+        };
         let hash_seed = u64::from_le_bytes(rest[n + 17..n + 25].try_into().expect("8 bytes"));
-        Ok(KvLayout { model_id, dtype, block_size: u(0), num_layers: u(1), num_kv_heads: u(2), head_dim: u(3), hash_seed })
+        Ok(KvLayout {
+            model_id,
+            dtype,
+            block_size: u(0),
+            num_layers: u(1),
+            num_kv_heads: u(2),
+            head_dim: u(3),
+            hash_seed,
+        })
     }
 }
 
@@ -113,7 +130,15 @@ mod tests {
     use super::*;
 
     fn layout() -> KvLayout {
-        KvLayout { model_id: "smollm2".into(), dtype: KvDtype::F32, block_size: 16, num_layers: 30, num_kv_heads: 3, head_dim: 64, hash_seed: 7 }
+        KvLayout {
+            model_id: "smollm2".into(),
+            dtype: KvDtype::F32,
+            block_size: 16,
+            num_layers: 30,
+            num_kv_heads: 3,
+            head_dim: 64,
+            hash_seed: 7,
+        }
     }
 
     #[test]

@@ -69,7 +69,9 @@ impl TransferError {
     /// Maps a socket error, turning timeouts into [`TransferError::Timeout`].
     pub fn from_io(e: std::io::Error, timeout: std::time::Duration) -> TransferError {
         match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => TransferError::Timeout(timeout),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                TransferError::Timeout(timeout)
+            }
             _ => TransferError::Io(e),
         }
     }

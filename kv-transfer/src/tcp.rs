@@ -52,7 +52,9 @@ pub struct TransferSummary {
 
 fn read_exact(s: &mut TcpStream, buf: &mut [u8], timeout: Duration) -> Result<(), TransferError> {
     s.read_exact(buf).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => TransferError::Protocol("peer closed the connection mid-transfer".into()),
+        std::io::ErrorKind::UnexpectedEof => {
+            TransferError::Protocol("peer closed the connection mid-transfer".into())
+        }
         _ => TransferError::from_io(e, timeout),
     })
 }
@@ -86,18 +88,28 @@ pub struct TcpSender {
 
 impl TcpSender {
     /// Connects and performs the handshake; a layout mismatch is refused with its reason.
-    pub fn connect(addr: impl ToSocketAddrs, layout: &KvLayout, timeout: Duration) -> Result<TcpSender, TransferError> {
+    pub fn connect(
+        addr: impl ToSocketAddrs,
+        layout: &KvLayout,
+        timeout: Duration,
+    ) -> Result<TcpSender, TransferError> {
         TcpSender::connect_with_auth(addr, layout, timeout, None)
     }
 
     /// [`TcpSender::connect`], presenting `auth` (the digest of the deployment's shared secret,
     /// see [`auth_digest`]) to a receiver that requires it.
-    pub fn connect_with_auth(addr: impl ToSocketAddrs, layout: &KvLayout, timeout: Duration, auth: Option<[u8; 32]>) -> Result<TcpSender, TransferError> {
+    pub fn connect_with_auth(
+        addr: impl ToSocketAddrs,
+        layout: &KvLayout,
+        timeout: Duration,
+        auth: Option<[u8; 32]>,
+    ) -> Result<TcpSender, TransferError> {
         let addr = addr
             .to_socket_addrs()?
             .next()
             .ok_or_else(|| TransferError::Protocol("no address to connect to".into()))?;
-        let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| TransferError::from_io(e, timeout))?;
+        let mut stream = TcpStream::connect_timeout(&addr, timeout)
+            .map_err(|e| TransferError::from_io(e, timeout))?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
@@ -128,7 +140,9 @@ impl TcpSender {
     /// at least once per timeout while pages are delayed.
     pub fn keepalive(&mut self) -> Result<(), TransferError> {
         let t = self.timeout;
-        self.stream.write_all(&KEEPALIVE_MAGIC.to_le_bytes()).map_err(|e| TransferError::from_io(e, t))
+        self.stream
+            .write_all(&KEEPALIVE_MAGIC.to_le_bytes())
+            .map_err(|e| TransferError::from_io(e, t))
     }
 
     /// Writes raw bytes on the session (fault-injection tests send corrupt frames with it).
@@ -183,7 +197,11 @@ pub fn auth_digest(token: &str) -> [u8; 32] {
 
 impl TcpReceiver {
     /// Listens on `addr` for senders with the same `layout`.
-    pub fn bind(addr: impl ToSocketAddrs, layout: KvLayout, timeout: Duration) -> Result<TcpReceiver, TransferError> {
+    pub fn bind(
+        addr: impl ToSocketAddrs,
+        layout: KvLayout,
+        timeout: Duration,
+    ) -> Result<TcpReceiver, TransferError> {
         Ok(TcpReceiver { listener: TcpListener::bind(addr)?, layout, timeout, auth: None })
     }
 
@@ -212,7 +230,11 @@ impl TcpReceiver {
 
     /// Receives the transfer session of one accepted connection into `sink` (connections can
     /// be served on separate threads, one per sender).
-    pub fn serve_connection(&self, mut s: TcpStream, sink: &mut dyn PageSink) -> Result<TransferSummary, TransferError> {
+    pub fn serve_connection(
+        &self,
+        mut s: TcpStream,
+        sink: &mut dyn PageSink,
+    ) -> Result<TransferSummary, TransferError> {
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(self.timeout))?;
         s.set_write_timeout(Some(self.timeout))?;
@@ -231,9 +253,18 @@ impl TcpReceiver {
         read_exact(&mut s, &mut presented, t)?;
         let authentic = match &self.auth {
             None => true,
-            Some(want) => presented[0] == 1 && presented[1..].iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0,
+            Some(want) => {
+                presented[0] == 1
+                    && presented[1..].iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+            }
         };
-        let verdict = if authentic { KvLayout::decode(&body).and_then(|remote| self.layout.check(&remote)) } else { Err(TransferError::Refused("unauthenticated KV sender: missing or wrong internal token".into())) };
+        let verdict = if authentic {
+            KvLayout::decode(&body).and_then(|remote| self.layout.check(&remote))
+        } else {
+            Err(TransferError::Refused(
+                "unauthenticated KV sender: missing or wrong internal token".into(),
+            ))
+        };
         let mut reply = vec![verdict.is_ok() as u8];
         with_msg(&mut reply, &verdict.as_ref().err().map(|e| e.to_string()).unwrap_or_default());
         s.write_all(&reply).map_err(|e| TransferError::from_io(e, t))?;
@@ -257,7 +288,11 @@ impl TcpReceiver {
         result
     }
 
-    fn receive_pages(&self, s: &mut TcpStream, sink: &mut dyn PageSink) -> Result<TransferSummary, TransferError> {
+    fn receive_pages(
+        &self,
+        s: &mut TcpStream,
+        sink: &mut dyn PageSink,
+    ) -> Result<TransferSummary, TransferError> {
         let t = self.timeout;
         let max = self.layout.page_bytes();
         let mut sum = TransferSummary { transfer_id: 0, pages: 0, bytes: 0 };
@@ -271,12 +306,16 @@ impl TcpReceiver {
                 let id = u64::from_le_bytes(rest[0..8].try_into().expect("8 bytes"));
                 let count = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes"));
                 if count != sum.pages || (count > 0 && id != sum.transfer_id) {
-                    return Err(TransferError::Protocol(format!("sender announced {count} pages of transfer {id}, received {}", sum.pages)));
+                    return Err(TransferError::Protocol(format!(
+                        "sender announced {count} pages of transfer {id}, received {}",
+                        sum.pages
+                    )));
                 }
                 sum.transfer_id = id;
                 // Tell the sender we are busy for as long as the writes take.
                 while !sink.flush_wait(t / 4).map_err(TransferError::Protocol)? {
-                    s.write_all(&KEEPALIVE_MAGIC.to_le_bytes()).map_err(|e| TransferError::from_io(e, t))?;
+                    s.write_all(&KEEPALIVE_MAGIC.to_le_bytes())
+                        .map_err(|e| TransferError::from_io(e, t))?;
                 }
                 return Ok(sum);
             }
@@ -291,12 +330,16 @@ impl TcpReceiver {
             read_exact(s, &mut h[4..], t)?;
             let (id, index, hash, len, crc) = KvPage::parse_header(&h, max)?;
             if len != max {
-                return Err(TransferError::Protocol(format!("page of {len} bytes, layout pages are {max}")));
+                return Err(TransferError::Protocol(format!(
+                    "page of {len} bytes, layout pages are {max}"
+                )));
             }
             let mut payload = vec![0u8; len];
             read_exact(s, &mut payload, t)?;
             let page = KvPage::verified(id, index, hash, payload, crc)?;
-            let block = sink.target(id, index, hash).ok_or(TransferError::NoTarget { transfer_id: id, index })?;
+            let block = sink
+                .target(id, index, hash)
+                .ok_or(TransferError::NoTarget { transfer_id: id, index })?;
             sink.write(block, page.payload).map_err(TransferError::Protocol)?;
             sum.transfer_id = id;
             sum.pages += 1;

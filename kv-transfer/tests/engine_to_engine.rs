@@ -7,14 +7,22 @@ use std::time::Duration;
 
 use tandem_engine::sampler::{SampledToken, TokenLogprob};
 use tandem_engine::scheduler::SchedulerConfig;
-use tandem_engine::{model_fetch, CompletionOutput, EngineConfig, LLMEngine, LoadOptions, Model, Prompt, RequestOptions, SamplingParams};
+use tandem_engine::{
+    model_fetch, CompletionOutput, EngineConfig, LLMEngine, LoadOptions, Model, Prompt,
+    RequestOptions, SamplingParams,
+};
 use tandem_kv_transfer::tcp::{PageSink, TcpReceiver, TcpSender};
 use tandem_kv_transfer::KvPage;
 use tandem_worker::kv::kv_layout;
 
 fn engine(budget: usize) -> LLMEngine {
-    let m = Model::load(&model_fetch::default_model_path().unwrap(), LoadOptions::with_kv_tokens(1024)).unwrap();
-    let cfg = EngineConfig { scheduler: SchedulerConfig { max_num_batched_tokens: budget, ..Default::default() }, ..Default::default() };
+    let m =
+        Model::load(&model_fetch::default_model_path().unwrap(), LoadOptions::with_kv_tokens(1024))
+            .unwrap();
+    let cfg = EngineConfig {
+        scheduler: SchedulerConfig { max_num_batched_tokens: budget, ..Default::default() },
+        ..Default::default()
+    };
     LLMEngine::new(m, cfg)
 }
 
@@ -59,13 +67,19 @@ fn prefill_engine_to_decode_engine_over_tcp_equals_colocated() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) };
     let mut prefill = engine(32); // 32-token budget: the prompt is prefilled in chunks
     let mut decode = engine(512);
-    let prompt = prefill.tokenizer.encode(&"In the beginning of the industrial revolution, factories ".repeat(9), false).unwrap();
+    let prompt = prefill
+        .tokenizer
+        .encode(&"In the beginning of the industrial revolution, factories ".repeat(9), false)
+        .unwrap();
     assert!(prompt.len() > 64);
-    let (p_base, d_base) = (prefill.block_manager().num_free_blocks(), decode.block_manager().num_free_blocks());
+    let (p_base, d_base) =
+        (prefill.block_manager().num_free_blocks(), decode.block_manager().num_free_blocks());
 
     // Prefill worker: prompt only, first token out, blocks pinned.
     let opts = RequestOptions { prefill_only: true, ..Default::default() };
-    prefill.add_request_with("req", Prompt::TokenIds(prompt.clone()), params.clone(), opts).unwrap();
+    prefill
+        .add_request_with("req", Prompt::TokenIds(prompt.clone()), params.clone(), opts)
+        .unwrap();
     let mut first = None;
     let mut steps = 0;
     while first.is_none() {
@@ -73,25 +87,44 @@ fn prefill_engine_to_decode_engine_over_tcp_equals_colocated() {
         for o in prefill.step().unwrap() {
             assert!(o.finished);
             let c = &o.outputs[0];
-            assert_eq!(c.token_ids.len(), 1, "a prefill-only request yields exactly its first token");
-            let chosen = TokenLogprob { token_id: c.token_ids[0], logprob: c.cumulative_logprob as f32 };
+            assert_eq!(
+                c.token_ids.len(),
+                1,
+                "a prefill-only request yields exactly its first token"
+            );
+            let chosen =
+                TokenLogprob { token_id: c.token_ids[0], logprob: c.cumulative_logprob as f32 };
             first = Some(SampledToken { chosen, top: vec![] });
         }
     }
-    assert!(steps >= prompt.len() / 32, "the prompt should take several chunked steps, took {steps}");
+    assert!(
+        steps >= prompt.len() / 32,
+        "the prompt should take several chunked steps, took {steps}"
+    );
     let src = prefill.prefill_blocks("req").expect("pinned blocks");
     prefill.check_invariants().unwrap();
 
     // Decode worker: reserve blocks, receive pages over TCP, continue.
-    let rp = decode.add_remote_prefill("req", Prompt::TokenIds(prompt.clone()), params.clone(), RequestOptions::default()).unwrap().unwrap();
-    let receiver = TcpReceiver::bind("127.0.0.1:0", kv_layout(&decode), Duration::from_secs(2)).unwrap();
+    let rp = decode
+        .add_remote_prefill(
+            "req",
+            Prompt::TokenIds(prompt.clone()),
+            params.clone(),
+            RequestOptions::default(),
+        )
+        .unwrap()
+        .unwrap();
+    let receiver =
+        TcpReceiver::bind("127.0.0.1:0", kv_layout(&decode), Duration::from_secs(2)).unwrap();
     let addr = receiver.local_addr().unwrap();
     let skip = rp.num_cached_tokens / 16;
     std::thread::scope(|scope| {
         let sink_engine = &mut decode;
         let table = rp.block_table.clone();
-        let rx = scope.spawn(move || receiver.serve_one(&mut EngineSink { engine: sink_engine, table }));
-        let mut tx = TcpSender::connect(addr, &kv_layout(&prefill), Duration::from_secs(2)).unwrap();
+        let rx =
+            scope.spawn(move || receiver.serve_one(&mut EngineSink { engine: sink_engine, table }));
+        let mut tx =
+            TcpSender::connect(addr, &kv_layout(&prefill), Duration::from_secs(2)).unwrap();
         for (i, &blk) in src.iter().enumerate().skip(skip) {
             let payload = prefill.read_kv_block(blk).unwrap();
             tx.send(&KvPage { transfer_id: 1, index: i as u32, block_hash: 0, payload }).unwrap();
@@ -100,7 +133,11 @@ fn prefill_engine_to_decode_engine_over_tcp_equals_colocated() {
         rx.join().unwrap().unwrap();
     });
     assert!(prefill.release_prefill("req"));
-    assert_eq!(prefill.block_manager().num_free_blocks(), p_base, "prefill side frees (and caches) its blocks");
+    assert_eq!(
+        prefill.block_manager().num_free_blocks(),
+        p_base,
+        "prefill side frees (and caches) its blocks"
+    );
     decode.finish_remote_prefill("req", first.unwrap()).unwrap();
     let got = drain(&mut decode);
     decode.check_invariants().unwrap();

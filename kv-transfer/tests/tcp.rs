@@ -62,7 +62,11 @@ fn decode_after_transfer_equals_local_decode() {
     let mut prefill = model();
     let mut decoder = model();
     let prompt = prefill.tokenizer.encode("The history of the Roman Empire spans many centuries, from the founding of the city of Rome to the fall of Constantinople", false).unwrap();
-    assert!(prompt.len() > 16 && prompt.len() % 16 != 0, "prompt of {} tokens: want full and partial blocks", prompt.len());
+    assert!(
+        prompt.len() > 16 && prompt.len() % 16 != 0,
+        "prompt of {} tokens: want full and partial blocks",
+        prompt.len()
+    );
     let bs = 16;
     let n_blocks = (prompt.len() + 24).div_ceil(bs);
     let src_table: Vec<u32> = (0..n_blocks as u32).collect();
@@ -82,7 +86,8 @@ fn decode_after_transfer_equals_local_decode() {
         let mut tx = TcpSender::connect(addr, &layout(&prefill), TIMEOUT).unwrap();
         for i in 0..pages {
             let payload = prefill.backend.read_block(src_table[i]).unwrap();
-            tx.send(&KvPage { transfer_id: 42, index: i as u32, block_hash: i as u64, payload }).unwrap();
+            tx.send(&KvPage { transfer_id: 42, index: i as u32, block_hash: i as u64, payload })
+                .unwrap();
         }
         assert_eq!(tx.finish(42, pages as u32).unwrap(), pages as u32);
         let summary = rx.join().unwrap().unwrap();
@@ -106,7 +111,15 @@ impl PageSink for NullSink {
 }
 
 fn small_layout() -> KvLayout {
-    KvLayout { model_id: "m".into(), dtype: KvDtype::F32, block_size: 16, num_layers: 2, num_kv_heads: 1, head_dim: 8, hash_seed: 1 }
+    KvLayout {
+        model_id: "m".into(),
+        dtype: KvDtype::F32,
+        block_size: 16,
+        num_layers: 2,
+        num_kv_heads: 1,
+        head_dim: 8,
+        hash_seed: 1,
+    }
 }
 
 #[test]
@@ -117,7 +130,10 @@ fn layout_mismatch_is_refused_with_the_field() {
     let theirs = KvLayout { block_size: 32, ..small_layout() };
     let err = TcpSender::connect(addr, &theirs, TIMEOUT).err().expect("refused");
     assert!(matches!(&err, TransferError::Refused(m) if m.contains("block_size")), "{err}");
-    assert!(matches!(rx.join().unwrap(), Err(TransferError::LayoutMismatch { field: "block_size", .. })));
+    assert!(matches!(
+        rx.join().unwrap(),
+        Err(TransferError::LayoutMismatch { field: "block_size", .. })
+    ));
 }
 
 #[test]
@@ -129,7 +145,12 @@ fn corrupt_page_is_rejected_and_reported_to_the_sender() {
         (receiver.serve_one(&mut sink), sink.0)
     });
     let mut tx = TcpSender::connect(addr, &small_layout(), TIMEOUT).unwrap();
-    let page = KvPage { transfer_id: 1, index: 0, block_hash: 5, payload: vec![7; small_layout().page_bytes()] };
+    let page = KvPage {
+        transfer_id: 1,
+        index: 0,
+        block_hash: 5,
+        payload: vec![7; small_layout().page_bytes()],
+    };
     let mut frame = page.encode();
     let last = frame.len() - 1;
     frame[last] ^= 0x40;
@@ -148,7 +169,12 @@ fn stalled_and_vanished_senders_are_detected() {
         let addr = receiver.local_addr().unwrap();
         let rx = std::thread::spawn(move || receiver.serve_one(&mut NullSink(0)));
         let mut tx = TcpSender::connect(addr, &small_layout(), TIMEOUT).unwrap();
-        let page = KvPage { transfer_id: 1, index: 0, block_hash: 5, payload: vec![7; small_layout().page_bytes()] };
+        let page = KvPage {
+            transfer_id: 1,
+            index: 0,
+            block_hash: 5,
+            payload: vec![7; small_layout().page_bytes()],
+        };
         let frame = page.encode();
         tx.send_raw(&frame[..frame.len() / 2]).unwrap();
         if vanish {
@@ -169,8 +195,12 @@ fn stalled_and_vanished_senders_are_detected() {
 #[test]
 fn receivers_with_a_secret_refuse_senders_without_it() {
     use tandem_kv_transfer::tcp::auth_digest;
-    for (presented, accepted) in [(None, false), (Some(auth_digest("other")), false), (Some(auth_digest("s3cret")), true)] {
-        let receiver = TcpReceiver::bind("127.0.0.1:0", small_layout(), TIMEOUT).unwrap().require_auth(Some(auth_digest("s3cret")));
+    for (presented, accepted) in
+        [(None, false), (Some(auth_digest("other")), false), (Some(auth_digest("s3cret")), true)]
+    {
+        let receiver = TcpReceiver::bind("127.0.0.1:0", small_layout(), TIMEOUT)
+            .unwrap()
+            .require_auth(Some(auth_digest("s3cret")));
         let addr = receiver.local_addr().unwrap();
         let rx = std::thread::spawn(move || receiver.serve_one(&mut NullSink(0)));
         match TcpSender::connect_with_auth(addr, &small_layout(), TIMEOUT, presented) {
@@ -181,7 +211,10 @@ fn receivers_with_a_secret_refuse_senders_without_it() {
             }
             Err(e) => {
                 assert!(!accepted, "the right secret was refused: {e}");
-                assert!(matches!(&e, TransferError::Refused(m) if m.contains("unauthenticated")), "{e}");
+                assert!(
+                    matches!(&e, TransferError::Refused(m) if m.contains("unauthenticated")),
+                    "{e}"
+                );
                 assert!(rx.join().unwrap().is_err());
             }
         }
@@ -220,7 +253,12 @@ fn busy_is_not_stalled_on_either_side() {
         (receiver.serve_one(&mut sink), sink.written)
     });
     let mut tx = TcpSender::connect(addr, &small_layout(), TIMEOUT).unwrap();
-    let page = |i: u32| KvPage { transfer_id: 9, index: i, block_hash: 0, payload: vec![i as u8; small_layout().page_bytes()] };
+    let page = |i: u32| KvPage {
+        transfer_id: 9,
+        index: i,
+        block_hash: 0,
+        payload: vec![i as u8; small_layout().page_bytes()],
+    };
     tx.send(&page(0)).unwrap();
     for _ in 0..12 {
         std::thread::sleep(TIMEOUT / 4);

@@ -132,16 +132,33 @@ fn dyn_api(ctx: &Context, ns: &str, kind: Kind) -> Api<DynamicObject> {
     Api::namespaced_with(ctx.client.clone(), ns, &kind.api_resource())
 }
 
-async fn publish(ctx: &Context, isvc: &InferenceService, type_: EventType, reason: &str, note: String) {
+async fn publish(
+    ctx: &Context,
+    isvc: &InferenceService,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
-    let ev = Event { type_, reason: reason.into(), note: Some(note), action: "Reconcile".into(), secondary: None };
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
     if let Err(e) = recorder.publish(&ev, &isvc.object_ref(&())).await {
         tracing::warn!("publishing event {reason}: {e}");
     }
 }
 
 /// Writes `new` as the status unless it is already there.
-async fn write_status(ctx: &Context, api: &Api<InferenceService>, isvc: &InferenceService, new: crate::crd::InferenceServiceStatus) -> Result<bool, Error> {
+async fn write_status(
+    ctx: &Context,
+    api: &Api<InferenceService>,
+    isvc: &InferenceService,
+    new: crate::crd::InferenceServiceStatus,
+) -> Result<bool, Error> {
     if isvc.status.as_ref() == Some(&new) {
         return Ok(false);
     }
@@ -190,7 +207,9 @@ async fn apply(isvc: &InferenceService, ctx: &Context, ns: &str) -> Result<Actio
     for d in &desired {
         let key = (d.kind, d.name.clone());
         let have = existing.remove(&key);
-        let same = have.as_ref().is_some_and(|o| o.annotations().get(HASH_ANNOTATION).map(String::as_str) == Some(d.hash()));
+        let same = have.as_ref().is_some_and(|o| {
+            o.annotations().get(HASH_ANNOTATION).map(String::as_str) == Some(d.hash())
+        });
         let obj = if same { have.expect("present") } else { server_side_apply(ctx, ns, d).await? };
         if !same {
             applied.push(format!("{:?}/{}", d.kind, d.name));
@@ -227,14 +246,26 @@ async fn apply(isvc: &InferenceService, ctx: &Context, ns: &str) -> Result<Actio
         }
     }
     let was_degraded = status::condition(isvc, "Degraded") == "True";
-    let degraded = new.conditions.iter().find(|c| c.type_ == "Degraded").filter(|c| c.status == "True").cloned();
+    let degraded = new
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded")
+        .filter(|c| c.status == "True")
+        .cloned();
     let ready = new.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
     let was_ready = status::condition(isvc, "Ready") == "True";
     if write_status(ctx, &api, isvc, new).await? {
         if let Some(c) = degraded.filter(|_| !was_degraded) {
             publish(ctx, isvc, EventType::Warning, &c.reason, c.message).await;
         } else if ready && !was_ready {
-            publish(ctx, isvc, EventType::Normal, "Ready", format!("serving at {}", workloads::endpoint(isvc))).await;
+            publish(
+                ctx,
+                isvc,
+                EventType::Normal,
+                "Ready",
+                format!("serving at {}", workloads::endpoint(isvc)),
+            )
+            .await;
         }
     }
     // Deployment changes wake the controller; the requeue only bounds how stale a status gets.
@@ -260,14 +291,32 @@ async fn delete(ctx: &Context, ns: &str, kind: Kind, name: &str) -> Result<(), E
 }
 
 /// A pod of the service that the scheduler cannot place, as a problem.
-async fn unschedulable(ctx: &Context, ns: &str, isvc: &InferenceService) -> Result<Option<Problem>, Error> {
+async fn unschedulable(
+    ctx: &Context,
+    ns: &str,
+    isvc: &InferenceService,
+) -> Result<Option<Problem>, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let list = pods.list(&ListParams::default().labels(&workloads::selector_string(isvc))).await.map_err(kube_err("listing pods"))?;
+    let list = pods
+        .list(&ListParams::default().labels(&workloads::selector_string(isvc)))
+        .await
+        .map_err(kube_err("listing pods"))?;
     for p in list.items {
         let conds = p.status.as_ref().and_then(|s| s.conditions.as_ref());
-        if let Some(c) = conds.into_iter().flatten().find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")) {
+        if let Some(c) = conds.into_iter().flatten().find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        }) {
             let role = p.labels().get(workloads::ROLE_LABEL).cloned().unwrap_or_default();
-            return Ok(Some(Problem { reason: "Unschedulable".into(), message: format!("{role} pod {}: {}", p.name_any(), c.message.clone().unwrap_or_default()) }));
+            return Ok(Some(Problem {
+                reason: "Unschedulable".into(),
+                message: format!(
+                    "{role} pod {}: {}",
+                    p.name_any(),
+                    c.message.clone().unwrap_or_default()
+                ),
+            }));
         }
     }
     Ok(None)
@@ -286,8 +335,13 @@ async fn cleanup(isvc: &InferenceService, ctx: &Context, ns: &str) -> Result<Act
 /// Runs the controller until the process is told to stop.
 pub async fn run(client: Client, namespace: Option<String>) -> anyhow::Result<()> {
     let (isvcs, deployments) = match &namespace {
-        Some(ns) => (Api::<InferenceService>::namespaced(client.clone(), ns), Api::<Deployment>::namespaced(client.clone(), ns)),
-        None => (Api::<InferenceService>::all(client.clone()), Api::<Deployment>::all(client.clone())),
+        Some(ns) => (
+            Api::<InferenceService>::namespaced(client.clone(), ns),
+            Api::<Deployment>::namespaced(client.clone(), ns),
+        ),
+        None => {
+            (Api::<InferenceService>::all(client.clone()), Api::<Deployment>::all(client.clone()))
+        }
     };
     if let Err(e) = isvcs.list(&ListParams::default().limit(1)).await {
         anyhow::bail!("the InferenceService API is not reachable (is the CRD installed?): {e}");

@@ -24,12 +24,29 @@ use serde::{Deserialize, Serialize};
     namespaced,
     status = "InferenceServiceStatus",
     doc = "A Tandem deployment of one model: an OpenAI-compatible router with prefill and decode workers.",
-    scale(spec_replicas_path = ".spec.decode.replicas", status_replicas_path = ".status.decode.replicas", label_selector_path = ".status.decode.selector"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason"),
+    scale(
+        spec_replicas_path = ".spec.decode.replicas",
+        status_replicas_path = ".status.decode.replicas",
+        label_selector_path = ".status.decode.selector"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
     printcolumn(name = "Prefill", type_ = "integer", json_path = ".status.prefill.readyReplicas"),
     printcolumn(name = "Decode", type_ = "integer", json_path = ".status.decode.readyReplicas"),
-    printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint", priority = "1"),
+    printcolumn(
+        name = "Endpoint",
+        type_ = "string",
+        json_path = ".status.endpoint",
+        priority = "1"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(

@@ -3,7 +3,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "tandem-operator", version, about = "Kubernetes operator for Tandem InferenceService resources")]
+#[command(
+    name = "tandem-operator",
+    version,
+    about = "Kubernetes operator for Tandem InferenceService resources"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -34,13 +38,17 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run { namespace, log_format } => {
-            let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info".into());
             if log_format == "json" {
                 tracing_subscriber::fmt().json().with_env_filter(filter).init();
             } else {
                 tracing_subscriber::fmt().with_env_filter(filter).init();
             }
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
             rt.block_on(async {
                 let client = kube::Client::try_default().await?;
                 tandem_operator::controller::run(client, namespace).await

@@ -16,7 +16,9 @@ pub fn problems(spec: &InferenceServiceSpec) -> Vec<String> {
     if spec.router.replicas < 1 {
         p.push(format!("spec.router.replicas must be at least 1 (got {})", spec.router.replicas));
     }
-    if !(0.0..=100.0).contains(&spec.router.overlap_weight) || !(0.0..=100.0).contains(&spec.router.decode_weight) {
+    if !(0.0..=100.0).contains(&spec.router.overlap_weight)
+        || !(0.0..=100.0).contains(&spec.router.decode_weight)
+    {
         p.push("spec.router.overlapWeight and decodeWeight must lie in [0, 100]".to_string());
     }
     if let Some(url) = &spec.router.redis_url {
@@ -35,7 +37,10 @@ pub fn problems(spec: &InferenceServiceSpec) -> Vec<String> {
             p.push(format!("spec.{role}.replicas must not be negative (got {})", w.replicas));
         }
         if !(1..=8).contains(&w.tensor_parallel) {
-            p.push(format!("spec.{role}.tensorParallel must be between 1 and 8 (got {})", w.tensor_parallel));
+            p.push(format!(
+                "spec.{role}.tensorParallel must be between 1 and 8 (got {})",
+                w.tensor_parallel
+            ));
         }
         if w.tensor_parallel > 1 && w.accelerator == Accelerator::Cpu {
             p.push(format!("spec.{role}.tensorParallel > 1 needs accelerator: nvidia"));
@@ -60,12 +65,19 @@ pub fn problems(spec: &InferenceServiceSpec) -> Vec<String> {
         p.push("spec.disaggregation.mode 'always' needs spec.prefill".to_string());
     }
     if ![8, 16, 32, 64, 128].contains(&spec.kv_transfer.block_size) {
-        p.push(format!("spec.kvTransfer.blockSize must be one of 8, 16, 32, 64, 128 (got {})", spec.kv_transfer.block_size));
+        p.push(format!(
+            "spec.kvTransfer.blockSize must be one of 8, 16, 32, 64, 128 (got {})",
+            spec.kv_transfer.block_size
+        ));
     }
     if spec.kv_transfer.backend == KvBackend::Nccl {
-        let all_gpu = spec.decode.accelerator == Accelerator::Nvidia && spec.prefill.as_ref().is_none_or(|w| w.accelerator == Accelerator::Nvidia);
+        let all_gpu = spec.decode.accelerator == Accelerator::Nvidia
+            && spec.prefill.as_ref().is_none_or(|w| w.accelerator == Accelerator::Nvidia);
         if !all_gpu {
-            p.push("spec.kvTransfer.backend 'nccl' needs accelerator 'nvidia' on every worker role".to_string());
+            p.push(
+                "spec.kvTransfer.backend 'nccl' needs accelerator 'nvidia' on every worker role"
+                    .to_string(),
+            );
         }
     }
     p
@@ -85,11 +97,15 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_each_rule_names_its_field() {
         assert!(problems(&spec(json!({}))).is_empty());
-        assert!(problems(&spec(json!({ "prefill": {}, "disaggregation": { "mode": "always" } }))).is_empty());
+        assert!(problems(&spec(json!({ "prefill": {}, "disaggregation": { "mode": "always" } })))
+            .is_empty());
         let cases = [
             (json!({ "router": { "replicas": 0 } }), "spec.router.replicas"),
             (json!({ "decode": { "replicas": -1 } }), "spec.decode.replicas"),
-            (json!({ "prefill": { "tensorParallel": 2, "accelerator": "nvidia" }, "decode": { "accelerator": "nvidia" } }), "spec.decode.tensorParallel (1) must be at least"),
+            (
+                json!({ "prefill": { "tensorParallel": 2, "accelerator": "nvidia" }, "decode": { "accelerator": "nvidia" } }),
+                "spec.decode.tensorParallel (1) must be at least",
+            ),
             (json!({ "disaggregation": { "mode": "always" } }), "needs spec.prefill"),
             (json!({ "kvTransfer": { "blockSize": 12 } }), "blockSize"),
             (json!({ "kvTransfer": { "backend": "nccl" } }), "needs accelerator 'nvidia'"),
@@ -111,14 +127,24 @@ mod tests {
         let crd = serde_json::to_value(InferenceService::crd()).unwrap();
         let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
         let text = schema.to_string();
-        for rule in ["self.decode.tensorParallel >= self.prefill.tensorParallel", "self.disaggregation.mode != 'always' || has(self.prefill)", "self in [8, 16, 32, 64, 128]"] {
+        for rule in [
+            "self.decode.tensorParallel >= self.prefill.tensorParallel",
+            "self.disaggregation.mode != 'always' || has(self.prefill)",
+            "self in [8, 16, 32, 64, 128]",
+        ] {
             assert!(text.contains(rule), "missing rule {rule}");
         }
         let spec_schema = &schema["properties"]["spec"];
         let cases = [
             (json!({}), true),
-            (json!({ "prefill": { "tensorParallel": 2, "accelerator": "nvidia" }, "decode": { "tensorParallel": 1, "accelerator": "nvidia" } }), false),
-            (json!({ "prefill": { "tensorParallel": 1 }, "decode": { "tensorParallel": 1 } }), true),
+            (
+                json!({ "prefill": { "tensorParallel": 2, "accelerator": "nvidia" }, "decode": { "tensorParallel": 1, "accelerator": "nvidia" } }),
+                false,
+            ),
+            (
+                json!({ "prefill": { "tensorParallel": 1 }, "decode": { "tensorParallel": 1 } }),
+                true,
+            ),
             (json!({ "disaggregation": { "mode": "always" } }), false),
             (json!({ "kvTransfer": { "blockSize": 12 } }), false),
             (json!({ "kvTransfer": { "backend": "nccl" } }), false),

@@ -77,7 +77,13 @@ pub enum Kind {
 
 impl Kind {
     /// Every managed kind, in apply order (configuration before the pods that read it).
-    pub const ALL: [Kind; 5] = [Kind::ConfigMap, Kind::Service, Kind::Deployment, Kind::PodDisruptionBudget, Kind::ServiceMonitor];
+    pub const ALL: [Kind; 5] = [
+        Kind::ConfigMap,
+        Kind::Service,
+        Kind::Deployment,
+        Kind::PodDisruptionBudget,
+        Kind::ServiceMonitor,
+    ];
 
     /// Group, version, kind and plural of the kind's API.
     pub fn api_resource(self) -> ApiResource {
@@ -85,11 +91,22 @@ impl Kind {
             Kind::ConfigMap => ("", "v1", "ConfigMap", "configmaps"),
             Kind::Deployment => ("apps", "v1", "Deployment", "deployments"),
             Kind::Service => ("", "v1", "Service", "services"),
-            Kind::PodDisruptionBudget => ("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets"),
-            Kind::ServiceMonitor => ("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors"),
+            Kind::PodDisruptionBudget => {
+                ("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
+            }
+            Kind::ServiceMonitor => {
+                ("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors")
+            }
         };
-        let api_version = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-        ApiResource { group: group.into(), version: version.into(), api_version, kind: kind.into(), plural: plural.into() }
+        let api_version =
+            if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+        ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version,
+            kind: kind.into(),
+            plural: plural.into(),
+        }
     }
 }
 
@@ -143,7 +160,11 @@ pub fn uses_prefill(isvc: &InferenceService) -> bool {
 
 /// The OpenAI base URL inside the cluster.
 pub fn endpoint(isvc: &InferenceService) -> String {
-    format!("http://{}.{}.svc:{ROUTER_PORT}/v1", isvc.name_any(), isvc.namespace().unwrap_or_else(|| "default".into()))
+    format!(
+        "http://{}.{}.svc:{ROUTER_PORT}/v1",
+        isvc.name_any(),
+        isvc.namespace().unwrap_or_else(|| "default".into())
+    )
 }
 
 fn digest(v: &Value) -> String {
@@ -282,7 +303,11 @@ fn worker_service(isvc: &InferenceService, role: Role) -> Value {
 
 /// DNS name of a role's headless Service.
 fn worker_dns(isvc: &InferenceService, role: Role) -> String {
-    format!("{}.{}.svc", role_name(isvc, role), isvc.namespace().unwrap_or_else(|| "default".into()))
+    format!(
+        "{}.{}.svc",
+        role_name(isvc, role),
+        isvc.namespace().unwrap_or_else(|| "default".into())
+    )
 }
 
 fn container_args(isvc: &InferenceService, role: Role) -> Vec<String> {
@@ -291,9 +316,15 @@ fn container_args(isvc: &InferenceService, role: Role) -> Vec<String> {
         Role::Router => {
             a.push("router".into());
             a.push(format!("--listen=0.0.0.0:{ROUTER_PORT}"));
-            a.push(format!("--decode-workers=dns:{}:{DECODE_PORT}", worker_dns(isvc, Role::Decode)));
+            a.push(format!(
+                "--decode-workers=dns:{}:{DECODE_PORT}",
+                worker_dns(isvc, Role::Decode)
+            ));
             if uses_prefill(isvc) {
-                a.push(format!("--prefill-workers=dns:{}:{PREFILL_PORT}", worker_dns(isvc, Role::Prefill)));
+                a.push(format!(
+                    "--prefill-workers=dns:{}:{PREFILL_PORT}",
+                    worker_dns(isvc, Role::Prefill)
+                ));
             }
             a.push("--router-id=$(POD_NAME)".into());
             let sec = &isvc.spec.security;
@@ -356,7 +387,10 @@ fn resources(isvc: &InferenceService, role: Role) -> Value {
         Role::Router => (isvc.spec.router.resources.clone(), 0),
         _ => {
             let w = worker_spec(isvc, role);
-            (w.resources.clone(), if w.accelerator == Accelerator::Nvidia { w.tensor_parallel } else { 0 })
+            (
+                w.resources.clone(),
+                if w.accelerator == Accelerator::Nvidia { w.tensor_parallel } else { 0 },
+            )
         }
     };
     let mut v = serde_json::to_value(res.unwrap_or_default()).expect("json");
@@ -403,8 +437,10 @@ fn deployment(isvc: &InferenceService, role: Role, config_hash: &str) -> Value {
         container["livenessProbe"] = json!({ "tcpSocket": { "port": port_name }, "periodSeconds": 10, "failureThreshold": 3 });
     } else {
         // Model fetch and load happen before the first answer.
-        container["startupProbe"] = merge(&health, json!({ "periodSeconds": 5, "failureThreshold": 120 }));
-        container["livenessProbe"] = merge(&health, json!({ "periodSeconds": 10, "failureThreshold": 3 }));
+        container["startupProbe"] =
+            merge(&health, json!({ "periodSeconds": 5, "failureThreshold": 120 }));
+        container["livenessProbe"] =
+            merge(&health, json!({ "periodSeconds": 10, "failureThreshold": 3 }));
     }
     if let Some(p) = s.image_pull_policy {
         container["imagePullPolicy"] = json!(p.as_str());
@@ -414,12 +450,19 @@ fn deployment(isvc: &InferenceService, role: Role, config_hash: &str) -> Value {
     }
     let mut volumes = vec![json!({ "name": "cache", "emptyDir": {} })];
     if let (Role::Router, Some(secret)) = (role, &s.security.api_keys_secret) {
-        volumes.push(json!({ "name": "api-keys", "secret": { "secretName": secret, "defaultMode": 0o400 } }));
-        container["volumeMounts"].as_array_mut().unwrap().push(json!({ "name": "api-keys", "mountPath": crate::crd::API_KEYS_DIR, "readOnly": true }));
+        volumes.push(
+            json!({ "name": "api-keys", "secret": { "secretName": secret, "defaultMode": 0o400 } }),
+        );
+        container["volumeMounts"].as_array_mut().unwrap().push(
+            json!({ "name": "api-keys", "mountPath": crate::crd::API_KEYS_DIR, "readOnly": true }),
+        );
     }
     if let Some(pvc) = &s.model.pvc {
         volumes.push(json!({ "name": "models", "persistentVolumeClaim": { "claimName": pvc, "readOnly": true } }));
-        container["volumeMounts"].as_array_mut().unwrap().push(json!({ "name": "models", "mountPath": "/models", "readOnly": true }));
+        container["volumeMounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({ "name": "models", "mountPath": "/models", "readOnly": true }));
     }
     let mut pod_labels = match_labels.clone();
     pod_labels.insert("app.kubernetes.io/name".into(), "tandem".into());
@@ -509,7 +552,9 @@ mod tests {
 
     #[test]
     fn every_object_parses_as_its_kubernetes_type() {
-        let i = isvc(json!({ "prefill": { "replicas": 2 }, "decode": { "replicas": 3, "speculative": { "method": "ngram" } }, "router": { "redisUrl": "redis://r:6379" } }));
+        let i = isvc(
+            json!({ "prefill": { "replicas": 2 }, "decode": { "replicas": 3, "speculative": { "method": "ngram" } }, "router": { "redisUrl": "redis://r:6379" } }),
+        );
         let objs = desired(&i, true);
         let names: Vec<_> = objs.iter().map(|d| (d.kind, d.name.as_str())).collect();
         assert_eq!(
@@ -542,29 +587,63 @@ mod tests {
         }
         let decode = &objs[6].object;
         assert_eq!(decode["spec"]["replicas"], 3);
-        let args: Vec<&str> = decode["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-        assert!(args.contains(&"--speculative=ngram") && args.contains(&"--kv-advertise=$(POD_IP):50062") && !args.contains(&"--colocated"), "{args:?}");
-        let router_args = objs[4].object["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
-        assert!(router_args.contains("dns:chat-prefill.ml.svc:50051") && router_args.contains("dns:chat-decode.ml.svc:50061"), "{router_args}");
+        let args: Vec<&str> = decode["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(
+            args.contains(&"--speculative=ngram")
+                && args.contains(&"--kv-advertise=$(POD_IP):50062")
+                && !args.contains(&"--colocated"),
+            "{args:?}"
+        );
+        let router_args =
+            objs[4].object["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        assert!(
+            router_args.contains("dns:chat-prefill.ml.svc:50051")
+                && router_args.contains("dns:chat-decode.ml.svc:50061"),
+            "{router_args}"
+        );
         assert_eq!(objs[0].object["data"]["TANDEM_REDIS_URL"], "redis://r:6379");
     }
 
     #[test]
     fn security_settings_reach_the_pods() {
-        let i = isvc(json!({ "prefill": {}, "security": { "apiKeysSecret": "keys", "internalTokenSecret": "internal", "maxConcurrentPerKey": 4, "requestsPerSecondPerKey": 2.5, "maxPromptTokens": 4096, "zeroFreedBlocks": true } }));
+        let i = isvc(
+            json!({ "prefill": {}, "security": { "apiKeysSecret": "keys", "internalTokenSecret": "internal", "maxConcurrentPerKey": 4, "requestsPerSecondPerKey": 2.5, "maxPromptTokens": 4096, "zeroFreedBlocks": true } }),
+        );
         let objs = desired(&i, false);
         assert_eq!(objs[0].object["data"]["TANDEM_ZERO_FREED_BLOCKS"], "true");
         for d in objs.iter().filter(|d| d.kind == Kind::Deployment) {
             round_trip::<Deployment>(&d.object);
             let pod = &d.object["spec"]["template"]["spec"];
             let c = &pod["containers"][0];
-            let token = c["env"].as_array().unwrap().iter().find(|e| e["name"] == "TANDEM_INTERNAL_TOKEN").expect("every pod gets the internal token");
-            assert_eq!(token["valueFrom"]["secretKeyRef"], json!({ "name": "internal", "key": "token" }));
-            let mounts_keys = pod["volumes"].as_array().unwrap().iter().any(|v| v["secret"]["secretName"] == "keys");
+            let token = c["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == "TANDEM_INTERNAL_TOKEN")
+                .expect("every pod gets the internal token");
+            assert_eq!(
+                token["valueFrom"]["secretKeyRef"],
+                json!({ "name": "internal", "key": "token" })
+            );
+            let mounts_keys = pod["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["secret"]["secretName"] == "keys");
             let args = c["args"].to_string();
             if d.name == "chat-router" {
                 assert!(mounts_keys, "the router mounts the keys");
-                for a in ["--api-keys-file=/etc/tandem/api-keys/api-keys", "--max-concurrent-per-key=4", "--requests-per-second-per-key=2.5", "--max-prompt-tokens=4096"] {
+                for a in [
+                    "--api-keys-file=/etc/tandem/api-keys/api-keys",
+                    "--max-concurrent-per-key=4",
+                    "--requests-per-second-per-key=2.5",
+                    "--max-prompt-tokens=4096",
+                ] {
                     assert!(args.contains(a), "{a} in {args}");
                 }
             } else {
@@ -575,31 +654,53 @@ mod tests {
 
     #[test]
     fn colocated_gpu_autoscaled_and_config_changes() {
-        let mut i = isvc(json!({ "decode": { "autoscaling": true, "accelerator": "nvidia", "tensorParallel": 2 }, "disaggregation": { "mode": "never" } }));
+        let mut i = isvc(
+            json!({ "decode": { "autoscaling": true, "accelerator": "nvidia", "tensorParallel": 2 }, "disaggregation": { "mode": "never" } }),
+        );
         let objs = desired(&i, false);
-        assert_eq!(objs.len(), 7, "config, 2 services, 2 deployments, 2 pdbs: {:?}", objs.iter().map(|d| &d.name).collect::<Vec<_>>());
-        let decode = objs.iter().find(|d| d.kind == Kind::Deployment && d.name == "chat-decode").unwrap();
+        assert_eq!(
+            objs.len(),
+            7,
+            "config, 2 services, 2 deployments, 2 pdbs: {:?}",
+            objs.iter().map(|d| &d.name).collect::<Vec<_>>()
+        );
+        let decode =
+            objs.iter().find(|d| d.kind == Kind::Deployment && d.name == "chat-decode").unwrap();
         assert!(decode.object["spec"].get("replicas").is_none(), "the autoscaler owns replicas");
         let c = &decode.object["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "2");
         assert!(c["args"].to_string().contains("--colocated"));
-        assert!(c["args"].to_string().contains("--device=cuda"), "a GPU worker runs the model on its GPU");
+        assert!(
+            c["args"].to_string().contains("--device=cuda"),
+            "a GPU worker runs the model on its GPU"
+        );
 
         // Same spec, same hashes; a config change changes the ConfigMap and the pod templates.
         let again = desired(&i, false);
         assert_eq!(objs, again);
         i.spec.kv_transfer.block_size = 32;
-        i.spec.decode.speculative = Some(SpeculativeSpec { method: SpeculativeMethod::SelfDraft, tokens: 2 });
+        i.spec.decode.speculative =
+            Some(SpeculativeSpec { method: SpeculativeMethod::SelfDraft, tokens: 2 });
         let changed = desired(&i, false);
-        let cm_hash = |o: &[Desired]| o.iter().find(|d| d.kind == Kind::Deployment && d.name == "chat-router").unwrap().object["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION].clone();
+        let cm_hash = |o: &[Desired]| {
+            o.iter().find(|d| d.kind == Kind::Deployment && d.name == "chat-router").unwrap().object
+                ["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+                .clone()
+        };
         assert_ne!(cm_hash(&objs), cm_hash(&changed));
         assert_ne!(objs[0].hash(), changed[0].hash());
     }
 
     #[test]
     fn nccl_transfers_reach_both_gpu_worker_roles() {
-        let i = isvc(json!({ "prefill": { "accelerator": "nvidia" }, "decode": { "accelerator": "nvidia" }, "kvTransfer": { "backend": "nccl" } }));
-        assert!(crate::validate::problems(&i.spec).is_empty(), "{:?}", crate::validate::problems(&i.spec));
+        let i = isvc(
+            json!({ "prefill": { "accelerator": "nvidia" }, "decode": { "accelerator": "nvidia" }, "kvTransfer": { "backend": "nccl" } }),
+        );
+        assert!(
+            crate::validate::problems(&i.spec).is_empty(),
+            "{:?}",
+            crate::validate::problems(&i.spec)
+        );
         assert_eq!(config_data(&i)["TANDEM_KV_TRANSPORT"], "nccl");
         for role in [Role::Prefill, Role::Decode] {
             let args = container_args(&i, role);

@@ -36,7 +36,9 @@ fn to_gtmpl(v: &Value) -> gtmpl_value::Value {
         }
         Value::String(s) => G::String(s.clone()),
         Value::Array(a) => G::Array(a.iter().map(to_gtmpl).collect()),
-        Value::Object(o) => G::Object(o.iter().map(|(k, v)| (k.clone(), to_gtmpl(v))).collect::<HashMap<_, _>>()),
+        Value::Object(o) => {
+            G::Object(o.iter().map(|(k, v)| (k.clone(), to_gtmpl(v))).collect::<HashMap<_, _>>())
+        }
     }
 }
 
@@ -55,13 +57,16 @@ fn render(overrides: Value) -> Vec<Value> {
         "Chart": { "Name": chart_meta["name"], "Version": chart_meta["version"], "AppVersion": chart_meta["appVersion"] },
     });
     let mut objects = Vec::new();
-    let mut files: Vec<_> = std::fs::read_dir(chart().join("templates")).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<_> =
+        std::fs::read_dir(chart().join("templates")).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();
-        let out = gtmpl::template(&text, to_gtmpl(&ctx)).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let out = gtmpl::template(&text, to_gtmpl(&ctx))
+            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         for doc in out.split("\n---\n") {
-            let v: Value = serde_yaml::from_str(doc).unwrap_or_else(|e| panic!("{}: {e}\n{doc}", f.display()));
+            let v: Value =
+                serde_yaml::from_str(doc).unwrap_or_else(|e| panic!("{}: {e}\n{doc}", f.display()));
             if !v.is_null() {
                 objects.push(v);
             }
@@ -100,34 +105,66 @@ fn rules_cover_operator(rules: &[PolicyRule]) {
     for kind in Kind::ALL {
         let ar = kind.api_resource();
         for verb in ["list", "watch", "patch", "create", "delete"] {
-            assert!(allows(&ar.group, &ar.plural, verb), "RBAC lacks {verb} on {}/{}", ar.group, ar.plural);
+            assert!(
+                allows(&ar.group, &ar.plural, verb),
+                "RBAC lacks {verb} on {}/{}",
+                ar.group,
+                ar.plural
+            );
         }
     }
     for verb in ["get", "list", "watch", "patch"] {
-        assert!(allows("tandem.dev", "inferenceservices", verb), "RBAC lacks {verb} on inferenceservices");
+        assert!(
+            allows("tandem.dev", "inferenceservices", verb),
+            "RBAC lacks {verb} on inferenceservices"
+        );
     }
     assert!(allows("tandem.dev", "inferenceservices/status", "patch"));
     assert!(allows("", "pods", "list"));
     assert!(allows("events.k8s.io", "events", "create"));
     assert!(!allows("", "secrets", "get"), "the operator reads no secrets");
-    assert!(!rules.iter().any(|r| r.verbs.iter().any(|v| v == "*") || r.resources.as_ref().is_some_and(|x| x.iter().any(|x| x == "*"))), "no wildcards");
+    assert!(
+        !rules.iter().any(|r| r.verbs.iter().any(|v| v == "*")
+            || r.resources.as_ref().is_some_and(|x| x.iter().any(|x| x == "*"))),
+        "no wildcards"
+    );
 }
 
 #[test]
 fn generated_chart_files_are_current() {
     for (path, text) in tandem_operator::dashboards::generated_files() {
         let on_disk = std::fs::read_to_string(chart().join(&path)).unwrap_or_default();
-        assert!(on_disk == text, "charts/tandem/{path} is stale: run `cargo run -p tandem-operator -- generate`");
+        assert!(
+            on_disk == text,
+            "charts/tandem/{path} is stale: run `cargo run -p tandem-operator -- generate`"
+        );
     }
 }
 
 #[test]
 fn chart_renders_and_every_object_parses_as_its_type() {
     let objects = render(serde_json::json!({}));
-    let mut kinds: Vec<String> = objects.iter().map(|o| o["kind"].as_str().unwrap().to_string()).collect();
+    let mut kinds: Vec<String> =
+        objects.iter().map(|o| o["kind"].as_str().unwrap().to_string()).collect();
     kinds.sort();
-    assert_eq!(kinds, ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "Deployment", "ServiceAccount"]);
-    let dashboards: HashMap<String, Value> = tandem_operator::dashboards::all().into_iter().map(|(s, d)| (format!("tandem-{s}.json"), d)).collect();
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "ConfigMap",
+            "ConfigMap",
+            "ConfigMap",
+            "ConfigMap",
+            "Deployment",
+            "ServiceAccount"
+        ]
+    );
+    let dashboards: HashMap<String, Value> = tandem_operator::dashboards::all()
+        .into_iter()
+        .map(|(s, d)| (format!("tandem-{s}.json"), d))
+        .collect();
     for o in &objects {
         match o["kind"].as_str().unwrap() {
             "ServiceAccount" => drop(strict::<ServiceAccount>(o)),
@@ -149,18 +186,27 @@ fn chart_renders_and_every_object_parses_as_its_type() {
                 assert_eq!(cm.metadata.labels.unwrap()["grafana_dashboard"], "1");
                 for (file, text) in cm.data.unwrap() {
                     let parsed: Value = serde_json::from_str(&text).unwrap();
-                    assert_eq!(&parsed, &dashboards[&file], "{file} in the ConfigMap differs from the dashboard");
+                    assert_eq!(
+                        &parsed, &dashboards[&file],
+                        "{file} in the ConfigMap differs from the dashboard"
+                    );
                 }
             }
             k => panic!("unexpected kind {k}"),
         }
     }
     // Grafana's own legend templates survive the Go-template rendering.
-    let overview = objects.iter().find(|o| o["metadata"]["name"] == "tandem-dashboard-overview").unwrap();
-    assert!(overview["data"]["tandem-overview.json"].as_str().unwrap().contains("{{endpoint}} {{code}}"));
+    let overview =
+        objects.iter().find(|o| o["metadata"]["name"] == "tandem-dashboard-overview").unwrap();
+    assert!(overview["data"]["tandem-overview.json"]
+        .as_str()
+        .unwrap()
+        .contains("{{endpoint}} {{code}}"));
 
     // Namespaced install, no dashboards: a Role and RoleBinding in the watched namespace.
-    let objects = render(serde_json::json!({ "watchNamespace": "ml", "grafana": { "dashboards": { "enabled": false } } }));
+    let objects = render(
+        serde_json::json!({ "watchNamespace": "ml", "grafana": { "dashboards": { "enabled": false } } }),
+    );
     let mut kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
     kinds.sort();
     assert_eq!(kinds, ["Deployment", "Role", "RoleBinding", "ServiceAccount"]);
@@ -175,7 +221,9 @@ fn chart_renders_and_every_object_parses_as_its_type() {
             "Deployment" => {
                 let d = strict::<Deployment>(o);
                 let env = d.spec.template.spec.unwrap().containers[0].env.clone().unwrap();
-                assert!(env.iter().any(|e| e.name == "TANDEM_WATCH_NAMESPACE" && e.value.as_deref() == Some("ml")));
+                assert!(env.iter().any(
+                    |e| e.name == "TANDEM_WATCH_NAMESPACE" && e.value.as_deref() == Some("ml")
+                ));
             }
             _ => {}
         }
@@ -184,11 +232,15 @@ fn chart_renders_and_every_object_parses_as_its_type() {
 
 #[test]
 fn crd_parses_and_examples_are_accepted() {
-    let text = std::fs::read_to_string(chart().join("crds/inferenceservices.tandem.dev.yaml")).unwrap();
+    let text =
+        std::fs::read_to_string(chart().join("crds/inferenceservices.tandem.dev.yaml")).unwrap();
     let crd: CustomResourceDefinition = strict(&yaml_to_json(&text));
     assert_eq!(crd.spec.group, "tandem.dev");
     let v = &crd.spec.versions[0];
-    assert!(v.subresources.as_ref().unwrap().scale.is_some() && v.subresources.as_ref().unwrap().status.is_some());
+    assert!(
+        v.subresources.as_ref().unwrap().scale.is_some()
+            && v.subresources.as_ref().unwrap().status.is_some()
+    );
 
     let mut n = 0;
     for e in std::fs::read_dir(repo().join("examples")).unwrap() {
@@ -197,12 +249,15 @@ fn crd_parses_and_examples_are_accepted() {
             continue;
         }
         let v = yaml_to_json(&std::fs::read_to_string(&path).unwrap());
-        let isvc: InferenceService = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let isvc: InferenceService =
+            serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(v["apiVersion"], "tandem.dev/v1alpha1");
         let problems = tandem_operator::validate::problems(&isvc.spec);
         assert!(problems.is_empty(), "{}: {problems:?}", path.display());
         // The API server's CEL rules accept it too.
-        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap()["openAPIV3Schema"]["properties"]["spec"].clone();
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap()["openAPIV3Schema"]
+            ["properties"]["spec"]
+            .clone();
         let cel = kube::core::cel::Validator::new().validate(&schema, &v["spec"], None);
         assert!(cel.is_ok(), "{}: {cel:?}", path.display());
         n += 1;

@@ -51,7 +51,10 @@ struct State {
 struct FakeApi(Arc<Mutex<State>>);
 
 fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
-    (code, json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason, "message": message, "metadata": {} }))
+    (
+        code,
+        json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason, "message": message, "metadata": {} }),
+    )
 }
 
 fn merge_patch(target: &mut Value, patch: &Value) {
@@ -116,7 +119,11 @@ fn labels_match(obj: &Value, selector: &str) -> bool {
 }
 
 fn query_param(query: &str, key: &str) -> Option<String> {
-    query.split('&').find_map(|kv| kv.split_once('=').filter(|(k, _)| *k == key).map(|(_, v)| v.replace("%2C", ",").replace("%3D", "=").replace("%2F", "/")))
+    query.split('&').find_map(|kv| {
+        kv.split_once('=')
+            .filter(|(k, _)| *k == key)
+            .map(|(_, v)| v.replace("%2C", ",").replace("%3D", "=").replace("%2F", "/"))
+    })
 }
 
 impl FakeApi {
@@ -124,15 +131,44 @@ impl FakeApi {
         while let Some((req, send)) = handle.next_request().await {
             let (parts, body) = req.into_parts();
             let bytes = body.collect_bytes().await.unwrap();
-            let (code, value) = self.handle(&parts.method, parts.uri.path(), parts.uri.query().unwrap_or(""), parts.headers.get("content-type").map(|h| h.to_str().unwrap().to_string()).unwrap_or_default(), &bytes);
-            send.send_response(Response::builder().status(code).body(Body::from(serde_json::to_vec(&value).unwrap())).unwrap());
+            let (code, value) = self.handle(
+                &parts.method,
+                parts.uri.path(),
+                parts.uri.query().unwrap_or(""),
+                parts
+                    .headers
+                    .get("content-type")
+                    .map(|h| h.to_str().unwrap().to_string())
+                    .unwrap_or_default(),
+                &bytes,
+            );
+            send.send_response(
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(serde_json::to_vec(&value).unwrap()))
+                    .unwrap(),
+            );
         }
     }
 
-    fn handle(&self, method: &Method, path: &str, query: &str, content_type: String, body: &[u8]) -> (u16, Value) {
+    fn handle(
+        &self,
+        method: &Method,
+        path: &str,
+        query: &str,
+        content_type: String,
+        body: &[u8],
+    ) -> (u16, Value) {
         let mut st = self.0.lock().unwrap();
-        st.calls.push(Call { method: method.clone(), path: path.into(), query: query.into(), content_type: content_type.clone() });
-        if let Some(i) = st.failures.iter().position(|(m, p, _)| m == method && path.ends_with(p.as_str())) {
+        st.calls.push(Call {
+            method: method.clone(),
+            path: path.into(),
+            query: query.into(),
+            content_type: content_type.clone(),
+        });
+        if let Some(i) =
+            st.failures.iter().position(|(m, p, _)| m == method && path.ends_with(p.as_str()))
+        {
             let (_, _, code) = st.failures.remove(i);
             return status(code, "Conflict", "Operation cannot be fulfilled: the object has been modified; please apply your changes to the latest version and try again");
         }
@@ -152,8 +188,12 @@ impl FakeApi {
         match (method.clone(), name) {
             (Method::GET, None) => {
                 let sel = query_param(query, "labelSelector").unwrap_or_default();
-                let items: Vec<Value> = store.values().filter(|o| labels_match(o, &sel)).cloned().collect();
-                (200, json!({ "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": rv }, "items": items }))
+                let items: Vec<Value> =
+                    store.values().filter(|o| labels_match(o, &sel)).cloned().collect();
+                (
+                    200,
+                    json!({ "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": rv }, "items": items }),
+                )
             }
             (Method::GET, Some(n)) => match store.get(&n) {
                 Some(o) => (200, o.clone()),
@@ -161,26 +201,35 @@ impl FakeApi {
             },
             (Method::POST, None) => {
                 let mut o: Value = serde_json::from_slice(body).unwrap();
-                let n = o["metadata"]["name"].as_str().map(str::to_string).unwrap_or_else(|| format!("{}-{rv}", o["metadata"]["generateName"].as_str().unwrap_or("obj")));
+                let n = o["metadata"]["name"].as_str().map(str::to_string).unwrap_or_else(|| {
+                    format!("{}-{rv}", o["metadata"]["generateName"].as_str().unwrap_or("obj"))
+                });
                 o["metadata"]["name"] = json!(n);
                 o["metadata"]["resourceVersion"] = json!(rv);
                 store.insert(n, o.clone());
                 (201, o)
             }
             (Method::DELETE, Some(n)) => match store.remove(&n) {
-                Some(_) => (200, json!({ "kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {} })),
+                Some(_) => (
+                    200,
+                    json!({ "kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {} }),
+                ),
                 None => status(404, "NotFound", &format!("{plural} {n} not found")),
             },
             (Method::PATCH, Some(n)) => {
                 let patch: Value = serde_json::from_slice(body).unwrap();
                 if content_type.starts_with("application/apply-patch") {
-                    let mut o = store.get(&n).cloned().unwrap_or_else(|| json!({ "metadata": { "uid": format!("uid-{n}"), "generation": 0 } }));
+                    let mut o = store.get(&n).cloned().unwrap_or_else(
+                        || json!({ "metadata": { "uid": format!("uid-{n}"), "generation": 0 } }),
+                    );
                     let spec_changed = o.get("spec") != patch.get("spec");
                     let keep_status = o.get("status").cloned();
                     let keep_meta = o["metadata"].clone();
                     o = patch.clone();
                     o["metadata"]["uid"] = keep_meta["uid"].clone();
-                    o["metadata"]["generation"] = json!(keep_meta["generation"].as_i64().unwrap_or(0) + i64::from(spec_changed));
+                    o["metadata"]["generation"] = json!(
+                        keep_meta["generation"].as_i64().unwrap_or(0) + i64::from(spec_changed)
+                    );
                     o["metadata"]["managedFields"] = json!([{ "manager": query_param(query, "fieldManager"), "operation": "Apply" }]);
                     if let Some(s) = keep_status {
                         o["status"] = s;
@@ -189,7 +238,9 @@ impl FakeApi {
                     store.insert(n, o.clone());
                     return (200, o);
                 }
-                let Some(o) = store.get_mut(&n) else { return status(404, "NotFound", "not found") };
+                let Some(o) = store.get_mut(&n) else {
+                    return status(404, "NotFound", "not found");
+                };
                 if content_type.starts_with("application/json-patch") {
                     if let Err(e) = json_patch(o, &patch) {
                         return status(422, "Invalid", &e);
@@ -202,7 +253,9 @@ impl FakeApi {
                 o["metadata"]["resourceVersion"] = json!(rv);
                 let o = o.clone();
                 // Deleted once its last finalizer is gone, as the API server does.
-                if o["metadata"]["deletionTimestamp"].is_string() && o["metadata"]["finalizers"].as_array().is_none_or(|f| f.is_empty()) {
+                if o["metadata"]["deletionTimestamp"].is_string()
+                    && o["metadata"]["finalizers"].as_array().is_none_or(|f| f.is_empty())
+                {
                     store.remove(&n);
                 }
                 (200, o)
@@ -227,7 +280,10 @@ impl FakeApi {
     }
 
     fn isvc(&self) -> Arc<InferenceService> {
-        Arc::new(serde_json::from_value(self.get(ISVC, "chat").expect("the InferenceService exists")).unwrap())
+        Arc::new(
+            serde_json::from_value(self.get(ISVC, "chat").expect("the InferenceService exists"))
+                .unwrap(),
+        )
     }
 
     /// Changes the spec as `kubectl apply` would: new generation.
@@ -289,16 +345,32 @@ fn setup(service_monitors: bool) -> (FakeApi, Arc<Context>) {
 
 fn condition(fake: &FakeApi, type_: &str) -> (String, String) {
     let o = fake.get(ISVC, "chat").unwrap();
-    let c = o["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == type_).unwrap().clone();
+    let c = o["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap()
+        .clone();
     (c["status"].as_str().unwrap().into(), c["reason"].as_str().unwrap().into())
 }
 
 fn writes(calls: &[Call]) -> Vec<String> {
-    calls.iter().filter(|c| c.is_write()).map(|c| format!("{} {}", c.method, c.path.rsplit("/namespaces/ml/").next().unwrap())).collect()
+    calls
+        .iter()
+        .filter(|c| c.is_write())
+        .map(|c| format!("{} {}", c.method, c.path.rsplit("/namespaces/ml/").next().unwrap()))
+        .collect()
 }
 
 fn events(fake: &FakeApi) -> Vec<Value> {
-    fake.0.lock().unwrap().objects.get("/apis/events.k8s.io/v1/namespaces/ml/events").map(|m| m.values().cloned().collect()).unwrap_or_default()
+    fake.0
+        .lock()
+        .unwrap()
+        .objects
+        .get("/apis/events.k8s.io/v1/namespaces/ml/events")
+        .map(|m| m.values().cloned().collect())
+        .unwrap_or_default()
 }
 
 async fn run(fake: &FakeApi, ctx: &Arc<Context>) -> Action {
@@ -338,7 +410,10 @@ async fn create_rollout_and_unchanged_reapply() {
     );
     for c in calls.iter().filter(|c| c.is_write() && !c.path.ends_with("/status")) {
         assert!(c.content_type.starts_with("application/apply-patch"), "{c:?}");
-        assert!(c.query.contains(&format!("fieldManager={MANAGER}")) && c.query.contains("force=true"), "{c:?}");
+        assert!(
+            c.query.contains(&format!("fieldManager={MANAGER}")) && c.query.contains("force=true"),
+            "{c:?}"
+        );
     }
     let d = fake.get(DEPLOYMENTS, "chat-decode").unwrap();
     assert_eq!(d["metadata"]["ownerReferences"][0]["uid"], "isvc-uid");
@@ -355,11 +430,20 @@ async fn create_rollout_and_unchanged_reapply() {
     let action = run(&fake, &ctx).await;
     assert_eq!(action, Action::requeue(Duration::from_secs(300)));
     assert_eq!(writes(&fake.take_calls()), ["PATCH inferenceservices/chat/status", "POST events"]);
-    for (t, want) in [("Ready", "True"), ("WorkloadsReady", "True"), ("RouterReady", "True"), ("Progressing", "False"), ("Degraded", "False")] {
+    for (t, want) in [
+        ("Ready", "True"),
+        ("WorkloadsReady", "True"),
+        ("RouterReady", "True"),
+        ("Progressing", "False"),
+        ("Degraded", "False"),
+    ] {
         assert_eq!(condition(&fake, t).0, want, "{t}");
     }
     let st = fake.get(ISVC, "chat").unwrap()["status"].clone();
-    assert_eq!(st["decode"], json!({ "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2, "availableReplicas": 2, "selector": "tandem.dev/service=chat,app.kubernetes.io/component=decode" }));
+    assert_eq!(
+        st["decode"],
+        json!({ "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2, "availableReplicas": 2, "selector": "tandem.dev/service=chat,app.kubernetes.io/component=decode" })
+    );
     let ev = events(&fake);
     assert_eq!(ev.len(), 1);
     assert_eq!((ev[0]["type"].as_str(), ev[0]["reason"].as_str()), (Some("Normal"), Some("Ready")));
@@ -393,8 +477,21 @@ async fn spec_update_is_not_ready_until_the_new_replicas_are() {
     run(&fake, &ctx).await;
     let w = writes(&fake.take_calls());
     // The ConfigMap changed, so every pod template (config hash) changed; Services and PDBs did not.
-    assert_eq!(w, ["PATCH configmaps/chat-config", "PATCH deployments/chat-router", "PATCH deployments/chat-prefill", "PATCH deployments/chat-decode", "PATCH inferenceservices/chat/status"]);
-    assert_eq!(fake.get("/api/v1/namespaces/ml/configmaps", "chat-config").unwrap()["data"]["TANDEM_KV_FAILURE_POLICY"], "fail");
+    assert_eq!(
+        w,
+        [
+            "PATCH configmaps/chat-config",
+            "PATCH deployments/chat-router",
+            "PATCH deployments/chat-prefill",
+            "PATCH deployments/chat-decode",
+            "PATCH inferenceservices/chat/status"
+        ]
+    );
+    assert_eq!(
+        fake.get("/api/v1/namespaces/ml/configmaps", "chat-config").unwrap()["data"]
+            ["TANDEM_KV_FAILURE_POLICY"],
+        "fail"
+    );
     assert_eq!(condition(&fake, "Ready"), ("False".into(), "RolloutInProgress".into()));
     assert_eq!(fake.get(ISVC, "chat").unwrap()["status"]["observedGeneration"], 2);
 
@@ -420,10 +517,16 @@ async fn spec_update_is_not_ready_until_the_new_replicas_are() {
 #[tokio::test]
 async fn scale_and_unschedulable_pods() {
     let (fake, ctx) = ready_service(true).await;
-    assert!(fake.get("/apis/monitoring.coreos.com/v1/namespaces/ml/servicemonitors", "chat").is_some(), "ServiceMonitor where the API exists");
+    assert!(
+        fake.get("/apis/monitoring.coreos.com/v1/namespaces/ml/servicemonitors", "chat").is_some(),
+        "ServiceMonitor where the API exists"
+    );
     fake.update_spec(|s| s["decode"]["replicas"] = json!(4));
     run(&fake, &ctx).await;
-    assert_eq!(writes(&fake.take_calls()), ["PATCH deployments/chat-decode", "PATCH inferenceservices/chat/status"]);
+    assert_eq!(
+        writes(&fake.take_calls()),
+        ["PATCH deployments/chat-decode", "PATCH inferenceservices/chat/status"]
+    );
     assert_eq!(fake.get(DEPLOYMENTS, "chat-decode").unwrap()["spec"]["replicas"], 4);
     let st = fake.get(ISVC, "chat").unwrap()["status"].clone();
     assert_eq!(st["decode"]["replicas"], 4);
@@ -443,7 +546,12 @@ async fn scale_and_unschedulable_pods() {
     assert_eq!(condition(&fake, "Degraded"), ("True".into(), "Unschedulable".into()));
     assert_eq!(condition(&fake, "Ready"), ("False".into(), "Unschedulable".into()));
     let ev = events(&fake);
-    assert!(ev.iter().any(|e| e["type"] == "Warning" && e["reason"] == "Unschedulable" && e["note"].as_str().unwrap().contains("Insufficient cpu")), "{ev:?}");
+    assert!(
+        ev.iter().any(|e| e["type"] == "Warning"
+            && e["reason"] == "Unschedulable"
+            && e["note"].as_str().unwrap().contains("Insufficient cpu")),
+        "{ev:?}"
+    );
 
     // Capacity arrives; the last pods start.
     fake.0.lock().unwrap().objects.remove("/api/v1/namespaces/ml/pods");
@@ -468,8 +576,21 @@ async fn invalid_spec_is_degraded_with_an_event() {
     assert_eq!(condition(&fake, "Degraded"), ("True".into(), "InvalidSpec".into()));
     assert_eq!(condition(&fake, "Ready"), ("False".into(), "InvalidSpec".into()));
     let o = fake.get(ISVC, "chat").unwrap();
-    let msg = o["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Degraded").unwrap()["message"].as_str().unwrap().to_string();
-    assert!(msg.contains("spec.decode.tensorParallel (1) must be at least spec.prefill.tensorParallel (2)"), "{msg}");
+    let msg = o["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains(
+            "spec.decode.tensorParallel (1) must be at least spec.prefill.tensorParallel (2)"
+        ),
+        "{msg}"
+    );
     let ev = events(&fake);
     assert!(ev.iter().any(|e| e["type"] == "Warning" && e["reason"] == "InvalidSpec"), "{ev:?}");
     assert_eq!(fake.get(DEPLOYMENTS, "chat-decode").unwrap(), before, "workloads untouched");
@@ -494,8 +615,20 @@ async fn delete_with_finalizer() {
     fake.edit(ISVC, "chat", |o| o["metadata"]["deletionTimestamp"] = json!("2026-11-22T12:00:00Z"));
     run(&fake, &ctx).await;
     let w = writes(&fake.take_calls());
-    assert_eq!(w, ["DELETE deployments/chat-router", "DELETE deployments/chat-prefill", "DELETE deployments/chat-decode", "POST events", "PATCH inferenceservices/chat"]);
-    assert!(fake.get(DEPLOYMENTS, "chat-router").is_none() && fake.get(DEPLOYMENTS, "chat-decode").is_none());
+    assert_eq!(
+        w,
+        [
+            "DELETE deployments/chat-router",
+            "DELETE deployments/chat-prefill",
+            "DELETE deployments/chat-decode",
+            "POST events",
+            "PATCH inferenceservices/chat"
+        ]
+    );
+    assert!(
+        fake.get(DEPLOYMENTS, "chat-router").is_none()
+            && fake.get(DEPLOYMENTS, "chat-decode").is_none()
+    );
     assert!(fake.get(ISVC, "chat").is_none(), "the finalizer was removed and the object deleted");
 }
 

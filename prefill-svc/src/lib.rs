@@ -68,22 +68,45 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
     let max_model_len = engine.max_model_len() as u32;
     let block_size = engine.block_manager().block_size();
     let epoch = new_epoch();
-    let kv_sink = cfg.redis_url.as_ref().map(|url| tandem_worker::kv_events::spawn_publisher(url.clone(), cfg.worker_id.clone(), epoch));
+    let kv_sink = cfg.redis_url.as_ref().map(|url| {
+        tandem_worker::kv_events::spawn_publisher(url.clone(), cfg.worker_id.clone(), epoch)
+    });
     let handle = EngineHandle::spawn_with_events(engine, kv_sink);
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;
-    let status = StatusService { engine: handle.clone(), worker_id: cfg.worker_id.clone(), role: "prefill".into(), model: cfg.model_name.clone(), epoch, max_model_len, block_size: block_size as u32 };
-    let links = cfg.kv_device.as_ref().map(|d| std::sync::Arc::new(links::PrefillLinks::new(d.0.clone(), layout.clone())));
-    let svc = PrefillService { engine: handle.clone(), layout, transfer_timeout: cfg.transfer_timeout, fault: cfg.fault, links: links.clone() };
+    let status = StatusService {
+        engine: handle.clone(),
+        worker_id: cfg.worker_id.clone(),
+        role: "prefill".into(),
+        model: cfg.model_name.clone(),
+        epoch,
+        max_model_len,
+        block_size: block_size as u32,
+    };
+    let links = cfg
+        .kv_device
+        .as_ref()
+        .map(|d| std::sync::Arc::new(links::PrefillLinks::new(d.0.clone(), layout.clone())));
+    let svc = PrefillService {
+        engine: handle.clone(),
+        layout,
+        transfer_timeout: cfg.transfer_timeout,
+        fault: cfg.fault,
+        links: links.clone(),
+    };
     if let Some(f) = cfg.fault {
         tracing::warn!(fault = ?f, "fault injection is on");
     }
-    let grpc = tonic::service::Routes::new(pb::prefill_worker_server::PrefillWorkerServer::new(svc.clone()))
-        .add_service(pb::kv_transfer_server::KvTransferServer::new(svc))
-        .add_service(pb::worker_server::WorkerServer::new(status));
+    let grpc = tonic::service::Routes::new(pb::prefill_worker_server::PrefillWorkerServer::new(
+        svc.clone(),
+    ))
+    .add_service(pb::kv_transfer_server::KvTransferServer::new(svc))
+    .add_service(pb::worker_server::WorkerServer::new(status));
     tracing::info!(%addr, "prefill worker serving");
     announce_ready("prefill", addr);
-    let served = serve(listener, grpc, http_routes(metrics, handle), cfg.watch_stdin, cfg.drain_timeout).await;
+    let served =
+        serve(listener, grpc, http_routes(metrics, handle), cfg.watch_stdin, cfg.drain_timeout)
+            .await;
     if let Some(l) = links {
         l.close_all();
     }

@@ -31,18 +31,36 @@ impl PrefillLinks {
     /// Checks a join request against this side (the same handshake as a TCP session) and
     /// joins; returns once both ends have joined.
     pub async fn join(&self, r: pb::JoinLinkRequest) -> Result<(), tonic::Status> {
-        let remote = r.layout.as_ref().ok_or_else(|| tonic::Status::invalid_argument("the layout is missing"))?;
-        let remote = tandem_worker::kv::layout_from_proto(remote).map_err(tonic::Status::invalid_argument)?;
-        self.layout.check(&remote).map_err(|e| tonic::Status::failed_precondition(e.to_string()))?;
-        self.device.info().check(&DeviceKvInfo { page_bytes: r.device_page_bytes, dtype: r.device_dtype.clone() }).map_err(|e| tonic::Status::failed_precondition(e.to_string()))?;
-        let id: [u8; 128] = r.nccl_unique_id.as_slice().try_into().map_err(|_| tonic::Status::invalid_argument(format!("a link id is 128 bytes, not {}", r.nccl_unique_id.len())))?;
+        let remote = r
+            .layout
+            .as_ref()
+            .ok_or_else(|| tonic::Status::invalid_argument("the layout is missing"))?;
+        let remote = tandem_worker::kv::layout_from_proto(remote)
+            .map_err(tonic::Status::invalid_argument)?;
+        self.layout
+            .check(&remote)
+            .map_err(|e| tonic::Status::failed_precondition(e.to_string()))?;
+        self.device
+            .info()
+            .check(&DeviceKvInfo { page_bytes: r.device_page_bytes, dtype: r.device_dtype.clone() })
+            .map_err(|e| tonic::Status::failed_precondition(e.to_string()))?;
+        let id: [u8; 128] = r.nccl_unique_id.as_slice().try_into().map_err(|_| {
+            tonic::Status::invalid_argument(format!(
+                "a link id is 128 bytes, not {}",
+                r.nccl_unique_id.len()
+            ))
+        })?;
         let dev = self.device.clone();
         let join = tokio::task::spawn_blocking(move || dev.connect(LinkRole::Sender, &id));
         let link = match tokio::time::timeout(JOIN_TIMEOUT, join).await {
             Ok(Ok(Ok(l))) => l,
-            Ok(Ok(Err(e))) => return Err(tonic::Status::unavailable(format!("joining the device link: {e}"))),
+            Ok(Ok(Err(e))) => {
+                return Err(tonic::Status::unavailable(format!("joining the device link: {e}")))
+            }
             Ok(Err(e)) => return Err(tonic::Status::internal(e.to_string())),
-            Err(_) => return Err(tonic::Status::deadline_exceeded("joining the device link timed out")),
+            Err(_) => {
+                return Err(tonic::Status::deadline_exceeded("joining the device link timed out"))
+            }
         };
         tracing::info!(link = r.link_id, "joined a device link");
         self.links.lock().expect("links lock").insert(r.link_id, Arc::new(Mutex::new(Some(link))));
@@ -60,10 +78,24 @@ impl PrefillLinks {
 
     /// Sends `blocks` (pages `first_index..`) as `transfer_id` over link `link_id`, blocking
     /// until they have left; a failed link is closed and forgotten.
-    pub fn send(&self, link_id: u64, transfer_id: u64, first_index: u32, blocks: &[u32], opts: SendOptions) -> Result<u64, TransferError> {
-        let slot = self.links.lock().expect("links lock").get(&link_id).cloned().ok_or_else(|| TransferError::Refused(format!("no device link {link_id:#x} here (this worker may have restarted)")))?;
+    pub fn send(
+        &self,
+        link_id: u64,
+        transfer_id: u64,
+        first_index: u32,
+        blocks: &[u32],
+        opts: SendOptions,
+    ) -> Result<u64, TransferError> {
+        let slot =
+            self.links.lock().expect("links lock").get(&link_id).cloned().ok_or_else(|| {
+                TransferError::Refused(format!(
+                    "no device link {link_id:#x} here (this worker may have restarted)"
+                ))
+            })?;
         let mut guard = slot.lock().expect("link lock");
-        let link = guard.as_mut().ok_or_else(|| TransferError::Refused(format!("device link {link_id:#x} is closed")))?;
+        let link = guard
+            .as_mut()
+            .ok_or_else(|| TransferError::Refused(format!("device link {link_id:#x} is closed")))?;
         let res = link.send(transfer_id, first_index, blocks, opts);
         if res.is_err() {
             // Dropping the link aborts its communicator.
@@ -94,14 +126,25 @@ mod tests {
     }
 
     impl DeviceLink for FakeLink {
-        fn send(&mut self, _id: u64, _first: u32, blocks: &[u32], opts: SendOptions) -> Result<u64, TransferError> {
+        fn send(
+            &mut self,
+            _id: u64,
+            _first: u32,
+            blocks: &[u32],
+            opts: SendOptions,
+        ) -> Result<u64, TransferError> {
             self.sends += 1;
             if self.sends > self.fail_after {
                 return Err(TransferError::Timeout(opts.timeout));
             }
             Ok(blocks.len() as u64 * 64)
         }
-        fn recv(&mut self, _: &mut dyn FnMut(&TransferHeader) -> Option<Vec<u32>>, _: &dyn Fn() -> bool, _: Duration) -> Result<Option<Received>, TransferError> {
+        fn recv(
+            &mut self,
+            _: &mut dyn FnMut(&TransferHeader) -> Option<Vec<u32>>,
+            _: &dyn Fn() -> bool,
+            _: Duration,
+        ) -> Result<Option<Received>, TransferError> {
             unreachable!("a prefill worker only sends")
         }
     }
@@ -113,7 +156,11 @@ mod tests {
         fn new_link_id(&self) -> Result<[u8; 128], TransferError> {
             Ok([7; 128])
         }
-        fn connect(&self, role: LinkRole, _id: &[u8; 128]) -> Result<Box<dyn DeviceLink>, TransferError> {
+        fn connect(
+            &self,
+            role: LinkRole,
+            _id: &[u8; 128],
+        ) -> Result<Box<dyn DeviceLink>, TransferError> {
             assert_eq!(role, LinkRole::Sender);
             self.joins.fetch_add(1, Ordering::SeqCst);
             Ok(Box::new(FakeLink { sends: 0, fail_after: self.fail_after }))
@@ -121,11 +168,31 @@ mod tests {
     }
 
     fn layout() -> KvLayout {
-        KvLayout { model_id: "m".into(), dtype: KvDtype::F32, block_size: 16, num_layers: 2, num_kv_heads: 1, head_dim: 4, hash_seed: 1 }
+        KvLayout {
+            model_id: "m".into(),
+            dtype: KvDtype::F32,
+            block_size: 16,
+            num_layers: 2,
+            num_kv_heads: 1,
+            head_dim: 4,
+            hash_seed: 1,
+        }
     }
 
-    fn request(link_id: u64, layout: &KvLayout, page_bytes: u64, dtype: &str, id_len: usize) -> pb::JoinLinkRequest {
-        pb::JoinLinkRequest { link_id, nccl_unique_id: vec![1; id_len], layout: Some(tandem_worker::kv::layout_to_proto(layout)), device_page_bytes: page_bytes, device_dtype: dtype.into() }
+    fn request(
+        link_id: u64,
+        layout: &KvLayout,
+        page_bytes: u64,
+        dtype: &str,
+        id_len: usize,
+    ) -> pb::JoinLinkRequest {
+        pb::JoinLinkRequest {
+            link_id,
+            nccl_unique_id: vec![1; id_len],
+            layout: Some(tandem_worker::kv::layout_to_proto(layout)),
+            device_page_bytes: page_bytes,
+            device_dtype: dtype.into(),
+        }
     }
 
     #[tokio::test]
@@ -147,7 +214,10 @@ mod tests {
         let e = links.join(request(1, &layout(), 64, "bf16", 100)).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert_eq!(pool.joins.load(Ordering::SeqCst), 0, "refused before joining");
-        assert!(matches!(links.send(1, 9, 0, &[1, 2], opts), Err(TransferError::Refused(_))), "no link 1 yet");
+        assert!(
+            matches!(links.send(1, 9, 0, &[1, 2], opts), Err(TransferError::Refused(_))),
+            "no link 1 yet"
+        );
 
         links.join(request(1, &layout(), 64, "bf16", 128)).await.unwrap();
         assert_eq!(links.send(1, 9, 0, &[1, 2], opts).unwrap(), 128);

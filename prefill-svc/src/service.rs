@@ -31,7 +31,9 @@ impl Fault {
     pub fn parse(s: &str) -> Option<Fault> {
         match s.trim() {
             "corrupt-page" => Some(Fault::CorruptPage),
-            other => other.strip_prefix("stall-after-pages=")?.parse().ok().map(Fault::StallAfterPages),
+            other => {
+                other.strip_prefix("stall-after-pages=")?.parse().ok().map(Fault::StallAfterPages)
+            }
         }
     }
 }
@@ -75,18 +77,30 @@ fn first_token(out: &RequestOutput) -> Option<SampledToken> {
     if let Some(s) = c.logprobs.first() {
         return Some(s.clone());
     }
-    Some(SampledToken { chosen: TokenLogprob { token_id: *c.token_ids.first()?, logprob: c.cumulative_logprob as f32 }, top: Vec::new() })
+    Some(SampledToken {
+        chosen: TokenLogprob {
+            token_id: *c.token_ids.first()?,
+            logprob: c.cumulative_logprob as f32,
+        },
+        top: Vec::new(),
+    })
 }
 
 impl PrefillService {
     /// Reads the pages of `ids` on the engine thread. The engine may be in the middle of a long
     /// step: while waiting, `tx` (once connected) tells the receiver this sender is busy, not
     /// stalled.
-    fn read_pages(&self, ids: Vec<u32>, mut tx: Option<&mut TcpSender>) -> Result<Vec<Vec<u8>>, TransferError> {
+    fn read_pages(
+        &self,
+        ids: Vec<u32>,
+        mut tx: Option<&mut TcpSender>,
+    ) -> Result<Vec<Vec<u8>>, TransferError> {
         let stopped = || TransferError::Protocol("the engine has stopped".into());
         let (send, recv) = std::sync::mpsc::channel();
         if !self.engine.submit(move |s| {
-            let _ = send.send(ids.iter().map(|&b| s.engine.read_kv_block(b)).collect::<Result<Vec<_>, _>>());
+            let _ = send.send(
+                ids.iter().map(|&b| s.engine.read_kv_block(b)).collect::<Result<Vec<_>, _>>(),
+            );
         }) {
             return Err(stopped());
         }
@@ -115,14 +129,24 @@ impl PrefillService {
             let payloads = self.read_pages(ids, tx.as_mut())?;
             let tx = match &mut tx {
                 Some(t) => t,
-                None => tx.insert(TcpSender::connect_with_auth(r.kv_destination.as_str(), &self.layout, self.transfer_timeout, tandem_worker::auth::kv_auth())?),
+                None => tx.insert(TcpSender::connect_with_auth(
+                    r.kv_destination.as_str(),
+                    &self.layout,
+                    self.transfer_timeout,
+                    tandem_worker::auth::kv_auth(),
+                )?),
             };
             for (&(index, _), payload) in chunk.iter().zip(payloads) {
                 if self.fault == Some(Fault::StallAfterPages(pages)) {
                     tracing::warn!("fault injection: stalling the transfer");
                     std::thread::sleep(Duration::from_secs(3600));
                 }
-                let page = KvPage { transfer_id: r.transfer_id, index: index as u32, block_hash: 0, payload };
+                let page = KvPage {
+                    transfer_id: r.transfer_id,
+                    index: index as u32,
+                    block_hash: 0,
+                    payload,
+                };
                 if self.fault == Some(Fault::CorruptPage) && pages == 0 {
                     tracing::warn!("fault injection: corrupting a page");
                     let mut wire = page.header().to_vec();
@@ -139,7 +163,12 @@ impl PrefillService {
         }
         let tx = match tx {
             Some(t) => t,
-            None => TcpSender::connect_with_auth(r.kv_destination.as_str(), &self.layout, self.transfer_timeout, tandem_worker::auth::kv_auth())?,
+            None => TcpSender::connect_with_auth(
+                r.kv_destination.as_str(),
+                &self.layout,
+                self.transfer_timeout,
+                tandem_worker::auth::kv_auth(),
+            )?,
         };
         tx.finish(r.transfer_id, pages)?;
         Ok((pages, bytes))
@@ -154,7 +183,11 @@ fn transfer_failed(r: &pb::PrefillRequest, e: TransferError) -> Status {
         _ => "send",
     });
     tracing::warn!(error = %e, "shipping KV pages failed");
-    let to = if r.kv_link != 0 { format!("device link {:#x}", r.kv_link) } else { r.kv_destination.clone() };
+    let to = if r.kv_link != 0 {
+        format!("device link {:#x}", r.kv_link)
+    } else {
+        r.kv_destination.clone()
+    };
     Status::unavailable(format!("KV transfer over {to} failed: {e}"))
 }
 
@@ -190,8 +223,15 @@ impl PrefillService {
     /// Waits for the prefill of `rid` to finish, shipping over the request's device link each
     /// block that becomes complete meanwhile (a chunked prefill completes blocks step by step),
     /// so the transfer overlaps the computation of the rest of the prompt.
-    async fn stream_while_prefilling(&self, rid: &str, r: &pb::PrefillRequest, early: &mut Streamed, mut done: tokio::sync::oneshot::Receiver<Result<RequestOutput, String>>) -> Result<RequestOutput, Status> {
-        let links = self.links.clone().ok_or_else(|| Status::failed_precondition("no device transport"))?;
+    async fn stream_while_prefilling(
+        &self,
+        rid: &str,
+        r: &pb::PrefillRequest,
+        early: &mut Streamed,
+        mut done: tokio::sync::oneshot::Receiver<Result<RequestOutput, String>>,
+    ) -> Result<RequestOutput, Status> {
+        let links =
+            self.links.clone().ok_or_else(|| Status::failed_precondition("no device transport"))?;
         loop {
             let id = rid.to_string();
             let progress = tokio::select! {
@@ -200,7 +240,8 @@ impl PrefillService {
             };
             let piece = match progress {
                 Some(p) => {
-                    early.preempted |= *early.preemptions.get_or_insert(p.preemptions) != p.preemptions;
+                    early.preempted |=
+                        *early.preemptions.get_or_insert(p.preemptions) != p.preemptions;
                     if early.preempted || p.complete_blocks.len() <= early.next {
                         None
                     } else {
@@ -213,9 +254,12 @@ impl PrefillService {
                 tokio::time::sleep(PROGRESS_POLL).await;
                 continue;
             };
-            let (l, opts, link, tid, first) = (links.clone(), self.send_options(), r.kv_link, r.transfer_id, early.next as u32);
+            let (l, opts, link, tid, first) =
+                (links.clone(), self.send_options(), r.kv_link, r.transfer_id, early.next as u32);
             let blocks = piece.clone();
-            let sent = tokio::task::spawn_blocking(move || l.send(link, tid, first, &blocks, opts)).await.map_err(|e| Status::internal(e.to_string()))?;
+            let sent = tokio::task::spawn_blocking(move || l.send(link, tid, first, &blocks, opts))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
             let bytes = sent.map_err(|e| transfer_failed(r, e))?;
             early.next += piece.len();
             early.pages += piece.len() as u32;
@@ -226,17 +270,36 @@ impl PrefillService {
 
     /// Ships the pages GPU to GPU over the device link the request names: those not shipped
     /// early, or all of them again when a preemption may have moved what left early.
-    fn ship_device(&self, blocks: &[u32], r: &pb::PrefillRequest, early: &Streamed) -> Result<(u32, u64), TransferError> {
-        let links = self.links.as_ref().ok_or_else(|| TransferError::Refused("this prefill worker has no device transport (start it with --kv-transport nccl)".into()))?;
+    fn ship_device(
+        &self,
+        blocks: &[u32],
+        r: &pb::PrefillRequest,
+        early: &Streamed,
+    ) -> Result<(u32, u64), TransferError> {
+        let links = self.links.as_ref().ok_or_else(|| {
+            TransferError::Refused(
+                "this prefill worker has no device transport (start it with --kv-transport nccl)"
+                    .into(),
+            )
+        })?;
         let skip = (r.skip_blocks as usize).min(blocks.len());
         let stale = early.preempted || !blocks[skip..].starts_with(&early.ids);
         let from = if stale { skip } else { early.next.clamp(skip, blocks.len()) };
         if stale && early.pages > 0 {
-            tracing::warn!(early_pages = early.pages, "a preemption may have moved pages shipped early; shipping them all again");
+            tracing::warn!(
+                early_pages = early.pages,
+                "a preemption may have moved pages shipped early; shipping them all again"
+            );
         }
         let mut bytes = early.bytes;
         if from < blocks.len() {
-            bytes += links.send(r.kv_link, r.transfer_id, from as u32, &blocks[from..], self.send_options())?;
+            bytes += links.send(
+                r.kv_link,
+                r.transfer_id,
+                from as u32,
+                &blocks[from..],
+                self.send_options(),
+            )?;
         }
         Ok((early.pages + (blocks.len() - from) as u32, bytes))
     }
@@ -244,12 +307,24 @@ impl PrefillService {
 
 #[tonic::async_trait]
 impl pb::kv_transfer_server::KvTransfer for PrefillService {
-    async fn endpoint(&self, _req: Request<pb::EndpointRequest>) -> Result<Response<pb::TransferEndpoint>, Status> {
-        Err(Status::unimplemented("prefill workers send KV pages; ask a decode worker where it receives them"))
+    async fn endpoint(
+        &self,
+        _req: Request<pb::EndpointRequest>,
+    ) -> Result<Response<pb::TransferEndpoint>, Status> {
+        Err(Status::unimplemented(
+            "prefill workers send KV pages; ask a decode worker where it receives them",
+        ))
     }
 
-    async fn join_link(&self, req: Request<pb::JoinLinkRequest>) -> Result<Response<pb::JoinLinkResponse>, Status> {
-        let links = self.links.as_ref().ok_or_else(|| Status::failed_precondition("this prefill worker has no device transport (start it with --kv-transport nccl)"))?;
+    async fn join_link(
+        &self,
+        req: Request<pb::JoinLinkRequest>,
+    ) -> Result<Response<pb::JoinLinkResponse>, Status> {
+        let links = self.links.as_ref().ok_or_else(|| {
+            Status::failed_precondition(
+                "this prefill worker has no device transport (start it with --kv-transport nccl)",
+            )
+        })?;
         links.join(req.into_inner()).await?;
         Ok(Response::new(pb::JoinLinkResponse {}))
     }
@@ -257,18 +332,28 @@ impl pb::kv_transfer_server::KvTransfer for PrefillService {
 
 #[tonic::async_trait]
 impl pb::prefill_worker_server::PrefillWorker for PrefillService {
-    async fn prefill(&self, req: Request<pb::PrefillRequest>) -> Result<Response<pb::PrefillResponse>, Status> {
+    async fn prefill(
+        &self,
+        req: Request<pb::PrefillRequest>,
+    ) -> Result<Response<pb::PrefillResponse>, Status> {
         let r = req.into_inner();
-        let params = params_from_proto(r.params.as_ref().ok_or_else(|| Status::invalid_argument("params are missing"))?);
+        let params = params_from_proto(
+            r.params.as_ref().ok_or_else(|| Status::invalid_argument("params are missing"))?,
+        );
         params.validate().map_err(Status::invalid_argument)?;
         let rid = format!("{}/{:x}", r.request_id, r.transfer_id);
-        let span = tracing::info_span!("prefill", request_id = %r.request_id, transfer_id = r.transfer_id);
+        let span =
+            tracing::info_span!("prefill", request_id = %r.request_id, transfer_id = r.transfer_id);
         async move {
             let started = Instant::now();
             let (tx, rx) = tokio::sync::oneshot::channel();
             let mut tx = Some(tx);
             let (id, tokens) = (rid.clone(), r.prompt_token_ids.clone());
-            let opts = RequestOptions { prefill_only: true, cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()), ..Default::default() };
+            let opts = RequestOptions {
+                prefill_only: true,
+                cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()),
+                ..Default::default()
+            };
             // Armed before the request is queued: if the caller goes away while the engine thread
             // adds it, the abort queued behind it still releases it (jobs run in order).
             let _release = Release { engine: self.engine.clone(), rid: rid.clone() };
@@ -297,22 +382,45 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
             let out = if r.kv_link != 0 && self.links.is_some() {
                 self.stream_while_prefilling(&rid, &r, &mut early, rx).await?
             } else {
-                rx.await.map_err(|_| Status::internal("the prefill was dropped"))?.map_err(Status::internal)?
+                rx.await
+                    .map_err(|_| Status::internal("the prefill was dropped"))?
+                    .map_err(Status::internal)?
             };
-            let first = first_token(&out).ok_or_else(|| Status::internal("the prefill produced no token"))?;
+            let first = first_token(&out)
+                .ok_or_else(|| Status::internal("the prefill produced no token"))?;
             let num_cached = out.metrics.num_cached_tokens as u32;
             let prefill_seconds = started.elapsed().as_secs_f64();
             let id = rid.clone();
-            let blocks = self.engine.call(move |s| s.engine.prefill_blocks(&id)).await.flatten().ok_or_else(|| Status::internal("the prefill's blocks are gone"))?;
+            let blocks = self
+                .engine
+                .call(move |s| s.engine.prefill_blocks(&id))
+                .await
+                .flatten()
+                .ok_or_else(|| Status::internal("the prefill's blocks are gone"))?;
             let (svc, req2) = (self.clone(), r.clone());
             let t0 = Instant::now();
             let early_pages = early.pages;
-            let shipped = tokio::task::spawn_blocking(move || if req2.kv_link != 0 { svc.ship_device(&blocks, &req2, &early) } else { svc.ship(&blocks, &req2) }).await.map_err(|e| Status::internal(e.to_string()))?;
+            let shipped = tokio::task::spawn_blocking(move || {
+                if req2.kv_link != 0 {
+                    svc.ship_device(&blocks, &req2, &early)
+                } else {
+                    svc.ship(&blocks, &req2)
+                }
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
             let transfer_seconds = t0.elapsed().as_secs_f64();
             match shipped {
                 Ok((pages, bytes)) => {
                     observe_transfer(bytes, transfer_seconds);
-                    tracing::info!(pages, bytes, early_pages, prefill_seconds, transfer_seconds, "pages shipped");
+                    tracing::info!(
+                        pages,
+                        bytes,
+                        early_pages,
+                        prefill_seconds,
+                        transfer_seconds,
+                        "pages shipped"
+                    );
                     Ok(Response::new(pb::PrefillResponse {
                         first_token: Some(sampled_to_proto(&first)),
                         pages_sent: pages,

@@ -19,7 +19,13 @@ mod tests {
         let req = PrefillRequest {
             request_id: "r1".into(),
             prompt_token_ids: vec![1, 2, 3],
-            params: Some(SamplingParams { max_tokens: 16, temperature: 0.5, seed: Some(7), logprobs: Some(2), ..Default::default() }),
+            params: Some(SamplingParams {
+                max_tokens: 16,
+                temperature: 0.5,
+                seed: Some(7),
+                logprobs: Some(2),
+                ..Default::default()
+            }),
             kv_destination: "127.0.0.1:4000".into(),
             transfer_id: 9,
             skip_blocks: 1,

@@ -58,7 +58,10 @@ pub struct ApiKeys {
 impl std::fmt::Debug for ApiKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the keys themselves.
-        f.debug_struct("ApiKeys").field("keys", &self.keys.len()).field("limits", &self.limits).finish()
+        f.debug_struct("ApiKeys")
+            .field("keys", &self.keys.len())
+            .field("limits", &self.limits)
+            .finish()
     }
 }
 
@@ -74,7 +77,10 @@ fn digest(key: &str) -> [u8; 32] {
 impl ApiKeys {
     /// Parses entries (`KEY` or `KEY:TENANT`; blank lines and `#` comments skipped). A key
     /// without a tenant is its own tenant (named after its digest, never the key).
-    pub fn parse<'a>(entries: impl IntoIterator<Item = &'a str>, limits: KeyLimits) -> Result<ApiKeys, KeysError> {
+    pub fn parse<'a>(
+        entries: impl IntoIterator<Item = &'a str>,
+        limits: KeyLimits,
+    ) -> Result<ApiKeys, KeysError> {
         let mut keys = HashMap::new();
         for (i, raw) in entries.into_iter().enumerate() {
             let e = raw.trim();
@@ -86,12 +92,29 @@ impl ApiKeys {
                 None => (e, String::new()),
             };
             if key.len() < 8 || key.chars().any(char::is_whitespace) {
-                return Err(KeysError(format!("entry {} is not a key (at least 8 characters, no spaces)", i + 1)));
+                return Err(KeysError(format!(
+                    "entry {} is not a key (at least 8 characters, no spaces)",
+                    i + 1
+                )));
             }
             let d = digest(key);
-            let tenant = if tenant.is_empty() { d.iter().take(6).map(|b| format!("{b:02x}")).collect() } else { tenant };
+            let tenant = if tenant.is_empty() {
+                d.iter().take(6).map(|b| format!("{b:02x}")).collect()
+            } else {
+                tenant
+            };
             let burst = limits.requests_per_second.map(|r| r.max(1.0)).unwrap_or(0.0);
-            if keys.insert(d, KeyState { tenant: Tenant(tenant.into()), in_flight: Arc::default(), bucket: Mutex::new((burst, Instant::now())) }).is_some() {
+            if keys
+                .insert(
+                    d,
+                    KeyState {
+                        tenant: Tenant(tenant.into()),
+                        in_flight: Arc::default(),
+                        bucket: Mutex::new((burst, Instant::now())),
+                    },
+                )
+                .is_some()
+            {
                 return Err(KeysError(format!("entry {} repeats a key", i + 1)));
             }
         }
@@ -129,11 +152,25 @@ impl ApiKeys {
 }
 
 fn unauthorized(message: &str) -> Response {
-    ApiError { status: StatusCode::UNAUTHORIZED, message: message.into(), kind: "invalid_request_error", param: None, code: Some("invalid_api_key") }.into_response()
+    ApiError {
+        status: StatusCode::UNAUTHORIZED,
+        message: message.into(),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("invalid_api_key"),
+    }
+    .into_response()
 }
 
 fn too_many(message: String, code: &'static str, retry_after: f64) -> Response {
-    let mut r = ApiError { status: StatusCode::TOO_MANY_REQUESTS, message, kind: "requests", param: None, code: Some(code) }.into_response();
+    let mut r = ApiError {
+        status: StatusCode::TOO_MANY_REQUESTS,
+        message,
+        kind: "requests",
+        param: None,
+        code: Some(code),
+    }
+    .into_response();
     let secs = retry_after.ceil().max(1.0) as u64;
     r.headers_mut().insert("retry-after", HeaderValue::from(secs));
     r
@@ -150,10 +187,20 @@ impl Drop for InFlight {
 
 /// Middleware for the `/v1` routes: checks `Authorization: Bearer KEY`, applies the key's
 /// limits and hands the handler its [`Tenant`].
-pub async fn authenticate(State(keys): State<Arc<ApiKeys>>, mut req: Request, next: Next) -> Response {
-    let header = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|h| h.to_str().ok()).unwrap_or("");
+pub async fn authenticate(
+    State(keys): State<Arc<ApiKeys>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let header = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
     let Some(key) = header.strip_prefix("Bearer ").map(str::trim).filter(|k| !k.is_empty()) else {
-        return unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.");
+        return unauthorized(
+            "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
+        );
     };
     let Some(state) = keys.keys.get(&digest(key)) else {
         return unauthorized("Incorrect API key provided.");
@@ -166,7 +213,11 @@ pub async fn authenticate(State(keys): State<Arc<ApiKeys>>, mut req: Request, ne
     let guard = InFlight(state.in_flight.clone());
     if let Some(max) = keys.limits.max_concurrent {
         if running > max {
-            return too_many(format!("Too many concurrent requests for this key (limit {max})."), "concurrency_limit_exceeded", 1.0);
+            return too_many(
+                format!("Too many concurrent requests for this key (limit {max})."),
+                "concurrency_limit_exceeded",
+                1.0,
+            );
         }
     }
     req.extensions_mut().insert(state.tenant.clone());
@@ -186,7 +237,17 @@ mod tests {
 
     #[test]
     fn parsing_tenants_and_errors() {
-        let k = ApiKeys::parse(["# team keys", "", "sk-alpha-0001:research", "sk-alpha-0002:research", "sk-beta-00001"], KeyLimits::default()).unwrap();
+        let k = ApiKeys::parse(
+            [
+                "# team keys",
+                "",
+                "sk-alpha-0001:research",
+                "sk-alpha-0002:research",
+                "sk-beta-00001",
+            ],
+            KeyLimits::default(),
+        )
+        .unwrap();
         assert_eq!(k.len(), 3);
         let t = |key: &str| k.keys[&digest(key)].tenant.clone();
         assert_eq!(t("sk-alpha-0001"), t("sk-alpha-0002"));
@@ -200,7 +261,11 @@ mod tests {
 
     #[test]
     fn token_bucket_allows_bursts_then_the_rate() {
-        let k = ApiKeys::parse(["sk-bucket-0001"], KeyLimits { max_concurrent: None, requests_per_second: Some(2.0) }).unwrap();
+        let k = ApiKeys::parse(
+            ["sk-bucket-0001"],
+            KeyLimits { max_concurrent: None, requests_per_second: Some(2.0) },
+        )
+        .unwrap();
         let s = &k.keys[&digest("sk-bucket-0001")];
         assert!(k.take_token(s).is_ok() && k.take_token(s).is_ok());
         let wait = k.take_token(s).unwrap_err();

@@ -50,9 +50,17 @@ pub struct Candidate {
 }
 
 /// The cost of sending a `prompt_tokens`-token prompt to a worker.
-pub fn cost(cfg: &CostConfig, block_size: usize, prompt_tokens: usize, cached_tokens: usize, queued_prefill_tokens: f64, active_decode_blocks: f64) -> f64 {
+pub fn cost(
+    cfg: &CostConfig,
+    block_size: usize,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    queued_prefill_tokens: f64,
+    active_decode_blocks: f64,
+) -> f64 {
     let prefill = (queued_prefill_tokens + prompt_tokens as f64 - cached_tokens as f64).max(0.0);
-    cfg.overlap_weight * prefill / block_size.max(1) as f64 + cfg.decode_weight * active_decode_blocks
+    cfg.overlap_weight * prefill / block_size.max(1) as f64
+        + cfg.decode_weight * active_decode_blocks
 }
 
 /// The candidates within the margin of the best (never empty when `cands` is not).
@@ -77,8 +85,21 @@ mod tests {
     use super::*;
 
     fn cand(index: usize, cached: usize, queued: f64, decode: f64) -> Candidate {
-        let cost = cost(&CostConfig { decode_weight: 1.0, ..CostConfig::default() }, 16, 512, cached, queued, decode);
-        Candidate { index, cached_tokens: cached, queued_prefill_tokens: queued, active_decode_blocks: decode, cost }
+        let cost = cost(
+            &CostConfig { decode_weight: 1.0, ..CostConfig::default() },
+            16,
+            512,
+            cached,
+            queued,
+            decode,
+        );
+        Candidate {
+            index,
+            cached_tokens: cached,
+            queued_prefill_tokens: queued,
+            active_decode_blocks: decode,
+            cost,
+        }
     }
 
     #[test]

@@ -23,7 +23,13 @@ pub struct ApiError {
 impl ApiError {
     /// 400: the request is invalid (`param` names the field).
     pub fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", param: param.map(str::to_string), code: None }
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_string),
+            code: None,
+        }
     }
 
     /// 404: the model is not served here.
@@ -39,12 +45,24 @@ impl ApiError {
 
     /// 503: no worker can take the request.
     pub fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: message.into(), kind: "service_unavailable_error", param: None, code: None }
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "service_unavailable_error",
+            param: None,
+            code: None,
+        }
     }
 
     /// 502: a worker failed while serving the request.
     pub fn upstream(message: impl Into<String>) -> ApiError {
-        ApiError { status: StatusCode::BAD_GATEWAY, message: message.into(), kind: "server_error", param: None, code: None }
+        ApiError {
+            status: StatusCode::BAD_GATEWAY,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
     }
 
     /// The error object (the value of the `error` key).
@@ -55,8 +73,12 @@ impl ApiError {
     /// Maps a worker's gRPC status: its validation errors are the client's fault (400).
     pub fn from_status(s: &tonic::Status) -> ApiError {
         match s.code() {
-            tonic::Code::InvalidArgument | tonic::Code::OutOfRange => ApiError::invalid(None, s.message()),
-            tonic::Code::Unavailable => ApiError::unavailable(format!("worker unavailable: {}", s.message())),
+            tonic::Code::InvalidArgument | tonic::Code::OutOfRange => {
+                ApiError::invalid(None, s.message())
+            }
+            tonic::Code::Unavailable => {
+                ApiError::unavailable(format!("worker unavailable: {}", s.message()))
+            }
             _ => ApiError::upstream(format!("worker failed: {}", s.message())),
         }
     }

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::Extension;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use futures_util::StreamExt;
 use metrics::{counter, histogram};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -26,12 +26,12 @@ use tandem_proto::v1 as pb;
 use tandem_worker::convert::params_to_proto;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::auth::{ApiKeys, Tenant};
 use crate::error::ApiError;
 use crate::openai::{self, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use crate::prompt::{self, SpecialTokens};
 use crate::responses::{self, Choice, Endpoint, Header};
 use crate::routing::{Route, Routing};
-use crate::auth::{ApiKeys, Tenant};
 use crate::workers::Workers;
 
 /// Most prompts one completions request may carry.
@@ -73,10 +73,36 @@ pub struct AppState {
 
 impl AppState {
     /// The state over a model and its workers.
-    pub fn new(model_name: String, info: ModelInfo, pool: Workers, routing: Routing, metrics: Option<PrometheusHandle>) -> AppState {
+    pub fn new(
+        model_name: String,
+        info: ModelInfo,
+        pool: Workers,
+        routing: Routing,
+        metrics: Option<PrometheusHandle>,
+    ) -> AppState {
         let started = unix_now();
-        let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 40;
-        AppState { model_name, info, pool, routing, load_sync: None, metrics, started, api_keys: None, max_body_bytes: crate::MAX_BODY_BYTES, max_prompt_tokens: None, default_max_tokens: None, special_tokens: SpecialTokens::default(), body_read_timeout: Duration::from_secs(10), tokenizing: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())), ids: AtomicU64::new(seed) }
+        let seed =
+            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+                ^ (std::process::id() as u64) << 40;
+        AppState {
+            model_name,
+            info,
+            pool,
+            routing,
+            load_sync: None,
+            metrics,
+            started,
+            api_keys: None,
+            max_body_bytes: crate::MAX_BODY_BYTES,
+            max_prompt_tokens: None,
+            default_max_tokens: None,
+            special_tokens: SpecialTokens::default(),
+            body_read_timeout: Duration::from_secs(10),
+            tokenizing: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get()),
+            ),
+            ids: AtomicU64::new(seed),
+        }
     }
 
     fn new_id(&self, prefix: &str) -> String {
@@ -93,7 +119,10 @@ impl AppState {
 
     /// The most tokens a prompt may have: `--max-prompt-tokens`, and one less than the context.
     fn prompt_limit(&self) -> usize {
-        self.max_prompt_tokens.unwrap_or(usize::MAX).min(self.max_model_len().saturating_sub(1)).max(1)
+        self.max_prompt_tokens
+            .unwrap_or(usize::MAX)
+            .min(self.max_model_len().saturating_sub(1))
+            .max(1)
     }
 }
 
@@ -141,7 +170,16 @@ fn check_model(st: &AppState, c: &CommonParams) -> Result<(), ApiError> {
 fn token_prompt(st: &AppState, ids: &[i64], param: &str) -> Result<Vec<u32>, ApiError> {
     let vocab = st.info.config.vocab_size as i64;
     ids.iter()
-        .map(|&t| if (0..vocab).contains(&t) { Ok(t as u32) } else { Err(ApiError::invalid(Some(param), format!("token id {t} is outside the vocabulary (0..{vocab})"))) })
+        .map(|&t| {
+            if (0..vocab).contains(&t) {
+                Ok(t as u32)
+            } else {
+                Err(ApiError::invalid(
+                    Some(param),
+                    format!("token id {t} is outside the vocabulary (0..{vocab})"),
+                ))
+            }
+        })
         .collect()
 }
 
@@ -157,27 +195,55 @@ struct Budget<'a> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn finish_prepare(st: &AppState, ep: Endpoint, c: &CommonParams, prompts: Vec<Vec<u32>>, echo: Vec<Option<String>>, base: SamplingParams, budget: Budget, logprobs: bool) -> Result<Prepared, ApiError> {
+fn finish_prepare(
+    st: &AppState,
+    ep: Endpoint,
+    c: &CommonParams,
+    prompts: Vec<Vec<u32>>,
+    echo: Vec<Option<String>>,
+    base: SamplingParams,
+    budget: Budget,
+    logprobs: bool,
+) -> Result<Prepared, ApiError> {
     if let Some(limit) = st.max_prompt_tokens {
         if let Some(p) = prompts.iter().find(|p| p.len() > limit) {
             let param = if ep == Endpoint::Chat { "messages" } else { "prompt" };
-            return Err(ApiError::invalid(Some(param), format!("the prompt has {} tokens; this server accepts at most {limit}", p.len())));
+            return Err(ApiError::invalid(
+                Some(param),
+                format!("the prompt has {} tokens; this server accepts at most {limit}", p.len()),
+            ));
         }
     }
     let max_len = st.max_model_len();
     let params = prompts
         .iter()
-        .map(|p| openai::max_tokens(budget.param, budget.requested, budget.default, p.len(), max_len).map(|m| SamplingParams { max_tokens: m, ..base.clone() }))
+        .map(|p| {
+            openai::max_tokens(budget.param, budget.requested, budget.default, p.len(), max_len)
+                .map(|m| SamplingParams { max_tokens: m, ..base.clone() })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(p) = params.iter().find(|p| p.min_tokens > p.max_tokens) {
-        return Err(ApiError::invalid(Some("min_tokens"), format!("min_tokens ({}) must be at most the completion budget ({})", c.min_tokens.unwrap_or(0), p.max_tokens)));
+        return Err(ApiError::invalid(
+            Some("min_tokens"),
+            format!(
+                "min_tokens ({}) must be at most the completion budget ({})",
+                c.min_tokens.unwrap_or(0),
+                p.max_tokens
+            ),
+        ));
     }
     if c.stream_options.is_some() && c.stream != Some(true) {
-        return Err(ApiError::invalid(Some("stream_options"), "stream_options may only be set when stream is true"));
+        return Err(ApiError::invalid(
+            Some("stream_options"),
+            "stream_options may only be set when stream is true",
+        ));
     }
     let vocab = st.info.config.vocab_size;
     if let Some(&t) = base.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::invalid(Some("stop_token_ids"), format!("stop token id {t} is outside the vocabulary (0..{vocab})")));
+        return Err(ApiError::invalid(
+            Some("stop_token_ids"),
+            format!("stop token id {t} is outside the vocabulary (0..{vocab})"),
+        ));
     }
     let prefix = if ep == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
     Ok(Prepared {
@@ -207,12 +273,18 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     let base = openai::sampling_params(&common, logprobs)?;
     if let Some(b) = r.best_of {
         if b != base.n as i64 {
-            return Err(ApiError::invalid(Some("best_of"), format!("best_of must equal n ({}) when given, got {b}", base.n)));
+            return Err(ApiError::invalid(
+                Some("best_of"),
+                format!("best_of must equal n ({}) when given, got {b}", base.n),
+            ));
         }
     }
     let echo = r.echo.unwrap_or(false);
     if echo && logprobs.is_some() {
-        return Err(ApiError::invalid(Some("echo"), "echo together with logprobs is not supported"));
+        return Err(ApiError::invalid(
+            Some("echo"),
+            "echo together with logprobs is not supported",
+        ));
     }
     let (prompts, texts): (Vec<Vec<u32>>, Vec<Option<String>>) = match r.prompt {
         None => return Err(ApiError::invalid(Some("prompt"), "prompt is required")),
@@ -222,45 +294,97 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
             (ids, ts.into_iter().map(Some).collect())
         }
         Some(PromptInput::Tokens(ids)) => (vec![token_prompt(st, &ids, "prompt")?], vec![None]),
-        Some(PromptInput::TokenLists(ls)) => (ls.iter().map(|l| token_prompt(st, l, "prompt")).collect::<Result<Vec<_>, _>>()?, vec![None; ls.len()]),
+        Some(PromptInput::TokenLists(ls)) => (
+            ls.iter().map(|l| token_prompt(st, l, "prompt")).collect::<Result<Vec<_>, _>>()?,
+            vec![None; ls.len()],
+        ),
     };
     if prompts.is_empty() {
         return Err(ApiError::invalid(Some("prompt"), "prompt must not be an empty list"));
     }
     if prompts.len() > MAX_BATCH {
-        return Err(ApiError::invalid(Some("prompt"), format!("at most {MAX_BATCH} prompts per request, got {}", prompts.len())));
+        return Err(ApiError::invalid(
+            Some("prompt"),
+            format!("at most {MAX_BATCH} prompts per request, got {}", prompts.len()),
+        ));
     }
     let echo_texts: Vec<Option<String>> = if echo {
-        prompts.iter().zip(texts).map(|(ids, t)| Some(t.unwrap_or_else(|| st.info.tokenizer.decode(ids, false).unwrap_or_default()))).collect()
+        prompts
+            .iter()
+            .zip(texts)
+            .map(|(ids, t)| {
+                Some(t.unwrap_or_else(|| st.info.tokenizer.decode(ids, false).unwrap_or_default()))
+            })
+            .collect()
     } else {
         vec![None; prompts.len()]
     };
-    finish_prepare(st, Endpoint::Completions, &common, prompts, echo_texts, base, Budget { param: "max_tokens", requested: common.max_tokens, default: Some(16) }, logprobs.is_some())
+    finish_prepare(
+        st,
+        Endpoint::Completions,
+        &common,
+        prompts,
+        echo_texts,
+        base,
+        Budget { param: "max_tokens", requested: common.max_tokens, default: Some(16) },
+        logprobs.is_some(),
+    )
 }
 
 fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let (r, common): (ChatRequest, CommonParams) = openai::parse_body(body)?;
     check_model(st, &common)?;
     if r.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid(Some("tools"), "tool calling is not supported by this server"));
+        return Err(ApiError::invalid(
+            Some("tools"),
+            "tool calling is not supported by this server",
+        ));
     }
     if let Some(f) = &r.response_format {
         if f.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::invalid(Some("response_format"), "only response_format {\"type\": \"text\"} is supported"));
+            return Err(ApiError::invalid(
+                Some("response_format"),
+                "only response_format {\"type\": \"text\"} is supported",
+            ));
         }
     }
     let want = r.logprobs.unwrap_or(false);
     let top = r.top_logprobs.map(|k| openai::logprob_count("top_logprobs", k)).transpose()?;
     if top.is_some_and(|k| k > 0) && !want {
-        return Err(ApiError::invalid(Some("top_logprobs"), "top_logprobs requires logprobs to be true"));
+        return Err(ApiError::invalid(
+            Some("top_logprobs"),
+            "top_logprobs requires logprobs to be true",
+        ));
     }
     let base = openai::sampling_params(&common, want.then(|| top.unwrap_or(0)))?;
-    let messages = openai::chat_messages(r.messages.as_deref().ok_or_else(|| ApiError::invalid(Some("messages"), "messages is required"))?)?;
-    let template = st.info.chat_template.as_ref().ok_or_else(|| ApiError::invalid(None, "this model has no chat template; use /v1/completions"))?;
-    let ids = prompt::encode_chat(&st.info.tokenizer, template, &messages, st.special_tokens, st.prompt_limit())?;
+    let messages = openai::chat_messages(
+        r.messages
+            .as_deref()
+            .ok_or_else(|| ApiError::invalid(Some("messages"), "messages is required"))?,
+    )?;
+    let template = st.info.chat_template.as_ref().ok_or_else(|| {
+        ApiError::invalid(None, "this model has no chat template; use /v1/completions")
+    })?;
+    let ids = prompt::encode_chat(
+        &st.info.tokenizer,
+        template,
+        &messages,
+        st.special_tokens,
+        st.prompt_limit(),
+    )?;
     let requested = r.max_completion_tokens.or(common.max_tokens);
-    let param = if r.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
-    finish_prepare(st, Endpoint::Chat, &common, vec![ids], vec![None], base, Budget { param, requested, default: st.default_max_tokens }, want)
+    let param =
+        if r.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
+    finish_prepare(
+        st,
+        Endpoint::Chat,
+        &common,
+        vec![ids],
+        vec![None],
+        base,
+        Budget { param, requested, default: st.default_max_tokens },
+        want,
+    )
 }
 
 type WorkerStream = tonic::Streaming<pb::GenerateResponse>;
@@ -271,7 +395,9 @@ async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>)
     let pool = st.pool.current();
     let mut last_err = match pool.decode.len() {
         0 => ApiError::unavailable("no decode worker is configured"),
-        n => ApiError::unavailable(format!("no decode worker is healthy ({n} configured; see /health)")),
+        n => ApiError::unavailable(format!(
+            "no decode worker is healthy ({n} configured; see /health)"
+        )),
     };
     let mut tried: Vec<String> = Vec::new();
     for _attempt in 0..pool.decode.len().max(1) {
@@ -280,7 +406,10 @@ async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>)
         if let Some(sync) = &st.load_sync {
             sync.exchange(&st.routing, Duration::from_millis(100)).await;
         }
-        let Some(route) = st.routing.route(&pool, &p.id, &p.prompts[0], &p.cache_salt, &tried) else { break };
+        let Some(route) = st.routing.route(&pool, &p.id, &p.prompts[0], &p.cache_salt, &tried)
+        else {
+            break;
+        };
         let worker = route.decode.clone();
         let prefill = route.prefill.clone();
         let prefill_addr = prefill.as_ref().map(|w| w.addr.clone()).unwrap_or_default();
@@ -290,7 +419,11 @@ async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>)
         let mut failed = None;
         for (i, (ids, params)) in p.prompts.iter().zip(&p.params).enumerate() {
             let req = pb::GenerateRequest {
-                request_id: if p.prompts.len() == 1 { p.id.clone() } else { format!("{}-{i}", p.id) },
+                request_id: if p.prompts.len() == 1 {
+                    p.id.clone()
+                } else {
+                    format!("{}-{i}", p.id)
+                },
                 prompt_token_ids: ids.clone(),
                 params: Some(params_to_proto(params)),
                 priority: p.priority,
@@ -321,8 +454,13 @@ async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>)
     Err(last_err)
 }
 
-fn merged(streams: Vec<WorkerStream>) -> impl futures_util::Stream<Item = (usize, Result<pb::GenerateResponse, tonic::Status>)> + Send + Unpin {
-    futures_util::stream::select_all(streams.into_iter().enumerate().map(|(i, s)| s.map(move |r| (i, r)).boxed()))
+fn merged(
+    streams: Vec<WorkerStream>,
+) -> impl futures_util::Stream<Item = (usize, Result<pb::GenerateResponse, tonic::Status>)> + Send + Unpin
+{
+    futures_util::stream::select_all(
+        streams.into_iter().enumerate().map(|(i, s)| s.map(move |r| (i, r)).boxed()),
+    )
 }
 
 fn record_done(ep: Endpoint, code: StatusCode, started: Instant) {
@@ -332,7 +470,13 @@ fn record_done(ep: Endpoint, code: StatusCode, started: Instant) {
     }
 }
 
-async fn collect(st: &AppState, p: &Prepared, route: &mut Route, streams: Vec<WorkerStream>, started: Instant) -> Result<Value, ApiError> {
+async fn collect(
+    st: &AppState,
+    p: &Prepared,
+    route: &mut Route,
+    streams: Vec<WorkerStream>,
+    started: Instant,
+) -> Result<Value, ApiError> {
     let mut choices = vec![Choice::default(); p.prompts.len() * p.n];
     let mut prompt_tokens = vec![0usize; p.prompts.len()];
     let mut finished = vec![false; p.prompts.len()];
@@ -345,7 +489,8 @@ async fn collect(st: &AppState, p: &Prepared, route: &mut Route, streams: Vec<Wo
             if first && !d.token_ids.is_empty() {
                 first = false;
                 route.ticket.first_token();
-                histogram!("tandem_time_to_first_token_seconds").record(started.elapsed().as_secs_f64());
+                histogram!("tandem_time_to_first_token_seconds")
+                    .record(started.elapsed().as_secs_f64());
             }
             if let Some(c) = choices.get_mut(pi * p.n + d.index as usize) {
                 c.push(d);
@@ -354,10 +499,20 @@ async fn collect(st: &AppState, p: &Prepared, route: &mut Route, streams: Vec<Wo
         finished[pi] |= resp.finished;
     }
     if finished.iter().any(|f| !f) {
-        return Err(ApiError::upstream("the decode worker closed the stream before the request finished"));
+        return Err(ApiError::upstream(
+            "the decode worker closed the stream before the request finished",
+        ));
     }
     let h = Header { id: &p.id, created: p.created, model: &st.model_name };
-    Ok(responses::full_response(p.ep, &h, &st.info.tokenizer, &choices, p.logprobs, prompt_tokens.iter().sum(), &p.echo))
+    Ok(responses::full_response(
+        p.ep,
+        &h,
+        &st.info.tokenizer,
+        &choices,
+        p.logprobs,
+        prompt_tokens.iter().sum(),
+        &p.echo,
+    ))
 }
 
 fn sse_data(v: &Value) -> Event {
@@ -366,7 +521,14 @@ fn sse_data(v: &Value) -> Event {
 
 /// Streams a request's chunks; stops (dropping the worker streams, which aborts the requests)
 /// as soon as the client goes away.
-async fn stream_task(st: Arc<AppState>, p: Prepared, mut route: Route, streams: Vec<WorkerStream>, tx: tokio::sync::mpsc::Sender<Event>, started: Instant) {
+async fn stream_task(
+    st: Arc<AppState>,
+    p: Prepared,
+    mut route: Route,
+    streams: Vec<WorkerStream>,
+    tx: tokio::sync::mpsc::Sender<Event>,
+    started: Instant,
+) {
     let h = Header { id: &p.id, created: p.created, model: &st.model_name };
     let tok = &st.info.tokenizer;
     let total = p.prompts.len() * p.n;
@@ -393,7 +555,21 @@ async fn stream_task(st: Arc<AppState>, p: Prepared, mut route: Route, streams: 
             for j in 0..p.n {
                 let i = pi * p.n + j;
                 offsets[i] = text.len();
-                send!(sse_data(&responses::chunk(p.ep, &h, vec![responses::chunk_choice(p.ep, tok, i, text, &[], false, 0, None, Value::Null)])));
+                send!(sse_data(&responses::chunk(
+                    p.ep,
+                    &h,
+                    vec![responses::chunk_choice(
+                        p.ep,
+                        tok,
+                        i,
+                        text,
+                        &[],
+                        false,
+                        0,
+                        None,
+                        Value::Null
+                    )]
+                )));
             }
         }
     }
@@ -428,7 +604,8 @@ async fn stream_task(st: Arc<AppState>, p: Prepared, mut route: Route, streams: 
             if first && !d.token_ids.is_empty() {
                 first = false;
                 route.ticket.first_token();
-                histogram!("tandem_time_to_first_token_seconds").record(started.elapsed().as_secs_f64());
+                histogram!("tandem_time_to_first_token_seconds")
+                    .record(started.elapsed().as_secs_f64());
             }
             let finish = (!d.finish_reason.is_empty()).then_some(d.finish_reason.as_str());
             if d.text.is_empty() && d.logprobs.is_empty() && finish.is_none() {
@@ -436,14 +613,25 @@ async fn stream_task(st: Arc<AppState>, p: Prepared, mut route: Route, streams: 
                 continue;
             }
             let stop = responses::stop_reason(d);
-            let c = responses::chunk_choice(p.ep, tok, i, &d.text, &d.logprobs, p.logprobs, offsets[i], finish, stop);
+            let c = responses::chunk_choice(
+                p.ep,
+                tok,
+                i,
+                &d.text,
+                &d.logprobs,
+                p.logprobs,
+                offsets[i],
+                finish,
+                stop,
+            );
             offsets[i] += d.text.len();
             tokens[i] += d.token_ids.len();
             send!(sse_data(&responses::chunk(p.ep, &h, vec![c])));
         }
     }
     if finished.iter().any(|f| !f) {
-        let err = ApiError::upstream("the decode worker closed the stream before the request finished");
+        let err =
+            ApiError::upstream("the decode worker closed the stream before the request finished");
         record_done(p.ep, err.status, started);
         send!(sse_data(&json!({ "error": err.body() })));
     } else {
@@ -477,9 +665,22 @@ async fn read_body(body: Body, limit: usize, idle: Duration) -> Result<Bytes, Ap
     let mut buf: Vec<u8> = Vec::new();
     loop {
         match tokio::time::timeout(idle, stream.next()).await {
-            Err(_) => return Err(ApiError { status: StatusCode::REQUEST_TIMEOUT, ..ApiError::invalid(None, format!("the request body stalled: no data for {idle:?}")) }),
+            Err(_) => {
+                return Err(ApiError {
+                    status: StatusCode::REQUEST_TIMEOUT,
+                    ..ApiError::invalid(
+                        None,
+                        format!("the request body stalled: no data for {idle:?}"),
+                    )
+                })
+            }
             Ok(None) => return Ok(Bytes::from(buf)),
-            Ok(Some(Err(e))) => return Err(ApiError::invalid(None, format!("reading the request body failed: {e}"))),
+            Ok(Some(Err(e))) => {
+                return Err(ApiError::invalid(
+                    None,
+                    format!("reading the request body failed: {e}"),
+                ))
+            }
             Ok(Some(Ok(chunk))) => {
                 if buf.len() + chunk.len() > limit {
                     return Err(ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, ..ApiError::invalid(None, format!("the request body is larger than this server's limit of {limit} bytes")) });
@@ -492,10 +693,19 @@ async fn read_body(body: Body, limit: usize, idle: Duration) -> Result<Bytes, Ap
 
 /// Parses, validates and tokenizes a request on the blocking pool, at most one per core at a
 /// time (waiting for a turn does not hold a thread).
-async fn prepare(st: &Arc<AppState>, ep: Endpoint, headers: &HeaderMap, body: Body) -> Result<Prepared, ApiError> {
+async fn prepare(
+    st: &Arc<AppState>,
+    ep: Endpoint,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Prepared, ApiError> {
     check_content_type(headers)?;
     let body = read_body(body, st.max_body_bytes, st.body_read_timeout).await?;
-    let _turn = st.tokenizing.acquire().await.map_err(|_| ApiError::unavailable("the router is shutting down"))?;
+    let _turn = st
+        .tokenizing
+        .acquire()
+        .await
+        .map_err(|_| ApiError::unavailable("the router is shutting down"))?;
     let state = st.clone();
     tokio::task::spawn_blocking(move || match ep {
         Endpoint::Completions => prepare_completion(&state, &body),
@@ -505,7 +715,13 @@ async fn prepare(st: &Arc<AppState>, ep: Endpoint, headers: &HeaderMap, body: Bo
     .map_err(|e| ApiError::upstream(format!("preparing the request failed: {e}")))?
 }
 
-async fn generate(st: Arc<AppState>, ep: Endpoint, tenant: Option<Extension<Tenant>>, headers: HeaderMap, body: Body) -> Response {
+async fn generate(
+    st: Arc<AppState>,
+    ep: Endpoint,
+    tenant: Option<Extension<Tenant>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let started = Instant::now();
     let prepared = prepare(&st, ep, &headers, body).await;
     let mut p = match prepared {
@@ -531,7 +747,9 @@ async fn generate(st: Arc<AppState>, ep: Endpoint, tenant: Option<Extension<Tena
         let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
         tokio::spawn(stream_task(st.clone(), p, route, streams, tx, started));
         let events = ReceiverStream::new(rx).map(Ok::<Event, std::convert::Infallible>);
-        return Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response();
+        return Sse::new(events)
+            .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+            .into_response();
     }
     match collect(&st, &p, &mut route, streams, started).await {
         Ok(v) => {
@@ -546,12 +764,22 @@ async fn generate(st: Arc<AppState>, ep: Endpoint, tenant: Option<Extension<Tena
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(State(st): State<Arc<AppState>>, tenant: Option<Extension<Tenant>>, headers: HeaderMap, body: Body) -> Response {
+pub async fn completions(
+    State(st): State<Arc<AppState>>,
+    tenant: Option<Extension<Tenant>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     generate(st, Endpoint::Completions, tenant, headers, body).await
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat_completions(State(st): State<Arc<AppState>>, tenant: Option<Extension<Tenant>>, headers: HeaderMap, body: Body) -> Response {
+pub async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    tenant: Option<Extension<Tenant>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     generate(st, Endpoint::Chat, tenant, headers, body).await
 }
 
@@ -600,10 +828,24 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 
 /// Unknown paths: OpenAI-style 404.
 pub async fn not_found(uri: axum::http::Uri) -> Response {
-    ApiError { status: StatusCode::NOT_FOUND, message: format!("no route for {}", uri.path()), kind: "not_found_error", param: None, code: None }.into_response()
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!("no route for {}", uri.path()),
+        kind: "not_found_error",
+        param: None,
+        code: None,
+    }
+    .into_response()
 }
 
 /// Wrong method on a known path: OpenAI-style 405.
 pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    ApiError { status: StatusCode::METHOD_NOT_ALLOWED, message: format!("method {method} is not allowed on {}", uri.path()), kind: "invalid_request_error", param: None, code: None }.into_response()
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!("method {method} is not allowed on {}", uri.path()),
+        kind: "invalid_request_error",
+        param: None,
+        code: None,
+    }
+    .into_response()
 }

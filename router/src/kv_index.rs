@@ -90,7 +90,8 @@ impl KvIndex {
             _ => {
                 // A worker we have not seen, or a new process: start over from this epoch.
                 self.remove_worker(worker);
-                self.workers.insert(worker.to_string(), WorkerEntry { epoch, ..Default::default() });
+                self.workers
+                    .insert(worker.to_string(), WorkerEntry { epoch, ..Default::default() });
                 if known.is_some() {
                     result = Applied::NewEpoch;
                 }
@@ -146,7 +147,15 @@ impl KvIndex {
         for &h in hashes {
             self.blocks.entry(h).or_default().insert(worker.to_string());
         }
-        self.workers.insert(worker.to_string(), WorkerEntry { epoch, last_seq: seq, hashes: hashes.iter().copied().collect(), needs_resync: false });
+        self.workers.insert(
+            worker.to_string(),
+            WorkerEntry {
+                epoch,
+                last_seq: seq,
+                hashes: hashes.iter().copied().collect(),
+                needs_resync: false,
+            },
+        );
     }
 
     /// Forgets a worker (it disappeared).
@@ -179,7 +188,11 @@ impl KvIndex {
 
     /// Workers known, with their epoch and last sequence number.
     pub fn workers(&self) -> Vec<(String, u64, u64, usize)> {
-        let mut v: Vec<_> = self.workers.iter().map(|(k, w)| (k.clone(), w.epoch, w.last_seq, w.hashes.len())).collect();
+        let mut v: Vec<_> = self
+            .workers
+            .iter()
+            .map(|(k, w)| (k.clone(), w.epoch, w.last_seq, w.hashes.len()))
+            .collect();
         v.sort();
         v
     }
@@ -243,9 +256,16 @@ impl ApproxIndex {
 
     /// Leading blocks each worker holds, by this index, at `now`.
     pub fn match_at(&self, hashes: &[u64], now: Instant) -> Matches {
-        let live: Vec<Option<HashSet<String>>> =
-            hashes.iter().map(|h| self.blocks.get(h).map(|m| m.iter().filter(|(_, e)| **e > now).map(|(w, _)| w.clone()).collect())).collect();
-        let idx: HashMap<u64, &HashSet<String>> = hashes.iter().zip(&live).filter_map(|(h, s)| Some((*h, s.as_ref()?))).collect();
+        let live: Vec<Option<HashSet<String>>> = hashes
+            .iter()
+            .map(|h| {
+                self.blocks
+                    .get(h)
+                    .map(|m| m.iter().filter(|(_, e)| **e > now).map(|(w, _)| w.clone()).collect())
+            })
+            .collect();
+        let idx: HashMap<u64, &HashSet<String>> =
+            hashes.iter().zip(&live).filter_map(|(h, s)| Some((*h, s.as_ref()?))).collect();
         walk(hashes, |h| idx.get(&h).copied())
     }
 }

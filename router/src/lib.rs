@@ -82,7 +82,8 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
         .route("/v1/models", get(handlers::models))
         .route("/debug/routing", get(handlers::debug_routing));
     if let Some(keys) = state.api_keys.clone() {
-        guarded = guarded.route_layer(axum::middleware::from_fn_with_state(keys, auth::authenticate));
+        guarded =
+            guarded.route_layer(axum::middleware::from_fn_with_state(keys, auth::authenticate));
     }
     axum::Router::new()
         .merge(guarded)
@@ -97,18 +98,54 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
 /// Runs the router until shutdown. Prints `TANDEM_READY router <addr>` once serving.
 pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     let metrics = tandem_worker::metrics::install(&cfg.model_name, "router", &cfg.router_id)?;
-    metrics::describe_counter!("tandem_router_decisions_total", "Requests routed, by decode and prefill worker.");
-    metrics::describe_counter!("tandem_router_requests_total", "HTTP generation requests, by endpoint and status code.");
-    metrics::describe_counter!("tandem_router_routed_total", "Routing decisions, by the index used (exact or approximate).");
-    metrics::describe_counter!("tandem_router_prefill_skipped_total", "Prompts prefilled on their decode worker because every prefill worker's queue was full.");
-    metrics::describe_histogram!("tandem_router_prefix_match_blocks", "Prompt blocks the chosen worker already caches.");
-    metrics::describe_gauge!("tandem_router_index_blocks", "Blocks in the routing indexes (exact, approximate).");
-    metrics::describe_gauge!("tandem_router_exact_index_live", "1 while KV events flow from Redis into the exact index.");
-    metrics::describe_gauge!("tandem_router_redis_up", "1 while the router reads KV events from Redis.");
-    metrics::describe_gauge!("tandem_router_worker_queued_prefill_tokens", "Prompt tokens booked for prefill on a worker, all routers.");
-    metrics::describe_gauge!("tandem_router_worker_active_decode_blocks", "KV blocks booked for decoding on a worker, all routers.");
-    metrics::describe_counter!("tandem_router_kv_events_total", "KV events read, by result (applied, new_epoch, stale, gap).");
-    metrics::describe_counter!("tandem_router_index_resyncs_total", "Workers resynchronised from their Status.");
+    metrics::describe_counter!(
+        "tandem_router_decisions_total",
+        "Requests routed, by decode and prefill worker."
+    );
+    metrics::describe_counter!(
+        "tandem_router_requests_total",
+        "HTTP generation requests, by endpoint and status code."
+    );
+    metrics::describe_counter!(
+        "tandem_router_routed_total",
+        "Routing decisions, by the index used (exact or approximate)."
+    );
+    metrics::describe_counter!(
+        "tandem_router_prefill_skipped_total",
+        "Prompts prefilled on their decode worker because every prefill worker's queue was full."
+    );
+    metrics::describe_histogram!(
+        "tandem_router_prefix_match_blocks",
+        "Prompt blocks the chosen worker already caches."
+    );
+    metrics::describe_gauge!(
+        "tandem_router_index_blocks",
+        "Blocks in the routing indexes (exact, approximate)."
+    );
+    metrics::describe_gauge!(
+        "tandem_router_exact_index_live",
+        "1 while KV events flow from Redis into the exact index."
+    );
+    metrics::describe_gauge!(
+        "tandem_router_redis_up",
+        "1 while the router reads KV events from Redis."
+    );
+    metrics::describe_gauge!(
+        "tandem_router_worker_queued_prefill_tokens",
+        "Prompt tokens booked for prefill on a worker, all routers."
+    );
+    metrics::describe_gauge!(
+        "tandem_router_worker_active_decode_blocks",
+        "KV blocks booked for decoding on a worker, all routers."
+    );
+    metrics::describe_counter!(
+        "tandem_router_kv_events_total",
+        "KV events read, by result (applied, new_epoch, stale, gap)."
+    );
+    metrics::describe_counter!(
+        "tandem_router_index_resyncs_total",
+        "Workers resynchronised from their Status."
+    );
     let pool = Workers::new(&cfg.decode_workers, &cfg.prefill_workers)?;
     let routing = routing::Routing::new(cfg.routing.clone());
     let mut state = AppState::new(cfg.model_name.clone(), info, pool, routing, Some(metrics));
@@ -156,6 +193,12 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, decode = ?cfg.decode_workers, prefill = ?cfg.prefill_workers, "router serving the OpenAI API");
     tandem_worker::serve::announce_ready("router", addr);
-    tandem_worker::serve::serve_http(tandem_worker::serve::nodelay(listener), app(state), tandem_worker::serve::CONN_LIMITS, tandem_worker::serve::shutdown_signal(cfg.watch_stdin)).await?;
+    tandem_worker::serve::serve_http(
+        tandem_worker::serve::nodelay(listener),
+        app(state),
+        tandem_worker::serve::CONN_LIMITS,
+        tandem_worker::serve::shutdown_signal(cfg.watch_stdin),
+    )
+    .await?;
     Ok(())
 }

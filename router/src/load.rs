@@ -32,7 +32,10 @@ impl LoadBook {
     pub fn get(&self, worker: &str) -> Load {
         let l = self.local.lock().expect("load lock").get(worker).copied().unwrap_or_default();
         let r = self.remote.lock().expect("load lock").get(worker).copied().unwrap_or_default();
-        Load { prefill_tokens: l.prefill_tokens + r.prefill_tokens, decode_blocks: l.decode_blocks + r.decode_blocks }
+        Load {
+            prefill_tokens: l.prefill_tokens + r.prefill_tokens,
+            decode_blocks: l.decode_blocks + r.decode_blocks,
+        }
     }
 
     fn add(&self, worker: &str, prefill: f64, decode: f64) {
@@ -54,11 +57,21 @@ impl LoadBook {
 
     /// Books a request: `prefill_tokens` on `prefill` (or on `decode` when colocated) until the
     /// first token, `decode_blocks` on `decode` until the ticket is dropped.
-    pub fn book(self: &Arc<Self>, prefill: &str, prefill_tokens: f64, decode: &str, decode_blocks: f64) -> LoadTicket {
+    pub fn book(
+        self: &Arc<Self>,
+        prefill: &str,
+        prefill_tokens: f64,
+        decode: &str,
+        decode_blocks: f64,
+    ) -> LoadTicket {
         self.add(prefill, prefill_tokens, 0.0);
         self.add(decode, 0.0, decode_blocks);
         self.changed.notify_one();
-        LoadTicket { book: self.clone(), prefill: Some((prefill.to_string(), prefill_tokens)), decode: (decode.to_string(), decode_blocks) }
+        LoadTicket {
+            book: self.clone(),
+            prefill: Some((prefill.to_string(), prefill_tokens)),
+            decode: (decode.to_string(), decode_blocks),
+        }
     }
 }
 
@@ -109,7 +122,10 @@ mod tests {
         assert_eq!(book.get("p"), Load::default());
         assert_eq!(book.get("d"), Load::default());
         // Other replicas' published loads add up with ours.
-        book.set_remote(HashMap::from([("p".to_string(), Load { prefill_tokens: 64.0, decode_blocks: 1.0 })]));
+        book.set_remote(HashMap::from([(
+            "p".to_string(),
+            Load { prefill_tokens: 64.0, decode_blocks: 1.0 },
+        )]));
         let _t3 = book.book("p", 10.0, "d", 1.0);
         assert_eq!(book.get("p").prefill_tokens, 74.0);
     }

@@ -157,11 +157,14 @@ pub struct ChatRequest {
 
 /// Parses a JSON body into the endpoint's own fields and the shared sampling fields, naming the
 /// offending field in any error.
-pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<(T, CommonParams), ApiError> {
+pub fn parse_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<(T, CommonParams), ApiError> {
     if body.is_empty() {
         return Err(ApiError::invalid(None, "the request body is empty; expected a JSON object"));
     }
-    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ApiError::invalid(None, format!("the request body is not valid JSON: {e}")))?;
+    let v: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(None, format!("the request body is not valid JSON: {e}")))?;
     if !v.is_object() {
         return Err(ApiError::invalid(None, "the request body must be a JSON object"));
     }
@@ -184,13 +187,19 @@ fn typed<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Result<T, Api
 fn range_f(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Result<f32, ApiError> {
     let v = v.unwrap_or(default);
     if !v.is_finite() || v < lo || v > hi {
-        return Err(ApiError::invalid(Some(name), format!("{name} must be between {lo} and {hi}, got {v}")));
+        return Err(ApiError::invalid(
+            Some(name),
+            format!("{name} must be between {lo} and {hi}, got {v}"),
+        ));
     }
     Ok(v as f32)
 }
 
 /// The validated sampling parameters (without `max_tokens`, which needs the prompt length).
-pub fn sampling_params(c: &CommonParams, logprobs: Option<usize>) -> Result<SamplingParams, ApiError> {
+pub fn sampling_params(
+    c: &CommonParams,
+    logprobs: Option<usize>,
+) -> Result<SamplingParams, ApiError> {
     let n = c.n.unwrap_or(1);
     if !(1..=128).contains(&n) {
         return Err(ApiError::invalid(Some("n"), format!("n must be between 1 and 128, got {n}")));
@@ -198,7 +207,10 @@ pub fn sampling_params(c: &CommonParams, logprobs: Option<usize>) -> Result<Samp
     let temperature = range_f("temperature", c.temperature, 0.0, 2.0, 1.0)?;
     let top_p = c.top_p.unwrap_or(1.0);
     if !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid(Some("top_p"), format!("top_p must be in (0, 1], got {top_p}")));
+        return Err(ApiError::invalid(
+            Some("top_p"),
+            format!("top_p must be in (0, 1], got {top_p}"),
+        ));
     }
     let stop = match &c.stop {
         None => Vec::new(),
@@ -206,7 +218,10 @@ pub fn sampling_params(c: &CommonParams, logprobs: Option<usize>) -> Result<Samp
         Some(StopInput::Many(v)) => v.clone(),
     };
     if stop.len() > 16 {
-        return Err(ApiError::invalid(Some("stop"), format!("at most 16 stop sequences are allowed, got {}", stop.len())));
+        return Err(ApiError::invalid(
+            Some("stop"),
+            format!("at most 16 stop sequences are allowed, got {}", stop.len()),
+        ));
     }
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::invalid(Some("stop"), "stop sequences must not be empty"));
@@ -215,16 +230,27 @@ pub fn sampling_params(c: &CommonParams, logprobs: Option<usize>) -> Result<Samp
         return Err(ApiError::invalid(Some("logit_bias"), "logit_bias is not supported"));
     }
     let seed = match c.seed {
-        Some(s) if s < 0 => return Err(ApiError::invalid(Some("seed"), format!("seed must be non-negative, got {s}"))),
+        Some(s) if s < 0 => {
+            return Err(ApiError::invalid(
+                Some("seed"),
+                format!("seed must be non-negative, got {s}"),
+            ))
+        }
         s => s.map(|s| s as u64),
     };
     let top_k = c.top_k.unwrap_or(0);
     if top_k < -1 || top_k > i32::MAX as i64 {
-        return Err(ApiError::invalid(Some("top_k"), format!("top_k must be -1 (disabled) or a positive count, got {top_k}")));
+        return Err(ApiError::invalid(
+            Some("top_k"),
+            format!("top_k must be -1 (disabled) or a positive count, got {top_k}"),
+        ));
     }
     let min_tokens = c.min_tokens.unwrap_or(0);
     if min_tokens < 0 {
-        return Err(ApiError::invalid(Some("min_tokens"), format!("min_tokens must be non-negative, got {min_tokens}")));
+        return Err(ApiError::invalid(
+            Some("min_tokens"),
+            format!("min_tokens must be non-negative, got {min_tokens}"),
+        ));
     }
     let p = SamplingParams {
         n: n as usize,
@@ -237,7 +263,10 @@ pub fn sampling_params(c: &CommonParams, logprobs: Option<usize>) -> Result<Samp
         repetition_penalty: {
             let r = c.repetition_penalty.unwrap_or(1.0);
             if !(r.is_finite() && r > 0.0 && r <= 2.0) {
-                return Err(ApiError::invalid(Some("repetition_penalty"), format!("repetition_penalty must be in (0, 2], got {r}")));
+                return Err(ApiError::invalid(
+                    Some("repetition_penalty"),
+                    format!("repetition_penalty must be in (0, 2], got {r}"),
+                ));
             }
             r as f32
         },
@@ -257,7 +286,13 @@ pub fn sampling_params(c: &CommonParams, logprobs: Option<usize>) -> Result<Samp
 
 /// The completion budget: `requested` if it fits, else an error saying by how much the request
 /// exceeds the context; with no request, what is left of the context (or `default`).
-pub fn max_tokens(param: &str, requested: Option<i64>, default: Option<usize>, prompt_len: usize, max_model_len: usize) -> Result<usize, ApiError> {
+pub fn max_tokens(
+    param: &str,
+    requested: Option<i64>,
+    default: Option<usize>,
+    prompt_len: usize,
+    max_model_len: usize,
+) -> Result<usize, ApiError> {
     if prompt_len == 0 {
         return Err(ApiError::invalid(Some("prompt"), "the prompt is empty"));
     }
@@ -285,7 +320,10 @@ pub fn max_tokens(param: &str, requested: Option<i64>, default: Option<usize>, p
 /// Checks `logprobs`-style counts.
 pub fn logprob_count(param: &str, v: i64) -> Result<usize, ApiError> {
     if v < 0 || v as usize > MAX_LOGPROBS {
-        return Err(ApiError::invalid(Some(param), format!("{param} must be between 0 and {MAX_LOGPROBS}, got {v}")));
+        return Err(ApiError::invalid(
+            Some(param),
+            format!("{param} must be between 0 and {MAX_LOGPROBS}, got {v}"),
+        ));
     }
     Ok(v as usize)
 }
@@ -293,18 +331,35 @@ pub fn logprob_count(param: &str, v: i64) -> Result<usize, ApiError> {
 /// The conversation as the chat template sees it.
 pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
-        return Err(ApiError::invalid(Some("messages"), "messages must contain at least one message"));
+        return Err(ApiError::invalid(
+            Some("messages"),
+            "messages must contain at least one message",
+        ));
     }
     let mut out = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         if !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant" | "tool") {
-            return Err(ApiError::invalid(Some(&format!("messages[{i}].role")), format!("unknown role '{}' (expected system, developer, user, assistant or tool)", m.role)));
+            return Err(ApiError::invalid(
+                Some(&format!("messages[{i}].role")),
+                format!(
+                    "unknown role '{}' (expected system, developer, user, assistant or tool)",
+                    m.role
+                ),
+            ));
         }
         let text = match &m.content {
             // Only an assistant turn may come without content (OpenAI's rule: one that made
             // tool calls); any other message must say something.
             None if m.role == "assistant" => String::new(),
-            None => return Err(ApiError::invalid(Some(&format!("messages[{i}].content")), format!("a {} message needs content (a string or a list of text parts), got null", m.role))),
+            None => {
+                return Err(ApiError::invalid(
+                    Some(&format!("messages[{i}].content")),
+                    format!(
+                        "a {} message needs content (a string or a list of text parts), got null",
+                        m.role
+                    ),
+                ))
+            }
             Some(Content::Text(t)) => t.clone(),
             Some(Content::Parts(parts)) => {
                 let mut t = String::new();
@@ -330,13 +385,19 @@ mod tests {
 
     #[test]
     fn parse_errors_name_the_field() {
-        let e = parse_body::<CompletionRequest>(br#"{"model": "m", "prompt": "x", "temperature": "hot"}"#).unwrap_err();
+        let e = parse_body::<CompletionRequest>(
+            br#"{"model": "m", "prompt": "x", "temperature": "hot"}"#,
+        )
+        .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"), "{e:?}");
         let e = parse_body::<CompletionRequest>(br#"{"model": "m", "prompt": 4}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("prompt"), "{e:?}");
         let e = parse_body::<CompletionRequest>(b"[1]").unwrap_err();
         assert!(e.message.contains("JSON object"), "{e:?}");
-        let e = parse_body::<CompletionRequest>(br#"{"model": "m", "prompt": "x", "temperature": "hot"}"#).unwrap_err();
+        let e = parse_body::<CompletionRequest>(
+            br#"{"model": "m", "prompt": "x", "temperature": "hot"}"#,
+        )
+        .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"), "{e:?}");
         let e = parse_body::<CompletionRequest>(b"{not json").unwrap_err();
         assert!(e.message.contains("not valid JSON"), "{e:?}");
@@ -349,12 +410,23 @@ mod tests {
         assert_eq!(max_tokens("max_tokens", Some(10), None, 5, 100).unwrap(), 10);
         assert_eq!(max_tokens("max_tokens", None, None, 5, 100).unwrap(), 95);
         assert_eq!(max_tokens("max_tokens", None, Some(16), 5, 100).unwrap(), 16);
-        assert!(max_tokens("max_tokens", Some(96), None, 5, 100).unwrap_err().message.contains("maximum context length is 100"));
+        assert!(max_tokens("max_tokens", Some(96), None, 5, 100)
+            .unwrap_err()
+            .message
+            .contains("maximum context length is 100"));
         assert!(max_tokens("max_tokens", Some(0), None, 5, 100).is_err());
         assert!(max_tokens("max_tokens", Some(-3), None, 5, 100).is_err());
         // The largest value cannot wrap past the check, and the error reports it as sent.
         let e = max_tokens("max_tokens", Some(i64::MAX), None, 5, 100).unwrap_err();
-        assert!(e.message.contains(&format!("{} tokens (5 in the prompt, {} in the completion)", i64::MAX as i128 + 5, i64::MAX)), "{}", e.message);
+        assert!(
+            e.message.contains(&format!(
+                "{} tokens (5 in the prompt, {} in the completion)",
+                i64::MAX as i128 + 5,
+                i64::MAX
+            )),
+            "{}",
+            e.message
+        );
         assert!(max_tokens("max_tokens", None, None, 100, 100).is_err());
     }
 
@@ -364,8 +436,15 @@ mod tests {
         assert_eq!(sampling_params(&c, None).unwrap_err().param.as_deref(), Some("temperature"));
         let c = CommonParams { n: Some(0), ..Default::default() };
         assert_eq!(sampling_params(&c, None).unwrap_err().param.as_deref(), Some("n"));
-        let c = CommonParams { stop: Some(StopInput::One("\n".into())), seed: Some(3), ..Default::default() };
+        let c = CommonParams {
+            stop: Some(StopInput::One("\n".into())),
+            seed: Some(3),
+            ..Default::default()
+        };
         let p = sampling_params(&c, Some(2)).unwrap();
-        assert_eq!((p.stop.clone(), p.seed, p.logprobs), (vec!["\n".to_string()], Some(3), Some(2)));
+        assert_eq!(
+            (p.stop.clone(), p.seed, p.logprobs),
+            (vec!["\n".to_string()], Some(3), Some(2))
+        );
     }
 }

@@ -38,7 +38,12 @@ const OPEN: char = '\u{E000}';
 const CLOSE: char = '\u{E001}';
 
 /// Refuses a text that cannot fit in `limit` tokens, by its length alone.
-pub fn check_text_len(tok: &Tokenizer, text: &str, limit: usize, param: &str) -> Result<(), ApiError> {
+pub fn check_text_len(
+    tok: &Tokenizer,
+    text: &str,
+    limit: usize,
+    param: &str,
+) -> Result<(), ApiError> {
     too_long(tok, text.len(), limit, param)
 }
 
@@ -54,20 +59,36 @@ fn too_long(tok: &Tokenizer, bytes: usize, limit: usize, param: &str) -> Result<
 /// prompt), after the length check.
 pub fn encode_text(tok: &Tokenizer, text: &str, limit: usize) -> Result<Vec<u32>, ApiError> {
     check_text_len(tok, text, limit, "prompt")?;
-    tok.encode(text, true).map_err(|e| ApiError::invalid(Some("prompt"), format!("the prompt cannot be tokenized: {e}")))
+    tok.encode(text, true).map_err(|e| {
+        ApiError::invalid(Some("prompt"), format!("the prompt cannot be tokenized: {e}"))
+    })
 }
 
 /// Renders the conversation with the chat template and encodes it, after the length check.
 /// With [`SpecialTokens::Plain`], special-token text inside the messages becomes plain text.
-pub fn encode_chat(tok: &Tokenizer, template: &ChatTemplate, messages: &[ChatMessage], mode: SpecialTokens, limit: usize) -> Result<Vec<u32>, ApiError> {
+pub fn encode_chat(
+    tok: &Tokenizer,
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+    mode: SpecialTokens,
+    limit: usize,
+) -> Result<Vec<u32>, ApiError> {
     too_long(tok, messages.iter().map(|m| m.content.len()).sum(), limit, "messages")?;
-    let render = |ms: &[ChatMessage]| template.render(ms, true).map_err(|e| ApiError::invalid(Some("messages"), e.to_string()));
-    let encode_err = |e: TokenizeError| ApiError::invalid(Some("messages"), format!("the messages cannot be tokenized: {e}"));
+    let render = |ms: &[ChatMessage]| {
+        template.render(ms, true).map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))
+    };
+    let encode_err = |e: TokenizeError| {
+        ApiError::invalid(Some("messages"), format!("the messages cannot be tokenized: {e}"))
+    };
     // The special texts to neutralise: every special token, and the placeholder mark itself (so
     // a message cannot forge a placeholder).
     let mut escapes: Vec<String> = match mode {
         SpecialTokens::Control => Vec::new(),
-        SpecialTokens::Plain => tok.special_texts().into_iter().filter(|s| messages.iter().any(|m| m.content.contains(s.as_str()))).collect(),
+        SpecialTokens::Plain => tok
+            .special_texts()
+            .into_iter()
+            .filter(|s| messages.iter().any(|m| m.content.contains(s.as_str())))
+            .collect(),
     };
     if escapes.is_empty() {
         let text = render(messages)?;
@@ -77,7 +98,10 @@ pub fn encode_chat(tok: &Tokenizer, template: &ChatTemplate, messages: &[ChatMes
     escapes.push(OPEN.to_string());
     // Longest first, so a special text that contains another is replaced whole.
     escapes.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    let escaped: Vec<ChatMessage> = messages.iter().map(|m| ChatMessage { role: m.role.clone(), content: escape(&m.content, &escapes) }).collect();
+    let escaped: Vec<ChatMessage> = messages
+        .iter()
+        .map(|m| ChatMessage { role: m.role.clone(), content: escape(&m.content, &escapes) })
+        .collect();
     let text = render(&escaped)?;
     check_text_len(tok, &text, limit, "messages")?;
     // Template text (its markup is control tokens) alternates with placeholders (plain text).
@@ -96,9 +120,24 @@ pub fn encode_chat(tok: &Tokenizer, template: &ChatTemplate, messages: &[ChatMes
         if tail.is_empty() {
             break;
         }
-        let end = tail.find(CLOSE).ok_or_else(|| ApiError::invalid(Some("messages"), "the chat template split a message's special-token text"))?;
-        let k: usize = tail[OPEN.len_utf8()..end].parse().map_err(|_| ApiError::invalid(Some("messages"), "the chat template altered a message's special-token text"))?;
-        let original = escapes.get(k).ok_or_else(|| ApiError::invalid(Some("messages"), "the chat template altered a message's special-token text"))?;
+        let end = tail.find(CLOSE).ok_or_else(|| {
+            ApiError::invalid(
+                Some("messages"),
+                "the chat template split a message's special-token text",
+            )
+        })?;
+        let k: usize = tail[OPEN.len_utf8()..end].parse().map_err(|_| {
+            ApiError::invalid(
+                Some("messages"),
+                "the chat template altered a message's special-token text",
+            )
+        })?;
+        let original = escapes.get(k).ok_or_else(|| {
+            ApiError::invalid(
+                Some("messages"),
+                "the chat template altered a message's special-token text",
+            )
+        })?;
         ids.extend(tok.encode_plain(original).map_err(encode_err)?);
         rest = &tail[end + CLOSE.len_utf8()..];
     }
@@ -133,7 +172,10 @@ mod tests {
     #[test]
     fn escape_replaces_whole_special_texts_longest_first() {
         let escapes = vec!["<|im_start|>".to_string(), "<|im".to_string(), OPEN.to_string()];
-        assert_eq!(escape("a<|im_start|>b<|imc\u{E000}", &escapes), format!("a{OPEN}0{CLOSE}b{OPEN}1{CLOSE}c{OPEN}2{CLOSE}"));
+        assert_eq!(
+            escape("a<|im_start|>b<|imc\u{E000}", &escapes),
+            format!("a{OPEN}0{CLOSE}b{OPEN}1{CLOSE}c{OPEN}2{CLOSE}")
+        );
         assert_eq!(escape("plain é text", &escapes), "plain é text");
     }
 

@@ -96,7 +96,8 @@ pub fn chat_logprobs(tok: &Tokenizer, lps: &[pb::SampledToken]) -> Value {
         .filter_map(|s| {
             let c = s.chosen.as_ref()?;
             let mut e = entry(c.token_id, c.logprob);
-            e["top_logprobs"] = Value::Array(s.top.iter().map(|a| entry(a.token_id, a.logprob)).collect());
+            e["top_logprobs"] =
+                Value::Array(s.top.iter().map(|a| entry(a.token_id, a.logprob)).collect());
             Some(e)
         })
         .collect();
@@ -119,7 +120,15 @@ pub struct Header<'a> {
 }
 
 /// A whole (non-streaming) response.
-pub fn full_response(ep: Endpoint, h: &Header, tok: &Tokenizer, choices: &[Choice], logprobs: bool, prompt_tokens: usize, echo: &[Option<String>]) -> Value {
+pub fn full_response(
+    ep: Endpoint,
+    h: &Header,
+    tok: &Tokenizer,
+    choices: &[Choice],
+    logprobs: bool,
+    prompt_tokens: usize,
+    echo: &[Option<String>],
+) -> Value {
     let completion_tokens: usize = choices.iter().map(|c| c.num_tokens).sum();
     let n_per_prompt = choices.len() / echo.len().max(1);
     let items: Vec<Value> = choices
@@ -155,7 +164,17 @@ pub fn chunk(ep: Endpoint, h: &Header, choices: Vec<Value>) -> Value {
 
 /// A streamed choice for a delta. `offset` is the length of the choice's text so far.
 #[allow(clippy::too_many_arguments)]
-pub fn chunk_choice(ep: Endpoint, tok: &Tokenizer, index: usize, text: &str, lps: &[pb::SampledToken], logprobs: bool, offset: usize, finish: Option<&str>, stop_reason: Value) -> Value {
+pub fn chunk_choice(
+    ep: Endpoint,
+    tok: &Tokenizer,
+    index: usize,
+    text: &str,
+    lps: &[pb::SampledToken],
+    logprobs: bool,
+    offset: usize,
+    finish: Option<&str>,
+    stop_reason: Value,
+) -> Value {
     match ep {
         Endpoint::Completions => {
             let lp = if logprobs { completion_logprobs(tok, lps, offset) } else { Value::Null };
@@ -163,7 +182,11 @@ pub fn chunk_choice(ep: Endpoint, tok: &Tokenizer, index: usize, text: &str, lps
         }
         Endpoint::Chat => {
             let lp = if logprobs { chat_logprobs(tok, lps) } else { Value::Null };
-            let delta = if text.is_empty() && finish.is_some() { json!({}) } else { json!({ "content": text }) };
+            let delta = if text.is_empty() && finish.is_some() {
+                json!({})
+            } else {
+                json!({ "content": text })
+            };
             json!({ "index": index, "delta": delta, "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason })
         }
     }

@@ -55,7 +55,14 @@ pub const MAX_PREFILL_QUEUE_TOKENS: f64 = 2048.0;
 
 impl Default for RoutingConfig {
     fn default() -> Self {
-        RoutingConfig { policy: Policy::Kv, cost: CostConfig::default(), approx_ttl: Duration::from_secs(120), approx_max_blocks: 1 << 20, default_block_size: 16, max_prefill_queue_tokens: MAX_PREFILL_QUEUE_TOKENS }
+        RoutingConfig {
+            policy: Policy::Kv,
+            cost: CostConfig::default(),
+            approx_ttl: Duration::from_secs(120),
+            approx_max_blocks: 1 << 20,
+            default_block_size: 16,
+            max_prefill_queue_tokens: MAX_PREFILL_QUEUE_TOKENS,
+        }
     }
 }
 
@@ -91,7 +98,9 @@ pub struct Routing {
 
 fn next_rand(state: &AtomicU64) -> f64 {
     // SplitMix64 over an atomic counter: cheap, lock-free, good enough to break ties.
-    let mut z = state.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = state
+        .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^= z >> 31;
@@ -101,7 +110,10 @@ fn next_rand(state: &AtomicU64) -> f64 {
 impl Routing {
     /// Routing state with `cfg`.
     pub fn new(cfg: RoutingConfig) -> Routing {
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7);
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(7);
         Routing {
             approx: Mutex::new(ApproxIndex::new(cfg.approx_ttl, cfg.approx_max_blocks)),
             cfg,
@@ -118,17 +130,31 @@ impl Routing {
     fn matches(&self, hashes: &[u64], workers: &[Arc<Worker>]) -> (Matches, &'static str) {
         if self.exact_live.load(Ordering::Relaxed) {
             let by_id = self.exact.lock().expect("index lock").match_blocks(hashes);
-            let m = workers.iter().filter_map(|w| by_id.get(&w.worker_id()).map(|&n| (w.addr.clone(), n))).collect();
+            let m = workers
+                .iter()
+                .filter_map(|w| by_id.get(&w.worker_id()).map(|&n| (w.addr.clone(), n)))
+                .collect();
             (m, "exact")
         } else {
             (self.approx.lock().expect("index lock").match_blocks(hashes), "approximate")
         }
     }
 
-    fn choose(&self, workers: &[Arc<Worker>], exclude: &[String], matches: &Matches, prompt: usize, bs: usize) -> (Option<Arc<Worker>>, Vec<Candidate>) {
+    fn choose(
+        &self,
+        workers: &[Arc<Worker>],
+        exclude: &[String],
+        matches: &Matches,
+        prompt: usize,
+        bs: usize,
+    ) -> (Option<Arc<Worker>>, Vec<Candidate>) {
         // A worker known to be unhealthy is skipped at once (its status check runs every second,
         // so one that recovers is back within a second).
-        let pool: Vec<(usize, &Arc<Worker>)> = workers.iter().enumerate().filter(|(_, w)| w.healthy() && !exclude.contains(&w.addr)).collect();
+        let pool: Vec<(usize, &Arc<Worker>)> = workers
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.healthy() && !exclude.contains(&w.addr))
+            .collect();
         if pool.is_empty() {
             return (None, Vec::new());
         }
@@ -137,16 +163,34 @@ impl Routing {
             .map(|(i, w)| {
                 let l = self.load.get(&w.addr);
                 let cached = matches.get(&w.addr).copied().unwrap_or(0) * bs;
-                let cost = cost::cost(&self.cfg.cost, bs, prompt, cached, l.prefill_tokens, l.decode_blocks);
-                Candidate { index: *i, cached_tokens: cached, queued_prefill_tokens: l.prefill_tokens, active_decode_blocks: l.decode_blocks, cost }
+                let cost = cost::cost(
+                    &self.cfg.cost,
+                    bs,
+                    prompt,
+                    cached,
+                    l.prefill_tokens,
+                    l.decode_blocks,
+                );
+                Candidate {
+                    index: *i,
+                    cached_tokens: cached,
+                    queued_prefill_tokens: l.prefill_tokens,
+                    active_decode_blocks: l.decode_blocks,
+                    cost,
+                }
             })
             .collect();
         let index = match self.cfg.policy {
             Policy::Kv => cost::pick(&self.cfg.cost, &cands, next_rand(&self.rng)).map(|c| c.index),
-            Policy::RoundRobin => Some(cands[(self.rr.fetch_add(1, Ordering::Relaxed) as usize) % cands.len()].index),
+            Policy::RoundRobin => {
+                Some(cands[(self.rr.fetch_add(1, Ordering::Relaxed) as usize) % cands.len()].index)
+            }
             Policy::LeastLoaded => cands
                 .iter()
-                .min_by(|a, b| (a.queued_prefill_tokens / bs as f64 + a.active_decode_blocks).total_cmp(&(b.queued_prefill_tokens / bs as f64 + b.active_decode_blocks)))
+                .min_by(|a, b| {
+                    (a.queued_prefill_tokens / bs as f64 + a.active_decode_blocks)
+                        .total_cmp(&(b.queued_prefill_tokens / bs as f64 + b.active_decode_blocks))
+                })
                 .map(|c| c.index),
         };
         (index.map(|i| workers[i].clone()), cands)
@@ -154,18 +198,37 @@ impl Routing {
 
     /// Chooses the decode worker (not one of `exclude`) and, when the pool has prefill workers,
     /// the prefill worker for a prompt; books the load.
-    pub fn route(&self, pool: &WorkerPool, request_id: &str, prompt: &[u32], cache_salt: &str, exclude: &[String]) -> Option<Route> {
+    pub fn route(
+        &self,
+        pool: &WorkerPool,
+        request_id: &str,
+        prompt: &[u32],
+        cache_salt: &str,
+        exclude: &[String],
+    ) -> Option<Route> {
         let bs = pool.block_size(self.cfg.default_block_size);
         let salt = if cache_salt.is_empty() { 0 } else { salt_digest(cache_salt) };
         // The last prompt token is always computed, so only blocks before it can be reused.
         let usable = prompt.len().saturating_sub(1) / bs * bs;
-        let hashes: Vec<u64> = BlockHash::chain(DEFAULT_HASH_SEED, &prompt[..usable], bs, salt).into_iter().map(|h| h.0).collect();
+        let hashes: Vec<u64> = BlockHash::chain(DEFAULT_HASH_SEED, &prompt[..usable], bs, salt)
+            .into_iter()
+            .map(|h| h.0)
+            .collect();
         let all: Vec<Arc<Worker>> = pool.all().cloned().collect();
         let (matches, mode) = self.matches(&hashes, &all);
         let (decode, d_cands) = self.choose(&pool.decode, exclude, &matches, prompt.len(), bs);
         let decode = decode?;
-        let saturated: Vec<String> = pool.prefill.iter().filter(|w| self.load.get(&w.addr).prefill_tokens > self.cfg.max_prefill_queue_tokens).map(|w| w.addr.clone()).collect();
-        let (prefill, p_cands) = if pool.prefill.is_empty() { (None, Vec::new()) } else { self.choose(&pool.prefill, &saturated, &matches, prompt.len(), bs) };
+        let saturated: Vec<String> = pool
+            .prefill
+            .iter()
+            .filter(|w| self.load.get(&w.addr).prefill_tokens > self.cfg.max_prefill_queue_tokens)
+            .map(|w| w.addr.clone())
+            .collect();
+        let (prefill, p_cands) = if pool.prefill.is_empty() {
+            (None, Vec::new())
+        } else {
+            self.choose(&pool.prefill, &saturated, &matches, prompt.len(), bs)
+        };
         let prefill = prefill.filter(|p| p.healthy());
         if prefill.is_none() && !saturated.is_empty() {
             counter!("tandem_router_prefill_skipped_total", "reason" => "queue_full").increment(1);
@@ -218,13 +281,21 @@ impl Routing {
 
     /// Updates the index and load gauges.
     pub fn publish_gauges(&self, pool: &WorkerPool) {
-        gauge!("tandem_router_index_blocks", "index" => "exact").set(self.exact.lock().expect("index lock").len() as f64);
-        gauge!("tandem_router_index_blocks", "index" => "approximate").set(self.approx.lock().expect("index lock").len() as f64);
-        gauge!("tandem_router_exact_index_live").set(if self.exact_live.load(Ordering::Relaxed) { 1.0 } else { 0.0 });
+        gauge!("tandem_router_index_blocks", "index" => "exact")
+            .set(self.exact.lock().expect("index lock").len() as f64);
+        gauge!("tandem_router_index_blocks", "index" => "approximate")
+            .set(self.approx.lock().expect("index lock").len() as f64);
+        gauge!("tandem_router_exact_index_live").set(if self.exact_live.load(Ordering::Relaxed) {
+            1.0
+        } else {
+            0.0
+        });
         for w in pool.all() {
             let l = self.load.get(&w.addr);
-            gauge!("tandem_router_worker_queued_prefill_tokens", "target" => w.addr.clone()).set(l.prefill_tokens);
-            gauge!("tandem_router_worker_active_decode_blocks", "target" => w.addr.clone()).set(l.decode_blocks);
+            gauge!("tandem_router_worker_queued_prefill_tokens", "target" => w.addr.clone())
+                .set(l.prefill_tokens);
+            gauge!("tandem_router_worker_active_decode_blocks", "target" => w.addr.clone())
+                .set(l.decode_blocks);
         }
     }
 
@@ -258,7 +329,6 @@ impl Routing {
             self.exact.lock().expect("index lock").remove_worker(&id);
         }
     }
-
 }
 
 #[cfg(test)]
@@ -268,15 +338,23 @@ mod tests {
     #[tokio::test]
     async fn a_saturated_prefill_worker_is_skipped_until_its_queue_drains() {
         let pool = WorkerPool::new(&["127.0.0.1:7001".into()], &["127.0.0.1:7002".into()]).unwrap();
-        let r = Routing::new(RoutingConfig { max_prefill_queue_tokens: 1500.0, ..Default::default() });
+        let r =
+            Routing::new(RoutingConfig { max_prefill_queue_tokens: 1500.0, ..Default::default() });
         let prompt = |i: u32| -> Vec<u32> { (0..1000).map(|j| i * 7919 + j).collect() };
         let first = r.route(&pool, "a", &prompt(1), "", &[]).unwrap();
         let second = r.route(&pool, "b", &prompt(2), "", &[]).unwrap();
-        assert!(first.prefill.is_some() && second.prefill.is_some(), "room in the queue: remote prefill");
+        assert!(
+            first.prefill.is_some() && second.prefill.is_some(),
+            "room in the queue: remote prefill"
+        );
         // 2000 tokens queued > 1500: the next prompt is prefilled where it decodes.
         let mut third = r.route(&pool, "c", &prompt(3), "", &[]).unwrap();
         assert!(third.prefill.is_none(), "queue full: local prefill");
-        assert_eq!(r.load.get("127.0.0.1:7001").prefill_tokens, 1000.0, "booked on the decode worker");
+        assert_eq!(
+            r.load.get("127.0.0.1:7001").prefill_tokens,
+            1000.0,
+            "booked on the decode worker"
+        );
         third.ticket.first_token();
         // Once the queued prompts have their first tokens, remote prefill resumes.
         let (mut first, mut second) = (first, second);

@@ -40,7 +40,10 @@ struct LoadEntry {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Starts both loops.
@@ -63,7 +66,12 @@ async fn resync<S: Shared>(state: &S, all: bool) {
         }
         match w.status(Duration::from_secs(2), true).await {
             Ok(s) => {
-                state.routing().exact.lock().expect("index lock").resync(&s.worker_id, s.epoch, s.event_seq, &s.cached_block_hashes);
+                state.routing().exact.lock().expect("index lock").resync(
+                    &s.worker_id,
+                    s.epoch,
+                    s.event_seq,
+                    &s.cached_block_hashes,
+                );
                 counter!("tandem_router_index_resyncs_total").increment(1);
                 tracing::info!(worker = %s.worker_id, blocks = s.cached_block_hashes.len(), seq = s.event_seq, "index resynchronised from the worker's status");
             }
@@ -89,8 +97,16 @@ async fn events_loop<S: Shared>(state: Arc<S>, url: String) {
         };
         // Start after the newest entry, then take a snapshot: every later event is applied on
         // top of it, every earlier one is already in it (by sequence number).
-        let mut last = match conn.cmd(&[b"XREVRANGE", EVENTS_STREAM.as_bytes(), b"+", b"-", b"COUNT", b"1"]).await {
-            Ok(r) => r.items().first().and_then(|e| e.items().first()).and_then(Reply::text).unwrap_or_else(|| "0-0".into()),
+        let mut last = match conn
+            .cmd(&[b"XREVRANGE", EVENTS_STREAM.as_bytes(), b"+", b"-", b"COUNT", b"1"])
+            .await
+        {
+            Ok(r) => r
+                .items()
+                .first()
+                .and_then(|e| e.items().first())
+                .and_then(Reply::text)
+                .unwrap_or_else(|| "0-0".into()),
             Err(_) => continue,
         };
         resync(&*state, true).await;
@@ -98,7 +114,15 @@ async fn events_loop<S: Shared>(state: Arc<S>, url: String) {
         gauge!("tandem_router_redis_up").set(1.0);
         tracing::info!(%url, "reading KV events; routing on the exact index");
         loop {
-            let args: [&[u8]; 7] = [b"XREAD", b"COUNT", b"1000", b"BLOCK", b"500", b"STREAMS", EVENTS_STREAM.as_bytes()];
+            let args: [&[u8]; 7] = [
+                b"XREAD",
+                b"COUNT",
+                b"1000",
+                b"BLOCK",
+                b"500",
+                b"STREAMS",
+                EVENTS_STREAM.as_bytes(),
+            ];
             let mut full: Vec<&[u8]> = args.to_vec();
             full.push(last.as_bytes());
             let reply = match conn.cmd_timeout(&full, Duration::from_secs(3)).await {
@@ -116,7 +140,12 @@ async fn events_loop<S: Shared>(state: Arc<S>, url: String) {
                         next_last = Some(id);
                     }
                     let Some(ev) = items.get(1).and_then(|f| decode(f.items())) else { continue };
-                    let applied = state.routing().exact.lock().expect("index lock").apply(&ev.worker, ev.epoch, ev.seq, &ev.event);
+                    let applied = state
+                        .routing()
+                        .exact
+                        .lock()
+                        .expect("index lock")
+                        .apply(&ev.worker, ev.epoch, ev.seq, &ev.event);
                     let kind = match applied {
                         Applied::Ok => "applied",
                         Applied::NewEpoch => "new_epoch",
@@ -169,12 +198,22 @@ impl LoadSync {
             }
             let c = guard.as_mut().expect("connected above");
             let now = now_ms();
-            let mine = serde_json::to_vec(&LoadEntry { at: now, loads: routing.load.local() }).unwrap_or_default();
-            let replies = c.pipeline(&[&[b"HSET", LOAD_KEY.as_bytes(), self.field.as_bytes(), &mine], &[b"HGETALL", LOAD_KEY.as_bytes()]]).await?;
+            let mine = serde_json::to_vec(&LoadEntry { at: now, loads: routing.load.local() })
+                .unwrap_or_default();
+            let replies = c
+                .pipeline(&[
+                    &[b"HSET", LOAD_KEY.as_bytes(), self.field.as_bytes(), &mine],
+                    &[b"HGETALL", LOAD_KEY.as_bytes()],
+                ])
+                .await?;
             let mut sum: HashMap<String, Load> = HashMap::new();
             let mut stale: Vec<String> = Vec::new();
             for pair in replies[1].items().chunks(2) {
-                let (Some(field), Some(value)) = (pair[0].text(), pair.get(1).and_then(Reply::bytes)) else { continue };
+                let (Some(field), Some(value)) =
+                    (pair[0].text(), pair.get(1).and_then(Reply::bytes))
+                else {
+                    continue;
+                };
                 if field == self.field {
                     continue;
                 }

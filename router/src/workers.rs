@@ -69,7 +69,11 @@ impl Worker {
     }
 
     /// Asks the worker for its status, with every cached block hash when `hashes`.
-    pub async fn status(&self, timeout: Duration, hashes: bool) -> Result<pb::WorkerStatus, String> {
+    pub async fn status(
+        &self,
+        timeout: Duration,
+        hashes: bool,
+    ) -> Result<pb::WorkerStatus, String> {
         let mut client = WorkerClient::new(authed(self.channel.clone()));
         let mut req = tonic::Request::new(pb::StatusRequest { include_block_hashes: hashes });
         req.set_timeout(timeout);
@@ -111,7 +115,9 @@ pub struct WorkerPool {
 impl WorkerPool {
     /// A pool over the given addresses.
     pub fn new(decode: &[String], prefill: &[String]) -> anyhow::Result<WorkerPool> {
-        let mk = |v: &[String]| v.iter().map(|a| Worker::new(a).map(Arc::new)).collect::<anyhow::Result<Vec<_>>>();
+        let mk = |v: &[String]| {
+            v.iter().map(|a| Worker::new(a).map(Arc::new)).collect::<anyhow::Result<Vec<_>>>()
+        };
         Ok(WorkerPool { decode: mk(decode)?, prefill: mk(prefill)? })
     }
 
@@ -127,13 +133,27 @@ impl WorkerPool {
 
     /// The smallest context length a healthy decode worker reported (0: none known yet).
     pub fn max_model_len(&self) -> usize {
-        self.decode.iter().filter(|w| w.healthy()).map(|w| w.max_model_len.load(Ordering::Relaxed) as usize).filter(|&l| l > 0).min().unwrap_or(0)
+        self.decode
+            .iter()
+            .filter(|w| w.healthy())
+            .map(|w| w.max_model_len.load(Ordering::Relaxed) as usize)
+            .filter(|&l| l > 0)
+            .min()
+            .unwrap_or(0)
     }
 
     /// Checks every worker once.
-    pub async fn check_all(&self, timeout: Duration) -> Vec<(String, &'static str, Result<pb::WorkerStatus, String>)> {
-        let all = self.decode.iter().map(|w| (w, "decode")).chain(self.prefill.iter().map(|w| (w, "prefill")));
-        let futs = all.map(|(w, role)| async move { (w.addr.clone(), role, w.check(timeout).await) });
+    pub async fn check_all(
+        &self,
+        timeout: Duration,
+    ) -> Vec<(String, &'static str, Result<pb::WorkerStatus, String>)> {
+        let all = self
+            .decode
+            .iter()
+            .map(|w| (w, "decode"))
+            .chain(self.prefill.iter().map(|w| (w, "prefill")));
+        let futs =
+            all.map(|(w, role)| async move { (w.addr.clone(), role, w.check(timeout).await) });
         futures_util::future::join_all(futs).await
     }
 }
@@ -154,9 +174,15 @@ impl Workers {
     /// Workers from the command line's entries (fixed addresses join at once, DNS entries at
     /// the first refresh).
     pub fn new(decode: &[String], prefill: &[String]) -> anyhow::Result<Workers> {
-        let fixed = |v: &[String]| v.iter().filter(|a| !a.starts_with(DNS_PREFIX)).cloned().collect::<Vec<_>>();
+        let fixed = |v: &[String]| {
+            v.iter().filter(|a| !a.starts_with(DNS_PREFIX)).cloned().collect::<Vec<_>>()
+        };
         let pool = WorkerPool::new(&fixed(decode), &fixed(prefill))?;
-        Ok(Workers { decode_sources: decode.to_vec(), prefill_sources: prefill.to_vec(), current: RwLock::new(Arc::new(pool)) })
+        Ok(Workers {
+            decode_sources: decode.to_vec(),
+            prefill_sources: prefill.to_vec(),
+            current: RwLock::new(Arc::new(pool)),
+        })
     }
 
     /// The workers now.
@@ -179,13 +205,22 @@ impl Workers {
             want.into_iter()
                 .filter_map(|addr| match have.iter().find(|w| w.addr == addr) {
                     Some(w) => Some(w.clone()),
-                    None => Worker::new(&addr).map(Arc::new).map_err(|e| tracing::warn!(%addr, "bad worker address: {e}")).ok(),
+                    None => Worker::new(&addr)
+                        .map(Arc::new)
+                        .map_err(|e| tracing::warn!(%addr, "bad worker address: {e}"))
+                        .ok(),
                 })
                 .collect()
         };
-        let next = WorkerPool { decode: keep(decode, &old.decode), prefill: keep(prefill, &old.prefill) };
-        let gone: Vec<Arc<Worker>> = old.all().filter(|w| !next.all().any(|n| n.addr == w.addr)).cloned().collect();
-        let joined: Vec<String> = next.all().filter(|w| !old.all().any(|o| o.addr == w.addr)).map(|w| w.addr.clone()).collect();
+        let next =
+            WorkerPool { decode: keep(decode, &old.decode), prefill: keep(prefill, &old.prefill) };
+        let gone: Vec<Arc<Worker>> =
+            old.all().filter(|w| !next.all().any(|n| n.addr == w.addr)).cloned().collect();
+        let joined: Vec<String> = next
+            .all()
+            .filter(|w| !old.all().any(|o| o.addr == w.addr))
+            .map(|w| w.addr.clone())
+            .collect();
         if !gone.is_empty() || !joined.is_empty() {
             tracing::info!(joined = ?joined, left = ?gone.iter().map(|w| &w.addr).collect::<Vec<_>>(), "workers changed");
             *self.current.write().expect("workers lock") = Arc::new(next);
@@ -206,9 +241,17 @@ async fn resolve(sources: &[String], previous: &[Arc<Worker>]) -> BTreeSet<Strin
         match tokio::time::timeout(Duration::from_secs(2), tokio::net::lookup_host(name)).await {
             Ok(Ok(addrs)) => out.extend(addrs.filter(|a| a.is_ipv4()).map(|a| a.to_string())),
             failed => {
-                let why = failed.map_or_else(|_| "timed out".to_string(), |r| r.err().map(|e| e.to_string()).unwrap_or_default());
+                let why = failed.map_or_else(
+                    |_| "timed out".to_string(),
+                    |r| r.err().map(|e| e.to_string()).unwrap_or_default(),
+                );
                 tracing::warn!(%name, "worker lookup failed ({why}); keeping its previous members");
-                out.extend(previous.iter().filter(|w| w.addr.ends_with(&format!(":{port}"))).map(|w| w.addr.clone()));
+                out.extend(
+                    previous
+                        .iter()
+                        .filter(|w| w.addr.ends_with(&format!(":{port}")))
+                        .map(|w| w.addr.clone()),
+                );
             }
         }
     }
@@ -221,7 +264,11 @@ mod tests {
 
     #[tokio::test]
     async fn dns_entries_follow_the_lookup_and_fixed_ones_stay() {
-        let w = Workers::new(&["dns:localhost:50061".into(), "10.0.0.9:50061".into()], &["dns:localhost:50051".into()]).unwrap();
+        let w = Workers::new(
+            &["dns:localhost:50061".into(), "10.0.0.9:50061".into()],
+            &["dns:localhost:50051".into()],
+        )
+        .unwrap();
         assert!(w.dynamic());
         assert_eq!(w.current().decode.len(), 1, "fixed addresses join at once");
         let gone = w.refresh().await;

@@ -19,7 +19,11 @@ pub const TOKEN_ENV: &str = "TANDEM_INTERNAL_TOKEN";
 /// This process's shared secret, read once from [`TOKEN_ENV`].
 pub fn token() -> Option<&'static str> {
     static TOKEN: OnceLock<Option<String>> = OnceLock::new();
-    TOKEN.get_or_init(|| std::env::var(TOKEN_ENV).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())).as_deref()
+    TOKEN
+        .get_or_init(|| {
+            std::env::var(TOKEN_ENV).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
+        })
+        .as_deref()
 }
 
 /// The digest KV senders present to KV receivers (none without a secret).
@@ -35,7 +39,9 @@ pub type AuthChannel = InterceptedService<Channel, Attach>;
 
 fn attach(mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
     if let Some(t) = token() {
-        let v = format!("Bearer {t}").parse().map_err(|_| tonic::Status::internal("the internal token is not a valid header value"))?;
+        let v = format!("Bearer {t}").parse().map_err(|_| {
+            tonic::Status::internal("the internal token is not a valid header value")
+        })?;
         req.metadata_mut().insert("authorization", v);
     }
     Ok(req)
@@ -58,7 +64,8 @@ pub async fn require_token(req: Request, next: Next) -> Response {
         if !same(given, format!("Bearer {t}").as_bytes()) {
             let path = req.uri().path().to_string();
             tracing::warn!(%path, "refused an internal call without the shared secret");
-            return tonic::Status::unauthenticated("missing or wrong internal token").into_http::<axum::body::Body>();
+            return tonic::Status::unauthenticated("missing or wrong internal token")
+                .into_http::<axum::body::Body>();
         }
     }
     next.run(req).await

@@ -63,12 +63,18 @@ fn lp_from_proto(t: &pb::TokenLogprob) -> TokenLogprob {
 
 /// Wire form of a sampled token.
 pub fn sampled_to_proto(s: &SampledToken) -> pb::SampledToken {
-    pb::SampledToken { chosen: Some(lp_to_proto(&s.chosen)), top: s.top.iter().map(lp_to_proto).collect() }
+    pb::SampledToken {
+        chosen: Some(lp_to_proto(&s.chosen)),
+        top: s.top.iter().map(lp_to_proto).collect(),
+    }
 }
 
 /// A sampled token from the wire.
 pub fn sampled_from_proto(s: &pb::SampledToken) -> Option<SampledToken> {
-    Some(SampledToken { chosen: lp_from_proto(s.chosen.as_ref()?), top: s.top.iter().map(lp_from_proto).collect() })
+    Some(SampledToken {
+        chosen: lp_from_proto(s.chosen.as_ref()?),
+        top: s.top.iter().map(lp_from_proto).collect(),
+    })
 }
 
 /// Wire form of one completion's delta.
@@ -124,7 +130,10 @@ mod tests {
 
     #[test]
     fn sampled_round_trip() {
-        let s = SampledToken { chosen: TokenLogprob { token_id: 5, logprob: -0.25 }, top: vec![TokenLogprob { token_id: 9, logprob: -0.1 }] };
+        let s = SampledToken {
+            chosen: TokenLogprob { token_id: 5, logprob: -0.25 },
+            top: vec![TokenLogprob { token_id: 9, logprob: -0.1 }],
+        };
         assert_eq!(sampled_from_proto(&sampled_to_proto(&s)).unwrap(), s);
         assert!(sampled_from_proto(&pb::SampledToken::default()).is_none());
     }

@@ -83,7 +83,9 @@ impl LoopState {
             if new_tokens > 0 {
                 match self.last_token.get_mut(&out.request_id) {
                     Some(prev) => {
-                        m::observe_inter_token(now.duration_since(*prev).as_secs_f64() / new_tokens as f64);
+                        m::observe_inter_token(
+                            now.duration_since(*prev).as_secs_f64() / new_tokens as f64,
+                        );
                         *prev = now;
                     }
                     None => {
@@ -138,14 +140,24 @@ impl EngineHandle {
         if kv_sink.is_some() {
             engine.enable_kv_events();
         }
-        let mut state = LoopState { engine, sinks: HashMap::new(), last_token: HashMap::new(), kv_sink, kv_seq: 0 };
+        let mut state = LoopState {
+            engine,
+            sinks: HashMap::new(),
+            last_token: HashMap::new(),
+            kv_sink,
+            kv_seq: 0,
+        };
         publish(&mut state, &snap, false);
         std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || {
                 // A panic leaves the engine in an unknown state: fail loudly and let the
                 // supervisor (tandem up, Kubernetes) restart the process.
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&mut state, &rx, &snap))).is_err() {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run(&mut state, &rx, &snap)
+                }))
+                .is_err()
+                {
                     tracing::error!("the engine thread panicked; exiting");
                     std::process::exit(70);
                 }
@@ -160,7 +172,10 @@ impl EngineHandle {
     }
 
     /// Runs `f` on the engine thread and returns its result.
-    pub async fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut LoopState) -> R + Send + 'static) -> Option<R> {
+    pub async fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut LoopState) -> R + Send + 'static,
+    ) -> Option<R> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         if !self.submit(move |s| {
             let _ = tx.send(f(s));
@@ -171,7 +186,10 @@ impl EngineHandle {
     }
 
     /// Like [`EngineHandle::call`], blocking the calling (non-async) thread.
-    pub fn call_blocking<R: Send + 'static>(&self, f: impl FnOnce(&mut LoopState) -> R + Send + 'static) -> Option<R> {
+    pub fn call_blocking<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut LoopState) -> R + Send + 'static,
+    ) -> Option<R> {
         let (tx, rx) = channel();
         if !self.submit(move |s| {
             let _ = tx.send(f(s));
@@ -226,7 +244,10 @@ fn run(state: &mut LoopState, rx: &Receiver<Job>, snap: &Mutex<Snapshot>) {
             job(state);
         }
         if jobs_started.elapsed() > SLOW {
-            tracing::debug!(ms = jobs_started.elapsed().as_millis() as u64, "slow engine jobs (between steps)");
+            tracing::debug!(
+                ms = jobs_started.elapsed().as_millis() as u64,
+                "slow engine jobs (between steps)"
+            );
         }
         if !(state.engine.has_unfinished_requests() || state.engine.has_pending_outputs()) {
             publish(state, snap, failed);
@@ -236,7 +257,13 @@ fn run(state: &mut LoopState, rx: &Receiver<Job>, snap: &Mutex<Snapshot>) {
         let stepped = state.engine.step();
         if step_started.elapsed() > SLOW {
             let plan = state.engine.last_schedule();
-            tracing::debug!(ms = step_started.elapsed().as_millis() as u64, tokens = plan.num_batched_tokens, seqs = plan.scheduled.len(), preempted = plan.preempted.len(), "slow engine step");
+            tracing::debug!(
+                ms = step_started.elapsed().as_millis() as u64,
+                tokens = plan.num_batched_tokens,
+                seqs = plan.scheduled.len(),
+                preempted = plan.preempted.len(),
+                "slow engine step"
+            );
         }
         match stepped {
             Ok(outs) => {

@@ -44,8 +44,19 @@ pub fn layout_to_proto(l: &KvLayout) -> tandem_proto::v1::KvLayout {
 
 /// A layout from the control plane's message.
 pub fn layout_from_proto(p: &tandem_proto::v1::KvLayout) -> Result<KvLayout, String> {
-    let dtype = u8::try_from(p.dtype).ok().and_then(KvDtype::from_u8).ok_or_else(|| format!("unknown KV dtype {}", p.dtype))?;
-    Ok(KvLayout { model_id: p.model_id.clone(), dtype, block_size: p.block_size, num_layers: p.num_layers, num_kv_heads: p.num_kv_heads, head_dim: p.head_dim, hash_seed: p.hash_seed })
+    let dtype = u8::try_from(p.dtype)
+        .ok()
+        .and_then(KvDtype::from_u8)
+        .ok_or_else(|| format!("unknown KV dtype {}", p.dtype))?;
+    Ok(KvLayout {
+        model_id: p.model_id.clone(),
+        dtype,
+        block_size: p.block_size,
+        num_layers: p.num_layers,
+        num_kv_heads: p.num_kv_heads,
+        head_dim: p.head_dim,
+        hash_seed: p.hash_seed,
+    })
 }
 
 #[cfg(test)]
@@ -54,7 +65,15 @@ mod tests {
 
     #[test]
     fn layouts_cross_the_control_plane_unchanged() {
-        let l = KvLayout { model_id: "m".into(), dtype: KvDtype::BF16, block_size: 16, num_layers: 30, num_kv_heads: 3, head_dim: 64, hash_seed: 9 };
+        let l = KvLayout {
+            model_id: "m".into(),
+            dtype: KvDtype::BF16,
+            block_size: 16,
+            num_layers: 30,
+            num_kv_heads: 3,
+            head_dim: 64,
+            hash_seed: 9,
+        };
         assert_eq!(layout_from_proto(&layout_to_proto(&l)).unwrap(), l);
         let mut p = layout_to_proto(&l);
         p.dtype = 7;

@@ -42,14 +42,23 @@ pub fn encode(worker: &str, epoch: u64, seq: u64, ev: &KvEvent) -> Vec<(&'static
         KvEvent::Cleared => ("cleared", &[]),
     };
     let h: Vec<u8> = hashes.iter().flat_map(|x| x.0.to_le_bytes()).collect();
-    vec![("w", worker.as_bytes().to_vec()), ("e", epoch.to_string().into_bytes()), ("s", seq.to_string().into_bytes()), ("k", kind.as_bytes().to_vec()), ("h", h)]
+    vec![
+        ("w", worker.as_bytes().to_vec()),
+        ("e", epoch.to_string().into_bytes()),
+        ("s", seq.to_string().into_bytes()),
+        ("k", kind.as_bytes().to_vec()),
+        ("h", h),
+    ]
 }
 
 /// Parses an entry's field list (`[name, value, name, value, …]`).
 pub fn decode(fields: &[Reply]) -> Option<WireEvent> {
     let (mut w, mut e, mut s, mut k, mut h) = (None, None, None, None, None);
     for pair in fields.chunks(2) {
-        let (Some(name), Some(value)) = (pair[0].bytes(), pair.get(1).and_then(Reply::bytes)) else { continue };
+        let (Some(name), Some(value)) = (pair[0].bytes(), pair.get(1).and_then(Reply::bytes))
+        else {
+            continue;
+        };
         match name {
             b"w" => w = Some(String::from_utf8_lossy(value).into_owned()),
             b"e" => e = std::str::from_utf8(value).ok()?.parse().ok(),
@@ -61,7 +70,11 @@ pub fn decode(fields: &[Reply]) -> Option<WireEvent> {
     }
     let hashes = || -> Option<Vec<BlockHash>> {
         let h = h.clone()?;
-        (h.len() % 8 == 0).then(|| h.chunks_exact(8).map(|c| BlockHash(u64::from_le_bytes(c.try_into().expect("8 bytes")))).collect())
+        (h.len() % 8 == 0).then(|| {
+            h.chunks_exact(8)
+                .map(|c| BlockHash(u64::from_le_bytes(c.try_into().expect("8 bytes"))))
+                .collect()
+        })
     };
     let event = match k?.as_slice() {
         b"stored" => KvEvent::Stored(hashes()?),
@@ -74,7 +87,11 @@ pub fn decode(fields: &[Reply]) -> Option<WireEvent> {
 
 /// Starts the publisher task; send it `(seq, event)` pairs in order. Events that cannot be
 /// written (Redis down) are dropped and counted; the gap tells readers to resynchronise.
-pub fn spawn_publisher(url: String, worker: String, epoch: u64) -> mpsc::UnboundedSender<(u64, KvEvent)> {
+pub fn spawn_publisher(
+    url: String,
+    worker: String,
+    epoch: u64,
+) -> mpsc::UnboundedSender<(u64, KvEvent)> {
     let (tx, mut rx) = mpsc::unbounded_channel::<(u64, KvEvent)>();
     tokio::spawn(async move {
         let mut conn: Option<RedisConn> = None;
@@ -102,14 +119,22 @@ pub fn spawn_publisher(url: String, worker: String, epoch: u64) -> mpsc::Unbound
             };
             for (i, (seq, ev)) in batch.iter().enumerate() {
                 let fields = encode(&worker, epoch, *seq, ev);
-                let mut args: Vec<&[u8]> = vec![b"XADD", EVENTS_STREAM.as_bytes(), b"MAXLEN", b"~", MAX_LEN.as_bytes(), b"*"];
+                let mut args: Vec<&[u8]> = vec![
+                    b"XADD",
+                    EVENTS_STREAM.as_bytes(),
+                    b"MAXLEN",
+                    b"~",
+                    MAX_LEN.as_bytes(),
+                    b"*",
+                ];
                 for (name, value) in &fields {
                     args.push(name.as_bytes());
                     args.push(value);
                 }
                 if let Err(e) = c.cmd(&args).await {
                     tracing::warn!(error = %e, "publishing a KV event failed; reconnecting");
-                    metrics::counter!("tandem_kv_events_dropped_total").increment((batch.len() - i) as u64);
+                    metrics::counter!("tandem_kv_events_dropped_total")
+                        .increment((batch.len() - i) as u64);
                     conn = None;
                     next_try = tokio::time::Instant::now() + Duration::from_millis(200);
                     break;
@@ -127,10 +152,23 @@ mod tests {
 
     #[test]
     fn wire_round_trip() {
-        for ev in [KvEvent::Stored(vec![BlockHash(1), BlockHash(u64::MAX)]), KvEvent::Removed(vec![BlockHash(7)]), KvEvent::Cleared] {
-            let fields: Vec<Reply> = encode("prefill-1", 99, 5, &ev).into_iter().flat_map(|(k, v)| [Reply::Bulk(Some(k.as_bytes().to_vec())), Reply::Bulk(Some(v))]).collect();
-            assert_eq!(decode(&fields), Some(WireEvent { worker: "prefill-1".into(), epoch: 99, seq: 5, event: ev }));
+        for ev in [
+            KvEvent::Stored(vec![BlockHash(1), BlockHash(u64::MAX)]),
+            KvEvent::Removed(vec![BlockHash(7)]),
+            KvEvent::Cleared,
+        ] {
+            let fields: Vec<Reply> = encode("prefill-1", 99, 5, &ev)
+                .into_iter()
+                .flat_map(|(k, v)| [Reply::Bulk(Some(k.as_bytes().to_vec())), Reply::Bulk(Some(v))])
+                .collect();
+            assert_eq!(
+                decode(&fields),
+                Some(WireEvent { worker: "prefill-1".into(), epoch: 99, seq: 5, event: ev })
+            );
         }
-        assert_eq!(decode(&[Reply::Bulk(Some(b"k".to_vec())), Reply::Bulk(Some(b"bogus".to_vec()))]), None);
+        assert_eq!(
+            decode(&[Reply::Bulk(Some(b"k".to_vec())), Reply::Bulk(Some(b"bogus".to_vec()))]),
+            None
+        );
     }
 }

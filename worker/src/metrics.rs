@@ -3,16 +3,22 @@
 //! `worker` labels. Histograms are true Prometheus histograms (bucketed), so
 //! `histogram_quantile` works on them.
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tandem_engine::request_output::RequestMetrics;
 
 use crate::snapshot::Snapshot;
 
 /// Latency buckets in seconds (5 ms to 10 min).
-const LATENCY_BUCKETS: [f64; 20] = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 600.0];
+const LATENCY_BUCKETS: [f64; 20] = [
+    0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0, 160.0, 600.0,
+];
 /// Token-count buckets.
-const TOKEN_BUCKETS: [f64; 12] = [1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0];
+const TOKEN_BUCKETS: [f64; 12] =
+    [1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0];
 
 /// Installs the process-wide recorder with the process's labels; returns the handle that
 /// renders `/metrics`. Calling it twice in one process fails.
@@ -38,24 +44,80 @@ fn describe() {
     describe_gauge!("tandem_kv_cache_free_blocks", "KV blocks free or evictable.");
     describe_gauge!("tandem_kv_cache_num_blocks", "KV blocks in the pool.");
     describe_gauge!("tandem_queued_prefill_tokens", "Prompt tokens not yet computed.");
-    describe_counter!("tandem_prefix_cache_queries_total", Unit::Count, "Prompt blocks looked up in the prefix cache.");
-    describe_counter!("tandem_prefix_cache_hits_total", Unit::Count, "Prompt blocks found in the prefix cache.");
-    describe_counter!("tandem_prompt_tokens_total", Unit::Count, "Prompt tokens of finished requests.");
+    describe_counter!(
+        "tandem_prefix_cache_queries_total",
+        Unit::Count,
+        "Prompt blocks looked up in the prefix cache."
+    );
+    describe_counter!(
+        "tandem_prefix_cache_hits_total",
+        Unit::Count,
+        "Prompt blocks found in the prefix cache."
+    );
+    describe_counter!(
+        "tandem_prompt_tokens_total",
+        Unit::Count,
+        "Prompt tokens of finished requests."
+    );
     describe_counter!("tandem_generation_tokens_total", Unit::Count, "Generated tokens.");
     describe_counter!("tandem_num_preemptions_total", Unit::Count, "Sequences preempted.");
-    describe_counter!("tandem_request_success_total", Unit::Count, "Requests finished, by finish reason.");
-    describe_histogram!("tandem_time_to_first_token_seconds", Unit::Seconds, "Arrival to first token.");
-    describe_histogram!("tandem_inter_token_latency_seconds", Unit::Seconds, "Time between output tokens.");
+    describe_counter!(
+        "tandem_request_success_total",
+        Unit::Count,
+        "Requests finished, by finish reason."
+    );
+    describe_histogram!(
+        "tandem_time_to_first_token_seconds",
+        Unit::Seconds,
+        "Arrival to first token."
+    );
+    describe_histogram!(
+        "tandem_inter_token_latency_seconds",
+        Unit::Seconds,
+        "Time between output tokens."
+    );
     describe_histogram!("tandem_e2e_request_latency_seconds", Unit::Seconds, "Arrival to finish.");
-    describe_histogram!("tandem_request_queue_time_seconds", Unit::Seconds, "Arrival to first schedule.");
-    describe_histogram!("tandem_request_prompt_tokens", Unit::Count, "Prompt length of finished requests.");
-    describe_counter!("tandem_kv_transfer_bytes_total", Unit::Bytes, "KV page bytes moved between workers.");
+    describe_histogram!(
+        "tandem_request_queue_time_seconds",
+        Unit::Seconds,
+        "Arrival to first schedule."
+    );
+    describe_histogram!(
+        "tandem_request_prompt_tokens",
+        Unit::Count,
+        "Prompt length of finished requests."
+    );
+    describe_counter!(
+        "tandem_kv_transfer_bytes_total",
+        Unit::Bytes,
+        "KV page bytes moved between workers."
+    );
     describe_histogram!("tandem_kv_transfer_seconds", Unit::Seconds, "Duration of KV transfers.");
-    describe_counter!("tandem_kv_transfer_failures_total", Unit::Count, "KV transfers that failed, by reason.");
-    describe_counter!("tandem_spec_decode_num_drafts_total", Unit::Count, "Speculative verification steps.");
-    describe_counter!("tandem_spec_decode_draft_tokens_total", Unit::Count, "Draft tokens proposed.");
-    describe_counter!("tandem_spec_decode_accepted_tokens_total", Unit::Count, "Draft tokens accepted.");
-    describe_counter!("tandem_spec_decode_accepted_tokens_per_pos_total", Unit::Count, "Draft tokens accepted, by position in the draft.");
+    describe_counter!(
+        "tandem_kv_transfer_failures_total",
+        Unit::Count,
+        "KV transfers that failed, by reason."
+    );
+    describe_counter!(
+        "tandem_spec_decode_num_drafts_total",
+        Unit::Count,
+        "Speculative verification steps."
+    );
+    describe_counter!(
+        "tandem_spec_decode_draft_tokens_total",
+        Unit::Count,
+        "Draft tokens proposed."
+    );
+    describe_counter!(
+        "tandem_spec_decode_accepted_tokens_total",
+        Unit::Count,
+        "Draft tokens accepted."
+    );
+    describe_counter!(
+        "tandem_spec_decode_accepted_tokens_per_pos_total",
+        Unit::Count,
+        "Draft tokens accepted, by position in the draft."
+    );
     describe_counter!("tandem_disagg_decisions_total", Unit::Count, "Where prompts were prefilled: remote, local_short, local_no_worker, local_n, local_no_blocks.");
 }
 
@@ -66,17 +128,30 @@ pub(crate) fn publish_engine(prev: &Snapshot, s: &Snapshot) {
     gauge!("tandem_num_requests_swapped").set(s.swapped as f64);
     gauge!("tandem_kv_cache_num_blocks").set(s.num_blocks as f64);
     gauge!("tandem_kv_cache_free_blocks").set(s.free_blocks as f64);
-    let usage = if s.num_blocks == 0 { 0.0 } else { 1.0 - s.free_blocks as f64 / s.num_blocks as f64 };
+    let usage =
+        if s.num_blocks == 0 { 0.0 } else { 1.0 - s.free_blocks as f64 / s.num_blocks as f64 };
     gauge!("tandem_kv_cache_usage_ratio").set(usage);
     gauge!("tandem_queued_prefill_tokens").set(s.queued_prefill_tokens as f64);
     let d = |a: u64, b: u64| b.saturating_sub(a);
-    counter!("tandem_prefix_cache_queries_total").increment(d(prev.stats.prefix_cache_queries, s.stats.prefix_cache_queries));
-    counter!("tandem_prefix_cache_hits_total").increment(d(prev.stats.prefix_cache_hits, s.stats.prefix_cache_hits));
-    counter!("tandem_num_preemptions_total").increment(d(prev.stats.num_preemptions, s.stats.num_preemptions));
-    counter!("tandem_spec_decode_num_drafts_total").increment(d(prev.stats.spec_drafts, s.stats.spec_drafts));
-    counter!("tandem_spec_decode_draft_tokens_total").increment(d(prev.stats.spec_draft_tokens, s.stats.spec_draft_tokens));
-    counter!("tandem_spec_decode_accepted_tokens_total").increment(d(prev.stats.spec_accepted_tokens, s.stats.spec_accepted_tokens));
-    for (i, (a, b)) in prev.stats.spec_accepted_per_position.iter().zip(&s.stats.spec_accepted_per_position).enumerate() {
+    counter!("tandem_prefix_cache_queries_total")
+        .increment(d(prev.stats.prefix_cache_queries, s.stats.prefix_cache_queries));
+    counter!("tandem_prefix_cache_hits_total")
+        .increment(d(prev.stats.prefix_cache_hits, s.stats.prefix_cache_hits));
+    counter!("tandem_num_preemptions_total")
+        .increment(d(prev.stats.num_preemptions, s.stats.num_preemptions));
+    counter!("tandem_spec_decode_num_drafts_total")
+        .increment(d(prev.stats.spec_drafts, s.stats.spec_drafts));
+    counter!("tandem_spec_decode_draft_tokens_total")
+        .increment(d(prev.stats.spec_draft_tokens, s.stats.spec_draft_tokens));
+    counter!("tandem_spec_decode_accepted_tokens_total")
+        .increment(d(prev.stats.spec_accepted_tokens, s.stats.spec_accepted_tokens));
+    for (i, (a, b)) in prev
+        .stats
+        .spec_accepted_per_position
+        .iter()
+        .zip(&s.stats.spec_accepted_per_position)
+        .enumerate()
+    {
         if b > a {
             counter!("tandem_spec_decode_accepted_tokens_per_pos_total", "position" => i.to_string()).increment(b - a);
         }
@@ -111,7 +186,11 @@ pub(crate) fn observe_finished(m: &RequestMetrics, prompt_tokens: usize) {
 /// yet" instead of no data (a failure counter that appears only with the first failure hides
 /// the failures that never happened and the ones that did alike).
 fn zero_known_series(role: &str) {
-    let reasons: &[&'static str] = if role == "prefill" { &["refused", "timeout", "send"] } else { &["connect", "rpc", "receive"] };
+    let reasons: &[&'static str] = if role == "prefill" {
+        &["refused", "timeout", "send"]
+    } else {
+        &["connect", "rpc", "receive"]
+    };
     for &r in reasons {
         counter!("tandem_kv_transfer_failures_total", "reason" => r).increment(0);
     }

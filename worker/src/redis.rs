@@ -86,7 +86,9 @@ impl RedisConn {
     /// Connects to `url` (`redis://host:port`), failing after `timeout`.
     pub async fn connect(url: &str, timeout: Duration) -> Result<RedisConn, RedisError> {
         let addr = parse_url(url)?;
-        let s = tokio::time::timeout(timeout, TcpStream::connect(&addr)).await.map_err(|_| RedisError::Timeout(timeout))??;
+        let s = tokio::time::timeout(timeout, TcpStream::connect(&addr))
+            .await
+            .map_err(|_| RedisError::Timeout(timeout))??;
         s.set_nodelay(true)?;
         Ok(RedisConn { stream: BufReader::new(s), timeout })
     }
@@ -97,7 +99,11 @@ impl RedisConn {
     }
 
     /// Like [`RedisConn::cmd`] with its own timeout (for blocking reads).
-    pub async fn cmd_timeout(&mut self, args: &[&[u8]], timeout: Duration) -> Result<Reply, RedisError> {
+    pub async fn cmd_timeout(
+        &mut self,
+        args: &[&[u8]],
+        timeout: Duration,
+    ) -> Result<Reply, RedisError> {
         let mut replies = self.pipeline_timeout(&[args], timeout).await?;
         Ok(replies.pop().expect("one reply per command"))
     }
@@ -108,7 +114,11 @@ impl RedisConn {
         self.pipeline_timeout(cmds, self.timeout).await
     }
 
-    async fn pipeline_timeout(&mut self, cmds: &[&[&[u8]]], timeout: Duration) -> Result<Vec<Reply>, RedisError> {
+    async fn pipeline_timeout(
+        &mut self,
+        cmds: &[&[&[u8]]],
+        timeout: Duration,
+    ) -> Result<Vec<Reply>, RedisError> {
         let mut buf = Vec::new();
         for args in cmds {
             buf.extend(format!("*{}\r\n", args.len()).as_bytes());
@@ -126,8 +136,13 @@ impl RedisConn {
             }
             Ok::<_, RedisError>(out)
         };
-        let replies = tokio::time::timeout(timeout, fut).await.map_err(|_| RedisError::Timeout(timeout))??;
-        match replies.iter().find_map(|r| if let Reply::Error(e) = r { Some(e.clone()) } else { None }) {
+        let replies = tokio::time::timeout(timeout, fut)
+            .await
+            .map_err(|_| RedisError::Timeout(timeout))??;
+        match replies
+            .iter()
+            .find_map(|r| if let Reply::Error(e) = r { Some(e.clone()) } else { None })
+        {
             Some(e) => Err(RedisError::Server(e)),
             None => Ok(replies),
         }
@@ -137,12 +152,17 @@ impl RedisConn {
 async fn read_line(r: &mut BufReader<TcpStream>) -> Result<String, RedisError> {
     let mut line = String::new();
     if r.read_line(&mut line).await? == 0 {
-        return Err(RedisError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "redis closed the connection")));
+        return Err(RedisError::Io(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "redis closed the connection",
+        )));
     }
     Ok(line.trim_end_matches(['\r', '\n']).to_string())
 }
 
-fn read_reply(r: &mut BufReader<TcpStream>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Reply, RedisError>> + Send + '_>> {
+fn read_reply(
+    r: &mut BufReader<TcpStream>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Reply, RedisError>> + Send + '_>> {
     Box::pin(async move {
         let line = read_line(r).await?;
         let (kind, rest) = line.split_at(line.len().min(1));

@@ -89,23 +89,43 @@ pub fn http_routes(metrics: PrometheusHandle, engine: EngineHandle) -> axum::Rou
             upkeep.run_upkeep();
         }
     });
-    axum::Router::new()
-        .route("/metrics", get(move || std::future::ready(metrics.render())))
-        .route(
-            "/health",
-            get(move || {
-                let ok = engine.submit(|_| {}) && !engine.snapshot().failed;
-                let code = if ok && !draining() { axum::http::StatusCode::OK } else { axum::http::StatusCode::SERVICE_UNAVAILABLE };
-                std::future::ready((code, if !ok { "engine unavailable" } else if draining() { "draining" } else { "ok" }))
-            }),
-        )
+    axum::Router::new().route("/metrics", get(move || std::future::ready(metrics.render()))).route(
+        "/health",
+        get(move || {
+            let ok = engine.submit(|_| {}) && !engine.snapshot().failed;
+            let code = if ok && !draining() {
+                axum::http::StatusCode::OK
+            } else {
+                axum::http::StatusCode::SERVICE_UNAVAILABLE
+            };
+            std::future::ready((
+                code,
+                if !ok {
+                    "engine unavailable"
+                } else if draining() {
+                    "draining"
+                } else {
+                    "ok"
+                },
+            ))
+        }),
+    )
 }
 
 /// Serves `grpc` and `http` on `listener` until a shutdown (see [`wait_shutdown`]). On a signal
 /// the worker drains: it reports itself unavailable, takes no new connections or streams, and
 /// waits up to `drain` for the requests it has to finish; when its parent is gone it stops at once.
-pub async fn serve(listener: TcpListener, grpc: tonic::service::Routes, http: axum::Router, watch_stdin: bool, drain: Duration) -> anyhow::Result<()> {
-    let app = grpc.into_axum_router().layer(axum::middleware::from_fn(crate::auth::require_token)).merge(http);
+pub async fn serve(
+    listener: TcpListener,
+    grpc: tonic::service::Routes,
+    http: axum::Router,
+    watch_stdin: bool,
+    drain: Duration,
+) -> anyhow::Result<()> {
+    let app = grpc
+        .into_axum_router()
+        .layer(axum::middleware::from_fn(crate::auth::require_token))
+        .merge(http);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         serve_http(nodelay(listener), app, CONN_LIMITS, async move {
@@ -141,12 +161,18 @@ pub struct ConnLimits {
 }
 
 /// The limits every Tandem listener uses (the router also refuses a request body that stalls).
-pub const CONN_LIMITS: ConnLimits = ConnLimits { header_read: Duration::from_secs(10), h2_keep_alive: Duration::from_secs(20) };
+pub const CONN_LIMITS: ConnLimits =
+    ConnLimits { header_read: Duration::from_secs(10), h2_keep_alive: Duration::from_secs(20) };
 
 /// Serves `app` on `listener` (HTTP/1.1 and HTTP/2, upgrades included) with `limits` until
 /// `shutdown` resolves; then stops accepting and waits for the open connections to finish
 /// their requests (callers bound that wait).
-pub async fn serve_http<L>(mut listener: L, app: axum::Router, limits: ConnLimits, shutdown: impl std::future::Future<Output = ()> + Send) -> std::io::Result<()>
+pub async fn serve_http<L>(
+    mut listener: L,
+    app: axum::Router,
+    limits: ConnLimits,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> std::io::Result<()>
 where
     L: axum::serve::Listener<Io = tokio::net::TcpStream>,
 {
@@ -156,7 +182,12 @@ where
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read);
-    builder.http2().timer(TokioTimer::new()).keep_alive_interval(limits.h2_keep_alive).keep_alive_timeout(limits.h2_keep_alive).enable_connect_protocol();
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.h2_keep_alive)
+        .keep_alive_timeout(limits.h2_keep_alive)
+        .enable_connect_protocol();
     tokio::pin!(shutdown);
     loop {
         let (io, _) = tokio::select! {
@@ -164,7 +195,8 @@ where
             _ = &mut shutdown => break,
         };
         let service = TowerToHyperService::new(app.clone());
-        let conn = graceful.watch(builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned());
+        let conn = graceful
+            .watch(builder.serve_connection_with_upgrades(TokioIo::new(io), service).into_owned());
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::trace!(error = %e, "connection ended with an error");
@@ -179,7 +211,9 @@ where
 /// `listener` with Nagle's algorithm off on every connection: streamed tokens are small writes,
 /// and Nagle holding one back until the peer's (delayed) acknowledgement of the last would
 /// deliver them in bursts tens of milliseconds apart.
-pub fn nodelay(listener: TcpListener) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+pub fn nodelay(
+    listener: TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
     use axum::serve::ListenerExt;
     listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {

@@ -25,7 +25,10 @@ pub struct StatusService {
 
 #[tonic::async_trait]
 impl pb::worker_server::Worker for StatusService {
-    async fn status(&self, req: Request<pb::StatusRequest>) -> Result<Response<pb::WorkerStatus>, Status> {
+    async fn status(
+        &self,
+        req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::WorkerStatus>, Status> {
         let with_hashes = req.into_inner().include_block_hashes;
         let s = self.engine.snapshot();
         let (alive, event_seq, cached_block_hashes) = if with_hashes {
@@ -34,7 +37,15 @@ impl pb::worker_server::Worker for StatusService {
                 .engine
                 .call(|s| {
                     let seq = s.flush_kv_events();
-                    (seq, s.engine.block_manager().cached_hashes().into_iter().map(|h| h.0).collect::<Vec<u64>>())
+                    (
+                        seq,
+                        s.engine
+                            .block_manager()
+                            .cached_hashes()
+                            .into_iter()
+                            .map(|h| h.0)
+                            .collect::<Vec<u64>>(),
+                    )
                 })
                 .await;
             let alive = polled.is_some();
@@ -64,5 +75,8 @@ impl pb::worker_server::Worker for StatusService {
 
 /// A fresh epoch: nanoseconds since the Unix epoch at process start.
 pub fn new_epoch() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
 }

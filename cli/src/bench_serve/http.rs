@@ -9,7 +9,9 @@ use tokio::net::TcpStream;
 
 /// `http://host:port/prefix` split into the address and the path prefix.
 pub fn split_base_url(url: &str) -> Result<(String, String), String> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| format!("base URL '{url}' must start with http://"))?;
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("base URL '{url}' must start with http://"))?;
     let (host, path) = match rest.find('/') {
         Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
         None => (rest, ""),
@@ -41,7 +43,9 @@ impl Dechunker {
                     let Some(nl) = self.buf.windows(2).position(|w| w == b"\r\n") else { break };
                     let line = String::from_utf8_lossy(&self.buf[..nl]).to_string();
                     self.buf.drain(..nl + 2);
-                    let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
+                    let size =
+                        usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
+                            .unwrap_or(0);
                     if size == 0 {
                         self.done = true;
                         break;
@@ -98,7 +102,13 @@ pub type ErrorKind = String;
 /// POSTs `body` to `path` on `addr` and calls `on_data` with every SSE payload as it arrives
 /// (or once with the whole body when the response is not an event stream). Fails with an
 /// error kind: `connect`, `timeout`, `http_<status>`, `io`.
-pub async fn post_events(addr: &str, path: &str, body: &[u8], timeout: Duration, on_data: &mut (dyn FnMut(&str) + Send)) -> Result<(), ErrorKind> {
+pub async fn post_events(
+    addr: &str,
+    path: &str,
+    body: &[u8],
+    timeout: Duration,
+    on_data: &mut (dyn FnMut(&str) + Send),
+) -> Result<(), ErrorKind> {
     let fut = async {
         let mut s = TcpStream::connect(addr).await.map_err(|_| "connect".to_string())?;
         let _ = s.set_nodelay(true);
@@ -127,7 +137,8 @@ pub async fn post_events(addr: &str, path: &str, body: &[u8], timeout: Duration,
         let mut body_acc = Vec::new();
         let mut pending = raw[split + 4..].to_vec();
         loop {
-            let decoded = if chunked { dechunk.feed(&pending) } else { std::mem::take(&mut pending) };
+            let decoded =
+                if chunked { dechunk.feed(&pending) } else { std::mem::take(&mut pending) };
             pending.clear();
             if sse && status == 200 {
                 for d in sse_parser.feed(&decoded) {
@@ -165,8 +176,14 @@ mod tests {
 
     #[test]
     fn base_urls() {
-        assert_eq!(split_base_url("http://127.0.0.1:8000/v1").unwrap(), ("127.0.0.1:8000".into(), "/v1".into()));
-        assert_eq!(split_base_url("http://localhost/v1/").unwrap(), ("localhost:80".into(), "/v1".into()));
+        assert_eq!(
+            split_base_url("http://127.0.0.1:8000/v1").unwrap(),
+            ("127.0.0.1:8000".into(), "/v1".into())
+        );
+        assert_eq!(
+            split_base_url("http://localhost/v1/").unwrap(),
+            ("localhost:80".into(), "/v1".into())
+        );
         assert_eq!(split_base_url("http://h:1").unwrap(), ("h:1".into(), "".into()));
         assert!(split_base_url("https://h/v1").is_err());
     }
@@ -187,6 +204,9 @@ mod tests {
     fn sse_payloads() {
         let mut p = SseParser::default();
         assert!(p.feed(b"data: {\"a\"").is_empty());
-        assert_eq!(p.feed(b":1}\n\n: keep-alive\r\ndata:[DONE]\r\n"), vec!["{\"a\":1}".to_string(), "[DONE]".to_string()]);
+        assert_eq!(
+            p.feed(b":1}\n\n: keep-alive\r\ndata:[DONE]\r\n"),
+            vec!["{\"a\":1}".to_string(), "[DONE]".to_string()]
+        );
     }
 }

@@ -70,7 +70,12 @@ pub fn stats(xs: &[f64]) -> Stats {
     let mut v: Vec<f64> = xs.to_vec();
     v.sort_by(f64::total_cmp);
     let ms = |x: f64| x * 1000.0;
-    Stats { mean_ms: ms(v.iter().sum::<f64>() / v.len() as f64), median_ms: ms(percentile(&v, 50.0)), p90_ms: ms(percentile(&v, 90.0)), p99_ms: ms(percentile(&v, 99.0)) }
+    Stats {
+        mean_ms: ms(v.iter().sum::<f64>() / v.len() as f64),
+        median_ms: ms(percentile(&v, 50.0)),
+        p90_ms: ms(percentile(&v, 90.0)),
+        p99_ms: ms(percentile(&v, 99.0)),
+    }
 }
 
 /// Service-level objectives for goodput.
@@ -89,8 +94,11 @@ impl Slo {
     pub fn parse(items: &[String]) -> Result<Slo, String> {
         let mut s = Slo::default();
         for it in items {
-            let (k, v) = it.split_once(':').ok_or_else(|| format!("SLO '{it}' is not name:milliseconds"))?;
-            let v: f64 = v.parse().map_err(|_| format!("SLO '{it}': '{v}' is not a number of milliseconds"))?;
+            let (k, v) =
+                it.split_once(':').ok_or_else(|| format!("SLO '{it}' is not name:milliseconds"))?;
+            let v: f64 = v
+                .parse()
+                .map_err(|_| format!("SLO '{it}': '{v}' is not a number of milliseconds"))?;
             match k {
                 "ttft" => s.ttft_ms = Some(v),
                 "tpot" => s.tpot_ms = Some(v),
@@ -103,8 +111,12 @@ impl Slo {
 
     /// Whether a successful request met every objective.
     pub fn met(&self, t: &Timeline) -> bool {
-        let ok = |limit: Option<f64>, v: Option<f64>| limit.is_none_or(|l| v.is_some_and(|v| v * 1000.0 <= l));
-        ok(self.ttft_ms, t.ttft()) && ok(self.tpot_ms, t.tpot().or(Some(0.0))) && ok(self.e2e_ms, Some(t.end))
+        let ok = |limit: Option<f64>, v: Option<f64>| {
+            limit.is_none_or(|l| v.is_some_and(|v| v * 1000.0 <= l))
+        };
+        ok(self.ttft_ms, t.ttft())
+            && ok(self.tpot_ms, t.tpot().or(Some(0.0)))
+            && ok(self.e2e_ms, Some(t.end))
     }
 
     /// Whether any objective is set.
@@ -206,7 +218,12 @@ impl Report {
             ("End-to-end Latency", "E2EL", self.e2e),
         ] {
             s.push_str(&format!("{:-^60}\n", format!(" {name} ")));
-            for (k, v) in [("Mean", st.mean_ms), ("Median", st.median_ms), ("P90", st.p90_ms), ("P99", st.p99_ms)] {
+            for (k, v) in [
+                ("Mean", st.mean_ms),
+                ("Median", st.median_ms),
+                ("P90", st.p90_ms),
+                ("P99", st.p99_ms),
+            ] {
                 s.push_str(&format!("{:<44}{:>16.2}\n", format!("{k} {short} (ms):"), v));
             }
         }
@@ -221,7 +238,13 @@ mod tests {
     use super::*;
 
     fn tl(prompt: usize, chunks: &[f64], end: f64, out: usize) -> Timeline {
-        Timeline { prompt_tokens: prompt, output_tokens: out, chunk_times: chunks.to_vec(), end, error: None }
+        Timeline {
+            prompt_tokens: prompt,
+            output_tokens: out,
+            chunk_times: chunks.to_vec(),
+            end,
+            error: None,
+        }
     }
 
     #[test]
@@ -276,7 +299,11 @@ mod tests {
         assert!((r.itl.median_ms - 500.0).abs() < 1e-9);
         assert_eq!(r.e2e.p90_ms, 2090.0);
         let table = r.table("Serving Benchmark Result");
-        assert!(table.contains("Successful requests:") && table.contains("P99 TTFT (ms):") && table.contains("http_503"));
+        assert!(
+            table.contains("Successful requests:")
+                && table.contains("P99 TTFT (ms):")
+                && table.contains("http_503")
+        );
     }
 
     #[test]

@@ -130,7 +130,13 @@ struct Client {
 
 impl Client {
     /// Sends one request; returns its timeline (times from its start) and the text it got.
-    async fn request(&self, prompt: Value, chat: bool, output_len: usize, prompt_tokens: usize) -> (Timeline, String) {
+    async fn request(
+        &self,
+        prompt: Value,
+        chat: bool,
+        output_len: usize,
+        prompt_tokens: usize,
+    ) -> (Timeline, String) {
         let mut body = json!({ "model": self.model, "max_tokens": output_len, "temperature": 0, "stream": true, "stream_options": { "include_usage": true } });
         if chat {
             body["messages"] = prompt;
@@ -140,33 +146,49 @@ impl Client {
         if self.ignore_eos {
             body["ignore_eos"] = json!(true);
         }
-        let path = format!("{}/{}", self.prefix, if chat { "chat/completions" } else { "completions" });
+        let path =
+            format!("{}/{}", self.prefix, if chat { "chat/completions" } else { "completions" });
         let start = Instant::now();
         let mut t = Timeline { prompt_tokens, ..Default::default() };
         let mut text = String::new();
         let (mut chunks, mut usage_out, mut stream_err) = (0usize, None, None);
-        let res = http::post_events(&self.addr, &path, body.to_string().as_bytes(), self.timeout, &mut |d: &str| {
-            if d == "[DONE]" {
-                return;
-            }
-            let Ok(v) = serde_json::from_str::<Value>(d) else { return };
-            if v.get("error").is_some() {
-                stream_err = Some("stream_error".to_string());
-                return;
-            }
-            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-                usage_out = u["completion_tokens"].as_u64().map(|x| x as usize);
-                if let Some(p) = u["prompt_tokens"].as_u64() {
-                    t.prompt_tokens = p as usize;
+        let res = http::post_events(
+            &self.addr,
+            &path,
+            body.to_string().as_bytes(),
+            self.timeout,
+            &mut |d: &str| {
+                if d == "[DONE]" {
+                    return;
                 }
-            }
-            let piece = v["choices"].get(0).map(|c| c["text"].as_str().or_else(|| c["delta"]["content"].as_str()).unwrap_or("").to_string()).unwrap_or_default();
-            if !piece.is_empty() {
-                t.chunk_times.push(start.elapsed().as_secs_f64());
-                text.push_str(&piece);
-                chunks += 1;
-            }
-        })
+                let Ok(v) = serde_json::from_str::<Value>(d) else { return };
+                if v.get("error").is_some() {
+                    stream_err = Some("stream_error".to_string());
+                    return;
+                }
+                if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+                    usage_out = u["completion_tokens"].as_u64().map(|x| x as usize);
+                    if let Some(p) = u["prompt_tokens"].as_u64() {
+                        t.prompt_tokens = p as usize;
+                    }
+                }
+                let piece = v["choices"]
+                    .get(0)
+                    .map(|c| {
+                        c["text"]
+                            .as_str()
+                            .or_else(|| c["delta"]["content"].as_str())
+                            .unwrap_or("")
+                            .to_string()
+                    })
+                    .unwrap_or_default();
+                if !piece.is_empty() {
+                    t.chunk_times.push(start.elapsed().as_secs_f64());
+                    text.push_str(&piece);
+                    chunks += 1;
+                }
+            },
+        )
         .await;
         t.end = start.elapsed().as_secs_f64();
         t.output_tokens = usage_out.unwrap_or(chunks);
@@ -182,25 +204,44 @@ impl Client {
 
 async fn discover_model(addr: &str, prefix: &str) -> Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
-    s.write_all(format!("GET {prefix}/models HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.write_all(
+        format!("GET {prefix}/models HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await?;
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await??;
     let text = String::from_utf8_lossy(&buf);
-    let body = &text[text.find('{').context("no JSON in the /models answer")?..text.rfind('}').context("no JSON in the /models answer")? + 1];
+    let body = &text[text.find('{').context("no JSON in the /models answer")?
+        ..text.rfind('}').context("no JSON in the /models answer")? + 1];
     let v: Value = serde_json::from_str(body)?;
-    v["data"][0]["id"].as_str().map(str::to_string).context("the server lists no model; pass --model")
+    v["data"][0]["id"]
+        .as_str()
+        .map(str::to_string)
+        .context("the server lists no model; pass --model")
 }
 
 /// Runs the workload once with at most `concurrency` requests (or conversations) in flight.
-async fn run_once(client: Arc<Client>, specs: &[RequestSpec], concurrency: usize, rate: Option<f64>, seed: u64, progress: &indicatif::ProgressBar) -> (Vec<Timeline>, f64) {
+async fn run_once(
+    client: Arc<Client>,
+    specs: &[RequestSpec],
+    concurrency: usize,
+    rate: Option<f64>,
+    seed: u64,
+    progress: &indicatif::ProgressBar,
+) -> (Vec<Timeline>, f64) {
     let sem = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
     let results = Arc::new(Mutex::new(Vec::with_capacity(specs.len())));
     // Units of work: single requests, or whole conversations (turns in order).
     let mut units: Vec<Vec<RequestSpec>> = Vec::new();
     for s in specs {
         match s.conversation {
-            Some(c) if units.last().is_some_and(|u| u[0].conversation == Some(c)) => units.last_mut().expect("checked").push(s.clone()),
+            Some(c) if units.last().is_some_and(|u| u[0].conversation == Some(c)) => {
+                units.last_mut().expect("checked").push(s.clone())
+            }
             _ => units.push(vec![s.clone()]),
         }
     }
@@ -220,10 +261,14 @@ async fn run_once(client: Arc<Client>, specs: &[RequestSpec], concurrency: usize
             let mut history: Vec<Value> = Vec::new();
             for spec in unit {
                 let (t, text) = match &spec.prompt {
-                    PromptBody::Tokens(ids) => client.request(json!(ids), false, spec.output_len, ids.len()).await,
+                    PromptBody::Tokens(ids) => {
+                        client.request(json!(ids), false, spec.output_len, ids.len()).await
+                    }
                     PromptBody::ChatTurn(msg) => {
                         history.push(json!({ "role": "user", "content": msg }));
-                        client.request(Value::Array(history.clone()), true, spec.output_len, 0).await
+                        client
+                            .request(Value::Array(history.clone()), true, spec.output_len, 0)
+                            .await
                     }
                 };
                 let failed = t.error.is_some();
@@ -254,7 +299,8 @@ fn emit(a: &ServeArgs, value: &Value, tables: &str) -> Result<()> {
         }
         Some(p) => {
             print!("{tables}");
-            std::fs::write(p, serde_json::to_string_pretty(value)?).with_context(|| format!("writing {}", p.display()))?;
+            std::fs::write(p, serde_json::to_string_pretty(value)?)
+                .with_context(|| format!("writing {}", p.display()))?;
         }
         None => print!("{tables}"),
     }

@@ -15,7 +15,8 @@ pub struct Canvas {
 }
 
 /// Line colours of the series, in order.
-pub const COLORS: [[u8; 3]; 6] = [[31, 119, 180], [214, 39, 40], [44, 160, 44], [148, 103, 189], [255, 127, 14], [23, 190, 207]];
+pub const COLORS: [[u8; 3]; 6] =
+    [[31, 119, 180], [214, 39, 40], [44, 160, 44], [148, 103, 189], [255, 127, 14], [23, 190, 207]];
 
 // 3×5 glyphs, rows top to bottom, 3 bits per row (MSB left).
 fn glyph(c: char) -> [u8; 5] {
@@ -102,7 +103,11 @@ impl Canvas {
                     if bits & (4 >> col) != 0 {
                         for dx in 0..scale {
                             for dy in 0..scale {
-                                self.set(x + i as i64 * 4 * scale + col * scale + dx, y + row as i64 * scale + dy, c);
+                                self.set(
+                                    x + i as i64 * 4 * scale + col * scale + dx,
+                                    y + row as i64 * scale + dy,
+                                    c,
+                                );
                             }
                         }
                     }
@@ -173,7 +178,12 @@ fn nice(v: f64) -> String {
 }
 
 /// A line chart of `series` (name, points) with axes and a legend.
-pub fn chart(title: &str, x_label: &str, y_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> Canvas {
+pub fn chart(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Canvas {
     let mut c = Canvas::new();
     let black = [0, 0, 0];
     let grey = [220, 220, 220];
@@ -242,6 +252,9 @@ mod tests {
 
     #[test]
     fn cdf_points() {
-        assert_eq!(cdf(&[3.0, 1.0, 2.0, 2.0]), vec![(1.0, 0.25), (2.0, 0.5), (2.0, 0.75), (3.0, 1.0)]);
+        assert_eq!(
+            cdf(&[3.0, 1.0, 2.0, 2.0]),
+            vec![(1.0, 0.25), (2.0, 0.5), (2.0, 0.75), (3.0, 1.0)]
+        );
     }
 }

@@ -53,7 +53,17 @@ pub struct WorkloadConfig {
 
 impl Default for WorkloadConfig {
     fn default() -> Self {
-        WorkloadConfig { num_prompts: 32, input_len: 64, output_len: 64, range_ratio: 0.0, num_prefixes: 8, prefix_len: 512, turns: 4, seed: 0, vocab: 32000 }
+        WorkloadConfig {
+            num_prompts: 32,
+            input_len: 64,
+            output_len: 64,
+            range_ratio: 0.0,
+            num_prefixes: 8,
+            prefix_len: 512,
+            turns: 4,
+            seed: 0,
+            vocab: 32000,
+        }
     }
 }
 
@@ -68,12 +78,16 @@ fn tokens(rng: &mut Rng, n: usize, vocab: u32) -> Vec<u32> {
 }
 
 const WORDS: [&str; 24] = [
-    "river", "mountain", "history", "engine", "garden", "music", "winter", "ocean", "language", "bridge", "forest", "science", "market", "planet",
-    "village", "library", "journey", "kitchen", "island", "window", "storm", "theatre", "harvest", "compass",
+    "river", "mountain", "history", "engine", "garden", "music", "winter", "ocean", "language",
+    "bridge", "forest", "science", "market", "planet", "village", "library", "journey", "kitchen",
+    "island", "window", "storm", "theatre", "harvest", "compass",
 ];
 
 fn words(rng: &mut Rng, n: usize) -> String {
-    (0..n).map(|_| WORDS[(rng.next_u64() % WORDS.len() as u64) as usize]).collect::<Vec<_>>().join(" ")
+    (0..n)
+        .map(|_| WORDS[(rng.next_u64() % WORDS.len() as u64) as usize])
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `random`.
@@ -83,7 +97,11 @@ pub fn random(c: &WorkloadConfig) -> Vec<RequestSpec> {
         .map(|_| {
             let n = len(&mut rng, c.input_len, c.range_ratio);
             let out = len(&mut rng, c.output_len, c.range_ratio);
-            RequestSpec { prompt: PromptBody::Tokens(tokens(&mut rng, n, c.vocab)), output_len: out, conversation: None }
+            RequestSpec {
+                prompt: PromptBody::Tokens(tokens(&mut rng, n, c.vocab)),
+                output_len: out,
+                conversation: None,
+            }
         })
         .collect()
 }
@@ -91,13 +109,18 @@ pub fn random(c: &WorkloadConfig) -> Vec<RequestSpec> {
 /// `shared-prefix`.
 pub fn shared_prefix(c: &WorkloadConfig) -> Vec<RequestSpec> {
     let mut rng = Rng::new(c.seed);
-    let prefixes: Vec<Vec<u32>> = (0..c.num_prefixes.max(1)).map(|_| tokens(&mut rng, c.prefix_len, c.vocab)).collect();
+    let prefixes: Vec<Vec<u32>> =
+        (0..c.num_prefixes.max(1)).map(|_| tokens(&mut rng, c.prefix_len, c.vocab)).collect();
     (0..c.num_prompts)
         .map(|_| {
             let mut p = prefixes[(rng.next_u64() % prefixes.len() as u64) as usize].clone();
             let n = len(&mut rng, c.input_len, c.range_ratio);
             p.extend(tokens(&mut rng, n, c.vocab));
-            RequestSpec { prompt: PromptBody::Tokens(p), output_len: len(&mut rng, c.output_len, c.range_ratio), conversation: None }
+            RequestSpec {
+                prompt: PromptBody::Tokens(p),
+                output_len: len(&mut rng, c.output_len, c.range_ratio),
+                conversation: None,
+            }
         })
         .collect()
 }
@@ -112,7 +135,11 @@ pub fn multi_turn(c: &WorkloadConfig) -> Vec<RequestSpec> {
         for _ in 0..turns {
             // About one token per word with this vocabulary.
             let n = len(&mut rng, c.input_len, c.range_ratio);
-            out.push(RequestSpec { prompt: PromptBody::ChatTurn(words(&mut rng, n)), output_len: len(&mut rng, c.output_len, c.range_ratio), conversation: Some(conv) });
+            out.push(RequestSpec {
+                prompt: PromptBody::ChatTurn(words(&mut rng, n)),
+                output_len: len(&mut rng, c.output_len, c.range_ratio),
+                conversation: Some(conv),
+            });
         }
     }
     out
@@ -131,11 +158,22 @@ mod tests {
 
     #[test]
     fn random_lengths_and_seeds() {
-        let c = WorkloadConfig { num_prompts: 200, input_len: 100, output_len: 50, range_ratio: 0.2, ..Default::default() };
+        let c = WorkloadConfig {
+            num_prompts: 200,
+            input_len: 100,
+            output_len: 50,
+            range_ratio: 0.2,
+            ..Default::default()
+        };
         let a = random(&c);
         assert_eq!(a.len(), 200);
-        assert!(a.iter().all(|r| (80..=120).contains(&toks(r).len()) && (40..=60).contains(&r.output_len)));
-        assert!(a.iter().any(|r| toks(r).len() < 90) && a.iter().any(|r| toks(r).len() > 110), "lengths spread over the range");
+        assert!(a
+            .iter()
+            .all(|r| (80..=120).contains(&toks(r).len()) && (40..=60).contains(&r.output_len)));
+        assert!(
+            a.iter().any(|r| toks(r).len() < 90) && a.iter().any(|r| toks(r).len() > 110),
+            "lengths spread over the range"
+        );
         assert!(a.iter().all(|r| toks(r).iter().all(|&t| (1000..32000).contains(&t))));
         assert_eq!(a, random(&c), "same seed, same workload");
         assert_ne!(a, random(&WorkloadConfig { seed: 1, ..c.clone() }));
@@ -145,7 +183,13 @@ mod tests {
 
     #[test]
     fn shared_prefixes_are_shared() {
-        let c = WorkloadConfig { num_prompts: 64, num_prefixes: 4, prefix_len: 128, input_len: 16, ..Default::default() };
+        let c = WorkloadConfig {
+            num_prompts: 64,
+            num_prefixes: 4,
+            prefix_len: 128,
+            input_len: 16,
+            ..Default::default()
+        };
         let w = shared_prefix(&c);
         let mut prefixes: Vec<&[u32]> = w.iter().map(|r| &toks(r)[..128]).collect();
         prefixes.sort();
@@ -164,7 +208,8 @@ mod tests {
         let w = multi_turn(&c);
         assert_eq!(w.len(), 12);
         for conv in 0..4 {
-            let turns: Vec<&RequestSpec> = w.iter().filter(|r| r.conversation == Some(conv)).collect();
+            let turns: Vec<&RequestSpec> =
+                w.iter().filter(|r| r.conversation == Some(conv)).collect();
             assert_eq!(turns.len(), 3);
             for t in turns {
                 let PromptBody::ChatTurn(s) = &t.prompt else { panic!("chat turns") };

@@ -31,7 +31,11 @@ pub struct Proc {
 impl Proc {
     /// Starts `tandem <args>` with `env` and waits for its ready line.
     pub fn start(name: &str, args: &[String], env: &[(&str, &str)]) -> Proc {
-        let log = std::env::temp_dir().join(format!("tandem-test-{}-{name}-{}.log", std::process::id(), Instant::now().elapsed().as_nanos()));
+        let log = std::env::temp_dir().join(format!(
+            "tandem-test-{}-{name}-{}.log",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos()
+        ));
         let err = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
         cmd.args(args);
@@ -61,7 +65,10 @@ impl Proc {
             Ok(a) => a,
             Err(_) => {
                 let _ = child.kill();
-                panic!("{name} did not become ready; its log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+                panic!(
+                    "{name} did not become ready; its log:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
             }
         };
         Proc { name: name.to_string(), child, _stdin: stdin, addr, log }
@@ -94,7 +101,13 @@ fn s(v: &[&str]) -> Vec<String> {
 
 /// A decode worker with the exact kernels and `extra` flags.
 pub fn decode(extra: &[&str], env: &[(&str, &str)]) -> Proc {
-    let mut a = s(&["decode", "--listen=127.0.0.1:0", "--kernel=exact", "--kv-cache-memory=128MiB", "--model"]);
+    let mut a = s(&[
+        "decode",
+        "--listen=127.0.0.1:0",
+        "--kernel=exact",
+        "--kv-cache-memory=128MiB",
+        "--model",
+    ]);
     a.push(model());
     if extra.iter().any(|x| x.starts_with("--listen=")) {
         a.remove(1);
@@ -105,7 +118,14 @@ pub fn decode(extra: &[&str], env: &[(&str, &str)]) -> Proc {
 
 /// A prefill worker with the exact kernels and `extra` flags.
 pub fn prefill(extra: &[&str], env: &[(&str, &str)]) -> Proc {
-    let mut a = s(&["prefill", "--listen=127.0.0.1:0", "--kernel=exact", "--kv-cache-memory=128MiB", "--max-num-batched-tokens=32", "--model"]);
+    let mut a = s(&[
+        "prefill",
+        "--listen=127.0.0.1:0",
+        "--kernel=exact",
+        "--kv-cache-memory=128MiB",
+        "--max-num-batched-tokens=32",
+        "--model",
+    ]);
     a.push(model());
     if extra.iter().any(|x| x.starts_with("--listen=")) {
         a.remove(1);
@@ -120,15 +140,26 @@ pub fn router(decode: &[&Proc], prefill: &[&Proc]) -> Proc {
 }
 
 /// A router over the given workers, with `extra` flags and `env`.
-pub fn router_with(decode: &[&Proc], prefill: &[&Proc], extra: &[&str], env: &[(&str, &str)]) -> Proc {
+pub fn router_with(
+    decode: &[&Proc],
+    prefill: &[&Proc],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Proc {
     let mut a = s(&["router", "--listen=127.0.0.1:0", "--model"]);
     a.push(model());
     if extra.iter().any(|x| x.starts_with("--listen=")) {
         a.remove(1);
     }
-    a.push(format!("--decode-workers={}", decode.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")));
+    a.push(format!(
+        "--decode-workers={}",
+        decode.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")
+    ));
     if !prefill.is_empty() {
-        a.push(format!("--prefill-workers={}", prefill.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")));
+        a.push(format!(
+            "--prefill-workers={}",
+            prefill.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")
+        ));
     }
     a.extend(s(extra));
     Proc::start("router", &a, env)
@@ -151,7 +182,11 @@ impl HttpResponse {
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(nl) = b.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(std::str::from_utf8(&b[..nl]).unwrap_or("0").split(';').next().unwrap().trim(), 16).unwrap_or(0);
+        let size = usize::from_str_radix(
+            std::str::from_utf8(&b[..nl]).unwrap_or("0").split(';').next().unwrap().trim(),
+            16,
+        )
+        .unwrap_or(0);
         if size == 0 {
             break;
         }
@@ -173,7 +208,11 @@ pub fn http_raw(addr: &str, request: &[u8], timeout: Duration) -> std::io::Resul
     let head = String::from_utf8_lossy(&buf[..split]).to_string();
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let raw = &buf[(split + 4).min(buf.len())..];
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(raw) } else { raw.to_vec() };
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(raw)
+    } else {
+        raw.to_vec()
+    };
     Ok(HttpResponse { status, body: String::from_utf8_lossy(&body).into_owned() })
 }
 
@@ -188,8 +227,19 @@ fn request(addr: &str, method: &str, path: &str, body: &str, key: Option<&str>) 
 }
 
 /// `method path` with an optional JSON body and API key.
-pub fn http_key(addr: &str, method: &str, path: &str, body: Option<&str>, key: Option<&str>) -> HttpResponse {
-    http_raw(addr, request(addr, method, path, body.unwrap_or(""), key).as_bytes(), Duration::from_secs(120)).expect("HTTP request")
+pub fn http_key(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    key: Option<&str>,
+) -> HttpResponse {
+    http_raw(
+        addr,
+        request(addr, method, path, body.unwrap_or(""), key).as_bytes(),
+        Duration::from_secs(120),
+    )
+    .expect("HTTP request")
 }
 
 /// Opens a streaming request and returns the socket (the response is read with [`read_until`]).
@@ -227,7 +277,10 @@ pub fn metric(addr: &str, name: &str, labels: &[&str]) -> Option<f64> {
     let text = http(addr, "GET", "/metrics", None).body;
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .find(|l| (l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} "))) && labels.iter().all(|x| l.contains(x)))
+        .find(|l| {
+            (l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+                && labels.iter().all(|x| l.contains(x))
+        })
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
@@ -274,13 +327,28 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts one (on `port`, or a free one).
     pub fn start(port: Option<u16>) -> RedisServer {
-        let port = port.unwrap_or_else(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+        let port = port.unwrap_or_else(|| {
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        });
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test/redis_server.sh");
         let out = Command::new("bash").arg(script).output().expect("run redis_server.sh");
-        assert!(out.status.success(), "redis-server is missing and could not be installed:\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "redis-server is missing and could not be installed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let bin = String::from_utf8(out.stdout).unwrap().trim().to_string();
         let child = Command::new(bin)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -11,7 +11,12 @@ impl CudaBackend {
     /// Where the KV pool lies and how its blocks are laid out, for moving pages between GPUs
     /// ([`crate::nccl::PageLink`]).
     pub fn pool_view(&self) -> crate::nccl::PoolView {
-        crate::nccl::PoolView { base: crate::device::ptr(&self.kv), parts: 2 * self.cfg.num_layers, num_blocks: self.num_blocks, block_elems: self.block_elems() }
+        crate::nccl::PoolView {
+            base: crate::device::ptr(&self.kv),
+            parts: 2 * self.cfg.num_layers,
+            num_blocks: self.num_blocks,
+            block_elems: self.block_elems(),
+        }
     }
 
     /// This backend's KV pool as an endpoint of the device transport (KV pages to and from
@@ -20,7 +25,12 @@ impl CudaBackend {
         crate::nccl::DevicePool::new(&self.gpu, self.pool_view())
     }
 
-    pub(super) fn check_pairs(&self, pairs: &[(u32, u32)], src: usize, dst: usize) -> Result<(), BackendError> {
+    pub(super) fn check_pairs(
+        &self,
+        pairs: &[(u32, u32)],
+        src: usize,
+        dst: usize,
+    ) -> Result<(), BackendError> {
         match pairs.iter().find(|(s, d)| *s as usize >= src || *d as usize >= dst) {
             Some(p) => Err(BackendError::InvalidBatch(format!("block pair {p:?} out of range"))),
             None => Ok(()),
@@ -29,7 +39,10 @@ impl CudaBackend {
 
     /// (device offset, host offset) of every layer's K and V part of each `(device block, host
     /// block)` pair, in elements.
-    pub(super) fn swap_spans(&self, pairs: impl Iterator<Item = (u32, u32)>) -> Vec<(usize, usize)> {
+    pub(super) fn swap_spans(
+        &self,
+        pairs: impl Iterator<Item = (u32, u32)>,
+    ) -> Vec<(usize, usize)> {
         let (e, parts) = (self.block_elems(), 2 * self.cfg.num_layers);
         pairs
             .flat_map(|(d, h)| (0..parts).map(move |i| (d as usize, h as usize, i)))

@@ -12,7 +12,11 @@ use crate::CudaError;
 impl CudaBackend {
     /// Runs a full pass and chooses each logits row's token on the device; only the tokens and
     /// their log-probabilities are copied out.
-    pub(super) fn run_sampled(&mut self, b: &ForwardBatch, rows: &[RowSampling]) -> Result<Vec<TokenLogprob>, CudaError> {
+    pub(super) fn run_sampled(
+        &mut self,
+        b: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<Vec<TokenLogprob>, CudaError> {
         let first = match self.pass(b, self.cfg.num_layers)? {
             Pass::Graph => {
                 let idx: Vec<u32> = b.logits_indices.iter().map(|&r| r as u32).collect();
@@ -33,17 +37,42 @@ impl CudaBackend {
     }
 
     /// Samples `rows[i]` from row `buf_rows[i]` of the logits buffer (at most `logits_cap`).
-    fn sample(&mut self, buf_rows: &[u32], rows: &[RowSampling]) -> Result<Vec<TokenLogprob>, CudaError> {
+    fn sample(
+        &mut self,
+        buf_rows: &[u32],
+        rows: &[RowSampling],
+    ) -> Result<Vec<TokenLogprob>, CudaError> {
         let n = rows.len();
         let g = &self.gpu;
         g.write(&mut self.a.sample_args, &sampling_args(buf_rows, rows))?;
         let (ni, vi) = (n as i32, self.cfg.vocab_size as i32);
-        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: sample_rows(logits, args, out, n, vocab) over n ≤ logits_cap rows of the logits
         // buffer; args holds 7n words, out 2n ints.
-        unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(&self.a.logits), &ptr(&self.a.sample_args), &ptr(&self.a.sample_out), &ni, &vi])? };
+        unsafe {
+            g.launch(
+                &g.k.sample_rows,
+                cfg,
+                &[
+                    &ptr(&self.a.logits),
+                    &ptr(&self.a.sample_args),
+                    &ptr(&self.a.sample_out),
+                    &ni,
+                    &vi,
+                ],
+            )?
+        };
         let out = g.read(&self.a.sample_out, 2 * n)?;
-        Ok((0..n).map(|i| TokenLogprob { token_id: out[i] as u32, logprob: f32::from_bits(out[n + i] as u32) }).collect())
+        Ok((0..n)
+            .map(|i| TokenLogprob {
+                token_id: out[i] as u32,
+                logprob: f32::from_bits(out[n + i] as u32),
+            })
+            .collect())
     }
 }
 
@@ -68,7 +97,15 @@ mod tests {
 
     #[test]
     fn sampling_args_are_seven_arrays_in_the_kernels_order() {
-        let rows = [RowSampling { top_k: 50, top_p: 0.9, min_p: 0.05, ..RowSampling::new(0.6, 0x1234_5678_9abc_def0) }, RowSampling::new(0.0, 7)];
+        let rows = [
+            RowSampling {
+                top_k: 50,
+                top_p: 0.9,
+                min_p: 0.05,
+                ..RowSampling::new(0.6, 0x1234_5678_9abc_def0)
+            },
+            RowSampling::new(0.0, 7),
+        ];
         let a = sampling_args(&[3, 1], &rows);
         assert_eq!(a.len(), 14);
         assert_eq!(&a[0..2], &[3, 1]);

@@ -28,12 +28,15 @@ fn report(device: &str, rs: &[check::CheckResult]) -> bool {
 
 fn print_profile(device: &str, p: &[(&str, f64)]) {
     let total: f64 = p.iter().map(|x| x.1).sum();
-    let parts: Vec<String> = p.iter().map(|(n, ms)| format!("{n} {ms:.2} ms ({:.0}%)", 100.0 * ms / total)).collect();
+    let parts: Vec<String> =
+        p.iter().map(|(n, ms)| format!("{n} {ms:.2} ms ({:.0}%)", 100.0 * ms / total)).collect();
     println!("[{device}]   eager stages, {total:.2} ms: {}", parts.join(", "));
 }
 
 fn dtype(s: Option<&str>, default: Dtype) -> Result<Dtype, CudaError> {
-    s.map_or(Ok(default), |s| Dtype::parse(s).ok_or_else(|| CudaError::Unsupported(format!("dtype '{s}' (bf16 or f16)"))))
+    s.map_or(Ok(default), |s| {
+        Dtype::parse(s).ok_or_else(|| CudaError::Unsupported(format!("dtype '{s}' (bf16 or f16)")))
+    })
 }
 
 fn run(args: &[String]) -> Result<bool, CudaError> {
@@ -43,7 +46,13 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
         "info" => {
             let g = Gpu::open(0, Dtype::Bf16)?;
             let (free, total) = g.mem_info()?;
-            println!("[{}] {} SMs, {:.1} GiB free of {:.1} GiB", g.name, g.num_sms, free as f64 / (1u64 << 30) as f64, total as f64 / (1u64 << 30) as f64);
+            println!(
+                "[{}] {} SMs, {:.1} GiB free of {:.1} GiB",
+                g.name,
+                g.num_sms,
+                free as f64 / (1u64 << 30) as f64,
+                total as f64 / (1u64 << 30) as f64
+            );
             Ok(true)
         }
         "check" => {
@@ -51,7 +60,8 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             Ok(report(&g.name, &check::run_all(&g)?))
         }
         "e2e" => {
-            let path = arg(1).ok_or_else(|| CudaError::Unsupported("e2e needs a model path".into()))?;
+            let path =
+                arg(1).ok_or_else(|| CudaError::Unsupported("e2e needs a model path".into()))?;
             let d = dtype(arg(2), Dtype::F16)?;
             let tol: f64 = arg(3).and_then(|s| s.parse().ok()).unwrap_or(0.1);
             let name = Gpu::open(0, d)?.name;
@@ -59,8 +69,11 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             Ok(report(&name, &rs))
         }
         "bench-decode" => {
-            let cfg = tandem_cuda::dummy_config(Path::new(arg(1).unwrap_or("cuda/configs/llama-3-8b.json")))?;
-            let batches: Vec<usize> = arg(2).unwrap_or("1,16,64,256").split(',').filter_map(|s| s.parse().ok()).collect();
+            let cfg = tandem_cuda::dummy_config(Path::new(
+                arg(1).unwrap_or("cuda/configs/llama-3-8b.json"),
+            ))?;
+            let batches: Vec<usize> =
+                arg(2).unwrap_or("1,16,64,256").split(',').filter_map(|s| s.parse().ok()).collect();
             let context: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(1024);
             let g = Gpu::open(0, Dtype::Bf16)?;
             let lim = bench::limits(&g)?;
@@ -86,15 +99,23 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             Ok(true)
         }
         "bench-pages" => {
-            let cfg = tandem_cuda::dummy_config(Path::new(arg(1).unwrap_or("cuda/configs/llama-3-8b.json")))?;
-            let counts: Vec<usize> = arg(2).unwrap_or("1,16,256,4096").split(',').filter_map(|s| s.parse().ok()).filter(|&n| n > 0).collect();
+            let cfg = tandem_cuda::dummy_config(Path::new(
+                arg(1).unwrap_or("cuda/configs/llama-3-8b.json"),
+            ))?;
+            let counts: Vec<usize> = arg(2)
+                .unwrap_or("1,16,256,4096")
+                .split(',')
+                .filter_map(|s| s.parse().ok())
+                .filter(|&n| n > 0)
+                .collect();
             let chunk: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(64);
             let ctas: usize = arg(4).and_then(|s| s.parse().ok()).unwrap_or(96);
             let stages: usize = arg(5).and_then(|s| s.parse().ok()).unwrap_or(3);
             if !tandem_cuda::nccl::nccl_present() {
                 return Err(CudaError::Unavailable("libnccl is not installed".into()));
             }
-            let (a, b) = (Gpu::open(0, Dtype::Bf16)?.name.clone(), Gpu::open(1, Dtype::Bf16)?.name.clone());
+            let (a, b) =
+                (Gpu::open(0, Dtype::Bf16)?.name.clone(), Gpu::open(1, Dtype::Bf16)?.name.clone());
             let name = format!("{a} -> {b}");
             let mut ok = true;
             println!("[{name}] chunks of {chunk} pages, {stages} staging buffers, gather/scatter on {} CTAs", if ctas == 0 { "all".to_string() } else { ctas.to_string() });
@@ -119,7 +140,9 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             Ok(ok)
         }
         "bench-prefill" => {
-            let cfg = tandem_cuda::dummy_config(Path::new(arg(1).unwrap_or("cuda/configs/llama-3-8b.json")))?;
+            let cfg = tandem_cuda::dummy_config(Path::new(
+                arg(1).unwrap_or("cuda/configs/llama-3-8b.json"),
+            ))?;
             let prompts: usize = arg(2).and_then(|s| s.parse().ok()).unwrap_or(4);
             let len: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(2048);
             let g = Gpu::open(0, Dtype::Bf16)?;
@@ -142,7 +165,9 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             print_profile(&name, &r.profile);
             Ok(true)
         }
-        other => Err(CudaError::Unsupported(format!("unknown command '{other}' (info, check, e2e, bench-decode, bench-prefill)"))),
+        other => Err(CudaError::Unsupported(format!(
+            "unknown command '{other}' (info, check, e2e, bench-decode, bench-prefill)"
+        ))),
     }
 }
 

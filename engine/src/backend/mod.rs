@@ -51,14 +51,23 @@ pub struct ForwardBatch {
 impl ForwardBatch {
     /// Appends a sequence's tokens at positions `start_pos..`, with slots derived from its
     /// block table, asking for the `logits` rows named.
-    pub fn push_seq(&mut self, tokens: &[u32], start_pos: usize, block_table: &[u32], block_size: usize, logits: Logits) {
+    pub fn push_seq(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        block_table: &[u32],
+        block_size: usize,
+        logits: Logits,
+    ) {
         let query_start = self.token_ids.len();
         for (i, &t) in tokens.iter().enumerate() {
             let pos = start_pos + i;
             self.token_ids.push(t);
             self.positions.push(pos as u32);
             let block = block_table.get(pos / block_size).copied().unwrap_or(u32::MAX);
-            self.slot_mapping.push(block.saturating_mul(block_size as u32).saturating_add((pos % block_size) as u32));
+            self.slot_mapping.push(
+                block.saturating_mul(block_size as u32).saturating_add((pos % block_size) as u32),
+            );
             if logits == Logits::All {
                 self.logits_indices.push(query_start + i);
             }
@@ -128,7 +137,11 @@ pub trait ModelBackend: Send {
     /// Like [`ModelBackend::forward`] through the first `num_layers` layers only, then the
     /// final norm and the head: the model as its own early-exit draft (self-speculation). K/V of
     /// those layers are written into the batch's slots as a full pass would write them.
-    fn forward_layers(&mut self, batch: &ForwardBatch, num_layers: usize) -> Result<Vec<f32>, BackendError> {
+    fn forward_layers(
+        &mut self,
+        batch: &ForwardBatch,
+        num_layers: usize,
+    ) -> Result<Vec<f32>, BackendError> {
         let _ = (batch, num_layers);
         Err(BackendError::InvalidBatch("this backend has no early-exit forward".into()))
     }
@@ -140,7 +153,11 @@ pub trait ModelBackend: Send {
     /// Like [`ModelBackend::forward`], then chooses one token per logits row as `rows` say
     /// (one entry per `batch.logits_indices`); returns each token with its log-probability under
     /// the raw model distribution. Only the tokens leave the device.
-    fn forward_sampled(&mut self, batch: &ForwardBatch, rows: &[RowSampling]) -> Result<Vec<crate::sampler::TokenLogprob>, BackendError> {
+    fn forward_sampled(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<Vec<crate::sampler::TokenLogprob>, BackendError> {
         let _ = (batch, rows);
         Err(BackendError::InvalidBatch("this backend does not sample on the device".into()))
     }

@@ -131,14 +131,28 @@ mod tests {
             super::super::attend_group(&kv, 1, &qg, 1, hd, &slots, scale, &mut scratch, &mut want);
             for g in 0..group {
                 // The textbook formula, head by head.
-                let s0: Vec<f32> = (0..ctx).map(|p| (0..hd).map(|d| qg[g * hd + d] * kv.k(1, slots[p])[hd + d]).sum::<f32>() * scale).collect();
+                let s0: Vec<f32> = (0..ctx)
+                    .map(|p| {
+                        (0..hd).map(|d| qg[g * hd + d] * kv.k(1, slots[p])[hd + d]).sum::<f32>()
+                            * scale
+                    })
+                    .collect();
                 let m = s0.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let z: f32 = s0.iter().map(|x| (x - m).exp()).sum();
                 for d in 0..hd {
-                    let naive: f32 = (0..ctx).map(|p| (s0[p] - m).exp() / z * kv.v(1, slots[p])[hd + d]).sum();
+                    let naive: f32 =
+                        (0..ctx).map(|p| (s0[p] - m).exp() / z * kv.v(1, slots[p])[hd + d]).sum();
                     let i = g * hd + d;
-                    assert!((want[i] - naive).abs() < 1e-5, "portable, ctx {ctx} head {g} dim {d}: {} vs {naive}", want[i]);
-                    assert!((o[i] - naive).abs() < 1e-5, "AVX2, ctx {ctx} head {g} dim {d}: {} vs {naive}", o[i]);
+                    assert!(
+                        (want[i] - naive).abs() < 1e-5,
+                        "portable, ctx {ctx} head {g} dim {d}: {} vs {naive}",
+                        want[i]
+                    );
+                    assert!(
+                        (o[i] - naive).abs() < 1e-5,
+                        "AVX2, ctx {ctx} head {g} dim {d}: {} vs {naive}",
+                        o[i]
+                    );
                 }
             }
         }

@@ -16,9 +16,22 @@ pub struct CpuKvCache {
 
 impl CpuKvCache {
     /// Allocates a zeroed pool.
-    pub fn new(num_layers: usize, num_blocks: usize, block_size: usize, token_width: usize) -> Self {
+    pub fn new(
+        num_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        token_width: usize,
+    ) -> Self {
         let n = num_layers * num_blocks * block_size * token_width;
-        CpuKvCache { k: vec![0.0; n], v: vec![0.0; n], num_layers, num_blocks, block_size, token_width, host: Vec::new() }
+        CpuKvCache {
+            k: vec![0.0; n],
+            v: vec![0.0; n],
+            num_layers,
+            num_blocks,
+            block_size,
+            token_width,
+            host: Vec::new(),
+        }
     }
 
     /// Reserves `n` host swap blocks (allocated lazily on first use).
@@ -41,7 +54,8 @@ impl CpuKvCache {
     pub fn copy_block(&mut self, src: usize, dst: usize) {
         let bf = self.block_floats();
         for l in 0..self.num_layers {
-            let (s, d) = (self.offset(l, src * self.block_size), self.offset(l, dst * self.block_size));
+            let (s, d) =
+                (self.offset(l, src * self.block_size), self.offset(l, dst * self.block_size));
             self.k.copy_within(s..s + bf, d);
             self.v.copy_within(s..s + bf, d);
         }

@@ -114,7 +114,6 @@ pub struct QuantLinear {
     kernel: super::quant::QKernel,
 }
 
-
 thread_local! {
     static ACTS: std::cell::RefCell<super::quant::QActs> = std::cell::RefCell::new(super::quant::QActs::default());
 }
@@ -134,10 +133,18 @@ fn row_chunk(n: usize, k: usize, t: usize, threads: usize) -> usize {
 ///
 /// # Safety
 /// `out` must point to `a.t × w.n` floats, and no other thread may write the same rows.
-unsafe fn matmul_rows(kernel: super::quant::QKernel, w: &super::quant::QMatrix, a: &super::quant::QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+unsafe fn matmul_rows(
+    kernel: super::quant::QKernel,
+    w: &super::quant::QMatrix,
+    a: &super::quant::QActs,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+) {
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        super::quant::QKernel::Avx512Vnni | super::quant::QKernel::AvxVnni | super::quant::QKernel::Avx2 => super::quant_x86::matmul_rows(kernel, w, a, rows, out),
+        super::quant::QKernel::Avx512Vnni
+        | super::quant::QKernel::AvxVnni
+        | super::quant::QKernel::Avx2 => super::quant_x86::matmul_rows(kernel, w, a, rows, out),
         _ => {
             for r in rows {
                 for t in 0..a.t {
@@ -202,8 +209,11 @@ mod quant_tests {
         let kernels = QKernel::available();
         eprintln!("kernels on this CPU: {kernels:?}");
         for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
-            for &(n, k, t) in &[(37, 96, 1), (64, 576, 5), (200, 1536, 9), (3, 32, 4), (70, 160, 7), (9, 96, 6)] {
-                let data = super::super::quant::tests_support::random_gguf(ty, n, k, (n * k + t) as u64);
+            for &(n, k, t) in
+                &[(37, 96, 1), (64, 576, 5), (200, 1536, 9), (3, 32, 4), (70, 160, 7), (9, 96, 6)]
+            {
+                let data =
+                    super::super::quant::tests_support::random_gguf(ty, n, k, (n * k + t) as u64);
                 let w = QMatrix::from_gguf(ty, &data, n, k).unwrap();
                 let mut rng = crate::sampler::Rng::new(7);
                 let x: Vec<f32> = (0..t * k).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
@@ -216,7 +226,10 @@ mod quant_tests {
                         for ti in 0..t {
                             let want = scalar::dot(&w, r, &a, ti);
                             let got = out[ti * n + r];
-                            assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{kernel:?} {ty:?} {n}x{k} t{t} [{ti},{r}]: {got} vs {want}");
+                            assert!(
+                                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "{kernel:?} {ty:?} {n}x{k} t{t} [{ti},{r}]: {got} vs {want}"
+                            );
                         }
                     }
                 }

@@ -22,8 +22,8 @@ use crate::weights::ModelFiles;
 use crate::LoadError;
 use kv_cache::CpuKvCache;
 use linear::{ExactLinear, Linear, QuantLinear};
-use quant::{QKernel, QMatrix};
 use ops::Rope;
+use quant::{QKernel, QMatrix};
 
 /// How to build a [`CpuBackend`].
 #[derive(Debug, Clone, Copy)]
@@ -41,14 +41,27 @@ pub struct CpuBackendOptions {
 /// Loads one or more weight matrices with the same input width as one fused linear layer
 /// (rows stacked in order). The fast path keeps Q4_0/Q4_1/Q8_0 weights quantised when every
 /// part has the same quantised format; anything else is dequantised to f32.
-fn load_fused(files: &ModelFiles, parts: &[(String, usize)], k: usize, kernel: KernelPath) -> Result<Arc<dyn Linear>, LoadError> {
-    let tensors = parts.iter().map(|(name, n)| files.require(name, &[*n, k])).collect::<Result<Vec<_>, _>>()?;
+fn load_fused(
+    files: &ModelFiles,
+    parts: &[(String, usize)],
+    k: usize,
+    kernel: KernelPath,
+) -> Result<Arc<dyn Linear>, LoadError> {
+    let tensors = parts
+        .iter()
+        .map(|(name, n)| files.require(name, &[*n, k]))
+        .collect::<Result<Vec<_>, _>>()?;
     let n_total: usize = parts.iter().map(|p| p.1).sum();
     if kernel == KernelPath::Fast {
-        let mats: Option<Vec<QMatrix>> = tensors.iter().map(|t| QMatrix::from_gguf(t.dtype, t.bytes, t.shape[0], k)).collect();
+        let mats: Option<Vec<QMatrix>> =
+            tensors.iter().map(|t| QMatrix::from_gguf(t.dtype, t.bytes, t.shape[0], k)).collect();
         if let Some(mats) = mats {
             if mats.iter().all(|m| m.format == mats[0].format) {
-                let m = if mats.len() == 1 { mats.into_iter().next().expect("one part") } else { QMatrix::concat(&mats) };
+                let m = if mats.len() == 1 {
+                    mats.into_iter().next().expect("one part")
+                } else {
+                    QMatrix::concat(&mats)
+                };
                 return Ok(Arc::new(QuantLinear::new(Arc::new(m), QKernel::detect())));
             }
         }
@@ -143,23 +156,35 @@ fn zeroed(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 
 impl CpuBackend {
     /// Loads every weight of `cfg`'s architecture from `files`.
-    pub fn load(files: &ModelFiles, cfg: &ModelConfig, opts: CpuBackendOptions) -> Result<CpuBackend, LoadError> {
+    pub fn load(
+        files: &ModelFiles,
+        cfg: &ModelConfig,
+        opts: CpuBackendOptions,
+    ) -> Result<CpuBackend, LoadError> {
         let (h, q, kv, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
         let kp = opts.kernel;
         if opts.block_size == 0 || opts.num_blocks == 0 {
-            return Err(LoadError::Config("KV cache needs a positive block size and block count".into()));
+            return Err(LoadError::Config(
+                "KV cache needs a positive block size and block count".into(),
+            ));
         }
         let embd = files.require("token_embd.weight", &[cfg.vocab_size, h])?;
-        let quant_embd = if kp == KernelPath::Fast { QMatrix::from_gguf(embd.dtype, embd.bytes, cfg.vocab_size, h) } else { None };
+        let quant_embd = if kp == KernelPath::Fast {
+            QMatrix::from_gguf(embd.dtype, embd.bytes, cfg.vocab_size, h)
+        } else {
+            None
+        };
         let (embed, tied_head): (Embedding, Option<Arc<dyn Linear>>) = match quant_embd {
             Some(m) => {
                 let m = Arc::new(m);
-                let head: Arc<dyn Linear> = Arc::new(QuantLinear::new(m.clone(), QKernel::detect()));
+                let head: Arc<dyn Linear> =
+                    Arc::new(QuantLinear::new(m.clone(), QKernel::detect()));
                 (Embedding::Quant(m), Some(head))
             }
             None => {
                 let w: Arc<[f32]> = embd.to_f32().into();
-                let head: Arc<dyn Linear> = Arc::new(ExactLinear::new(w.clone(), cfg.vocab_size, h));
+                let head: Arc<dyn Linear> =
+                    Arc::new(ExactLinear::new(w.clone(), cfg.vocab_size, h));
                 (Embedding::F32(w), Some(head))
             }
         };
@@ -170,10 +195,23 @@ impl CpuBackend {
             layers.push(DecoderLayer {
                 attn_norm: load_vec(files, &p("attn_norm"), h)?,
                 attn: Attention {
-                    qkv: load_fused(files, &[(p("attn_q"), q), (p("attn_k"), kv), (p("attn_v"), kv)], h, kp)?,
+                    qkv: load_fused(
+                        files,
+                        &[(p("attn_q"), q), (p("attn_k"), kv), (p("attn_v"), kv)],
+                        h,
+                        kp,
+                    )?,
                     o: load_fused(files, &[(p("attn_output"), h)], q, kp)?,
-                    q_norm: if qk_norm { Some(load_vec(files, &p("attn_q_norm"), cfg.head_dim)?) } else { None },
-                    k_norm: if qk_norm { Some(load_vec(files, &p("attn_k_norm"), cfg.head_dim)?) } else { None },
+                    q_norm: if qk_norm {
+                        Some(load_vec(files, &p("attn_q_norm"), cfg.head_dim)?)
+                    } else {
+                        None
+                    },
+                    k_norm: if qk_norm {
+                        Some(load_vec(files, &p("attn_k_norm"), cfg.head_dim)?)
+                    } else {
+                        None
+                    },
                 },
                 ffn_norm: load_vec(files, &p("ffn_norm"), h)?,
                 mlp: Mlp {
@@ -193,7 +231,8 @@ impl CpuBackend {
             lm_head,
             rope: Rope::new(cfg.head_dim, cfg.rope_theta, cfg.rope_style == RopeStyle::Interleaved),
             layers,
-            kv: CpuKvCache::new(cfg.num_layers, opts.num_blocks, opts.block_size, kv).with_host_blocks(opts.num_host_blocks),
+            kv: CpuKvCache::new(cfg.num_layers, opts.num_blocks, opts.block_size, kv)
+                .with_host_blocks(opts.num_host_blocks),
             simd: simd_available(),
             scratch: Scratch::default(),
         })
@@ -208,10 +247,17 @@ impl CpuBackend {
         let bad = |m: String| Err(BackendError::InvalidBatch(m));
         let t = b.token_ids.len();
         if b.positions.len() != t || b.slot_mapping.len() != t {
-            return bad(format!("{t} tokens but {} positions and {} slots", b.positions.len(), b.slot_mapping.len()));
+            return bad(format!(
+                "{t} tokens but {} positions and {} slots",
+                b.positions.len(),
+                b.slot_mapping.len()
+            ));
         }
         if let Some(&tok) = b.token_ids.iter().find(|&&x| x as usize >= self.cfg.vocab_size) {
-            return bad(format!("token id {tok} outside the vocabulary of {}", self.cfg.vocab_size));
+            return bad(format!(
+                "token id {tok} outside the vocabulary of {}",
+                self.cfg.vocab_size
+            ));
         }
         if let Some(&s) = b.slot_mapping.iter().find(|&&s| s as usize >= self.kv.num_slots()) {
             return bad(format!("slot {s} outside the KV cache of {} slots", self.kv.num_slots()));
@@ -226,14 +272,22 @@ impl CpuBackend {
                 return bad(format!("sequence slice {s:?} does not tile the batch"));
             }
             if s.context_len.div_ceil(bs) > s.block_table.len() {
-                return bad(format!("context of {} tokens needs more than {} blocks", s.context_len, s.block_table.len()));
+                return bad(format!(
+                    "context of {} tokens needs more than {} blocks",
+                    s.context_len,
+                    s.block_table.len()
+                ));
             }
-            if let Some(&blk) = s.block_table.iter().find(|&&x| x as usize >= self.kv.num_blocks()) {
+            if let Some(&blk) = s.block_table.iter().find(|&&x| x as usize >= self.kv.num_blocks())
+            {
                 return bad(format!("block {blk} outside the pool of {}", self.kv.num_blocks()));
             }
             for i in 0..s.query_len {
                 if b.positions[s.query_start + i] as usize != s.context_len - s.query_len + i {
-                    return bad(format!("positions of the sequence at {} are not contiguous up to its context", s.query_start));
+                    return bad(format!(
+                        "positions of the sequence at {} are not contiguous up to its context",
+                        s.query_start
+                    ));
                 }
             }
             covered += s.query_len;
@@ -247,7 +301,14 @@ impl CpuBackend {
     /// Attention of every batch token over its sequence's cached context, into `out` (`t × q_size`).
     /// Work items are (token, KV head): the query heads sharing a KV head are computed together,
     /// so each cached K and V row is read once per group.
-    fn attend(&self, layer: usize, q: &[f32], b: &ForwardBatch, tok_seq: &[usize], out: &mut [f32]) {
+    fn attend(
+        &self,
+        layer: usize,
+        q: &[f32],
+        b: &ForwardBatch,
+        tok_seq: &[usize],
+        out: &mut [f32],
+    ) {
         let cfg = &self.cfg;
         let (hd, nh, nkv) = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
         let group = nh / nkv;
@@ -266,7 +327,12 @@ impl CpuBackend {
                     let (ti, kvh) = (idx / nkv, idx % nkv);
                     let h0 = kvh * group;
                     // SAFETY: each (token, KV head) item owns the output slices of its query heads.
-                    let o = unsafe { std::slice::from_raw_parts_mut(optr.get().add((ti * nh + h0) * hd), group * hd) };
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            optr.get().add((ti * nh + h0) * hd),
+                            group * hd,
+                        )
+                    };
                     let qg = &q[(ti * nh + h0) * hd..(ti * nh + h0 + group) * hd];
                     // The cache slot of every context position, walking the block table once.
                     let ctx = b.positions[ti] as usize + 1;
@@ -283,7 +349,11 @@ impl CpuBackend {
                     #[cfg(target_arch = "x86_64")]
                     if kernel {
                         // SAFETY: `simd` is set only when the CPU has AVX2 and FMA; hd is a multiple of 8.
-                        unsafe { attention_x86::attend_group(&self.kv, layer, qg, kvh, hd, slots, scale, scores, o) };
+                        unsafe {
+                            attention_x86::attend_group(
+                                &self.kv, layer, qg, kvh, hd, slots, scale, scores, o,
+                            )
+                        };
                         continue;
                     }
                     let _ = kernel;
@@ -302,7 +372,8 @@ type RowTask<'a, const N: usize> = dyn Fn(std::ops::Range<usize>, [&mut [f32]; N
 /// the chunk's rows (`rows.len() × width` floats), so tasks write disjoint parts.
 fn par_rows<const N: usize>(t: usize, bufs: &mut [(&mut [f32], usize); N], f: &RowTask<'_, N>) {
     let pool = pool::ThreadPool::global();
-    let ptrs: [(pool::OutPtr, usize); N] = std::array::from_fn(|i| (pool::OutPtr(bufs[i].0.as_mut_ptr()), bufs[i].1));
+    let ptrs: [(pool::OutPtr, usize); N] =
+        std::array::from_fn(|i| (pool::OutPtr(bufs[i].0.as_mut_ptr()), bufs[i].1));
     for (buf, width) in bufs.iter() {
         assert!(buf.len() >= t * width, "row buffer too small");
     }
@@ -310,7 +381,9 @@ fn par_rows<const N: usize>(t: usize, bufs: &mut [(&mut [f32], usize); N], f: &R
     pool.run(t.div_ceil(chunk), &|c| {
         let rows = c * chunk..((c + 1) * chunk).min(t);
         // SAFETY: chunks are disjoint row ranges within buffers of at least t rows (checked above).
-        let parts = ptrs.map(|(p, w)| unsafe { std::slice::from_raw_parts_mut(p.get().add(rows.start * w), rows.len() * w) });
+        let parts = ptrs.map(|(p, w)| unsafe {
+            std::slice::from_raw_parts_mut(p.get().add(rows.start * w), rows.len() * w)
+        });
         f(rows, parts);
     });
 }
@@ -341,7 +414,17 @@ fn simd_available() -> bool {
 /// in `slots`: softmax(q·Kᵀ·scale)·V per head, in f32. The portable reference of
 /// `attention_x86::attend_group`; `scores` is scratch of `group × slots.len()` floats.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_group(kv: &CpuKvCache, layer: usize, qg: &[f32], kvh: usize, hd: usize, slots: &[usize], scale: f32, scores: &mut [f32], o: &mut [f32]) {
+pub(crate) fn attend_group(
+    kv: &CpuKvCache,
+    layer: usize,
+    qg: &[f32],
+    kvh: usize,
+    hd: usize,
+    slots: &[usize],
+    scale: f32,
+    scores: &mut [f32],
+    o: &mut [f32],
+) {
     let group = qg.len() / hd;
     let ctx = slots.len();
     for (p, &slot) in slots.iter().enumerate() {
@@ -366,7 +449,12 @@ pub(crate) fn attend_group(kv: &CpuKvCache, layer: usize, qg: &[f32], kvh: usize
 }
 
 impl CpuBackend {
-    fn check_pairs(&self, pairs: &[(u32, u32)], src_limit: usize, dst_limit: usize) -> Result<(), BackendError> {
+    fn check_pairs(
+        &self,
+        pairs: &[(u32, u32)],
+        src_limit: usize,
+        dst_limit: usize,
+    ) -> Result<(), BackendError> {
         match pairs.iter().find(|(s, d)| *s as usize >= src_limit || *d as usize >= dst_limit) {
             Some(p) => Err(BackendError::InvalidBatch(format!("block pair {p:?} out of range"))),
             None => Ok(()),
@@ -405,7 +493,10 @@ impl ModelBackend for CpuBackend {
 
     fn read_block(&self, block: u32) -> Result<Vec<u8>, BackendError> {
         if block as usize >= self.kv.num_blocks() {
-            return Err(BackendError::InvalidBatch(format!("block {block} outside the pool of {}", self.kv.num_blocks())));
+            return Err(BackendError::InvalidBatch(format!(
+                "block {block} outside the pool of {}",
+                self.kv.num_blocks()
+            )));
         }
         let mut out = Vec::with_capacity(self.kv.bytes_per_block());
         self.kv.read_page(block as usize, &mut out);
@@ -414,10 +505,17 @@ impl ModelBackend for CpuBackend {
 
     fn write_block(&mut self, block: u32, page: &[u8]) -> Result<(), BackendError> {
         if block as usize >= self.kv.num_blocks() {
-            return Err(BackendError::InvalidBatch(format!("block {block} outside the pool of {}", self.kv.num_blocks())));
+            return Err(BackendError::InvalidBatch(format!(
+                "block {block} outside the pool of {}",
+                self.kv.num_blocks()
+            )));
         }
         if page.len() != self.kv.bytes_per_block() {
-            return Err(BackendError::InvalidBatch(format!("page of {} bytes, blocks hold {}", page.len(), self.kv.bytes_per_block())));
+            return Err(BackendError::InvalidBatch(format!(
+                "page of {} bytes, blocks hold {}",
+                page.len(),
+                self.kv.bytes_per_block()
+            )));
         }
         self.kv.write_page(block as usize, page);
         Ok(())
@@ -428,23 +526,33 @@ impl ModelBackend for CpuBackend {
     }
 
     fn kv_cache_spec(&self) -> KvCacheSpec {
-        KvCacheSpec { num_blocks: self.kv.num_blocks(), block_size: self.kv.block_size(), bytes_per_block: self.kv.bytes_per_block() }
+        KvCacheSpec {
+            num_blocks: self.kv.num_blocks(),
+            block_size: self.kv.block_size(),
+            bytes_per_block: self.kv.bytes_per_block(),
+        }
     }
 
     fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
         self.forward_layers(b, self.layers.len())
     }
 
-    fn forward_layers(&mut self, b: &ForwardBatch, num_layers: usize) -> Result<Vec<f32>, BackendError> {
+    fn forward_layers(
+        &mut self,
+        b: &ForwardBatch,
+        num_layers: usize,
+    ) -> Result<Vec<f32>, BackendError> {
         self.validate(b)?;
         let num_layers = num_layers.min(self.layers.len());
         let cfg = &self.cfg;
-        let (h, qs, kvs, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
+        let (h, qs, kvs, ff) =
+            (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
         let (eps, half, vocab) = (cfg.rms_norm_eps, cfg.head_dim / 2, cfg.vocab_size);
         let t = b.num_tokens();
         let qkv_w = qs + 2 * kvs;
         let mut sc = std::mem::take(&mut self.scratch);
-        let Scratch { x, hbuf, qkv, q, att, proj, gate_up, act, cos, sin, c1, s1, sel, tok_seq } = &mut sc;
+        let Scratch { x, hbuf, qkv, q, att, proj, gate_up, act, cos, sin, c1, s1, sel, tok_seq } =
+            &mut sc;
         let x = zeroed(x, t * h);
         for (i, &tok) in b.token_ids.iter().enumerate() {
             self.embed.row(tok as usize, h, &mut x[i * h..(i + 1) * h]);
@@ -471,7 +579,9 @@ impl ModelBackend for CpuBackend {
         let (cos, sin) = (&*cos, &*sin);
         for li in 0..num_layers {
             let layer = &self.layers[li];
-            par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| ops::rms_norm(&x[r.start * h..r.end * h], &layer.attn_norm, eps, hb));
+            par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| {
+                ops::rms_norm(&x[r.start * h..r.end * h], &layer.attn_norm, eps, hb)
+            });
             layer.attn.qkv.forward(hbuf, t, qkv);
             par_rows(t, &mut [(&mut *qkv, qkv_w), (&mut *q, qs)], &|r, [qkv_rows, q_rows]| {
                 for (i, ti) in r.enumerate() {
@@ -482,7 +592,8 @@ impl ModelBackend for CpuBackend {
                         ops::rms_norm_inplace(qr, qn, eps);
                         ops::rms_norm_inplace(kr, kn, eps);
                     }
-                    let (c, sn) = (&cos[ti * half..(ti + 1) * half], &sin[ti * half..(ti + 1) * half]);
+                    let (c, sn) =
+                        (&cos[ti * half..(ti + 1) * half], &sin[ti * half..(ti + 1) * half]);
                     self.rope.apply_with(qr, c, sn);
                     self.rope.apply_with(kr, c, sn);
                     q_rows[i * qs..(i + 1) * qs].copy_from_slice(qr);
@@ -495,8 +606,12 @@ impl ModelBackend for CpuBackend {
             self.attend(li, q, b, tok_seq, att);
             let layer = &self.layers[li];
             layer.attn.o.forward(att, t, proj);
-            par_rows(t, &mut [(&mut *x, h)], &|r, [xr]| xr.iter_mut().zip(&proj[r.start * h..r.end * h]).for_each(|(a, b)| *a += b));
-            par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| ops::rms_norm(&x[r.start * h..r.end * h], &layer.ffn_norm, eps, hb));
+            par_rows(t, &mut [(&mut *x, h)], &|r, [xr]| {
+                xr.iter_mut().zip(&proj[r.start * h..r.end * h]).for_each(|(a, b)| *a += b)
+            });
+            par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| {
+                ops::rms_norm(&x[r.start * h..r.end * h], &layer.ffn_norm, eps, hb)
+            });
             layer.mlp.gate_up.forward(hbuf, t, gate_up);
             par_rows(t, &mut [(&mut *act, ff)], &|r, [act_rows]| {
                 for (i, ti) in r.enumerate() {
@@ -507,7 +622,9 @@ impl ModelBackend for CpuBackend {
                 }
             });
             layer.mlp.down.forward(act, t, proj);
-            par_rows(t, &mut [(&mut *x, h)], &|r, [xr]| xr.iter_mut().zip(&proj[r.start * h..r.end * h]).for_each(|(a, b)| *a += b));
+            par_rows(t, &mut [(&mut *x, h)], &|r, [xr]| {
+                xr.iter_mut().zip(&proj[r.start * h..r.end * h]).for_each(|(a, b)| *a += b)
+            });
         }
         let rows = b.logits_indices.len();
         let sel = zeroed(sel, rows * h);

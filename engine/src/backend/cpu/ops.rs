@@ -60,7 +60,9 @@ pub struct Rope {
 impl Rope {
     /// Frequencies `theta^(-2i/d)`; `interleaved` pairs (2i, 2i+1), otherwise (i, i+d/2).
     pub fn new(head_dim: usize, theta: f32, interleaved: bool) -> Self {
-        let inv_freq = (0..head_dim / 2).map(|i| 1.0 / (theta as f64).powf(2.0 * i as f64 / head_dim as f64)).collect();
+        let inv_freq = (0..head_dim / 2)
+            .map(|i| 1.0 / (theta as f64).powf(2.0 * i as f64 / head_dim as f64))
+            .collect();
         Rope { inv_freq, interleaved }
     }
 
@@ -119,7 +121,10 @@ pub fn exp_fast(x: f32) -> f32 {
     let n = (x * std::f32::consts::LOG2_E).round_ties_even();
     // ln2 split in two for an exact reduction.
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_83 + r * (0.008_333_36 + r * 0.001_388_9)))));
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (0.166_666_67 + r * (0.041_666_83 + r * (0.008_333_36 + r * 0.001_388_9)))));
     f32::from_bits(((n as i32 + 127) as u32) << 23) * p
 }
 

@@ -38,7 +38,11 @@ impl JobWord {
         (self.epoch << (2 * TASK_BITS)) | ((self.n_tasks as u64) << TASK_BITS) | self.next as u64
     }
     fn unpack(w: u64) -> JobWord {
-        JobWord { epoch: w >> (2 * TASK_BITS), n_tasks: ((w >> TASK_BITS) & TASK_MASK) as usize, next: (w & TASK_MASK) as usize }
+        JobWord {
+            epoch: w >> (2 * TASK_BITS),
+            n_tasks: ((w >> TASK_BITS) & TASK_MASK) as usize,
+            next: (w & TASK_MASK) as usize,
+        }
     }
 }
 
@@ -106,7 +110,8 @@ pub struct ThreadPool {
 
 fn encode(f: &Task) -> (u64, u64) {
     // SAFETY: a fat pointer is two words; it is decoded only while `run` keeps `f` alive.
-    let raw: [usize; 2] = unsafe { std::mem::transmute::<*const Task, [usize; 2]>(f as *const Task) };
+    let raw: [usize; 2] =
+        unsafe { std::mem::transmute::<*const Task, [usize; 2]>(f as *const Task) };
     (raw[0] as u64, raw[1] as u64)
 }
 
@@ -125,12 +130,16 @@ pub fn physical_cores() -> usize {
     if let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") {
         for e in dir.flatten() {
             let name = e.file_name();
-            let is_cpu = name.to_str().and_then(|n| n.strip_prefix("cpu")).is_some_and(|n| n.parse::<usize>().is_ok());
+            let is_cpu = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("cpu"))
+                .is_some_and(|n| n.parse::<usize>().is_ok());
             if !is_cpu {
                 continue;
             }
             let topo = e.path().join("topology");
-            let read = |f: &str| std::fs::read_to_string(topo.join(f)).ok().map(|s| s.trim().to_string());
+            let read =
+                |f: &str| std::fs::read_to_string(topo.join(f)).ok().map(|s| s.trim().to_string());
             if let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) {
                 cores.insert((pkg, core));
                 seen += 1;
@@ -176,7 +185,11 @@ impl ThreadPool {
 
     /// `TANDEM_NUM_THREADS` if set to a positive number, else [`physical_cores`].
     pub fn default_threads() -> usize {
-        std::env::var("TANDEM_NUM_THREADS").ok().and_then(|v| v.parse().ok()).filter(|&n: &usize| n > 0).unwrap_or_else(physical_cores)
+        std::env::var("TANDEM_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n: &usize| n > 0)
+            .unwrap_or_else(physical_cores)
     }
 
     /// Threads in all, the caller included.
@@ -204,12 +217,14 @@ impl ThreadPool {
         let s = &*self.shared;
         // SAFETY: workers call `f` only for tasks they claimed, and this function returns only
         // after every task has been reported done, so the erased lifetime is never outlived.
-        let f_static: &'static Task = unsafe { std::mem::transmute::<&'a (dyn Fn(usize) + Sync + 'a), &'static Task>(f) };
+        let f_static: &'static Task =
+            unsafe { std::mem::transmute::<&'a (dyn Fn(usize) + Sync + 'a), &'static Task>(f) };
         let (a, b) = encode(f_static);
         s.job.store(a, Ordering::Relaxed);
         s.job_meta.store(b, Ordering::Relaxed);
         s.done_tasks.store(0, Ordering::Relaxed);
-        let epoch = JobWord::unpack(s.word.load(Ordering::Relaxed)).epoch.wrapping_add(1) & (u64::MAX >> (2 * TASK_BITS));
+        let epoch = JobWord::unpack(s.word.load(Ordering::Relaxed)).epoch.wrapping_add(1)
+            & (u64::MAX >> (2 * TASK_BITS));
         let w = JobWord { epoch, n_tasks, next: 0 }.pack();
         // Publishes the job (release: the stores above happen before any claim of it).
         s.word.store(w, Ordering::SeqCst);

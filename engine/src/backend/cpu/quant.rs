@@ -93,7 +93,14 @@ impl QMatrix {
         let nb = k / QK;
         let npairs = nb.div_ceil(2);
         let pb = format.pair_bytes();
-        let mut m = QMatrix { format, n, k, npairs, qs: vec![0; n * npairs * pb], dm: vec![half::f16::ZERO; n * npairs * 4] };
+        let mut m = QMatrix {
+            format,
+            n,
+            k,
+            npairs,
+            qs: vec![0; n * npairs * pb],
+            dm: vec![half::f16::ZERO; n * npairs * 4],
+        };
         if format == QFormat::Q8_0 {
             // Padding blocks must contribute zero: value 128 stands for 0 with d = 0.
             m.qs.fill(128);
@@ -140,8 +147,18 @@ impl QMatrix {
     /// Stacks matrices with the same format and `k` (fused projections).
     pub fn concat(parts: &[QMatrix]) -> QMatrix {
         let first = &parts[0];
-        assert!(parts.iter().all(|p| p.format == first.format && p.k == first.k), "concat of unlike matrices");
-        let mut out = QMatrix { format: first.format, n: 0, k: first.k, npairs: first.npairs, qs: Vec::new(), dm: Vec::new() };
+        assert!(
+            parts.iter().all(|p| p.format == first.format && p.k == first.k),
+            "concat of unlike matrices"
+        );
+        let mut out = QMatrix {
+            format: first.format,
+            n: 0,
+            k: first.k,
+            npairs: first.npairs,
+            qs: Vec::new(),
+            dm: Vec::new(),
+        };
         for p in parts {
             out.n += p.n;
             out.qs.extend_from_slice(&p.qs);
@@ -179,7 +196,6 @@ impl QMatrix {
     pub fn min(&self, r: usize, p: usize, b: usize) -> f32 {
         self.dm[(r * self.npairs + p) * 4 + 2 + b].to_f32()
     }
-
 }
 
 /// Activations of `t` rows quantised to the Q8 pair layout.
@@ -228,7 +244,8 @@ impl QActs {
             v.clear();
             v.resize(quads * npairs * 8, 0.0);
         }
-        let (d4, s4) = (super::pool::OutPtr(self.d4.as_mut_ptr()), super::pool::OutPtr(self.s4.as_mut_ptr()));
+        let (d4, s4) =
+            (super::pool::OutPtr(self.d4.as_mut_ptr()), super::pool::OutPtr(self.s4.as_mut_ptr()));
         let ptrs = RowPtrs {
             qs: self.qs.as_mut_ptr(),
             qs2: self.qs2.as_mut_ptr(),
@@ -355,16 +372,25 @@ unsafe fn quantize_row_avx2(src: &[f32], _npairs: usize, out: RowPtrs) {
         let (p, b) = (blk / 2, blk % 2);
         let mut sum = _mm256_setzero_ps();
         for (i, xi) in v.iter().enumerate() {
-            let q1 = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps::<NEAREST>(_mm256_mul_ps(*xi, vid)), lo), hi);
+            let q1 = _mm256_min_ps(
+                _mm256_max_ps(_mm256_round_ps::<NEAREST>(_mm256_mul_ps(*xi, vid)), lo),
+                hi,
+            );
             let r = _mm256_sub_ps(*xi, _mm256_mul_ps(q1, vd));
-            let q2 = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps::<NEAREST>(_mm256_mul_ps(r, vid2)), lo), hi);
+            let q2 = _mm256_min_ps(
+                _mm256_max_ps(_mm256_round_ps::<NEAREST>(_mm256_mul_ps(r, vid2)), lo),
+                hi,
+            );
             sum = _mm256_add_ps(sum, _mm256_fmadd_ps(q1, _mm256_set1_ps(256.0), q2));
             for (level, q) in [(out.qs, q1), (out.qs2, q2)] {
                 let qi = _mm256_cvtps_epi32(q);
-                let p16 = _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
+                let p16 =
+                    _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
                 let p8 = _mm_packs_epi16(p16, p16);
                 // Elements 8i..8i+8 are groups 2i and 2i+1 of four bytes.
-                for (k, word) in [_mm_cvtsi128_si32(p8), _mm_extract_epi32::<1>(p8)].into_iter().enumerate() {
+                for (k, word) in
+                    [_mm_cvtsi128_si32(p8), _mm_extract_epi32::<1>(p8)].into_iter().enumerate()
+                {
                     let at = p * 64 + q8_pos(b, (2 * i + k) * 4);
                     std::ptr::write_unaligned(level.add(at) as *mut i32, word);
                 }
@@ -391,13 +417,15 @@ pub mod scalar {
             let wq = &w.qs[(r * w.npairs + p) * pb..(r * w.npairs + p + 1) * pb];
             let range = (t * a.npairs + p) * 64..(t * a.npairs + p + 1) * 64;
             let mut isum = [0i32; 2];
-            for (level, aq) in [&a.qs[range.clone()], &a.qs2[range.clone()]].into_iter().enumerate() {
+            for (level, aq) in [&a.qs[range.clone()], &a.qs2[range.clone()]].into_iter().enumerate()
+            {
                 let mut part = [0i32; 2];
                 match w.format {
                     QFormat::Q4_1 => {
                         for i in 0..32 {
                             let b = (i / 4) % 2;
-                            part[b] += (wq[i] & 0x0F) as i32 * aq[i] as i32 + (wq[i] >> 4) as i32 * aq[32 + i] as i32;
+                            part[b] += (wq[i] & 0x0F) as i32 * aq[i] as i32
+                                + (wq[i] >> 4) as i32 * aq[32 + i] as i32;
                         }
                     }
                     QFormat::Q8_0 => {
@@ -476,13 +504,18 @@ impl QKernel {
         let mut v = vec![QKernel::Scalar];
         #[cfg(target_arch = "x86_64")]
         {
-            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
             if avx2 {
                 v.push(QKernel::Avx2);
                 if is_x86_feature_detected!("avxvnni") {
                     v.push(QKernel::AvxVnni);
                 }
-                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni") {
+                if is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+                {
                     v.push(QKernel::Avx512Vnni);
                 }
             }
@@ -524,13 +557,31 @@ mod tests {
     fn simd_quantisation_equals_the_portable_one() {
         let (t, k) = (3, 160);
         let mut rng = crate::sampler::Rng::new(11);
-        let x: Vec<f32> = (0..t * k).map(|i| if i % 37 == 0 { 0.0 } else { (rng.next_f64() as f32 - 0.5) * 9.0 }).collect();
+        let x: Vec<f32> = (0..t * k)
+            .map(|i| if i % 37 == 0 { 0.0 } else { (rng.next_f64() as f32 - 0.5) * 9.0 })
+            .collect();
         let mut a = QActs::default();
         a.quantize(&x, t, k);
         let npairs = a.npairs;
-        let mut b = QActs { t, npairs, qs: vec![0; a.qs.len()], qs2: vec![0; a.qs.len()], d: vec![0.0; a.d.len()], s: vec![0.0; a.d.len()], s8: vec![0.0; a.d.len()], d4: Vec::new(), s4: Vec::new() };
+        let mut b = QActs {
+            t,
+            npairs,
+            qs: vec![0; a.qs.len()],
+            qs2: vec![0; a.qs.len()],
+            d: vec![0.0; a.d.len()],
+            s: vec![0.0; a.d.len()],
+            s8: vec![0.0; a.d.len()],
+            d4: Vec::new(),
+            s4: Vec::new(),
+        };
         for ti in 0..t {
-            let ptrs = RowPtrs { qs: b.qs.as_mut_ptr(), qs2: b.qs2.as_mut_ptr(), d: b.d.as_mut_ptr(), s: b.s.as_mut_ptr(), s8: b.s8.as_mut_ptr() };
+            let ptrs = RowPtrs {
+                qs: b.qs.as_mut_ptr(),
+                qs2: b.qs2.as_mut_ptr(),
+                d: b.d.as_mut_ptr(),
+                s: b.s.as_mut_ptr(),
+                s8: b.s8.as_mut_ptr(),
+            };
             unsafe { quantize_row_body(&x[ti * k..(ti + 1) * k], npairs, ptrs.at(ti, npairs)) };
         }
         assert_eq!(a.qs, b.qs);

@@ -20,11 +20,19 @@ const NT: usize = 4;
 ///
 /// # Safety
 /// The CPU must support `kernel`; `out` as in `super::linear::matmul_rows`.
-pub unsafe fn matmul_rows(kernel: QKernel, w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+pub unsafe fn matmul_rows(
+    kernel: QKernel,
+    w: &QMatrix,
+    a: &QActs,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+) {
     match kernel {
         // One to three tokens: the 256-bit kernel measured faster on AMD EPYC (~130-170 vs
         // ~100-150 tok/s over the default model's matmuls); batches use the 512-bit tiles.
-        QKernel::Avx512Vnni if a.t < 4 && prefer_256_for_decode() => avx2_vnni::rows(w, a, rows, out),
+        QKernel::Avx512Vnni if a.t < 4 && prefer_256_for_decode() => {
+            avx2_vnni::rows(w, a, rows, out)
+        }
         QKernel::Avx512Vnni => rows_avx512(w, a, rows, out),
         QKernel::AvxVnni => avx2_vnni::rows(w, a, rows, out),
         _ => avx2_plain::rows(w, a, rows, out),
@@ -35,7 +43,9 @@ pub unsafe fn matmul_rows(kernel: QKernel, w: &QMatrix, a: &QActs, rows: std::op
 /// and `TANDEM_CPU_KERNEL` is not `avx512`).
 fn prefer_256_for_decode() -> bool {
     static PREFER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PREFER.get_or_init(|| is_x86_feature_detected!("avxvnni") && QKernel::requested() != Ok(Some(QKernel::Avx512Vnni)))
+    *PREFER.get_or_init(|| {
+        is_x86_feature_detected!("avxvnni") && QKernel::requested() != Ok(Some(QKernel::Avx512Vnni))
+    })
 }
 
 #[inline]
@@ -70,7 +80,13 @@ unsafe fn rows_avx512(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out:
         let mut r = rows.start;
         while r < rows.end {
             let nr = rows.end - r;
-            let rt = if nr >= 3 { 3 } else if nr >= 2 { 2 } else { 1 };
+            let rt = if nr >= 3 {
+                3
+            } else if nr >= 2 {
+                2
+            } else {
+                1
+            };
             let mut t0 = tb.start;
             while t0 < tb.end {
                 let nt = (tb.end - t0).min(NT);
@@ -114,7 +130,13 @@ unsafe fn load_w512(w: &QMatrix, row_base: *const u8, p: usize) -> __m512i {
 /// `(m₀·s₀, m₁·s₁)` pattern over 16 lanes sums to eight times the pair's value, hence `s/8`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile_avx512<const RT: usize, const T: usize>(w: &QMatrix, r0: usize, a: &QActs, t0: usize, out: *mut f32) {
+unsafe fn tile_avx512<const RT: usize, const T: usize>(
+    w: &QMatrix,
+    r0: usize,
+    a: &QActs,
+    t0: usize,
+    out: *mut f32,
+) {
     let np = w.npairs;
     let pb = w.format.pair_bytes();
     let mut acc = [[_mm512_setzero_ps(); T]; RT];
@@ -134,12 +156,16 @@ unsafe fn tile_avx512<const RT: usize, const T: usize>(w: &QMatrix, r0: usize, a
             let off = (ti * np + p) * 64;
             let az = _mm512_loadu_si512(a.qs.as_ptr().add(off) as *const _);
             let az2 = _mm512_loadu_si512(a.qs2.as_ptr().add(off) as *const _);
-            let da = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(a.d.as_ptr().add((ti * np + p) * 2))));
-            let sa = _mm512_castpd_ps(_mm512_set1_pd(pair_f64(a.s8.as_ptr().add((ti * np + p) * 2))));
+            let da =
+                _mm512_castpd_ps(_mm512_set1_pd(pair_f64(a.d.as_ptr().add((ti * np + p) * 2))));
+            let sa =
+                _mm512_castpd_ps(_mm512_set1_pd(pair_f64(a.s8.as_ptr().add((ti * np + p) * 2))));
             for i in 0..RT {
-                let isum = _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wz[i], az), 8);
+                let isum =
+                    _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wz[i], az), 8);
                 let isum = _mm512_dpbusd_epi32(isum, wz[i], az2);
-                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw[i], da), acc[i][t]);
+                let v =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw[i], da), acc[i][t]);
                 acc[i][t] = _mm512_fmadd_ps(mw[i], sa, v);
             }
         }
@@ -150,7 +176,6 @@ unsafe fn tile_avx512<const RT: usize, const T: usize>(w: &QMatrix, r0: usize, a
         }
     }
 }
-
 
 /// Activation bytes a token block should stay within (part of a 32-48 KiB L1 data cache).
 const L1_ACTS: usize = 24 * 1024;
@@ -185,9 +210,18 @@ unsafe fn load256(p: *const i8) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn pair_q4_maddubs(wlo: __m256i, whi: __m256i, a1: *const i8, a2: *const i8) -> __m256i {
-    let l1 = _mm256_add_epi16(_mm256_maddubs_epi16(wlo, load256(a1)), _mm256_maddubs_epi16(whi, load256(a1.add(32))));
-    let l2 = _mm256_add_epi16(_mm256_maddubs_epi16(wlo, load256(a2)), _mm256_maddubs_epi16(whi, load256(a2.add(32))));
-    _mm256_add_epi32(_mm256_madd_epi16(l1, _mm256_set1_epi16(256)), _mm256_madd_epi16(l2, _mm256_set1_epi16(1)))
+    let l1 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(wlo, load256(a1)),
+        _mm256_maddubs_epi16(whi, load256(a1.add(32))),
+    );
+    let l2 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(wlo, load256(a2)),
+        _mm256_maddubs_epi16(whi, load256(a2.add(32))),
+    );
+    _mm256_add_epi32(
+        _mm256_madd_epi16(l1, _mm256_set1_epi16(256)),
+        _mm256_madd_epi16(l2, _mm256_set1_epi16(1)),
+    )
 }
 
 /// [`pair_q4_maddubs`] with AVX-VNNI: four `vpdpbusd` and a shift.
@@ -204,7 +238,10 @@ unsafe fn pair_q4_vnni(wlo: __m256i, whi: __m256i, a1: *const i8, a2: *const i8)
 #[target_feature(enable = "avx2")]
 unsafe fn load_q8_signed(wq: *const u8) -> (__m256i, __m256i) {
     let bias = _mm256_set1_epi8(-128);
-    (_mm256_xor_si256(load256(wq as *const i8), bias), _mm256_xor_si256(load256(wq.add(32) as *const i8), bias))
+    (
+        _mm256_xor_si256(load256(wq as *const i8), bias),
+        _mm256_xor_si256(load256(wq.add(32) as *const i8), bias),
+    )
 }
 
 /// One Q8 pair (signed weights, see [`load_q8_signed`]) against one activation row on plain
@@ -223,7 +260,8 @@ unsafe fn pair_q8_maddubs(w0: __m256i, w1: __m256i, a1: *const i8, a2: *const i8
 #[target_feature(enable = "avx2")]
 unsafe fn signed_level(w0: __m256i, w1: __m256i, a: *const i8, k: __m256i) -> __m256i {
     let p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(load256(a), w0));
-    let p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(load256(a.add(32)), w1));
+    let p1 =
+        _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(load256(a.add(32)), w1));
     _mm256_add_epi32(_mm256_madd_epi16(p0, k), _mm256_madd_epi16(p1, k))
 }
 
@@ -263,7 +301,12 @@ macro_rules! avx2_kernels {
 
             /// Rows `rows` of `out = a · wᵀ`.
             #[target_feature(enable = $features)]
-            pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+            pub(super) unsafe fn rows(
+                w: &QMatrix,
+                a: &QActs,
+                rows: std::ops::Range<usize>,
+                out: *mut f32,
+            ) {
                 match w.format {
                     QFormat::Q4_1 => rows_of::<false>(w, a, rows, out),
                     QFormat::Q8_0 => rows_of::<true>(w, a, rows, out),
@@ -275,7 +318,12 @@ macro_rules! avx2_kernels {
             /// while the rows stream by.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn rows_of<const Q8: bool>(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+            unsafe fn rows_of<const Q8: bool>(
+                w: &QMatrix,
+                a: &QActs,
+                rows: std::ops::Range<usize>,
+                out: *mut f32,
+            ) {
                 if a.t == 1 {
                     let mut r = rows.start;
                     while r + 4 <= rows.end {
@@ -324,7 +372,13 @@ macro_rules! avx2_kernels {
             /// for each.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn tile_quad<const Q8: bool>(w: &QMatrix, r: usize, a: &QActs, t0: usize, out: *mut f32) {
+            unsafe fn tile_quad<const Q8: bool>(
+                w: &QMatrix,
+                r: usize,
+                a: &QActs,
+                t0: usize,
+                out: *mut f32,
+            ) {
                 let np = w.npairs;
                 let pb = w.format.pair_bytes();
                 let with_min = !Q8 || $q8_min;
@@ -337,14 +391,24 @@ macro_rules! avx2_kernels {
                     for (t, s) in isum.iter_mut().enumerate() {
                         let off = ((t0 + t) * np + p) * 64;
                         let (a1, a2) = (a.qs.as_ptr().add(off), a.qs2.as_ptr().add(off));
-                        *s = if Q8 { $pair_q8(wlo, whi, a1, a2) } else { $pair_q4(wlo, whi, a1, a2) };
+                        *s = if Q8 {
+                            $pair_q8(wlo, whi, a1, a2)
+                        } else {
+                            $pair_q4(wlo, whi, a1, a2)
+                        };
                     }
                     let dm = pair_dm(w, r, p);
                     let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
                     let da = _mm256_loadu_ps(a.d4.as_ptr().add(quad + p * 8));
-                    let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_quad(&isum)), _mm256_mul_ps(dw, da), acc);
+                    let v = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(reduce_quad(&isum)),
+                        _mm256_mul_ps(dw, da),
+                        acc,
+                    );
                     acc = if with_min {
-                        let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm))));
+                        let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(
+                            _mm_movehl_ps(dm, dm),
+                        )));
                         _mm256_fmadd_ps(mw, _mm256_loadu_ps(a.s4.as_ptr().add(quad + p * 8)), v)
                     } else {
                         v
@@ -375,17 +439,26 @@ macro_rules! avx2_kernels {
                     for (i, s) in isum.iter_mut().enumerate() {
                         let wq = w.qs.as_ptr().add(((r0 + i) * np + p) * pb);
                         let (wlo, whi) = pair_weights::<Q8>(wq);
-                        *s = if Q8 { $pair_q8(wlo, whi, a1, a2) } else { $pair_q4(wlo, whi, a1, a2) };
+                        *s = if Q8 {
+                            $pair_q8(wlo, whi, a1, a2)
+                        } else {
+                            $pair_q4(wlo, whi, a1, a2)
+                        };
                         dm[i] = pair_dm(w, r0 + i, p);
                     }
                     let (d01, d23) = (_mm_movelh_ps(dm[0], dm[1]), _mm_movelh_ps(dm[2], dm[3]));
                     let dw = _mm256_insertf128_ps(_mm256_castps128_ps256(d01), d23, 1);
                     let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(p * 2))));
-                    let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_quad(&isum)), _mm256_mul_ps(dw, da), acc);
+                    let v = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(reduce_quad(&isum)),
+                        _mm256_mul_ps(dw, da),
+                        acc,
+                    );
                     acc = if with_min {
                         let (m01, m23) = (_mm_movehl_ps(dm[1], dm[0]), _mm_movehl_ps(dm[3], dm[2]));
                         let mw = _mm256_insertf128_ps(_mm256_castps128_ps256(m01), m23, 1);
-                        let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s.as_ptr().add(p * 2))));
+                        let sa =
+                            _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s.as_ptr().add(p * 2))));
                         _mm256_fmadd_ps(mw, sa, v)
                     } else {
                         v
@@ -404,7 +477,13 @@ macro_rules! avx2_kernels {
             /// `s/8`.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn tile<const T: usize, const Q8: bool>(w: &QMatrix, r: usize, a: &QActs, t0: usize, out: *mut f32) {
+            unsafe fn tile<const T: usize, const Q8: bool>(
+                w: &QMatrix,
+                r: usize,
+                a: &QActs,
+                t0: usize,
+                out: *mut f32,
+            ) {
                 let np = w.npairs;
                 let pb = w.format.pair_bytes();
                 let with_min = !Q8 || $q8_min;
@@ -413,16 +492,29 @@ macro_rules! avx2_kernels {
                     let (wlo, whi) = pair_weights::<Q8>(w.qs.as_ptr().add((r * np + p) * pb));
                     let dm = pair_dm(w, r, p);
                     let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
-                    let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm))));
+                    let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(
+                        dm, dm,
+                    ))));
                     let mw = _mm256_add_ps(mw, mw);
                     for (t, acc_t) in acc.iter_mut().enumerate() {
                         let at = (t0 + t) * np + p;
                         let (a1, a2) = (a.qs.as_ptr().add(at * 64), a.qs2.as_ptr().add(at * 64));
-                        let isum = if Q8 { $pair_q8(wlo, whi, a1, a2) } else { $pair_q4(wlo, whi, a1, a2) };
-                        let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(at * 2))));
-                        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), *acc_t);
+                        let isum = if Q8 {
+                            $pair_q8(wlo, whi, a1, a2)
+                        } else {
+                            $pair_q4(wlo, whi, a1, a2)
+                        };
+                        let da =
+                            _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(at * 2))));
+                        let v = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(isum),
+                            _mm256_mul_ps(dw, da),
+                            *acc_t,
+                        );
                         *acc_t = if with_min {
-                            let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s8.as_ptr().add(at * 2))));
+                            let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(
+                                a.s8.as_ptr().add(at * 2),
+                            )));
                             _mm256_fmadd_ps(mw, sa, v)
                         } else {
                             v
