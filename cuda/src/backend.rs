@@ -849,7 +849,7 @@ impl CudaBackend {
             self.capture(size)?;
         }
         let g = &self.graphs[&size].0;
-        crate::bench::time_ms(&self.gpu, 3, reps, || g.launch().map_err(CudaError::from))
+        crate::device::time_ms(&self.gpu, 3, reps, || g.launch().map_err(CudaError::from))
     }
 
     /// Captures the decode graphs of every size up front (`progress` is told each size).

@@ -4,39 +4,11 @@
 
 use std::time::Instant;
 
-use cudarc::driver::sys as dsys;
 use tandem_engine::backend::{ForwardBatch, Logits, ModelBackend};
 use tandem_engine::config::ModelConfig;
 
-use crate::device::{ptr, Gpu};
+use crate::device::{ptr, time_ms, Gpu};
 use crate::{CudaBackend, CudaBackendOptions, CudaError, Dtype, WeightSource};
-
-/// Milliseconds of GPU time `f` takes, median of `reps` after `warm` warm-ups (CUDA events).
-pub fn time_ms(
-    g: &Gpu,
-    warm: usize,
-    reps: usize,
-    mut f: impl FnMut() -> Result<(), CudaError>,
-) -> Result<f64, CudaError> {
-    for _ in 0..warm {
-        f()?;
-    }
-    g.sync()?;
-    let e0 =
-        g.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::from)?;
-    let e1 =
-        g.ctx.new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::from)?;
-    let mut ts = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        e0.record(&g.stream).map_err(CudaError::from)?;
-        f()?;
-        e1.record(&g.stream).map_err(CudaError::from)?;
-        e1.synchronize().map_err(CudaError::from)?;
-        ts.push(e0.elapsed_ms(&e1).map_err(CudaError::from)? as f64);
-    }
-    ts.sort_by(f64::total_cmp);
-    Ok(ts[ts.len() / 2])
-}
 
 /// The limits of this GPU, measured.
 #[derive(Debug, Clone, Copy)]

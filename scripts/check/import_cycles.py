@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Finds import cycles among the files of each crate: an edge a -> b when file a names
-`crate::b...` (in a `use` or a path) or declares `mod b;` is left out (a parent owning a child is
-not a dependency). Prints every cycle (as a strongly connected component) and exits 1 if any.
+`crate::b...` (in a `use` or a path), or an item the crate root re-exports from b. A parent
+declaring `mod b;` is not an edge (a parent owning a child is not a dependency), nor is a test
+module's use. Prints every cycle (as a strongly connected component) and exits 1 if any.
 
     python3 scripts/check/import_cycles.py [CRATE_DIR ...]   (default: every workspace crate)
 """
@@ -34,19 +35,50 @@ def strip_comments(text):
     return "\n".join(line.split("//")[0] for line in text.splitlines())
 
 
-def deps(path, mods, me):
+def root_reexports(mods):
+    """Items the crate root re-exports (`pub use module::{A, B as C};`), mapped to their module."""
+    root = mods.get("")
+    out = {}
+    if not root:
+        return out
+    text = strip_comments(open(root).read())
+    for m in re.finditer(r"pub use ((?:\w+::)+)(\{[^}]*\}|\w+(?:\s+as\s+\w+)?)\s*;", text):
+        path = m.group(1).rstrip(":").split("::")
+        module = next(("::".join(path[:n]) for n in range(len(path), 0, -1) if "::".join(path[:n]) in mods), None)
+        if module is None:
+            continue
+        for item in m.group(2).strip("{}").split(","):
+            name = item.strip().split(" as ")[-1].strip()
+            if name:
+                out[name] = module
+    return out
+
+
+def resolve(path, mods, roots):
+    """The module of this crate that `crate::<path>` depends on, if any."""
+    parts = path.split("::")
+    for n in range(len(parts), 0, -1):
+        cand = "::".join(parts[:n])
+        if cand in mods:
+            return cand
+    return roots.get(parts[0])
+
+
+def deps(path, mods, me, roots):
     text = strip_comments(open(path).read())
     # Test modules may reach anywhere in their crate.
     text = re.split(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{", text)[0]
     found = set()
     for m in re.finditer(r"crate::((?:\w+::)*\w+)", text):
-        parts = m.group(1).split("::")
-        # The longest prefix that is a module of this crate.
-        for n in range(len(parts), 0, -1):
-            cand = "::".join(parts[:n])
-            if cand in mods:
-                found.add(cand)
-                break
+        dep = resolve(m.group(1), mods, roots)
+        if dep is not None:
+            found.add(dep)
+    # `use crate::{a::X, B};`
+    for m in re.finditer(r"crate::\{([^}]*)\}", text):
+        for item in m.group(1).split(","):
+            dep = resolve(item.strip().split(" as ")[0].strip(), mods, roots) if item.strip() else None
+            if dep is not None:
+                found.add(dep)
     # `use super::x` from a child file.
     parent = me.rsplit("::", 1)[0] if "::" in me else ""
     for m in re.finditer(r"\bsuper::(\w+)", text):
@@ -97,7 +129,8 @@ def main():
         if not os.path.isdir(src):
             continue
         mods = modules(src)
-        graph = {m: deps(p, mods, m) for m, p in mods.items() if m}
+        roots = root_reexports(mods)
+        graph = {m: deps(p, mods, m, roots) for m, p in mods.items() if m}
         for comp in sccs(graph):
             if len(comp) > 1:
                 bad += 1
