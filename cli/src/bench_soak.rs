@@ -184,7 +184,7 @@ async fn client(
         let words = shape.words.0 + (rng >> 33) as usize % (shape.words.1 - shape.words.0 + 1);
         let max_tokens =
             shape.tokens.0 + (rng >> 20) as usize % (shape.tokens.1 - shape.tokens.0 + 1);
-        let (path, body) = if rng % 3 == 0 {
+        let (path, body) = if rng.is_multiple_of(3) {
             (
                 "/v1/chat/completions",
                 json!({ "model": model, "messages": [{ "role": "user", "content": prompt(&mut rng, words) }], "max_tokens": max_tokens, "stream": true, "ignore_eos": true }),

@@ -486,8 +486,7 @@ mod tests {
             return; // a GPU machine: scripts/gpu/run.sh covers the CUDA path there
         }
         let w = Wrap::parse_from(["x", "--device", "cuda"]);
-        let e =
-            w.e.load_model(std::path::Path::new("/nonexistent.gguf")).err().expect("no GPU here");
+        let e = w.e.load_model(std::path::Path::new("/nonexistent.gguf")).expect_err("no GPU here");
         assert!(e.to_string().contains("CUDA is not available"), "{e}");
     }
 }

@@ -9,6 +9,7 @@
 //!   ignore EOS) and one `[DONE]` when streamed;
 //! - `/health` tells the truth about the failed component, and service resumes when it is back;
 //! - the surviving workers' free KV blocks return to their baselines.
+//!
 //! Times to error and to recovery are printed (the closing figures come from this test), not
 //! asserted.
 
@@ -52,7 +53,7 @@ struct Record {
 }
 
 fn one_request(addr: &str, i: u64) -> Outcome {
-    let stream = i % 2 == 0;
+    let stream = i.is_multiple_of(2);
     let prompt = format!("Request {i}: {}", long_prompt());
     let mut body = json!({ "model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "ignore_eos": true, "temperature": 0, "stream": stream });
     if stream {
@@ -250,7 +251,7 @@ fn prefill_worker_killed_under_load() {
     let r = router(&[&d], &[&p1, &p2]);
     let d0 = free_blocks(&d);
     let p10 = free_blocks(&p1);
-    let load = Load::start(&[r.addr.clone()], 4);
+    let load = Load::start(std::slice::from_ref(&r.addr), 4);
     std::thread::sleep(Duration::from_secs(4));
     let fault = Instant::now();
     let p2_addr = p2.addr.clone();
@@ -283,7 +284,7 @@ fn decode_worker_killed_under_load() {
     let p = prefill(&[], &[]);
     let r = router(&[&d1, &d2], &[&p]);
     let (d20, p0) = (free_blocks(&d2), free_blocks(&p));
-    let load = Load::start(&[r.addr.clone()], 4);
+    let load = Load::start(std::slice::from_ref(&r.addr), 4);
     std::thread::sleep(Duration::from_secs(4));
     let fault = Instant::now();
     let d1_addr = d1.addr.clone();
@@ -401,7 +402,7 @@ fn stopped_workers_are_detected_and_recover_under_load() {
     let p = prefill(&[], &[]);
     let r = router(&[&d1, &d2], &[&p]);
     let (d10, d20, p0) = (free_blocks(&d1), free_blocks(&d2), free_blocks(&p));
-    let load = Load::start(&[r.addr.clone()], 4);
+    let load = Load::start(std::slice::from_ref(&r.addr), 4);
     std::thread::sleep(Duration::from_secs(4));
 
     // A decode worker freezes: its streams are cut by the HTTP/2 keep-alive, its status checks

@@ -22,7 +22,8 @@ fn inputs(dir: &Path) -> Vec<(String, Vec<u8>)> {
 #[test]
 fn corpora_and_regressions_replay_without_panics() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-    let targets: [(&str, fn(&[u8])); 4] = [
+    type Target = (&'static str, fn(&[u8]));
+    let targets: [Target; 4] = [
         ("gguf", harness::gguf),
         ("openai_request", harness::openai_request),
         ("kv_page", harness::kv_page),

@@ -17,6 +17,9 @@ use serde_json::{json, Value};
 use tandem_operator::crd::InferenceService;
 use tandem_operator::workloads::{self, Kind, DECODE_PORT, KV_PORT, PREFILL_PORT, ROUTER_PORT};
 
+/// A pod's container arguments and environment.
+type PodCommand = (Vec<String>, Vec<(String, String)>);
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -33,7 +36,7 @@ fn pods(
     isvc: &InferenceService,
     ports: &BTreeMap<i32, u16>,
     secrets: &Secrets,
-) -> BTreeMap<String, (Vec<String>, Vec<(String, String)>)> {
+) -> BTreeMap<String, PodCommand> {
     let objs = workloads::desired(isvc, false);
     let config = &objs.iter().find(|d| d.kind == Kind::ConfigMap).unwrap().object["data"];
     let config_env: Vec<(String, String)> = config
@@ -93,7 +96,7 @@ fn authed(addr: &str, path: &str, body: &str) -> HttpResponse {
     http_key(addr, "POST", path, Some(body), Some(KEY))
 }
 
-fn start(role: &str, pods: &BTreeMap<String, (Vec<String>, Vec<(String, String)>)>) -> Proc {
+fn start(role: &str, pods: &BTreeMap<String, PodCommand>) -> Proc {
     let (args, env) = &pods[role];
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     Proc::start(role, args, &env)

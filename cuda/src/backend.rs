@@ -153,7 +153,7 @@ impl CudaBackend {
         w: DeviceWeights,
         opts: CudaBackendOptions,
     ) -> Result<CudaBackend, CudaError> {
-        if cfg.head_dim > ATT_MAX_HEAD_DIM || cfg.head_dim % 8 != 0 {
+        if cfg.head_dim > ATT_MAX_HEAD_DIM || !cfg.head_dim.is_multiple_of(8) {
             return Err(CudaError::Unsupported(format!(
                 "head_dim {} (the attention kernel takes multiples of 8 up to {ATT_MAX_HEAD_DIM})",
                 cfg.head_dim
@@ -300,7 +300,7 @@ impl CudaBackend {
     /// The tensor-core attention kernel for this model, when the device, head width and block
     /// size allow it and it is not switched off.
     fn mma_kernel(&self) -> Option<&cudarc::driver::CudaFunction> {
-        if !self.use_mma || self.gpu.sm < 80 || self.block_size % 16 != 0 {
+        if !self.use_mma || self.gpu.sm < 80 || !self.block_size.is_multiple_of(16) {
             return None;
         }
         match self.cfg.head_dim {

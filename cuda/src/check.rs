@@ -36,7 +36,7 @@ impl Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
     /// The next value in [-1, 1).
-    pub fn next(&mut self) -> f32 {
+    pub fn next_f32(&mut self) -> f32 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -45,7 +45,7 @@ impl Rng {
     }
     /// `n` values scaled by `s`.
     pub fn vec(&mut self, n: usize, s: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * s).collect()
+        (0..n).map(|_| self.next_f32() * s).collect()
     }
 }
 

@@ -617,7 +617,7 @@ mod tests {
             let mut next = 0;
             for &(first, size) in &plan {
                 assert_eq!(first, next, "n = {n}");
-                assert!(size >= 1 && size <= 32);
+                assert!((1..=32).contains(&size));
                 next += size;
             }
             assert_eq!(next, n);

@@ -231,8 +231,8 @@ mod tests {
         for t in p.tiles.chunks_exact(TILE_INTS) {
             let (row0, n, pos0) = (t[0] as usize, t[1] as usize, t[2] as usize);
             assert!(n * group <= ATT_MAX_ROWS && n > 0);
-            for r in row0..row0 + n {
-                covered[r] += 1;
+            for (r, c) in covered.iter_mut().enumerate().skip(row0).take(n) {
+                *c += 1;
                 assert_eq!(
                     b.positions[r] as usize,
                     pos0 + (r - row0),

@@ -31,6 +31,9 @@ impl BlockTable {
     }
 }
 
+/// Block pairs to copy, `(from, to)` (device to host, host to device, or copy-on-write).
+pub type BlockCopies = Vec<(u32, u32)>;
+
 /// Not enough free blocks for the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("out of KV blocks: need {needed}, {free} free")]
@@ -402,9 +405,8 @@ impl BlockManager {
         }
         let upto = hashes.len().min(table.len());
         let mut stored = Vec::new();
-        for i in table.num_hashed..upto {
-            let b = table.blocks[i];
-            let h = hashes[i];
+        let from = table.num_hashed.min(upto);
+        for (&b, &h) in table.blocks[from..upto].iter().zip(&hashes[from..upto]) {
             if self.hash[b as usize].is_none()
                 && !self.cached.contains_key(&h)
                 && self.ref_count[b as usize] == 1
@@ -452,7 +454,7 @@ impl BlockManager {
     pub fn swap_out(
         &mut self,
         table: &mut BlockTable,
-    ) -> Result<(Vec<u32>, Vec<(u32, u32)>), NoFreeBlocks> {
+    ) -> Result<(Vec<u32>, BlockCopies), NoFreeBlocks> {
         if self.host_free.len() < table.len() {
             return Err(NoFreeBlocks { needed: table.len(), free: self.host_free.len() });
         }
@@ -493,7 +495,7 @@ impl BlockManager {
 
     /// Releases host blocks (a swapped sequence that was aborted).
     pub fn free_host(&mut self, host: &mut Vec<u32>) {
-        self.host_free.extend(host.drain(..));
+        self.host_free.append(host);
     }
 
     /// Checks every invariant against the complete list of holders; returns a description of the

@@ -88,16 +88,18 @@ impl ModelConfig {
         {
             return bad(format!("zero-sized model dimension in {self:?}"));
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(
                 "{} query heads not divisible by {} KV heads",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} must be even and positive", self.head_dim));
         }
-        if !(self.rms_norm_eps > 0.0) || !(self.rope_theta > 0.0) {
+        // NaN is not positive either.
+        let positive = |x: f32| x > 0.0;
+        if !positive(self.rms_norm_eps) || !positive(self.rope_theta) {
             return bad(format!(
                 "invalid rms_norm_eps {} or rope_theta {}",
                 self.rms_norm_eps, self.rope_theta
@@ -144,11 +146,8 @@ impl ModelConfig {
             num_layers: req("block_count")?,
             num_heads,
             num_kv_heads: opt_u("attention.head_count_kv").unwrap_or(num_heads),
-            head_dim: opt_u("attention.key_length").unwrap_or(if num_heads > 0 {
-                hidden_size / num_heads
-            } else {
-                0
-            }),
+            head_dim: opt_u("attention.key_length")
+                .unwrap_or(hidden_size.checked_div(num_heads).unwrap_or(0)),
             intermediate_size: req("feed_forward_length")?,
             vocab_size,
             max_position_embeddings: opt_u("context_length").unwrap_or(2048),
@@ -197,11 +196,9 @@ impl ModelConfig {
             num_layers: c.num_hidden_layers,
             num_heads: c.num_attention_heads,
             num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
-            head_dim: c.head_dim.unwrap_or(if c.num_attention_heads > 0 {
-                c.hidden_size / c.num_attention_heads
-            } else {
-                0
-            }),
+            head_dim: c
+                .head_dim
+                .unwrap_or(c.hidden_size.checked_div(c.num_attention_heads).unwrap_or(0)),
             intermediate_size: c.intermediate_size,
             vocab_size: c.vocab_size,
             max_position_embeddings: c.max_position_embeddings.unwrap_or(2048),

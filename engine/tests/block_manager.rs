@@ -36,8 +36,11 @@ fn run(seed: u64, prefix_caching: bool) {
                 let mut table = BlockTable::default();
                 let full = hashes(&tokens);
                 // Keep at least one token to compute, as the scheduler does.
-                let usable =
-                    if tokens.len() % BS == 0 { full.len().saturating_sub(1) } else { full.len() };
+                let usable = if tokens.len().is_multiple_of(BS) {
+                    full.len().saturating_sub(1)
+                } else {
+                    full.len()
+                };
                 let cached = m.lookup_prefix(&full[..usable], true);
                 if m.can_allocate(&table, &cached, tokens.len()) {
                     m.allocate(&mut table, &cached, tokens.len()).unwrap();

@@ -280,8 +280,8 @@ fn abort_from_every_state_frees_everything() {
     };
     let mut e = engine_with(4096, 0, cfg);
     let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(50) };
-    for i in 0..4 {
-        e.add_request(&format!("a{i}"), Prompt::Text(PROMPTS[i].into()), p.clone(), None).unwrap();
+    for (i, prompt) in PROMPTS.iter().take(4).enumerate() {
+        e.add_request(&format!("a{i}"), Prompt::Text(prompt.to_string()), p.clone(), None).unwrap();
     }
     e.step().unwrap();
     e.step().unwrap();

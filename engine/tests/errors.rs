@@ -47,7 +47,7 @@ fn tiny_gguf(name: &str, edit: impl FnOnce(&mut GgufWriter)) -> PathBuf {
         &[3, 3]
             .iter()
             .copied()
-            .chain(std::iter::repeat(1).take(VOCAB as usize - 2))
+            .chain(std::iter::repeat_n(1, VOCAB as usize - 2))
             .collect::<Vec<_>>(),
     );
     w.str_array("tokenizer.ggml.merges", &["a a"]);

@@ -136,8 +136,9 @@ fn decode_side_prefix_hits_need_only_the_suffix_pages() {
         .unwrap()
         .unwrap();
     assert!(rp.num_cached_tokens >= 48, "cached {}", rp.num_cached_tokens);
-    for i in rp.num_cached_tokens / 16..pages.len() {
-        dec.write_kv_block(rp.block_table[i], &pages[i]).unwrap();
+    let skip = rp.num_cached_tokens / 16;
+    for (&block, page) in rp.block_table.iter().zip(&pages).skip(skip) {
+        dec.write_kv_block(block, page).unwrap();
     }
     dec.finish_remote_prefill("r", first).unwrap();
     assert_eq!(collect(&mut dec, "r").token_ids, colocated(&prompt).token_ids);

@@ -63,7 +63,7 @@ fn decode_after_transfer_equals_local_decode() {
     let mut decoder = model();
     let prompt = prefill.tokenizer.encode("The history of the Roman Empire spans many centuries, from the founding of the city of Rome to the fall of Constantinople", false).unwrap();
     assert!(
-        prompt.len() > 16 && prompt.len() % 16 != 0,
+        prompt.len() > 16 && !prompt.len().is_multiple_of(16),
         "prompt of {} tokens: want full and partial blocks",
         prompt.len()
     );
@@ -84,8 +84,8 @@ fn decode_after_transfer_equals_local_decode() {
         let table = dst_table.clone();
         let rx = scope.spawn(move || receiver.serve_one(&mut BackendSink { backend, table }));
         let mut tx = TcpSender::connect(addr, &layout(&prefill), TIMEOUT).unwrap();
-        for i in 0..pages {
-            let payload = prefill.backend.read_block(src_table[i]).unwrap();
+        for (i, &block) in src_table.iter().enumerate().take(pages) {
+            let payload = prefill.backend.read_block(block).unwrap();
             tx.send(&KvPage { transfer_id: 42, index: i as u32, block_hash: i as u64, payload })
                 .unwrap();
         }

@@ -13,6 +13,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Desired state of one served model: a router, optional prefill workers and decode workers.
+// `printcolumn` is meant to repeat (one per column).
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "tandem.dev",

@@ -169,7 +169,7 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
             tick.tick().await;
             n += 1;
             // DNS entries (a headless Service) are looked up every 5 s.
-            if checker.pool.dynamic() && n % 5 == 0 {
+            if checker.pool.dynamic() && n.is_multiple_of(5) {
                 for w in checker.pool.refresh().await {
                     checker.routing.forget(&w);
                 }

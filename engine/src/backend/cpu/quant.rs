@@ -86,7 +86,7 @@ impl QMatrix {
     /// Repacks GGUF blocks (`n` rows of `k` elements of type `ty`). Exact: the dequantised
     /// values are the file's.
     pub fn from_gguf(ty: GgmlType, data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
-        if !Self::supports(ty) || k % QK != 0 || data.len() != ty.bytes_for(n * k) {
+        if !Self::supports(ty) || !k.is_multiple_of(QK) || data.len() != ty.bytes_for(n * k) {
             return None;
         }
         let format = if ty == GgmlType::Q8_0 { QFormat::Q8_0 } else { QFormat::Q4_1 };
@@ -170,7 +170,7 @@ impl QMatrix {
     /// Dequantised row `r` (for embedding lookups and tests).
     pub fn row_f32(&self, r: usize, out: &mut [f32]) {
         let pb = self.format.pair_bytes();
-        for e in 0..self.k {
+        for (e, o) in out[..self.k].iter_mut().enumerate() {
             let (blk, j) = (e / QK, e % QK);
             let (p, b) = (blk / 2, blk % 2);
             let base = (r * self.npairs + p) * pb;
@@ -181,7 +181,7 @@ impl QMatrix {
                 }
                 QFormat::Q8_0 => self.qs[base + q8_pos(b, j)] as f32,
             };
-            out[e] = q * self.scale(r, p, b) + self.min(r, p, b);
+            *o = q * self.scale(r, p, b) + self.min(r, p, b);
         }
     }
 
@@ -434,13 +434,13 @@ pub mod scalar {
                         }
                     }
                 }
-                for b in 0..2 {
-                    isum[b] = if level == 0 { part[b] << 8 } else { isum[b] + part[b] };
+                for (s, &q) in isum.iter_mut().zip(&part) {
+                    *s = if level == 0 { q << 8 } else { *s + q };
                 }
             }
-            for b in 0..2 {
+            for (b, &s) in isum.iter().enumerate() {
                 let ai = (t * a.npairs + p) * 2 + b;
-                acc += w.scale(r, p, b) * a.d[ai] * isum[b] as f32 + w.min(r, p, b) * a.s[ai];
+                acc += w.scale(r, p, b) * a.d[ai] * s as f32 + w.min(r, p, b) * a.s[ai];
             }
         }
         acc

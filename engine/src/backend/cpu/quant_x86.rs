@@ -128,6 +128,8 @@ unsafe fn load_w512(w: &QMatrix, row_base: *const u8, p: usize) -> __m512i {
 
 /// RT rows × T tokens. The minimum terms ride along in the same accumulators: a pair's
 /// `(m₀·s₀, m₁·s₁)` pattern over 16 lanes sums to eight times the pair's value, hence `s/8`.
+// Rows and tokens index several register arrays at once.
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile_avx512<const RT: usize, const T: usize>(
