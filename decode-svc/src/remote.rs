@@ -55,7 +55,7 @@ async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: Remote
         Some(links) => match links.get(&req.prefill_worker, &svc.clients, &svc.transfers).await {
             Ok(l) => l,
             Err(e) => {
-                settle(&svc, &rid, transfer_id, Err(("connect", e)), started, None);
+                settle(&svc, &rid, transfer_id, Err(Failure::Connect(e)), started, None);
                 return;
             }
         },
@@ -88,7 +88,7 @@ async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: Remote
         kv_link: link.as_ref().map_or(0, |l| l.id),
     };
     let outcome: Outcome = async {
-        let mut client = svc.clients.get(&req.prefill_worker, stall).map_err(|e| ("connect", e))?;
+        let mut client = svc.clients.get(&req.prefill_worker, stall).map_err(Failure::Connect)?;
         let mut call = tonic::Request::new(pre);
         call.set_timeout(svc.cfg.prefill_timeout);
         let resp = tokio::select! {
@@ -98,18 +98,18 @@ async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: Remote
                 if let (Some(l), false) = (&link, s.code() == tonic::Code::InvalidArgument) {
                     l.close();
                 }
-                ("rpc", format!("prefill worker {}: {}", req.prefill_worker, s.message()))
+                Failure::Rpc(format!("prefill worker {}: {}", req.prefill_worker, s.message()))
             }),
-            msg = &mut failed_rx => Err(("receive", msg.unwrap_or_else(|_| "transfer cancelled".into()))),
-            _ = tx.closed() => Err(("cancelled", "client went away".into())),
+            msg = &mut failed_rx => Err(Failure::Receive(msg.unwrap_or_else(|_| "transfer cancelled".into()))),
+            _ = tx.closed() => Err(Failure::Cancelled),
         }?;
         if let Some(arrived) = arrived {
             // The prefill worker's pages have left; they land here within the transfer timeout.
             tokio::select! {
-                r = arrived => r.map_err(|_| ("receive", "the device link closed".to_string()))?,
-                msg = &mut failed_rx => return Err(("receive", msg.unwrap_or_else(|_| "transfer cancelled".into()))),
-                _ = tokio::time::sleep(stall) => return Err(("receive", format!("pages did not land within {stall:?} of being sent"))),
-                _ = tx.closed() => return Err(("cancelled", "client went away".into())),
+                r = arrived => r.map_err(|_| Failure::Receive("the device link closed".into()))?,
+                msg = &mut failed_rx => return Err(Failure::Receive(msg.unwrap_or_else(|_| "transfer cancelled".into()))),
+                _ = tokio::time::sleep(stall) => return Err(Failure::Receive(format!("pages did not land within {stall:?} of being sent"))),
+                _ = tx.closed() => return Err(Failure::Cancelled),
             }
         }
         Ok(resp)
@@ -125,7 +125,41 @@ async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: Remote
     settle(&svc, &rid, transfer_id, outcome, started, link.map(|l| l.id));
 }
 
-type Outcome = Result<pb::PrefillResponse, (&'static str, String)>;
+/// Why a remote prefill did not deliver its pages and first token.
+#[derive(Debug)]
+enum Failure {
+    /// No channel to the prefill worker.
+    Connect(String),
+    /// The Prefill call failed.
+    Rpc(String),
+    /// The pages did not arrive (the receiver failed, the link closed, or they were late).
+    Receive(String),
+    /// The client went away: not a failure of the transfer.
+    Cancelled,
+}
+
+impl Failure {
+    /// The `reason` label of `tandem_kv_transfer_failures_total`.
+    fn reason(&self) -> &'static str {
+        match self {
+            Failure::Connect(_) => "connect",
+            Failure::Rpc(_) => "rpc",
+            Failure::Receive(_) => "receive",
+            Failure::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Connect(m) | Failure::Rpc(m) | Failure::Receive(m) => f.write_str(m),
+            Failure::Cancelled => f.write_str("the client went away"),
+        }
+    }
+}
+
+type Outcome = Result<pb::PrefillResponse, Failure>;
 
 /// Hands the request back to the engine after its remote prefill: continuing from the first
 /// token, or recomputing / failing it by the configured policy.
@@ -159,12 +193,14 @@ fn settle(
                 }
             });
         }
-        Err(("cancelled", _)) => {
+        Err(Failure::Cancelled) => {
             svc.engine.submit(move |_| transfers.remove(transfer_id));
         }
-        Err((reason, msg)) => {
+        Err(failure) => {
+            let reason = failure.reason();
             count_transfer_failure(reason);
             let recompute = policy == FailurePolicy::Recompute;
+            let msg = failure.to_string();
             tracing::warn!(request_id = %rid, reason, error = %msg, recompute, link, "remote prefill failed");
             svc.engine.submit(move |s| {
                 transfers.remove(transfer_id);

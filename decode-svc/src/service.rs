@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 
 use tandem_engine::{Prompt, RequestOptions, RequestOutput};
 use tandem_proto::v1 as pb;
-use tandem_worker::convert::{delta_to_proto, params_from_proto};
+use tandem_worker::convert::{delta_to_proto, engine_status, params_from_proto};
 use tandem_worker::metrics::count_disagg_decision;
 use tandem_worker::EngineEvent;
 use tokio::sync::mpsc;
@@ -61,8 +61,33 @@ fn response(out: &RequestOutput, prefill: &str) -> pb::GenerateResponse {
 
 /// How the prompt of a request gets its KV.
 pub(crate) enum Placement {
-    Local(&'static str),
+    Local(LocalReason),
     Remote(tandem_engine::remote_prefill::RemotePrefill),
+}
+
+/// Why a prompt is prefilled on this worker (the `decision` label of
+/// `tandem_disagg_decisions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LocalReason {
+    /// The router named no prefill worker.
+    NoWorker,
+    /// `n > 1`: the completions fork from a prompt computed here.
+    ManyCompletions,
+    /// The uncached suffix is shorter than `--disagg-min-tokens`.
+    Short,
+    /// No free blocks to receive the pages into.
+    NoBlocks,
+}
+
+impl LocalReason {
+    fn label(self) -> &'static str {
+        match self {
+            LocalReason::NoWorker => "local_no_worker",
+            LocalReason::ManyCompletions => "local_n",
+            LocalReason::Short => "local_short",
+            LocalReason::NoBlocks => "local_no_blocks",
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -85,12 +110,13 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
         async move {
             let (tx, rx) = mpsc::unbounded_channel();
             let want_remote = !r.prefill_worker.is_empty();
-            let local_reason = if !want_remote {
-                "local_no_worker"
+            // Where the prompt must be prefilled here whatever the blocks say (None: try remote).
+            let forced_local = if !want_remote {
+                Some(LocalReason::NoWorker)
             } else if params.n > 1 {
-                "local_n"
+                Some(LocalReason::ManyCompletions)
             } else {
-                ""
+                None
             };
             let min_remote = self.cfg.min_remote_prefill_tokens;
             let id = r.request_id.clone();
@@ -113,24 +139,23 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
             let placement = self
                 .engine
                 .call(move |s| {
-                    let prefill_label = if local_reason.is_empty() { "remote" } else { "local" };
-                    let mut sink_label = prefill_label;
-                    let placement = if local_reason.is_empty() {
+                    let mut sink_label = if forced_local.is_none() { "remote" } else { "local" };
+                    let placement = if let Some(reason) = forced_local {
+                        s.engine.add_request_with(&id, prompt, params, opts)?;
+                        Placement::Local(reason)
+                    } else {
                         match s.engine.add_remote_prefill(&id, prompt, params, opts)? {
                             Some(rp) if rp.prompt_token_ids.len() - rp.num_cached_tokens >= min_remote.max(1) => Placement::Remote(rp),
                             Some(_) => {
                                 s.engine.fail_remote_prefill(&id, true);
                                 sink_label = "local";
-                                Placement::Local("local_short")
+                                Placement::Local(LocalReason::Short)
                             }
                             None => {
                                 sink_label = "local";
-                                Placement::Local("local_no_blocks")
+                                Placement::Local(LocalReason::NoBlocks)
                             }
                         }
-                    } else {
-                        s.engine.add_request_with(&id, prompt, params, opts)?;
-                        Placement::Local(local_reason)
                     };
                     s.subscribe(
                         &id,
@@ -150,17 +175,15 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
                     // Not added (or the id belongs to another live request): nothing to abort.
                     stream.on_drop = None;
                     return Err(match other {
-                        Some(Err(tandem_engine::EngineError::InvalidRequest(m))) => Status::invalid_argument(m),
-                        Some(Err(e @ tandem_engine::EngineError::DuplicateRequestId(_))) => Status::already_exists(e.to_string()),
-                        Some(Err(e)) => Status::internal(e.to_string()),
+                        Some(Err(e)) => engine_status(&e),
                         _ => Status::unavailable("the engine has stopped"),
                     });
                 }
             };
             match placement {
                 Placement::Local(reason) => {
-                    count_disagg_decision(reason);
-                    tracing::debug!(decision = reason, "prefilling locally");
+                    count_disagg_decision(reason.label());
+                    tracing::debug!(decision = reason.label(), "prefilling locally");
                 }
                 Placement::Remote(rp) => {
                     count_disagg_decision("remote");

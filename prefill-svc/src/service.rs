@@ -11,7 +11,7 @@ use tandem_kv_transfer::device::SendOptions;
 use tandem_kv_transfer::tcp::TcpSender;
 use tandem_kv_transfer::{KvLayout, KvPage, TransferError};
 use tandem_proto::v1 as pb;
-use tandem_worker::convert::{params_from_proto, sampled_to_proto};
+use tandem_worker::convert::{engine_status, params_from_proto, sampled_to_proto};
 use tandem_worker::metrics::{count_transfer_failure, observe_transfer};
 use tandem_worker::{EngineEvent, EngineHandle};
 use tonic::{Request, Response, Status};
@@ -377,7 +377,7 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
                 })
                 .await
                 .ok_or_else(|| Status::unavailable("the engine has stopped"))?
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                .map_err(|e| engine_status(&e))?;
             let mut early = Streamed { next: r.skip_blocks as usize, ..Default::default() };
             let out = if r.kv_link != 0 && self.links.is_some() {
                 self.stream_while_prefilling(&rid, &r, &mut early, rx).await?

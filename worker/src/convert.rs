@@ -97,9 +97,45 @@ pub fn delta_to_proto(c: &CompletionOutput) -> pb::CompletionDelta {
     }
 }
 
+/// The gRPC status of an engine error, the same in every service: the request's own fault
+/// (invalid, or its text cannot be tokenized) is `INVALID_ARGUMENT`, a reused id
+/// `ALREADY_EXISTS`, a backend failure `INTERNAL`.
+pub fn engine_status(e: &tandem_engine::EngineError) -> tonic::Status {
+    use tandem_engine::EngineError as E;
+    match e {
+        E::InvalidRequest(m) => tonic::Status::invalid_argument(m.clone()),
+        E::Tokenize(t) => tonic::Status::invalid_argument(t.to_string()),
+        E::DuplicateRequestId(_) => tonic::Status::already_exists(e.to_string()),
+        E::Backend(_) => tonic::Status::internal(e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_errors_map_to_one_status_each() {
+        use tandem_engine::backend::BackendError;
+        use tandem_engine::tokenizer::TokenizeError;
+        use tandem_engine::EngineError as E;
+        use tonic::Code;
+        let cases = [
+            (E::InvalidRequest("n is 5".into()), Code::InvalidArgument),
+            (E::Tokenize(TokenizeError("bad text".into())), Code::InvalidArgument),
+            (E::DuplicateRequestId("r1".into()), Code::AlreadyExists),
+            (E::Backend(BackendError::Device("out of memory".into())), Code::Internal),
+        ];
+        for (e, code) in cases {
+            let s = engine_status(&e);
+            assert_eq!(s.code(), code, "{e}");
+            assert!(
+                s.message().contains(&e.to_string()) || e.to_string().contains(s.message()),
+                "{e}: {}",
+                s.message()
+            );
+        }
+    }
 
     #[test]
     fn params_round_trip() {
