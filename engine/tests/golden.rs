@@ -19,9 +19,11 @@ use tandem_engine::{
 const LOGPROB_TOL: f32 = 0.02;
 const TEACHER_FORCED_POSITIONS: usize = 16;
 const NEAR_TIE: f32 = 0.05;
-/// The fast path (quantised activations) against the same reference.
-const FAST_LOGPROB_TOL: f32 = 0.3;
-const FAST_NEAR_TIE: f32 = 0.3;
+/// The fast path (quantised activations) against the same reference: measured worst 0.0029
+/// (scalar) to 0.0035 (AVX-512) on an AMD EPYC Zen 5, 2026-11-24; the docs promise 0.003-ish,
+/// the tolerance leaves a sixfold margin for other CPUs' summation orders.
+const FAST_LOGPROB_TOL: f32 = 0.02;
+const FAST_NEAR_TIE: f32 = 0.05;
 
 #[derive(Deserialize)]
 struct Golden {

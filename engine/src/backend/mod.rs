@@ -1,4 +1,5 @@
-//! The backend seam: what the engine asks of a device (CPU today, CUDA next).
+//! The backend seam: what the engine asks of a device (the CPU backend here, the CUDA one in
+//! the `tandem-cuda` crate).
 //!
 //! A backend owns the model weights and the paged KV cache and runs one forward pass over a
 //! flattened batch of tokens from many sequences ([`ForwardBatch`]), returning logits for the
