@@ -210,7 +210,6 @@ impl BlockManager {
         self.num_free -= 1;
     }
 
-    /// Takes a fresh block from the front of the free queue, evicting its cached hash.
     /// Secure mode (seed 000's `SECURE_MODE`): a block whose last reference goes is dropped from
     /// the prefix cache and listed for zeroing ([`BlockManager::take_blocks_to_zero`]), so no
     /// request's KV outlives it. Prefix sharing then only happens between live requests.

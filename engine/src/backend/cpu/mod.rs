@@ -1,8 +1,10 @@
 //! The CPU backend: a Llama/Qwen3 decoder over a paged KV cache.
 //!
-//! One struct per sub-layer (`Attention`, `Mlp`, `DecoderLayer`), each built from
-//! [`ModelFiles`] and run over a [`ForwardBatch`]. The linear layers sit behind the
-//! [`linear::Linear`] trait so that quantised kernels can replace the exact f32 ones.
+//! One struct per sub-layer (`Attention`, `Mlp`, `DecoderLayer`) holds its weights, built from
+//! [`ModelFiles`]; `CpuBackend::forward_layers` runs them over a [`ForwardBatch`], the matmuls
+//! and attention on the thread pool ([`pool`]) and the row-wise steps (norms, rope, residuals,
+//! SiLU) spread over it too. The linear layers sit behind the [`linear::Linear`] trait so that
+//! quantised kernels can replace the exact f32 ones.
 
 #[cfg(target_arch = "x86_64")]
 mod attention_x86;
