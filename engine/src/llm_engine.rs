@@ -2,6 +2,8 @@
 //! `has_unfinished_requests`, `get_num_unfinished_requests` — over the Scheduler → BlockManager
 //! → ModelRunner flow of seed 002.
 
+mod speculative;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -172,40 +172,27 @@ fn forked_completions_count_against_max_num_seqs() {
 
 #[test]
 fn one_groups_many_sequences_do_not_starve_a_newcomer() {
-    // One client request of 16 prompts x n=4 (one group) arrives before a single small request;
-    // with room for 8 sequences, the newcomer is admitted as soon as a slot frees, not after
-    // the whole group.
-    let sched = SchedulerConfig { max_num_seqs: 8, ..Default::default() };
-    let mut e = tiny(8192, 0, sched);
-    let wide = SamplingParams { ignore_eos: true, n: 4, ..SamplingParams::greedy(8) };
-    for i in 0..16 {
-        let opts = RequestOptions { group: Some("batch".into()), ..Default::default() };
-        e.add_request_with(&format!("batch-{i}"), prompt(i), wide.clone(), opts).unwrap();
-    }
-    e.add_request(
-        "small",
-        prompt(99),
-        SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) },
-        None,
-    )
-    .unwrap();
-    let order = run_within(&mut e, 8);
-    let pos = order.iter().position(|r| r == "small").unwrap();
-    assert!(pos <= 2, "the small request finished after {pos} of the group's prompts: {order:?}");
-
-    // Without groups (every prompt its own request) the same load is served first come, first
-    // served, so the small request finishes last: the grouping is what makes the difference.
-    let mut e = tiny(8192, 0, sched);
-    for i in 0..16 {
-        e.add_request(&format!("batch-{i}"), prompt(i), wide.clone(), None).unwrap();
-    }
-    e.add_request(
-        "small",
-        prompt(99),
-        SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) },
-        None,
-    )
-    .unwrap();
-    let order = run_within(&mut e, 8);
-    assert!(order.iter().position(|r| r == "small").unwrap() >= 12, "{order:?}");
+    // 16 prompts x n=4 arrive before a single small request, with room for 8 sequences; returns
+    // how many requests finished before the small one.
+    let small_finishes_after = |grouped: bool| {
+        let sched = SchedulerConfig { max_num_seqs: 8, ..Default::default() };
+        let mut e = tiny(8192, 0, sched);
+        let wide = SamplingParams { ignore_eos: true, n: 4, ..SamplingParams::greedy(8) };
+        for i in 0..16 {
+            let group = grouped.then(|| "batch".to_string());
+            let opts = RequestOptions { group, ..Default::default() };
+            e.add_request_with(&format!("batch-{i}"), prompt(i), wide.clone(), opts).unwrap();
+        }
+        let small = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) };
+        e.add_request("small", prompt(99), small, None).unwrap();
+        let order = run_within(&mut e, 8);
+        order.iter().position(|r| r == "small").unwrap()
+    };
+    // One client request (one group): the newcomer is admitted as soon as a slot frees.
+    let pos = small_finishes_after(true);
+    assert!(pos <= 2, "the small request finished after {pos} of the group's prompts");
+    // Every prompt its own request: first come, first served, so the small request finishes
+    // (nearly) last; the grouping is what makes the difference.
+    let pos = small_finishes_after(false);
+    assert!(pos >= 12, "the small request finished after only {pos} prompts");
 }
