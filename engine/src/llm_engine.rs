@@ -2,7 +2,7 @@
 //! `has_unfinished_requests`, `get_num_unfinished_requests` — over the Scheduler → BlockManager
 //! → ModelRunner flow of seed 002.
 
-mod speculative;
+mod spec_decoder;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,10 +15,13 @@ use crate::model_runner::{ModelRunner, RowOutput};
 use crate::request_output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput};
 use crate::sampler::{sample_token, Rng, SampledToken, SamplingContext};
 use crate::sampling_params::SamplingParams;
-use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
+use crate::scheduler::{
+    ForkedSeq, SampledSeq, Scheduler, SchedulerConfig, SchedulerOutput, StepUpdate,
+};
 use crate::sequence::{SeqId, Sequence, SequenceStatus};
 use crate::tokenizer::{TokenizeError, Tokenizer};
 use crate::ModelConfig;
+use spec_decoder::SpecDecoder;
 
 /// A prompt as text or as token ids.
 #[derive(Debug, Clone, PartialEq)]
@@ -141,9 +144,8 @@ pub struct LLMEngine {
     pub(crate) pinned: HashMap<String, crate::block_manager::BlockTable>,
     pub(crate) stats: EngineStats,
     last_schedule: SchedulerOutput,
-    pub(crate) speculative: Option<crate::spec_decode::SpeculativeConfig>,
-    /// Where speculative drafts come from (with `speculative`).
-    pub(crate) proposer: Option<Box<dyn crate::proposer::Proposer>>,
+    /// Speculative decoding, when configured.
+    spec: Option<SpecDecoder>,
 }
 
 pub(crate) fn now_secs() -> f64 {
@@ -186,17 +188,41 @@ impl LLMEngine {
             pinned: HashMap::new(),
             stats: EngineStats::default(),
             last_schedule: SchedulerOutput::default(),
-            speculative: config.speculative,
-            proposer: config.speculative.map(|c| -> Box<dyn crate::proposer::Proposer> {
-                match c.draft_layers {
-                    Some(layers) => Box::new(crate::proposer::SelfDraft { layers }),
-                    None => Box::new(crate::proposer::NgramProposer {
-                        max_n: c.ngram_max,
-                        min_n: c.ngram_min,
-                    }),
-                }
-            }),
+            spec: config.speculative.map(SpecDecoder::new),
         }
+    }
+
+    /// Uses `draft` (a model with the same vocabulary, loaded with a KV pool of at least this
+    /// engine's blocks of the same size) to propose speculative drafts. Its K/V live in the same
+    /// block ids as the target's, so it needs no block manager of its own; a sequence's draft
+    /// K/V are rebuilt whenever its blocks change (preemption).
+    pub fn set_draft_model(&mut self, draft: Model) -> Result<(), EngineError> {
+        let spec = draft.backend.kv_cache_spec();
+        let mine = self.runner.backend.kv_cache_spec();
+        if draft.config.vocab_size != self.model_config.vocab_size {
+            return Err(EngineError::InvalidRequest(format!(
+                "the draft model's vocabulary ({}) differs from the model's ({})",
+                draft.config.vocab_size, self.model_config.vocab_size
+            )));
+        }
+        if spec.block_size != mine.block_size || spec.num_blocks < mine.num_blocks {
+            return Err(EngineError::InvalidRequest(format!(
+                "the draft model's KV pool ({} blocks of {}) must cover the model's ({} blocks of {})",
+                spec.num_blocks, spec.block_size, mine.num_blocks, mine.block_size
+            )));
+        }
+        let Some(decoder) = self.spec.as_mut() else {
+            return Err(EngineError::InvalidRequest(
+                "a draft model needs speculative decoding on (EngineConfig::speculative)".into(),
+            ));
+        };
+        let relative_cost = crate::proposer::macs_per_token(&draft.config)
+            / crate::proposer::macs_per_token(&self.model_config);
+        decoder.set_proposer(Box::new(crate::proposer::DraftModel {
+            backend: draft.backend,
+            relative_cost,
+        }));
+        Ok(())
     }
 
     /// Longest context (prompt + output) a request may reach.
@@ -288,8 +314,9 @@ impl LLMEngine {
         seq.salt = opts.cache_salt.as_deref().map(salt_digest).unwrap_or(0);
         seq.group = salt_digest(opts.group.as_deref().unwrap_or(request_id));
         seq.prefill_only = opts.prefill_only;
-        if self.speculative.is_some() {
-            seq.speculate = !opts.no_speculation && !opts.prefill_only && params.n == 1;
+        if self.spec.is_some() {
+            let may = !opts.no_speculation && !opts.prefill_only && params.n == 1;
+            seq.spec = SpecDecoder::start(may);
         }
         self.scheduler.add(seq);
         self.requests.insert(
@@ -302,28 +329,68 @@ impl LLMEngine {
     /// Aborts a request in any state, freeing everything it holds. Its final output (finish
     /// reason `abort`) comes with the next `step`. Returns whether the request was known.
     pub fn abort_request(&mut self, request_id: &str) -> bool {
-        let Some(req) = self.requests.remove(request_id) else { return false };
-        let mut outputs = Vec::new();
-        let mut metrics = RequestMetrics::default();
-        for id in req.seq_ids {
+        let Some(req) = self.requests.get(request_id) else { return false };
+        let mut ended = Vec::new();
+        for &id in &req.seq_ids {
             if let Some(mut seq) = self.scheduler.remove(id) {
                 if !seq.status.is_finished() {
                     seq.finish(FinishReason::Abort, None);
                 }
-                metrics = seq.metrics;
-                outputs.extend(seq.take_delta());
+                ended.push(seq);
             }
         }
-        metrics.finished_time = Some(now_secs());
-        self.pending.push(RequestOutput {
-            request_id: request_id.to_string(),
-            prompt_token_ids: req.prompt,
-            outputs,
-            finished: true,
-            metrics,
-        });
+        let out = self.request_output(request_id, &mut ended, true);
+        self.pending.extend(out);
         self.wipe_freed();
         true
+    }
+
+    /// The news of request `request_id` since it was last reported: the deltas of its live
+    /// sequences and of `ended` (those of its sequences that just left the scheduler). The
+    /// request is done, and forgotten, once all its completions ended (or with `abort`).
+    /// `None` when nothing changed.
+    pub(crate) fn request_output(
+        &mut self,
+        request_id: &str,
+        ended: &mut [Sequence],
+        abort: bool,
+    ) -> Option<RequestOutput> {
+        let req = self.requests.get_mut(request_id)?;
+        let mut outputs: Vec<CompletionOutput> = Vec::new();
+        let mut metrics = RequestMetrics::default();
+        for id in &req.seq_ids {
+            let seq = match ended.iter_mut().find(|s| s.seq_id == *id) {
+                Some(s) => {
+                    req.finished += 1;
+                    s
+                }
+                None => match self.scheduler.seqs.get_mut(id) {
+                    Some(s) => s,
+                    None => continue,
+                },
+            };
+            metrics = seq.metrics;
+            outputs.extend(seq.take_delta());
+        }
+        let done = abort || (req.finished >= req.n && req.seq_ids.len() >= req.n);
+        if done {
+            metrics.finished_time = Some(now_secs());
+        }
+        let prompt_token_ids = req.prompt.clone();
+        if done {
+            self.requests.remove(request_id);
+        }
+        if outputs.is_empty() && !done {
+            return None;
+        }
+        outputs.sort_by_key(|o| o.index);
+        Some(RequestOutput {
+            request_id: request_id.to_string(),
+            prompt_token_ids,
+            outputs,
+            finished: done,
+            metrics,
+        })
     }
 
     /// Secure mode: zeroes the blocks freed since the last wipe. Every public method that can
@@ -426,160 +493,120 @@ impl LLMEngine {
         self.scheduler.block_manager.check_invariants(&tables, &hosts)
     }
 
-    /// Runs one scheduler iteration and returns the news of every request that changed.
+    /// Runs one scheduler iteration and returns the news of every request that changed:
+    /// schedule (with speculative drafts), execute, sample, update (seed 002's flow).
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
-        let mut results = std::mem::take(&mut self.pending);
-        let now = now_secs();
-        self.propose_drafts();
-        let plan = self.scheduler.schedule(now);
-        self.fit_drafts(&plan);
-        self.run_draft_model(&plan)?;
+        let plan = self.schedule()?;
         self.stats.steps += 1;
-        let logits = self.runner.execute(&plan, &self.scheduler.seqs)?;
-        let mut touched: Vec<String> = Vec::new();
-        for s in &plan.scheduled {
-            let seq = &self.scheduler.seqs[&s.seq_id];
-            if !seq.spec_tokens.is_empty() {
-                continue; // marked once its drafts are verified
-            }
-            if !seq.is_decoding() {
-                self.stats.prefill_tokens_computed += s.num_tokens as u64;
-            }
-            self.scheduler.mark_computed(s.seq_id, s.num_tokens);
-        }
-        let mut finished: Vec<SeqId> = Vec::new();
+        let rows = self.runner.execute(&plan, &self.scheduler.seqs)?;
+        let sampled = self.sample(rows);
+        let update =
+            self.scheduler.update_from_output(&plan, sampled, &self.tokenizer, now_secs())?;
+        let outputs = self.outputs(update);
+        self.wipe_freed();
+        self.last_schedule = plan;
+        Ok(outputs)
+    }
+
+    /// Plans the step: proposes drafts, schedules, then fits (and, from a draft model, fills)
+    /// the drafts of the sequences scheduled.
+    fn schedule(&mut self) -> Result<SchedulerOutput, EngineError> {
+        let Some(spec) = self.spec.as_mut() else {
+            return Ok(self.scheduler.schedule(now_secs()));
+        };
+        spec.propose(&mut self.scheduler, self.model_config.num_layers, self.max_model_len);
+        let plan = self.scheduler.schedule(now_secs());
+        spec.fit(&plan, &mut self.scheduler);
+        let eos = &self.tokenizer.eos_token_ids;
+        spec.draft(&plan, &mut self.scheduler, &mut *self.runner.backend, eos)?;
+        Ok(plan)
+    }
+
+    /// Turns the runner's rows into tokens: samples each logits row (and, for a finished
+    /// prompt with more completions due, their first tokens from the same row, each with its own
+    /// random stream), verifies draft rows, and takes the tokens the device chose as they are.
+    fn sample(&mut self, rows: Vec<(SeqId, RowOutput)>) -> Vec<SampledSeq> {
         let vocab = self.model_config.vocab_size;
-        for (id, row) in logits {
-            match row {
-                RowOutput::Logits(row) if row.len() > vocab => {
-                    self.verify_drafts(id, &row, &mut finished)?
+        let eos = &self.tokenizer.eos_token_ids;
+        let mut out = Vec::with_capacity(rows.len());
+        for (id, row) in rows {
+            let seq = self.scheduler.seqs.get_mut(&id).expect("a row's sequence exists");
+            let row = match row {
+                RowOutput::Sampled(t) => {
+                    out.push(SampledSeq::one(id, SampledToken { chosen: t, top: Vec::new() }));
+                    continue;
                 }
-                row => self.sample_and_append(id, &row, &mut finished)?,
+                RowOutput::Verify(rows) => {
+                    out.push(SpecDecoder::verify(seq, &rows, vocab, eos));
+                    continue;
+                }
+                RowOutput::Logits(row) => row,
+            };
+            // n > 1: the other completions fork off the finished prompt, with streams of their
+            // own drawn from the parent's.
+            let fallback = (seq.pending_forks > 0).then(|| seq.rng.next_u64());
+            let ctx = SamplingContext {
+                prompt: &seq.token_ids[..seq.prompt_len],
+                output: seq.output_ids(),
+                eos_token_ids: eos,
+            };
+            let mut rng = seq.rng.clone();
+            let token = sample_token(&row, &seq.params, &ctx, &mut rng);
+            let mut sampled = SampledSeq::one(id, token);
+            if let Some(fallback) = fallback {
+                for index in 1..=seq.pending_forks {
+                    let mut child_rng = child_rng(seq.params.seed, index, fallback);
+                    let token = sample_token(&row, &seq.params, &ctx, &mut child_rng);
+                    let seq_id = self.next_seq_id;
+                    self.next_seq_id += 1;
+                    sampled.forks.push(ForkedSeq { seq_id, index, rng: child_rng, token });
+                }
+                if let Some(r) = self.requests.get_mut(&seq.request_id) {
+                    r.seq_ids.extend(sampled.forks.iter().map(|f| f.seq_id));
+                }
             }
-            let rid = self.scheduler.seqs[&id].request_id.clone();
-            if !touched.contains(&rid) {
-                touched.push(rid);
+            seq.rng = rng;
+            out.push(sampled);
+        }
+        out
+    }
+
+    /// After the update: counts the step and collects the news of every request it changed
+    /// (pinning the blocks of finished prefill-only requests until their pages ship).
+    fn outputs(&mut self, mut update: StepUpdate) -> Vec<RequestOutput> {
+        self.stats.prefill_tokens_computed += update.prefill_tokens;
+        self.stats.generation_tokens += update.generation_tokens;
+        for &(proposed, accepted) in &update.verified {
+            self.stats.spec_drafts += 1;
+            self.stats.spec_draft_tokens += proposed as u64;
+            self.stats.spec_accepted_tokens += accepted as u64;
+            for i in 0..accepted {
+                self.stats.spec_accepted_per_position[i.min(7)] += 1;
             }
         }
-        let mut finished_seqs: HashMap<SeqId, Sequence> = HashMap::new();
-        for id in finished {
-            let pin = self.scheduler.seqs.get(&id).is_some_and(|s| s.prefill_only);
-            let seq = if pin { self.scheduler.detach(id) } else { self.scheduler.remove(id) };
-            if let Some(mut seq) = seq {
-                if pin {
-                    self.pinned
-                        .insert(seq.request_id.clone(), std::mem::take(&mut seq.block_table));
-                }
-                finished_seqs.insert(id, seq);
+        for seq in &mut update.finished {
+            if seq.prefill_only {
+                self.pinned.insert(seq.request_id.clone(), std::mem::take(&mut seq.block_table));
+            }
+        }
+        let mut results = std::mem::take(&mut self.pending);
+        let mut touched: Vec<String> = Vec::new();
+        for id in &update.updated {
+            let rid = match self.scheduler.seqs.get(id) {
+                Some(s) => &s.request_id,
+                None => match update.finished.iter().find(|s| s.seq_id == *id) {
+                    Some(s) => &s.request_id,
+                    None => continue,
+                },
+            };
+            if !touched.contains(rid) {
+                touched.push(rid.clone());
             }
         }
         for rid in touched {
-            let Some(req) = self.requests.get_mut(&rid) else { continue };
-            let mut outputs: Vec<CompletionOutput> = Vec::new();
-            let mut metrics = RequestMetrics::default();
-            for id in &req.seq_ids {
-                let seq = match finished_seqs.get_mut(id) {
-                    Some(s) => {
-                        req.finished += 1;
-                        s
-                    }
-                    None => match self.scheduler.seqs.get_mut(id) {
-                        Some(s) => s,
-                        None => continue,
-                    },
-                };
-                metrics = seq.metrics;
-                outputs.extend(seq.take_delta());
-            }
-            let done = req.finished >= req.n && req.seq_ids.len() >= req.n;
-            if done {
-                metrics.finished_time = Some(now_secs());
-            }
-            if !outputs.is_empty() || done {
-                outputs.sort_by_key(|o| o.index);
-                results.push(RequestOutput {
-                    request_id: rid.clone(),
-                    prompt_token_ids: req.prompt.clone(),
-                    outputs,
-                    finished: done,
-                    metrics,
-                });
-            }
-            if done {
-                self.requests.remove(&rid);
-            }
+            results.extend(self.request_output(&rid, &mut update.finished, false));
         }
-        self.wipe_freed();
-        self.last_schedule = plan;
-        Ok(results)
-    }
-
-    /// Chooses the next token of `id` (and of the completions forked off it) from its logits,
-    /// or takes the one the device chose, and appends it.
-    fn sample_and_append(
-        &mut self,
-        id: SeqId,
-        row: &RowOutput,
-        finished: &mut Vec<SeqId>,
-    ) -> Result<(), EngineError> {
-        let seq = self.scheduler.seqs.get_mut(&id).expect("sampled sequence exists");
-        if seq.metrics.first_token_time.is_none() {
-            seq.metrics.first_token_time = Some(now_secs());
-        }
-        // n > 1: fork the completions off the finished prompt, sharing its blocks.
-        let mut children = Vec::new();
-        if seq.pending_forks > 0 {
-            let forks = std::mem::take(&mut seq.pending_forks);
-            let fallback = seq.rng.next_u64();
-            for i in 1..=forks {
-                let child_id = self.next_seq_id;
-                self.next_seq_id += 1;
-                let seq = &self.scheduler.seqs[&id];
-                let mut child = seq.fork(child_id, i, child_rng(seq.params.seed, i, fallback));
-                child.block_table = self.scheduler.block_manager.fork(&seq.block_table);
-                child.status = SequenceStatus::Running;
-                children.push(child);
-            }
-        }
-        let mut all: Vec<SeqId> = vec![id];
-        for child in children {
-            let cid = child.seq_id;
-            let rid = child.request_id.clone();
-            self.scheduler.add_running(child);
-            if let Some(r) = self.requests.get_mut(&rid) {
-                r.seq_ids.push(cid);
-            }
-            all.push(cid);
-        }
-        for sid in all {
-            let seq = self.scheduler.seqs.get_mut(&sid).expect("sequence exists");
-            let s = match row {
-                RowOutput::Logits(row) => {
-                    let mut rng = seq.rng.clone();
-                    let ctx = SamplingContext {
-                        prompt: &seq.token_ids[..seq.prompt_len],
-                        output: seq.output_ids(),
-                        eos_token_ids: &self.tokenizer.eos_token_ids,
-                    };
-                    let s = sample_token(row, &seq.params, &ctx, &mut rng);
-                    seq.rng = rng;
-                    s
-                }
-                RowOutput::Sampled(t) => SampledToken { chosen: *t, top: Vec::new() },
-            };
-            self.stats.generation_tokens += 1;
-            let mut done = seq.append_token(s, &self.tokenizer, self.max_model_len)?;
-            if seq.prefill_only && !done {
-                // The prefill stage ends at its first token; a decode worker continues.
-                seq.finish(crate::request_output::FinishReason::Length, None);
-                done = true;
-            }
-            if done {
-                seq.metrics.finished_time = Some(now_secs());
-                finished.push(sid);
-            }
-        }
-        Ok(())
+        results
     }
 
     /// Runs requests to completion (the offline path): returns, per request id, the

@@ -12,8 +12,11 @@ use crate::sequence::{SeqId, Sequence};
 /// What a step produced for one sequence ready to sample.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RowOutput {
-    /// Its logits: one row, or `1 + drafts` rows for a speculating sequence.
+    /// One row of logits: the next token is sampled from it.
     Logits(Vec<f32>),
+    /// `1 + drafts` rows of logits, one per fed token (the last computed one, then each
+    /// draft): the drafts are verified against them.
+    Verify(Vec<f32>),
     /// The token the backend already chose on the device (a plain request).
     Sampled(TokenLogprob),
 }
@@ -25,7 +28,7 @@ fn device_samplable(seq: &Sequence) -> bool {
     p.is_plain()
         && seq.num_output_tokens() >= p.min_tokens
         && seq.pending_forks == 0
-        && seq.spec_tokens.is_empty()
+        && seq.drafts().is_empty()
 }
 
 /// The row's sampling on the device: the request's temperature and a seed drawn from its
@@ -62,10 +65,10 @@ impl ModelRunner {
         for s in &out.scheduled {
             let seq = &seqs[&s.seq_id];
             let start = seq.num_computed_tokens;
-            if !seq.spec_tokens.is_empty() {
+            if !seq.drafts().is_empty() {
                 // Verification: the last token and the drafts, with logits at every position.
                 let mut toks = seq.token_ids[start..].to_vec();
-                toks.extend_from_slice(&seq.spec_tokens);
+                toks.extend_from_slice(seq.drafts());
                 debug_assert_eq!(toks.len(), s.num_tokens);
                 batch.push_seq(&toks, start, &seq.block_table.blocks, bs, Logits::All);
                 sampled.push(s.seq_id);
@@ -124,9 +127,9 @@ impl ModelRunner {
         Ok(sampled
             .into_iter()
             .map(|id| {
-                let n = 1 + seqs[&id].spec_tokens.len();
-                let v: Vec<f32> = rows.by_ref().take(n).flatten().copied().collect();
-                (id, RowOutput::Logits(v))
+                let drafts = seqs[&id].drafts().len();
+                let v: Vec<f32> = rows.by_ref().take(1 + drafts).flatten().copied().collect();
+                (id, if drafts == 0 { RowOutput::Logits(v) } else { RowOutput::Verify(v) })
             })
             .collect())
     }

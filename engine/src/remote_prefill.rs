@@ -5,9 +5,9 @@
 //! or aborts (`fail`); blocks are freed either way.
 
 use crate::llm_engine::{now_secs, EngineError, LLMEngine, Prompt, RequestOptions};
-use crate::request_output::RequestOutput;
 use crate::sampler::SampledToken;
 use crate::sampling_params::SamplingParams;
+use crate::scheduler::{SampledSeq, SchedulerOutput};
 
 /// Blocks reserved for a remote prefill.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,27 +137,13 @@ impl LLMEngine {
         }
         let n = self.scheduler.seqs[&id].len() - self.scheduler.seqs[&id].num_computed_tokens;
         self.scheduler.mark_computed(id, n);
-        let max_len = self.max_model_len;
-        let seq = self.scheduler.seqs.get_mut(&id).expect("request's sequence exists");
-        let finished = seq.append_token(first, &self.tokenizer, max_len)?;
-        if finished {
-            seq.metrics.finished_time = Some(now_secs());
-        }
-        let metrics = seq.metrics;
-        let outputs: Vec<_> = seq.take_delta().into_iter().collect();
-        let prompt = self.requests[request_id].prompt.clone();
-        if finished {
-            self.scheduler.remove(id);
-            self.requests.remove(request_id);
-            self.wipe_freed();
-        }
-        self.pending.push(RequestOutput {
-            request_id: request_id.to_string(),
-            prompt_token_ids: prompt,
-            outputs,
-            finished,
-            metrics,
-        });
+        let first = SampledSeq::one(id, first);
+        let plan = SchedulerOutput::default();
+        let update = self.scheduler.update_from_output(&plan, vec![first], &self.tokenizer, now)?;
+        let mut ended = update.finished;
+        let out = self.request_output(request_id, &mut ended, false);
+        self.pending.extend(out);
+        self.wipe_freed();
         Ok(())
     }
 

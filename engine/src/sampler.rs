@@ -49,7 +49,7 @@ impl RowSampling {
 }
 
 /// A small, fast, seedable PRNG (xoshiro256**), so a request's seed fixes its output.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rng([u64; 4]);
 
 impl Rng {

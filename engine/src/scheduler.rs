@@ -17,7 +17,10 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::block_manager::BlockManager;
+use crate::request_output::FinishReason;
+use crate::sampler::{Rng, SampledToken};
 use crate::sequence::{SeqId, Sequence, SequenceStatus};
+use crate::tokenizer::{TokenizeError, Tokenizer};
 
 /// How preempted sequences give their blocks back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -106,6 +109,59 @@ impl SchedulerOutput {
     pub fn is_empty(&self) -> bool {
         self.scheduled.is_empty() && self.blocks_to_swap_out.is_empty()
     }
+}
+
+/// The tokens one step produced for one sequence (the runner's output once sampled): the
+/// input of [`Scheduler::update_from_output`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledSeq {
+    /// The sequence.
+    pub seq_id: SeqId,
+    /// Its new tokens, in order: one sampled token, or the drafts the verification accepted
+    /// followed by one token of the target's.
+    pub tokens: Vec<SampledToken>,
+    /// `Some(k)` when this step verified `k` drafts.
+    pub drafts_verified: Option<usize>,
+    /// The completions to fork off this sequence, whose prompt this step finished (n > 1).
+    pub forks: Vec<ForkedSeq>,
+}
+
+impl SampledSeq {
+    /// One sampled token for `seq_id`.
+    pub fn one(seq_id: SeqId, token: SampledToken) -> Self {
+        SampledSeq { seq_id, tokens: vec![token], drafts_verified: None, forks: Vec::new() }
+    }
+}
+
+/// A completion forked off a sequence whose prompt is done (n > 1), with its first token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForkedSeq {
+    /// Its id.
+    pub seq_id: SeqId,
+    /// Its completion index.
+    pub index: usize,
+    /// Its random stream (after drawing `token`).
+    pub rng: Rng,
+    /// Its first token, sampled from its parent's logits.
+    pub token: SampledToken,
+}
+
+/// What [`Scheduler::update_from_output`] did.
+#[derive(Debug, Default)]
+pub struct StepUpdate {
+    /// Sequences that received tokens, in the order of the step's output (forked completions
+    /// included).
+    pub updated: Vec<SeqId>,
+    /// Sequences that finished, taken out of the scheduler. A prefill-only one still holds its
+    /// block table (its pages are yet to ship: the caller pins and later frees it); every other
+    /// one has freed its blocks.
+    pub finished: Vec<Sequence>,
+    /// Prompt (or recomputed) tokens whose KV this step computed.
+    pub prefill_tokens: u64,
+    /// Tokens appended.
+    pub generation_tokens: u64,
+    /// `(proposed, accepted)` of each verified draft.
+    pub verified: Vec<(usize, usize)>,
 }
 
 /// The scheduler with its queues, sequences and block manager.
@@ -337,7 +393,7 @@ impl Scheduler {
             if !self.running.contains(&id) {
                 continue; // preempted earlier in this step
             }
-            let want = self.seqs[&id].num_uncomputed() + self.seqs[&id].spec_tokens.len();
+            let want = self.seqs[&id].num_uncomputed() + self.seqs[&id].drafts().len();
             let n = want.min(budget);
             if n == 0 {
                 break;
@@ -466,6 +522,128 @@ impl Scheduler {
             out.scheduled.push(ScheduledSeq { seq_id: id, num_tokens: n });
             *budget -= n;
         }
+    }
+
+    /// After a step has run and its rows were sampled: records the KV the step computed,
+    /// appends each sequence's new tokens with the stop conditions, gives back the blocks that
+    /// only held rejected drafts, and takes finished sequences out (seed 002's postprocess).
+    pub fn update_from_output(
+        &mut self,
+        plan: &SchedulerOutput,
+        sampled: Vec<SampledSeq>,
+        tokenizer: &Tokenizer,
+        now: f64,
+    ) -> Result<StepUpdate, TokenizeError> {
+        let mut update = StepUpdate::default();
+        let verifying: Vec<SeqId> =
+            sampled.iter().filter(|s| s.drafts_verified.is_some()).map(|s| s.seq_id).collect();
+        for s in &plan.scheduled {
+            let Some(seq) = self.seqs.get(&s.seq_id) else { continue };
+            if verifying.contains(&s.seq_id) {
+                continue; // marked once its drafts are verified, below
+            }
+            if !seq.is_decoding() {
+                update.prefill_tokens += s.num_tokens as u64;
+            }
+            self.mark_computed(s.seq_id, s.num_tokens);
+        }
+        let mut finished: Vec<SeqId> = Vec::new();
+        for out in sampled {
+            let id = out.seq_id;
+            if !self.seqs.contains_key(&id) {
+                continue;
+            }
+            // Forks first: each starts from the parent's state before this step's token.
+            let mut forks = Vec::with_capacity(out.forks.len());
+            if !out.forks.is_empty() {
+                self.seqs.get_mut(&id).expect("checked").pending_forks = 0;
+            }
+            for f in out.forks {
+                self.fork(id, f.seq_id, f.index, f.rng);
+                forks.push((f.seq_id, f.token));
+            }
+            let offered = out.tokens.len();
+            let appended =
+                self.append(id, out.tokens, tokenizer, now, &mut update, &mut finished)?;
+            if let Some(k) = out.drafts_verified {
+                // Appended drafts: all but the target's own last token, unless a stop came first.
+                let accepted = appended.min(offered.saturating_sub(1));
+                self.verified(id, k, accepted);
+                update.verified.push((k, accepted));
+            }
+            for (child, token) in forks {
+                self.append(child, vec![token], tokenizer, now, &mut update, &mut finished)?;
+            }
+        }
+        for id in finished {
+            let pin = self.seqs.get(&id).is_some_and(|s| s.prefill_only);
+            let seq = if pin { self.detach(id) } else { self.remove(id) };
+            update.finished.extend(seq);
+        }
+        Ok(update)
+    }
+
+    /// Appends `tokens` to `id` until one finishes it; returns how many were appended.
+    fn append(
+        &mut self,
+        id: SeqId,
+        tokens: Vec<SampledToken>,
+        tokenizer: &Tokenizer,
+        now: f64,
+        update: &mut StepUpdate,
+        finished: &mut Vec<SeqId>,
+    ) -> Result<usize, TokenizeError> {
+        let max_len = self.config.max_model_len;
+        let Some(seq) = self.seqs.get_mut(&id) else { return Ok(0) };
+        seq.metrics.first_token_time.get_or_insert(now);
+        let mut appended = 0;
+        let mut done = false;
+        for t in tokens {
+            appended += 1;
+            done = seq.append_token(t, tokenizer, max_len)?;
+            if done {
+                break;
+            }
+        }
+        if seq.prefill_only && !done {
+            // The prefill stage ends at its first token; a decode worker continues.
+            seq.finish(FinishReason::Length, None);
+            done = true;
+        }
+        update.generation_tokens += appended as u64;
+        if done {
+            seq.metrics.finished_time = Some(now);
+            finished.push(id);
+        }
+        update.updated.push(id);
+        Ok(appended)
+    }
+
+    /// A verified draft of `proposed` tokens kept `accepted`: the fed token and the accepted
+    /// drafts have valid KV; blocks past them held only rejected drafts and are given back.
+    fn verified(&mut self, id: SeqId, proposed: usize, accepted: usize) {
+        self.mark_computed(id, 1 + accepted);
+        let bs = self.block_manager.block_size();
+        let Some(seq) = self.seqs.get_mut(&id) else { return };
+        let keep = seq.num_computed_tokens.div_ceil(bs);
+        self.block_manager.truncate(&mut seq.block_table, keep);
+        if let Some(spec) = seq.spec.as_mut() {
+            spec.drafts.clear();
+            spec.draft_probs.clear();
+            spec.estimate.update(proposed, accepted);
+            spec.draft_computed = spec.draft_computed.min(seq.num_computed_tokens);
+            spec.draft_blocks.truncate(keep);
+        }
+    }
+
+    /// Forks completion `index` of running sequence `parent` as `child_id` (n > 1): it shares
+    /// the parent's blocks (copy on write) and runs at once.
+    fn fork(&mut self, parent: SeqId, child_id: SeqId, index: usize, rng: Rng) {
+        let Some(seq) = self.seqs.get(&parent) else { return };
+        let mut child = seq.fork(child_id, index, rng);
+        child.block_table = self.block_manager.fork(&seq.block_table);
+        child.status = SequenceStatus::Running;
+        self.add_running(child);
     }
 
     /// After a step: records computed tokens and registers newly full blocks in the prefix cache.

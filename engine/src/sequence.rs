@@ -10,6 +10,7 @@ use crate::detokenizer::IncrementalDetokenizer;
 use crate::request_output::{CompletionOutput, FinishReason, RequestMetrics, StopReason};
 use crate::sampler::{Rng, SampledToken};
 use crate::sampling_params::SamplingParams;
+use crate::spec_decode::SpecSeq;
 use crate::tokenizer::{TokenizeError, Tokenizer};
 
 /// Engine-wide identifier of a sequence.
@@ -84,34 +85,30 @@ pub struct Sequence {
     pub pending_forks: usize,
     /// Stop after the first token and keep the blocks (a prefill worker's request).
     pub prefill_only: bool,
-    /// Draft tokens proposed for this step (speculative decoding); not part of `token_ids`.
-    pub spec_tokens: Vec<u32>,
-    /// Draft distributions of `spec_tokens` (a sampling draft model's), one per draft.
-    pub spec_probs: Vec<Vec<f32>>,
-    /// How many tokens to propose next.
-    pub spec: crate::spec_decode::SpecState,
-    /// Whether this sequence may speculate.
-    pub speculate: bool,
-    /// Tokens whose K/V the separate draft model holds (in its mirror of `block_table`).
-    pub draft_computed: usize,
-    /// The block table the draft model's K/V were written under.
-    pub draft_blocks: Vec<u32>,
+    /// Speculative decoding state; `None` when this sequence does not speculate.
+    pub spec: Option<SpecSeq>,
     /// Timing.
     pub metrics: RequestMetrics,
-    /// Log-probabilities of generated tokens (when asked for).
-    pub logprobs: Vec<SampledToken>,
-    /// Sum of generated tokens' log-probabilities.
-    pub cumulative_logprob: f64,
     /// Why it finished.
     pub finish_reason: Option<FinishReason>,
     /// What stopped it.
     pub stop_reason: Option<StopReason>,
+    finish_reported: bool,
+    output: OutputState,
+}
+
+/// What a sequence generated as text and log-probabilities, and how much of it was reported.
+#[derive(Debug, Clone)]
+struct OutputState {
     detok: IncrementalDetokenizer,
-    output_text: String,
+    text: String,
+    /// Log-probabilities of generated tokens (when asked for).
+    logprobs: Vec<SampledToken>,
+    /// Sum of generated tokens' log-probabilities.
+    cumulative_logprob: f64,
     emitted_text: usize,
     emitted_tokens: usize,
     emitted_logprobs: usize,
-    finish_reported: bool,
 }
 
 impl Sequence {
@@ -144,28 +141,25 @@ impl Sequence {
             salt: 0,
             block_hashes: Vec::new(),
             rng,
+            spec: None,
             metrics,
-            logprobs: Vec::new(),
-            cumulative_logprob: 0.0,
             finish_reason: None,
             stop_reason: None,
-            detok,
-            output_text: String::new(),
-            emitted_text: 0,
-            emitted_tokens: 0,
-            emitted_logprobs: 0,
             finish_reported: false,
-            spec_tokens: Vec::new(),
-            spec_probs: Vec::new(),
-            spec: crate::spec_decode::SpecState::new(),
-            speculate: false,
-            draft_computed: 0,
-            draft_blocks: Vec::new(),
+            output: OutputState {
+                detok,
+                text: String::new(),
+                logprobs: Vec::new(),
+                cumulative_logprob: 0.0,
+                emitted_text: 0,
+                emitted_tokens: 0,
+                emitted_logprobs: 0,
+            },
         }
     }
 
-    /// A copy for completion `index` (n > 1): same tokens and state, its own random stream;
-    /// the caller gives it its block table.
+    /// A copy for completion `index` (n > 1): same tokens and output so far, its own random
+    /// stream, no blocks (the caller gives it its block table) and no speculation.
     pub fn fork(&self, seq_id: SeqId, index: usize, rng: Rng) -> Sequence {
         Sequence {
             seq_id,
@@ -186,24 +180,18 @@ impl Sequence {
             rng,
             pending_forks: 0,
             prefill_only: false,
+            spec: None,
             metrics: self.metrics,
-            logprobs: self.logprobs.clone(),
-            cumulative_logprob: self.cumulative_logprob,
             finish_reason: None,
             stop_reason: None,
-            detok: self.detok.clone(),
-            output_text: self.output_text.clone(),
-            emitted_text: self.emitted_text,
-            emitted_tokens: self.emitted_tokens,
-            emitted_logprobs: self.emitted_logprobs,
             finish_reported: false,
-            spec_tokens: Vec::new(),
-            spec_probs: Vec::new(),
-            spec: self.spec,
-            speculate: false,
-            draft_computed: 0,
-            draft_blocks: Vec::new(),
+            output: self.output.clone(),
         }
+    }
+
+    /// This step's draft tokens (empty when not speculating).
+    pub fn drafts(&self) -> &[u32] {
+        self.spec.as_ref().map_or(&[], |s| &s.drafts)
     }
 
     /// Total tokens (prompt + generated).
@@ -256,9 +244,9 @@ impl Sequence {
     ) -> Result<bool, TokenizeError> {
         let id = s.chosen.token_id;
         self.token_ids.push(id);
-        self.cumulative_logprob += s.chosen.logprob as f64;
+        self.output.cumulative_logprob += s.chosen.logprob as f64;
         if self.params.logprobs.is_some() {
-            self.logprobs.push(s);
+            self.output.logprobs.push(s);
         }
         let p = self.params.clone();
         let n_out = self.num_output_tokens();
@@ -272,23 +260,23 @@ impl Sequence {
             self.finish(FinishReason::Stop, None);
             return Ok(true);
         }
-        let prev_len = self.output_text.len();
+        let prev_len = self.output.text.len();
         if p.detokenize {
-            let piece = self.detok.push(tok, id)?;
-            self.output_text.push_str(&piece);
+            let piece = self.output.detok.push(tok, id)?;
+            self.output.text.push_str(&piece);
         }
         if may_stop && !p.stop.is_empty() {
-            if let Some((at, stop)) = find_stop(&self.output_text, prev_len, &p.stop) {
+            if let Some((at, stop)) = find_stop(&self.output.text, prev_len, &p.stop) {
                 let end = if p.include_stop_str_in_output { at + stop.len() } else { at };
-                self.output_text.truncate(end);
+                self.output.text.truncate(end);
                 self.finish(FinishReason::Stop, Some(StopReason::Str(stop)));
                 return Ok(true);
             }
         }
         if n_out >= p.max_tokens || self.token_ids.len() >= max_model_len {
             if p.detokenize {
-                let tail = self.detok.flush(tok)?;
-                self.output_text.push_str(&tail);
+                let tail = self.output.detok.flush(tok)?;
+                self.output.text.push_str(&tail);
             }
             self.finish(FinishReason::Length, None);
             return Ok(true);
@@ -311,33 +299,36 @@ impl Sequence {
     /// active, the last `max_stop_len - 1` bytes are held back: they may begin a stop string.
     pub fn take_delta(&mut self) -> Option<CompletionOutput> {
         let finished = self.status.is_finished();
-        let mut upto = self.output_text.len();
+        let mut upto = self.output.text.len();
         if !finished && !self.params.include_stop_str_in_output {
             let hold =
                 self.params.stop.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1);
-            upto = upto.saturating_sub(hold).max(self.emitted_text);
-            while !self.output_text.is_char_boundary(upto) {
+            upto = upto.saturating_sub(hold).max(self.output.emitted_text);
+            while !self.output.text.is_char_boundary(upto) {
                 upto -= 1;
             }
         }
-        let upto = upto.max(self.emitted_text);
+        let upto = upto.max(self.output.emitted_text);
         let n_tokens = self.num_output_tokens();
         let report_finish = finished && !self.finish_reported;
-        if upto == self.emitted_text && n_tokens == self.emitted_tokens && !report_finish {
+        if upto == self.output.emitted_text
+            && n_tokens == self.output.emitted_tokens
+            && !report_finish
+        {
             return None;
         }
         let out = CompletionOutput {
             index: self.index,
-            text: self.output_text[self.emitted_text..upto].to_string(),
-            token_ids: self.token_ids[self.prompt_len + self.emitted_tokens..].to_vec(),
-            cumulative_logprob: self.cumulative_logprob,
-            logprobs: self.logprobs[self.emitted_logprobs..].to_vec(),
+            text: self.output.text[self.output.emitted_text..upto].to_string(),
+            token_ids: self.token_ids[self.prompt_len + self.output.emitted_tokens..].to_vec(),
+            cumulative_logprob: self.output.cumulative_logprob,
+            logprobs: self.output.logprobs[self.output.emitted_logprobs..].to_vec(),
             finish_reason: if report_finish { self.finish_reason } else { None },
             stop_reason: if report_finish { self.stop_reason.clone() } else { None },
         };
-        self.emitted_text = upto;
-        self.emitted_tokens = n_tokens;
-        self.emitted_logprobs = self.logprobs.len();
+        self.output.emitted_text = upto;
+        self.output.emitted_tokens = n_tokens;
+        self.output.emitted_logprobs = self.output.logprobs.len();
         self.finish_reported |= report_finish;
         Some(out)
     }

@@ -157,6 +157,22 @@ impl SpecState {
     }
 }
 
+/// A speculating sequence's state, kept in `Sequence::spec` (`None`: the sequence does not
+/// speculate).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpecSeq {
+    /// Draft tokens proposed for this step; not part of the sequence's tokens until verified.
+    pub drafts: Vec<u32>,
+    /// Draft distributions of `drafts` (a sampling draft model's), one per draft.
+    pub draft_probs: Vec<Vec<f32>>,
+    /// The acceptance estimate that chooses how many tokens to propose next.
+    pub estimate: SpecState,
+    /// Tokens whose K/V a separate draft model holds (in its mirror of the block table).
+    pub draft_computed: usize,
+    /// The block table the draft model's K/V were written under.
+    pub draft_blocks: Vec<u32>,
+}
+
 impl Default for SpecState {
     fn default() -> Self {
         SpecState::new()
