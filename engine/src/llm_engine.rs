@@ -81,6 +81,9 @@ pub enum EngineError {
     /// The request is invalid (the message is fit for an API error).
     #[error("{0}")]
     InvalidRequest(String),
+    /// A sampling parameter breaks its rule.
+    #[error(transparent)]
+    InvalidParam(#[from] crate::sampling_params::ParamError),
     /// A request with this id is already running.
     #[error("request id '{0}' is already in use")]
     DuplicateRequestId(String),
@@ -256,7 +259,7 @@ impl LLMEngine {
     ) -> Result<(), EngineError> {
         // A model loaded without a tokenizer serves token ids only.
         params.detokenize &= !self.tokenizer.is_ids_only();
-        params.validate().map_err(EngineError::InvalidRequest)?;
+        params.validate(self.model_config.vocab_size)?;
         if opts.prefill_only && params.n > 1 {
             return Err(EngineError::InvalidRequest(
                 "a prefill-only request has one completion (n = 1)".into(),

@@ -99,73 +99,108 @@ impl SamplingParams {
         !self.has_penalties() && self.logprobs.unwrap_or(0) == 0
     }
 
-    /// Rejects values no sampler can honour, with a message fit for an API error.
-    pub fn validate(&self) -> Result<(), String> {
-        let finite = |name: &str, v: f32| {
-            if v.is_finite() {
+    /// The rules every request's parameters must meet, wherever it enters (the engine's
+    /// `add_request`, the router before anything is queued, the workers' gRPC services):
+    /// the error names the parameter as the OpenAI API spells it. `vocab_size` bounds the stop
+    /// token ids.
+    pub fn validate(&self, vocab_size: usize) -> Result<(), ParamError> {
+        let range = |param: &'static str, v: f32, lo: f32, hi: f32| {
+            if v.is_finite() && (lo..=hi).contains(&v) {
                 Ok(())
             } else {
-                Err(format!("{name} must be a finite number, got {v}"))
+                Err(ParamError::new(
+                    param,
+                    format!("{param} must be between {lo} and {hi}, got {v}"),
+                ))
             }
         };
-        finite("temperature", self.temperature)?;
-        finite("top_p", self.top_p)?;
-        finite("min_p", self.min_p)?;
-        finite("presence_penalty", self.presence_penalty)?;
-        finite("frequency_penalty", self.frequency_penalty)?;
-        finite("repetition_penalty", self.repetition_penalty)?;
-        if self.n == 0 || self.n > 128 {
-            return Err(format!("n must be between 1 and 128, got {}", self.n));
-        }
-        if self.temperature < 0.0 {
-            return Err(format!("temperature must be >= 0, got {}", self.temperature));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
-        }
-        if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return Err(format!(
-                "presence_penalty must be in [-2, 2], got {}",
-                self.presence_penalty
+        if !(1..=MAX_N).contains(&self.n) {
+            return Err(ParamError::new(
+                "n",
+                format!("n must be between 1 and {MAX_N}, got {}", self.n),
             ));
         }
-        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return Err(format!(
-                "frequency_penalty must be in [-2, 2], got {}",
-                self.frequency_penalty
+        range("temperature", self.temperature, 0.0, 2.0)?;
+        if !(self.top_p.is_finite() && self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(ParamError::new(
+                "top_p",
+                format!("top_p must be in (0, 1], got {}", self.top_p),
             ));
         }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 2.0) {
-            return Err(format!(
-                "repetition_penalty must be in (0, 2], got {}",
-                self.repetition_penalty
+        if self.top_k < -1 {
+            return Err(ParamError::new(
+                "top_k",
+                format!("top_k must be -1 (disabled) or a positive count, got {}", self.top_k),
+            ));
+        }
+        range("min_p", self.min_p, 0.0, 1.0)?;
+        range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
+        range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        let r = self.repetition_penalty;
+        if !(r.is_finite() && r > 0.0 && r <= 2.0) {
+            return Err(ParamError::new(
+                "repetition_penalty",
+                format!("repetition_penalty must be in (0, 2], got {r}"),
             ));
         }
         if self.max_tokens == 0 {
-            return Err("max_tokens must be at least 1".into());
+            return Err(ParamError::new("max_tokens", "max_tokens must be at least 1"));
         }
         if self.min_tokens > self.max_tokens {
-            return Err(format!(
-                "min_tokens ({}) must not exceed max_tokens ({})",
-                self.min_tokens, self.max_tokens
+            return Err(ParamError::new(
+                "min_tokens",
+                format!(
+                    "min_tokens ({}) must be at most max_tokens, the completion budget ({})",
+                    self.min_tokens, self.max_tokens
+                ),
             ));
         }
-        if self.logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
-            return Err(format!("logprobs must be at most {MAX_LOGPROBS}"));
+        if let Some(k) = self.logprobs.filter(|&k| k > MAX_LOGPROBS) {
+            return Err(ParamError::new(
+                "logprobs",
+                format!("logprobs must be between 0 and {MAX_LOGPROBS}, got {k}"),
+            ));
+        }
+        if self.stop.len() > MAX_STOP {
+            return Err(ParamError::new(
+                "stop",
+                format!("stop may hold at most {MAX_STOP} sequences, got {}", self.stop.len()),
+            ));
         }
         if self.stop.iter().any(|s| s.is_empty()) {
-            return Err("stop strings must not be empty".into());
+            return Err(ParamError::new("stop", "stop sequences must not be empty"));
         }
         if !self.detokenize && !self.stop.is_empty() {
-            return Err("stop strings need detokenize".into());
+            return Err(ParamError::new("stop", "stop strings need detokenized output"));
         }
-        if self.n > 1 && self.is_greedy() && self.seed.is_none() {
-            // Allowed (vLLM allows it); the n completions are then identical.
+        if let Some(&t) = self.stop_token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(ParamError::new(
+                "stop_token_ids",
+                format!("stop_token_ids holds {t}, outside the vocabulary (0..{vocab_size})"),
+            ));
         }
         Ok(())
+    }
+}
+
+/// Most completions one request may ask for.
+pub const MAX_N: usize = 128;
+/// Most stop strings one request may give.
+pub const MAX_STOP: usize = 16;
+
+/// A sampling parameter breaks a rule of [`SamplingParams::validate`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ParamError {
+    /// The parameter, as the OpenAI API names it.
+    pub param: &'static str,
+    /// What is wrong, fit for an API error.
+    pub message: String,
+}
+
+impl ParamError {
+    fn new(param: &'static str, message: impl Into<String>) -> Self {
+        ParamError { param, message: message.into() }
     }
 }
 
@@ -184,22 +219,31 @@ mod tests {
             SamplingParams { stop: vec![String::new()], ..Default::default() },
             SamplingParams { repetition_penalty: 0.0, ..Default::default() },
             SamplingParams { temperature: f32::NAN, ..Default::default() },
+            SamplingParams { temperature: 2.5, ..Default::default() },
+            SamplingParams { top_k: -2, ..Default::default() },
+            SamplingParams { stop_token_ids: vec![3, 100], ..Default::default() },
+            SamplingParams { stop: vec!["x".into(); 17], ..Default::default() },
         ];
         let names = [
             "temperature",
             "top_p",
-            "n must",
+            "n",
             "min_tokens",
             "logprobs",
             "stop",
             "repetition_penalty",
             "temperature",
+            "temperature",
+            "top_k",
+            "stop_token_ids",
+            "stop",
         ];
         for (p, name) in bad.iter().zip(names) {
-            let e = p.validate().unwrap_err();
-            assert!(e.contains(name), "{e}");
+            let e = p.validate(100).unwrap_err();
+            assert_eq!(e.param, name, "{e}");
+            assert!(e.message.starts_with(name), "{e}");
         }
-        assert!(SamplingParams::default().validate().is_ok());
+        assert!(SamplingParams::default().validate(100).is_ok());
     }
 
     #[test]

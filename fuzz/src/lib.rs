@@ -33,11 +33,17 @@ pub fn gguf(data: &[u8]) {
 pub fn openai_request(data: &[u8]) {
     if let Ok((c, common)) = openai::parse_body::<CompletionRequest>(data) {
         let logprobs = c.logprobs.and_then(|n| openai::logprob_count("logprobs", n).ok());
-        let _ = openai::sampling_params(&common, logprobs);
-        let _ = openai::max_tokens("max_tokens", common.max_tokens, Some(16), 8, 2048);
+        if let Ok(mut p) = openai::sampling_params(&common, logprobs) {
+            if let Ok(m) = openai::max_tokens("max_tokens", common.max_tokens, Some(16), 8, 2048) {
+                p.max_tokens = m;
+                let _ = openai::check_params(&p, 49152);
+            }
+        }
     }
     if let Ok((c, common)) = openai::parse_body::<ChatRequest>(data) {
-        let _ = openai::sampling_params(&common, None);
+        if let Ok(p) = openai::sampling_params(&common, None) {
+            let _ = openai::check_params(&p, 49152);
+        }
         if let Some(messages) = &c.messages {
             if let Ok(msgs) = openai::chat_messages(messages) {
                 render_all(&msgs);

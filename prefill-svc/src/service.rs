@@ -340,7 +340,6 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
         let params = params_from_proto(
             r.params.as_ref().ok_or_else(|| Status::invalid_argument("params are missing"))?,
         );
-        params.validate().map_err(Status::invalid_argument)?;
         let rid = format!("{}/{:x}", r.request_id, r.transfer_id);
         let span =
             tracing::info_span!("prefill", request_id = %r.request_id, transfer_id = r.transfer_id);

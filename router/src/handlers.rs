@@ -222,27 +222,14 @@ fn finish_prepare(
                 .map(|m| SamplingParams { max_tokens: m, ..base.clone() })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    if let Some(p) = params.iter().find(|p| p.min_tokens > p.max_tokens) {
-        return Err(ApiError::invalid(
-            Some("min_tokens"),
-            format!(
-                "min_tokens ({}) must be at most the completion budget ({})",
-                c.min_tokens.unwrap_or(0),
-                p.max_tokens
-            ),
-        ));
+    let vocab = st.info.config.vocab_size;
+    for p in &params {
+        openai::check_params(p, vocab)?;
     }
     if c.stream_options.is_some() && c.stream != Some(true) {
         return Err(ApiError::invalid(
             Some("stream_options"),
             "stream_options may only be set when stream is true",
-        ));
-    }
-    let vocab = st.info.config.vocab_size;
-    if let Some(&t) = base.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::invalid(
-            Some("stop_token_ids"),
-            format!("stop token id {t} is outside the vocabulary (0..{vocab})"),
         ));
     }
     let prefix = if ep == Endpoint::Chat { "chatcmpl" } else { "cmpl" };

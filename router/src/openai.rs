@@ -184,104 +184,64 @@ fn typed<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Result<T, Api
     })
 }
 
-fn range_f(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Result<f32, ApiError> {
-    let v = v.unwrap_or(default);
-    if !v.is_finite() || v < lo || v > hi {
-        return Err(ApiError::invalid(
-            Some(name),
-            format!("{name} must be between {lo} and {hi}, got {v}"),
-        ));
-    }
-    Ok(v as f32)
+/// A JSON integer as the unsigned count the engine takes (the engine's rules then bound it).
+fn count(param: &str, v: i64) -> Result<usize, ApiError> {
+    usize::try_from(v).map_err(|_| {
+        ApiError::invalid(Some(param), format!("{param} must be a non-negative integer, got {v}"))
+    })
 }
 
-/// The validated sampling parameters (without `max_tokens`, which needs the prompt length).
+/// The sampling parameters as the request gives them (without `max_tokens`, which needs the
+/// prompt length). Only what JSON can say and the engine's types cannot is checked here; the
+/// rules every value must meet are [`SamplingParams::validate`]'s, applied once `max_tokens` is
+/// known ([`check_params`]).
 pub fn sampling_params(
     c: &CommonParams,
     logprobs: Option<usize>,
 ) -> Result<SamplingParams, ApiError> {
-    let n = c.n.unwrap_or(1);
-    if !(1..=128).contains(&n) {
-        return Err(ApiError::invalid(Some("n"), format!("n must be between 1 and 128, got {n}")));
-    }
-    let temperature = range_f("temperature", c.temperature, 0.0, 2.0, 1.0)?;
-    let top_p = c.top_p.unwrap_or(1.0);
-    if !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid(
-            Some("top_p"),
-            format!("top_p must be in (0, 1], got {top_p}"),
-        ));
-    }
     let stop = match &c.stop {
         None => Vec::new(),
         Some(StopInput::One(s)) => vec![s.clone()],
         Some(StopInput::Many(v)) => v.clone(),
     };
-    if stop.len() > 16 {
-        return Err(ApiError::invalid(
-            Some("stop"),
-            format!("at most 16 stop sequences are allowed, got {}", stop.len()),
-        ));
-    }
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::invalid(Some("stop"), "stop sequences must not be empty"));
-    }
     if c.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
         return Err(ApiError::invalid(Some("logit_bias"), "logit_bias is not supported"));
     }
-    let seed = match c.seed {
-        Some(s) if s < 0 => {
-            return Err(ApiError::invalid(
-                Some("seed"),
-                format!("seed must be non-negative, got {s}"),
-            ))
-        }
-        s => s.map(|s| s as u64),
-    };
     let top_k = c.top_k.unwrap_or(0);
-    if top_k < -1 || top_k > i32::MAX as i64 {
-        return Err(ApiError::invalid(
+    let top_k = i32::try_from(top_k).map_err(|_| {
+        ApiError::invalid(
             Some("top_k"),
             format!("top_k must be -1 (disabled) or a positive count, got {top_k}"),
-        ));
-    }
-    let min_tokens = c.min_tokens.unwrap_or(0);
-    if min_tokens < 0 {
-        return Err(ApiError::invalid(
-            Some("min_tokens"),
-            format!("min_tokens must be non-negative, got {min_tokens}"),
-        ));
-    }
-    let p = SamplingParams {
-        n: n as usize,
-        temperature,
-        top_p: top_p as f32,
-        top_k: top_k as i32,
-        min_p: range_f("min_p", c.min_p, 0.0, 1.0, 0.0)?,
-        presence_penalty: range_f("presence_penalty", c.presence_penalty, -2.0, 2.0, 0.0)?,
-        frequency_penalty: range_f("frequency_penalty", c.frequency_penalty, -2.0, 2.0, 0.0)?,
-        repetition_penalty: {
-            let r = c.repetition_penalty.unwrap_or(1.0);
-            if !(r.is_finite() && r > 0.0 && r <= 2.0) {
-                return Err(ApiError::invalid(
-                    Some("repetition_penalty"),
-                    format!("repetition_penalty must be in (0, 2], got {r}"),
-                ));
-            }
-            r as f32
-        },
+        )
+    })?;
+    let d = SamplingParams::default();
+    let f = |v: Option<f64>, default: f32| v.map_or(default, |v| v as f32);
+    Ok(SamplingParams {
+        n: count("n", c.n.unwrap_or(1))?,
+        temperature: f(c.temperature, d.temperature),
+        top_p: f(c.top_p, d.top_p),
+        top_k,
+        min_p: f(c.min_p, d.min_p),
+        presence_penalty: f(c.presence_penalty, d.presence_penalty),
+        frequency_penalty: f(c.frequency_penalty, d.frequency_penalty),
+        repetition_penalty: f(c.repetition_penalty, d.repetition_penalty),
         max_tokens: 1,
-        min_tokens: min_tokens as usize,
+        min_tokens: count("min_tokens", c.min_tokens.unwrap_or(0))?,
         stop,
         stop_token_ids: c.stop_token_ids.clone().unwrap_or_default(),
         include_stop_str_in_output: c.include_stop_str_in_output.unwrap_or(false),
         ignore_eos: c.ignore_eos.unwrap_or(false),
         logprobs,
-        seed,
+        seed: c.seed.map(|s| count("seed", s).map(|s| s as u64)).transpose()?,
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
         detokenize: true,
-    };
-    Ok(p)
+    })
+}
+
+/// Applies the engine's parameter rules ([`SamplingParams::validate`]), naming the parameter
+/// in the OpenAI error.
+pub fn check_params(p: &SamplingParams, vocab_size: usize) -> Result<(), ApiError> {
+    p.validate(vocab_size).map_err(|e| ApiError::invalid(Some(e.param), e.message))
 }
 
 /// The completion budget: `requested` if it fits, else an error saying by how much the request
@@ -432,10 +392,21 @@ mod tests {
 
     #[test]
     fn ranges() {
+        // The engine's rules, applied by the router, name the parameter.
+        let checked = |c: CommonParams| {
+            sampling_params(&c, None).and_then(|p| check_params(&p, 100)).unwrap_err().param
+        };
         let c = CommonParams { temperature: Some(2.5), ..Default::default() };
-        assert_eq!(sampling_params(&c, None).unwrap_err().param.as_deref(), Some("temperature"));
+        assert_eq!(checked(c).as_deref(), Some("temperature"));
         let c = CommonParams { n: Some(0), ..Default::default() };
+        assert_eq!(checked(c).as_deref(), Some("n"));
+        let c = CommonParams { stop_token_ids: Some(vec![100]), ..Default::default() };
+        assert_eq!(checked(c).as_deref(), Some("stop_token_ids"));
+        // What JSON can say and the engine's types cannot is refused before.
+        let c = CommonParams { n: Some(-3), ..Default::default() };
         assert_eq!(sampling_params(&c, None).unwrap_err().param.as_deref(), Some("n"));
+        let c = CommonParams { seed: Some(-1), ..Default::default() };
+        assert_eq!(sampling_params(&c, None).unwrap_err().param.as_deref(), Some("seed"));
         let c = CommonParams {
             stop: Some(StopInput::One("\n".into())),
             seed: Some(3),

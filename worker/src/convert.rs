@@ -104,6 +104,7 @@ pub fn engine_status(e: &tandem_engine::EngineError) -> tonic::Status {
     use tandem_engine::EngineError as E;
     match e {
         E::InvalidRequest(m) => tonic::Status::invalid_argument(m.clone()),
+        E::InvalidParam(p) => tonic::Status::invalid_argument(p.to_string()),
         E::Tokenize(t) => tonic::Status::invalid_argument(t.to_string()),
         E::DuplicateRequestId(_) => tonic::Status::already_exists(e.to_string()),
         E::Backend(_) => tonic::Status::internal(e.to_string()),
@@ -120,8 +121,13 @@ mod tests {
         use tandem_engine::tokenizer::TokenizeError;
         use tandem_engine::EngineError as E;
         use tonic::Code;
+        let bad_temperature =
+            tandem_engine::SamplingParams { temperature: 9.0, ..Default::default() }
+                .validate(10)
+                .unwrap_err();
         let cases = [
             (E::InvalidRequest("n is 5".into()), Code::InvalidArgument),
+            (E::InvalidParam(bad_temperature), Code::InvalidArgument),
             (E::Tokenize(TokenizeError("bad text".into())), Code::InvalidArgument),
             (E::DuplicateRequestId("r1".into()), Code::AlreadyExists),
             (E::Backend(BackendError::Device("out of memory".into())), Code::Internal),
