@@ -602,7 +602,7 @@ mod tests {
         .into_axum_router();
         tokio::spawn(async move { axum::serve(listener, routes).await });
         let device = Arc::new(Rendezvous::default());
-        let layout = tandem_kv_transfer::KvLayout {
+        let layout = KvLayout {
             model_id: "m".into(),
             dtype: tandem_kv_transfer::KvDtype::F32,
             block_size: 16,

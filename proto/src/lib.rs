@@ -5,6 +5,7 @@
 #![allow(missing_docs)]
 
 /// Version 1 of the contracts.
+#[allow(unused_qualifications)] // generated code
 pub mod v1 {
     tonic::include_proto!("tandem.v1");
 }

@@ -122,9 +122,7 @@ mod tests {
         use tandem_engine::EngineError as E;
         use tonic::Code;
         let bad_temperature =
-            tandem_engine::SamplingParams { temperature: 9.0, ..Default::default() }
-                .validate(10)
-                .unwrap_err();
+            SamplingParams { temperature: 9.0, ..Default::default() }.validate(10).unwrap_err();
         let cases = [
             (E::InvalidRequest("n is 5".into()), Code::InvalidArgument),
             (E::InvalidParam(bad_temperature), Code::InvalidArgument),

@@ -83,7 +83,7 @@ pub async fn wait_shutdown(watch_stdin: bool) -> Shutdown {
 pub fn http_routes(metrics: PrometheusHandle, engine: EngineHandle) -> axum::Router {
     let upkeep = metrics.clone();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
         loop {
             tick.tick().await;
             upkeep.run_upkeep();
@@ -213,7 +213,7 @@ where
 /// deliver them in bursts tens of milliseconds apart.
 pub fn nodelay(
     listener: TcpListener,
-) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
     use axum::serve::ListenerExt;
     listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {

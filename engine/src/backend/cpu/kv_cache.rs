@@ -130,7 +130,7 @@ impl CpuKvCache {
 
     /// Bytes of one block for a pool of this shape (before one exists, to size it).
     pub fn block_bytes(num_layers: usize, block_size: usize, token_width: usize) -> usize {
-        2 * num_layers * block_size * token_width * std::mem::size_of::<f32>()
+        2 * num_layers * block_size * token_width * size_of::<f32>()
     }
 
     /// Number of slots (`num_blocks * block_size`).
