@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use tandem_engine::backend::{ForwardBatch, Logits};
-use tandem_engine::sampler::argmax;
+use tandem_engine::sampling::sampler::argmax;
 use tandem_engine::{LoadOptions, Model};
 
 /// Benchmark subcommands.
@@ -183,8 +183,8 @@ fn kernels(a: KernelArgs) -> Result<()> {
     use std::sync::Arc;
     use tandem_engine::backend::cpu::linear::{Linear, QuantLinear};
     use tandem_engine::backend::cpu::quant::{QKernel, QMatrix};
-    use tandem_engine::dtype::GgmlType;
-    let mut rng = tandem_engine::sampler::Rng::new(1);
+    use tandem_engine::model_files::dtype::GgmlType;
+    let mut rng = tandem_engine::sampling::sampler::Rng::new(1);
     let mut mat = |ty: GgmlType, n: usize, k: usize| {
         let bytes: Vec<u8> = (0..ty.bytes_for(n * k))
             .map(|i| if i % ty.block_bytes() < 4 { 0x20 } else { rng.next_u64() as u8 })
@@ -297,7 +297,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
             .collect::<Result<_>>()?,
     };
     let mut engine = a.engine.build_engine(model)?;
-    let mut rng = tandem_engine::sampler::Rng::new(a.seed);
+    let mut rng = tandem_engine::sampling::sampler::Rng::new(a.seed);
     let mut pick = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
     let mut total_in = 0;
     let mut total_out = 0;

@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use tandem_engine::backend::KernelPath;
-use tandem_engine::scheduler::{PreemptionMode, SchedulerConfig, SchedulingPolicy};
+use tandem_engine::scheduling::scheduler::{PreemptionMode, SchedulerConfig, SchedulingPolicy};
 use tandem_engine::{EngineConfig, KvCacheSize, LoadOptions};
 
 /// How preempted sequences release memory.
@@ -320,7 +320,7 @@ impl EngineArgs {
             let config = tandem_cuda::dummy_config(path)?;
             let dtype = if self.dtype == DtypeArg::F16 { Dtype::F16 } else { Dtype::Bf16 };
             let backend = self.cuda_backend(&config, dtype, WeightSource::Dummy(0), &opts)?;
-            let tokenizer = tandem_engine::tokenizer::Tokenizer::ids_only();
+            let tokenizer = tandem_engine::model_files::tokenizer::Tokenizer::ids_only();
             let device = tandem_worker::kv::KvDevice(std::sync::Arc::new(backend.device_pool()));
             return Ok((
                 tandem_engine::Model {
@@ -333,8 +333,8 @@ impl EngineArgs {
             ));
         }
         let info = tandem_engine::ModelInfo::open(path)?;
-        let (files, _) = tandem_engine::weights::ModelFiles::open(path)?;
-        let gguf = matches!(files, tandem_engine::weights::ModelFiles::Gguf(_));
+        let (files, _) = tandem_engine::model_files::weights::ModelFiles::open(path)?;
+        let gguf = matches!(files, tandem_engine::model_files::weights::ModelFiles::Gguf(_));
         let dtype = match (self.dtype, gguf) {
             (DtypeArg::Bf16, _) | (DtypeArg::Auto, false) => Dtype::Bf16,
             (DtypeArg::F16, _) | (DtypeArg::Auto, true) => Dtype::F16,
@@ -410,7 +410,7 @@ impl EngineArgs {
             },
             enable_prefix_caching: !self.no_prefix_caching,
             speculative: (self.speculative != SpecArg::None && self.num_speculative_tokens > 0)
-                .then(|| tandem_engine::spec_decode::SpeculativeConfig {
+                .then(|| tandem_engine::speculative::spec_decode::SpeculativeConfig {
                     draft_layers: (self.speculative == SpecArg::SelfDraft)
                         .then_some(self.draft_layers.max(1)),
                     num_tokens: self.num_speculative_tokens.min(16),

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
-use tandem_engine::sampler::TokenLogprob;
-use tandem_engine::{model_fetch, ChatMessage, Prompt, SamplingParams};
+use tandem_engine::sampling::sampler::TokenLogprob;
+use tandem_engine::{model_files::model_fetch, ChatMessage, Prompt, SamplingParams};
 
 /// Arguments of `tandem generate`.
 #[derive(Args, Debug)]

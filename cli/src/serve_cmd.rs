@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use tandem_engine::{model_fetch, LLMEngine, ModelInfo};
+use tandem_engine::{model_files::model_fetch, LLMEngine, ModelInfo};
 
 use crate::engine_args::EngineArgs;
 

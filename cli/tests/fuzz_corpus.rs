@@ -42,7 +42,8 @@ fn corpora_and_regressions_replay_without_panics() {
     }
     // The seeds are valid inputs of their formats (the fuzzer starts from real structure).
     let tiny = std::fs::read(root.join("seeds/gguf/tiny-llama.gguf")).unwrap();
-    let f = tandem_engine::gguf::GgufFile::from_bytes(tiny).expect("the GGUF seed parses");
+    let f =
+        tandem_engine::model_files::gguf::GgufFile::from_bytes(tiny).expect("the GGUF seed parses");
     assert_eq!(f.get("general.architecture").and_then(|v| v.as_str()), Some("llama"));
     let page = std::fs::read(root.join("seeds/kv_page/page.bin")).unwrap();
     assert!(

@@ -132,8 +132,8 @@ fn special_token_text_in_messages_and_stop_reasons() {
     )
     .json();
     assert!(greedy["choices"][0]["text"].as_str().unwrap().contains('.'), "{greedy}");
-    let tok = tandem_engine::tokenizer::Tokenizer::from_gguf(
-        &tandem_engine::gguf::GgufFile::open(std::path::Path::new(&model())).unwrap(),
+    let tok = tandem_engine::model_files::tokenizer::Tokenizer::from_gguf(
+        &tandem_engine::model_files::gguf::GgufFile::open(std::path::Path::new(&model())).unwrap(),
     )
     .unwrap();
     let stop_id = tok.token_to_id(".").unwrap();

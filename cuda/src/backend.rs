@@ -10,8 +10,8 @@ use std::collections::HashMap;
 
 use cudarc::driver::{sys as dsys, CudaGraph, CudaSlice, LaunchConfig};
 use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBackend, RowSampling};
-use tandem_engine::config::{ModelConfig, RopeStyle};
-use tandem_engine::sampler::TokenLogprob;
+use tandem_engine::model_files::config::{ModelConfig, RopeStyle};
+use tandem_engine::sampling::sampler::TokenLogprob;
 
 use crate::device::{ptr, Dtype, Gpu, Operand};
 use crate::plan::{self, BatchPlan, LongSeq, ATT_MAX_HEAD_DIM, TILE_INTS};

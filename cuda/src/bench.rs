@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use tandem_engine::backend::{ForwardBatch, Logits, ModelBackend};
-use tandem_engine::config::ModelConfig;
+use tandem_engine::model_files::config::ModelConfig;
 
 use crate::device::{ptr, time_ms, Gpu};
 use crate::{CudaBackend, CudaBackendOptions, CudaError, Dtype, WeightSource};

@@ -505,7 +505,7 @@ fn silu_mul(g: &Gpu, u: f64) -> Result<CheckResult, CudaError> {
 
 fn sampling(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     use tandem_engine::backend::RowSampling;
-    use tandem_engine::sampler::gumbel_max;
+    use tandem_engine::sampling::sampler::gumbel_max;
     let vocab = 151_936;
     // Greedy rows (one with a tie: the lower id wins), tempered rows with their seeds, then
     // min-p, top-k and top-p alone and together.

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use tandem_engine::backend::{ForwardBatch, KernelPath, Logits, ModelBackend, RowSampling};
-use tandem_engine::weights::ModelFiles;
+use tandem_engine::model_files::weights::ModelFiles;
 use tandem_engine::{KvCacheSize, LoadOptions, Model};
 
 use crate::check::CheckResult;

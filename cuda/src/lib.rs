@@ -21,8 +21,8 @@ pub use backend::{CudaBackend, CudaBackendOptions};
 pub use device::{Dtype, Gpu};
 pub use weights::DeviceWeights;
 
-use tandem_engine::config::ModelConfig;
-use tandem_engine::weights::ModelFiles;
+use tandem_engine::model_files::config::ModelConfig;
+use tandem_engine::model_files::weights::ModelFiles;
 use tandem_engine::LoadError;
 
 /// What can go wrong on the GPU.

@@ -4,8 +4,8 @@
 //! format, for benchmarks that need no download).
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
-use tandem_engine::config::{Arch, ModelConfig};
-use tandem_engine::weights::ModelFiles;
+use tandem_engine::model_files::config::{Arch, ModelConfig};
+use tandem_engine::model_files::weights::ModelFiles;
 
 use crate::device::{ptr, Gpu};
 use crate::CudaError;

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use tandem_engine::remote_prefill::RemotePrefill;
+use tandem_engine::llm_engine::remote_prefill::RemotePrefill;
 use tandem_proto::v1 as pb;
 use tandem_worker::convert::sampled_from_proto;
 use tandem_worker::metrics::{count_transfer_failure, observe_transfer};

@@ -62,7 +62,7 @@ fn response(out: &RequestOutput, prefill: &str) -> pb::GenerateResponse {
 /// How the prompt of a request gets its KV.
 pub(crate) enum Placement {
     Local(LocalReason),
-    Remote(tandem_engine::remote_prefill::RemotePrefill),
+    Remote(tandem_engine::llm_engine::remote_prefill::RemotePrefill),
 }
 
 /// Why a prompt is prefilled on this worker (the `decision` label of

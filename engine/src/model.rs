@@ -5,10 +5,10 @@ use std::path::Path;
 
 use crate::backend::cpu::{CpuBackend, CpuBackendOptions};
 use crate::backend::{KernelPath, ModelBackend};
-use crate::chat_template::{ChatMessage, ChatTemplate, TemplateError};
-use crate::config::ModelConfig;
-use crate::tokenizer::Tokenizer;
-use crate::weights::ModelFiles;
+use crate::model_files::chat_template::{ChatMessage, ChatTemplate, TemplateError};
+use crate::model_files::config::ModelConfig;
+use crate::model_files::tokenizer::Tokenizer;
+use crate::model_files::weights::ModelFiles;
 use crate::LoadError;
 
 /// How much memory the KV cache pool gets.

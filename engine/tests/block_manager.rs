@@ -2,9 +2,9 @@
 //! free / preempt / swap: reference counts always equal the number of holders, no block is both
 //! free and held, the cache index is consistent, and everything is free at the end.
 
-use tandem_engine::block_hash::{BlockHash, DEFAULT_HASH_SEED};
-use tandem_engine::block_manager::{BlockManager, BlockTable, KvEvent};
-use tandem_engine::sampler::Rng;
+use tandem_engine::sampling::sampler::Rng;
+use tandem_engine::scheduling::block_hash::{BlockHash, DEFAULT_HASH_SEED};
+use tandem_engine::scheduling::block_manager::{BlockManager, BlockTable, KvEvent};
 
 const BS: usize = 4;
 

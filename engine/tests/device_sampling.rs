@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBackend, RowSampling};
-use tandem_engine::sampler::{gumbel_max, TokenLogprob};
-use tandem_engine::tokenizer::Tokenizer;
+use tandem_engine::model_files::tokenizer::Tokenizer;
+use tandem_engine::sampling::sampler::{gumbel_max, TokenLogprob};
 use tandem_engine::{
-    model_fetch, CompletionOutput, EngineConfig, LLMEngine, LoadOptions, Model, ModelConfig,
-    Prompt, SamplingParams,
+    model_files::model_fetch, CompletionOutput, EngineConfig, LLMEngine, LoadOptions, Model,
+    ModelConfig, Prompt, SamplingParams,
 };
 
 /// The CPU backend, sampling "on the device" with the reference sampler; counts the rows.

@@ -6,11 +6,11 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use tandem_engine::request_output::StopReason;
-use tandem_engine::scheduler::{PreemptionMode, SchedulerConfig};
+use tandem_engine::scheduling::request_output::StopReason;
+use tandem_engine::scheduling::scheduler::{PreemptionMode, SchedulerConfig};
 use tandem_engine::{
-    model_fetch, score, CompletionOutput, EngineConfig, FinishReason, KvCacheSize, LLMEngine,
-    LoadOptions, Model, Prompt, SamplingParams,
+    model_files::model_fetch, score, CompletionOutput, EngineConfig, FinishReason, KvCacheSize,
+    LLMEngine, LoadOptions, Model, Prompt, SamplingParams,
 };
 
 fn model_path() -> PathBuf {

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use tandem_engine::backend::{BackendError, ForwardBatch, Logits};
-use tandem_engine::gguf::GgufWriter;
+use tandem_engine::model_files::gguf::GgufWriter;
 use tandem_engine::{ChatMessage, LoadError, LoadOptions, Model, TemplateError};
 
 const H: u64 = 32; // hidden
@@ -228,7 +228,7 @@ fn bad_safetensors_are_reported() {
 #[test]
 fn byte_flips_in_a_real_header_never_panic() {
     // The first 64 KiB of the default model hold its whole metadata and tensor directory.
-    let path = tandem_engine::model_fetch::default_model_path().unwrap();
+    let path = tandem_engine::model_files::model_fetch::default_model_path().unwrap();
     let mut head = vec![0u8; 1 << 16];
     use std::io::Read;
     std::fs::File::open(&path).unwrap().read_exact(&mut head).unwrap();
@@ -244,6 +244,6 @@ fn byte_flips_in_a_real_header_never_panic() {
             b[i] = (state >> 40) as u8;
         }
         // Truncated at 64 KiB, so every variant must fail cleanly.
-        assert!(tandem_engine::gguf::GgufFile::from_bytes(b).is_err());
+        assert!(tandem_engine::model_files::gguf::GgufFile::from_bytes(b).is_err());
     }
 }

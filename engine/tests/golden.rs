@@ -12,8 +12,8 @@ use std::sync::{Mutex, OnceLock};
 use serde::Deserialize;
 use tandem_engine::backend::KernelPath;
 use tandem_engine::{
-    model_fetch, score, ChatMessage, EngineConfig, LLMEngine, LoadOptions, Model, Prompt,
-    SamplingParams,
+    model_files::model_fetch, score, ChatMessage, EngineConfig, LLMEngine, LoadOptions, Model,
+    Prompt, SamplingParams,
 };
 
 const LOGPROB_TOL: f32 = 0.02;

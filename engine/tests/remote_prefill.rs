@@ -3,10 +3,10 @@
 //! Outputs equal a colocated run; failures recompute locally or abort; blocks always return.
 
 use tandem_engine::backend::{ForwardBatch, Logits};
-use tandem_engine::sampler::{sample, Rng};
+use tandem_engine::sampling::sampler::{sample, Rng};
 use tandem_engine::{
-    model_fetch, CompletionOutput, EngineConfig, FinishReason, LLMEngine, LoadOptions, Model,
-    Prompt, RequestOptions, SamplingParams,
+    model_files::model_fetch, CompletionOutput, EngineConfig, FinishReason, LLMEngine, LoadOptions,
+    Model, Prompt, RequestOptions, SamplingParams,
 };
 
 fn model() -> Model {
@@ -53,7 +53,7 @@ fn collect(e: &mut LLMEngine, id: &str) -> CompletionOutput {
 fn remote_prefill(
     prefill: &mut Model,
     prompt: &[u32],
-) -> (tandem_engine::sampler::SampledToken, Vec<Vec<u8>>) {
+) -> (tandem_engine::sampling::sampler::SampledToken, Vec<Vec<u8>>) {
     let bs = prefill.backend.kv_cache_spec().block_size;
     let table: Vec<u32> = (0..prompt.len().div_ceil(bs) as u32).collect();
     let mut b = ForwardBatch::default();
@@ -260,7 +260,10 @@ fn a_parked_prefill_holds_its_running_slot() {
     // Room for two sequences: one running locally, one parked for a remote prefill. A third
     // request cannot be parked (it would run past the limit when its KV lands) nor admitted
     // locally until a slot frees.
-    let sched = tandem_engine::scheduler::SchedulerConfig { max_num_seqs: 2, ..Default::default() };
+    let sched = tandem_engine::scheduling::scheduler::SchedulerConfig {
+        max_num_seqs: 2,
+        ..Default::default()
+    };
     let mut dec =
         LLMEngine::new(model(), EngineConfig { scheduler: sched, ..EngineConfig::default() });
     let prompt = dec

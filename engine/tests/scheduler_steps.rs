@@ -5,15 +5,15 @@
 
 use std::sync::Arc;
 
-use tandem_engine::block_manager::BlockManager;
-use tandem_engine::request_output::{FinishReason, RequestMetrics};
-use tandem_engine::sampler::{Rng, SampledToken, TokenLogprob};
-use tandem_engine::scheduler::{
+use tandem_engine::model_files::tokenizer::Tokenizer;
+use tandem_engine::sampling::sampler::{Rng, SampledToken, TokenLogprob};
+use tandem_engine::scheduling::block_manager::BlockManager;
+use tandem_engine::scheduling::request_output::{FinishReason, RequestMetrics};
+use tandem_engine::scheduling::scheduler::{
     ForkedSeq, PreemptionMode, SampledSeq, Scheduler, SchedulerConfig, SchedulerOutput, StepUpdate,
 };
-use tandem_engine::sequence::{SeqId, Sequence, SequenceStatus};
-use tandem_engine::spec_decode::SpecSeq;
-use tandem_engine::tokenizer::Tokenizer;
+use tandem_engine::scheduling::sequence::{SeqId, Sequence, SequenceStatus};
+use tandem_engine::speculative::spec_decode::SpecSeq;
 use tandem_engine::SamplingParams;
 
 const BLOCK: usize = 4;

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use tandem_engine::scheduler::{PreemptionMode, SchedulerConfig, SchedulingPolicy};
-use tandem_engine::sequence::SequenceStatus;
+use tandem_engine::scheduling::scheduler::{PreemptionMode, SchedulerConfig, SchedulingPolicy};
+use tandem_engine::scheduling::sequence::SequenceStatus;
 use tandem_engine::{
     EngineConfig, KvCacheSize, LLMEngine, LoadOptions, Model, Prompt, RequestOptions,
     SamplingParams,

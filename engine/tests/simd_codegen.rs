@@ -16,7 +16,7 @@ use tandem_engine::backend::cpu::linear::{Linear, QuantLinear};
 use tandem_engine::backend::cpu::quant::{QKernel, QMatrix};
 use tandem_engine::backend::cpu::{ops, CpuBackend};
 use tandem_engine::backend::ModelBackend;
-use tandem_engine::dtype::GgmlType;
+use tandem_engine::model_files::dtype::GgmlType;
 
 /// Makes sure every kernel is linked into this executable: the matmul dispatch (all ISA paths),
 /// the element-wise ops, and a backend forward pass (attention, quantisation, norms).

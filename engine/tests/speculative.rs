@@ -6,10 +6,10 @@
 
 use std::collections::HashMap;
 
-use tandem_engine::spec_decode::SpeculativeConfig;
+use tandem_engine::speculative::spec_decode::SpeculativeConfig;
 use tandem_engine::{
-    model_fetch, CompletionOutput, EngineConfig, KvCacheSize, LLMEngine, LoadOptions, Model,
-    Prompt, RequestOptions, SamplingParams,
+    model_files::model_fetch, CompletionOutput, EngineConfig, KvCacheSize, LLMEngine, LoadOptions,
+    Model, Prompt, RequestOptions, SamplingParams,
 };
 
 /// Speculation on every decoding sequence, whatever the batch, at full draft length: the most

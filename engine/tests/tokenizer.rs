@@ -1,10 +1,10 @@
 //! The default model's tokenizer, built from GGUF metadata: special tokens, the `smollm`
 //! digit split, and streaming detokenization that never emits a broken character.
 
-use tandem_engine::detokenizer::IncrementalDetokenizer;
-use tandem_engine::gguf::GgufFile;
-use tandem_engine::model_fetch;
-use tandem_engine::tokenizer::Tokenizer;
+use tandem_engine::model_files::detokenizer::IncrementalDetokenizer;
+use tandem_engine::model_files::gguf::GgufFile;
+use tandem_engine::model_files::model_fetch;
+use tandem_engine::model_files::tokenizer::Tokenizer;
 
 fn tokenizer() -> Tokenizer {
     let f = GgufFile::open(&model_fetch::default_model_path().unwrap()).unwrap();

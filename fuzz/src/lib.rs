@@ -2,8 +2,8 @@
 //! faces untrusted input and requiring it to return (an error is fine; a panic, hang or abort
 //! is a bug). Shared by the libFuzzer targets and by the corpus replay test.
 
-use tandem_engine::chat_template::{ChatMessage, ChatTemplate};
-use tandem_engine::gguf::GgufFile;
+use tandem_engine::model_files::chat_template::{ChatMessage, ChatTemplate};
+use tandem_engine::model_files::gguf::GgufFile;
 use tandem_engine::ModelConfig;
 use tandem_kv_transfer::layout::KvLayout;
 use tandem_kv_transfer::page::{KvPage, HEADER_BYTES};

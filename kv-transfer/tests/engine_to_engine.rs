@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
-use tandem_engine::sampler::{SampledToken, TokenLogprob};
-use tandem_engine::scheduler::SchedulerConfig;
+use tandem_engine::sampling::sampler::{SampledToken, TokenLogprob};
+use tandem_engine::scheduling::scheduler::SchedulerConfig;
 use tandem_engine::{
-    model_fetch, CompletionOutput, EngineConfig, LLMEngine, LoadOptions, Model, Prompt,
-    RequestOptions, SamplingParams,
+    model_files::model_fetch, CompletionOutput, EngineConfig, LLMEngine, LoadOptions, Model,
+    Prompt, RequestOptions, SamplingParams,
 };
 use tandem_kv_transfer::tcp::{PageSink, TcpReceiver, TcpSender};
 use tandem_kv_transfer::KvPage;

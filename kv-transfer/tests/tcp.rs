@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use tandem_engine::backend::{ForwardBatch, KernelPath, Logits, ModelBackend};
-use tandem_engine::block_hash::DEFAULT_HASH_SEED;
-use tandem_engine::sampler::argmax;
-use tandem_engine::{model_fetch, LoadOptions, Model};
+use tandem_engine::sampling::sampler::argmax;
+use tandem_engine::scheduling::block_hash::DEFAULT_HASH_SEED;
+use tandem_engine::{model_files::model_fetch, LoadOptions, Model};
 use tandem_kv_transfer::tcp::{PageSink, TcpReceiver, TcpSender};
 use tandem_kv_transfer::{KvDtype, KvLayout, KvPage, TransferError};
 

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use tandem_engine::sampler::{SampledToken, TokenLogprob};
+use tandem_engine::sampling::sampler::{SampledToken, TokenLogprob};
 use tandem_engine::{Prompt, RequestOptions, RequestOutput};
 use tandem_kv_transfer::device::SendOptions;
 use tandem_kv_transfer::tcp::TcpSender;

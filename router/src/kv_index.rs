@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use tandem_engine::block_manager::KvEvent;
+use tandem_engine::scheduling::block_manager::KvEvent;
 
 /// A prefix-match answer: leading blocks held, per worker id.
 pub type Matches = HashMap<String, usize>;
@@ -279,7 +279,7 @@ impl PrefixIndex for ApproxIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tandem_engine::block_hash::BlockHash;
+    use tandem_engine::scheduling::block_hash::BlockHash;
 
     fn stored(h: &[u64]) -> KvEvent {
         KvEvent::Stored(h.iter().map(|&x| BlockHash(x)).collect())

@@ -6,7 +6,7 @@
 //! as vLLM does.
 
 use serde::Deserialize;
-use tandem_engine::sampling_params::MAX_LOGPROBS;
+use tandem_engine::sampling::sampling_params::MAX_LOGPROBS;
 use tandem_engine::{ChatMessage, SamplingParams};
 
 use crate::error::ApiError;

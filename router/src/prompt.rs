@@ -7,7 +7,7 @@
 //!   by default ([`SpecialTokens::Plain`]), so a message cannot close its turn and open one
 //!   under another role. Only the chat template's own special tokens are control tokens.
 
-use tandem_engine::tokenizer::{TokenizeError, Tokenizer};
+use tandem_engine::model_files::tokenizer::{TokenizeError, Tokenizer};
 use tandem_engine::{ChatMessage, ChatTemplate};
 
 use crate::error::ApiError;

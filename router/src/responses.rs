@@ -2,7 +2,7 @@
 //! built from the decode workers' deltas.
 
 use serde_json::{json, Value};
-use tandem_engine::tokenizer::Tokenizer;
+use tandem_engine::model_files::tokenizer::Tokenizer;
 use tandem_proto::v1 as pb;
 
 /// Which endpoint's shapes to build.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
 use serde_json::{json, Value};
-use tandem_engine::block_hash::{salt_digest, BlockHash, DEFAULT_HASH_SEED};
+use tandem_engine::scheduling::block_hash::{salt_digest, BlockHash, DEFAULT_HASH_SEED};
 
 use crate::cost::{self, Candidate, CostConfig};
 use crate::kv_index::{ApproxIndex, KvIndex, Matches, PrefixIndex};

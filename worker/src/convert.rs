@@ -1,7 +1,7 @@
 //! Conversions between the gRPC messages and the engine's types.
 
-use tandem_engine::request_output::{CompletionOutput, StopReason};
-use tandem_engine::sampler::{SampledToken, TokenLogprob};
+use tandem_engine::sampling::sampler::{SampledToken, TokenLogprob};
+use tandem_engine::scheduling::request_output::{CompletionOutput, StopReason};
 use tandem_engine::SamplingParams;
 use tandem_proto::v1 as pb;
 
@@ -118,7 +118,7 @@ mod tests {
     #[test]
     fn engine_errors_map_to_one_status_each() {
         use tandem_engine::backend::BackendError;
-        use tandem_engine::tokenizer::TokenizeError;
+        use tandem_engine::model_files::tokenizer::TokenizeError;
         use tandem_engine::EngineError as E;
         use tonic::Code;
         let bad_temperature =

@@ -10,7 +10,7 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tandem_engine::block_manager::KvEvent;
+use tandem_engine::scheduling::block_manager::KvEvent;
 use tandem_engine::{LLMEngine, RequestOutput};
 
 use crate::metrics as m;

@@ -1,6 +1,6 @@
 //! The KV layout a worker's engine speaks on the wire.
 
-use tandem_engine::block_hash::DEFAULT_HASH_SEED;
+use tandem_engine::scheduling::block_hash::DEFAULT_HASH_SEED;
 use tandem_engine::LLMEngine;
 use tandem_kv_transfer::{KvDtype, KvLayout};
 

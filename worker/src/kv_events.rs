@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use tandem_engine::block_hash::BlockHash;
-use tandem_engine::block_manager::KvEvent;
+use tandem_engine::scheduling::block_hash::BlockHash;
+use tandem_engine::scheduling::block_manager::KvEvent;
 use tokio::sync::mpsc;
 
 use crate::redis::{RedisConn, Reply};

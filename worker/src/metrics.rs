@@ -7,7 +7,7 @@ use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tandem_engine::request_output::RequestMetrics;
+use tandem_engine::scheduling::request_output::RequestMetrics;
 
 use crate::snapshot::Snapshot;
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
-use tandem_engine::sampler::Rng;
+use tandem_engine::sampling::sampler::Rng;
 
 use metrics::{report, Report, Slo, Timeline};
 use workload::{PromptBody, RequestSpec, WorkloadConfig};

@@ -6,7 +6,7 @@
 //! - `multi-turn`: conversations whose every turn re-sends the whole history (user turns and the
 //!   server's answers) plus a new user message, through the chat endpoint.
 
-use tandem_engine::sampler::Rng;
+use tandem_engine::sampling::sampler::Rng;
 
 /// A prompt as sent.
 #[derive(Debug, Clone, PartialEq)]

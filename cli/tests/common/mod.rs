@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 
 /// The default model (fetched on first use).
 pub fn model() -> String {
-    tandem_engine::model_fetch::default_model_path().expect("default model").display().to_string()
+    tandem_engine::model_files::model_fetch::default_model_path()
+        .expect("default model")
+        .display()
+        .to_string()
 }
 
 /// Served model name of the default model.

@@ -3,7 +3,7 @@
 
 use cudarc::driver::LaunchConfig;
 use tandem_engine::backend::{ForwardBatch, RowSampling};
-use tandem_engine::sampler::TokenLogprob;
+use tandem_engine::sampling::sampler::TokenLogprob;
 
 use super::{CudaBackend, Pass};
 use crate::device::ptr;

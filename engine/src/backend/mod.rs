@@ -8,7 +8,7 @@
 
 pub mod cpu;
 
-use crate::config::ModelConfig;
+use crate::model_files::config::ModelConfig;
 
 /// One sequence's part of a [`ForwardBatch`].
 #[derive(Debug, Clone, PartialEq)]
@@ -90,7 +90,7 @@ impl ForwardBatch {
     }
 }
 
-pub use crate::sampler::RowSampling;
+pub use crate::sampling::sampler::RowSampling;
 
 /// Shape of a backend's paged KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,7 +158,7 @@ pub trait ModelBackend: Send {
         &mut self,
         batch: &ForwardBatch,
         rows: &[RowSampling],
-    ) -> Result<Vec<crate::sampler::TokenLogprob>, BackendError> {
+    ) -> Result<Vec<crate::sampling::sampler::TokenLogprob>, BackendError> {
         let _ = (batch, rows);
         Err(BackendError::InvalidBatch("this backend does not sample on the device".into()))
     }

@@ -2,19 +2,19 @@
 //! proposes drafts for the decoding sequences (before scheduling, so the schedule makes room for
 //! them), fits them to what was scheduled, runs the draft model when drafts come from one, and
 //! turns the target's verification rows into tokens with
-//! [`crate::spec_decode::accept_or_resample`]. The scheduler records what was accepted
-//! ([`crate::scheduler::Scheduler::update_from_output`]).
+//! [`crate::speculative::spec_decode::accept_or_resample`]. The scheduler records what was accepted
+//! ([`crate::scheduling::scheduler::Scheduler::update_from_output`]).
 
 use std::collections::HashMap;
 
 use crate::backend::{BackendError, ForwardBatch, Logits, ModelBackend};
-use crate::proposer::{NgramProposer, Proposer, SelfDraft};
-use crate::sampler::{
+use crate::sampling::sampler::{
     argmax, draw_weighted, filtered_distribution, processed, sampled, Rng, SamplingContext,
 };
-use crate::scheduler::{SampledSeq, Scheduler, SchedulerOutput};
-use crate::sequence::{SeqId, Sequence, SequenceStatus};
-use crate::spec_decode::{accept_or_resample, DraftDist, SpecSeq, SpeculativeConfig};
+use crate::scheduling::scheduler::{SampledSeq, Scheduler, SchedulerOutput};
+use crate::scheduling::sequence::{SeqId, Sequence, SequenceStatus};
+use crate::speculative::proposer::{NgramProposer, Proposer, SelfDraft};
+use crate::speculative::spec_decode::{accept_or_resample, DraftDist, SpecSeq, SpeculativeConfig};
 
 /// Proposes, drafts and verifies speculative tokens.
 pub(crate) struct SpecDecoder {

@@ -111,7 +111,7 @@ mod tests {
         }
         let (layers, blocks, bs, kvh, hd, group) = (2, 6, 16, 2, 64, 3);
         let mut kv = CpuKvCache::new(layers, blocks, bs, kvh * hd);
-        let mut rng = crate::sampler::Rng::new(3);
+        let mut rng = crate::sampling::sampler::Rng::new(3);
         let mut r = || rng.next_f64() as f32 * 2.0 - 1.0;
         for l in 0..layers {
             for slot in 0..blocks * bs {

@@ -202,7 +202,7 @@ impl Linear for QuantLinear {
 mod quant_tests {
     use super::super::quant::{scalar, QActs, QKernel, QMatrix};
     use super::*;
-    use crate::dtype::GgmlType;
+    use crate::model_files::dtype::GgmlType;
 
     #[test]
     fn every_kernel_matches_the_scalar_oracle() {
@@ -215,7 +215,7 @@ mod quant_tests {
                 let data =
                     super::super::quant::tests_support::random_gguf(ty, n, k, (n * k + t) as u64);
                 let w = QMatrix::from_gguf(ty, &data, n, k).unwrap();
-                let mut rng = crate::sampler::Rng::new(7);
+                let mut rng = crate::sampling::sampler::Rng::new(7);
                 let x: Vec<f32> = (0..t * k).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
                 let mut a = QActs::default();
                 a.quantize(&x, t, k);

@@ -19,8 +19,8 @@ mod quant_x86;
 use std::sync::Arc;
 
 use crate::backend::{BackendError, ForwardBatch, KernelPath, KvCacheSpec, ModelBackend};
-use crate::config::{Arch, ModelConfig, RopeStyle};
-use crate::weights::ModelFiles;
+use crate::model_files::config::{Arch, ModelConfig, RopeStyle};
+use crate::model_files::weights::ModelFiles;
 use crate::LoadError;
 use kv_cache::CpuKvCache;
 use linear::{ExactLinear, Linear, QuantLinear};

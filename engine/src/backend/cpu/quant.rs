@@ -18,7 +18,7 @@
 //!
 //! [`scalar`] is the reference the SIMD kernels in `quant_x86.rs` are tested against.
 
-use crate::dtype::GgmlType;
+use crate::model_files::dtype::GgmlType;
 
 /// Elements per quantisation block.
 pub const QK: usize = 32;
@@ -531,7 +531,7 @@ pub(crate) mod tests_support {
 
     /// Random GGUF blocks of type `ty`.
     pub(crate) fn random_gguf(ty: GgmlType, n: usize, k: usize, seed: u64) -> Vec<u8> {
-        let mut rng = crate::sampler::Rng::new(seed);
+        let mut rng = crate::sampling::sampler::Rng::new(seed);
         let mut out = Vec::new();
         for _ in 0..n * k / QK {
             let d = half::f16::from_f32(0.001 + 0.02 * rng.next_f64() as f32).to_le_bytes();
@@ -556,7 +556,7 @@ mod tests {
     #[test]
     fn simd_quantisation_equals_the_portable_one() {
         let (t, k) = (3, 160);
-        let mut rng = crate::sampler::Rng::new(11);
+        let mut rng = crate::sampling::sampler::Rng::new(11);
         let x: Vec<f32> = (0..t * k)
             .map(|i| if i % 37 == 0 { 0.0 } else { (rng.next_f64() as f32 - 0.5) * 9.0 })
             .collect();
@@ -598,7 +598,7 @@ mod tests {
             let (n, k) = (3, 96); // odd block count: a padded pair
             let data = random_gguf(ty, n, k, 5);
             let mut want = vec![0f32; n * k];
-            crate::dtype::dequantize(ty, &data, &mut want);
+            crate::model_files::dtype::dequantize(ty, &data, &mut want);
             let m = QMatrix::from_gguf(ty, &data, n, k).unwrap();
             let mut row = vec![0f32; k];
             for r in 0..n {
@@ -614,9 +614,9 @@ mod tests {
             let (n, k, t) = (4, 160, 3);
             let data = random_gguf(ty, n, k, 9);
             let mut w = vec![0f32; n * k];
-            crate::dtype::dequantize(ty, &data, &mut w);
+            crate::model_files::dtype::dequantize(ty, &data, &mut w);
             let m = QMatrix::from_gguf(ty, &data, n, k).unwrap();
-            let mut rng = crate::sampler::Rng::new(1);
+            let mut rng = crate::sampling::sampler::Rng::new(1);
             let x: Vec<f32> = (0..t * k).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect();
             let mut a = QActs::default();
             a.quantize(&x, t, k);

@@ -5,9 +5,9 @@
 //! or aborts (`fail`); blocks are freed either way.
 
 use crate::llm_engine::{now_secs, EngineError, LLMEngine, Prompt, RequestOptions};
-use crate::sampler::SampledToken;
-use crate::sampling_params::SamplingParams;
-use crate::scheduler::{SampledSeq, SchedulerOutput};
+use crate::sampling::sampler::SampledToken;
+use crate::sampling::sampling_params::SamplingParams;
+use crate::scheduling::scheduler::{SampledSeq, SchedulerOutput};
 
 /// Blocks reserved for a remote prefill.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,9 +5,9 @@ use crate::backend::cpu::ops::log_softmax;
 use crate::backend::{BackendError, ForwardBatch, Logits};
 use crate::llm_engine::{EngineError, LLMEngine, Prompt};
 use crate::model::Model;
-use crate::request_output::FinishReason;
-use crate::sampler::SampledToken;
-use crate::sampling_params::SamplingParams;
+use crate::sampling::sampler::SampledToken;
+use crate::sampling::sampling_params::SamplingParams;
+use crate::scheduling::request_output::FinishReason;
 
 /// The result of [`LLMEngine::generate`].
 #[derive(Debug, Clone, serde::Serialize)]

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use crate::block_hash::BlockHash;
+use crate::scheduling::block_hash::BlockHash;
 
 /// The physical blocks a sequence holds, in logical order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

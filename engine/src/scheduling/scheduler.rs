@@ -16,11 +16,11 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::block_manager::BlockManager;
-use crate::request_output::FinishReason;
-use crate::sampler::{Rng, SampledToken};
-use crate::sequence::{SeqId, Sequence, SequenceStatus};
-use crate::tokenizer::{TokenizeError, Tokenizer};
+use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
+use crate::sampling::sampler::{Rng, SampledToken};
+use crate::scheduling::block_manager::BlockManager;
+use crate::scheduling::request_output::FinishReason;
+use crate::scheduling::sequence::{SeqId, Sequence, SequenceStatus};
 
 /// How preempted sequences give their blocks back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -70,7 +70,7 @@ impl Default for SchedulerConfig {
             policy: SchedulingPolicy::Fcfs,
             enable_chunked_prefill: true,
             max_model_len: 8192,
-            hash_seed: crate::block_hash::DEFAULT_HASH_SEED,
+            hash_seed: crate::scheduling::block_hash::DEFAULT_HASH_SEED,
         }
     }
 }

@@ -7,9 +7,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::config::ModelConfig;
-use crate::dtype::GgmlType;
-use crate::gguf::GgufFile;
+use crate::model_files::config::ModelConfig;
+use crate::model_files::dtype::GgmlType;
+use crate::model_files::gguf::GgufFile;
 use crate::LoadError;
 
 /// A borrowed tensor: type, shape (outermost first) and raw little-endian bytes.
@@ -34,7 +34,7 @@ impl TensorRef<'_> {
     /// Dequantises the whole tensor to f32 (the exact path).
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.num_elements()];
-        crate::dtype::dequantize(self.dtype, self.bytes, &mut out);
+        crate::model_files::dtype::dequantize(self.dtype, self.bytes, &mut out);
         out
     }
 }

@@ -15,7 +15,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::AddedToken;
 
-use crate::gguf::{GgufFile, GgufValue};
+use crate::model_files::gguf::{GgufFile, GgufValue};
 use crate::LoadError;
 
 /// GGUF token types (llama.cpp `llama_token_type`).

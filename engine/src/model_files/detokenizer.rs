@@ -5,7 +5,7 @@
 //! deltas concatenates to exactly the text of the whole sequence and never carries a broken
 //! character.
 
-use crate::tokenizer::{TokenizeError, Tokenizer};
+use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
 
 /// Tokens kept before the read point so that merges with the previous token decode right.
 const CONTEXT_TOKENS: usize = 6;

@@ -2,24 +2,29 @@
 //! `has_unfinished_requests`, `get_num_unfinished_requests` — over the Scheduler → BlockManager
 //! → ModelRunner flow of seed 002.
 
+pub mod generate;
+pub mod model_runner;
+pub mod remote_prefill;
 mod spec_decoder;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::backend::BackendError;
-use crate::block_hash::salt_digest;
-use crate::block_manager::BlockManager;
+use crate::llm_engine::model_runner::{ModelRunner, RowOutput};
 use crate::model::Model;
-use crate::model_runner::{ModelRunner, RowOutput};
-use crate::request_output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput};
-use crate::sampler::{sample_token, Rng, SampledToken, SamplingContext};
-use crate::sampling_params::SamplingParams;
-use crate::scheduler::{
+use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
+use crate::sampling::sampler::{sample_token, Rng, SampledToken, SamplingContext};
+use crate::sampling::sampling_params::SamplingParams;
+use crate::scheduling::block_hash::salt_digest;
+use crate::scheduling::block_manager::BlockManager;
+use crate::scheduling::request_output::{
+    CompletionOutput, FinishReason, RequestMetrics, RequestOutput,
+};
+use crate::scheduling::scheduler::{
     ForkedSeq, SampledSeq, Scheduler, SchedulerConfig, SchedulerOutput, StepUpdate,
 };
-use crate::sequence::{SeqId, Sequence, SequenceStatus};
-use crate::tokenizer::{TokenizeError, Tokenizer};
+use crate::scheduling::sequence::{SeqId, Sequence, SequenceStatus};
 use crate::ModelConfig;
 use spec_decoder::SpecDecoder;
 
@@ -59,7 +64,7 @@ pub struct EngineConfig {
     /// Share full blocks between requests through the prefix cache.
     pub enable_prefix_caching: bool,
     /// Speculative decoding (n-gram proposals), when set.
-    pub speculative: Option<crate::spec_decode::SpeculativeConfig>,
+    pub speculative: Option<crate::speculative::spec_decode::SpeculativeConfig>,
     /// Secure mode: zero every KV block when its last user lets go (no prefix reuse after).
     pub zero_freed_blocks: bool,
 }
@@ -83,7 +88,7 @@ pub enum EngineError {
     InvalidRequest(String),
     /// A sampling parameter breaks its rule.
     #[error(transparent)]
-    InvalidParam(#[from] crate::sampling_params::ParamError),
+    InvalidParam(#[from] crate::sampling::sampling_params::ParamError),
     /// A request with this id is already running.
     #[error("request id '{0}' is already in use")]
     DuplicateRequestId(String),
@@ -144,7 +149,7 @@ pub struct LLMEngine {
     next_arrival: u64,
     pub(crate) max_model_len: usize,
     /// Blocks of finished prefill-only requests, held until released.
-    pub(crate) pinned: HashMap<String, crate::block_manager::BlockTable>,
+    pub(crate) pinned: HashMap<String, crate::scheduling::block_manager::BlockTable>,
     pub(crate) stats: EngineStats,
     last_schedule: SchedulerOutput,
     /// Speculative decoding, when configured.
@@ -219,9 +224,9 @@ impl LLMEngine {
                 "a draft model needs speculative decoding on (EngineConfig::speculative)".into(),
             ));
         };
-        let relative_cost = crate::proposer::macs_per_token(&draft.config)
-            / crate::proposer::macs_per_token(&self.model_config);
-        decoder.set_proposer(Box::new(crate::proposer::DraftModel {
+        let relative_cost = crate::speculative::proposer::macs_per_token(&draft.config)
+            / crate::speculative::proposer::macs_per_token(&self.model_config);
+        decoder.set_proposer(Box::new(crate::speculative::proposer::DraftModel {
             backend: draft.backend,
             relative_cost,
         }));
@@ -453,13 +458,13 @@ impl LLMEngine {
         self.scheduler.queue_lengths()
     }
 
-    /// Starts recording KV cache events (see [`crate::block_manager::KvEvent`]).
+    /// Starts recording KV cache events (see [`crate::scheduling::block_manager::KvEvent`]).
     pub fn enable_kv_events(&mut self) {
         self.scheduler.block_manager.enable_kv_events();
     }
 
     /// KV cache events since the last call.
-    pub fn take_kv_events(&mut self) -> Vec<crate::block_manager::KvEvent> {
+    pub fn take_kv_events(&mut self) -> Vec<crate::scheduling::block_manager::KvEvent> {
         self.scheduler.block_manager.take_kv_events()
     }
 

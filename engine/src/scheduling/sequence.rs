@@ -4,14 +4,16 @@
 
 use std::sync::Arc;
 
-use crate::block_hash::BlockHash;
-use crate::block_manager::BlockTable;
-use crate::detokenizer::IncrementalDetokenizer;
-use crate::request_output::{CompletionOutput, FinishReason, RequestMetrics, StopReason};
-use crate::sampler::{Rng, SampledToken};
-use crate::sampling_params::SamplingParams;
-use crate::spec_decode::SpecSeq;
-use crate::tokenizer::{TokenizeError, Tokenizer};
+use crate::model_files::detokenizer::IncrementalDetokenizer;
+use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
+use crate::sampling::sampler::{Rng, SampledToken};
+use crate::sampling::sampling_params::SamplingParams;
+use crate::scheduling::block_hash::BlockHash;
+use crate::scheduling::block_manager::BlockTable;
+use crate::scheduling::request_output::{
+    CompletionOutput, FinishReason, RequestMetrics, StopReason,
+};
+use crate::speculative::spec_decode::SpecSeq;
 
 /// Engine-wide identifier of a sequence.
 pub type SeqId = u64;

@@ -10,7 +10,7 @@
 //! last position. Greedy requests accept a draft when it is the argmax. (The seed's residual,
 //! `p − q·p(d)/q(d)`, is not a distribution-preserving rule; this is Leviathan et al.'s.)
 //!
-//! Drafts come from a [`crate::proposer::Proposer`]: n-gram lookup, the model's own first
+//! Drafts come from a [`crate::speculative::proposer::Proposer`]: n-gram lookup, the model's own first
 //! layers, or a separate draft model (sampling `k` tokens one batched pass at a time with the
 //! request's parameters).
 //!
@@ -18,7 +18,7 @@
 //! acceptance estimate and draft length); the engine's speculative step that drives them over
 //! the scheduler and the runner is `llm_engine/speculative.rs`.
 
-use crate::sampler::{draw_weighted, Rng};
+use crate::sampling::sampler::{draw_weighted, Rng};
 
 /// Speculative decoding settings of an engine.
 #[derive(Debug, Clone, Copy, PartialEq)]

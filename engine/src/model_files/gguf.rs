@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::dtype::GgmlType;
+use crate::model_files::dtype::GgmlType;
 
 /// The four magic bytes every GGUF file starts with.
 const GGUF_MAGIC: &[u8; 4] = b"GGUF";

@@ -3,7 +3,7 @@
 //! min-p / top-k / top-p filtering, and log-probabilities of the model's own distribution.
 
 use crate::backend::cpu::ops::log_sum_exp;
-use crate::sampling_params::SamplingParams;
+use crate::sampling::sampling_params::SamplingParams;
 
 /// A token with its log-probability under the model (before penalties and temperature).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -1,6 +1,6 @@
 //! The engine's typed errors at its boundaries: loading a model, tokenizing, templating.
 
-use crate::gguf::GgufError;
+use crate::model_files::gguf::GgufError;
 
 /// Why a model could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +46,7 @@ pub enum LoadError {
     Tokenizer(String),
     /// The chat template does not compile.
     #[error(transparent)]
-    Template(#[from] crate::chat_template::TemplateError),
+    Template(#[from] crate::model_files::chat_template::TemplateError),
     /// The path is neither a GGUF file nor a safetensors model directory.
     #[error("cannot tell the model format of {0}: expected a .gguf file or a directory with config.json and *.safetensors")]
     UnknownFormat(String),

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 
 use crate::backend::{BackendError, ForwardBatch, Logits, ModelBackend, RowSampling};
-use crate::sampler::TokenLogprob;
-use crate::scheduler::SchedulerOutput;
-use crate::sequence::{SeqId, Sequence};
+use crate::sampling::sampler::TokenLogprob;
+use crate::scheduling::scheduler::SchedulerOutput;
+use crate::scheduling::sequence::{SeqId, Sequence};
 
 /// What a step produced for one sequence ready to sample.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use crate::gguf::GgufFile;
+use crate::model_files::gguf::GgufFile;
 use crate::LoadError;
 
 /// Supported model architectures.

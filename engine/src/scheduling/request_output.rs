@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::sampler::SampledToken;
+use crate::sampling::sampler::SampledToken;
 
 /// Why a completion ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
