@@ -126,9 +126,9 @@ pub struct EngineStats {
     pub spec_accepted_per_position: [u64; 8],
 }
 
-pub(crate) struct RequestState {
-    pub(crate) seq_ids: Vec<SeqId>,
-    pub(crate) prompt: Arc<Vec<u32>>,
+struct RequestState {
+    seq_ids: Vec<SeqId>,
+    prompt: Arc<Vec<u32>>,
     n: usize,
     finished: usize,
 }
@@ -141,22 +141,22 @@ pub struct LLMEngine {
     pub tokenizer: Tokenizer,
     /// The model's chat template.
     pub chat_template: Option<crate::ChatTemplate>,
-    pub(crate) runner: ModelRunner,
-    pub(crate) scheduler: Scheduler,
-    pub(crate) requests: HashMap<String, RequestState>,
-    pub(crate) pending: Vec<RequestOutput>,
+    runner: ModelRunner,
+    scheduler: Scheduler,
+    requests: HashMap<String, RequestState>,
+    pending: Vec<RequestOutput>,
     next_seq_id: SeqId,
     next_arrival: u64,
-    pub(crate) max_model_len: usize,
+    max_model_len: usize,
     /// Blocks of finished prefill-only requests, held until released.
-    pub(crate) pinned: HashMap<String, crate::scheduling::block_manager::BlockTable>,
-    pub(crate) stats: EngineStats,
+    pinned: HashMap<String, crate::scheduling::block_manager::BlockTable>,
+    stats: EngineStats,
     last_schedule: SchedulerOutput,
     /// Speculative decoding, when configured.
     spec: Option<SpecDecoder>,
 }
 
-pub(crate) fn now_secs() -> f64 {
+fn now_secs() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -357,7 +357,7 @@ impl LLMEngine {
     /// sequences and of `ended` (those of its sequences that just left the scheduler). The
     /// request is done, and forgotten, once all its completions ended (or with `abort`).
     /// `None` when nothing changed.
-    pub(crate) fn request_output(
+    fn request_output(
         &mut self,
         request_id: &str,
         ended: &mut [Sequence],
@@ -404,7 +404,7 @@ impl LLMEngine {
     /// Secure mode: zeroes the blocks freed since the last wipe. Every public method that can
     /// free blocks ends with it, so no freed block is handed out again unwiped (blocks freed
     /// inside `schedule` are zeroed by the runner, after the swap-out copies).
-    pub(crate) fn wipe_freed(&mut self) {
+    fn wipe_freed(&mut self) {
         let blocks = self.scheduler.block_manager.take_blocks_to_zero();
         if let Err(e) = self.runner.backend.zero_blocks(&blocks) {
             tracing::error!("zeroing freed KV blocks failed: {e}");
