@@ -119,11 +119,13 @@ fn garbage_and_missing_files() {
 
 #[test]
 fn unknown_tensor_type_names_tensor_and_type() {
-    let p = tiny_gguf("q6k.gguf", |w| {
-        w.tensor("blk.0.extra.weight", &[256, 2], 14, vec![0; 420]);
+    // IQ4_XS (id 23, 136 bytes per 256 weights) is not loaded.
+    let p = tiny_gguf("iq4xs.gguf", |w| {
+        w.tensor("blk.0.extra.weight", &[256, 2], 23, vec![0; 272]);
     });
     let e = err(&p);
-    assert!(e.contains("blk.0.extra.weight") && e.contains("Q6_K"), "{e}");
+    assert!(e.contains("blk.0.extra.weight") && e.contains("IQ4_XS"), "{e}");
+    assert!(e.contains("supported: F32, F16, BF16") && e.contains("Q4_K"), "{e}");
 }
 
 #[test]

@@ -6,7 +6,8 @@
 
 use half::{bf16, f16};
 
-/// A tensor element type that the engine can load.
+/// A tensor element type that the engine can load (named as GGML names them).
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GgmlType {
     /// 32-bit float.
@@ -25,6 +26,17 @@ pub enum GgmlType {
     Q5_1,
     /// 32 weights: f16 scale, 8-bit signed values.
     Q8_0,
+    /// 256 weights in 16 groups: 2-bit values, 4-bit group scales and mins, f16 super-scales.
+    Q2_K,
+    /// 256 weights in 16 groups: 3-bit values (2 low bits + a high-bit mask), 6-bit group
+    /// scales, an f16 super-scale.
+    Q3_K,
+    /// 256 weights in 8 groups: 4-bit values, 6-bit group scales and mins, f16 super-scales.
+    Q4_K,
+    /// 256 weights in 8 groups: 5-bit values, 6-bit group scales and mins, f16 super-scales.
+    Q5_K,
+    /// 256 weights in 16 groups: 6-bit values, 8-bit signed group scales, an f16 super-scale.
+    Q6_K,
 }
 
 impl GgmlType {
@@ -38,6 +50,11 @@ impl GgmlType {
             6 => GgmlType::Q5_0,
             7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2_K,
+            11 => GgmlType::Q3_K,
+            12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
+            14 => GgmlType::Q6_K,
             30 => GgmlType::BF16,
             _ => return None,
         })
@@ -101,13 +118,38 @@ impl GgmlType {
             GgmlType::Q5_0 => "Q5_0",
             GgmlType::Q5_1 => "Q5_1",
             GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q2_K => "Q2_K",
+            GgmlType::Q3_K => "Q3_K",
+            GgmlType::Q4_K => "Q4_K",
+            GgmlType::Q5_K => "Q5_K",
+            GgmlType::Q6_K => "Q6_K",
         }
     }
+
+    /// Every type the engine loads.
+    pub const ALL: [GgmlType; 13] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
 
     /// Elements per block.
     pub fn block_size(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                QK_K
+            }
             _ => 32,
         }
     }
@@ -122,6 +164,11 @@ impl GgmlType {
             GgmlType::Q5_0 => 22,
             GgmlType::Q5_1 => 24,
             GgmlType::Q8_0 => 34,
+            GgmlType::Q2_K => 84,
+            GgmlType::Q3_K => 110,
+            GgmlType::Q4_K => 144,
+            GgmlType::Q5_K => 176,
+            GgmlType::Q6_K => 210,
         }
     }
 
@@ -130,6 +177,9 @@ impl GgmlType {
         n / self.block_size() * self.block_bytes()
     }
 }
+
+/// Weights per K-quant super-block.
+pub const QK_K: usize = 256;
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
@@ -216,6 +266,157 @@ pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) {
                 let d = f16_at(b, 0);
                 for j in 0..32 {
                     o[j] = (b[2 + j] as i8) as f32 * d;
+                }
+            }
+        }
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            let bb = ty.block_bytes();
+            for (o, b) in out.chunks_exact_mut(QK_K).zip(src.chunks_exact(bb)) {
+                match ty {
+                    GgmlType::Q2_K => kquant::q2_k(b, o),
+                    GgmlType::Q3_K => kquant::q3_k(b, o),
+                    GgmlType::Q4_K => kquant::q4_k(b, o),
+                    GgmlType::Q5_K => kquant::q5_k(b, o),
+                    _ => kquant::q6_k(b, o),
+                }
+            }
+        }
+    }
+}
+
+/// One super-block of each K-quant type to 256 floats. Values are laid out as llama.cpp's
+/// `dequantize_row_q*_K` writes them (the GGUF format's definition).
+mod kquant {
+    use super::f16_at;
+
+    /// Block layout: 16 group bytes (scale in the low nibble, min in the high), 64 bytes of
+    /// 2-bit values, then `d` and `dmin`. Each 32-byte run of values holds four 32-weight
+    /// slices, two bits each; a slice's first and second 16 weights have their own group.
+    pub fn q2_k(b: &[u8], o: &mut [f32]) {
+        let (scales, qs) = (&b[0..16], &b[16..80]);
+        let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+        let mut g = 0;
+        for half in 0..2 {
+            let q = &qs[32 * half..32 * half + 32];
+            for j in 0..4 {
+                let shift = 2 * j;
+                for part in 0..2 {
+                    let sc = scales[g];
+                    g += 1;
+                    let (dl, ml) = (d * (sc & 0xF) as f32, dmin * (sc >> 4) as f32);
+                    let base = half * 128 + j * 32 + part * 16;
+                    for l in 0..16 {
+                        let v = (q[part * 16 + l] >> shift) & 3;
+                        o[base + l] = dl * v as f32 - ml;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The 16 six-bit group scales of Q3_K, packed into 12 bytes: low nibbles of bytes 0..8
+    /// (groups 0..8), their high nibbles (groups 8..16), and two high bits each in bytes 8..12.
+    fn q3_scale(s: &[u8], j: usize) -> i32 {
+        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        (low | (high << 4)) as i32 - 32
+    }
+
+    /// Block layout: a 32-byte high-bit mask, 64 bytes of 2-bit values, 12 bytes of scales,
+    /// then `d`. A weight is `d · scale · (low2 − (high bit clear ? 4 : 0))`.
+    pub fn q3_k(b: &[u8], o: &mut [f32]) {
+        let (hmask, qs, scales) = (&b[0..32], &b[32..96], &b[96..108]);
+        let d = f16_at(b, 108);
+        let mut g = 0;
+        let mut m = 1u8;
+        for half in 0..2 {
+            let q = &qs[32 * half..32 * half + 32];
+            for j in 0..4 {
+                let shift = 2 * j;
+                for part in 0..2 {
+                    let dl = d * q3_scale(scales, g) as f32;
+                    g += 1;
+                    let base = half * 128 + j * 32 + part * 16;
+                    for l in 0..16 {
+                        let i = part * 16 + l;
+                        let low = ((q[i] >> shift) & 3) as i32;
+                        let v = low - if hmask[i] & m != 0 { 0 } else { 4 };
+                        o[base + l] = dl * v as f32;
+                    }
+                }
+                m = m.wrapping_shl(1);
+            }
+        }
+    }
+
+    /// Scale and min of group `j` (0..8) of Q4_K / Q5_K, six bits each, packed in 12 bytes.
+    fn scale_min(s: &[u8], j: usize) -> (f32, f32) {
+        if j < 4 {
+            ((s[j] & 63) as f32, (s[j + 4] & 63) as f32)
+        } else {
+            let sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+            let m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+            (sc as f32, m as f32)
+        }
+    }
+
+    /// Block layout: `d`, `dmin`, 12 bytes of scales and mins, 128 bytes of 4-bit values; each
+    /// 32-byte run holds two groups (low nibbles, then high nibbles).
+    pub fn q4_k(b: &[u8], o: &mut [f32]) {
+        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+        let (scales, qs) = (&b[4..16], &b[16..144]);
+        for run in 0..4 {
+            let q = &qs[32 * run..32 * run + 32];
+            for (nib, shift) in [(0, 0), (1, 4)] {
+                let (sc, m) = scale_min(scales, 2 * run + nib);
+                let (dl, ml) = (d * sc, dmin * m);
+                let base = run * 64 + nib * 32;
+                for l in 0..32 {
+                    o[base + l] = dl * ((q[l] >> shift) & 0xF) as f32 - ml;
+                }
+            }
+        }
+    }
+
+    /// Block layout: `d`, `dmin`, 12 bytes of scales and mins, a 32-byte fifth-bit array, 128
+    /// bytes of 4-bit values (as Q4_K); group `g`'s fifth bits are bit `g` of the array's bytes.
+    pub fn q5_k(b: &[u8], o: &mut [f32]) {
+        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+        let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+        for run in 0..4 {
+            let q = &qs[32 * run..32 * run + 32];
+            for (nib, shift) in [(0, 0), (1, 4)] {
+                let g = 2 * run + nib;
+                let (sc, m) = scale_min(scales, g);
+                let (dl, ml) = (d * sc, dmin * m);
+                let base = run * 64 + nib * 32;
+                for l in 0..32 {
+                    let high = ((qh[l] >> g) & 1) << 4;
+                    o[base + l] = dl * (((q[l] >> shift) & 0xF) | high) as f32 - ml;
+                }
+            }
+        }
+    }
+
+    /// Block layout: 128 bytes of low 4 bits, 64 bytes of high 2 bits, 16 signed group scales,
+    /// then `d`. Each half of 128 weights takes 64 low bytes and 32 high bytes.
+    pub fn q6_k(b: &[u8], o: &mut [f32]) {
+        let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
+        let d = f16_at(b, 208);
+        for half in 0..2 {
+            let (ql, qh, sc) = (&ql[64 * half..], &qh[32 * half..], &sc[8 * half..]);
+            let y = &mut o[128 * half..128 * half + 128];
+            for l in 0..32 {
+                let g = l / 16;
+                let quads = [
+                    (ql[l] & 0xF) | (qh[l] & 3) << 4,
+                    (ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4,
+                    (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4,
+                    (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4,
+                ];
+                for (k, q) in quads.into_iter().enumerate() {
+                    let s = sc[g + 2 * k] as i8 as f32;
+                    y[l + 32 * k] = d * s * (q as i32 - 32) as f32;
                 }
             }
         }

@@ -49,7 +49,10 @@ pub enum GgufError {
     #[error("corrupt GGUF file: {0}")]
     Corrupt(String),
     /// A tensor whose element type this engine cannot load.
-    #[error("tensor '{tensor}' has unsupported GGML type {type_name} (id {type_id})")]
+    #[error(
+        "tensor '{tensor}' has unsupported GGML type {type_name} (id {type_id}); supported: {}",
+        supported_types()
+    )]
     UnsupportedTensorType {
         /// The tensor's name.
         tensor: String,
@@ -58,6 +61,11 @@ pub enum GgufError {
         /// A readable name of the type when known.
         type_name: String,
     },
+}
+
+/// The GGML types this engine loads, for error messages.
+fn supported_types() -> String {
+    GgmlType::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
 }
 
 /// One metadata value.
