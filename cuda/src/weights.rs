@@ -62,6 +62,12 @@ impl DeviceWeights {
         cfg: &ModelConfig,
     ) -> Result<DeviceWeights, CudaError> {
         let (h, q, kv, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
+        if cfg.arch == Arch::Gemma3 {
+            return Err(CudaError::Unsupported(format!(
+                "the {} architecture runs on the CPU backend only so far",
+                cfg.arch.gguf_name()
+            )));
+        }
         let mut bytes = 0u64;
         let mut mat = |parts: &[(String, usize)], k: usize| -> Result<CudaSlice<u16>, CudaError> {
             let mut all = Vec::new();
@@ -78,7 +84,7 @@ impl DeviceWeights {
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
-            let qk = cfg.arch == Arch::Qwen3;
+            let qk = cfg.qk_norm;
             layers.push(LayerWeights {
                 attn_norm: vec(&p("attn_norm"), h)?,
                 qkv: mat(&[(p("attn_q"), q), (p("attn_k"), kv), (p("attn_v"), kv)], h)?,
@@ -129,7 +135,7 @@ impl DeviceWeights {
         let embed = rand(cfg.vocab_size * h, 1.0)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for _ in 0..cfg.num_layers {
-            let qk = cfg.arch == Arch::Qwen3;
+            let qk = cfg.qk_norm;
             layers.push(LayerWeights {
                 attn_norm: ones(h)?,
                 qkv: rand((q + 2 * kv) * h, 1.0 / (h as f32).sqrt())?,

@@ -14,6 +14,9 @@ pub enum Arch {
     Llama,
     /// Qwen3: Llama plus an RMSNorm on each head's query and key.
     Qwen3,
+    /// Gemma 3: embeddings scaled by √hidden, norms before and after each sub-layer, query and
+    /// key norms, a GELU (tanh) gated MLP, and sliding-window layers between global ones.
+    Gemma3,
 }
 
 impl Arch {
@@ -22,6 +25,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
         }
     }
 }
@@ -33,6 +37,26 @@ pub enum RopeStyle {
     Interleaved,
     /// Pairs (i, i + d/2), "rotate half": Hugging Face weights and GGUF Qwen3.
     Neox,
+}
+
+/// The gate's activation in the gated MLP (`act(gate) · up`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU): Llama, Qwen.
+    Silu,
+    /// GELU with the tanh approximation (GeGLU): Gemma.
+    GeluTanh,
+}
+
+/// Sliding-window attention: most layers attend to the last `size` positions only.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlidingWindow {
+    /// Positions a local layer sees, its own included.
+    pub size: usize,
+    /// Every `pattern`-th layer (1-based) is global; the others are local.
+    pub pattern: usize,
+    /// RoPE base of the local layers (global layers use `rope_theta`).
+    pub local_rope_theta: f32,
 }
 
 /// Shape and numeric constants of a decoder-only transformer.
@@ -66,6 +90,16 @@ pub struct ModelConfig {
     pub rope_style: RopeStyle,
     /// Whether the LM head reuses the token embedding.
     pub tie_word_embeddings: bool,
+    /// The gated MLP's activation.
+    pub hidden_act: Activation,
+    /// Factor on the token embeddings before the first layer (1 but for Gemma: √hidden).
+    pub embedding_scale: f32,
+    /// RMSNorm on each head's query and key before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// RMSNorm on the attention and MLP outputs before the residual add (Gemma 3).
+    pub post_norms: bool,
+    /// Sliding-window layers, when the model has them.
+    pub sliding_window: Option<SlidingWindow>,
 }
 
 impl ModelConfig {
@@ -76,6 +110,29 @@ impl ModelConfig {
     /// Width of all key (or value) heads together.
     pub fn kv_size(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// The window of layer `layer` (0-based): `None` for a global layer.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        let w = self.sliding_window?;
+        (!(layer + 1).is_multiple_of(w.pattern)).then_some(w.size)
+    }
+
+    /// The RoPE base of layer `layer`.
+    pub fn layer_rope_theta(&self, layer: usize) -> f32 {
+        match (self.sliding_window, self.layer_window(layer)) {
+            (Some(w), Some(_)) => w.local_rope_theta,
+            _ => self.rope_theta,
+        }
+    }
+
+    /// The architecture's defaults for everything but the shapes (activation, norms, scaling).
+    fn arch_defaults(arch: Arch, hidden_size: usize) -> (Activation, f32, bool, bool) {
+        match arch {
+            Arch::Llama => (Activation::Silu, 1.0, false, false),
+            Arch::Qwen3 => (Activation::Silu, 1.0, true, false),
+            Arch::Gemma3 => (Activation::GeluTanh, (hidden_size as f32).sqrt(), true, true),
+        }
     }
 
     /// Checks internal consistency.
@@ -97,6 +154,11 @@ impl ModelConfig {
         if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} must be even and positive", self.head_dim));
         }
+        if let Some(w) = self.sliding_window {
+            if w.size == 0 || w.pattern == 0 || !(w.local_rope_theta > 0.0) {
+                return bad(format!("invalid sliding window {w:?}"));
+            }
+        }
         // NaN is not positive either.
         let positive = |x: f32| x > 0.0;
         if !positive(self.rms_norm_eps) || !positive(self.rope_theta) {
@@ -117,6 +179,7 @@ impl ModelConfig {
         let arch = match arch_name {
             "llama" => Arch::Llama,
             "qwen3" => Arch::Qwen3,
+            "gemma3" => Arch::Gemma3,
             other => return Err(LoadError::UnsupportedArchitecture(other.to_string())),
         };
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -139,6 +202,15 @@ impl ModelConfig {
             .ok_or_else(|| LoadError::MissingTensor("token_embd.weight".into()))?;
         let vocab_size =
             opt_u("vocab_size").unwrap_or(embd.dims.get(1).copied().unwrap_or(0) as usize);
+        let (hidden_act, embedding_scale, qk_norm, post_norms) =
+            Self::arch_defaults(arch, hidden_size);
+        // Gemma 3 defines its layout: five local layers (RoPE base 10k) then a global one.
+        let sliding_window = match (arch, opt_u("attention.sliding_window")) {
+            (Arch::Gemma3, Some(size)) => {
+                Some(SlidingWindow { size, pattern: 6, local_rope_theta: 10_000.0 })
+            }
+            _ => None,
+        };
         let cfg = ModelConfig {
             arch,
             name: f.get("general.name").and_then(|v| v.as_str()).unwrap_or(arch_name).to_string(),
@@ -160,9 +232,14 @@ impl ModelConfig {
             })?,
             rope_style: match arch {
                 Arch::Llama => RopeStyle::Interleaved,
-                Arch::Qwen3 => RopeStyle::Neox,
+                Arch::Qwen3 | Arch::Gemma3 => RopeStyle::Neox,
             },
             tie_word_embeddings: f.tensor("output.weight").is_none(),
+            hidden_act,
+            embedding_scale,
+            qk_norm,
+            post_norms,
+            sliding_window,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -189,6 +266,8 @@ impl ModelConfig {
         if c.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
             return Err(LoadError::Config("RoPE scaling is not supported yet".into()));
         }
+        let (hidden_act, embedding_scale, qk_norm, post_norms) =
+            Self::arch_defaults(arch, c.hidden_size);
         let cfg = ModelConfig {
             arch,
             name: c.model_type.clone().unwrap_or_else(|| arch_name.clone()),
@@ -206,6 +285,11 @@ impl ModelConfig {
             rms_norm_eps: c.rms_norm_eps.unwrap_or(1e-6),
             rope_style: RopeStyle::Neox,
             tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
+            hidden_act,
+            embedding_scale,
+            qk_norm,
+            post_norms,
+            sliding_window: None,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -9,5 +9,6 @@ pub mod dtype;
 pub mod error;
 pub mod gguf;
 pub mod model_fetch;
+pub mod spm;
 pub mod tokenizer;
 pub mod weights;

@@ -72,43 +72,47 @@ impl Tokenizer {
     /// Builds the tokenizer described by GGUF metadata (`tokenizer.ggml.*`).
     pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer, LoadError> {
         let model = f.get("tokenizer.ggml.model").and_then(|v| v.as_str()).unwrap_or("");
-        if model != "gpt2" {
-            return Err(LoadError::Tokenizer(format!(
-                "tokenizer model '{model}' is not supported (supported: gpt2 byte-level BPE)"
-            )));
-        }
-        let pre = f.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
-        let pre_tokenizer = pre_tokenizer_for(pre)?;
         let tokens = strings(f, "tokenizer.ggml.tokens")?;
-        let merges: Vec<(String, String)> = strings(f, "tokenizer.ggml.merges")?
-            .into_iter()
-            .map(|m| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| LoadError::Tokenizer(format!("merge '{m}' has no space")))
-            })
-            .collect::<Result<_, _>>()?;
-        let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| LoadError::Tokenizer(format!("cannot build BPE: {e}")))?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre_tokenizer));
-        inner.with_decoder(Some(ByteLevel::default()));
         let types: Vec<u64> = match f.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
             Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
             None => vec![1; tokens.len()],
         };
+        let mut inner = match model {
+            "gpt2" => byte_level_bpe(f, &tokens)?,
+            "llama" => {
+                let scores: Vec<f32> = f
+                    .get("tokenizer.ggml.scores")
+                    .and_then(|v| v.as_array())
+                    .ok_or_else(|| LoadError::Tokenizer("GGUF lacks tokenizer.ggml.scores".into()))?
+                    .iter()
+                    .map(|v| v.as_f64().unwrap_or(0.0) as f32)
+                    .collect();
+                let unk = token_id(f, "tokenizer.ggml.unknown_token_id")
+                    .and_then(|i| tokens.get(i as usize))
+                    .map(String::as_str);
+                let prefix = f
+                    .get("tokenizer.ggml.add_space_prefix")
+                    .and_then(|v| v.as_bool())
+                    .unwrap_or(true);
+                crate::model_files::spm::tokenizer(&tokens, &scores, &types, unk, prefix)?
+            }
+            other => {
+                return Err(LoadError::Tokenizer(format!(
+                    "tokenizer model '{other}' is not supported (supported: gpt2 byte-level BPE, llama SentencePiece)"
+                )))
+            }
+        };
         let mut special_ids = HashSet::new();
         let mut added = Vec::new();
         for (i, (t, ty)) in tokens.iter().zip(&types).enumerate() {
+            // The added token's text must be its vocabulary piece, or it gets a new id.
+            let t = if model == "llama" { crate::model_files::spm::piece(t) } else { t.clone() };
             match *ty {
                 TOKEN_TYPE_CONTROL => {
                     special_ids.insert(i as u32);
-                    added.push(AddedToken::from(t.clone(), true));
+                    added.push(AddedToken::from(t, true));
                 }
-                TOKEN_TYPE_USER_DEFINED => added.push(AddedToken::from(t.clone(), false)),
+                TOKEN_TYPE_USER_DEFINED => added.push(AddedToken::from(t, false)),
                 _ => {}
             }
         }
@@ -299,6 +303,30 @@ impl Tokenizer {
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
+}
+
+/// The byte-level BPE of GGUF `tokenizer.ggml.model = "gpt2"`: vocabulary, merges and the
+/// pre-tokenizer of the file's `tokenizer.ggml.pre` profile.
+fn byte_level_bpe(f: &GgufFile, tokens: &[String]) -> Result<tokenizers::Tokenizer, LoadError> {
+    let pre = f.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
+    let pre_tokenizer = pre_tokenizer_for(pre)?;
+    let merges: Vec<(String, String)> = strings(f, "tokenizer.ggml.merges")?
+        .into_iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| LoadError::Tokenizer(format!("merge '{m}' has no space")))
+        })
+        .collect::<Result<_, _>>()?;
+    let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| LoadError::Tokenizer(format!("cannot build BPE: {e}")))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(pre_tokenizer));
+    inner.with_decoder(Some(ByteLevel::default()));
+    Ok(inner)
 }
 
 fn read_json(path: &Path) -> serde_json::Value {

@@ -19,7 +19,7 @@ mod quant_x86;
 use std::sync::Arc;
 
 use crate::backend::{BackendError, ForwardBatch, KernelPath, KvCacheSpec, ModelBackend};
-use crate::model_files::config::{Arch, ModelConfig, RopeStyle};
+use crate::model_files::config::{Activation, ModelConfig, RopeStyle};
 use crate::model_files::weights::ModelFiles;
 use crate::LoadError;
 use kv_cache::CpuKvCache;
@@ -111,8 +111,16 @@ struct Mlp {
 struct DecoderLayer {
     attn_norm: Vec<f32>,
     attn: Attention,
+    /// Norm of the attention output before the residual add (Gemma 3).
+    post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     mlp: Mlp,
+    /// Norm of the MLP output before the residual add (Gemma 3).
+    post_ffn_norm: Option<Vec<f32>>,
+    /// Positions a local layer attends to (`None`: every position).
+    window: Option<usize>,
+    /// Whether this layer uses the local RoPE base.
+    local_rope: bool,
 }
 
 /// The model on CPU with its KV cache.
@@ -123,6 +131,8 @@ pub struct CpuBackend {
     norm: Vec<f32>,
     lm_head: Arc<dyn Linear>,
     rope: Rope,
+    /// RoPE of the sliding-window layers, when their base differs.
+    rope_local: Option<Rope>,
     kv: CpuKvCache,
     simd: bool,
     /// Working buffers of `forward`, kept between calls so a step allocates nothing once the
@@ -143,6 +153,8 @@ struct Scratch {
     act: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    cos_local: Vec<f32>,
+    sin_local: Vec<f32>,
     c1: Vec<f32>,
     s1: Vec<f32>,
     sel: Vec<f32>,
@@ -193,8 +205,15 @@ impl CpuBackend {
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
-            let qk_norm = cfg.arch == Arch::Qwen3;
+            let qk_norm = cfg.qk_norm;
+            let post = |name: &str| -> Result<Option<Vec<f32>>, LoadError> {
+                cfg.post_norms.then(|| load_vec(files, &p(name), h)).transpose()
+            };
             layers.push(DecoderLayer {
+                post_attn_norm: post("post_attention_norm")?,
+                post_ffn_norm: post("post_ffw_norm")?,
+                window: cfg.layer_window(i),
+                local_rope: cfg.layer_window(i).is_some(),
                 attn_norm: load_vec(files, &p("attn_norm"), h)?,
                 attn: Attention {
                     qkv: load_fused(
@@ -232,6 +251,9 @@ impl CpuBackend {
             norm: load_vec(files, "output_norm.weight", h)?,
             lm_head,
             rope: Rope::new(cfg.head_dim, cfg.rope_theta, cfg.rope_style == RopeStyle::Interleaved),
+            rope_local: cfg.sliding_window.map(|w| {
+                Rope::new(cfg.head_dim, w.local_rope_theta, cfg.rope_style == RopeStyle::Interleaved)
+            }),
             layers,
             kv: CpuKvCache::new(cfg.num_layers, opts.num_blocks, opts.block_size, kv)
                 .with_host_blocks(opts.num_host_blocks),
@@ -313,6 +335,7 @@ impl CpuBackend {
     ) {
         let cfg = &self.cfg;
         let (hd, nh, nkv) = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
+        let window = self.layers[layer].window;
         let group = nh / nkv;
         let bs = self.kv.block_size();
         let scale = 1.0 / (hd as f32).sqrt();
@@ -336,16 +359,21 @@ impl CpuBackend {
                         )
                     };
                     let qg = &q[(ti * nh + h0) * hd..(ti * nh + h0 + group) * hd];
-                    // The cache slot of every context position, walking the block table once.
-                    let ctx = b.positions[ti] as usize + 1;
+                    // The cache slot of every context position it sees (a local layer: the
+                    // last `window`), walking the block table once.
+                    let end = b.positions[ti] as usize + 1;
+                    let start = window.map_or(0, |w| end.saturating_sub(w));
                     slots.clear();
-                    for &blk in &b.seqs[tok_seq[ti]].block_table {
+                    let table = &b.seqs[tok_seq[ti]].block_table;
+                    for (bi, &blk) in table.iter().enumerate().skip(start / bs) {
                         let base = blk as usize * bs;
-                        slots.extend(base..base + bs.min(ctx - slots.len()));
-                        if slots.len() == ctx {
+                        let (lo, hi) = ((bi * bs).max(start), ((bi + 1) * bs).min(end));
+                        slots.extend(base + lo - bi * bs..base + hi - bi * bs);
+                        if hi == end {
                             break;
                         }
                     }
+                    let ctx = slots.len();
                     scores.clear();
                     scores.resize(group * ctx, 0.0);
                     #[cfg(target_arch = "x86_64")]
@@ -387,6 +415,18 @@ fn par_rows<const N: usize>(t: usize, bufs: &mut [(&mut [f32], usize); N], f: &R
             std::slice::from_raw_parts_mut(p.get().add(rows.start * w), rows.len() * w)
         });
         f(rows, parts);
+    });
+}
+
+/// `x += out` over `t` rows of width `h`, with `out` normalised first when the layer has a
+/// post-norm (Gemma 3's sandwich norms).
+fn add_residual(t: usize, h: usize, x: &mut [f32], out: &mut [f32], norm: Option<&[f32]>, eps: f32) {
+    if let Some(w) = norm {
+        par_rows(t, &mut [(&mut *out, h)], &|_, [o]| ops::rms_norm_inplace(o, w, eps));
+    }
+    let out = &*out;
+    par_rows(t, &mut [(&mut *x, h)], &|r, [xr]| {
+        xr.iter_mut().zip(&out[r.start * h..r.end * h]).for_each(|(a, b)| *a += b)
     });
 }
 
@@ -553,11 +593,30 @@ impl ModelBackend for CpuBackend {
         let t = b.num_tokens();
         let qkv_w = qs + 2 * kvs;
         let mut sc = std::mem::take(&mut self.scratch);
-        let Scratch { x, hbuf, qkv, q, att, proj, gate_up, act, cos, sin, c1, s1, sel, tok_seq } =
-            &mut sc;
+        let Scratch {
+            x,
+            hbuf,
+            qkv,
+            q,
+            att,
+            proj,
+            gate_up,
+            act,
+            cos,
+            sin,
+            cos_local,
+            sin_local,
+            c1,
+            s1,
+            sel,
+            tok_seq,
+        } = &mut sc;
         let x = zeroed(x, t * h);
         for (i, &tok) in b.token_ids.iter().enumerate() {
             self.embed.row(tok as usize, h, &mut x[i * h..(i + 1) * h]);
+        }
+        if cfg.embedding_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= cfg.embedding_scale);
         }
         let hbuf = zeroed(hbuf, t * h);
         let qkv = zeroed(qkv, t * qkv_w);
@@ -571,16 +630,22 @@ impl ModelBackend for CpuBackend {
         for (si, s) in b.seqs.iter().enumerate() {
             tok_seq[s.query_start..s.query_start + s.query_len].fill(si);
         }
-        // Rotary angles per token, shared by every layer.
+        // Rotary angles per token, shared by every layer (of each RoPE base).
         let (cos, sin) = (zeroed(cos, t * half), zeroed(sin, t * half));
+        let (cos_l, sin_l) = (zeroed(cos_local, t * half), zeroed(sin_local, t * half));
         for ti in 0..t {
             self.rope.angles(b.positions[ti], c1, s1);
             cos[ti * half..(ti + 1) * half].copy_from_slice(c1);
             sin[ti * half..(ti + 1) * half].copy_from_slice(s1);
+            if let Some(rope) = &self.rope_local {
+                rope.angles(b.positions[ti], c1, s1);
+                cos_l[ti * half..(ti + 1) * half].copy_from_slice(c1);
+                sin_l[ti * half..(ti + 1) * half].copy_from_slice(s1);
+            }
         }
-        let (cos, sin) = (&*cos, &*sin);
         for li in 0..num_layers {
             let layer = &self.layers[li];
+            let (cos, sin) = if layer.local_rope { (&*cos_l, &*sin_l) } else { (&*cos, &*sin) };
             par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| {
                 ops::rms_norm(&x[r.start * h..r.end * h], &layer.attn_norm, eps, hb)
             });
@@ -608,9 +673,7 @@ impl ModelBackend for CpuBackend {
             self.attend(li, q, b, tok_seq, att);
             let layer = &self.layers[li];
             layer.attn.o.forward(att, t, proj);
-            par_rows(t, &mut [(&mut *x, h)], &|r, [xr]| {
-                xr.iter_mut().zip(&proj[r.start * h..r.end * h]).for_each(|(a, b)| *a += b)
-            });
+            add_residual(t, h, x, proj, layer.post_attn_norm.as_deref(), eps);
             par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| {
                 ops::rms_norm(&x[r.start * h..r.end * h], &layer.ffn_norm, eps, hb)
             });
@@ -620,13 +683,14 @@ impl ModelBackend for CpuBackend {
                     let row = &gate_up[ti * 2 * ff..(ti + 1) * 2 * ff];
                     let a = &mut act_rows[i * ff..(i + 1) * ff];
                     a.copy_from_slice(&row[..ff]);
-                    ops::silu_mul(a, &row[ff..]);
+                    match cfg.hidden_act {
+                        Activation::Silu => ops::silu_mul(a, &row[ff..]),
+                        Activation::GeluTanh => ops::gelu_tanh_mul(a, &row[ff..]),
+                    }
                 }
             });
             layer.mlp.down.forward(act, t, proj);
-            par_rows(t, &mut [(&mut *x, h)], &|r, [xr]| {
-                xr.iter_mut().zip(&proj[r.start * h..r.end * h]).for_each(|(a, b)| *a += b)
-            });
+            add_residual(t, h, x, proj, layer.post_ffn_norm.as_deref(), eps);
         }
         let rows = b.logits_indices.len();
         let sel = zeroed(sel, rows * h);

@@ -38,6 +38,15 @@ unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
     silu_mul_body(gate, up)
 }
 
+/// `gate ← gelu(gate) · up` with GELU's tanh approximation (Gemma's `gelu_pytorch_tanh`).
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    const C: f32 = 0.797_884_6; // √(2/π)
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = 0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh()) * u;
+    }
+}
+
 /// `silu(gate) * up`, written into `gate` (vectorised exp).
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
