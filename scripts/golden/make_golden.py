@@ -7,6 +7,7 @@ references. Re-run after changing prompts; the output is committed.
 
     python3 -m venv /tmp/refenv && /tmp/refenv/bin/pip install torch transformers gguf accelerate
     /tmp/refenv/bin/python scripts/golden/make_golden.py --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf
+    /tmp/refenv/bin/python scripts/golden/make_golden.py --gemma3 PATH/gemma-3-270m-q4_k_m.gguf
 
 It also creates the tiny random safetensors models under tests/data/ (Llama in f16, Qwen3 in
 bf16, a small byte-level BPE tokenizer) and their golden outputs, so the safetensors loader and
@@ -151,13 +152,36 @@ def tiny_models():
     return out
 
 
+def gemma3(gguf_path):
+    """Gemma 3 270M Q4_K_M (a base model: raw prompts, BOS prepended as the model asks)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    d, f = os.path.split(os.path.abspath(gguf_path))
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    model.eval()
+    cases = []
+    for i, p in enumerate(RAW_PROMPTS):
+        ids = tok.encode(p, add_special_tokens=True)
+        cases.append(case(f"raw{i}", "raw", p, ids, model))
+        print(f"gemma3 raw{i}: {len(ids)} prompt tokens", file=sys.stderr)
+    return {"model": "gemma-3-270m-q4_k_m.gguf", "reference": f"transformers {__import__('transformers').__version__}, torch {torch.__version__}, float32",
+            "cases": cases}
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gguf", required=True, help="path of SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--gguf", help="path of SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--gemma3", help="path of gemma-3-270m-q4_k_m.gguf (writes its golden file only)")
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     gold = os.path.join(ROOT, "tests", "golden")
     os.makedirs(gold, exist_ok=True)
+    if args.gemma3:
+        with open(os.path.join(gold, "gemma-3-270m-q4_k_m.json"), "w") as f:
+            json.dump(gemma3(args.gemma3), f, ensure_ascii=False, indent=1)
+        return
+    if not args.gguf:
+        ap.error("--gguf or --gemma3 is required")
     with open(os.path.join(gold, "smollm2-135m-instruct-q4_1.json"), "w") as f:
         json.dump(smollm2(args.gguf), f, ensure_ascii=False, indent=1)
     for name, data in tiny_models().items():

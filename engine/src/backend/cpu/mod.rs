@@ -252,7 +252,11 @@ impl CpuBackend {
             lm_head,
             rope: Rope::new(cfg.head_dim, cfg.rope_theta, cfg.rope_style == RopeStyle::Interleaved),
             rope_local: cfg.sliding_window.map(|w| {
-                Rope::new(cfg.head_dim, w.local_rope_theta, cfg.rope_style == RopeStyle::Interleaved)
+                Rope::new(
+                    cfg.head_dim,
+                    w.local_rope_theta,
+                    cfg.rope_style == RopeStyle::Interleaved,
+                )
             }),
             layers,
             kv: CpuKvCache::new(cfg.num_layers, opts.num_blocks, opts.block_size, kv)
@@ -420,7 +424,14 @@ fn par_rows<const N: usize>(t: usize, bufs: &mut [(&mut [f32], usize); N], f: &R
 
 /// `x += out` over `t` rows of width `h`, with `out` normalised first when the layer has a
 /// post-norm (Gemma 3's sandwich norms).
-fn add_residual(t: usize, h: usize, x: &mut [f32], out: &mut [f32], norm: Option<&[f32]>, eps: f32) {
+fn add_residual(
+    t: usize,
+    h: usize,
+    x: &mut [f32],
+    out: &mut [f32],
+    norm: Option<&[f32]>,
+    eps: f32,
+) {
     if let Some(w) = norm {
         par_rows(t, &mut [(&mut *out, h)], &|_, [o]| ops::rms_norm_inplace(o, w, eps));
     }
