@@ -155,7 +155,11 @@ impl ModelConfig {
             return bad(format!("head_dim {} must be even and positive", self.head_dim));
         }
         if let Some(w) = self.sliding_window {
-            if w.size == 0 || w.pattern == 0 || !(w.local_rope_theta > 0.0) {
+            if w.size == 0
+                || w.pattern == 0
+                || w.local_rope_theta.is_nan()
+                || w.local_rope_theta <= 0.0
+            {
                 return bad(format!("invalid sliding window {w:?}"));
             }
         }
