@@ -208,7 +208,7 @@ mod quant_tests {
     fn every_kernel_matches_the_scalar_oracle() {
         let kernels = QKernel::available();
         eprintln!("kernels on this CPU: {kernels:?}");
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0] {
             for &(n, k, t) in
                 &[(37, 96, 1), (64, 576, 5), (200, 1536, 9), (3, 32, 4), (70, 160, 7), (9, 96, 6)]
             {

@@ -78,9 +78,11 @@ fn f16le(b: &[u8]) -> f32 {
 }
 
 impl QMatrix {
-    /// Whether GGUF data of this type can be repacked without loss.
+    /// Whether GGUF data of this type can be repacked without loss (Q5_0 goes into the 8-bit
+    /// format as signed values; Q5_1's minimum has no place there, as plain AVX2 kernels take
+    /// the 8-bit format without a minimum term).
     pub fn supports(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
     }
 
     /// Repacks GGUF blocks (`n` rows of `k` elements of type `ty`). Exact: the dequantised
@@ -89,7 +91,10 @@ impl QMatrix {
         if !Self::supports(ty) || !k.is_multiple_of(QK) || data.len() != ty.bytes_for(n * k) {
             return None;
         }
-        let format = if ty == GgmlType::Q8_0 { QFormat::Q8_0 } else { QFormat::Q4_1 };
+        let format = match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 => QFormat::Q4_1,
+            _ => QFormat::Q8_0,
+        };
         let nb = k / QK;
         let npairs = nb.div_ceil(2);
         let pb = format.pair_bytes();
@@ -135,6 +140,20 @@ impl QMatrix {
                         m.dm[si + 2] = f16(-128.0 * d); // exact unless |d| > 511 (never in practice)
                         for j in 0..QK {
                             m.qs[base + q8_pos(b, j)] = (src[2 + j] as i8 as i16 + 128) as u8;
+                        }
+                    }
+                    GgmlType::Q5_0 => {
+                        // Signed values q − 16, stored offset by 128 like Q8_0's.
+                        let d = f16le(&src[0..2]);
+                        m.dm[si] = f16(d);
+                        m.dm[si + 2] = f16(-128.0 * d);
+                        let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+                        for j in 0..16 {
+                            let q = src[6 + j];
+                            let lo = (q & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+                            let hi = (q >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+                            m.qs[base + q8_pos(b, j)] = lo + 112;
+                            m.qs[base + q8_pos(b, j + 16)] = hi + 112;
                         }
                     }
                     _ => unreachable!("checked by supports"),
@@ -536,8 +555,11 @@ pub(crate) mod tests_support {
         for _ in 0..n * k / QK {
             let d = half::f16::from_f32(0.001 + 0.02 * rng.next_f64() as f32).to_le_bytes();
             out.extend(d);
-            if ty == GgmlType::Q4_1 {
+            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
                 out.extend(half::f16::from_f32(-0.1 * rng.next_f64() as f32).to_le_bytes());
+            }
+            if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
+                out.extend((rng.next_u64() as u32).to_le_bytes());
             }
             let nq = if ty == GgmlType::Q8_0 { 32 } else { 16 };
             for _ in 0..nq {
@@ -594,7 +616,7 @@ mod tests {
 
     #[test]
     fn repack_is_lossless() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
             let (n, k) = (3, 96); // odd block count: a padded pair
             let data = random_gguf(ty, n, k, 5);
             let mut want = vec![0f32; n * k];
@@ -610,7 +632,7 @@ mod tests {
 
     #[test]
     fn scalar_dot_matches_dequantised_dot() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
             let (n, k, t) = (4, 160, 3);
             let data = random_gguf(ty, n, k, 9);
             let mut w = vec![0f32; n * k];
