@@ -62,7 +62,9 @@ impl DeviceWeights {
         cfg: &ModelConfig,
     ) -> Result<DeviceWeights, CudaError> {
         let (h, q, kv, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
-        if cfg.arch == Arch::Gemma3 {
+        if matches!(cfg.arch, Arch::Gemma3 | Arch::Qwen2 | Arch::Phi3)
+            || cfg.sliding_window.is_some()
+        {
             return Err(CudaError::Unsupported(format!(
                 "the {} architecture runs on the CPU backend only so far",
                 cfg.arch.gguf_name()

@@ -253,3 +253,31 @@ fn gemma3_fast_path_matches_reference_within_tolerance() {
     eprintln!("gemma3 fast path: worst |Δ logprob| = {worst}");
     check_greedy_with(&path, &g, KernelPath::Fast, FAST_NEAR_TIE);
 }
+
+/// A tiny random safetensors model of `name` against its transformers reference.
+fn check_tiny(name: &str, arch: tandem_engine::Arch) {
+    let g = golden(&format!("{name}.json"));
+    let dir = repo().join("tests/data").join(name);
+    let mut m = load(&dir);
+    assert_eq!(m.config.arch, arch);
+    check_prompt_ids(&m, &g);
+    let worst = check_teacher_forced(&mut m, &g);
+    eprintln!("{name}: worst |Δ logprob| = {worst}");
+    check_greedy(&dir, &g);
+}
+
+#[test]
+fn safetensors_qwen2_with_qkv_biases_matches_reference() {
+    check_tiny("tiny-qwen2", tandem_engine::Arch::Qwen2);
+}
+
+#[test]
+fn safetensors_mistral_sliding_window_matches_reference() {
+    // Window 16 over prompts of up to 30 tokens and 32 generated: the window cuts the context.
+    check_tiny("tiny-mistral", tandem_engine::Arch::Llama);
+}
+
+#[test]
+fn safetensors_phi3_fused_projections_match_reference() {
+    check_tiny("tiny-phi3", tandem_engine::Arch::Phi3);
+}

@@ -8,6 +8,7 @@ references. Re-run after changing prompts; the output is committed.
     python3 -m venv /tmp/refenv && /tmp/refenv/bin/pip install torch transformers gguf accelerate
     /tmp/refenv/bin/python scripts/golden/make_golden.py --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf
     /tmp/refenv/bin/python scripts/golden/make_golden.py --gemma3 PATH/gemma-3-270m-q4_k_m.gguf
+    /tmp/refenv/bin/python scripts/golden/make_golden.py --more-tiny
 
 It also creates the tiny random safetensors models under tests/data/ (Llama in f16, Qwen3 in
 bf16, a small byte-level BPE tokenizer) and their golden outputs, so the safetensors loader and
@@ -152,6 +153,44 @@ def tiny_models():
     return out
 
 
+def more_tiny_models():
+    """Tiny random Qwen2 (q/k/v biases), Mistral (sliding window 16) and Phi-3 (fused qkv and
+    gate|up, sliding window 24) in f32 safetensors, sharing tiny-llama's tokenizer; prompts long
+    enough that the windows cut the context."""
+    from transformers import (AutoTokenizer, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                              Qwen2Config, Qwen2ForCausalLM)
+    tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "tests", "data", "tiny-llama"))
+    vocab = len(tok)
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  rope_theta=10000.0, rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=2)
+    out = {}
+    for name, cls, cfg in [
+        ("tiny-qwen2", Qwen2ForCausalLM, Qwen2Config(**common, tie_word_embeddings=True)),
+        ("tiny-mistral", MistralForCausalLM, MistralConfig(**common, sliding_window=16)),
+        ("tiny-phi3", Phi3ForCausalLM, Phi3Config(**common, sliding_window=24, pad_token_id=1)),
+    ]:
+        cfg._attn_implementation = "eager"
+        torch.manual_seed(4321)
+        model = cls(cfg)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.3)
+        d = os.path.join(ROOT, "tests", "data", name)
+        os.makedirs(d, exist_ok=True)
+        model.save_pretrained(d, safe_serialization=True)
+        tok.save_pretrained(d)
+        model = model.float().eval()
+        cases = []
+        for i, p in enumerate(RAW_PROMPTS[:4]):
+            ids = tok.encode(p, add_special_tokens=False)
+            cases.append(case(f"raw{i}", "raw", p, ids, model))
+        out[name] = {"model": f"tests/data/{name}", "reference": f"transformers {__import__('transformers').__version__} float32, eager attention",
+                     "cases": cases}
+        print(f"{name}: done", file=sys.stderr)
+    return out
+
+
 def gemma3(gguf_path):
     """Gemma 3 270M Q4_K_M (a base model: raw prompts, BOS prepended as the model asks)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -172,10 +211,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", help="path of SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--gemma3", help="path of gemma-3-270m-q4_k_m.gguf (writes its golden file only)")
+    ap.add_argument("--more-tiny", action="store_true", help="only the tiny Qwen2, Mistral and Phi-3 models")
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     gold = os.path.join(ROOT, "tests", "golden")
     os.makedirs(gold, exist_ok=True)
+    if args.more_tiny:
+        for name, data in more_tiny_models().items():
+            with open(os.path.join(gold, f"{name}.json"), "w") as f:
+                json.dump(data, f, ensure_ascii=False, indent=1)
+        return
     if args.gemma3:
         with open(os.path.join(gold, "gemma-3-270m-q4_k_m.json"), "w") as f:
             json.dump(gemma3(args.gemma3), f, ensure_ascii=False, indent=1)

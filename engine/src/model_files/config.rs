@@ -17,6 +17,10 @@ pub enum Arch {
     /// Gemma 3: embeddings scaled by √hidden, norms before and after each sub-layer, query and
     /// key norms, a GELU (tanh) gated MLP, and sliding-window layers between global ones.
     Gemma3,
+    /// Qwen2 / Qwen2.5: Llama with biases on the query, key and value projections.
+    Qwen2,
+    /// Phi-3: Llama with fused qkv and gate|up projections (and a sliding window when set).
+    Phi3,
 }
 
 impl Arch {
@@ -26,6 +30,8 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen2 => "qwen2",
+            Arch::Phi3 => "phi3",
         }
     }
 }
@@ -53,8 +59,9 @@ pub enum Activation {
 pub struct SlidingWindow {
     /// Positions a local layer sees, its own included.
     pub size: usize,
-    /// Every `pattern`-th layer (1-based) is global; the others are local.
-    pub pattern: usize,
+    /// Every `global_every`-th layer (1-based) is global, the others local; `None`: every
+    /// layer is local (Mistral, Phi-3).
+    pub global_every: Option<usize>,
     /// RoPE base of the local layers (global layers use `rope_theta`).
     pub local_rope_theta: f32,
 }
@@ -100,6 +107,8 @@ pub struct ModelConfig {
     pub post_norms: bool,
     /// Sliding-window layers, when the model has them.
     pub sliding_window: Option<SlidingWindow>,
+    /// Biases on the query, key and value projections (Qwen2).
+    pub attn_bias: bool,
 }
 
 impl ModelConfig {
@@ -115,7 +124,8 @@ impl ModelConfig {
     /// The window of layer `layer` (0-based): `None` for a global layer.
     pub fn layer_window(&self, layer: usize) -> Option<usize> {
         let w = self.sliding_window?;
-        (!(layer + 1).is_multiple_of(w.pattern)).then_some(w.size)
+        let global = w.global_every.is_some_and(|n| (layer + 1).is_multiple_of(n));
+        (!global).then_some(w.size)
     }
 
     /// The RoPE base of layer `layer`.
@@ -129,7 +139,7 @@ impl ModelConfig {
     /// The architecture's defaults for everything but the shapes (activation, norms, scaling).
     fn arch_defaults(arch: Arch, hidden_size: usize) -> (Activation, f32, bool, bool) {
         match arch {
-            Arch::Llama => (Activation::Silu, 1.0, false, false),
+            Arch::Llama | Arch::Qwen2 | Arch::Phi3 => (Activation::Silu, 1.0, false, false),
             Arch::Qwen3 => (Activation::Silu, 1.0, true, false),
             Arch::Gemma3 => (Activation::GeluTanh, (hidden_size as f32).sqrt(), true, true),
         }
@@ -156,7 +166,7 @@ impl ModelConfig {
         }
         if let Some(w) = self.sliding_window {
             if w.size == 0
-                || w.pattern == 0
+                || w.global_every == Some(0)
                 || w.local_rope_theta.is_nan()
                 || w.local_rope_theta <= 0.0
             {
@@ -184,6 +194,8 @@ impl ModelConfig {
             "llama" => Arch::Llama,
             "qwen3" => Arch::Qwen3,
             "gemma3" => Arch::Gemma3,
+            "qwen2" => Arch::Qwen2,
+            "phi3" => Arch::Phi3,
             other => return Err(LoadError::UnsupportedArchitecture(other.to_string())),
         };
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -209,9 +221,13 @@ impl ModelConfig {
         let (hidden_act, embedding_scale, qk_norm, post_norms) =
             Self::arch_defaults(arch, hidden_size);
         // Gemma 3 defines its layout: five local layers (RoPE base 10k) then a global one.
+        let rope_theta = opt_f("rope.freq_base").unwrap_or(10_000.0);
         let sliding_window = match (arch, opt_u("attention.sliding_window")) {
             (Arch::Gemma3, Some(size)) => {
-                Some(SlidingWindow { size, pattern: 6, local_rope_theta: 10_000.0 })
+                Some(SlidingWindow { size, global_every: Some(6), local_rope_theta: 10_000.0 })
+            }
+            (Arch::Phi3, Some(size)) if size > 0 => {
+                Some(SlidingWindow { size, global_every: None, local_rope_theta: rope_theta })
             }
             _ => None,
         };
@@ -227,7 +243,7 @@ impl ModelConfig {
             intermediate_size: req("feed_forward_length")?,
             vocab_size,
             max_position_embeddings: opt_u("context_length").unwrap_or(2048),
-            rope_theta: opt_f("rope.freq_base").unwrap_or(10_000.0),
+            rope_theta,
             rms_norm_eps: opt_f("attention.layer_norm_rms_epsilon").ok_or_else(|| {
                 LoadError::Config(format!(
                     "GGUF metadata lacks '{}'",
@@ -236,7 +252,7 @@ impl ModelConfig {
             })?,
             rope_style: match arch {
                 Arch::Llama => RopeStyle::Interleaved,
-                Arch::Qwen3 | Arch::Gemma3 => RopeStyle::Neox,
+                Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen2 | Arch::Phi3 => RopeStyle::Neox,
             },
             tie_word_embeddings: f.tensor("output.weight").is_none(),
             hidden_act,
@@ -244,6 +260,7 @@ impl ModelConfig {
             qk_norm,
             post_norms,
             sliding_window,
+            attn_bias: f.tensor("blk.0.attn_q.bias").is_some(),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -262,14 +279,51 @@ impl ModelConfig {
         let arch = match arch_name.as_str() {
             "LlamaForCausalLM" | "llama" => Arch::Llama,
             "Qwen3ForCausalLM" | "qwen3" => Arch::Qwen3,
+            // Mistral is Llama with a sliding window over every layer.
+            "MistralForCausalLM" | "mistral" => Arch::Llama,
+            "Qwen2ForCausalLM" | "qwen2" => Arch::Qwen2,
+            "Phi3ForCausalLM" | "phi3" => Arch::Phi3,
             other => return Err(LoadError::UnsupportedArchitecture(other.to_string())),
         };
-        if c.attention_bias.unwrap_or(false) || c.mlp_bias.unwrap_or(false) {
+        // Qwen2 always has q/k/v biases; elsewhere `attention_bias` says so (o_proj's too).
+        if (arch != Arch::Qwen2 && c.attention_bias.unwrap_or(false)) || c.mlp_bias.unwrap_or(false)
+        {
             return Err(LoadError::Config("attention/MLP biases are not supported".into()));
         }
-        if c.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+        // transformers 5 writes `rope_parameters` (theta, type, partial factor) instead.
+        let rp = c.rope_parameters.as_ref();
+        let rp_type = rp.and_then(|v| v.get("rope_type")).and_then(|v| v.as_str());
+        if c.rope_scaling.as_ref().is_some_and(|v| !v.is_null())
+            || rp_type.is_some_and(|t| t != "default")
+        {
             return Err(LoadError::Config("RoPE scaling is not supported yet".into()));
         }
+        let rope_theta = c.rope_theta.or_else(|| {
+            rp.and_then(|v| v.get("rope_theta")).and_then(|v| v.as_f64()).map(|v| v as f32)
+        });
+        let partial_rotary = c.partial_rotary_factor.or_else(|| {
+            rp.and_then(|v| v.get("partial_rotary_factor"))
+                .and_then(|v| v.as_f64())
+                .map(|v| v as f32)
+        });
+        if c.hidden_act.as_deref().is_some_and(|a| a != "silu") {
+            return Err(LoadError::Config(format!(
+                "hidden_act '{}' is not supported for {arch_name}",
+                c.hidden_act.as_deref().unwrap_or_default()
+            )));
+        }
+        if partial_rotary.is_some_and(|f| f != 1.0) {
+            return Err(LoadError::Config(
+                "partial rotary embeddings are not supported yet".into(),
+            ));
+        }
+        let window = match (arch, c.sliding_window, c.use_sliding_window) {
+            (_, None, _) | (_, Some(0), _) | (Arch::Qwen2, _, None | Some(false)) => None,
+            (_, Some(size), _) => {
+                let theta = rope_theta.unwrap_or(10_000.0);
+                Some(SlidingWindow { size, global_every: None, local_rope_theta: theta })
+            }
+        };
         let (hidden_act, embedding_scale, qk_norm, post_norms) =
             Self::arch_defaults(arch, c.hidden_size);
         let cfg = ModelConfig {
@@ -285,7 +339,7 @@ impl ModelConfig {
             intermediate_size: c.intermediate_size,
             vocab_size: c.vocab_size,
             max_position_embeddings: c.max_position_embeddings.unwrap_or(2048),
-            rope_theta: c.rope_theta.unwrap_or(10_000.0),
+            rope_theta: rope_theta.unwrap_or(10_000.0),
             rms_norm_eps: c.rms_norm_eps.unwrap_or(1e-6),
             rope_style: RopeStyle::Neox,
             tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
@@ -293,7 +347,8 @@ impl ModelConfig {
             embedding_scale,
             qk_norm,
             post_norms,
-            sliding_window: None,
+            sliding_window: window,
+            attn_bias: arch == Arch::Qwen2,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -319,6 +374,11 @@ struct HfConfig {
     attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
     rope_scaling: Option<serde_json::Value>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    partial_rotary_factor: Option<f32>,
+    rope_parameters: Option<serde_json::Value>,
+    hidden_act: Option<String>,
 }
 
 #[cfg(test)]

@@ -144,6 +144,11 @@ fn hf_name(gguf: &str) -> Option<String> {
     let hf = match part {
         "attn_norm.weight" => "input_layernorm.weight",
         "attn_q.weight" => "self_attn.q_proj.weight",
+        "attn_q.bias" => "self_attn.q_proj.bias",
+        "attn_k.bias" => "self_attn.k_proj.bias",
+        "attn_v.bias" => "self_attn.v_proj.bias",
+        "attn_qkv.weight" => "self_attn.qkv_proj.weight",
+        "ffn_gate_up.weight" => "mlp.gate_up_proj.weight",
         "attn_k.weight" => "self_attn.k_proj.weight",
         "attn_v.weight" => "self_attn.v_proj.weight",
         "attn_output.weight" => "self_attn.o_proj.weight",

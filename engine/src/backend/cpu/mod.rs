@@ -19,7 +19,7 @@ mod quant_x86;
 use std::sync::Arc;
 
 use crate::backend::{BackendError, ForwardBatch, KernelPath, KvCacheSpec, ModelBackend};
-use crate::model_files::config::{Activation, ModelConfig, RopeStyle};
+use crate::model_files::config::{Activation, Arch, ModelConfig, RopeStyle};
 use crate::model_files::weights::ModelFiles;
 use crate::LoadError;
 use kv_cache::CpuKvCache;
@@ -97,6 +97,8 @@ impl Embedding {
 struct Attention {
     /// Fused q, k and v projections: `[q_size + 2 · kv_size, hidden]`.
     qkv: Arc<dyn Linear>,
+    /// Their biases, q then k then v (Qwen2).
+    qkv_bias: Option<Vec<f32>>,
     o: Arc<dyn Linear>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
@@ -216,12 +218,22 @@ impl CpuBackend {
                 local_rope: cfg.layer_window(i).is_some(),
                 attn_norm: load_vec(files, &p("attn_norm"), h)?,
                 attn: Attention {
-                    qkv: load_fused(
-                        files,
-                        &[(p("attn_q"), q), (p("attn_k"), kv), (p("attn_v"), kv)],
-                        h,
-                        kp,
-                    )?,
+                    qkv: if files.tensor(&p("attn_qkv")).is_some() {
+                        load_fused(files, &[(p("attn_qkv"), q + 2 * kv)], h, kp)?
+                    } else {
+                        load_fused(
+                            files,
+                            &[(p("attn_q"), q), (p("attn_k"), kv), (p("attn_v"), kv)],
+                            h,
+                            kp,
+                        )?
+                    },
+                    qkv_bias: if cfg.attn_bias {
+                        let b = |s: &str, n| load_vec(files, &format!("blk.{i}.{s}.bias"), n);
+                        Some([b("attn_q", q)?, b("attn_k", kv)?, b("attn_v", kv)?].concat())
+                    } else {
+                        None
+                    },
                     o: load_fused(files, &[(p("attn_output"), h)], q, kp)?,
                     q_norm: if qk_norm {
                         Some(load_vec(files, &p("attn_q_norm"), cfg.head_dim)?)
@@ -236,7 +248,14 @@ impl CpuBackend {
                 },
                 ffn_norm: load_vec(files, &p("ffn_norm"), h)?,
                 mlp: Mlp {
-                    gate_up: load_fused(files, &[(p("ffn_gate"), ff), (p("ffn_up"), ff)], h, kp)?,
+                    gate_up: if files.tensor(&p("ffn_gate_up")).is_some() {
+                        load_fused(files, &[(p("ffn_gate_up"), 2 * ff)], h, kp)?
+                    } else if cfg.arch == Arch::Phi3 {
+                        // GGUF keeps Phi-3's fused gate|up under the up projection's name.
+                        load_fused(files, &[(p("ffn_up"), 2 * ff)], h, kp)?
+                    } else {
+                        load_fused(files, &[(p("ffn_gate"), ff), (p("ffn_up"), ff)], h, kp)?
+                    },
                     down: load_fused(files, &[(p("ffn_down"), h)], ff, kp)?,
                 },
             });
@@ -664,6 +683,9 @@ impl ModelBackend for CpuBackend {
             par_rows(t, &mut [(&mut *qkv, qkv_w), (&mut *q, qs)], &|r, [qkv_rows, q_rows]| {
                 for (i, ti) in r.enumerate() {
                     let row = &mut qkv_rows[i * qkv_w..(i + 1) * qkv_w];
+                    if let Some(bias) = &layer.attn.qkv_bias {
+                        row.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
+                    }
                     let (qr, rest) = row.split_at_mut(qs);
                     let kr = &mut rest[..kvs];
                     if let (Some(qn), Some(kn)) = (&layer.attn.q_norm, &layer.attn.k_norm) {
