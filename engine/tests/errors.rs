@@ -139,10 +139,17 @@ fn unsupported_architecture_and_tokenizer() {
     });
     let e = err(&p);
     assert!(e.contains("pre-tokenizer profile 'mystery'"), "{e}");
+    let p = tiny_gguf("rwkv.gguf", |w| {
+        w.str("tokenizer.ggml.model", "rwkv");
+    });
+    let e = err(&p);
+    assert!(e.contains("tokenizer model 'rwkv'") && e.contains("llama SentencePiece"), "{e}");
+    // A SentencePiece vocabulary needs its scores.
     let p = tiny_gguf("spm.gguf", |w| {
         w.str("tokenizer.ggml.model", "llama");
     });
-    assert!(err(&p).contains("tokenizer model 'llama'"));
+    let e = err(&p);
+    assert!(e.contains("tokenizer.ggml.scores"), "{e}");
 }
 
 #[test]

@@ -281,3 +281,10 @@ fn safetensors_mistral_sliding_window_matches_reference() {
 fn safetensors_phi3_fused_projections_match_reference() {
     check_tiny("tiny-phi3", tandem_engine::Arch::Phi3);
 }
+
+#[test]
+fn safetensors_gemma3_matches_reference() {
+    // Hugging Face Gemma weights: norms as w for (1 + w), its own norm names, local and global
+    // layers with their RoPE bases, scores scaled by query_pre_attn_scalar.
+    check_tiny("tiny-gemma3", tandem_engine::Arch::Gemma3);
+}

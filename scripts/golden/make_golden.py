@@ -154,11 +154,11 @@ def tiny_models():
 
 
 def more_tiny_models():
-    """Tiny random Qwen2 (q/k/v biases), Mistral (sliding window 16) and Phi-3 (fused qkv and
-    gate|up, sliding window 24) in f32 safetensors, sharing tiny-llama's tokenizer; prompts long
+    """Tiny random Qwen2 (q/k/v biases), Mistral (sliding window 16), Phi-3 (fused qkv and
+    gate|up, sliding window 24) and Gemma 3 (local and global layers) in f32 safetensors, sharing tiny-llama's tokenizer; prompts long
     enough that the windows cut the context."""
-    from transformers import (AutoTokenizer, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
-                              Qwen2Config, Qwen2ForCausalLM)
+    from transformers import (AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM,
+                              Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
     tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "tests", "data", "tiny-llama"))
     vocab = len(tok)
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -169,6 +169,12 @@ def more_tiny_models():
         ("tiny-qwen2", Qwen2ForCausalLM, Qwen2Config(**common, tie_word_embeddings=True)),
         ("tiny-mistral", MistralForCausalLM, MistralConfig(**common, sliding_window=16)),
         ("tiny-phi3", Phi3ForCausalLM, Phi3Config(**common, sliding_window=24, pad_token_id=1)),
+        # Two local layers (window 16) then a global one; scores scaled by 1/sqrt(24), not by
+        # 1/sqrt(head_dim); norms stored as w for (1 + w).
+        ("tiny-gemma3", Gemma3ForCausalLM, Gemma3TextConfig(
+            **{k: v for k, v in common.items() if k not in ("rope_theta", "num_hidden_layers")},
+            num_hidden_layers=3, head_dim=16, sliding_window=16, query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"], pad_token_id=1)),
     ]:
         cfg._attn_implementation = "eager"
         torch.manual_seed(4321)

@@ -109,6 +109,12 @@ pub struct ModelConfig {
     pub sliding_window: Option<SlidingWindow>,
     /// Biases on the query, key and value projections (Qwen2).
     pub attn_bias: bool,
+    /// Added to every RMSNorm weight at load: 1 for Hugging Face Gemma weights (their norms
+    /// scale by `1 + w`; GGUF files have it folded in), else 0.
+    pub norm_offset: f32,
+    /// Attention scores are scaled by `1/√query_pre_attn_scalar` (Gemma); `None`: by
+    /// `1/√head_dim`.
+    pub query_pre_attn_scalar: Option<f32>,
 }
 
 impl ModelConfig {
@@ -261,6 +267,10 @@ impl ModelConfig {
             post_norms,
             sliding_window,
             attn_bias: f.tensor("blk.0.attn_q.bias").is_some(),
+            norm_offset: 0.0,
+            // Gemma 3 27B (62 layers) scales by hidden / heads, as llama.cpp does for it.
+            query_pre_attn_scalar: (arch == Arch::Gemma3 && req("block_count")? == 62)
+                .then(|| (hidden_size / num_heads) as f32),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -283,6 +293,7 @@ impl ModelConfig {
             "MistralForCausalLM" | "mistral" => Arch::Llama,
             "Qwen2ForCausalLM" | "qwen2" => Arch::Qwen2,
             "Phi3ForCausalLM" | "phi3" => Arch::Phi3,
+            "Gemma3ForCausalLM" | "gemma3_text" => Arch::Gemma3,
             other => return Err(LoadError::UnsupportedArchitecture(other.to_string())),
         };
         // Qwen2 always has q/k/v biases; elsewhere `attention_bias` says so (o_proj's too).
@@ -293,8 +304,16 @@ impl ModelConfig {
         // transformers 5 writes `rope_parameters` (theta, type, partial factor) instead.
         let rp = c.rope_parameters.as_ref();
         let rp_type = rp.and_then(|v| v.get("rope_type")).and_then(|v| v.as_str());
+        // Gemma nests one set per layer type.
+        let nested_scaled = ["full_attention", "sliding_attention"].iter().any(|k| {
+            rp.and_then(|v| v.get(k))
+                .and_then(|v| v.get("rope_type"))
+                .and_then(|v| v.as_str())
+                .is_some_and(|t| t != "default")
+        });
         if c.rope_scaling.as_ref().is_some_and(|v| !v.is_null())
             || rp_type.is_some_and(|t| t != "default")
+            || nested_scaled
         {
             return Err(LoadError::Config("RoPE scaling is not supported yet".into()));
         }
@@ -306,11 +325,18 @@ impl ModelConfig {
                 .and_then(|v| v.as_f64())
                 .map(|v| v as f32)
         });
-        if c.hidden_act.as_deref().is_some_and(|a| a != "silu") {
+        let act = if arch == Arch::Gemma3 { "gelu_pytorch_tanh" } else { "silu" };
+        let given = c.hidden_activation.as_deref().or(c.hidden_act.as_deref());
+        if given.is_some_and(|a| a != act) {
             return Err(LoadError::Config(format!(
-                "hidden_act '{}' is not supported for {arch_name}",
-                c.hidden_act.as_deref().unwrap_or_default()
+                "hidden activation '{}' is not supported for {arch_name}",
+                given.unwrap_or_default()
             )));
+        }
+        if c.final_logit_softcapping.as_ref().is_some_and(|v| !v.is_null())
+            || c.attn_logit_softcapping.as_ref().is_some_and(|v| !v.is_null())
+        {
+            return Err(LoadError::Config("logit soft-capping is not supported yet".into()));
         }
         if partial_rotary.is_some_and(|f| f != 1.0) {
             return Err(LoadError::Config(
@@ -319,10 +345,18 @@ impl ModelConfig {
         }
         let window = match (arch, c.sliding_window, c.use_sliding_window) {
             (_, None, _) | (_, Some(0), _) | (Arch::Qwen2, _, None | Some(false)) => None,
+            (Arch::Gemma3, Some(size), _) => Some(Self::gemma3_window(&c, size)?),
             (_, Some(size), _) => {
                 let theta = rope_theta.unwrap_or(10_000.0);
                 Some(SlidingWindow { size, global_every: None, local_rope_theta: theta })
             }
+        };
+        // Gemma's global layers: `rope_parameters.full_attention` (transformers 5) or `rope_theta`.
+        let rope_theta = match (arch, rp.and_then(|v| v.get("full_attention"))) {
+            (Arch::Gemma3, Some(full)) => {
+                full.get("rope_theta").and_then(|v| v.as_f64()).map(|v| v as f32).or(rope_theta)
+            }
+            _ => rope_theta,
         };
         let (hidden_act, embedding_scale, qk_norm, post_norms) =
             Self::arch_defaults(arch, c.hidden_size);
@@ -349,9 +383,48 @@ impl ModelConfig {
             post_norms,
             sliding_window: window,
             attn_bias: arch == Arch::Qwen2,
+            norm_offset: if arch == Arch::Gemma3 { 1.0 } else { 0.0 },
+            query_pre_attn_scalar: c.query_pre_attn_scalar.filter(|_| arch == Arch::Gemma3),
         };
         cfg.validate()?;
         Ok(cfg)
+    }
+}
+
+impl ModelConfig {
+    /// Gemma 3's sliding-window layout from `config.json`: which layers are global
+    /// (`layer_types`, or every `sliding_window_pattern`-th) and the local RoPE base.
+    fn gemma3_window(c: &HfConfig, size: usize) -> Result<SlidingWindow, LoadError> {
+        let every = match &c.layer_types {
+            Some(types) => {
+                let n = types
+                    .iter()
+                    .position(|t| t == "full_attention")
+                    .map_or(types.len() + 1, |i| i + 1);
+                let regular = types
+                    .iter()
+                    .enumerate()
+                    .all(|(i, t)| (t == "full_attention") == (i + 1).is_multiple_of(n));
+                if !regular {
+                    return Err(LoadError::Config(
+                        "layer_types without a regular global-layer period are not supported"
+                            .into(),
+                    ));
+                }
+                n
+            }
+            None => c.sliding_window_pattern.unwrap_or(6),
+        };
+        let local = c
+            .rope_parameters
+            .as_ref()
+            .and_then(|v| v.get("sliding_attention"))
+            .and_then(|v| v.get("rope_theta"))
+            .and_then(|v| v.as_f64())
+            .map(|v| v as f32)
+            .or(c.rope_local_base_freq)
+            .unwrap_or(10_000.0);
+        Ok(SlidingWindow { size, global_every: Some(every), local_rope_theta: local })
     }
 }
 
@@ -379,6 +452,13 @@ struct HfConfig {
     partial_rotary_factor: Option<f32>,
     rope_parameters: Option<serde_json::Value>,
     hidden_act: Option<String>,
+    hidden_activation: Option<String>,
+    layer_types: Option<Vec<String>>,
+    sliding_window_pattern: Option<usize>,
+    rope_local_base_freq: Option<f32>,
+    query_pre_attn_scalar: Option<f32>,
+    final_logit_softcapping: Option<serde_json::Value>,
+    attn_logit_softcapping: Option<serde_json::Value>,
 }
 
 #[cfg(test)]

@@ -562,11 +562,12 @@ mod tests {
 
     #[test]
     fn unknown_tensor_type_names_tensor_and_type() {
+        // IQ4_XS: 136 bytes per 256 weights, not loaded.
         let b =
-            GgufWriter::new().tensor("blk.0.ffn_up.weight", &[256, 1], 14, vec![0; 210]).build();
+            GgufWriter::new().tensor("blk.0.ffn_up.weight", &[256, 1], 23, vec![0; 136]).build();
         let e = GgufFile::from_bytes(b).unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("blk.0.ffn_up.weight") && msg.contains("Q6_K"), "{msg}");
+        assert!(msg.contains("blk.0.ffn_up.weight") && msg.contains("IQ4_XS"), "{msg}");
         let b = GgufWriter::new().tensor("x", &[32], 250, vec![0; 64]).build();
         let msg = GgufFile::from_bytes(b).unwrap_err().to_string();
         assert!(msg.contains("'x'") && msg.contains("250"), "{msg}");

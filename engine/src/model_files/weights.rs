@@ -54,6 +54,9 @@ pub struct SafetensorsModel {
     shards: Vec<memmap2::Mmap>,
     /// HF tensor name -> (shard index, dtype, shape, absolute byte range).
     index: HashMap<String, (usize, GgmlType, Vec<usize>, std::ops::Range<usize>)>,
+    /// Gemma's names for norms before and after each sub-layer (its `post_attention_layernorm`
+    /// follows attention; Llama's precedes the MLP).
+    sandwich_norms: bool,
 }
 
 impl ModelFiles {
@@ -64,7 +67,8 @@ impl ModelFiles {
             let text = std::fs::read_to_string(&cfg_path)
                 .map_err(|source| LoadError::Io { path: cfg_path.display().to_string(), source })?;
             let cfg = ModelConfig::from_hf_json(&text)?;
-            let st = SafetensorsModel::open(path)?;
+            let mut st = SafetensorsModel::open(path)?;
+            st.sandwich_norms = cfg.post_norms;
             Ok((ModelFiles::Safetensors(st), cfg))
         } else if path.extension().is_some_and(|e| e == "gguf") || sniff_gguf(path) {
             let f = GgufFile::open(path)?;
@@ -96,7 +100,7 @@ impl ModelFiles {
                 })
             }
             ModelFiles::Safetensors(st) => {
-                let hf = hf_name(name)?;
+                let hf = hf_name(name, st.sandwich_norms)?;
                 let (shard, dtype, shape, range) = st.index.get(&hf)?;
                 Some(TensorRef {
                     name: hf,
@@ -129,7 +133,7 @@ fn sniff_gguf(path: &Path) -> bool {
 }
 
 /// Maps a GGUF tensor name to the Hugging Face name of the same tensor.
-fn hf_name(gguf: &str) -> Option<String> {
+fn hf_name(gguf: &str, sandwich_norms: bool) -> Option<String> {
     let fixed = match gguf {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -141,24 +145,29 @@ fn hf_name(gguf: &str) -> Option<String> {
     }
     let rest = gguf.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
-    let hf = match part {
-        "attn_norm.weight" => "input_layernorm.weight",
-        "attn_q.weight" => "self_attn.q_proj.weight",
-        "attn_q.bias" => "self_attn.q_proj.bias",
-        "attn_k.bias" => "self_attn.k_proj.bias",
-        "attn_v.bias" => "self_attn.v_proj.bias",
-        "attn_qkv.weight" => "self_attn.qkv_proj.weight",
-        "ffn_gate_up.weight" => "mlp.gate_up_proj.weight",
-        "attn_k.weight" => "self_attn.k_proj.weight",
-        "attn_v.weight" => "self_attn.v_proj.weight",
-        "attn_output.weight" => "self_attn.o_proj.weight",
-        "attn_q_norm.weight" => "self_attn.q_norm.weight",
-        "attn_k_norm.weight" => "self_attn.k_norm.weight",
-        "ffn_norm.weight" => "post_attention_layernorm.weight",
-        "ffn_gate.weight" => "mlp.gate_proj.weight",
-        "ffn_up.weight" => "mlp.up_proj.weight",
-        "ffn_down.weight" => "mlp.down_proj.weight",
-        _ => return None,
+    let hf = match (part, sandwich_norms) {
+        ("ffn_norm.weight", true) => "pre_feedforward_layernorm.weight",
+        ("post_attention_norm.weight", true) => "post_attention_layernorm.weight",
+        ("post_ffw_norm.weight", true) => "post_feedforward_layernorm.weight",
+        (part, _) => match part {
+            "attn_norm.weight" => "input_layernorm.weight",
+            "attn_q.weight" => "self_attn.q_proj.weight",
+            "attn_q.bias" => "self_attn.q_proj.bias",
+            "attn_k.bias" => "self_attn.k_proj.bias",
+            "attn_v.bias" => "self_attn.v_proj.bias",
+            "attn_qkv.weight" => "self_attn.qkv_proj.weight",
+            "ffn_gate_up.weight" => "mlp.gate_up_proj.weight",
+            "attn_k.weight" => "self_attn.k_proj.weight",
+            "attn_v.weight" => "self_attn.v_proj.weight",
+            "attn_output.weight" => "self_attn.o_proj.weight",
+            "attn_q_norm.weight" => "self_attn.q_norm.weight",
+            "attn_k_norm.weight" => "self_attn.k_norm.weight",
+            "ffn_norm.weight" => "post_attention_layernorm.weight",
+            "ffn_gate.weight" => "mlp.gate_proj.weight",
+            "ffn_up.weight" => "mlp.up_proj.weight",
+            "ffn_down.weight" => "mlp.down_proj.weight",
+            _ => return None,
+        },
     };
     Some(format!("model.layers.{layer}.{hf}"))
 }
@@ -216,7 +225,7 @@ impl SafetensorsModel {
             }
             shards.push(map);
         }
-        Ok(SafetensorsModel { dir: dir.to_path_buf(), shards, index })
+        Ok(SafetensorsModel { dir: dir.to_path_buf(), shards, index, sandwich_norms: false })
     }
 }
 
@@ -227,10 +236,10 @@ mod tests {
     #[test]
     fn hf_names_map() {
         assert_eq!(
-            hf_name("blk.12.attn_k_norm.weight").unwrap(),
+            hf_name("blk.12.attn_k_norm.weight", false).unwrap(),
             "model.layers.12.self_attn.k_norm.weight"
         );
-        assert_eq!(hf_name("output.weight").unwrap(), "lm_head.weight");
-        assert!(hf_name("blk.1.unknown").is_none());
+        assert_eq!(hf_name("output.weight", false).unwrap(), "lm_head.weight");
+        assert!(hf_name("blk.1.unknown", false).is_none());
     }
 }

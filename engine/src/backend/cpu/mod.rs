@@ -79,6 +79,20 @@ fn load_vec(files: &ModelFiles, name: &str, n: usize) -> Result<Vec<f32>, LoadEr
     Ok(files.require(name, &[n])?.to_f32())
 }
 
+/// An RMSNorm weight, with the model's offset added (Hugging Face Gemma stores `w` for `1 + w`).
+fn load_norm(
+    files: &ModelFiles,
+    cfg: &ModelConfig,
+    name: &str,
+    n: usize,
+) -> Result<Vec<f32>, LoadError> {
+    let mut w = load_vec(files, name, n)?;
+    if cfg.norm_offset != 0.0 {
+        w.iter_mut().for_each(|x| *x += cfg.norm_offset);
+    }
+    Ok(w)
+}
+
 /// The token embedding table, f32 or quantised (shared with a tied LM head).
 enum Embedding {
     F32(Arc<[f32]>),
@@ -209,14 +223,14 @@ impl CpuBackend {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
             let qk_norm = cfg.qk_norm;
             let post = |name: &str| -> Result<Option<Vec<f32>>, LoadError> {
-                cfg.post_norms.then(|| load_vec(files, &p(name), h)).transpose()
+                cfg.post_norms.then(|| load_norm(files, cfg, &p(name), h)).transpose()
             };
             layers.push(DecoderLayer {
                 post_attn_norm: post("post_attention_norm")?,
                 post_ffn_norm: post("post_ffw_norm")?,
                 window: cfg.layer_window(i),
                 local_rope: cfg.layer_window(i).is_some(),
-                attn_norm: load_vec(files, &p("attn_norm"), h)?,
+                attn_norm: load_norm(files, cfg, &p("attn_norm"), h)?,
                 attn: Attention {
                     qkv: if files.tensor(&p("attn_qkv")).is_some() {
                         load_fused(files, &[(p("attn_qkv"), q + 2 * kv)], h, kp)?
@@ -236,17 +250,17 @@ impl CpuBackend {
                     },
                     o: load_fused(files, &[(p("attn_output"), h)], q, kp)?,
                     q_norm: if qk_norm {
-                        Some(load_vec(files, &p("attn_q_norm"), cfg.head_dim)?)
+                        Some(load_norm(files, cfg, &p("attn_q_norm"), cfg.head_dim)?)
                     } else {
                         None
                     },
                     k_norm: if qk_norm {
-                        Some(load_vec(files, &p("attn_k_norm"), cfg.head_dim)?)
+                        Some(load_norm(files, cfg, &p("attn_k_norm"), cfg.head_dim)?)
                     } else {
                         None
                     },
                 },
-                ffn_norm: load_vec(files, &p("ffn_norm"), h)?,
+                ffn_norm: load_norm(files, cfg, &p("ffn_norm"), h)?,
                 mlp: Mlp {
                     gate_up: if files.tensor(&p("ffn_gate_up")).is_some() {
                         load_fused(files, &[(p("ffn_gate_up"), 2 * ff)], h, kp)?
@@ -267,7 +281,7 @@ impl CpuBackend {
         Ok(CpuBackend {
             cfg: cfg.clone(),
             embed,
-            norm: load_vec(files, "output_norm.weight", h)?,
+            norm: load_norm(files, cfg, "output_norm.weight", h)?,
             lm_head,
             rope: Rope::new(cfg.head_dim, cfg.rope_theta, cfg.rope_style == RopeStyle::Interleaved),
             rope_local: cfg.sliding_window.map(|w| {
@@ -361,7 +375,7 @@ impl CpuBackend {
         let window = self.layers[layer].window;
         let group = nh / nkv;
         let bs = self.kv.block_size();
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = 1.0 / cfg.query_pre_attn_scalar.unwrap_or(hd as f32).sqrt();
         let kernel = self.simd && hd % 8 == 0;
         let optr = pool::OutPtr(out.as_mut_ptr());
         let n_items = b.num_tokens() * nkv;
