@@ -24,6 +24,11 @@ const NEAR_TIE: f32 = 0.05;
 /// the tolerance leaves a sixfold margin for other CPUs' summation orders.
 const FAST_LOGPROB_TOL: f32 = 0.02;
 const FAST_NEAR_TIE: f32 = 0.05;
+/// Gemma 3 270M's fast path (Q4_K blocks with f16-rounded scales, Q5_0 and Q8_0 on integer
+/// kernels, two-level int8 activations): measured worst 0.0137 (scalar), 0.0130 (AVX2), 0.0131
+/// (AVX-512) on an AMD EPYC Zen 5, 2026-11-24 — the same on every kernel, so a property of the
+/// format, not of summation order; the tolerance leaves twice that.
+const GEMMA3_FAST_LOGPROB_TOL: f32 = 0.03;
 
 #[derive(Deserialize)]
 struct Golden {
@@ -249,7 +254,7 @@ fn gemma3_fast_path_matches_reference_within_tolerance() {
     let g = golden("gemma-3-270m-q4_k_m.json");
     let path = gemma3_path();
     let mut m = load_with(&path, KernelPath::Fast);
-    let worst = check_teacher_forced_tol(&mut m, &g, FAST_LOGPROB_TOL);
+    let worst = check_teacher_forced_tol(&mut m, &g, GEMMA3_FAST_LOGPROB_TOL);
     eprintln!("gemma3 fast path: worst |Δ logprob| = {worst}");
     check_greedy_with(&path, &g, KernelPath::Fast, FAST_NEAR_TIE);
 }

@@ -286,7 +286,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) {
 
 /// One super-block of each K-quant type to 256 floats. Values are laid out as llama.cpp's
 /// `dequantize_row_q*_K` writes them (the GGUF format's definition).
-mod kquant {
+pub(crate) mod kquant {
     use super::f16_at;
 
     /// Block layout: 16 group bytes (scale in the low nibble, min in the high), 64 bytes of
@@ -350,7 +350,7 @@ mod kquant {
     }
 
     /// Scale and min of group `j` (0..8) of Q4_K / Q5_K, six bits each, packed in 12 bytes.
-    fn scale_min(s: &[u8], j: usize) -> (f32, f32) {
+    pub(crate) fn scale_min(s: &[u8], j: usize) -> (f32, f32) {
         if j < 4 {
             ((s[j] & 63) as f32, (s[j + 4] & 63) as f32)
         } else {

@@ -85,9 +85,57 @@ impl QMatrix {
         matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
     }
 
+    /// Repacks Q4_K super-blocks as eight 4-bit blocks of 32 each, with scale `d·sc` and minimum
+    /// `−dmin·m` rounded to f16 (relative error at most 2⁻¹¹ on each block's scale and minimum;
+    /// the 4-bit values are the file's).
+    fn from_q4_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+        use crate::model_files::dtype::{kquant::scale_min, QK_K};
+        if !k.is_multiple_of(QK_K) || data.len() != GgmlType::Q4_K.bytes_for(n * k) {
+            return None;
+        }
+        let (nsb, bb) = (k / QK_K, GgmlType::Q4_K.block_bytes());
+        let npairs = (k / QK).div_ceil(2);
+        let pb = QFormat::Q4_1.pair_bytes();
+        let mut m = QMatrix {
+            format: QFormat::Q4_1,
+            n,
+            k,
+            npairs,
+            qs: vec![0; n * npairs * pb],
+            dm: vec![half::f16::ZERO; n * npairs * 4],
+        };
+        for r in 0..n {
+            for sb in 0..nsb {
+                let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
+                let (d, dmin) = (f16le(&src[0..2]), f16le(&src[2..4]));
+                let (scales, qs) = (&src[4..16], &src[16..144]);
+                for g in 0..8 {
+                    let (sc, mn) = scale_min(scales, g);
+                    let blk = sb * 8 + g;
+                    let (p, b) = (blk / 2, blk % 2);
+                    let base = (r * npairs + p) * pb;
+                    let si = (r * npairs + p) * 4 + b;
+                    m.dm[si] = half::f16::from_f32(d * sc);
+                    m.dm[si + 2] = half::f16::from_f32(-dmin * mn);
+                    // Group g is the low (even g) or high nibbles of its 32-byte run.
+                    let (run, shift) = (&qs[(g / 2) * 32..(g / 2) * 32 + 32], 4 * (g % 2));
+                    for j in 0..16 {
+                        let lo = (run[j] >> shift) & 0xF;
+                        let hi = (run[j + 16] >> shift) & 0xF;
+                        m.qs[base + q4_pos(b, j)] = lo | (hi << 4);
+                    }
+                }
+            }
+        }
+        Some(m)
+    }
+
     /// Repacks GGUF blocks (`n` rows of `k` elements of type `ty`). Exact: the dequantised
     /// values are the file's.
     pub fn from_gguf(ty: GgmlType, data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+        if ty == GgmlType::Q4_K {
+            return Self::from_q4_k(data, n, k);
+        }
         if !Self::supports(ty) || !k.is_multiple_of(QK) || data.len() != ty.bytes_for(n * k) {
             return None;
         }
@@ -626,6 +674,32 @@ mod tests {
             for r in 0..n {
                 m.row_f32(r, &mut row);
                 assert_eq!(row, want[r * k..(r + 1) * k], "{ty:?} row {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn q4_k_repack_rounds_only_the_block_scales() {
+        let (n, k) = (3, 512);
+        let mut rng = crate::sampling::sampler::Rng::new(21);
+        let mut data = Vec::new();
+        for _ in 0..n * k / 256 {
+            data.extend(half::f16::from_f32(0.001 + 0.01 * rng.next_f64() as f32).to_le_bytes());
+            data.extend(half::f16::from_f32(0.001 + 0.01 * rng.next_f64() as f32).to_le_bytes());
+            data.extend((0..140).map(|_| rng.next_u64() as u8));
+        }
+        let mut want = vec![0f32; n * k];
+        crate::model_files::dtype::dequantize(GgmlType::Q4_K, &data, &mut want);
+        let m = QMatrix::from_gguf(GgmlType::Q4_K, &data, n, k).unwrap();
+        let mut row = vec![0f32; k];
+        for r in 0..n {
+            m.row_f32(r, &mut row);
+            for (i, (g, w)) in row.iter().zip(&want[r * k..(r + 1) * k]).enumerate() {
+                // |d·sc·q| and |dmin·m| are each at most 0.011·63·15: 2⁻¹¹ of that, twice.
+                assert!(
+                    (g - w).abs() <= 2.0 * 0.011 * 63.0 * 15.0 / 2048.0,
+                    "row {r} [{i}]: {g} vs {w}"
+                );
             }
         }
     }
