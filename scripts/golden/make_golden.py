@@ -84,12 +84,17 @@ def case(name, kind, text, prompt_ids, model, messages=None):
     return c
 
 
-def smollm2(gguf_path):
+def load_gguf(gguf_path):
+    """The tokenizer and the f32 model transformers makes of a GGUF file (dequantised)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     d, f = os.path.split(os.path.abspath(gguf_path))
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
-    model.eval()
+    return tok, model.eval()
+
+
+def smollm2(gguf_path):
+    tok, model = load_gguf(gguf_path)
     cases = []
     for i, p in enumerate(RAW_PROMPTS):
         ids = tok.encode(p, add_special_tokens=False)
@@ -199,11 +204,7 @@ def more_tiny_models():
 
 def gemma3(gguf_path):
     """Gemma 3 270M Q4_K_M (a base model: raw prompts, BOS prepended as the model asks)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    d, f = os.path.split(os.path.abspath(gguf_path))
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
-    model.eval()
+    tok, model = load_gguf(gguf_path)
     cases = []
     for i, p in enumerate(RAW_PROMPTS):
         ids = tok.encode(p, add_special_tokens=True)
