@@ -249,7 +249,10 @@ mod tests {
             let c = 0.797_884_560_802_865_4_f64;
             let x64 = x as f64;
             let want = 0.5 * x64 * (1.0 + (c * (x64 + 0.044_715 * x64.powi(3))).tanh());
-            assert!((*a as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()), "gelu({x}) = {a}, want {want}");
+            assert!(
+                (*a as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                "gelu({x}) = {a}, want {want}"
+            );
         }
     }
 
