@@ -178,6 +178,49 @@ impl QuantLinear {
     }
 }
 
+/// A layer whose weights are stored as two stacked halves (`2n` rows) that sum to the real
+/// `n` rows (Q6_K's groups of 16, [`super::quant::QMatrix::from_q6_k_split`]): one matmul over
+/// both, then `out[r] = y[r] + y[n + r]`.
+pub struct SplitSumLinear {
+    inner: QuantLinear,
+}
+
+impl SplitSumLinear {
+    /// Wraps a stacked quantised matrix.
+    pub fn new(inner: QuantLinear) -> Self {
+        assert!(inner.w.n.is_multiple_of(2), "SplitSumLinear needs two halves");
+        SplitSumLinear { inner }
+    }
+}
+
+thread_local! {
+    static SPLIT_OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Linear for SplitSumLinear {
+    fn in_features(&self) -> usize {
+        self.inner.w.k
+    }
+    fn out_features(&self) -> usize {
+        self.inner.w.n / 2
+    }
+    fn forward(&self, x: &[f32], t: usize, out: &mut [f32]) {
+        let n = self.inner.w.n / 2;
+        SPLIT_OUT.with(|cell| {
+            let mut y = cell.borrow_mut();
+            y.clear();
+            y.resize(t * 2 * n, 0.0);
+            self.inner.forward(x, t, &mut y);
+            for (o, row) in out.chunks_exact_mut(n).zip(y.chunks_exact(2 * n)) {
+                let (a, b) = row.split_at(n);
+                for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
+                    *o = a + b;
+                }
+            }
+        });
+    }
+}
+
 impl Linear for QuantLinear {
     fn in_features(&self) -> usize {
         self.w.k

@@ -20,10 +20,11 @@ use std::sync::Arc;
 
 use crate::backend::{BackendError, ForwardBatch, KernelPath, KvCacheSpec, ModelBackend};
 use crate::model_files::config::{Activation, Arch, ModelConfig, RopeStyle};
+use crate::model_files::dtype::GgmlType;
 use crate::model_files::weights::ModelFiles;
 use crate::LoadError;
 use kv_cache::CpuKvCache;
-use linear::{ExactLinear, Linear, QuantLinear};
+use linear::{ExactLinear, Linear, QuantLinear, SplitSumLinear};
 use ops::Rope;
 use quant::{QKernel, QMatrix};
 
@@ -54,6 +55,13 @@ fn load_fused(
         .map(|(name, n)| files.require(name, &[*n, k]))
         .collect::<Result<Vec<_>, _>>()?;
     let n_total: usize = parts.iter().map(|p| p.1).sum();
+    if kernel == KernelPath::Fast && tensors.len() == 1 && tensors[0].dtype == GgmlType::Q6_K {
+        let t = &tensors[0];
+        if let Some(m) = QMatrix::from_q6_k_split(t.bytes, t.shape[0], k) {
+            let inner = QuantLinear::new(Arc::new(m), QKernel::detect());
+            return Ok(Arc::new(SplitSumLinear::new(inner)));
+        }
+    }
     if kernel == KernelPath::Fast {
         let mats: Option<Vec<QMatrix>> =
             tensors.iter().map(|t| QMatrix::from_gguf(t.dtype, t.bytes, t.shape[0], k)).collect();

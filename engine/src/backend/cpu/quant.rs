@@ -85,6 +85,70 @@ impl QMatrix {
         matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
     }
 
+    /// Q6_K as two 8-bit matrices stacked (`2n` rows): its groups of 16 have scales of their
+    /// own, which one 32-wide block cannot hold, so rows `0..n` keep every even group (the odd
+    /// ones zero) and rows `n..2n` every odd group; the layer's output is the sum of the two
+    /// halves ([`super::linear::SplitSumLinear`]). The 6-bit values are the file's; each group's
+    /// scale `d·sc` is rounded to f16 (at most 2⁻¹¹ relative). Twice the integer work, no
+    /// requantisation.
+    pub fn from_q6_k_split(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+        use crate::model_files::dtype::QK_K;
+        if !k.is_multiple_of(QK_K) || data.len() != GgmlType::Q6_K.bytes_for(n * k) {
+            return None;
+        }
+        let (nsb, bb) = (k / QK_K, GgmlType::Q6_K.block_bytes());
+        let npairs = (k / QK).div_ceil(2);
+        let pb = QFormat::Q8_0.pair_bytes();
+        // 128 stands for 0 (signed values are stored offset by 128).
+        let mut m = QMatrix {
+            format: QFormat::Q8_0,
+            n: 2 * n,
+            k,
+            npairs,
+            qs: vec![128; 2 * n * npairs * pb],
+            dm: vec![half::f16::ZERO; 2 * n * npairs * 4],
+        };
+        let mut q = [0i8; QK_K];
+        for r in 0..n {
+            for sb in 0..nsb {
+                let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
+                let (ql, qh, sc) = (&src[0..128], &src[128..192], &src[192..208]);
+                let d = f16le(&src[208..210]);
+                // The 6-bit values in element order (as `dtype::dequantize` lays them out).
+                for half in 0..2 {
+                    let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
+                    for l in 0..32 {
+                        let v = [
+                            (ql[l] & 0xF) | (qh[l] & 3) << 4,
+                            (ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4,
+                            (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4,
+                            (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4,
+                        ];
+                        for (j, x) in v.into_iter().enumerate() {
+                            q[128 * half + l + 32 * j] = x as i8 - 32;
+                        }
+                    }
+                }
+                for g in 0..16 {
+                    let scale = d * sc[g] as i8 as f32;
+                    let blk = sb * 8 + g / 2; // the 32-wide block holding group g
+                    let (p, b) = (blk / 2, blk % 2);
+                    let row = r + (g % 2) * n;
+                    let base = (row * npairs + p) * pb;
+                    let si = (row * npairs + p) * 4 + b;
+                    m.dm[si] = half::f16::from_f32(scale);
+                    m.dm[si + 2] = half::f16::from_f32(-128.0 * m.dm[si].to_f32());
+                    let first = (g % 2) * 16; // position of the group within its block
+                    for e in 0..16 {
+                        let j = first + e;
+                        m.qs[base + q8_pos(b, j)] = (q[g * 16 + e] as i16 + 128) as u8;
+                    }
+                }
+            }
+        }
+        Some(m)
+    }
+
     /// Repacks Q4_K super-blocks as eight 4-bit blocks of 32 each, with scale `d·sc` and minimum
     /// `−dmin·m` rounded to f16 (relative error at most 2⁻¹¹ on each block's scale and minimum;
     /// the 4-bit values are the file's).
@@ -700,6 +764,32 @@ mod tests {
                     (g - w).abs() <= 2.0 * 0.011 * 63.0 * 15.0 / 2048.0,
                     "row {r} [{i}]: {g} vs {w}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn q6_k_split_halves_sum_to_the_file_values() {
+        let (n, k) = (3, 512);
+        let mut rng = crate::sampling::sampler::Rng::new(33);
+        let mut data = Vec::new();
+        for _ in 0..n * k / 256 {
+            data.extend((0..208).map(|_| rng.next_u64() as u8));
+            data.extend(half::f16::from_f32(0.0005 + 0.002 * rng.next_f64() as f32).to_le_bytes());
+        }
+        let mut want = vec![0f32; n * k];
+        crate::model_files::dtype::dequantize(GgmlType::Q6_K, &data, &mut want);
+        let m = QMatrix::from_q6_k_split(&data, n, k).unwrap();
+        assert_eq!(m.n, 2 * n);
+        let (mut a, mut b) = (vec![0f32; k], vec![0f32; k]);
+        for r in 0..n {
+            m.row_f32(r, &mut a);
+            m.row_f32(n + r, &mut b);
+            for (i, w) in want[r * k..(r + 1) * k].iter().enumerate() {
+                // One half holds the value, the other exactly 0; the scale is f16-rounded.
+                let (v, zero) = if (i / 16) % 2 == 0 { (a[i], b[i]) } else { (b[i], a[i]) };
+                assert_eq!(zero, 0.0, "row {r} [{i}]");
+                assert!((v - w).abs() <= w.abs() / 2048.0 + 1e-9, "row {r} [{i}]: {v} vs {w}");
             }
         }
     }
