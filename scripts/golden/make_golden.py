@@ -93,13 +93,19 @@ def load_gguf(gguf_path):
     return tok, model.eval()
 
 
-def smollm2(gguf_path):
-    tok, model = load_gguf(gguf_path)
+def raw_cases(tok, model, prompts, bos=False):
+    """A golden case per raw prompt (with the model's BOS when `bos`)."""
     cases = []
-    for i, p in enumerate(RAW_PROMPTS):
-        ids = tok.encode(p, add_special_tokens=False)
+    for i, p in enumerate(prompts):
+        ids = tok.encode(p, add_special_tokens=bos)
         cases.append(case(f"raw{i}", "raw", p, ids, model))
         print(f"raw{i}: {len(ids)} prompt tokens", file=sys.stderr)
+    return cases
+
+
+def smollm2(gguf_path):
+    tok, model = load_gguf(gguf_path)
+    cases = raw_cases(tok, model, RAW_PROMPTS)
     for i, msgs in enumerate(CHAT_PROMPTS):
         text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         ids = tok.encode(text, add_special_tokens=False)
@@ -147,10 +153,7 @@ def tiny_models():
         hf_tok.chat_template = template
         hf_tok.save_pretrained(d)
         model = model.to(torch.float32).eval()
-        cases = []
-        for i, p in enumerate(RAW_PROMPTS[:4]):
-            ids = hf_tok.encode(p, add_special_tokens=False)
-            cases.append(case(f"raw{i}", "raw", p, ids, model))
+        cases = raw_cases(hf_tok, model, RAW_PROMPTS[:4])
         msgs = CHAT_PROMPTS[0]
         text = hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         cases.append(case("chat0", "chat", text, hf_tok.encode(text, add_special_tokens=False), model, messages=msgs))
@@ -192,10 +195,7 @@ def more_tiny_models():
         model.save_pretrained(d, safe_serialization=True)
         tok.save_pretrained(d)
         model = model.float().eval()
-        cases = []
-        for i, p in enumerate(RAW_PROMPTS[:4]):
-            ids = tok.encode(p, add_special_tokens=False)
-            cases.append(case(f"raw{i}", "raw", p, ids, model))
+        cases = raw_cases(tok, model, RAW_PROMPTS[:4])
         out[name] = {"model": f"tests/data/{name}", "reference": f"transformers {__import__('transformers').__version__} float32, eager attention",
                      "cases": cases}
         print(f"{name}: done", file=sys.stderr)
@@ -205,11 +205,7 @@ def more_tiny_models():
 def gemma3(gguf_path):
     """Gemma 3 270M Q4_K_M (a base model: raw prompts, BOS prepended as the model asks)."""
     tok, model = load_gguf(gguf_path)
-    cases = []
-    for i, p in enumerate(RAW_PROMPTS):
-        ids = tok.encode(p, add_special_tokens=True)
-        cases.append(case(f"raw{i}", "raw", p, ids, model))
-        print(f"gemma3 raw{i}: {len(ids)} prompt tokens", file=sys.stderr)
+    cases = raw_cases(tok, model, RAW_PROMPTS, bos=True)
     return {"model": "gemma-3-270m-q4_k_m.gguf", "reference": f"transformers {__import__('transformers').__version__}, torch {torch.__version__}, float32",
             "cases": cases}
 

@@ -398,27 +398,36 @@ pub(crate) mod kquant {
         }
     }
 
+    /// The 256 signed 6-bit values (`q − 32`) of a Q6_K block in element order; element `e`
+    /// belongs to group `e / 16`, whose signed scale is byte `192 + e / 16`.
     /// Block layout: 128 bytes of low 4 bits, 64 bytes of high 2 bits, 16 signed group scales,
     /// then `d`. Each half of 128 weights takes 64 low bytes and 32 high bytes.
-    pub fn q6_k(b: &[u8], o: &mut [f32]) {
-        let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
-        let d = f16_at(b, 208);
+    pub(crate) fn q6_k_values(b: &[u8]) -> [i8; 256] {
+        let (ql, qh) = (&b[0..128], &b[128..192]);
+        let mut q = [0i8; 256];
         for half in 0..2 {
-            let (ql, qh, sc) = (&ql[64 * half..], &qh[32 * half..], &sc[8 * half..]);
-            let y = &mut o[128 * half..128 * half + 128];
+            let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
             for l in 0..32 {
-                let g = l / 16;
                 let quads = [
                     (ql[l] & 0xF) | (qh[l] & 3) << 4,
                     (ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4,
                     (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4,
                     (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4,
                 ];
-                for (k, q) in quads.into_iter().enumerate() {
-                    let s = sc[g + 2 * k] as i8 as f32;
-                    y[l + 32 * k] = d * s * (q as i32 - 32) as f32;
+                for (k, v) in quads.into_iter().enumerate() {
+                    q[128 * half + l + 32 * k] = v as i8 - 32;
                 }
             }
+        }
+        q
+    }
+
+    /// `d · scale · (q − 32)` per element ([`q6_k_values`]).
+    pub fn q6_k(b: &[u8], o: &mut [f32]) {
+        let d = f16_at(b, 208);
+        for (e, (y, q)) in o.iter_mut().zip(q6_k_values(b)).enumerate() {
+            let s = b[192 + e / 16] as i8 as f32;
+            *y = d * s * q as f32;
         }
     }
 }

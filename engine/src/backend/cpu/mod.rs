@@ -141,10 +141,9 @@ struct DecoderLayer {
     mlp: Mlp,
     /// Norm of the MLP output before the residual add (Gemma 3).
     post_ffn_norm: Option<Vec<f32>>,
-    /// Positions a local layer attends to (`None`: every position).
+    /// Positions a local layer attends to (`None`: every position). Local layers use
+    /// `CpuBackend::rope_local` when there is one.
     window: Option<usize>,
-    /// Whether this layer uses the local RoPE base.
-    local_rope: bool,
 }
 
 /// The model on CPU with its KV cache.
@@ -155,7 +154,7 @@ pub struct CpuBackend {
     norm: Vec<f32>,
     lm_head: Arc<dyn Linear>,
     rope: Rope,
-    /// RoPE of the sliding-window layers, when their base differs.
+    /// RoPE of the sliding-window layers, only when their base differs from `rope`'s (Gemma 3).
     rope_local: Option<Rope>,
     kv: CpuKvCache,
     simd: bool,
@@ -237,7 +236,6 @@ impl CpuBackend {
                 post_attn_norm: post("post_attention_norm")?,
                 post_ffn_norm: post("post_ffw_norm")?,
                 window: cfg.layer_window(i),
-                local_rope: cfg.layer_window(i).is_some(),
                 attn_norm: load_norm(files, cfg, &p("attn_norm"), h)?,
                 attn: Attention {
                     qkv: if files.tensor(&p("attn_qkv")).is_some() {
@@ -292,13 +290,15 @@ impl CpuBackend {
             norm: load_norm(files, cfg, "output_norm.weight", h)?,
             lm_head,
             rope: Rope::new(cfg.head_dim, cfg.rope_theta, cfg.rope_style == RopeStyle::Interleaved),
-            rope_local: cfg.sliding_window.map(|w| {
-                Rope::new(
-                    cfg.head_dim,
-                    w.local_rope_theta,
-                    cfg.rope_style == RopeStyle::Interleaved,
-                )
-            }),
+            rope_local: cfg.sliding_window.filter(|w| w.local_rope_theta != cfg.rope_theta).map(
+                |w| {
+                    Rope::new(
+                        cfg.head_dim,
+                        w.local_rope_theta,
+                        cfg.rope_style == RopeStyle::Interleaved,
+                    )
+                },
+            ),
             layers,
             kv: CpuKvCache::new(cfg.num_layers, opts.num_blocks, opts.block_size, kv)
                 .with_host_blocks(opts.num_host_blocks),
@@ -684,7 +684,8 @@ impl ModelBackend for CpuBackend {
         }
         // Rotary angles per token, shared by every layer (of each RoPE base).
         let (cos, sin) = (zeroed(cos, t * half), zeroed(sin, t * half));
-        let (cos_l, sin_l) = (zeroed(cos_local, t * half), zeroed(sin_local, t * half));
+        let nl = if self.rope_local.is_some() { t * half } else { 0 };
+        let (cos_l, sin_l) = (zeroed(cos_local, nl), zeroed(sin_local, nl));
         for ti in 0..t {
             self.rope.angles(b.positions[ti], c1, s1);
             cos[ti * half..(ti + 1) * half].copy_from_slice(c1);
@@ -697,7 +698,8 @@ impl ModelBackend for CpuBackend {
         }
         for li in 0..num_layers {
             let layer = &self.layers[li];
-            let (cos, sin) = if layer.local_rope { (&*cos_l, &*sin_l) } else { (&*cos, &*sin) };
+            let local = layer.window.is_some() && self.rope_local.is_some();
+            let (cos, sin) = if local { (&*cos_l, &*sin_l) } else { (&*cos, &*sin) };
             par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| {
                 ops::rms_norm(&x[r.start * h..r.end * h], &layer.attn_norm, eps, hb)
             });

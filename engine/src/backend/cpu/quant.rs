@@ -85,6 +85,21 @@ impl QMatrix {
         matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
     }
 
+    /// An `n × k` matrix of zeros in `format` (the 8-bit format stores 0 as 128, so padding
+    /// blocks contribute nothing whatever their scale).
+    fn zeroed(format: QFormat, n: usize, k: usize) -> QMatrix {
+        let npairs = (k / QK).div_ceil(2);
+        let zero = if format == QFormat::Q8_0 { 128 } else { 0 };
+        QMatrix {
+            format,
+            n,
+            k,
+            npairs,
+            qs: vec![zero; n * npairs * format.pair_bytes()],
+            dm: vec![half::f16::ZERO; n * npairs * 4],
+        }
+    }
+
     /// Q6_K as two 8-bit matrices stacked (`2n` rows): its groups of 16 have scales of their
     /// own, which one 32-wide block cannot hold, so rows `0..n` keep every even group (the odd
     /// ones zero) and rows `n..2n` every odd group; the layer's output is the sum of the two
@@ -92,43 +107,17 @@ impl QMatrix {
     /// scale `d·sc` is rounded to f16 (at most 2⁻¹¹ relative). Twice the integer work, no
     /// requantisation.
     pub fn from_q6_k_split(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
-        use crate::model_files::dtype::QK_K;
+        use crate::model_files::dtype::{kquant, QK_K};
         if !k.is_multiple_of(QK_K) || data.len() != GgmlType::Q6_K.bytes_for(n * k) {
             return None;
         }
         let (nsb, bb) = (k / QK_K, GgmlType::Q6_K.block_bytes());
-        let npairs = (k / QK).div_ceil(2);
-        let pb = QFormat::Q8_0.pair_bytes();
-        // 128 stands for 0 (signed values are stored offset by 128).
-        let mut m = QMatrix {
-            format: QFormat::Q8_0,
-            n: 2 * n,
-            k,
-            npairs,
-            qs: vec![128; 2 * n * npairs * pb],
-            dm: vec![half::f16::ZERO; 2 * n * npairs * 4],
-        };
-        let mut q = [0i8; QK_K];
+        let mut m = QMatrix::zeroed(QFormat::Q8_0, 2 * n, k);
+        let (npairs, pb) = (m.npairs, QFormat::Q8_0.pair_bytes());
         for r in 0..n {
             for sb in 0..nsb {
                 let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
-                let (ql, qh, sc) = (&src[0..128], &src[128..192], &src[192..208]);
-                let d = f16le(&src[208..210]);
-                // The 6-bit values in element order (as `dtype::dequantize` lays them out).
-                for half in 0..2 {
-                    let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
-                    for l in 0..32 {
-                        let v = [
-                            (ql[l] & 0xF) | (qh[l] & 3) << 4,
-                            (ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4,
-                            (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4,
-                            (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4,
-                        ];
-                        for (j, x) in v.into_iter().enumerate() {
-                            q[128 * half + l + 32 * j] = x as i8 - 32;
-                        }
-                    }
-                }
+                let (q, sc, d) = (kquant::q6_k_values(src), &src[192..208], f16le(&src[208..210]));
                 for g in 0..16 {
                     let scale = d * sc[g] as i8 as f32;
                     let blk = sb * 8 + g / 2; // the 32-wide block holding group g
@@ -158,16 +147,8 @@ impl QMatrix {
             return None;
         }
         let (nsb, bb) = (k / QK_K, GgmlType::Q4_K.block_bytes());
-        let npairs = (k / QK).div_ceil(2);
-        let pb = QFormat::Q4_1.pair_bytes();
-        let mut m = QMatrix {
-            format: QFormat::Q4_1,
-            n,
-            k,
-            npairs,
-            qs: vec![0; n * npairs * pb],
-            dm: vec![half::f16::ZERO; n * npairs * 4],
-        };
+        let mut m = QMatrix::zeroed(QFormat::Q4_1, n, k);
+        let (npairs, pb) = (m.npairs, QFormat::Q4_1.pair_bytes());
         for r in 0..n {
             for sb in 0..nsb {
                 let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
@@ -208,20 +189,8 @@ impl QMatrix {
             _ => QFormat::Q8_0,
         };
         let nb = k / QK;
-        let npairs = nb.div_ceil(2);
-        let pb = format.pair_bytes();
-        let mut m = QMatrix {
-            format,
-            n,
-            k,
-            npairs,
-            qs: vec![0; n * npairs * pb],
-            dm: vec![half::f16::ZERO; n * npairs * 4],
-        };
-        if format == QFormat::Q8_0 {
-            // Padding blocks must contribute zero: value 128 stands for 0 with d = 0.
-            m.qs.fill(128);
-        }
+        let mut m = QMatrix::zeroed(format, n, k);
+        let (npairs, pb) = (m.npairs, format.pair_bytes());
         let bb = ty.block_bytes();
         for r in 0..n {
             for blk in 0..nb {
