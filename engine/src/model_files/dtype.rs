@@ -322,30 +322,41 @@ pub(crate) mod kquant {
         (low | (high << 4)) as i32 - 32
     }
 
+    /// The 256 signed 3-bit values (−4..3) of a Q3_K block in element order, and the signed
+    /// scales of its 16 groups (element `e` is in group `e / 16`).
     /// Block layout: a 32-byte high-bit mask, 64 bytes of 2-bit values, 12 bytes of scales,
     /// then `d`. A weight is `d · scale · (low2 − (high bit clear ? 4 : 0))`.
-    pub fn q3_k(b: &[u8], o: &mut [f32]) {
+    pub(crate) fn q3_k_values(b: &[u8]) -> ([i8; 256], [i32; 16]) {
         let (hmask, qs, scales) = (&b[0..32], &b[32..96], &b[96..108]);
-        let d = f16_at(b, 108);
-        let mut g = 0;
+        let (mut v, mut sc) = ([0i8; 256], [0i32; 16]);
+        for (g, s) in sc.iter_mut().enumerate() {
+            *s = q3_scale(scales, g);
+        }
         let mut m = 1u8;
         for half in 0..2 {
             let q = &qs[32 * half..32 * half + 32];
             for j in 0..4 {
                 let shift = 2 * j;
                 for part in 0..2 {
-                    let dl = d * q3_scale(scales, g) as f32;
-                    g += 1;
                     let base = half * 128 + j * 32 + part * 16;
                     for l in 0..16 {
                         let i = part * 16 + l;
-                        let low = ((q[i] >> shift) & 3) as i32;
-                        let v = low - if hmask[i] & m != 0 { 0 } else { 4 };
-                        o[base + l] = dl * v as f32;
+                        let low = ((q[i] >> shift) & 3) as i8;
+                        v[base + l] = low - if hmask[i] & m != 0 { 0 } else { 4 };
                     }
                 }
                 m = m.wrapping_shl(1);
             }
+        }
+        (v, sc)
+    }
+
+    /// `d · scale · value` per element ([`q3_k_values`]).
+    pub fn q3_k(b: &[u8], o: &mut [f32]) {
+        let d = f16_at(b, 108);
+        let (v, sc) = q3_k_values(b);
+        for (e, (y, q)) in o.iter_mut().zip(v).enumerate() {
+            *y = d * sc[e / 16] as f32 * q as f32;
         }
     }
 
@@ -378,23 +389,32 @@ pub(crate) mod kquant {
         }
     }
 
+    /// The 256 five-bit values (0..32) of a Q5_K block in element order (element `e` is in
+    /// group `e / 32`).
     /// Block layout: `d`, `dmin`, 12 bytes of scales and mins, a 32-byte fifth-bit array, 128
     /// bytes of 4-bit values (as Q4_K); group `g`'s fifth bits are bit `g` of the array's bytes.
-    pub fn q5_k(b: &[u8], o: &mut [f32]) {
-        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-        let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+    pub(crate) fn q5_k_values(b: &[u8]) -> [u8; 256] {
+        let (qh, qs) = (&b[16..48], &b[48..176]);
+        let mut v = [0u8; 256];
         for run in 0..4 {
             let q = &qs[32 * run..32 * run + 32];
             for (nib, shift) in [(0, 0), (1, 4)] {
                 let g = 2 * run + nib;
-                let (sc, m) = scale_min(scales, g);
-                let (dl, ml) = (d * sc, dmin * m);
-                let base = run * 64 + nib * 32;
                 for l in 0..32 {
-                    let high = ((qh[l] >> g) & 1) << 4;
-                    o[base + l] = dl * (((q[l] >> shift) & 0xF) | high) as f32 - ml;
+                    v[run * 64 + nib * 32 + l] =
+                        ((q[l] >> shift) & 0xF) | (((qh[l] >> g) & 1) << 4);
                 }
             }
+        }
+        v
+    }
+
+    /// `d · sc · q − dmin · m` per element ([`q5_k_values`], [`scale_min`]).
+    pub fn q5_k(b: &[u8], o: &mut [f32]) {
+        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+        for (e, (y, q)) in o.iter_mut().zip(q5_k_values(b)).enumerate() {
+            let (sc, m) = scale_min(&b[4..16], e / 32);
+            *y = d * sc * q as f32 - dmin * m;
         }
     }
 

@@ -179,7 +179,7 @@ impl QuantLinear {
 }
 
 /// A layer whose weights are stored as two stacked halves (`2n` rows) that sum to the real
-/// `n` rows (Q6_K's groups of 16, [`super::quant::QMatrix::from_q6_k_split`]): one matmul over
+/// `n` rows (Q6_K's and Q3_K's groups of 16, [`super::quant::QMatrix::from_split16`]): one matmul over
 /// both, then `out[r] = y[r] + y[n + r]`.
 pub struct SplitSumLinear {
     inner: QuantLinear,
@@ -251,29 +251,54 @@ mod quant_tests {
     fn every_kernel_matches_the_scalar_oracle() {
         let kernels = QKernel::available();
         eprintln!("kernels on this CPU: {kernels:?}");
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0] {
-            for &(n, k, t) in
-                &[(37, 96, 1), (64, 576, 5), (200, 1536, 9), (3, 32, 4), (70, 160, 7), (9, 96, 6)]
-            {
-                let data =
-                    super::super::quant::tests_support::random_gguf(ty, n, k, (n * k + t) as u64);
-                let w = QMatrix::from_gguf(ty, &data, n, k).unwrap();
-                let mut rng = crate::sampling::sampler::Rng::new(7);
-                let x: Vec<f32> = (0..t * k).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
-                let mut a = QActs::default();
-                a.quantize(&x, t, k);
-                for &kernel in &kernels {
-                    let mut out = vec![0f32; t * n];
-                    QuantLinear::new(Arc::new(w.clone()), kernel).forward_quantized(&a, &mut out);
-                    for r in 0..n {
-                        for ti in 0..t {
-                            let want = scalar::dot(&w, r, &a, ti);
-                            let got = out[ti * n + r];
-                            assert!(
-                                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                                "{kernel:?} {ty:?} {n}x{k} t{t} [{ti},{r}]: {got} vs {want}"
-                            );
-                        }
+        use super::super::quant::tests_support::{random_gguf, random_k};
+        let legacy =
+            [(37, 96, 1), (64, 576, 5), (200, 1536, 9), (3, 32, 4), (70, 160, 7), (9, 96, 6)];
+        let k_quant = [(37, 256, 1), (64, 512, 5), (9, 768, 6), (5, 256, 4)];
+        let cases =
+            [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1]
+                .into_iter()
+                .flat_map(|ty| legacy.iter().map(move |&s| (ty, s)))
+                .chain(
+                    [GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K]
+                        .into_iter()
+                        .flat_map(|ty| k_quant.iter().map(move |&s| (ty, s))),
+                );
+        for (ty, (n, k, t)) in cases {
+            // Legacy types in 32-blocks; K-quants repacked or split.
+            let seed = (n * k + t) as u64;
+            let w = if ty.block_size() == 32 {
+                QMatrix::from_gguf(ty, &random_gguf(ty, n, k, seed), n, k).unwrap()
+            } else {
+                let data = random_k(ty, n, k, seed);
+                QMatrix::from_split16(ty, &data, n, k)
+                    .or_else(|| QMatrix::from_gguf(ty, &data, n, k))
+                    .unwrap()
+            };
+            let n = w.n;
+            let mut rng = crate::sampling::sampler::Rng::new(7);
+            let x: Vec<f32> = (0..t * k).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
+            let mut a = QActs::default();
+            a.quantize(&x, t, k);
+            for &kernel in &kernels {
+                let mut out = vec![0f32; t * n];
+                QuantLinear::new(Arc::new(w.clone()), kernel).forward_quantized(&a, &mut out);
+                for r in 0..n {
+                    for ti in 0..t {
+                        let want = scalar::dot(&w, r, &a, ti);
+                        let got = out[ti * n + r];
+                        // Kernels with signed 8-bit weights skip the minimum term that
+                        // cancels the oracle's +128 bias: rounding relative to that term.
+                        let min_mass: f32 = (0..w.npairs * 2)
+                            .map(|j| {
+                                let s = a.s[(ti * w.npairs + j / 2) * 2 + j % 2];
+                                (w.min(r, j / 2, j % 2) * s).abs()
+                            })
+                            .sum();
+                        assert!(
+                            (got - want).abs() <= 1e-4 * (1.0 + want.abs().max(min_mass)),
+                            "{kernel:?} {ty:?} {n}x{k} t{t} [{ti},{r}]: {got} vs {want}"
+                        );
                     }
                 }
             }

@@ -15,12 +15,13 @@ pub mod pool;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod quant_x86;
+mod repack_k;
 
 use std::sync::Arc;
 
 use crate::backend::{BackendError, ForwardBatch, KernelPath, KvCacheSpec, ModelBackend};
 use crate::model_files::config::{Activation, Arch, ModelConfig, RopeStyle};
-use crate::model_files::dtype::GgmlType;
+
 use crate::model_files::weights::ModelFiles;
 use crate::LoadError;
 use kv_cache::CpuKvCache;
@@ -55,9 +56,9 @@ fn load_fused(
         .map(|(name, n)| files.require(name, &[*n, k]))
         .collect::<Result<Vec<_>, _>>()?;
     let n_total: usize = parts.iter().map(|p| p.1).sum();
-    if kernel == KernelPath::Fast && tensors.len() == 1 && tensors[0].dtype == GgmlType::Q6_K {
+    if kernel == KernelPath::Fast && tensors.len() == 1 {
         let t = &tensors[0];
-        if let Some(m) = QMatrix::from_q6_k_split(t.bytes, t.shape[0], k) {
+        if let Some(m) = QMatrix::from_split16(t.dtype, t.bytes, t.shape[0], k) {
             let inner = QuantLinear::new(Arc::new(m), QKernel::detect());
             return Ok(Arc::new(SplitSumLinear::new(inner)));
         }

@@ -30,6 +30,9 @@ pub enum QFormat {
     Q4_1,
     /// 8-bit values with a scale, stored offset by 128.
     Q8_0,
+    /// Unsigned values below 64, a byte each, with scale and minimum (Q5_1, Q5_K): the Q8
+    /// layout with Q4_1's arithmetic (`maddubs` pairs of them stay within i16).
+    U6,
 }
 
 impl QFormat {
@@ -37,7 +40,7 @@ impl QFormat {
     pub fn pair_bytes(self) -> usize {
         match self {
             QFormat::Q4_1 => 32,
-            QFormat::Q8_0 => 64,
+            QFormat::Q8_0 | QFormat::U6 => 64,
         }
     }
 }
@@ -62,32 +65,34 @@ pub struct QMatrix {
 
 /// Position of element `j` (0..32) of block `b` (0 or 1) within a 64-byte Q8 pair.
 #[inline]
-fn q8_pos(b: usize, j: usize) -> usize {
+pub(super) fn q8_pos(b: usize, j: usize) -> usize {
     let (half, e) = (j / 16, j % 16);
     half * 32 + (e / 4) * 8 + b * 4 + e % 4
 }
 
 /// Position of byte `j` (0..16) of block `b`'s nibbles within a 32-byte Q4 pair.
 #[inline]
-fn q4_pos(b: usize, j: usize) -> usize {
+pub(super) fn q4_pos(b: usize, j: usize) -> usize {
     (j / 4) * 8 + b * 4 + j % 4
 }
 
-fn f16le(b: &[u8]) -> f32 {
+pub(super) fn f16le(b: &[u8]) -> f32 {
     half::f16::from_le_bytes([b[0], b[1]]).to_f32()
 }
 
 impl QMatrix {
     /// Whether GGUF data of this type can be repacked without loss (Q5_0 goes into the 8-bit
-    /// format as signed values; Q5_1's minimum has no place there, as plain AVX2 kernels take
-    /// the 8-bit format without a minimum term).
+    /// format as signed values, Q5_1 into [`QFormat::U6`]).
     pub fn supports(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
+        matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+        )
     }
 
     /// An `n × k` matrix of zeros in `format` (the 8-bit format stores 0 as 128, so padding
     /// blocks contribute nothing whatever their scale).
-    fn zeroed(format: QFormat, n: usize, k: usize) -> QMatrix {
+    pub(super) fn zeroed(format: QFormat, n: usize, k: usize) -> QMatrix {
         let npairs = (k / QK).div_ceil(2);
         let zero = if format == QFormat::Q8_0 { 128 } else { 0 };
         QMatrix {
@@ -100,92 +105,20 @@ impl QMatrix {
         }
     }
 
-    /// Q6_K as two 8-bit matrices stacked (`2n` rows): its groups of 16 have scales of their
-    /// own, which one 32-wide block cannot hold, so rows `0..n` keep every even group (the odd
-    /// ones zero) and rows `n..2n` every odd group; the layer's output is the sum of the two
-    /// halves ([`super::linear::SplitSumLinear`]). The 6-bit values are the file's; each group's
-    /// scale `d·sc` is rounded to f16 (at most 2⁻¹¹ relative). Twice the integer work, no
-    /// requantisation.
-    pub fn from_q6_k_split(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
-        use crate::model_files::dtype::{kquant, QK_K};
-        if !k.is_multiple_of(QK_K) || data.len() != GgmlType::Q6_K.bytes_for(n * k) {
-            return None;
-        }
-        let (nsb, bb) = (k / QK_K, GgmlType::Q6_K.block_bytes());
-        let mut m = QMatrix::zeroed(QFormat::Q8_0, 2 * n, k);
-        let (npairs, pb) = (m.npairs, QFormat::Q8_0.pair_bytes());
-        for r in 0..n {
-            for sb in 0..nsb {
-                let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
-                let (q, sc, d) = (kquant::q6_k_values(src), &src[192..208], f16le(&src[208..210]));
-                for g in 0..16 {
-                    let scale = d * sc[g] as i8 as f32;
-                    let blk = sb * 8 + g / 2; // the 32-wide block holding group g
-                    let (p, b) = (blk / 2, blk % 2);
-                    let row = r + (g % 2) * n;
-                    let base = (row * npairs + p) * pb;
-                    let si = (row * npairs + p) * 4 + b;
-                    m.dm[si] = half::f16::from_f32(scale);
-                    m.dm[si + 2] = half::f16::from_f32(-128.0 * m.dm[si].to_f32());
-                    let first = (g % 2) * 16; // position of the group within its block
-                    for e in 0..16 {
-                        let j = first + e;
-                        m.qs[base + q8_pos(b, j)] = (q[g * 16 + e] as i16 + 128) as u8;
-                    }
-                }
-            }
-        }
-        Some(m)
-    }
-
-    /// Repacks Q4_K super-blocks as eight 4-bit blocks of 32 each, with scale `d·sc` and minimum
-    /// `−dmin·m` rounded to f16 (relative error at most 2⁻¹¹ on each block's scale and minimum;
-    /// the 4-bit values are the file's).
-    fn from_q4_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
-        use crate::model_files::dtype::{kquant::scale_min, QK_K};
-        if !k.is_multiple_of(QK_K) || data.len() != GgmlType::Q4_K.bytes_for(n * k) {
-            return None;
-        }
-        let (nsb, bb) = (k / QK_K, GgmlType::Q4_K.block_bytes());
-        let mut m = QMatrix::zeroed(QFormat::Q4_1, n, k);
-        let (npairs, pb) = (m.npairs, QFormat::Q4_1.pair_bytes());
-        for r in 0..n {
-            for sb in 0..nsb {
-                let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
-                let (d, dmin) = (f16le(&src[0..2]), f16le(&src[2..4]));
-                let (scales, qs) = (&src[4..16], &src[16..144]);
-                for g in 0..8 {
-                    let (sc, mn) = scale_min(scales, g);
-                    let blk = sb * 8 + g;
-                    let (p, b) = (blk / 2, blk % 2);
-                    let base = (r * npairs + p) * pb;
-                    let si = (r * npairs + p) * 4 + b;
-                    m.dm[si] = half::f16::from_f32(d * sc);
-                    m.dm[si + 2] = half::f16::from_f32(-dmin * mn);
-                    // Group g is the low (even g) or high nibbles of its 32-byte run.
-                    let (run, shift) = (&qs[(g / 2) * 32..(g / 2) * 32 + 32], 4 * (g % 2));
-                    for j in 0..16 {
-                        let lo = (run[j] >> shift) & 0xF;
-                        let hi = (run[j + 16] >> shift) & 0xF;
-                        m.qs[base + q4_pos(b, j)] = lo | (hi << 4);
-                    }
-                }
-            }
-        }
-        Some(m)
-    }
-
     /// Repacks GGUF blocks (`n` rows of `k` elements of type `ty`). Exact: the dequantised
     /// values are the file's.
     pub fn from_gguf(ty: GgmlType, data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
-        if ty == GgmlType::Q4_K {
-            return Self::from_q4_k(data, n, k);
+        match ty {
+            GgmlType::Q4_K => return Self::from_q4_k(data, n, k),
+            GgmlType::Q5_K => return Self::from_q5_k(data, n, k),
+            _ => {}
         }
         if !Self::supports(ty) || !k.is_multiple_of(QK) || data.len() != ty.bytes_for(n * k) {
             return None;
         }
         let format = match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 => QFormat::Q4_1,
+            GgmlType::Q5_1 => QFormat::U6,
             _ => QFormat::Q8_0,
         };
         let nb = k / QK;
@@ -237,6 +170,18 @@ impl QMatrix {
                             m.qs[base + q8_pos(b, j + 16)] = hi + 112;
                         }
                     }
+                    GgmlType::Q5_1 => {
+                        m.dm[si] = f16(f16le(&src[0..2]));
+                        m.dm[si + 2] = f16(f16le(&src[2..4]));
+                        let qh = u32::from_le_bytes([src[4], src[5], src[6], src[7]]);
+                        for j in 0..16 {
+                            let q = src[8 + j];
+                            let lo = (q & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+                            let hi = (q >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+                            m.qs[base + q8_pos(b, j)] = lo;
+                            m.qs[base + q8_pos(b, j + 16)] = hi;
+                        }
+                    }
                     _ => unreachable!("checked by supports"),
                 }
             }
@@ -279,7 +224,7 @@ impl QMatrix {
                     let byte = self.qs[base + q4_pos(b, j % 16)];
                     (if j < 16 { byte & 0x0F } else { byte >> 4 }) as f32
                 }
-                QFormat::Q8_0 => self.qs[base + q8_pos(b, j)] as f32,
+                QFormat::Q8_0 | QFormat::U6 => self.qs[base + q8_pos(b, j)] as f32,
             };
             *o = q * self.scale(r, p, b) + self.min(r, p, b);
         }
@@ -528,7 +473,7 @@ pub mod scalar {
                                 + (wq[i] >> 4) as i32 * aq[32 + i] as i32;
                         }
                     }
-                    QFormat::Q8_0 => {
+                    QFormat::Q8_0 | QFormat::U6 => {
                         for i in 0..64 {
                             part[(i / 4) % 2] += wq[i] as i32 * aq[i] as i32;
                         }
@@ -649,11 +594,33 @@ pub(crate) mod tests_support {
         }
         out
     }
+
+    /// Random K-quant super-blocks of `ty` (Q3_K, Q4_K, Q5_K, Q6_K) for an `n × k` matrix:
+    /// random values, scales and minimums, with `d` (and `dmin`) small positive f16s.
+    pub(crate) fn random_k(ty: GgmlType, n: usize, k: usize, seed: u64) -> Vec<u8> {
+        use crate::model_files::dtype::QK_K;
+        let mut rng = crate::sampling::sampler::Rng::new(seed);
+        let mut out = Vec::new();
+        for _ in 0..n * k / QK_K {
+            let mut small = |lo: f32| {
+                half::f16::from_f32(lo * (1.0 + 4.0 * rng.next_f64() as f32)).to_le_bytes()
+            };
+            let (d, dmin) = (small(0.001), small(0.0005));
+            let bytes: Vec<u8> = (0..ty.block_bytes()).map(|_| rng.next_u64() as u8).collect();
+            match ty {
+                GgmlType::Q4_K | GgmlType::Q5_K => {
+                    out.extend([&d[..], &dmin[..], &bytes[4..]].concat())
+                }
+                _ => out.extend([&bytes[..ty.block_bytes() - 2], &d[..]].concat()),
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::tests_support::random_gguf;
+    use super::tests_support::{random_gguf, random_k};
     use super::*;
 
     #[test]
@@ -697,7 +664,7 @@ mod tests {
 
     #[test]
     fn repack_is_lossless() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
             let (n, k) = (3, 96); // odd block count: a padded pair
             let data = random_gguf(ty, n, k, 5);
             let mut want = vec![0f32; n * k];
@@ -711,61 +678,49 @@ mod tests {
         }
     }
 
+    /// Each repacked K-quant weight against the reference dequantiser: only the f16 rounding
+    /// of scales (2⁻¹¹ relative) and minimums separates them. Split types hold every value in
+    /// one half and exactly zero in the other.
     #[test]
-    fn q4_k_repack_rounds_only_the_block_scales() {
-        let (n, k) = (3, 512);
-        let mut rng = crate::sampling::sampler::Rng::new(21);
-        let mut data = Vec::new();
-        for _ in 0..n * k / 256 {
-            data.extend(half::f16::from_f32(0.001 + 0.01 * rng.next_f64() as f32).to_le_bytes());
-            data.extend(half::f16::from_f32(0.001 + 0.01 * rng.next_f64() as f32).to_le_bytes());
-            data.extend((0..140).map(|_| rng.next_u64() as u8));
-        }
-        let mut want = vec![0f32; n * k];
-        crate::model_files::dtype::dequantize(GgmlType::Q4_K, &data, &mut want);
-        let m = QMatrix::from_gguf(GgmlType::Q4_K, &data, n, k).unwrap();
-        let mut row = vec![0f32; k];
-        for r in 0..n {
-            m.row_f32(r, &mut row);
-            for (i, (g, w)) in row.iter().zip(&want[r * k..(r + 1) * k]).enumerate() {
-                // |d·sc·q| and |dmin·m| are each at most 0.011·63·15: 2⁻¹¹ of that, twice.
-                assert!(
-                    (g - w).abs() <= 2.0 * 0.011 * 63.0 * 15.0 / 2048.0,
-                    "row {r} [{i}]: {g} vs {w}"
-                );
+    fn k_quant_repacks_round_only_the_group_scales() {
+        for ty in [GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            let (n, k) = (3, 512);
+            let data = random_k(ty, n, k, 21);
+            let mut want = vec![0f32; n * k];
+            crate::model_files::dtype::dequantize(ty, &data, &mut want);
+            let split = QMatrix::from_split16(ty, &data, n, k);
+            let m = split.clone().or_else(|| QMatrix::from_gguf(ty, &data, n, k)).unwrap();
+            assert_eq!(m.n, if split.is_some() { 2 * n } else { n }, "{ty:?}");
+            // The largest |scale · value| and |minimum| a block can have here.
+            let big = 0.005 * 63.0 * 32.0;
+            let (mut a, mut b) = (vec![0f32; k], vec![0f32; k]);
+            for r in 0..n {
+                m.row_f32(r, &mut a);
+                if split.is_some() {
+                    m.row_f32(n + r, &mut b);
+                }
+                for (i, w) in want[r * k..(r + 1) * k].iter().enumerate() {
+                    let v = if split.is_some() {
+                        let (v, zero) = if (i / 16) % 2 == 0 { (a[i], b[i]) } else { (b[i], a[i]) };
+                        assert_eq!(zero, 0.0, "{ty:?} row {r} [{i}]");
+                        v
+                    } else {
+                        a[i]
+                    };
+                    assert!(
+                        (v - w).abs() <= 2.0 * big / 2048.0,
+                        "{ty:?} row {r} [{i}]: {v} vs {w}"
+                    );
+                }
             }
         }
-    }
-
-    #[test]
-    fn q6_k_split_halves_sum_to_the_file_values() {
-        let (n, k) = (3, 512);
-        let mut rng = crate::sampling::sampler::Rng::new(33);
-        let mut data = Vec::new();
-        for _ in 0..n * k / 256 {
-            data.extend((0..208).map(|_| rng.next_u64() as u8));
-            data.extend(half::f16::from_f32(0.0005 + 0.002 * rng.next_f64() as f32).to_le_bytes());
-        }
-        let mut want = vec![0f32; n * k];
-        crate::model_files::dtype::dequantize(GgmlType::Q6_K, &data, &mut want);
-        let m = QMatrix::from_q6_k_split(&data, n, k).unwrap();
-        assert_eq!(m.n, 2 * n);
-        let (mut a, mut b) = (vec![0f32; k], vec![0f32; k]);
-        for r in 0..n {
-            m.row_f32(r, &mut a);
-            m.row_f32(n + r, &mut b);
-            for (i, w) in want[r * k..(r + 1) * k].iter().enumerate() {
-                // One half holds the value, the other exactly 0; the scale is f16-rounded.
-                let (v, zero) = if (i / 16) % 2 == 0 { (a[i], b[i]) } else { (b[i], a[i]) };
-                assert_eq!(zero, 0.0, "row {r} [{i}]");
-                assert!((v - w).abs() <= w.abs() / 2048.0 + 1e-9, "row {r} [{i}]: {v} vs {w}");
-            }
-        }
+        let q4k = random_k(GgmlType::Q4_K, 1, 256, 1);
+        assert!(QMatrix::from_split16(GgmlType::Q4_K, &q4k, 1, 256).is_none());
     }
 
     #[test]
     fn scalar_dot_matches_dequantised_dot() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
             let (n, k, t) = (4, 160, 3);
             let data = random_gguf(ty, n, k, 9);
             let mut w = vec![0f32; n * k];

@@ -122,7 +122,7 @@ unsafe fn load_w512(w: &QMatrix, row_base: *const u8, p: usize) -> __m512i {
             let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
             _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
         }
-        QFormat::Q8_0 => _mm512_loadu_si512(row_base.add(p * 64) as *const _),
+        QFormat::Q8_0 | QFormat::U6 => _mm512_loadu_si512(row_base.add(p * 64) as *const _),
     }
 }
 
@@ -293,6 +293,12 @@ unsafe fn reduce_quad(s: &[__m256i; 4]) -> __m256i {
     _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20), _mm256_permute2x128_si256(e, f, 0x31))
 }
 
+/// Weight formats of the AVX2 tile kernels' const parameter: 4-bit pairs, 8-bit (signed or
+/// biased, per feature set) and [`QFormat::U6`] (unsigned bytes taking the 4-bit dots).
+const F_Q4: u8 = 0;
+const F_Q8: u8 = 1;
+const F_U6: u8 = 2;
+
 /// The AVX2 tile kernels for one feature set (`$features`), built on that set's pair dot
 /// products. `$q8_min` says whether Q8 pairs take the minimum term (biased weights) or not
 /// (signed weights).
@@ -310,8 +316,9 @@ macro_rules! avx2_kernels {
                 out: *mut f32,
             ) {
                 match w.format {
-                    QFormat::Q4_1 => rows_of::<false>(w, a, rows, out),
-                    QFormat::Q8_0 => rows_of::<true>(w, a, rows, out),
+                    QFormat::Q4_1 => rows_of::<F_Q4>(w, a, rows, out),
+                    QFormat::Q8_0 => rows_of::<F_Q8>(w, a, rows, out),
+                    QFormat::U6 => rows_of::<F_U6>(w, a, rows, out),
                 }
             }
 
@@ -320,7 +327,7 @@ macro_rules! avx2_kernels {
             /// while the rows stream by.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn rows_of<const Q8: bool>(
+            unsafe fn rows_of<const F: u8>(
                 w: &QMatrix,
                 a: &QActs,
                 rows: std::ops::Range<usize>,
@@ -329,11 +336,11 @@ macro_rules! avx2_kernels {
                 if a.t == 1 {
                     let mut r = rows.start;
                     while r + 4 <= rows.end {
-                        rows_quad::<Q8>(w, r, a, out);
+                        rows_quad::<F>(w, r, a, out);
                         r += 4;
                     }
                     for r in r..rows.end {
-                        tile::<1, Q8>(w, r, a, 0, out);
+                        tile::<1, F>(w, r, a, 0, out);
                     }
                     return;
                 }
@@ -343,10 +350,10 @@ macro_rules! avx2_kernels {
                         while t0 < tb.end {
                             let nt = (tb.end - t0).min(NT);
                             match nt {
-                                4 => tile_quad::<Q8>(w, r, a, t0, out),
-                                3 => tile::<3, Q8>(w, r, a, t0, out),
-                                2 => tile::<2, Q8>(w, r, a, t0, out),
-                                _ => tile::<1, Q8>(w, r, a, t0, out),
+                                4 => tile_quad::<F>(w, r, a, t0, out),
+                                3 => tile::<3, F>(w, r, a, t0, out),
+                                2 => tile::<2, F>(w, r, a, t0, out),
+                                _ => tile::<1, F>(w, r, a, t0, out),
                             }
                             t0 += nt;
                         }
@@ -355,12 +362,15 @@ macro_rules! avx2_kernels {
             }
 
             /// A pair's weights for the pair dots: Q4 nibbles split low / high, Q8 as
-            /// this feature set's Q8 dot wants them.
+            /// this feature set's Q8 dot wants them, U6 bytes as stored (elements 0..16 of
+            /// both blocks, then 16..32, as Q4's low and high nibbles).
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn pair_weights<const Q8: bool>(wq: *const u8) -> (__m256i, __m256i) {
-                if Q8 {
+            unsafe fn pair_weights<const F: u8>(wq: *const u8) -> (__m256i, __m256i) {
+                if F == F_Q8 {
                     $load_q8(wq)
+                } else if F == F_U6 {
+                    (load256(wq as *const i8), load256(wq.add(32) as *const i8))
                 } else {
                     let v = load256(wq as *const i8);
                     let mask = _mm256_set1_epi8(0x0F);
@@ -374,7 +384,7 @@ macro_rules! avx2_kernels {
             /// for each.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn tile_quad<const Q8: bool>(
+            unsafe fn tile_quad<const F: u8>(
                 w: &QMatrix,
                 r: usize,
                 a: &QActs,
@@ -383,17 +393,17 @@ macro_rules! avx2_kernels {
             ) {
                 let np = w.npairs;
                 let pb = w.format.pair_bytes();
-                let with_min = !Q8 || $q8_min;
+                let with_min = F != F_Q8 || $q8_min;
                 let quad = (t0 / 4) * np * 8;
                 let mut acc = _mm256_setzero_ps();
                 for p in 0..np {
                     let wq = w.qs.as_ptr().add((r * np + p) * pb);
-                    let (wlo, whi) = pair_weights::<Q8>(wq);
+                    let (wlo, whi) = pair_weights::<F>(wq);
                     let mut isum = [_mm256_setzero_si256(); 4];
                     for (t, s) in isum.iter_mut().enumerate() {
                         let off = ((t0 + t) * np + p) * 64;
                         let (a1, a2) = (a.qs.as_ptr().add(off), a.qs2.as_ptr().add(off));
-                        *s = if Q8 {
+                        *s = if F == F_Q8 {
                             $pair_q8(wlo, whi, a1, a2)
                         } else {
                             $pair_q4(wlo, whi, a1, a2)
@@ -429,10 +439,10 @@ macro_rules! avx2_kernels {
             /// the rows' scales gathered into one vector per pair.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn rows_quad<const Q8: bool>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f32) {
+            unsafe fn rows_quad<const F: u8>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f32) {
                 let np = w.npairs;
                 let pb = w.format.pair_bytes();
-                let with_min = !Q8 || $q8_min;
+                let with_min = F != F_Q8 || $q8_min;
                 let mut acc = _mm256_setzero_ps();
                 for p in 0..np {
                     let (a1, a2) = (a.qs.as_ptr().add(p * 64), a.qs2.as_ptr().add(p * 64));
@@ -440,8 +450,8 @@ macro_rules! avx2_kernels {
                     let mut dm = [_mm_setzero_ps(); 4];
                     for (i, s) in isum.iter_mut().enumerate() {
                         let wq = w.qs.as_ptr().add(((r0 + i) * np + p) * pb);
-                        let (wlo, whi) = pair_weights::<Q8>(wq);
-                        *s = if Q8 {
+                        let (wlo, whi) = pair_weights::<F>(wq);
+                        *s = if F == F_Q8 {
                             $pair_q8(wlo, whi, a1, a2)
                         } else {
                             $pair_q4(wlo, whi, a1, a2)
@@ -479,7 +489,7 @@ macro_rules! avx2_kernels {
             /// `s/8`.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn tile<const T: usize, const Q8: bool>(
+            unsafe fn tile<const T: usize, const F: u8>(
                 w: &QMatrix,
                 r: usize,
                 a: &QActs,
@@ -488,10 +498,10 @@ macro_rules! avx2_kernels {
             ) {
                 let np = w.npairs;
                 let pb = w.format.pair_bytes();
-                let with_min = !Q8 || $q8_min;
+                let with_min = F != F_Q8 || $q8_min;
                 let mut acc = [_mm256_setzero_ps(); T];
                 for p in 0..np {
-                    let (wlo, whi) = pair_weights::<Q8>(w.qs.as_ptr().add((r * np + p) * pb));
+                    let (wlo, whi) = pair_weights::<F>(w.qs.as_ptr().add((r * np + p) * pb));
                     let dm = pair_dm(w, r, p);
                     let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
                     let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(
@@ -501,7 +511,7 @@ macro_rules! avx2_kernels {
                     for (t, acc_t) in acc.iter_mut().enumerate() {
                         let at = (t0 + t) * np + p;
                         let (a1, a2) = (a.qs.as_ptr().add(at * 64), a.qs2.as_ptr().add(at * 64));
-                        let isum = if Q8 {
+                        let isum = if F == F_Q8 {
                             $pair_q8(wlo, whi, a1, a2)
                         } else {
                             $pair_q4(wlo, whi, a1, a2)

@@ -1,0 +1,124 @@
+//! K-quant super-blocks (256 weights) repacked into the fast path's 32-wide block pairs
+//! ([`super::quant`]). The quantised values are always the file's; only scales and minimums,
+//! which K-quants build from small integers times a super-block `d`, are rounded to f16.
+//!
+//! - Q4_K: groups of 32 with scale and minimum → [`QFormat::Q4_1`] blocks.
+//! - Q5_K: groups of 32 with scale and minimum, five-bit values → [`QFormat::U6`] blocks.
+//! - Q6_K, Q3_K: groups of 16 with a signed scale each, no minimum. One 32-wide block has one
+//!   scale, so the matrix is split in two stacked halves ([`QMatrix::from_split16`]).
+//! - Q2_K (groups of 16 with a minimum each) has no lossless place: the minimum of a 32-wide
+//!   block covers all 32 activations, so a half-zero block cannot carry it. It stays f32.
+
+use super::quant::{f16le, q4_pos, q8_pos, QFormat, QMatrix};
+use crate::model_files::dtype::{kquant, GgmlType, QK_K};
+
+/// Rows and super-blocks of a K-quant tensor, or `None` when `k` is not whole super-blocks or
+/// the data has the wrong size.
+fn superblocks(ty: GgmlType, data: &[u8], n: usize, k: usize) -> Option<(usize, usize)> {
+    (k.is_multiple_of(QK_K) && data.len() == ty.bytes_for(n * k))
+        .then(|| (k / QK_K, ty.block_bytes()))
+}
+
+impl QMatrix {
+    /// Q6_K or Q3_K as two 8-bit matrices stacked (`2n` rows): their groups of 16 have scales
+    /// of their own, which one 32-wide block cannot hold, so rows `0..n` keep every even group
+    /// (the odd ones zero) and rows `n..2n` every odd group; the layer's output is the sum of the
+    /// two halves ([`super::linear::SplitSumLinear`]). Each group's scale (`d·sc`) is rounded to
+    /// f16 (at most 2⁻¹¹ relative). Twice the integer work, no requantisation. `None` for other
+    /// types.
+    pub fn from_split16(ty: GgmlType, data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+        if !matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K) {
+            return None;
+        }
+        let (nsb, bb) = superblocks(ty, data, n, k)?;
+        let mut m = QMatrix::zeroed(QFormat::Q8_0, 2 * n, k);
+        let (npairs, pb) = (m.npairs, QFormat::Q8_0.pair_bytes());
+        for r in 0..n {
+            for sb in 0..nsb {
+                let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
+                let (q, scale): ([i8; 256], [f32; 16]) = if ty == GgmlType::Q6_K {
+                    let d = f16le(&src[208..210]);
+                    (
+                        kquant::q6_k_values(src),
+                        std::array::from_fn(|g| d * src[192 + g] as i8 as f32),
+                    )
+                } else {
+                    let d = f16le(&src[108..110]);
+                    let (q, sc) = kquant::q3_k_values(src);
+                    (q, std::array::from_fn(|g| d * sc[g] as f32))
+                };
+                for (g, &scale) in scale.iter().enumerate() {
+                    let blk = sb * 8 + g / 2; // the 32-wide block holding group g
+                    let (p, b) = (blk / 2, blk % 2);
+                    let row = r + (g % 2) * n;
+                    let base = (row * npairs + p) * pb;
+                    let si = (row * npairs + p) * 4 + b;
+                    m.dm[si] = half::f16::from_f32(scale);
+                    m.dm[si + 2] = half::f16::from_f32(-128.0 * m.dm[si].to_f32());
+                    let first = (g % 2) * 16; // position of the group within its block
+                    for e in 0..16 {
+                        m.qs[base + q8_pos(b, first + e)] = (q[g * 16 + e] as i16 + 128) as u8;
+                    }
+                }
+            }
+        }
+        Some(m)
+    }
+
+    /// Repacks Q4_K super-blocks as eight 4-bit blocks of 32 each, with scale `d·sc` and minimum
+    /// `−dmin·m` rounded to f16 (relative error at most 2⁻¹¹ on each block's scale and minimum).
+    pub(super) fn from_q4_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+        let (nsb, bb) = superblocks(GgmlType::Q4_K, data, n, k)?;
+        let mut m = QMatrix::zeroed(QFormat::Q4_1, n, k);
+        for r in 0..n {
+            for sb in 0..nsb {
+                let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
+                let qs = &src[16..144];
+                for g in 0..8 {
+                    let (base, b) = m.set_group_scale(r, sb * 8 + g, src);
+                    // Group g is the low (even g) or high nibbles of its 32-byte run.
+                    let (run, shift) = (&qs[(g / 2) * 32..(g / 2) * 32 + 32], 4 * (g % 2));
+                    for j in 0..16 {
+                        let lo = (run[j] >> shift) & 0xF;
+                        let hi = (run[j + 16] >> shift) & 0xF;
+                        m.qs[base + q4_pos(b, j)] = lo | (hi << 4);
+                    }
+                }
+            }
+        }
+        Some(m)
+    }
+
+    /// Repacks Q5_K super-blocks as eight [`QFormat::U6`] blocks of 32 (the five-bit values as
+    /// bytes), with scale and minimum rounded to f16 as for Q4_K.
+    pub(super) fn from_q5_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+        let (nsb, bb) = superblocks(GgmlType::Q5_K, data, n, k)?;
+        let mut m = QMatrix::zeroed(QFormat::U6, n, k);
+        for r in 0..n {
+            for sb in 0..nsb {
+                let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
+                let q = kquant::q5_k_values(src);
+                for g in 0..8 {
+                    let (base, b) = m.set_group_scale(r, sb * 8 + g, src);
+                    for j in 0..32 {
+                        m.qs[base + q8_pos(b, j)] = q[g * 32 + j];
+                    }
+                }
+            }
+        }
+        Some(m)
+    }
+
+    /// Sets block `blk` of row `r` to the scale `d·sc` and minimum `−dmin·m` of group `blk % 8`
+    /// of the Q4_K/Q5_K super-block `src` (rounded to f16); returns the byte offset of the
+    /// block's pair and the block's place in it.
+    fn set_group_scale(&mut self, r: usize, blk: usize, src: &[u8]) -> (usize, usize) {
+        let (d, dmin) = (f16le(&src[0..2]), f16le(&src[2..4]));
+        let (sc, mn) = kquant::scale_min(&src[4..16], blk % 8);
+        let (p, b) = (blk / 2, blk % 2);
+        let si = (r * self.npairs + p) * 4 + b;
+        self.dm[si] = half::f16::from_f32(d * sc);
+        self.dm[si + 2] = half::f16::from_f32(-dmin * mn);
+        ((r * self.npairs + p) * self.format.pair_bytes(), b)
+    }
+}
