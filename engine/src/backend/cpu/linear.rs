@@ -221,6 +221,55 @@ impl Linear for SplitSumLinear {
     }
 }
 
+/// Fused projections whose parts have different weight formats (e.g. a Q5_1 query next to a
+/// Q8_0 value projection): each part runs its own kernel and its rows are placed side by side
+/// in the output, as one stacked matrix would put them.
+pub struct StackedLinear {
+    parts: Vec<Arc<dyn Linear>>,
+    n: usize,
+}
+
+impl StackedLinear {
+    /// Stacks layers with the same input width.
+    pub fn new(parts: Vec<Arc<dyn Linear>>) -> Self {
+        assert!(
+            parts.iter().all(|p| p.in_features() == parts[0].in_features()),
+            "StackedLinear needs one input width"
+        );
+        let n = parts.iter().map(|p| p.out_features()).sum();
+        StackedLinear { parts, n }
+    }
+}
+
+thread_local! {
+    static STACK_OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Linear for StackedLinear {
+    fn in_features(&self) -> usize {
+        self.parts[0].in_features()
+    }
+    fn out_features(&self) -> usize {
+        self.n
+    }
+    fn forward(&self, x: &[f32], t: usize, out: &mut [f32]) {
+        STACK_OUT.with(|cell| {
+            let mut y = cell.borrow_mut();
+            let mut col = 0;
+            for p in &self.parts {
+                let np = p.out_features();
+                y.clear();
+                y.resize(t * np, 0.0);
+                p.forward(x, t, &mut y);
+                for (o, row) in out.chunks_exact_mut(self.n).zip(y.chunks_exact(np)) {
+                    o[col..col + np].copy_from_slice(row);
+                }
+                col += np;
+            }
+        });
+    }
+}
+
 impl Linear for QuantLinear {
     fn in_features(&self) -> usize {
         self.w.k
@@ -302,6 +351,38 @@ mod quant_tests {
                     }
                 }
             }
+        }
+    }
+    #[test]
+    fn stacked_parts_of_different_formats_equal_each_part_alone() {
+        use super::super::quant::tests_support::{random_gguf, random_k};
+        let (k, t) = (512, 3);
+        let kernel = QKernel::detect();
+        let quant = |ty: GgmlType, n: usize| -> Arc<dyn Linear> {
+            let w = QMatrix::from_gguf(ty, &random_gguf(ty, n, k, n as u64), n, k).unwrap();
+            Arc::new(QuantLinear::new(Arc::new(w), kernel))
+        };
+        let q6 = QMatrix::from_split16(GgmlType::Q6_K, &random_k(GgmlType::Q6_K, 5, k, 3), 5, k);
+        let parts: Vec<Arc<dyn Linear>> = vec![
+            quant(GgmlType::Q5_1, 7),
+            quant(GgmlType::Q8_0, 4),
+            Arc::new(SplitSumLinear::new(QuantLinear::new(Arc::new(q6.unwrap()), kernel))),
+        ];
+        let mut rng = crate::sampling::sampler::Rng::new(11);
+        let x: Vec<f32> = (0..t * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
+        let stacked = StackedLinear::new(parts.clone());
+        assert_eq!((stacked.in_features(), stacked.out_features()), (k, 16));
+        let mut out = vec![0f32; t * 16];
+        stacked.forward(&x, t, &mut out);
+        let mut col = 0;
+        for p in &parts {
+            let n = p.out_features();
+            let mut y = vec![0f32; t * n];
+            p.forward(&x, t, &mut y);
+            for ti in 0..t {
+                assert_eq!(&out[ti * 16 + col..ti * 16 + col + n], &y[ti * n..(ti + 1) * n]);
+            }
+            col += n;
         }
     }
 }

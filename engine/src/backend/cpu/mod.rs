@@ -25,7 +25,7 @@ use crate::model_files::config::{Activation, Arch, ModelConfig, RopeStyle};
 use crate::model_files::weights::ModelFiles;
 use crate::LoadError;
 use kv_cache::CpuKvCache;
-use linear::{ExactLinear, Linear, QuantLinear, SplitSumLinear};
+use linear::{ExactLinear, Linear, QuantLinear, SplitSumLinear, StackedLinear};
 use ops::Rope;
 use quant::{QKernel, QMatrix};
 
@@ -43,8 +43,9 @@ pub struct CpuBackendOptions {
 }
 
 /// Loads one or more weight matrices with the same input width as one fused linear layer
-/// (rows stacked in order). The fast path keeps Q4_0/Q4_1/Q8_0 weights quantised when every
-/// part has the same quantised format; anything else is dequantised to f32.
+/// (rows stacked in order). The fast path keeps weights quantised: one matrix when every part
+/// has the same quantised format, else a [`StackedLinear`] of the parts; types without an
+/// integer format (and the exact path) are dequantised to f32.
 fn load_fused(
     files: &ModelFiles,
     parts: &[(String, usize)],
@@ -76,6 +77,14 @@ fn load_fused(
                 return Ok(Arc::new(QuantLinear::new(Arc::new(m), QKernel::detect())));
             }
         }
+    }
+    if kernel == KernelPath::Fast && tensors.len() > 1 {
+        // Parts of different formats: each on its own kernel.
+        let parts = parts
+            .iter()
+            .map(|p| load_fused(files, std::slice::from_ref(p), k, kernel))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok(Arc::new(StackedLinear::new(parts)));
     }
     let mut w = Vec::with_capacity(n_total * k);
     for t in &tensors {
