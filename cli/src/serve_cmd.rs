@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use tandem_engine::{model_files::model_fetch, LLMEngine, ModelInfo};
+use tandem_worker::redis::RedisConfig;
 
 use crate::engine_args::EngineArgs;
 
@@ -82,15 +83,53 @@ pub enum TransportArg {
     Nccl,
 }
 
+/// Where Redis is (routers and workers take the same flags).
+#[derive(Args, Debug, Clone, Default)]
+pub struct RedisArgs {
+    /// `redis://[[user]:password@]host[:port][/db]`, or `rediss://…` for TLS.
+    #[arg(long, env = "TANDEM_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// PEM CA certificate to trust for `rediss://` (default: the system's roots).
+    #[arg(long, env = "TANDEM_REDIS_CA_CERT")]
+    pub redis_ca_cert: Option<PathBuf>,
+    /// PEM client certificate, for a Redis that asks clients for one (with `--redis-client-key`).
+    #[arg(long, env = "TANDEM_REDIS_CLIENT_CERT", requires = "redis_client_key")]
+    pub redis_client_cert: Option<PathBuf>,
+    /// PEM key of `--redis-client-cert`.
+    #[arg(long, env = "TANDEM_REDIS_CLIENT_KEY", requires = "redis_client_cert")]
+    pub redis_client_key: Option<PathBuf>,
+}
+
+impl RedisArgs {
+    /// The configuration, checked now (URL, certificate files) so that a mistake stops the
+    /// process at start-up instead of looking like an outage.
+    pub fn config(&self) -> Result<Option<RedisConfig>> {
+        let Some(url) = &self.redis_url else {
+            anyhow::ensure!(
+                self.redis_ca_cert.is_none() && self.redis_client_cert.is_none(),
+                "Redis certificates are given without --redis-url"
+            );
+            return Ok(None);
+        };
+        let cfg = RedisConfig {
+            url: url.clone(),
+            ca_cert: self.redis_ca_cert.clone(),
+            client_cert: self.redis_client_cert.clone().zip(self.redis_client_key.clone()),
+        };
+        cfg.client()?;
+        Ok(Some(cfg))
+    }
+}
+
 /// Flags every worker takes.
 #[derive(Args, Debug, Clone)]
 pub struct WorkerArgs {
     /// A KV transfer with no progress for this long has failed.
     #[arg(long, env = "TANDEM_TRANSFER_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
     pub transfer_timeout: Duration,
-    /// Publish KV cache events to this Redis (`redis://host:port`) for prefix-aware routing.
-    #[arg(long, env = "TANDEM_REDIS_URL")]
-    pub redis_url: Option<String>,
+    /// Redis to publish KV cache events to, for prefix-aware routing.
+    #[command(flatten)]
+    pub redis: RedisArgs,
     /// How KV pages travel between prefill and decode workers: `tcp`, or `nccl` (GPU to GPU;
     /// both workers on `--device cuda`).
     #[arg(long, value_enum, env = "TANDEM_KV_TRANSPORT", default_value = "tcp")]
@@ -169,10 +208,10 @@ pub struct RouterArgs {
     /// Prefill workers' gRPC addresses, comma-separated (none: decode workers prefill).
     #[arg(long, value_delimiter = ',')]
     pub prefill_workers: Vec<String>,
-    /// Redis for the workers' KV events and load shared among routers (`redis://host:port`);
-    /// without it, routing uses an approximate index of this router's own decisions.
-    #[arg(long, env = "TANDEM_REDIS_URL")]
-    pub redis_url: Option<String>,
+    /// Redis for the workers' KV events and load shared among routers; without it, routing
+    /// uses an approximate index of this router's own decisions.
+    #[command(flatten)]
+    pub redis: RedisArgs,
     /// How workers are chosen.
     #[arg(long, env = "TANDEM_ROUTING_POLICY", value_enum, default_value = "kv")]
     pub routing_policy: RoutingPolicyArg,
@@ -323,7 +362,7 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
         min_remote_prefill_tokens: a.disagg_min_tokens,
         role: if a.colocated { "both".into() } else { "decode".into() },
         watch_stdin: a.worker.watch_stdin,
-        redis_url: a.worker.redis_url,
+        redis: a.worker.redis.config()?,
     };
     block_on(tandem_decode::run(engine, cfg))
 }
@@ -342,7 +381,7 @@ pub fn run_prefill(a: PrefillArgs) -> Result<()> {
         watch_stdin: a.worker.watch_stdin,
         drain_timeout: a.worker.drain_timeout,
         fault,
-        redis_url: a.worker.redis_url,
+        redis: a.worker.redis.config()?,
     };
     block_on(tandem_prefill::run(engine, cfg))
 }
@@ -358,7 +397,7 @@ pub fn run_router(a: RouterArgs) -> Result<()> {
         decode_workers: a.decode_workers,
         prefill_workers: a.prefill_workers,
         watch_stdin: a.watch_stdin,
-        redis_url: a.redis_url,
+        redis: a.redis.config()?,
         routing: tandem_router::routing::RoutingConfig {
             policy: match a.routing_policy {
                 RoutingPolicyArg::Kv => tandem_router::routing::Policy::Kv,

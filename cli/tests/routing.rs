@@ -29,14 +29,6 @@ fn user_turn(i: usize) -> String {
     format!("User question number {i}: what would you recommend to someone who starts today, and which mistakes should they avoid first? Please answer in one short sentence. ")
 }
 
-fn complete(router: &Proc, prompt: &str) -> String {
-    let body =
-        json!({ "model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0 }).to_string();
-    let res = http(&router.addr, "POST", "/v1/completions", Some(&body));
-    assert_eq!(res.status, 200, "{}", res.body);
-    res.json()["id"].as_str().unwrap().to_string()
-}
-
 fn decision(router: &Proc, id: &str) -> Value {
     let d = debug_routing(router);
     d["decisions"]
@@ -46,27 +38,6 @@ fn decision(router: &Proc, id: &str) -> Value {
         .find(|x| x["request_id"] == id)
         .cloned()
         .unwrap_or_else(|| panic!("no decision for {id}: {d}"))
-}
-
-/// Waits until both routers index at least `blocks` blocks for `worker_id`.
-fn wait_indexed(routers: &[&Proc], worker_id: &str, at_least: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for r in routers {
-        loop {
-            let d = debug_routing(r);
-            let n = d["workers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|w| w["worker_id"] == worker_id)
-                .map_or(0, |w| w["indexed_blocks"].as_u64().unwrap());
-            if n >= at_least {
-                break;
-            }
-            assert!(Instant::now() < deadline, "router never indexed {worker_id}'s blocks: {d}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
 }
 
 /// Waits until both routers see no booked prefill load anywhere (the last request's release

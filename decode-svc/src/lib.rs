@@ -65,8 +65,8 @@ pub struct DecodeConfig {
     pub drain_timeout: Duration,
     /// Address prefill workers send KV pages to (default: the KV listener's own address).
     pub kv_advertise: Option<String>,
-    /// Publish KV cache events to this Redis (`redis://host:port`).
-    pub redis_url: Option<String>,
+    /// Publish KV cache events to this Redis.
+    pub redis: Option<tandem_worker::redis::RedisConfig>,
     /// Receive KV pages GPU to GPU through this device (instead of TCP).
     pub kv_device: Option<tandem_worker::kv::KvDevice>,
 }
@@ -86,7 +86,7 @@ impl Default for DecodeConfig {
             watch_stdin: false,
             drain_timeout: Duration::from_secs(30),
             kv_advertise: None,
-            redis_url: None,
+            redis: None,
             kv_device: None,
         }
     }
@@ -101,8 +101,8 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
     let block_size = engine.block_manager().block_size();
     let max_model_len = engine.max_model_len() as u32;
     let epoch = new_epoch();
-    let kv_sink = cfg.redis_url.as_ref().map(|url| {
-        tandem_worker::kv_events::spawn_publisher(url.clone(), cfg.worker_id.clone(), epoch)
+    let kv_sink = cfg.redis.as_ref().map(|redis| {
+        tandem_worker::kv_events::spawn_publisher(redis.clone(), cfg.worker_id.clone(), epoch)
     });
     let handle = EngineHandle::spawn_with_events(engine, kv_sink);
     let transfers = transfers::Transfers::default();

@@ -36,8 +36,8 @@ pub struct PrefillConfig {
     pub watch_stdin: bool,
     /// How long a signalled worker waits for its requests to finish.
     pub drain_timeout: Duration,
-    /// Publish KV cache events to this Redis (`redis://host:port`).
-    pub redis_url: Option<String>,
+    /// Publish KV cache events to this Redis.
+    pub redis: Option<tandem_worker::redis::RedisConfig>,
     /// Injected fault, for tests.
     pub fault: Option<Fault>,
     /// Send KV pages GPU to GPU through this device when a decode worker asks (device links).
@@ -54,7 +54,7 @@ impl Default for PrefillConfig {
             watch_stdin: false,
             drain_timeout: Duration::from_secs(30),
             fault: None,
-            redis_url: None,
+            redis: None,
             kv_device: None,
         }
     }
@@ -68,8 +68,8 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
     let max_model_len = engine.max_model_len() as u32;
     let block_size = engine.block_manager().block_size();
     let epoch = new_epoch();
-    let kv_sink = cfg.redis_url.as_ref().map(|url| {
-        tandem_worker::kv_events::spawn_publisher(url.clone(), cfg.worker_id.clone(), epoch)
+    let kv_sink = cfg.redis.as_ref().map(|redis| {
+        tandem_worker::kv_events::spawn_publisher(redis.clone(), cfg.worker_id.clone(), epoch)
     });
     let handle = EngineHandle::spawn_with_events(engine, kv_sink);
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;

@@ -51,8 +51,8 @@ pub struct RouterConfig {
     pub prefill_workers: Vec<String>,
     /// Exit when standard input closes (started by `tandem up`).
     pub watch_stdin: bool,
-    /// Redis for KV events and shared load (`redis://host:port`); none: approximate routing.
-    pub redis_url: Option<String>,
+    /// Redis for KV events and shared load; none: approximate routing.
+    pub redis: Option<tandem_worker::redis::RedisConfig>,
     /// Routing policy and weights.
     pub routing: routing::RoutingConfig,
     /// This replica's name (metrics label).
@@ -154,8 +154,8 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     state.max_prompt_tokens = cfg.max_prompt_tokens;
     state.default_max_tokens = cfg.default_max_tokens;
     state.special_tokens = cfg.special_tokens;
-    if let Some(url) = &cfg.redis_url {
-        state.load_sync = Some(sync::LoadSync::new(url.clone(), &cfg.router_id));
+    if let Some(redis) = &cfg.redis {
+        state.load_sync = Some(sync::LoadSync::new(redis.clone(), &cfg.router_id));
     }
     let state = Arc::new(state);
     // Learn the workers (ids, block size) before routing or reading events.
@@ -186,8 +186,8 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
             checker.routing.publish_gauges(&pool);
         }
     });
-    if let Some(url) = &cfg.redis_url {
-        sync::spawn(state.clone(), url.clone());
+    if let Some(redis) = &cfg.redis {
+        sync::spawn(state.clone(), redis.clone());
     }
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::{counter, gauge};
+use redis::streams::{StreamRangeReply, StreamReadReply};
 use tandem_worker::kv_events::{decode, EVENTS_STREAM};
-use tandem_worker::redis::{RedisConn, Reply};
+use tandem_worker::redis::{RedisConfig, RedisConn, RedisError};
 
 use crate::kv_index::Applied;
 use crate::load::Load;
@@ -47,8 +48,8 @@ fn now_ms() -> u64 {
 }
 
 /// Starts both loops.
-pub fn spawn<S: Shared>(state: Arc<S>, url: String) {
-    tokio::spawn(events_loop(state.clone(), url));
+pub fn spawn<S: Shared>(state: Arc<S>, redis: RedisConfig) {
+    tokio::spawn(events_loop(state.clone(), redis));
     tokio::spawn(load_loop(state));
 }
 
@@ -83,9 +84,11 @@ async fn resync<S: Shared>(state: &S, all: bool) {
     }
 }
 
-async fn events_loop<S: Shared>(state: Arc<S>, url: String) {
+async fn events_loop<S: Shared>(state: Arc<S>, redis: RedisConfig) {
+    let url = redis.redacted();
     loop {
-        let mut conn = match RedisConn::connect(&url, Duration::from_secs(1)).await {
+        // Blocking reads wait up to 500 ms on the server: answers come well within 3 s.
+        let mut conn = match redis.connect(Duration::from_secs(3)).await {
             Ok(c) => c,
             Err(e) => {
                 state.routing().exact_live.store(false, Ordering::Relaxed);
@@ -97,69 +100,63 @@ async fn events_loop<S: Shared>(state: Arc<S>, url: String) {
         };
         // Start after the newest entry, then take a snapshot: every later event is applied on
         // top of it, every earlier one is already in it (by sequence number).
-        let mut last = match conn
-            .cmd(&[b"XREVRANGE", EVENTS_STREAM.as_bytes(), b"+", b"-", b"COUNT", b"1"])
-            .await
-        {
-            Ok(r) => r
-                .items()
-                .first()
-                .and_then(|e| e.items().first())
-                .and_then(Reply::text)
-                .unwrap_or_else(|| "0-0".into()),
-            Err(_) => continue,
+        let newest = redis::cmd("XREVRANGE")
+            .arg(EVENTS_STREAM)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async::<StreamRangeReply>(&mut conn)
+            .await;
+        let mut last = match newest {
+            Ok(r) => r.ids.first().map_or_else(|| "0-0".to_string(), |e| e.id.clone()),
+            Err(e) => {
+                tracing::warn!(%url, error = %e, "reading the KV event stream failed");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
         };
         resync(&*state, true).await;
         state.routing().exact_live.store(true, Ordering::Relaxed);
         gauge!("tandem_router_redis_up").set(1.0);
         tracing::info!(%url, "reading KV events; routing on the exact index");
         loop {
-            let args: [&[u8]; 7] = [
-                b"XREAD",
-                b"COUNT",
-                b"1000",
-                b"BLOCK",
-                b"500",
-                b"STREAMS",
-                EVENTS_STREAM.as_bytes(),
-            ];
-            let mut full: Vec<&[u8]> = args.to_vec();
-            full.push(last.as_bytes());
-            let reply = match conn.cmd_timeout(&full, Duration::from_secs(3)).await {
-                Ok(r) => r,
+            let reply = redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(1000)
+                .arg("BLOCK")
+                .arg(500)
+                .arg("STREAMS")
+                .arg(EVENTS_STREAM)
+                .arg(&last)
+                .query_async::<Option<StreamReadReply>>(&mut conn)
+                .await;
+            let reply = match reply {
+                Ok(r) => r.unwrap_or_default(),
                 Err(e) => {
                     tracing::warn!(error = %e, "lost redis; routing on the approximate index until it returns");
                     break;
                 }
             };
-            let mut next_last = None;
-            for stream in reply.items() {
-                for entry in stream.items().get(1).map(Reply::items).unwrap_or(&[]) {
-                    let items = entry.items();
-                    if let Some(id) = items.first().and_then(Reply::text) {
-                        next_last = Some(id);
-                    }
-                    let Some(ev) = items.get(1).and_then(|f| decode(f.items())) else { continue };
-                    let applied = state
-                        .routing()
-                        .exact
-                        .lock()
-                        .expect("index lock")
-                        .apply(&ev.worker, ev.epoch, ev.seq, &ev.event);
-                    let kind = match applied {
-                        Applied::Ok => "applied",
-                        Applied::NewEpoch => "new_epoch",
-                        Applied::Stale => "stale",
-                        Applied::Gap => "gap",
-                    };
-                    counter!("tandem_router_kv_events_total", "result" => kind).increment(1);
-                    if applied == Applied::NewEpoch {
-                        tracing::info!(worker = %ev.worker, epoch = ev.epoch, "worker restarted: its old index entries are purged");
-                    }
+            for entry in reply.keys.iter().flat_map(|k| &k.ids) {
+                last.clone_from(&entry.id);
+                let Some(ev) = decode(&entry.map) else { continue };
+                let applied = state
+                    .routing()
+                    .exact
+                    .lock()
+                    .expect("index lock")
+                    .apply(&ev.worker, ev.epoch, ev.seq, &ev.event);
+                let kind = match applied {
+                    Applied::Ok => "applied",
+                    Applied::NewEpoch => "new_epoch",
+                    Applied::Stale => "stale",
+                    Applied::Gap => "gap",
+                };
+                counter!("tandem_router_kv_events_total", "result" => kind).increment(1);
+                if applied == Applied::NewEpoch {
+                    tracing::info!(worker = %ev.worker, epoch = ev.epoch, "worker restarted: its old index entries are purged");
                 }
-            }
-            if let Some(l) = next_last {
-                last = l;
             }
             if !state.routing().exact.lock().expect("index lock").needing_resync().is_empty() {
                 resync(&*state, false).await;
@@ -177,15 +174,15 @@ async fn events_loop<S: Shared>(state: Arc<S>, url: String) {
 /// before every routing decision, by the load loop when a booking or release changes the
 /// load, and every 250 ms.
 pub struct LoadSync {
-    url: String,
+    redis: RedisConfig,
     field: String,
     conn: tokio::sync::Mutex<Option<RedisConn>>,
 }
 
 impl LoadSync {
     /// A syncer for router `router_id`.
-    pub fn new(url: String, router_id: &str) -> LoadSync {
-        LoadSync { url, field: router_id.to_string(), conn: tokio::sync::Mutex::new(None) }
+    pub fn new(redis: RedisConfig, router_id: &str) -> LoadSync {
+        LoadSync { redis, field: router_id.to_string(), conn: tokio::sync::Mutex::new(None) }
     }
 
     /// One exchange, bounded by `timeout`; on failure the other replicas' load is taken as
@@ -194,30 +191,29 @@ impl LoadSync {
         let Ok(mut guard) = tokio::time::timeout(timeout, self.conn.lock()).await else { return };
         let fut = async {
             if guard.is_none() {
-                *guard = Some(RedisConn::connect(&self.url, Duration::from_millis(500)).await?);
+                *guard = Some(self.redis.connect(Duration::from_millis(500)).await?);
             }
             let c = guard.as_mut().expect("connected above");
             let now = now_ms();
             let mine = serde_json::to_vec(&LoadEntry { at: now, loads: routing.load.local() })
                 .unwrap_or_default();
-            let replies = c
-                .pipeline(&[
-                    &[b"HSET", LOAD_KEY.as_bytes(), self.field.as_bytes(), &mine],
-                    &[b"HGETALL", LOAD_KEY.as_bytes()],
-                ])
+            let (all,): (HashMap<String, Vec<u8>>,) = redis::pipe()
+                .cmd("HSET")
+                .arg(LOAD_KEY)
+                .arg(&self.field)
+                .arg(mine)
+                .ignore()
+                .cmd("HGETALL")
+                .arg(LOAD_KEY)
+                .query_async(c)
                 .await?;
             let mut sum: HashMap<String, Load> = HashMap::new();
             let mut stale: Vec<String> = Vec::new();
-            for pair in replies[1].items().chunks(2) {
-                let (Some(field), Some(value)) =
-                    (pair[0].text(), pair.get(1).and_then(Reply::bytes))
-                else {
-                    continue;
-                };
+            for (field, value) in all {
                 if field == self.field {
                     continue;
                 }
-                match serde_json::from_slice::<LoadEntry>(value) {
+                match serde_json::from_slice::<LoadEntry>(&value) {
                     Ok(e) if now.saturating_sub(e.at) <= LOAD_TTL_MS => {
                         for (w, l) in e.loads {
                             let s = sum.entry(w).or_default();
@@ -229,11 +225,9 @@ impl LoadSync {
                 }
             }
             if !stale.is_empty() {
-                let mut args: Vec<&[u8]> = vec![b"HDEL", LOAD_KEY.as_bytes()];
-                args.extend(stale.iter().map(|f| f.as_bytes()));
-                c.cmd(&args).await?;
+                redis::cmd("HDEL").arg(LOAD_KEY).arg(&stale).query_async::<()>(c).await?;
             }
-            Ok::<_, tandem_worker::redis::RedisError>(sum)
+            Ok::<_, RedisError>(sum)
         };
         match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(sum)) => routing.load.set_remote(sum),

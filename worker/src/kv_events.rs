@@ -7,13 +7,14 @@
 //! as little-endian u64s. A worker that cannot reach Redis keeps numbering its events, so
 //! readers see the gap and resynchronise from the worker's `Status`.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tandem_engine::scheduling::block_hash::BlockHash;
 use tandem_engine::scheduling::block_manager::KvEvent;
 use tokio::sync::mpsc;
 
-use crate::redis::{RedisConn, Reply};
+use crate::redis::{bytes, RedisConfig, RedisConn};
 
 /// The Redis stream of KV events.
 pub const EVENTS_STREAM: &str = "tandem:kv:events";
@@ -51,23 +52,15 @@ pub fn encode(worker: &str, epoch: u64, seq: u64, ev: &KvEvent) -> Vec<(&'static
     ]
 }
 
-/// Parses an entry's field list (`[name, value, name, value, …]`).
-pub fn decode(fields: &[Reply]) -> Option<WireEvent> {
-    let (mut w, mut e, mut s, mut k, mut h) = (None, None, None, None, None);
-    for pair in fields.chunks(2) {
-        let (Some(name), Some(value)) = (pair[0].bytes(), pair.get(1).and_then(Reply::bytes))
-        else {
-            continue;
-        };
-        match name {
-            b"w" => w = Some(String::from_utf8_lossy(value).into_owned()),
-            b"e" => e = std::str::from_utf8(value).ok()?.parse().ok(),
-            b"s" => s = std::str::from_utf8(value).ok()?.parse().ok(),
-            b"k" => k = Some(value.to_vec()),
-            b"h" => h = Some(value.to_vec()),
-            _ => {}
-        }
-    }
+/// Parses an entry's fields (a stream entry's field → value map).
+pub fn decode(fields: &HashMap<String, redis::Value>) -> Option<WireEvent> {
+    let field = |name: &str| fields.get(name).and_then(bytes);
+    let text = |name: &str| std::str::from_utf8(field(name)?).ok();
+    let w = field("w").map(|v| String::from_utf8_lossy(v).into_owned());
+    let e: Option<u64> = text("e").and_then(|t| t.parse().ok());
+    let s: Option<u64> = text("s").and_then(|t| t.parse().ok());
+    let k = field("k").map(<[u8]>::to_vec);
+    let h = field("h").map(<[u8]>::to_vec);
     let hashes = || -> Option<Vec<BlockHash>> {
         let h = h.clone()?;
         (h.len() % 8 == 0).then(|| {
@@ -88,11 +81,12 @@ pub fn decode(fields: &[Reply]) -> Option<WireEvent> {
 /// Starts the publisher task; send it `(seq, event)` pairs in order. Events that cannot be
 /// written (Redis down) are dropped and counted; the gap tells readers to resynchronise.
 pub fn spawn_publisher(
-    url: String,
+    redis: RedisConfig,
     worker: String,
     epoch: u64,
 ) -> mpsc::UnboundedSender<(u64, KvEvent)> {
     let (tx, mut rx) = mpsc::unbounded_channel::<(u64, KvEvent)>();
+    let url = redis.redacted();
     tokio::spawn(async move {
         let mut conn: Option<RedisConn> = None;
         let mut next_try = tokio::time::Instant::now();
@@ -102,7 +96,7 @@ pub fn spawn_publisher(
                 batch.push(more);
             }
             if conn.is_none() && tokio::time::Instant::now() >= next_try {
-                match RedisConn::connect(&url, Duration::from_secs(1)).await {
+                match redis.connect(Duration::from_secs(1)).await {
                     Ok(c) => {
                         tracing::info!(%url, "publishing KV events to redis");
                         conn = Some(c);
@@ -118,20 +112,12 @@ pub fn spawn_publisher(
                 continue;
             };
             for (i, (seq, ev)) in batch.iter().enumerate() {
-                let fields = encode(&worker, epoch, *seq, ev);
-                let mut args: Vec<&[u8]> = vec![
-                    b"XADD",
-                    EVENTS_STREAM.as_bytes(),
-                    b"MAXLEN",
-                    b"~",
-                    MAX_LEN.as_bytes(),
-                    b"*",
-                ];
-                for (name, value) in &fields {
-                    args.push(name.as_bytes());
-                    args.push(value);
+                let mut cmd = redis::cmd("XADD");
+                cmd.arg(EVENTS_STREAM).arg("MAXLEN").arg("~").arg(MAX_LEN).arg("*");
+                for (name, value) in encode(&worker, epoch, *seq, ev) {
+                    cmd.arg(name).arg(value);
                 }
-                if let Err(e) = c.cmd(&args).await {
+                if let Err(e) = cmd.query_async::<redis::Value>(c).await {
                     tracing::warn!(error = %e, "publishing a KV event failed; reconnecting");
                     metrics::counter!("tandem_kv_events_dropped_total")
                         .increment((batch.len() - i) as u64);
@@ -157,18 +143,16 @@ mod tests {
             KvEvent::Removed(vec![BlockHash(7)]),
             KvEvent::Cleared,
         ] {
-            let fields: Vec<Reply> = encode("prefill-1", 99, 5, &ev)
+            let fields: HashMap<String, redis::Value> = encode("prefill-1", 99, 5, &ev)
                 .into_iter()
-                .flat_map(|(k, v)| [Reply::Bulk(Some(k.as_bytes().to_vec())), Reply::Bulk(Some(v))])
+                .map(|(k, v)| (k.to_string(), redis::Value::BulkString(v)))
                 .collect();
             assert_eq!(
                 decode(&fields),
                 Some(WireEvent { worker: "prefill-1".into(), epoch: 99, seq: 5, event: ev })
             );
         }
-        assert_eq!(
-            decode(&[Reply::Bulk(Some(b"k".to_vec())), Reply::Bulk(Some(b"bogus".to_vec()))]),
-            None
-        );
+        let bogus = HashMap::from([("k".to_string(), redis::Value::BulkString(b"bogus".to_vec()))]);
+        assert_eq!(decode(&bogus), None);
     }
 }

@@ -1,202 +1,130 @@
-//! A small Redis client (RESP2 over TCP): the commands Tandem needs for KV events (streams)
-//! and shared router load (keys with expiry), with a timeout on every exchange.
+//! Redis for KV events and shared routing state, on the `redis` crate: `redis://` and
+//! `rediss://` (TLS) URLs with `user:password@` (Redis ACL users or `requirepass`) and a
+//! database number. TLS trusts the system's roots, or a CA file given with the URL, and
+//! presents a client certificate when one is given (servers with `tls-auth-clients yes`).
+//!
+//! Callers keep one connection per loop and open a new one when a command fails; while Redis
+//! is away they degrade as their module says (events counted as dropped, routing on the
+//! approximate index), never failing a request.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+pub use redis::aio::MultiplexedConnection as RedisConn;
 
-/// A Redis reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reply {
-    /// `+OK`.
-    Status(String),
-    /// `-ERR ...`.
-    Error(String),
-    /// `:42`.
-    Int(i64),
-    /// `$n`, or nil.
-    Bulk(Option<Vec<u8>>),
-    /// `*n`, or nil.
-    Array(Option<Vec<Reply>>),
+/// Where Redis is and how to reach it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://[[user]:password@]host[:port][/db]`, or `rediss://…` for TLS.
+    pub url: String,
+    /// PEM file of the CA certificate(s) to trust for `rediss://` instead of the system's.
+    pub ca_cert: Option<PathBuf>,
+    /// PEM client certificate and key, for servers that ask clients for one.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
 }
 
-impl Reply {
-    /// The bytes of a bulk or status reply.
-    pub fn bytes(&self) -> Option<&[u8]> {
-        match self {
-            Reply::Bulk(Some(b)) => Some(b),
-            Reply::Status(s) => Some(s.as_bytes()),
-            _ => None,
-        }
-    }
-
-    /// The text of a bulk or status reply.
-    pub fn text(&self) -> Option<String> {
-        self.bytes().map(|b| String::from_utf8_lossy(b).into_owned())
-    }
-
-    /// The items of an array reply (empty for nil).
-    pub fn items(&self) -> &[Reply] {
-        match self {
-            Reply::Array(Some(v)) => v,
-            _ => &[],
-        }
-    }
-}
-
-/// Why a Redis exchange failed.
+/// Why Redis could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum RedisError {
-    /// Socket error or closed connection.
-    #[error("redis I/O: {0}")]
-    Io(#[from] std::io::Error),
-    /// No answer within the timeout.
+    /// The server or the connection failed (refused, reset, wrong password, a command error).
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The URL cannot be used.
+    #[error("bad redis URL '{url}': {why}")]
+    Url {
+        /// The URL, password hidden.
+        url: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A certificate or key file could not be read.
+    #[error("reading {path}: {err}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        err: std::io::Error,
+    },
+    /// No answer in time.
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
-    /// The server answered with an error.
-    #[error("redis error: {0}")]
-    Server(String),
-    /// The reply could not be parsed.
-    #[error("malformed redis reply: {0}")]
-    Protocol(String),
-    /// The URL is not `redis://host:port`.
-    #[error("bad redis URL '{0}' (expected redis://host:port)")]
-    Url(String),
 }
 
-/// Turns `redis://host:port[/db]` (or `host:port`) into `host:port`.
-pub fn parse_url(url: &str) -> Result<String, RedisError> {
-    let rest = url.strip_prefix("redis://").unwrap_or(url);
-    let hostport = rest.split('/').next().unwrap_or_default();
-    let hostport = hostport.rsplit('@').next().unwrap_or_default();
-    if hostport.is_empty() {
-        return Err(RedisError::Url(url.to_string()));
-    }
-    Ok(if hostport.contains(':') { hostport.to_string() } else { format!("{hostport}:6379") })
-}
-
-/// One connection to a Redis server.
-pub struct RedisConn {
-    stream: BufReader<TcpStream>,
-    timeout: Duration,
-}
-
-impl RedisConn {
-    /// Connects to `url` (`redis://host:port`), failing after `timeout`.
-    pub async fn connect(url: &str, timeout: Duration) -> Result<RedisConn, RedisError> {
-        let addr = parse_url(url)?;
-        let s = tokio::time::timeout(timeout, TcpStream::connect(&addr))
-            .await
-            .map_err(|_| RedisError::Timeout(timeout))??;
-        s.set_nodelay(true)?;
-        Ok(RedisConn { stream: BufReader::new(s), timeout })
+impl RedisConfig {
+    /// A configuration with the system's TLS roots and no client certificate.
+    pub fn new(url: impl Into<String>) -> RedisConfig {
+        RedisConfig { url: url.into(), ..RedisConfig::default() }
     }
 
-    /// Sends a command and reads its reply; a server error becomes [`RedisError::Server`].
-    pub async fn cmd(&mut self, args: &[&[u8]]) -> Result<Reply, RedisError> {
-        self.cmd_timeout(args, self.timeout).await
-    }
-
-    /// Like [`RedisConn::cmd`] with its own timeout (for blocking reads).
-    pub async fn cmd_timeout(
-        &mut self,
-        args: &[&[u8]],
-        timeout: Duration,
-    ) -> Result<Reply, RedisError> {
-        let mut replies = self.pipeline_timeout(&[args], timeout).await?;
-        Ok(replies.pop().expect("one reply per command"))
-    }
-
-    /// Sends several commands in one write and reads their replies (one round trip); the first
-    /// server error fails the whole exchange.
-    pub async fn pipeline(&mut self, cmds: &[&[&[u8]]]) -> Result<Vec<Reply>, RedisError> {
-        self.pipeline_timeout(cmds, self.timeout).await
-    }
-
-    async fn pipeline_timeout(
-        &mut self,
-        cmds: &[&[&[u8]]],
-        timeout: Duration,
-    ) -> Result<Vec<Reply>, RedisError> {
-        let mut buf = Vec::new();
-        for args in cmds {
-            buf.extend(format!("*{}\r\n", args.len()).as_bytes());
-            for a in *args {
-                buf.extend(format!("${}\r\n", a.len()).as_bytes());
-                buf.extend_from_slice(a);
-                buf.extend_from_slice(b"\r\n");
+    /// The URL with its password replaced by `***`, for logs.
+    pub fn redacted(&self) -> String {
+        let Some((scheme, rest)) = self.url.split_once("://") else { return self.url.clone() };
+        match rest.rsplit_once('@') {
+            Some((auth, host)) => {
+                let user = auth.split_once(':').map_or("", |(u, _)| u);
+                format!("{scheme}://{user}:***@{host}")
             }
+            None => self.url.clone(),
         }
-        let fut = async {
-            self.stream.get_mut().write_all(&buf).await?;
-            let mut out = Vec::with_capacity(cmds.len());
-            for _ in cmds {
-                out.push(read_reply(&mut self.stream).await?);
-            }
-            Ok::<_, RedisError>(out)
+    }
+
+    /// Checks the URL and reads the certificate files into a client (no connection yet): a
+    /// configuration error here is reported at start-up, not taken for an outage later.
+    pub fn client(&self) -> Result<redis::Client, RedisError> {
+        let bad = |why: String| RedisError::Url { url: self.redacted(), why };
+        let tls = self.url.starts_with("rediss://");
+        if !tls && !self.url.starts_with("redis://") {
+            return Err(bad("expected redis:// or rediss://".into()));
+        }
+        if !tls && (self.ca_cert.is_some() || self.client_cert.is_some()) {
+            return Err(bad("certificates are given but the URL is not rediss://".into()));
+        }
+        let info: redis::ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info(self.url.as_str())
+                .map_err(|e| bad(e.to_string()))?;
+        if !tls {
+            return Ok(redis::Client::open(info)?);
+        }
+        // The one TLS provider compiled in (ring); a second install attempt is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let read =
+            |p: &PathBuf| std::fs::read(p).map_err(|err| RedisError::File { path: p.clone(), err });
+        let certs = redis::TlsCertificates {
+            client_tls: match &self.client_cert {
+                Some((cert, key)) => Some(redis::ClientTlsConfig {
+                    client_cert: read(cert)?,
+                    client_key: read(key)?,
+                }),
+                None => None,
+            },
+            root_cert: self.ca_cert.as_ref().map(read).transpose()?,
         };
-        let replies = tokio::time::timeout(timeout, fut)
-            .await
-            .map_err(|_| RedisError::Timeout(timeout))??;
-        match replies
-            .iter()
-            .find_map(|r| if let Reply::Error(e) = r { Some(e.clone()) } else { None })
-        {
-            Some(e) => Err(RedisError::Server(e)),
-            None => Ok(replies),
-        }
+        Ok(redis::Client::build_with_tls(info, certs)?)
+    }
+
+    /// Opens a connection whose commands fail after `timeout` (connecting included).
+    pub async fn connect(&self, timeout: Duration) -> Result<RedisConn, RedisError> {
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        let client = self.client()?;
+        tokio::time::timeout(
+            timeout + Duration::from_millis(100),
+            client.get_multiplexed_async_connection_with_config(&cfg),
+        )
+        .await
+        .map_err(|_| RedisError::Timeout(timeout))?
+        .map_err(RedisError::from)
     }
 }
 
-async fn read_line(r: &mut BufReader<TcpStream>) -> Result<String, RedisError> {
-    let mut line = String::new();
-    if r.read_line(&mut line).await? == 0 {
-        return Err(RedisError::Io(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "redis closed the connection",
-        )));
+/// A bulk string reply's bytes (`None` for anything else).
+pub fn bytes(v: &redis::Value) -> Option<&[u8]> {
+    match v {
+        redis::Value::BulkString(b) => Some(b),
+        redis::Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
     }
-    Ok(line.trim_end_matches(['\r', '\n']).to_string())
-}
-
-fn read_reply(
-    r: &mut BufReader<TcpStream>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Reply, RedisError>> + Send + '_>> {
-    Box::pin(async move {
-        let line = read_line(r).await?;
-        let (kind, rest) = line.split_at(line.len().min(1));
-        let num = || rest.parse::<i64>().map_err(|_| RedisError::Protocol(line.clone()));
-        Ok(match kind {
-            "+" => Reply::Status(rest.to_string()),
-            "-" => Reply::Error(rest.to_string()),
-            ":" => Reply::Int(num()?),
-            "$" => {
-                let n = num()?;
-                if n < 0 {
-                    Reply::Bulk(None)
-                } else {
-                    let mut b = vec![0u8; n as usize + 2];
-                    r.read_exact(&mut b).await?;
-                    b.truncate(n as usize);
-                    Reply::Bulk(Some(b))
-                }
-            }
-            "*" => {
-                let n = num()?;
-                if n < 0 {
-                    Reply::Array(None)
-                } else {
-                    let mut v = Vec::with_capacity(n as usize);
-                    for _ in 0..n {
-                        v.push(read_reply(r).await?);
-                    }
-                    Reply::Array(Some(v))
-                }
-            }
-            _ => return Err(RedisError::Protocol(line.clone())),
-        })
-    })
 }
 
 #[cfg(test)]
@@ -204,10 +132,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls() {
-        assert_eq!(parse_url("redis://127.0.0.1:6390").unwrap(), "127.0.0.1:6390");
-        assert_eq!(parse_url("redis://localhost/0").unwrap(), "localhost:6379");
-        assert_eq!(parse_url("redis://user:pw@h:1/2").unwrap(), "h:1");
-        assert!(parse_url("redis://").is_err());
+    fn urls_are_checked_and_passwords_hidden() {
+        let c = RedisConfig::new("redis://app:s3cret@127.0.0.1:6390/2");
+        assert_eq!(c.redacted(), "redis://app:***@127.0.0.1:6390/2");
+        c.client().unwrap();
+        assert_eq!(RedisConfig::new("rediss://:pw@h:1").redacted(), "rediss://:***@h:1");
+        RedisConfig::new("rediss://h:1").client().unwrap();
+        for bad in ["http://h:1", "h:1", "redis://h:notaport"] {
+            let e = RedisConfig::new(bad).client().unwrap_err();
+            assert!(matches!(e, RedisError::Url { .. }), "{bad}: {e}");
+        }
+        let with_ca = RedisConfig { ca_cert: Some("/nonexistent/ca.pem".into()), ..c.clone() };
+        assert!(matches!(with_ca.client().unwrap_err(), RedisError::Url { .. }));
+        let tls = RedisConfig { url: "rediss://:pw@h:1".into(), ..with_ca };
+        let e = tls.client().unwrap_err();
+        assert!(matches!(e, RedisError::File { .. }), "{e}");
+        assert!(!e.to_string().contains("pw"));
     }
 }

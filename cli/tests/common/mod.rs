@@ -321,15 +321,32 @@ pub fn long_prompt() -> String {
 /// A `redis-server` on a free loopback port; stopped when dropped.
 pub struct RedisServer {
     child: Child,
-    /// `redis://127.0.0.1:port`.
+    /// `redis://127.0.0.1:port` (`rediss://:password@…` with TLS and a password).
     pub url: String,
     /// Its port.
     pub port: u16,
+    opts: RedisOptions,
+}
+
+/// How a test's Redis is secured.
+#[derive(Debug, Clone, Default)]
+pub struct RedisOptions {
+    /// `requirepass`.
+    pub password: Option<String>,
+    /// TLS only, with the certificates of `scripts/test/redis_tls_certs.sh` in this folder.
+    pub tls: Option<PathBuf>,
+    /// Whether TLS clients must present a certificate.
+    pub client_certs: bool,
 }
 
 impl RedisServer {
     /// Starts one (on `port`, or a free one).
     pub fn start(port: Option<u16>) -> RedisServer {
+        Self::start_with(port, RedisOptions::default())
+    }
+
+    /// Starts one with a password and/or TLS.
+    pub fn start_with(port: Option<u16>, opts: RedisOptions) -> RedisServer {
         let port = port.unwrap_or_else(|| {
             std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
         });
@@ -341,17 +358,24 @@ impl RedisServer {
             String::from_utf8_lossy(&out.stderr)
         );
         let bin = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let mut args: Vec<String> =
+            ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"].map(String::from).into();
+        if let Some(dir) = &opts.tls {
+            let f = |name: &str| dir.join(name).display().to_string();
+            args.extend(["--port".into(), "0".into(), "--tls-port".into(), port.to_string()]);
+            args.extend(["--tls-cert-file".into(), f("server.pem")]);
+            args.extend(["--tls-key-file".into(), f("server.key")]);
+            args.extend(["--tls-ca-cert-file".into(), f("ca.pem")]);
+            let auth = if opts.client_certs { "yes" } else { "no" };
+            args.extend(["--tls-auth-clients".into(), auth.into()]);
+        } else {
+            args.extend(["--port".into(), port.to_string()]);
+        }
+        if let Some(pw) = &opts.password {
+            args.extend(["--requirepass".into(), pw.clone()]);
+        }
         let child = Command::new(bin)
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -361,7 +385,16 @@ impl RedisServer {
             assert!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
-        RedisServer { child, url: format!("redis://127.0.0.1:{port}"), port }
+        let scheme = if opts.tls.is_some() { "rediss" } else { "redis" };
+        let auth = opts.password.as_ref().map_or(String::new(), |p| format!(":{p}@"));
+        let url = format!("{scheme}://{auth}127.0.0.1:{port}");
+        RedisServer { child, url, port, opts }
+    }
+
+    /// Stops it and starts it again on the same port with the same options.
+    pub fn restart(&mut self) {
+        self.stop();
+        *self = Self::start_with(Some(self.port), self.opts.clone());
     }
 
     /// Stops it.
@@ -369,6 +402,17 @@ impl RedisServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A throwaway CA with server and client certificates (`scripts/test/redis_tls_certs.sh`) in a
+/// fresh folder under the target directory.
+pub fn tls_certs(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test/redis_tls_certs.sh");
+    let out = Command::new("bash").arg(script).arg(&dir).output().expect("run redis_tls_certs.sh");
+    assert!(out.status.success(), "certificates: {}", String::from_utf8_lossy(&out.stderr));
+    dir
 }
 
 impl Drop for RedisServer {
@@ -380,4 +424,35 @@ impl Drop for RedisServer {
 /// A router's `/debug/routing`.
 pub fn debug_routing(router: &Proc) -> serde_json::Value {
     http(&router.addr, "GET", "/debug/routing", None).json()
+}
+
+/// A two-token greedy completion through `router`; its request id.
+pub fn complete(router: &Proc, prompt: &str) -> String {
+    let body =
+        serde_json::json!({ "model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0 })
+            .to_string();
+    let res = http(&router.addr, "POST", "/v1/completions", Some(&body));
+    assert_eq!(res.status, 200, "{}", res.body);
+    res.json()["id"].as_str().unwrap().to_string()
+}
+
+/// Waits until every router indexes at least `at_least` blocks for `worker_id`.
+pub fn wait_indexed(routers: &[&Proc], worker_id: &str, at_least: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for r in routers {
+        loop {
+            let d = debug_routing(r);
+            let n = d["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|w| w["worker_id"] == worker_id)
+                .map_or(0, |w| w["indexed_blocks"].as_u64().unwrap());
+            if n >= at_least {
+                break;
+            }
+            assert!(Instant::now() < deadline, "router never indexed {worker_id}'s blocks: {d}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
