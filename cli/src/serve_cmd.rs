@@ -89,6 +89,10 @@ pub struct RedisArgs {
     /// `redis://[[user]:password@]host[:port][/db]`, or `rediss://…` for TLS.
     #[arg(long, env = "TANDEM_REDIS_URL")]
     pub redis_url: Option<String>,
+    /// Redis password (or the ACL user's, the user named in the URL), kept out of the URL
+    /// (e.g. from a Kubernetes Secret).
+    #[arg(long, env = "TANDEM_REDIS_PASSWORD", hide_env_values = true)]
+    pub redis_password: Option<String>,
     /// PEM CA certificate to trust for `rediss://` (default: the system's roots).
     #[arg(long, env = "TANDEM_REDIS_CA_CERT")]
     pub redis_ca_cert: Option<PathBuf>,
@@ -111,8 +115,12 @@ impl RedisArgs {
             );
             return Ok(None);
         };
+        let url = match &self.redis_password {
+            Some(pw) => tandem_worker::redis::with_password(url, pw)?,
+            None => url.clone(),
+        };
         let cfg = RedisConfig {
-            url: url.clone(),
+            url,
             ca_cert: self.redis_ca_cert.clone(),
             client_cert: self.redis_client_cert.clone().zip(self.redis_client_key.clone()),
         };

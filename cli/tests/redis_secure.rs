@@ -44,7 +44,12 @@ fn routing_through_redis_with_password_tls_and_client_certificates_survives_a_re
         format!("--redis-client-key={}", f("client.key")),
     ];
     let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let p = prefill(&[&refs[..], &["--worker-id=prefill-0"]].concat(), &[]);
+    // The prefill worker takes the password apart from the URL, as from a Kubernetes Secret.
+    let bare = format!("--redis-url={}", redis.url.replace(":s3cret@", ""));
+    let p = prefill(
+        &[&[bare.as_str()], &refs[1..], &["--worker-id=prefill-0"]].concat(),
+        &[("TANDEM_REDIS_PASSWORD", "s3cret")],
+    );
     let d = decode(&[&refs[..], &["--worker-id=decode-0", "--disagg-min-tokens=1"]].concat(), &[]);
     let r = router(&flags, &d, &p);
     // Connected over TLS with the password: the router reads the workers' events.

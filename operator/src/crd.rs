@@ -55,7 +55,10 @@ use serde::{Deserialize, Serialize};
     validation = Rule::new("!has(self.prefill) || self.decode.tensorParallel >= self.prefill.tensorParallel").message("decode tensorParallel must be at least prefill tensorParallel"),
     validation = Rule::new("self.disaggregation.mode != 'always' || has(self.prefill)").message("disaggregation mode 'always' needs prefill workers"),
     validation = Rule::new("self.kvTransfer.backend != 'nccl' || (self.decode.accelerator == 'nvidia' && (!has(self.prefill) || self.prefill.accelerator == 'nvidia'))").message("the nccl KV transfer backend needs accelerator 'nvidia' on every worker role"),
-    validation = Rule::new("!has(self.prefill) || !has(self.prefill.speculative)").message("speculative decoding is a decode setting")
+    validation = Rule::new("!has(self.prefill) || !has(self.prefill.speculative)").message("speculative decoding is a decode setting"),
+    validation = Rule::new("(!has(self.router.redisTlsSecret) && !has(self.router.redisPasswordSecret)) || has(self.router.redisUrl)").message("redisPasswordSecret and redisTlsSecret need redisUrl"),
+    validation = Rule::new("!has(self.router.redisTlsSecret) || self.router.redisUrl.startsWith('rediss://')").message("redisTlsSecret needs a rediss:// redisUrl"),
+    validation = Rule::new("!self.router.redisClientCertificate || has(self.router.redisTlsSecret)").message("redisClientCertificate needs redisTlsSecret")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct InferenceServiceSpec {
@@ -154,10 +157,23 @@ pub struct RouterSpec {
     #[serde(default = "default_decode_weight")]
     #[schemars(range(min = 0.0, max = 100.0))]
     pub decode_weight: f64,
-    /// Redis (`redis://host:port`) for KV events and load shared among routers.
+    /// Redis (`redis://[user@]host:port[/db]`, or `rediss://` for TLS) for KV events and load
+    /// shared among routers. No password here: see `redisPasswordSecret`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.startsWith('redis://')").message("redisUrl must start with redis://"))]
+    #[x_kube(validation = Rule::new("self.matches('^rediss?://') && !self.matches('^rediss?://[^/@]*:[^/@]*@')").message("redisUrl must start with redis:// or rediss:// and hold no password (use redisPasswordSecret)"))]
     pub redis_url: Option<String>,
+    /// Secret holding the Redis password under `password` (the ACL user, if any, is named in
+    /// `redisUrl`); every router and worker reads it as `TANDEM_REDIS_PASSWORD`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_password_secret: Option<String>,
+    /// Secret with the CA that signed the Redis server's certificate under `ca.crt` (and, with
+    /// `redisClientCertificate`, a client certificate under `tls.crt` and `tls.key`: the layout
+    /// of cert-manager's and `kubernetes.io/tls` Secrets), mounted at `/etc/tandem/redis-tls`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_tls_secret: Option<String>,
+    /// Present the client certificate of `redisTlsSecret` (Redis with `tls-auth-clients yes`).
+    #[serde(default)]
+    pub redis_client_certificate: bool,
     /// Kubernetes Service type of the router's Service.
     #[serde(default)]
     pub service_type: ServiceType,
@@ -174,6 +190,9 @@ impl Default for RouterSpec {
             overlap_weight: default_overlap_weight(),
             decode_weight: default_decode_weight(),
             redis_url: None,
+            redis_password_secret: None,
+            redis_tls_secret: None,
+            redis_client_certificate: false,
             service_type: ServiceType::default(),
             resources: None,
         }
@@ -497,6 +516,9 @@ pub struct SecuritySpec {
 
 /// Where the router reads the API keys file.
 pub const API_KEYS_DIR: &str = "/etc/tandem/api-keys";
+
+/// Where the Secret of `router.redisTlsSecret` is mounted.
+pub const REDIS_TLS_DIR: &str = "/etc/tandem/redis-tls";
 
 /// What the operator observed.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]

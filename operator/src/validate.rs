@@ -21,10 +21,30 @@ pub fn problems(spec: &InferenceServiceSpec) -> Vec<String> {
     {
         p.push("spec.router.overlapWeight and decodeWeight must lie in [0, 100]".to_string());
     }
-    if let Some(url) = &spec.router.redis_url {
-        if !url.starts_with("redis://") {
-            p.push(format!("spec.router.redisUrl must start with redis:// (got {url:?})"));
+    let r = &spec.router;
+    if let Some(url) = &r.redis_url {
+        let tls = url.starts_with("rediss://");
+        if !tls && !url.starts_with("redis://") {
+            p.push(format!(
+                "spec.router.redisUrl must start with redis:// or rediss:// (got {url:?})"
+            ));
         }
+        let authority =
+            url.split_once("://").map_or("", |(_, rest)| rest.split('/').next().unwrap_or(""));
+        if authority.rsplit_once('@').is_some_and(|(auth, _)| auth.contains(':')) {
+            p.push(
+                "spec.router.redisUrl must hold no password: put it in redisPasswordSecret"
+                    .to_string(),
+            );
+        }
+        if r.redis_tls_secret.is_some() && !tls {
+            p.push("spec.router.redisTlsSecret needs a rediss:// redisUrl".to_string());
+        }
+    } else if r.redis_tls_secret.is_some() || r.redis_password_secret.is_some() {
+        p.push("spec.router.redisPasswordSecret and redisTlsSecret need redisUrl".to_string());
+    }
+    if r.redis_client_certificate && r.redis_tls_secret.is_none() {
+        p.push("spec.router.redisClientCertificate needs redisTlsSecret".to_string());
     }
     if let Some(path) = &spec.model.path {
         if !path.starts_with('/') {
@@ -112,6 +132,13 @@ mod tests {
             (json!({ "prefill": { "speculative": { "method": "ngram" } } }), "decode setting"),
             (json!({ "model": { "path": "models/x.gguf" } }), "spec.model.path"),
             (json!({ "router": { "redisUrl": "http://x" } }), "redisUrl"),
+            (json!({ "router": { "redisUrl": "redis://u:pw@r:6379" } }), "no password"),
+            (json!({ "router": { "redisUrl": "redis://r", "redisTlsSecret": "t" } }), "rediss://"),
+            (json!({ "router": { "redisPasswordSecret": "p" } }), "need redisUrl"),
+            (
+                json!({ "router": { "redisUrl": "rediss://r", "redisClientCertificate": true } }),
+                "needs redisTlsSecret",
+            ),
             (json!({ "decode": { "tensorParallel": 2 } }), "needs accelerator: nvidia"),
         ];
         for (v, want) in cases {
@@ -149,6 +176,19 @@ mod tests {
             (json!({ "kvTransfer": { "blockSize": 12 } }), false),
             (json!({ "kvTransfer": { "backend": "nccl" } }), false),
             (json!({ "prefill": { "speculative": { "method": "ngram" } } }), false),
+            (
+                json!({ "router": { "redisUrl": "rediss://app@r:6380/1", "redisPasswordSecret": "p", "redisTlsSecret": "t", "redisClientCertificate": true } }),
+                true,
+            ),
+            (json!({ "router": { "redisUrl": "redis://r:6379" } }), true),
+            (json!({ "router": { "redisUrl": "http://r:6379" } }), false),
+            (json!({ "router": { "redisUrl": "redis://app:pw@r:6379" } }), false),
+            (json!({ "router": { "redisUrl": "redis://r:6379", "redisTlsSecret": "t" } }), false),
+            (json!({ "router": { "redisPasswordSecret": "p" } }), false),
+            (
+                json!({ "router": { "redisUrl": "rediss://r", "redisClientCertificate": true } }),
+                false,
+            ),
         ];
         for (v, ok) in cases {
             // As the API server would: schema defaults applied, then the rules.

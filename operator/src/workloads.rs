@@ -250,6 +250,14 @@ pub fn config_data(isvc: &InferenceService) -> BTreeMap<String, String> {
     if let Some(url) = &s.router.redis_url {
         d.insert("TANDEM_REDIS_URL".into(), url.clone());
     }
+    if s.router.redis_tls_secret.is_some() {
+        let dir = crate::crd::REDIS_TLS_DIR;
+        d.insert("TANDEM_REDIS_CA_CERT".into(), format!("{dir}/ca.crt"));
+        if s.router.redis_client_certificate {
+            d.insert("TANDEM_REDIS_CLIENT_CERT".into(), format!("{dir}/tls.crt"));
+            d.insert("TANDEM_REDIS_CLIENT_KEY".into(), format!("{dir}/tls.key"));
+        }
+    }
     if s.security.zero_freed_blocks {
         d.insert("TANDEM_ZERO_FREED_BLOCKS".into(), "true".into());
     }
@@ -448,7 +456,19 @@ fn deployment(isvc: &InferenceService, role: Role, config_hash: &str) -> Value {
     if let Some(secret) = &s.security.internal_token_secret {
         container["env"].as_array_mut().unwrap().push(json!({ "name": "TANDEM_INTERNAL_TOKEN", "valueFrom": { "secretKeyRef": { "name": secret, "key": "token" } } }));
     }
+    if let Some(secret) = &s.router.redis_password_secret {
+        container["env"].as_array_mut().unwrap().push(json!({ "name": "TANDEM_REDIS_PASSWORD", "valueFrom": { "secretKeyRef": { "name": secret, "key": "password" } } }));
+    }
     let mut volumes = vec![json!({ "name": "cache", "emptyDir": {} })];
+    if let Some(secret) = &s.router.redis_tls_secret {
+        // Routers read KV events and workers publish them: every role talks to Redis.
+        volumes.push(
+            json!({ "name": "redis-tls", "secret": { "secretName": secret, "defaultMode": 0o400 } }),
+        );
+        container["volumeMounts"].as_array_mut().unwrap().push(
+            json!({ "name": "redis-tls", "mountPath": crate::crd::REDIS_TLS_DIR, "readOnly": true }),
+        );
+    }
     if let (Role::Router, Some(secret)) = (role, &s.security.api_keys_secret) {
         volumes.push(
             json!({ "name": "api-keys", "secret": { "secretName": secret, "defaultMode": 0o400 } }),
@@ -607,6 +627,37 @@ mod tests {
             "{router_args}"
         );
         assert_eq!(objs[0].object["data"]["TANDEM_REDIS_URL"], "redis://r:6379");
+    }
+
+    #[test]
+    fn redis_password_and_tls_reach_every_pod() {
+        let i = isvc(
+            json!({ "prefill": {}, "router": { "redisUrl": "rediss://app@r:6380", "redisPasswordSecret": "redis-auth", "redisTlsSecret": "redis-tls", "redisClientCertificate": true } }),
+        );
+        let objs = desired(&i, false);
+        let data = &objs[0].object["data"];
+        assert_eq!(data["TANDEM_REDIS_URL"], "rediss://app@r:6380");
+        assert_eq!(data["TANDEM_REDIS_CA_CERT"], "/etc/tandem/redis-tls/ca.crt");
+        assert_eq!(data["TANDEM_REDIS_CLIENT_CERT"], "/etc/tandem/redis-tls/tls.crt");
+        assert_eq!(data["TANDEM_REDIS_CLIENT_KEY"], "/etc/tandem/redis-tls/tls.key");
+        let deployments: Vec<_> = objs.iter().filter(|d| d.kind == Kind::Deployment).collect();
+        assert_eq!(deployments.len(), 3);
+        for d in deployments {
+            round_trip::<Deployment>(&d.object);
+            let pod = &d.object["spec"]["template"]["spec"];
+            let c = &pod["containers"][0];
+            let env = c["env"].as_array().unwrap();
+            let pw = env.iter().find(|e| e["name"] == "TANDEM_REDIS_PASSWORD").unwrap();
+            assert_eq!(
+                pw["valueFrom"]["secretKeyRef"],
+                json!({ "name": "redis-auth", "key": "password" })
+            );
+            let vol = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "redis-tls");
+            assert_eq!(vol.unwrap()["secret"]["secretName"], "redis-tls", "{}", d.name);
+            let mount =
+                c["volumeMounts"].as_array().unwrap().iter().find(|m| m["name"] == "redis-tls");
+            assert_eq!(mount.unwrap()["mountPath"], "/etc/tandem/redis-tls");
+        }
     }
 
     #[test]

@@ -118,6 +118,31 @@ impl RedisConfig {
     }
 }
 
+/// `url` with `password` put in (percent-encoded), keeping a user named in it; an error when
+/// the URL already has a password.
+pub fn with_password(url: &str, password: &str) -> Result<String, RedisError> {
+    let bad =
+        |why: &str| RedisError::Url { url: RedisConfig::new(url).redacted(), why: why.into() };
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
+    let (user, host) = match rest.rsplit_once('@') {
+        Some((auth, _)) if auth.contains(':') => {
+            return Err(bad("it has a password, and a password is given besides"))
+        }
+        Some((user, host)) => (user, host),
+        None => ("", rest),
+    };
+    let enc: String = password
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    Ok(format!("{scheme}://{user}:{enc}@{host}"))
+}
+
 /// A bulk string reply's bytes (`None` for anything else).
 pub fn bytes(v: &redis::Value) -> Option<&[u8]> {
     match v {
@@ -148,5 +173,17 @@ mod tests {
         let e = tls.client().unwrap_err();
         assert!(matches!(e, RedisError::File { .. }), "{e}");
         assert!(!e.to_string().contains("pw"));
+    }
+
+    #[test]
+    fn passwords_given_apart_go_into_the_url() {
+        let url = with_password("rediss://app@h:1/0", "p@ss:w/rd").unwrap();
+        assert_eq!(url, "rediss://app:p%40ss%3Aw%2Frd@h:1/0");
+        let info: redis::ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info(url.as_str()).unwrap();
+        assert_eq!(info.redis_settings().password(), Some("p@ss:w/rd"));
+        assert_eq!(info.redis_settings().username(), Some("app"));
+        assert_eq!(with_password("redis://h:1", "x").unwrap(), "redis://:x@h:1");
+        assert!(with_password("redis://:old@h:1", "x").is_err());
     }
 }
