@@ -1,5 +1,5 @@
 //! Prefix-aware routing with real processes: 2 router replicas, 3 prefill workers and a decode
-//! worker sharing a real Redis. Requests that share a system prompt land on the worker that
+//! worker sharing a real Redis (with a password and TLS). Requests that share a system prompt land on the worker that
 //! caches it; one dominant prefix still spreads over the workers; a restarted worker's stale
 //! index entries disappear; routing survives Redis going away and coming back.
 
@@ -59,11 +59,20 @@ fn wait_idle(routers: &[&Proc]) {
 #[test]
 fn prefix_aware_routing_across_router_replicas() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let redis = RedisServer::start(None);
+    // Redis as a platform team runs it: a password and TLS with the team's own CA.
+    let certs = tls_certs("routing-redis");
+    let opts = RedisOptions {
+        password: Some("pw".into()),
+        tls: Some(certs.clone()),
+        ..Default::default()
+    };
+    let redis = RedisServer::start_with(None, opts);
+    let ca = certs.join("ca.pem").display().to_string();
+    let env = [("TANDEM_REDIS_CA_CERT", ca.as_str())];
     let rflag = format!("--redis-url={}", redis.url);
     let prefills: Vec<Proc> =
-        (0..3).map(|i| prefill(&[&rflag, &format!("--worker-id=prefill-{i}")], &[])).collect();
-    let d = decode(&[&rflag, "--worker-id=decode-0", "--disagg-min-tokens=1"], &[]);
+        (0..3).map(|i| prefill(&[&rflag, &format!("--worker-id=prefill-{i}")], &env)).collect();
+    let d = decode(&[&rflag, "--worker-id=decode-0", "--disagg-min-tokens=1"], &env);
     let p_refs: Vec<&Proc> = prefills.iter().collect();
     let mk_router = || {
         let mut a: Vec<String> = vec![
@@ -78,7 +87,7 @@ fn prefix_aware_routing_across_router_replicas() {
             "--prefill-workers={}",
             p_refs.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")
         ));
-        Proc::start("router", &a, &[])
+        Proc::start("router", &a, &env)
     };
     let routers = [mk_router(), mk_router()];
     for r in &routers {
@@ -184,7 +193,9 @@ fn prefix_aware_routing_across_router_replicas() {
 #[test]
 fn restarted_worker_is_purged_and_redis_outage_degrades_gracefully() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut redis = RedisServer::start(None);
+    // Redis with a password (requirepass).
+    let opts = RedisOptions { password: Some("pw".into()), ..Default::default() };
+    let mut redis = RedisServer::start_with(None, opts.clone());
     let rflag = format!("--redis-url={}", redis.url);
     let mut p0 = prefill(&[&rflag, "--worker-id=prefill-0"], &[]);
     let p1 = prefill(&[&rflag, "--worker-id=prefill-1"], &[]);
@@ -266,7 +277,7 @@ fn restarted_worker_is_purged_and_redis_outage_degrades_gracefully() {
     for i in 0..3 {
         complete(&r, &format!("{}{}", system_prompt(1), user_turn(200 + i)));
     }
-    let _redis2 = RedisServer::start(Some(port));
+    let _redis2 = RedisServer::start_with(Some(port), opts);
     let deadline = Instant::now() + Duration::from_secs(15);
     while debug_routing(&r)["index"] != "exact" {
         assert!(Instant::now() < deadline, "the router did not return to the exact index");
