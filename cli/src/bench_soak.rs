@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::bench_serve::http::post_events;
+use crate::bench_serve::http::HttpClient;
 use crate::serve_cmd::parse_duration;
 
 /// Arguments of `tandem bench soak`.
@@ -178,6 +178,7 @@ async fn client(
     c: Arc<Counters>,
     t0: Instant,
 ) {
+    let http = HttpClient::new(&format!("http://{api}"), None, None).expect("the router's address");
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     while !stop.load(Ordering::Relaxed) {
         rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -203,44 +204,44 @@ async fn client(
         let mut ttft = None;
         let mut gaps = Vec::new();
         let mut long = Vec::new();
-        let r = post_events(
-            &api,
-            path,
-            body.to_string().as_bytes(),
-            Duration::from_secs(300),
-            &mut |d: &str| {
-                if d == "[DONE]" {
-                    done = true;
-                    return;
-                }
-                let Ok(v) = serde_json::from_str::<Value>(d) else { return };
-                if v.get("error").is_some() {
-                    // An error event (a chunk whose generated text says "error" is not one).
-                    failed = Some(d.chars().take(300).collect());
-                    return;
-                }
-                let c = &v["choices"][0];
-                let text =
-                    c["text"].as_str().or_else(|| c["delta"]["content"].as_str()).unwrap_or("");
-                if !text.is_empty() {
-                    // A chunk that carries generated text (not the role chunk or the finish chunk).
-                    let now = Instant::now();
-                    match last {
-                        None => ttft = Some(now.duration_since(sent).as_secs_f64()),
-                        Some(l) => {
-                            let gap = now.duration_since(l).as_secs_f64();
-                            if gap > 1.0 {
-                                long.push((now.duration_since(t0).as_secs_f64(), gap));
-                            }
-                            gaps.push(gap);
-                        }
+        let r = http
+            .post_events(
+                path,
+                body.to_string().into_bytes(),
+                Duration::from_secs(300),
+                &mut |d: &str| {
+                    if d == "[DONE]" {
+                        done = true;
+                        return;
                     }
-                    last = Some(now);
-                    tokens += 1;
-                }
-            },
-        )
-        .await;
+                    let Ok(v) = serde_json::from_str::<Value>(d) else { return };
+                    if v.get("error").is_some() {
+                        // An error event (a chunk whose generated text says "error" is not one).
+                        failed = Some(d.chars().take(300).collect());
+                        return;
+                    }
+                    let c = &v["choices"][0];
+                    let text =
+                        c["text"].as_str().or_else(|| c["delta"]["content"].as_str()).unwrap_or("");
+                    if !text.is_empty() {
+                        // A chunk that carries generated text (not the role chunk or the finish chunk).
+                        let now = Instant::now();
+                        match last {
+                            None => ttft = Some(now.duration_since(sent).as_secs_f64()),
+                            Some(l) => {
+                                let gap = now.duration_since(l).as_secs_f64();
+                                if gap > 1.0 {
+                                    long.push((now.duration_since(t0).as_secs_f64(), gap));
+                                }
+                                gaps.push(gap);
+                            }
+                        }
+                        last = Some(now);
+                        tokens += 1;
+                    }
+                },
+            )
+            .await;
         if r.is_ok() && done && failed.is_none() {
             c.ok.fetch_add(1, Ordering::Relaxed);
             c.tokens.fetch_add(tokens, Ordering::Relaxed);

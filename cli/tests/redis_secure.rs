@@ -1,6 +1,6 @@
 //! Routing through a Redis that a platform team would run: a password, TLS with the team's own
 //! CA, client certificates. Real `redis-server` processes (Debian's build has TLS), certificates
-//! made per test (`scripts/test/redis_tls_certs.sh`), the real worker and router processes.
+//! made per test (`scripts/test/tls_certs.sh`), the real worker and router processes.
 
 mod common;
 

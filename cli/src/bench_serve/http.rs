@@ -1,75 +1,172 @@
-//! A small HTTP/1.1 client for the benchmark: one connection per request, a JSON body out,
-//! server-sent events (or a plain body) back, decoded incrementally so each event is timed
-//! when it arrives.
+//! The benchmark's HTTP client, on hyper: HTTP/1.1 or HTTPS (rustls; the system's roots or a
+//! given CA), pooled keep-alive connections, an API key, a JSON body out and server-sent
+//! events (or a plain body) back, each event timed as its frame arrives.
 
+use std::path::Path;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
 
-/// `http://host:port/prefix` split into the address and the path prefix.
-pub fn split_base_url(url: &str) -> Result<(String, String), String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("base URL '{url}' must start with http://"))?;
-    let (host, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-        None => (rest, ""),
-    };
-    if host.is_empty() {
-        return Err(format!("base URL '{url}' has no host"));
-    }
-    let host = if host.contains(':') { host.to_string() } else { format!("{host}:80") };
-    Ok((host, path.to_string()))
+type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// An OpenAI-style server at a base URL.
+#[derive(Clone)]
+pub struct HttpClient {
+    client: Client<Https, Full<Bytes>>,
+    /// `scheme://authority` of the base URL.
+    origin: String,
+    /// Its path prefix (e.g. `/v1`), no trailing slash.
+    prefix: String,
+    api_key: Option<String>,
 }
 
-/// Incremental decoder of `Transfer-Encoding: chunked`.
-#[derive(Debug, Default)]
-pub struct Dechunker {
-    buf: Vec<u8>,
-    /// Bytes left in the current chunk, plus its CRLF.
-    left: Option<usize>,
-    done: bool,
-}
-
-impl Dechunker {
-    /// Feeds raw bytes; returns the decoded ones available so far.
-    pub fn feed(&mut self, data: &[u8]) -> Vec<u8> {
-        self.buf.extend_from_slice(data);
-        let mut out = Vec::new();
-        loop {
-            match self.left {
-                None => {
-                    let Some(nl) = self.buf.windows(2).position(|w| w == b"\r\n") else { break };
-                    let line = String::from_utf8_lossy(&self.buf[..nl]).to_string();
-                    self.buf.drain(..nl + 2);
-                    let size =
-                        usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
-                            .unwrap_or(0);
-                    if size == 0 {
-                        self.done = true;
-                        break;
-                    }
-                    self.left = Some(size + 2);
+impl HttpClient {
+    /// A client for `base_url` (`http://` or `https://`), trusting the system's roots or, with
+    /// `ca_cert`, the CA certificates of that PEM file; `api_key` goes out as a bearer token.
+    pub fn new(
+        base_url: &str,
+        ca_cert: Option<&Path>,
+        api_key: Option<String>,
+    ) -> Result<HttpClient, String> {
+        let uri: hyper::Uri =
+            base_url.parse().map_err(|e| format!("base URL '{base_url}': {e}"))?;
+        let scheme = uri.scheme_str().unwrap_or("");
+        if !matches!(scheme, "http" | "https") {
+            return Err(format!("base URL '{base_url}' must start with http:// or https://"));
+        }
+        let authority =
+            uri.authority().ok_or_else(|| format!("base URL '{base_url}' has no host"))?;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let tls = match ca_cert {
+            Some(path) => {
+                use rustls::pki_types::{pem::PemObject, CertificateDer};
+                let mut roots = rustls::RootCertStore::empty();
+                let certs = CertificateDer::pem_file_iter(path)
+                    .map_err(|e| format!("reading {}: {e}", path.display()))?;
+                for c in certs {
+                    let c = c.map_err(|e| format!("reading {}: {e}", path.display()))?;
+                    roots.add(c).map_err(|e| format!("{}: {e}", path.display()))?;
                 }
-                Some(n) => {
-                    if self.buf.is_empty() {
-                        break;
+                rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth()
+            }
+            None => {
+                let mut roots = rustls::RootCertStore::empty();
+                roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+                rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth()
+            }
+        };
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(https);
+        Ok(HttpClient {
+            client,
+            origin: format!("{scheme}://{authority}"),
+            prefix: uri.path().trim_end_matches('/').to_string(),
+            api_key,
+        })
+    }
+
+    fn request(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Bytes,
+    ) -> hyper::Request<Full<Bytes>> {
+        let mut b = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{}{path}", self.origin, self.prefix))
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream, application/json");
+        if let Some(k) = &self.api_key {
+            b = b.header("authorization", format!("Bearer {k}"));
+        }
+        b.body(Full::new(body)).expect("a valid request")
+    }
+
+    /// GETs `path` (under the base URL's prefix) as JSON.
+    pub async fn get_json(
+        &self,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, String> {
+        let fut = async {
+            let res = self
+                .client
+                .request(self.request(hyper::Method::GET, path, Bytes::new()))
+                .await
+                .map_err(|e| format!("GET {path}: {e}"))?;
+            let status = res.status();
+            let body = res.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+            if !status.is_success() {
+                return Err(format!("GET {path}: {status}: {}", String::from_utf8_lossy(&body)));
+            }
+            serde_json::from_slice(&body).map_err(|e| format!("GET {path}: {e}"))
+        };
+        tokio::time::timeout(timeout, fut).await.map_err(|_| format!("GET {path}: timeout"))?
+    }
+
+    /// POSTs `body` to `path` (under the base URL's prefix) and calls `on_data` with every SSE
+    /// payload as it arrives (or once with the whole body when the response is not an event
+    /// stream). Fails with an error kind: `connect`, `timeout`, `http_<status>`, `io`.
+    pub async fn post_events(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+        on_data: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<(), ErrorKind> {
+        let fut = async {
+            let req = self.request(hyper::Method::POST, path, Bytes::from(body));
+            let res = self.client.request(req).await.map_err(|e| {
+                if e.is_connect() {
+                    "connect".to_string()
+                } else {
+                    "io".to_string()
+                }
+            })?;
+            let status = res.status().as_u16();
+            let sse = res
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+            let mut body = res.into_body();
+            let mut parser = SseParser::default();
+            let mut whole = Vec::new();
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|_| "io".to_string())?;
+                let Some(data) = frame.data_ref() else { continue };
+                if sse && status == 200 {
+                    for d in parser.feed(data) {
+                        on_data(&d);
                     }
-                    let take = n.min(self.buf.len());
-                    let data_end = take.min(n.saturating_sub(2));
-                    out.extend_from_slice(&self.buf[..data_end]);
-                    self.buf.drain(..take);
-                    self.left = if n - take == 0 { None } else { Some(n - take) };
+                } else {
+                    whole.extend_from_slice(data);
                 }
             }
+            if status != 200 {
+                return Err(format!("http_{status}"));
+            }
+            if !sse {
+                on_data(&String::from_utf8_lossy(&whole));
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err("timeout".to_string()),
         }
-        out
-    }
-
-    /// Whether the terminating chunk was seen.
-    pub fn done(&self) -> bool {
-        self.done
     }
 }
 
@@ -99,105 +196,21 @@ impl SseParser {
 /// Why a request failed, as counted in the report.
 pub type ErrorKind = String;
 
-/// POSTs `body` to `path` on `addr` and calls `on_data` with every SSE payload as it arrives
-/// (or once with the whole body when the response is not an event stream). Fails with an
-/// error kind: `connect`, `timeout`, `http_<status>`, `io`.
-pub async fn post_events(
-    addr: &str,
-    path: &str,
-    body: &[u8],
-    timeout: Duration,
-    on_data: &mut (dyn FnMut(&str) + Send),
-) -> Result<(), ErrorKind> {
-    let fut = async {
-        let mut s = TcpStream::connect(addr).await.map_err(|_| "connect".to_string())?;
-        let _ = s.set_nodelay(true);
-        let head = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n", body.len());
-        s.write_all(head.as_bytes()).await.map_err(|_| "io".to_string())?;
-        s.write_all(body).await.map_err(|_| "io".to_string())?;
-        let mut raw = Vec::new();
-        let mut buf = vec![0u8; 16384];
-        // Response head.
-        let split = loop {
-            let n = s.read(&mut buf).await.map_err(|_| "io".to_string())?;
-            if n == 0 {
-                return Err("io".to_string());
-            }
-            raw.extend_from_slice(&buf[..n]);
-            if let Some(i) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i;
-            }
-        };
-        let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
-        let status: u16 = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let chunked = head.contains("transfer-encoding: chunked");
-        let sse = head.contains("text/event-stream");
-        let mut dechunk = Dechunker::default();
-        let mut sse_parser = SseParser::default();
-        let mut body_acc = Vec::new();
-        let mut pending = raw[split + 4..].to_vec();
-        loop {
-            let decoded =
-                if chunked { dechunk.feed(&pending) } else { std::mem::take(&mut pending) };
-            pending.clear();
-            if sse && status == 200 {
-                for d in sse_parser.feed(&decoded) {
-                    on_data(&d);
-                }
-            } else {
-                body_acc.extend_from_slice(&decoded);
-            }
-            if chunked && dechunk.done() {
-                break;
-            }
-            let n = s.read(&mut buf).await.map_err(|_| "io".to_string())?;
-            if n == 0 {
-                break;
-            }
-            pending.extend_from_slice(&buf[..n]);
-        }
-        if status != 200 {
-            return Err(format!("http_{status}"));
-        }
-        if !sse {
-            on_data(&String::from_utf8_lossy(&body_acc));
-        }
-        Ok(())
-    };
-    match tokio::time::timeout(timeout, fut).await {
-        Ok(r) => r,
-        Err(_) => Err("timeout".to_string()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn base_urls() {
-        assert_eq!(
-            split_base_url("http://127.0.0.1:8000/v1").unwrap(),
-            ("127.0.0.1:8000".into(), "/v1".into())
-        );
-        assert_eq!(
-            split_base_url("http://localhost/v1/").unwrap(),
-            ("localhost:80".into(), "/v1".into())
-        );
-        assert_eq!(split_base_url("http://h:1").unwrap(), ("h:1".into(), "".into()));
-        assert!(split_base_url("https://h/v1").is_err());
-    }
-
-    #[test]
-    fn chunked_bodies_decode_across_arbitrary_splits() {
-        let wire = b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n";
-        for cut in 1..wire.len() {
-            let mut d = Dechunker::default();
-            let mut out = d.feed(&wire[..cut]);
-            out.extend(d.feed(&wire[cut..]));
-            assert_eq!(out, b"hello, world", "split at {cut}");
-            assert!(d.done());
-        }
+        let c = HttpClient::new("http://127.0.0.1:8000/v1/", None, None).unwrap();
+        assert_eq!((c.origin.as_str(), c.prefix.as_str()), ("http://127.0.0.1:8000", "/v1"));
+        let c = HttpClient::new("https://api.example.com/v1", None, Some("k".into())).unwrap();
+        assert_eq!((c.origin.as_str(), c.prefix.as_str()), ("https://api.example.com", "/v1"));
+        let req = c.request(hyper::Method::GET, "/models", Bytes::new());
+        assert_eq!(req.uri(), "https://api.example.com/v1/models");
+        assert_eq!(req.headers()["authorization"], "Bearer k");
+        assert!(HttpClient::new("ftp://h/v1", None, None).is_err());
+        assert!(HttpClient::new("https://h/v1", Some(Path::new("/nonexistent.pem")), None).is_err());
     }
 
     #[test]

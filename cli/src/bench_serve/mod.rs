@@ -32,9 +32,15 @@ pub enum WorkloadKind {
 /// Arguments of `tandem bench serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// The server's OpenAI base URL.
+    /// The server's OpenAI base URL (`http://` or `https://`).
     #[arg(long, default_value = "http://127.0.0.1:8000/v1")]
     pub base_url: String,
+    /// API key, sent as a bearer token.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// PEM CA certificate to trust for an `https://` base URL (default: the system's roots).
+    #[arg(long)]
+    pub ca_cert: Option<PathBuf>,
     /// Model name to request (default: the first of the server's `/v1/models`).
     #[arg(long)]
     pub model: Option<String>,
@@ -121,8 +127,7 @@ fn specs(a: &ServeArgs) -> Vec<RequestSpec> {
 }
 
 struct Client {
-    addr: String,
-    prefix: String,
+    http: http::HttpClient,
     model: String,
     ignore_eos: bool,
     timeout: Duration,
@@ -146,18 +151,14 @@ impl Client {
         if self.ignore_eos {
             body["ignore_eos"] = json!(true);
         }
-        let path =
-            format!("{}/{}", self.prefix, if chat { "chat/completions" } else { "completions" });
+        let path = if chat { "/chat/completions" } else { "/completions" };
         let start = Instant::now();
         let mut t = Timeline { prompt_tokens, ..Default::default() };
         let mut text = String::new();
         let (mut chunks, mut usage_out, mut stream_err) = (0usize, None, None);
-        let res = http::post_events(
-            &self.addr,
-            &path,
-            body.to_string().as_bytes(),
-            self.timeout,
-            &mut |d: &str| {
+        let res = self
+            .http
+            .post_events(path, body.to_string().into_bytes(), self.timeout, &mut |d: &str| {
                 if d == "[DONE]" {
                     return;
                 }
@@ -187,9 +188,8 @@ impl Client {
                     text.push_str(&piece);
                     chunks += 1;
                 }
-            },
-        )
-        .await;
+            })
+            .await;
         t.end = start.elapsed().as_secs_f64();
         t.output_tokens = usage_out.unwrap_or(chunks);
         t.error = match res {
@@ -202,22 +202,8 @@ impl Client {
     }
 }
 
-async fn discover_model(addr: &str, prefix: &str) -> Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("connecting to {addr}"))?;
-    s.write_all(
-        format!("GET {prefix}/models HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
-            .as_bytes(),
-    )
-    .await?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await??;
-    let text = String::from_utf8_lossy(&buf);
-    let body = &text[text.find('{').context("no JSON in the /models answer")?
-        ..text.rfind('}').context("no JSON in the /models answer")? + 1];
-    let v: Value = serde_json::from_str(body)?;
+async fn discover_model(http: &http::HttpClient) -> Result<String> {
+    let v = http.get_json("/models", Duration::from_secs(10)).await.map_err(anyhow::Error::msg)?;
     v["data"][0]["id"]
         .as_str()
         .map(str::to_string)
@@ -309,7 +295,9 @@ fn emit(a: &ServeArgs, value: &Value, tables: &str) -> Result<()> {
 
 /// Runs `tandem bench serve`.
 pub fn run(a: ServeArgs) -> Result<()> {
-    let (addr, prefix) = http::split_base_url(&a.base_url).map_err(anyhow::Error::msg)?;
+    let api_key = a.api_key.clone().filter(|k| !k.is_empty());
+    let http = http::HttpClient::new(&a.base_url, a.ca_cert.as_deref(), api_key)
+        .map_err(anyhow::Error::msg)?;
     let slo = Slo::parse(&a.slo).map_err(anyhow::Error::msg)?;
     if a.num_prompts == 0 {
         bail!("--num-prompts must be at least 1");
@@ -318,9 +306,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     rt.block_on(async {
         let model = match &a.model {
             Some(m) => m.clone(),
-            None => discover_model(&addr, &prefix).await?,
+            None => discover_model(&http).await?,
         };
-        let client = Arc::new(Client { addr, prefix, model: model.clone(), ignore_eos: a.ignore_eos, timeout: Duration::from_secs(a.timeout) });
+        let client = Arc::new(Client { http, model: model.clone(), ignore_eos: a.ignore_eos, timeout: Duration::from_secs(a.timeout) });
         let specs = specs(&a);
         // Warm-up: one short request, not measured.
         let (w, _) = client.request(json!([1000, 1001, 1002, 1003]), false, 2, 4).await;

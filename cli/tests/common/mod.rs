@@ -333,7 +333,7 @@ pub struct RedisServer {
 pub struct RedisOptions {
     /// `requirepass`.
     pub password: Option<String>,
-    /// TLS only, with the certificates of `scripts/test/redis_tls_certs.sh` in this folder.
+    /// TLS only, with the certificates of `scripts/test/tls_certs.sh` in this folder.
     pub tls: Option<PathBuf>,
     /// Whether TLS clients must present a certificate.
     pub client_certs: bool,
@@ -404,13 +404,13 @@ impl RedisServer {
     }
 }
 
-/// A throwaway CA with server and client certificates (`scripts/test/redis_tls_certs.sh`) in a
+/// A throwaway CA with server and client certificates (`scripts/test/tls_certs.sh`) in a
 /// fresh folder under the target directory.
 pub fn tls_certs(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
     let _ = std::fs::remove_dir_all(&dir);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test/redis_tls_certs.sh");
-    let out = Command::new("bash").arg(script).arg(&dir).output().expect("run redis_tls_certs.sh");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test/tls_certs.sh");
+    let out = Command::new("bash").arg(script).arg(&dir).output().expect("run tls_certs.sh");
     assert!(out.status.success(), "certificates: {}", String::from_utf8_lossy(&out.stderr));
     dir
 }

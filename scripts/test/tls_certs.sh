@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes a throwaway CA, a server certificate for 127.0.0.1/localhost and a client certificate
-# in DIR (ca.pem, server.pem/.key, client.pem/.key), for tests that start redis-server with TLS.
+# in DIR (ca.pem, server.pem/.key, client.pem/.key), for tests of TLS (Redis, HTTPS).
 set -euo pipefail
 dir="$1"
 mkdir -p "$dir"
