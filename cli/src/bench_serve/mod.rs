@@ -95,8 +95,8 @@ pub struct ServeArgs {
     /// Write the result as JSON here (`-` for standard output; the table then goes to stderr).
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Write a PNG plot here: latency CDFs, or throughput and TTFT against concurrency with
-    /// `--sweep`.
+    /// Write a plot here (`.svg` for SVG, else PNG): latency CDFs, or throughput and TTFT
+    /// against concurrency with `--sweep`.
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// A name for this run in the JSON (e.g. the server's).
@@ -340,32 +340,52 @@ pub fn run(a: ServeArgs) -> Result<()> {
             json!({ "label": a.label, "config": config, "sweep": runs.iter().map(|(c, r, _)| json!({ "concurrency": c, "result": r })).collect::<Vec<_>>() })
         };
         if let Some(p) = &a.plot {
-            let canvas = if runs.len() == 1 {
+            let heading = format!(
+                "tandem bench serve: {} workload, {} requests, {} in / {} out tokens",
+                format!("{:?}", a.workload).to_lowercase(),
+                a.num_prompts,
+                a.input_len,
+                a.output_len,
+            );
+            let charts = if runs.len() == 1 {
                 let tl = &runs[0].2;
                 let ok: Vec<&Timeline> = tl.iter().filter(|t| t.error.is_none()).collect();
                 let ms = |v: Vec<f64>| v.into_iter().map(|x| x * 1000.0).collect::<Vec<_>>();
-                plot::chart(
-                    "LATENCY CDF",
-                    "MILLISECONDS",
-                    "FRACTION",
-                    &[
-                        ("TTFT".to_string(), plot::cdf(&ms(ok.iter().filter_map(|t| t.ttft()).collect()))),
-                        ("E2E".to_string(), plot::cdf(&ms(ok.iter().map(|t| t.end).collect()))),
-                        ("ITL".to_string(), plot::cdf(&ms(ok.iter().flat_map(|t| t.itls()).collect()))),
-                    ],
-                )
+                vec![
+                    plot::Chart {
+                        title: format!("Latency CDF, concurrency {}", runs[0].0),
+                        x_label: "milliseconds",
+                        y_label: "fraction of requests",
+                        series: vec![
+                            ("TTFT".to_string(), plot::cdf(&ms(ok.iter().filter_map(|t| t.ttft()).collect()))),
+                            ("end to end".to_string(), plot::cdf(&ms(ok.iter().map(|t| t.end).collect()))),
+                        ],
+                    },
+                    plot::Chart {
+                        title: "Inter-token latency CDF".into(),
+                        x_label: "milliseconds",
+                        y_label: "fraction of tokens",
+                        series: vec![("ITL".to_string(), plot::cdf(&ms(ok.iter().flat_map(|t| t.itls()).collect())))],
+                    },
+                ]
             } else {
-                plot::chart(
-                    "OUTPUT TOK/S AND TTFT P50 (MS/10) VS CONCURRENCY",
-                    "CONCURRENCY",
-                    "VALUE",
-                    &[
-                        ("OUT TOK/S".to_string(), runs.iter().map(|(c, r, _)| (*c as f64, r.output_throughput)).collect()),
-                        ("TTFT P50/10".to_string(), runs.iter().map(|(c, r, _)| (*c as f64, r.ttft.median_ms / 10.0)).collect()),
-                    ],
-                )
+                let at = |f: &dyn Fn(&Report) -> f64| runs.iter().map(|(c, r, _)| (*c as f64, f(r))).collect::<Vec<_>>();
+                vec![
+                    plot::Chart {
+                        title: "Throughput against concurrency".into(),
+                        x_label: "requests in flight",
+                        y_label: "tokens per second",
+                        series: vec![("output tok/s".to_string(), at(&|r| r.output_throughput))],
+                    },
+                    plot::Chart {
+                        title: "TTFT against concurrency".into(),
+                        x_label: "requests in flight",
+                        y_label: "milliseconds",
+                        series: vec![("TTFT median".to_string(), at(&|r| r.ttft.median_ms)), ("TTFT p99".to_string(), at(&|r| r.ttft.p99_ms))],
+                    },
+                ]
             };
-            std::fs::write(p, canvas.png()).with_context(|| format!("writing {}", p.display()))?;
+            plot::draw(p, (&heading, &a.label), &charts).map_err(anyhow::Error::msg)?;
         }
         emit(&a, &value, &tables)
     })
