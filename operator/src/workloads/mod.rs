@@ -8,12 +8,19 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::ApiResource;
 use kube::{Resource, ResourceExt};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::crd::{Accelerator, DisaggregationMode, InferenceService, WorkerSpec};
+use crate::crd::{DisaggregationMode, InferenceService};
+
+mod pods;
+use pods::deployment;
 
 /// Annotation holding the digest of the object as the operator built it.
 pub const HASH_ANNOTATION: &str = "tandem.dev/applied-hash";
@@ -177,7 +184,7 @@ fn digest(v: &Value) -> String {
 /// ServiceMonitor API.
 pub fn desired(isvc: &InferenceService, service_monitors: bool) -> Vec<Desired> {
     let config = config_map(isvc);
-    let config_hash = digest(&config["data"]);
+    let config_hash = digest(&json!(config.data));
     let mut out = vec![finish(isvc, Kind::ConfigMap, config)];
     let mut roles = vec![Role::Router, Role::Decode];
     if isvc.spec.prefill.is_some() {
@@ -199,8 +206,10 @@ pub fn desired(isvc: &InferenceService, service_monitors: bool) -> Vec<Desired> 
     out
 }
 
-/// Adds apiVersion/kind, the common labels, the owner reference and the hash annotation.
-fn finish(isvc: &InferenceService, kind: Kind, mut object: Value) -> Desired {
+/// Serialises a typed object and adds apiVersion/kind, the common labels, the owner reference
+/// and the hash annotation.
+fn finish(isvc: &InferenceService, kind: Kind, object: impl serde::Serialize) -> Desired {
+    let mut object = serde_json::to_value(object).expect("Kubernetes objects serialise");
     let ar = kind.api_resource();
     object["apiVersion"] = json!(ar.api_version);
     object["kind"] = json!(ar.kind);
@@ -264,291 +273,127 @@ pub fn config_data(isvc: &InferenceService) -> BTreeMap<String, String> {
     d
 }
 
-fn config_map(isvc: &InferenceService) -> Value {
-    json!({
-        "metadata": { "name": format!("{}-config", isvc.name_any()) },
-        "data": config_data(isvc),
-    })
+fn meta(name: String, role: Option<Role>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        labels: role.map(|r| BTreeMap::from([(ROLE_LABEL.to_string(), r.as_str().to_string())])),
+        ..ObjectMeta::default()
+    }
 }
 
-fn role_labels(role: Role) -> Value {
-    json!({ ROLE_LABEL: role.as_str() })
+fn config_map(isvc: &InferenceService) -> ConfigMap {
+    ConfigMap {
+        metadata: meta(format!("{}-config", isvc.name_any()), None),
+        data: Some(config_data(isvc)),
+        ..ConfigMap::default()
+    }
 }
 
-fn router_service(isvc: &InferenceService) -> Value {
+/// The labels selecting one role's pods.
+fn role_selector_labels(isvc: &InferenceService, role: Role) -> BTreeMap<String, String> {
     let mut sel = selector_labels(isvc);
-    sel.insert(ROLE_LABEL.into(), "router".into());
-    json!({
-        "metadata": { "name": isvc.name_any(), "labels": role_labels(Role::Router) },
-        "spec": {
-            "type": match isvc.spec.router.service_type {
-                crate::crd::ServiceType::ClusterIP => "ClusterIP",
-                crate::crd::ServiceType::NodePort => "NodePort",
-                crate::crd::ServiceType::LoadBalancer => "LoadBalancer",
-            },
-            "selector": sel,
-            "ports": [{ "name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP" }],
-        },
-    })
+    sel.insert(ROLE_LABEL.into(), role.as_str().into());
+    sel
+}
+
+fn tcp_port(name: &str, port: i32) -> ServicePort {
+    ServicePort {
+        name: Some(name.into()),
+        port,
+        target_port: Some(IntOrString::String(name.into())),
+        protocol: Some("TCP".into()),
+        ..ServicePort::default()
+    }
+}
+
+fn router_service(isvc: &InferenceService) -> Service {
+    let kind = match isvc.spec.router.service_type {
+        crate::crd::ServiceType::ClusterIP => "ClusterIP",
+        crate::crd::ServiceType::NodePort => "NodePort",
+        crate::crd::ServiceType::LoadBalancer => "LoadBalancer",
+    };
+    Service {
+        metadata: meta(isvc.name_any(), Some(Role::Router)),
+        spec: Some(ServiceSpec {
+            type_: Some(kind.into()),
+            selector: Some(role_selector_labels(isvc, Role::Router)),
+            ports: Some(vec![tcp_port("http", ROUTER_PORT)]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
 }
 
 /// Headless: its DNS name resolves to every ready worker's address, which is how routers find
 /// the workers.
-fn worker_service(isvc: &InferenceService, role: Role) -> Value {
-    let mut sel = selector_labels(isvc);
-    sel.insert(ROLE_LABEL.into(), role.as_str().into());
+fn worker_service(isvc: &InferenceService, role: Role) -> Service {
     let port = if role == Role::Prefill { PREFILL_PORT } else { DECODE_PORT };
-    json!({
-        "metadata": { "name": role_name(isvc, role), "labels": role_labels(role) },
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": false,
-            "selector": sel,
-            "ports": [{ "name": "grpc", "port": port, "targetPort": "grpc", "protocol": "TCP" }],
-        },
-    })
-}
-
-/// DNS name of a role's headless Service.
-fn worker_dns(isvc: &InferenceService, role: Role) -> String {
-    format!(
-        "{}.{}.svc",
-        role_name(isvc, role),
-        isvc.namespace().unwrap_or_else(|| "default".into())
-    )
-}
-
-fn container_args(isvc: &InferenceService, role: Role) -> Vec<String> {
-    let mut a: Vec<String> = Vec::new();
-    match role {
-        Role::Router => {
-            a.push("router".into());
-            a.push(format!("--listen=0.0.0.0:{ROUTER_PORT}"));
-            a.push(format!(
-                "--decode-workers=dns:{}:{DECODE_PORT}",
-                worker_dns(isvc, Role::Decode)
-            ));
-            if uses_prefill(isvc) {
-                a.push(format!(
-                    "--prefill-workers=dns:{}:{PREFILL_PORT}",
-                    worker_dns(isvc, Role::Prefill)
-                ));
-            }
-            a.push("--router-id=$(POD_NAME)".into());
-            let sec = &isvc.spec.security;
-            if sec.api_keys_secret.is_some() {
-                a.push(format!("--api-keys-file={}/api-keys", crate::crd::API_KEYS_DIR));
-            }
-            if let Some(n) = sec.max_concurrent_per_key {
-                a.push(format!("--max-concurrent-per-key={n}"));
-            }
-            if let Some(r) = sec.requests_per_second_per_key {
-                a.push(format!("--requests-per-second-per-key={r}"));
-            }
-            if let Some(n) = sec.max_prompt_tokens {
-                a.push(format!("--max-prompt-tokens={n}"));
-            }
-        }
-        Role::Prefill | Role::Decode => {
-            let w = worker_spec(isvc, role);
-            if role == Role::Prefill {
-                a.push("prefill".into());
-                a.push(format!("--listen=0.0.0.0:{PREFILL_PORT}"));
-            } else {
-                a.push("decode".into());
-                a.push(format!("--listen=0.0.0.0:{DECODE_PORT}"));
-                a.push(format!("--kv-listen=0.0.0.0:{KV_PORT}"));
-                a.push(format!("--kv-advertise=$(POD_IP):{KV_PORT}"));
-                if !uses_prefill(isvc) {
-                    a.push("--colocated".into());
-                }
-                if let Some(spec) = &w.speculative {
-                    a.push(format!("--speculative={}", spec.method.as_str()));
-                    a.push(format!("--num-speculative-tokens={}", spec.tokens));
-                }
-            }
-            if w.accelerator == Accelerator::Nvidia {
-                a.push("--device=cuda".into());
-            }
-            a.push("--worker-id=$(POD_NAME)".into());
-            a.push(format!("--drain-timeout={}s", w.drain_seconds));
-            if let Some(n) = w.max_num_batched_tokens {
-                a.push(format!("--max-num-batched-tokens={n}"));
-            }
-            if let Some(n) = w.max_num_seqs {
-                a.push(format!("--max-num-seqs={n}"));
-            }
-        }
-    }
-    a
-}
-
-fn worker_spec(isvc: &InferenceService, role: Role) -> &WorkerSpec {
-    match role {
-        Role::Prefill => isvc.spec.prefill.as_ref().expect("prefill role exists"),
-        _ => &isvc.spec.decode,
+    Service {
+        metadata: meta(role_name(isvc, role), Some(role)),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            publish_not_ready_addresses: Some(false),
+            selector: Some(role_selector_labels(isvc, role)),
+            ports: Some(vec![tcp_port("grpc", port)]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
     }
 }
 
-fn resources(isvc: &InferenceService, role: Role) -> Value {
-    let (res, gpus) = match role {
-        Role::Router => (isvc.spec.router.resources.clone(), 0),
-        _ => {
-            let w = worker_spec(isvc, role);
-            (
-                w.resources.clone(),
-                if w.accelerator == Accelerator::Nvidia { w.tensor_parallel } else { 0 },
-            )
-        }
-    };
-    let mut v = serde_json::to_value(res.unwrap_or_default()).expect("json");
-    if gpus > 0 {
-        v["limits"]["nvidia.com/gpu"] = json!(gpus.to_string());
+fn pdb(isvc: &InferenceService, role: Role) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(role_name(isvc, role), Some(role)),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(role_selector_labels(isvc, role)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
-    v
 }
 
-fn deployment(isvc: &InferenceService, role: Role, config_hash: &str) -> Value {
-    let s = &isvc.spec;
-    let mut match_labels = selector_labels(isvc);
-    match_labels.insert(ROLE_LABEL.into(), role.as_str().into());
-    let (port_name, port, drain) = match role {
-        Role::Router => ("http", ROUTER_PORT, 10),
-        Role::Prefill => ("grpc", PREFILL_PORT, worker_spec(isvc, role).drain_seconds),
-        Role::Decode => ("grpc", DECODE_PORT, worker_spec(isvc, role).drain_seconds),
-    };
-    let mut ports = vec![json!({ "name": port_name, "containerPort": port, "protocol": "TCP" })];
-    if role == Role::Decode {
-        ports.push(json!({ "name": "kv", "containerPort": KV_PORT, "protocol": "TCP" }));
-    }
-    let health = json!({ "httpGet": { "path": "/health", "port": port_name } });
-    let mut container = json!({
-        "name": role.as_str(),
-        "image": s.image,
-        "args": container_args(isvc, role),
-        "envFrom": [{ "configMapRef": { "name": format!("{}-config", isvc.name_any()) } }],
-        "env": [
-            { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
-            { "name": "POD_IP", "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } },
-        ],
-        "ports": ports,
-        "resources": resources(isvc, role),
-        // Ready only while the process can serve: the router while a decode worker answers,
-        // a worker while its engine thread runs and its last step succeeded.
-        "readinessProbe": merge(&health, json!({ "periodSeconds": 5, "failureThreshold": 2 })),
-        // Lets endpoints and routers drop the pod before SIGTERM starts the drain.
-        "lifecycle": { "preStop": { "sleep": { "seconds": 5 } } },
-        "volumeMounts": [{ "name": "cache", "mountPath": CACHE_DIR }],
-    });
-    if role == Role::Router {
-        // A router without workers is unready, not dead: liveness checks only the listener.
-        container["livenessProbe"] = json!({ "tcpSocket": { "port": port_name }, "periodSeconds": 10, "failureThreshold": 3 });
-    } else {
-        // Model fetch and load happen before the first answer.
-        container["startupProbe"] =
-            merge(&health, json!({ "periodSeconds": 5, "failureThreshold": 120 }));
-        container["livenessProbe"] =
-            merge(&health, json!({ "periodSeconds": 10, "failureThreshold": 3 }));
-    }
-    if let Some(p) = s.image_pull_policy {
-        container["imagePullPolicy"] = json!(p.as_str());
-    }
-    if let Some(secret) = &s.security.internal_token_secret {
-        container["env"].as_array_mut().unwrap().push(json!({ "name": "TANDEM_INTERNAL_TOKEN", "valueFrom": { "secretKeyRef": { "name": secret, "key": "token" } } }));
-    }
-    if let Some(secret) = &s.router.redis_password_secret {
-        container["env"].as_array_mut().unwrap().push(json!({ "name": "TANDEM_REDIS_PASSWORD", "valueFrom": { "secretKeyRef": { "name": secret, "key": "password" } } }));
-    }
-    let mut volumes = vec![json!({ "name": "cache", "emptyDir": {} })];
-    if let Some(secret) = &s.router.redis_tls_secret {
-        // Routers read KV events and workers publish them: every role talks to Redis.
-        volumes.push(
-            json!({ "name": "redis-tls", "secret": { "secretName": secret, "defaultMode": 0o400 } }),
-        );
-        container["volumeMounts"].as_array_mut().unwrap().push(
-            json!({ "name": "redis-tls", "mountPath": crate::crd::REDIS_TLS_DIR, "readOnly": true }),
-        );
-    }
-    if let (Role::Router, Some(secret)) = (role, &s.security.api_keys_secret) {
-        volumes.push(
-            json!({ "name": "api-keys", "secret": { "secretName": secret, "defaultMode": 0o400 } }),
-        );
-        container["volumeMounts"].as_array_mut().unwrap().push(
-            json!({ "name": "api-keys", "mountPath": crate::crd::API_KEYS_DIR, "readOnly": true }),
-        );
-    }
-    if let Some(pvc) = &s.model.pvc {
-        volumes.push(json!({ "name": "models", "persistentVolumeClaim": { "claimName": pvc, "readOnly": true } }));
-        container["volumeMounts"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!({ "name": "models", "mountPath": "/models", "readOnly": true }));
-    }
-    let mut pod_labels = match_labels.clone();
-    pod_labels.insert("app.kubernetes.io/name".into(), "tandem".into());
-    let mut spec = json!({
-        "selector": { "matchLabels": match_labels },
-        "strategy": { "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 0, "maxSurge": 1 } },
-        "template": {
-            "metadata": {
-                "labels": pod_labels,
-                "annotations": { CONFIG_HASH_ANNOTATION: config_hash },
+/// The Prometheus Operator's `ServiceMonitor` (not a Kubernetes API type): the fields Tandem
+/// sets.
+#[derive(serde::Serialize)]
+struct ServiceMonitor {
+    metadata: ObjectMeta,
+    spec: ServiceMonitorSpec,
+}
+
+#[derive(serde::Serialize)]
+struct ServiceMonitorSpec {
+    selector: LabelSelector,
+    endpoints: Vec<MonitorEndpoint>,
+}
+
+#[derive(serde::Serialize)]
+struct MonitorEndpoint {
+    port: &'static str,
+    path: &'static str,
+    interval: &'static str,
+}
+
+fn service_monitor(isvc: &InferenceService) -> ServiceMonitor {
+    let scrape = |port| MonitorEndpoint { port, path: "/metrics", interval: "15s" };
+    ServiceMonitor {
+        metadata: meta(isvc.name_any(), None),
+        spec: ServiceMonitorSpec {
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([(SERVICE_LABEL.to_string(), isvc.name_any())])),
+                ..Default::default()
             },
-            "spec": {
-                "terminationGracePeriodSeconds": drain + 15,
-                "containers": [container],
-                "volumes": volumes,
-            },
+            endpoints: vec![scrape("http"), scrape("grpc")],
         },
-    });
-    let replicas = match role {
-        Role::Router => Some(s.router.replicas),
-        _ => {
-            let w = worker_spec(isvc, role);
-            (!w.autoscaling).then_some(w.replicas)
-        }
-    };
-    if let Some(r) = replicas {
-        spec["replicas"] = json!(r);
     }
-    json!({
-        "metadata": { "name": role_name(isvc, role), "labels": role_labels(role) },
-        "spec": spec,
-    })
-}
-
-fn merge(base: &Value, extra: Value) -> Value {
-    let mut v = base.clone();
-    for (k, x) in extra.as_object().expect("object") {
-        v[k] = x.clone();
-    }
-    v
-}
-
-fn pdb(isvc: &InferenceService, role: Role) -> Value {
-    let mut sel = selector_labels(isvc);
-    sel.insert(ROLE_LABEL.into(), role.as_str().into());
-    json!({
-        "metadata": { "name": role_name(isvc, role), "labels": role_labels(role) },
-        "spec": { "maxUnavailable": 1, "selector": { "matchLabels": sel } },
-    })
-}
-
-fn service_monitor(isvc: &InferenceService) -> Value {
-    json!({
-        "metadata": { "name": isvc.name_any() },
-        "spec": {
-            "selector": { "matchLabels": { SERVICE_LABEL: isvc.name_any() } },
-            "endpoints": [
-                { "port": "http", "path": "/metrics", "interval": "15s" },
-                { "port": "grpc", "path": "/metrics", "interval": "15s" },
-            ],
-        },
-    })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::pods::container_args;
     use super::*;
     use crate::crd::{InferenceServiceSpec, SpeculativeMethod, SpeculativeSpec};
     use k8s_openapi::api::apps::v1::Deployment;
