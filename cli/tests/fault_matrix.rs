@@ -350,9 +350,20 @@ fn router_replica_killed_under_load() {
 #[test]
 fn redis_stopped_and_restarted_under_load() {
     let _s = serial();
-    let mut redis = RedisServer::start(None);
-    let port = redis.port;
-    let env = [("TANDEM_REDIS_URL", redis.url.clone())];
+    // A managed Redis as pods see it: TLS with a private CA and a password, every setting from
+    // the environment (URL without the password, the password apart, the CA file).
+    let certs = tls_certs("fault-redis");
+    let opts = RedisOptions {
+        password: Some("pw".into()),
+        tls: Some(certs.clone()),
+        ..Default::default()
+    };
+    let mut redis = RedisServer::start_with(None, opts);
+    let env = [
+        ("TANDEM_REDIS_URL", redis.url.replace(":pw@", "")),
+        ("TANDEM_REDIS_PASSWORD", "pw".to_string()),
+        ("TANDEM_REDIS_CA_CERT", certs.join("ca.pem").display().to_string()),
+    ];
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let d = decode(&[], &env);
     let p = prefill(&[], &env);
@@ -378,7 +389,7 @@ fn redis_stopped_and_restarted_under_load() {
         "routing degrades to the approximate index; serving goes on"
     );
     std::thread::sleep(Duration::from_secs(4));
-    let _redis2 = RedisServer::start(Some(port));
+    redis.restart();
     let back = wait_redis(1.0);
     std::thread::sleep(Duration::from_secs(3));
     let records = load.finish();
