@@ -11,7 +11,7 @@ use std::time::Duration;
 use metrics::{counter, gauge};
 use redis::streams::{StreamRangeReply, StreamReadReply};
 use tandem_worker::kv_events::{decode, EVENTS_STREAM};
-use tandem_worker::redis::{RedisConfig, RedisConn, RedisError};
+use tandem_worker::redis::{RedisConfig, RedisError, RedisManager};
 
 use crate::kv_index::Applied;
 use crate::load::Load;
@@ -174,26 +174,29 @@ async fn events_loop<S: Shared>(state: Arc<S>, redis: RedisConfig) {
 /// before every routing decision, by the load loop when a booking or release changes the
 /// load, and every 250 ms.
 pub struct LoadSync {
-    redis: RedisConfig,
+    conn: Result<RedisManager, String>,
     field: String,
-    conn: tokio::sync::Mutex<Option<RedisConn>>,
 }
 
 impl LoadSync {
     /// A syncer for router `router_id`.
     pub fn new(redis: RedisConfig, router_id: &str) -> LoadSync {
-        LoadSync { redis, field: router_id.to_string(), conn: tokio::sync::Mutex::new(None) }
+        let conn = redis.manager(Duration::from_millis(500)).map_err(|e| e.to_string());
+        LoadSync { conn, field: router_id.to_string() }
     }
 
     /// One exchange, bounded by `timeout`; on failure the other replicas' load is taken as
     /// unknown (zero) until the next success.
     pub async fn exchange(&self, routing: &Routing, timeout: Duration) {
-        let Ok(mut guard) = tokio::time::timeout(timeout, self.conn.lock()).await else { return };
-        let fut = async {
-            if guard.is_none() {
-                *guard = Some(self.redis.connect(Duration::from_millis(500)).await?);
+        let mut c = match &self.conn {
+            Ok(c) => c.clone(),
+            Err(e) => {
+                tracing::debug!(error = %e, "sharing load through redis is off");
+                return;
             }
-            let c = guard.as_mut().expect("connected above");
+        };
+        let fut = async {
+            let c = &mut c;
             let now = now_ms();
             let mine = serde_json::to_vec(&LoadEntry { at: now, loads: routing.load.local() })
                 .unwrap_or_default();
@@ -234,12 +237,8 @@ impl LoadSync {
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "sharing load through redis failed");
                 routing.load.set_remote(HashMap::new());
-                *guard = None;
             }
-            Err(_) => {
-                routing.load.set_remote(HashMap::new());
-                *guard = None;
-            }
+            Err(_) => routing.load.set_remote(HashMap::new()),
         }
     }
 }

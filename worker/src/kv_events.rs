@@ -14,7 +14,7 @@ use tandem_engine::scheduling::block_hash::BlockHash;
 use tandem_engine::scheduling::block_manager::KvEvent;
 use tokio::sync::mpsc;
 
-use crate::redis::{bytes, RedisConfig, RedisConn};
+use crate::redis::{bytes, RedisConfig};
 
 /// The Redis stream of KV events.
 pub const EVENTS_STREAM: &str = "tandem:kv:events";
@@ -87,25 +87,22 @@ pub fn spawn_publisher(
 ) -> mpsc::UnboundedSender<(u64, KvEvent)> {
     let (tx, mut rx) = mpsc::unbounded_channel::<(u64, KvEvent)>();
     let url = redis.redacted();
+    // The configuration was checked at start-up; a client that still cannot be made drops
+    // every event (counted), as an unreachable Redis would.
+    let manager = redis.manager(Duration::from_secs(1));
     tokio::spawn(async move {
-        let mut conn: Option<RedisConn> = None;
-        let mut next_try = tokio::time::Instant::now();
+        let mut conn = match manager {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::error!(%url, error = %e, "redis cannot be used; KV events are dropped");
+                None
+            }
+        };
+        let mut up = None;
         while let Some(first) = rx.recv().await {
             let mut batch = vec![first];
             while let Ok(more) = rx.try_recv() {
                 batch.push(more);
-            }
-            if conn.is_none() && tokio::time::Instant::now() >= next_try {
-                match redis.connect(Duration::from_secs(1)).await {
-                    Ok(c) => {
-                        tracing::info!(%url, "publishing KV events to redis");
-                        conn = Some(c);
-                    }
-                    Err(e) => {
-                        tracing::warn!(%url, error = %e, "redis unreachable; KV events are dropped until it returns");
-                        next_try = tokio::time::Instant::now() + Duration::from_millis(500);
-                    }
-                }
             }
             let Some(c) = conn.as_mut() else {
                 metrics::counter!("tandem_kv_events_dropped_total").increment(batch.len() as u64);
@@ -118,12 +115,17 @@ pub fn spawn_publisher(
                     cmd.arg(name).arg(value);
                 }
                 if let Err(e) = cmd.query_async::<redis::Value>(c).await {
-                    tracing::warn!(error = %e, "publishing a KV event failed; reconnecting");
+                    if up != Some(false) {
+                        tracing::warn!(%url, error = %e, "redis unreachable; KV events are dropped until it returns");
+                        up = Some(false);
+                    }
                     metrics::counter!("tandem_kv_events_dropped_total")
                         .increment((batch.len() - i) as u64);
-                    conn = None;
-                    next_try = tokio::time::Instant::now() + Duration::from_millis(200);
                     break;
+                }
+                if up != Some(true) {
+                    tracing::info!(%url, "publishing KV events to redis");
+                    up = Some(true);
                 }
                 metrics::counter!("tandem_kv_events_published_total").increment(1);
             }

@@ -3,13 +3,17 @@
 //! database number. TLS trusts the system's roots, or a CA file given with the URL, and
 //! presents a client certificate when one is given (servers with `tls-auth-clients yes`).
 //!
-//! Callers keep one connection per loop and open a new one when a command fails; while Redis
-//! is away they degrade as their module says (events counted as dropped, routing on the
-//! approximate index), never failing a request.
+//! Writers (KV event publishers, the routers' load exchange) hold a [`RedisManager`]: a
+//! connection made on first use and remade in the background after an I/O error. The router's
+//! event reader keeps a plain connection of its own ([`RedisConfig::connect`]), since it must
+//! know when it lost one (it then resynchronises). While Redis is away every caller degrades
+//! as its module says (events counted as dropped, routing on the approximate index), never
+//! failing a request.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use redis::aio::ConnectionManager as RedisManager;
 pub use redis::aio::MultiplexedConnection as RedisConn;
 
 /// Where Redis is and how to reach it.
@@ -141,6 +145,20 @@ pub fn with_password(url: &str, password: &str) -> Result<String, RedisError> {
         })
         .collect();
     Ok(format!("{scheme}://{user}:{enc}@{host}"))
+}
+
+impl RedisConfig {
+    /// A connection manager: connects on first use, reconnects by itself after an I/O error
+    /// (one attempt per failed command, so a command fails fast while Redis is away); every
+    /// command and connection attempt times out after `timeout`.
+    pub fn manager(&self, timeout: Duration) -> Result<RedisManager, RedisError> {
+        let cfg = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        Ok(RedisManager::new_lazy_with_config(self.client()?, cfg)?)
+    }
 }
 
 /// A bulk string reply's bytes (`None` for anything else).
