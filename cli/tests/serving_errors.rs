@@ -240,6 +240,35 @@ fn cases() -> Vec<Case> {
             400,
             Some("response_format"),
         ),
+        // Fields nobody reads are refused by name, never ignored.
+        case(
+            "vLLM guided_choice",
+            C,
+            json!({ "model": m, "prompt": "The capital of France is", "guided_choice": ["Paris", "Lyon"] }),
+            400,
+            Some("guided_choice"),
+        ),
+        case(
+            "llama-server grammar",
+            CHAT,
+            json!({ "model": m, "messages": user, "grammar": "root ::= \"yes\"" }),
+            400,
+            Some("grammar"),
+        ),
+        case(
+            "assistant tool_calls in the history",
+            CHAT,
+            json!({ "model": m, "messages": [{ "role": "user", "content": "hi" }, { "role": "assistant", "content": null, "tool_calls": [{ "id": "c1", "type": "function", "function": { "name": "f", "arguments": "{}" } }] }] }),
+            400,
+            Some("messages[1].tool_calls"),
+        ),
+        case(
+            "unknown stream option",
+            C,
+            json!({ "model": m, "prompt": "hi", "stream": true, "stream_options": { "continuous_usage_stats": true } }),
+            400,
+            Some("stream_options.continuous_usage_stats"),
+        ),
         case(
             "chat completion beyond the context",
             CHAT,

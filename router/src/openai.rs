@@ -168,7 +168,55 @@ pub fn parse_body<T: serde::de::DeserializeOwned>(
     if !v.is_object() {
         return Err(ApiError::invalid(None, "the request body must be a JSON object"));
     }
-    Ok((typed(&v)?, typed(&v)?))
+    let (own, common) = (typed(&v)?, typed(&v)?);
+    refuse_unknown::<T>(&v)?;
+    Ok((own, common))
+}
+
+/// Refuses a field that neither the endpoint's struct nor [`CommonParams`] reads (at any depth:
+/// a message's `tool_calls`, vLLM's `guided_json`, llama-server's `grammar`, …) with a 400
+/// naming it, rather than ignoring it. A field set to `null` counts as absent.
+fn refuse_unknown<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Result<(), ApiError> {
+    fn ignored<U: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Vec<String> {
+        let mut paths = Vec::new();
+        // serde_ignored writes `messages.1.tool_calls`, with `?` for a step into an `Option`;
+        // errors here name fields as `messages[1].tool_calls`.
+        let _ = serde_ignored::deserialize::<_, _, U>(v, |p| {
+            let mut out = String::new();
+            for seg in p.to_string().split('.').filter(|s| *s != "?") {
+                match seg.parse::<usize>() {
+                    Ok(i) => out.push_str(&format!("[{i}]")),
+                    Err(_) if out.is_empty() => out.push_str(seg),
+                    Err(_) => out.push_str(&format!(".{seg}")),
+                }
+            }
+            paths.push(out)
+        });
+        paths
+    }
+    let (by_own, by_common) = (ignored::<T>(v), ignored::<CommonParams>(v));
+    let top = |p: &str| p.split(['.', '[']).next().unwrap_or("").to_string();
+    let nested = |p: &str| p.contains(['.', '[']);
+    let is_null = |path: &str| {
+        let pointer = path.replace('[', ".").replace(']', "").replace('.', "/");
+        v.pointer(&format!("/{pointer}")).is_some_and(serde_json::Value::is_null)
+    };
+    // A top-level key one struct reads is ignored by the other: only the reader's verdict on
+    // what lies inside it counts.
+    let unknown = by_own
+        .iter()
+        .filter(|p| if nested(p) { !by_own.contains(&top(p)) } else { by_common.contains(p) })
+        .chain(by_common.iter().filter(|p| nested(p) && !by_common.contains(&top(p))))
+        .find(|p| !is_null(p));
+    match unknown {
+        Some(p) => Err(ApiError::invalid(
+            Some(p),
+            format!(
+                "unsupported field '{p}': this server does not honour it (see docs/serving.md)"
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn typed<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Result<T, ApiError> {
@@ -342,6 +390,46 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fields_nobody_reads_are_refused_by_name() {
+        let refused = |body: &str| {
+            let e = match body.contains("messages") {
+                true => parse_body::<ChatRequest>(body.as_bytes()).map(|_| ()),
+                false => parse_body::<CompletionRequest>(body.as_bytes()).map(|_| ()),
+            };
+            e.err().and_then(|e| e.param)
+        };
+        let cases = [
+            (
+                r#"{"model": "m", "prompt": "x", "guided_choice": ["a", "b"]}"#,
+                Some("guided_choice"),
+            ),
+            (r#"{"model": "m", "prompt": "x", "grammar": "root ::= \"a\""}"#, Some("grammar")),
+            (
+                r#"{"model": "m", "prompt": "x", "stream_options": {"include_usage": true, "x": 1}}"#,
+                Some("stream_options.x"),
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "1"}]}]}"#,
+                Some("messages[1].tool_calls"),
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "store": true}"#,
+                Some("store"),
+            ),
+            (r#"{"model": "m", "prompt": "x", "stream_options": {"x": null}}"#, None),
+            // Read fields of either struct, and unknown fields set to null, pass.
+            (r#"{"model": "m", "prompt": "x", "temperature": 0, "echo": true, "top_k": 3}"#, None),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": true, "seed": 1, "metadata": null}"#,
+                None,
+            ),
+        ];
+        for (body, want) in cases {
+            assert_eq!(refused(body).as_deref(), want, "{body}");
+        }
+    }
 
     #[test]
     fn parse_errors_name_the_field() {
