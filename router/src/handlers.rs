@@ -110,7 +110,7 @@ impl AppState {
         format!("{prefix}-{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
     }
 
-    fn max_model_len(&self) -> usize {
+    pub(crate) fn max_model_len(&self) -> usize {
         match self.pool.current().max_model_len() {
             0 => self.info.config.max_position_embeddings,
             n => n,
@@ -118,7 +118,7 @@ impl AppState {
     }
 
     /// The most tokens a prompt may have: `--max-prompt-tokens`, and one less than the context.
-    fn prompt_limit(&self) -> usize {
+    pub(crate) fn prompt_limit(&self) -> usize {
         self.max_prompt_tokens
             .unwrap_or(usize::MAX)
             .min(self.max_model_len().saturating_sub(1))
@@ -633,7 +633,7 @@ async fn stream_task(
 }
 
 /// Refuses a body that is not declared as JSON (OpenAI's and vLLM's rule).
-fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let value = headers.get(CONTENT_TYPE).map(|v| v.to_str().unwrap_or("?"));
     let mime = value.unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
@@ -647,7 +647,7 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// Reads a request body of at most `limit` bytes (413 beyond); a body that stalls — no byte
 /// for `idle` — is refused with 408, so a half-sent request cannot hold its connection.
-async fn read_body(body: Body, limit: usize, idle: Duration) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(body: Body, limit: usize, idle: Duration) -> Result<Bytes, ApiError> {
     let mut stream = body.into_data_stream();
     let mut buf: Vec<u8> = Vec::new();
     loop {
@@ -678,6 +678,23 @@ async fn read_body(body: Body, limit: usize, idle: Duration) -> Result<Bytes, Ap
     }
 }
 
+/// Runs `f` on the blocking pool, at most one such task per core at a time (waiting for a
+/// turn does not hold a thread): request parsing and tokenizing.
+pub(crate) async fn on_tokenizer_pool<R: Send + 'static>(
+    st: &Arc<AppState>,
+    f: impl FnOnce(&AppState) -> Result<R, ApiError> + Send + 'static,
+) -> Result<R, ApiError> {
+    let _turn = st
+        .tokenizing
+        .acquire()
+        .await
+        .map_err(|_| ApiError::unavailable("the router is shutting down"))?;
+    let state = st.clone();
+    tokio::task::spawn_blocking(move || f(&state))
+        .await
+        .map_err(|e| ApiError::upstream(format!("preparing the request failed: {e}")))?
+}
+
 /// Parses, validates and tokenizes a request on the blocking pool, at most one per core at a
 /// time (waiting for a turn does not hold a thread).
 async fn prepare(
@@ -688,18 +705,11 @@ async fn prepare(
 ) -> Result<Prepared, ApiError> {
     check_content_type(headers)?;
     let body = read_body(body, st.max_body_bytes, st.body_read_timeout).await?;
-    let _turn = st
-        .tokenizing
-        .acquire()
-        .await
-        .map_err(|_| ApiError::unavailable("the router is shutting down"))?;
-    let state = st.clone();
-    tokio::task::spawn_blocking(move || match ep {
-        Endpoint::Completions => prepare_completion(&state, &body),
-        Endpoint::Chat => prepare_chat(&state, &body),
+    on_tokenizer_pool(st, move |state| match ep {
+        Endpoint::Completions => prepare_completion(state, &body),
+        Endpoint::Chat => prepare_chat(state, &body),
     })
     .await
-    .map_err(|e| ApiError::upstream(format!("preparing the request failed: {e}")))?
 }
 
 async fn generate(
@@ -768,71 +778,4 @@ pub async fn chat_completions(
     body: Body,
 ) -> Response {
     generate(st, Endpoint::Chat, tenant, headers, body).await
-}
-
-/// `GET /v1/models`.
-pub async fn models(State(st): State<Arc<AppState>>) -> Response {
-    let m = json!({ "id": st.model_name, "object": "model", "created": st.started, "owned_by": "tandem", "root": st.model_name, "max_model_len": st.max_model_len() });
-    axum::Json(json!({ "object": "list", "data": [m] })).into_response()
-}
-
-/// `GET /health`: 200 only when at least one decode worker answers its status check; the
-/// status says `degraded` while any worker does not.
-pub async fn health(State(st): State<Arc<AppState>>) -> Response {
-    let checks = st.pool.current().check_all(Duration::from_secs(1)).await;
-    let decode_ok = checks.iter().any(|(_, role, r)| *role == "decode" && r.is_ok());
-    let workers: Vec<Value> = checks
-        .iter()
-        .map(|(addr, role, r)| match r {
-            Ok(s) => json!({ "address": addr, "role": role, "healthy": true, "worker_id": s.worker_id, "running": s.running, "waiting": s.waiting, "free_blocks": s.free_blocks, "num_blocks": s.num_blocks }),
-            Err(e) => json!({ "address": addr, "role": role, "healthy": false, "error": e }),
-        })
-        .collect();
-    // Degraded: serving, with some worker down (a dead prefill worker's prompts are prefilled
-    // on the decode workers meanwhile).
-    let all_ok = checks.iter().all(|(_, _, r)| r.is_ok());
-    let (code, status) = match (decode_ok, all_ok) {
-        (true, true) => (StatusCode::OK, "ok"),
-        (true, false) => (StatusCode::OK, "degraded"),
-        (false, _) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-    };
-    (code, axum::Json(json!({ "status": status, "workers": workers }))).into_response()
-}
-
-/// `GET /debug/routing`: the index, the loads and the last routing decisions with every
-/// candidate's cached blocks, load and cost.
-pub async fn debug_routing(State(st): State<Arc<AppState>>) -> Response {
-    axum::Json(st.routing.debug(&st.pool.current())).into_response()
-}
-
-/// `GET /metrics`.
-pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    match &st.metrics {
-        Some(h) => h.render().into_response(),
-        None => (StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
-    }
-}
-
-/// Unknown paths: OpenAI-style 404.
-pub async fn not_found(uri: axum::http::Uri) -> Response {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: format!("no route for {}", uri.path()),
-        kind: "not_found_error",
-        param: None,
-        code: None,
-    }
-    .into_response()
-}
-
-/// Wrong method on a known path: OpenAI-style 405.
-pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    ApiError {
-        status: StatusCode::METHOD_NOT_ALLOWED,
-        message: format!("method {method} is not allowed on {}", uri.path()),
-        kind: "invalid_request_error",
-        param: None,
-        code: None,
-    }
-    .into_response()
 }

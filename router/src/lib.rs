@@ -21,10 +21,12 @@ pub mod error;
 pub mod handlers;
 pub mod kv_index;
 pub mod load;
+pub mod model_api;
 pub mod openai;
 pub mod prompt;
 pub mod responses;
 pub mod routing;
+pub mod status_api;
 pub mod sync;
 pub mod workers;
 
@@ -79,18 +81,21 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
     let mut guarded = axum::Router::new()
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat_completions))
-        .route("/v1/models", get(handlers::models))
-        .route("/debug/routing", get(handlers::debug_routing));
+        .route("/v1/models", get(model_api::models))
+        .route("/v1/models/{id}", get(model_api::model))
+        .route("/tokenize", post(model_api::tokenize_handler))
+        .route("/detokenize", post(model_api::detokenize_handler))
+        .route("/debug/routing", get(status_api::debug_routing));
     if let Some(keys) = state.api_keys.clone() {
         guarded =
             guarded.route_layer(axum::middleware::from_fn_with_state(keys, auth::authenticate));
     }
     axum::Router::new()
         .merge(guarded)
-        .route("/health", get(handlers::health))
-        .route("/metrics", get(handlers::metrics))
-        .fallback(handlers::not_found)
-        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .route("/health", get(status_api::health))
+        .route("/metrics", get(status_api::metrics))
+        .fallback(status_api::not_found)
+        .method_not_allowed_fallback(status_api::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .with_state(state)
 }

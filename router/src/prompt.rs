@@ -73,9 +73,23 @@ pub fn encode_chat(
     mode: SpecialTokens,
     limit: usize,
 ) -> Result<Vec<u32>, ApiError> {
+    encode_chat_with(tok, template, messages, mode, limit, true)
+}
+
+/// [`encode_chat`], with or without the assistant turn's opening (`add_generation_prompt`).
+pub fn encode_chat_with(
+    tok: &Tokenizer,
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+    mode: SpecialTokens,
+    limit: usize,
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>, ApiError> {
     too_long(tok, messages.iter().map(|m| m.content.len()).sum(), limit, "messages")?;
     let render = |ms: &[ChatMessage]| {
-        template.render(ms, true).map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))
+        template
+            .render(ms, add_generation_prompt)
+            .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))
     };
     let encode_err = |e: TokenizeError| {
         ApiError::invalid(Some("messages"), format!("the messages cannot be tokenized: {e}"))
