@@ -1,5 +1,6 @@
 //! The model's own endpoints through the real gateway: `GET /v1/models/{id}`, vLLM's
-//! `/tokenize` and `/detokenize`, checked against what the completion endpoints count.
+//! `/tokenize` and `/detokenize`, checked against what the completion endpoints count; and
+//! `logit_bias`, checked with the token ids `/tokenize` gives.
 
 mod common;
 
@@ -71,4 +72,43 @@ fn model_by_id_tokenize_and_detokenize() {
         assert_eq!(s, status, "{path} {body}: {e}");
         assert!(e["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{e}");
     }
+}
+
+/// `logit_bias` through the gateway and a decode worker: +100 on one token makes greedy
+/// decoding repeat it; -100 on the unbiased greedy answer's first token bans it.
+#[test]
+fn logit_bias_forces_and_bans_tokens() {
+    let d = decode(&["--colocated"], &[]);
+    let r = router(&[&d], &[]);
+    let prompt = "The capital of France is";
+    let (_, t) = post(&r, "/tokenize", json!({ "prompt": " banana", "add_special_tokens": false }));
+    let banana = t["tokens"][0].as_u64().unwrap();
+    let complete = |bias: Value| {
+        let (s, c) = post(
+            &r,
+            "/v1/completions",
+            json!({ "model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "logit_bias": bias }),
+        );
+        assert_eq!(s, 200, "{c}");
+        c["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    assert_eq!(complete(json!({ banana.to_string(): 100 })), " banana".repeat(4));
+    let plain = complete(json!({}));
+    let (_, first) = post(&r, "/tokenize", json!({ "prompt": plain, "add_special_tokens": false }));
+    let first = first["tokens"][0].as_u64().unwrap();
+    let banned = complete(json!({ first.to_string(): -100 }));
+    let (_, b) = post(&r, "/tokenize", json!({ "prompt": banned, "add_special_tokens": false }));
+    assert_ne!(b["tokens"][0].as_u64().unwrap(), first, "{plain:?} / {banned:?}");
+    let (s, e) = post(
+        &r,
+        "/v1/completions",
+        json!({ "model": MODEL, "prompt": prompt, "logit_bias": { "x": 1 } }),
+    );
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("logit_bias")), "{e}");
+    let (s, e) = post(
+        &r,
+        "/v1/completions",
+        json!({ "model": MODEL, "prompt": prompt, "logit_bias": { "5": 101 } }),
+    );
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("logit_bias")), "{e}");
 }

@@ -68,7 +68,7 @@ pub struct CommonParams {
     pub frequency_penalty: Option<f64>,
     /// Seed of the request's random stream.
     pub seed: Option<i64>,
-    /// Token biases (not supported: refused unless empty).
+    /// Token biases: token id (as a string) → value added to its logit, -100..=100.
     pub logit_bias: Option<std::collections::HashMap<String, f64>>,
     /// vLLM: top-k filter.
     pub top_k: Option<i64>,
@@ -252,9 +252,18 @@ pub fn sampling_params(
         Some(StopInput::One(s)) => vec![s.clone()],
         Some(StopInput::Many(v)) => v.clone(),
     };
-    if c.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-        return Err(ApiError::invalid(Some("logit_bias"), "logit_bias is not supported"));
+    // OpenAI's keys are token ids as strings; the engine bounds ids and values.
+    let mut logit_bias = Vec::new();
+    for (k, &b) in c.logit_bias.iter().flatten() {
+        let t = k.trim().parse::<u32>().map_err(|_| {
+            ApiError::invalid(
+                Some("logit_bias"),
+                format!("logit_bias keys are token ids, got '{k}'"),
+            )
+        })?;
+        logit_bias.push((t, b as f32));
     }
+    logit_bias.sort_by_key(|&(t, _)| t);
     let top_k = c.top_k.unwrap_or(0);
     let top_k = i32::try_from(top_k).map_err(|_| {
         ApiError::invalid(
@@ -283,6 +292,7 @@ pub fn sampling_params(
         seed: c.seed.map(|s| count("seed", s).map(|s| s as u64)).transpose()?,
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
         detokenize: true,
+        logit_bias,
     })
 }
 

@@ -27,6 +27,7 @@ pub fn params_from_proto(p: &pb::SamplingParams) -> SamplingParams {
         skip_special_tokens: p.skip_special_tokens,
         // Requests through the gateway are always served as text.
         detokenize: true,
+        logit_bias: p.logit_bias.iter().map(|b| (b.token_id, b.bias)).collect(),
     }
 }
 
@@ -50,6 +51,11 @@ pub fn params_to_proto(p: &SamplingParams) -> pb::SamplingParams {
         logprobs: p.logprobs.map(|k| k as u32),
         seed: p.seed,
         skip_special_tokens: p.skip_special_tokens,
+        logit_bias: p
+            .logit_bias
+            .iter()
+            .map(|&(token_id, bias)| pb::TokenBias { token_id, bias })
+            .collect(),
     }
 }
 
@@ -162,6 +168,7 @@ mod tests {
             seed: Some(42),
             skip_special_tokens: false,
             detokenize: true,
+            logit_bias: vec![(3, -100.0), (9, 2.5)],
         };
         assert_eq!(params_from_proto(&params_to_proto(&p)), p);
         let d = SamplingParams::default();

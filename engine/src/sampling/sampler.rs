@@ -162,7 +162,7 @@ pub struct SamplingContext<'a> {
     pub eos_token_ids: &'a [u32],
 }
 
-/// Applies penalties and `min_tokens` masking to `logits` in place.
+/// Applies penalties, `logit_bias` and `min_tokens` masking to `logits` in place.
 pub fn process_logits(logits: &mut [f32], p: &SamplingParams, ctx: &SamplingContext) {
     if p.has_penalties() {
         let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
@@ -185,6 +185,11 @@ pub fn process_logits(logits: &mut [f32], p: &SamplingParams, ctx: &SamplingCont
         for (&t, &c) in &counts {
             if let Some(l) = logits.get_mut(t as usize) {
                 *l -= p.frequency_penalty * c as f32 + p.presence_penalty;
+            }
+        }
+        for &(t, b) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
             }
         }
     }
@@ -356,6 +361,26 @@ mod tests {
         assert_eq!(l[1], 2.0 / 2.0 - 0.25 * 2.0 - 0.5); // repetition, then twice frequency + presence
         assert_eq!(l[2], -2.0 * 2.0 - 0.25 - 0.5);
         assert_eq!(l[3], 4.0 / 2.0); // prompt-only: repetition penalty only
+    }
+
+    #[test]
+    fn logit_bias_is_added_after_penalties_and_steers_greedy_choice() {
+        let p = SamplingParams {
+            presence_penalty: 0.5,
+            logit_bias: vec![(0, 100.0), (2, -100.0)],
+            ..SamplingParams::greedy(4)
+        };
+        let mut l = vec![1.0f32, 2.0, 9.0, 4.0];
+        process_logits(&mut l, &p, &ctx(&[], &[0]));
+        assert_eq!(l, vec![1.0 - 0.5 + 100.0, 2.0, 9.0 - 100.0, 4.0]);
+        let logits = [1.0f32, 2.0, 9.0, 4.0];
+        assert_eq!(sample_token(&logits, &p, &ctx(&[], &[]), &mut Rng::new(0)).chosen.token_id, 0);
+        let bad =
+            |b: Vec<(u32, f32)>| SamplingParams { logit_bias: b, ..SamplingParams::greedy(4) };
+        assert_eq!(bad(vec![(4, 1.0)]).validate(4).unwrap_err().param, "logit_bias");
+        assert_eq!(bad(vec![(1, 100.5)]).validate(4).unwrap_err().param, "logit_bias");
+        assert_eq!(bad(vec![(1, f32::NAN)]).validate(4).unwrap_err().param, "logit_bias");
+        assert!(bad(vec![(3, -100.0)]).validate(4).is_ok());
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub struct SamplingParams {
     pub skip_special_tokens: bool,
     /// Turn tokens into text (off: token ids only, as for a model loaded without a tokenizer).
     pub detokenize: bool,
+    /// Added to a token's logit before sampling (OpenAI's `logit_bias`: -100 bans, 100 forces).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -67,6 +69,7 @@ impl Default for SamplingParams {
             seed: None,
             skip_special_tokens: true,
             detokenize: true,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -85,11 +88,12 @@ impl SamplingParams {
         self.temperature == 0.0
     }
 
-    /// Whether any penalty changes the logits.
+    /// Whether any penalty or bias changes the logits.
     pub fn has_penalties(&self) -> bool {
         self.presence_penalty != 0.0
             || self.frequency_penalty != 0.0
             || self.repetition_penalty != 1.0
+            || !self.logit_bias.is_empty()
     }
 
     /// Whether the next token depends on the logits row, temperature, filters and one random
@@ -179,6 +183,24 @@ impl SamplingParams {
                 format!("stop_token_ids holds {t}, outside the vocabulary (0..{vocab_size})"),
             ));
         }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(ParamError::new(
+                "logit_bias",
+                format!(
+                    "logit_bias may hold at most {MAX_LOGIT_BIAS} tokens, got {}",
+                    self.logit_bias.len()
+                ),
+            ));
+        }
+        for &(t, b) in &self.logit_bias {
+            if t as usize >= vocab_size {
+                return Err(ParamError::new(
+                    "logit_bias",
+                    format!("logit_bias names token {t}, outside the vocabulary (0..{vocab_size})"),
+                ));
+            }
+            range("logit_bias", b, -100.0, 100.0)?;
+        }
         Ok(())
     }
 }
@@ -187,6 +209,8 @@ impl SamplingParams {
 pub const MAX_N: usize = 128;
 /// Most stop strings one request may give.
 pub const MAX_STOP: usize = 16;
+/// Most tokens one request may bias (OpenAI's limit).
+pub const MAX_LOGIT_BIAS: usize = 300;
 
 /// A sampling parameter breaks a rule of [`SamplingParams::validate`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
