@@ -2,8 +2,8 @@
 //! validation into token ids and the engine's [`SamplingParams`].
 //!
 //! Numbers are parsed wide (signed integers, f64) so an out-of-range value gets a message that
-//! names the parameter and its range instead of a bare type error. Unknown fields are ignored,
-//! as vLLM does.
+//! names the parameter and its range instead of a bare type error. A field no struct here reads
+//! is refused with a 400 naming it ([`parse_body`]); docs/serving.md lists every field.
 
 use serde::Deserialize;
 use tandem_engine::sampling::sampling_params::MAX_LOGPROBS;
