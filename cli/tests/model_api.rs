@@ -112,3 +112,28 @@ fn logit_bias_forces_and_bans_tokens() {
     );
     assert_eq!((s, e["error"]["param"].as_str()), (400, Some("logit_bias")), "{e}");
 }
+
+/// Completions' `top_logprobs` objects list their tokens most likely first, streamed or not.
+#[test]
+fn completion_top_logprobs_come_most_likely_first() {
+    let d = decode(&["--colocated"], &[]);
+    let r = router(&[&d], &[]);
+    for stream in [false, true] {
+        let body = json!({ "model": MODEL, "prompt": "The capital of France is", "max_tokens": 3, "temperature": 0, "logprobs": 5, "stream": stream });
+        let res = http(&r.addr, "POST", "/v1/completions", Some(&body.to_string()));
+        assert_eq!(res.status, 200, "{}", res.body);
+        // On the raw text (a parsed map would sort the keys): in the first object of each
+        // `top_logprobs` list, the values never increase.
+        let parts: Vec<&str> = res.body.split("\"top_logprobs\":[").skip(1).collect();
+        assert!(!parts.is_empty(), "no top_logprobs in {}", res.body);
+        for part in parts {
+            let first = part.split('}').next().unwrap();
+            let values: Vec<f64> = first
+                .split(',')
+                .filter_map(|kv| kv.rsplit(':').next()?.trim().parse().ok())
+                .collect();
+            assert!(values.len() >= 2, "{first}");
+            assert!(values.windows(2).all(|w| w[0] >= w[1]), "keys not most likely first: {first}");
+        }
+    }
+}

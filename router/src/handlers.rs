@@ -503,7 +503,7 @@ async fn collect(
 }
 
 fn sse_data(v: &Value) -> Event {
-    Event::default().data(v.to_string())
+    Event::default().data(serde_json::to_string(&responses::Wire(v)).unwrap_or_default())
 }
 
 /// Streams a request's chunks; stops (dropping the worker streams, which aborts the requests)
@@ -751,7 +751,7 @@ async fn generate(
     match collect(&st, &p, &mut route, streams, started).await {
         Ok(v) => {
             record_done(ep, StatusCode::OK, started);
-            axum::Json(v).into_response()
+            axum::Json(responses::Wire(&v)).into_response()
         }
         Err(e) => {
             record_done(ep, e.status, started);

@@ -76,13 +76,67 @@ pub fn completion_logprobs(tok: &Tokenizer, lps: &[pb::SampledToken], mut offset
         offset += t.len();
         tokens.push(t);
         token_lps.push(c.logprob);
-        let mut top = serde_json::Map::new();
-        for a in &s.top {
-            top.insert(token_text(tok, a.token_id), json!(a.logprob));
-        }
-        tops.push(Value::Object(top));
+        // Most likely first: kept as [token, logprob] pairs until [`Wire`] writes the object.
+        tops.push(Value::Array(
+            s.top.iter().map(|a| json!([token_text(tok, a.token_id), a.logprob])).collect(),
+        ));
     }
     json!({ "tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets })
+}
+
+/// A response as it goes on the wire. A completions `top_logprobs` entry is held as a list of
+/// `[token, logprob]` pairs, most likely first, and written as the object OpenAI's API returns
+/// with its keys in that order (a `serde_json` map would sort them by token text).
+pub struct Wire<'a>(pub &'a Value);
+
+impl serde::Serialize for Wire<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self.0 {
+            Value::Object(m) => {
+                let mut out = s.serialize_map(Some(m.len()))?;
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("top_logprobs", Value::Array(rows)) if rows.iter().all(is_pairs) => {
+                            out.serialize_entry(k, &rows.iter().map(Pairs).collect::<Vec<_>>())?
+                        }
+                        _ => out.serialize_entry(k, &Wire(v))?,
+                    }
+                }
+                out.end()
+            }
+            Value::Array(items) => {
+                let mut out = s.serialize_seq(Some(items.len()))?;
+                for v in items {
+                    out.serialize_element(&Wire(v))?;
+                }
+                out.end()
+            }
+            other => other.serialize(s),
+        }
+    }
+}
+
+/// Whether `v` is a list of `[token, logprob]` pairs.
+fn is_pairs(v: &Value) -> bool {
+    v.as_array().is_some_and(|ps| {
+        ps.iter().all(|p| p.as_array().is_some_and(|p| p.len() == 2 && p[0].is_string()))
+    })
+}
+
+/// `[[token, logprob], …]` written as `{token: logprob, …}` in list order.
+struct Pairs<'a>(&'a Value);
+
+impl serde::Serialize for Pairs<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let pairs = self.0.as_array().map(Vec::as_slice).unwrap_or_default();
+        let mut out = s.serialize_map(Some(pairs.len()))?;
+        for p in pairs {
+            out.serialize_entry(p[0].as_str().unwrap_or_default(), &p[1])?;
+        }
+        out.end()
+    }
 }
 
 /// The chat `logprobs` object (`{"content": [...]}`).
@@ -195,4 +249,32 @@ pub fn chunk_choice(
 /// The chat stream's opening choice: the assistant role with empty content.
 pub fn chat_role_choice(index: usize) -> Value {
     json!({ "index": index, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_top_logprobs_keep_probability_order_on_the_wire() {
+        let v = json!({ "choices": [{
+            "logprobs": { "tokens": ["b"], "top_logprobs": [[["zeta", -0.1], ["alpha", -2.5], ["mid", -3.0]]] },
+            // Chat's entries are objects in a list: written as they are.
+            "chat": { "top_logprobs": [{ "token": "z", "logprob": -0.5 }, { "token": "a", "logprob": -1.0 }] },
+        }] });
+        let wire = serde_json::to_string(&Wire(&v)).unwrap();
+        let (z, a, m) = (
+            wire.find("\"zeta\"").unwrap(),
+            wire.find("\"alpha\"").unwrap(),
+            wire.find("\"mid\"").unwrap(),
+        );
+        assert!(z < a && a < m, "{wire}");
+        let back: Value = serde_json::from_str(&wire).unwrap();
+        assert_eq!(
+            back["choices"][0]["logprobs"]["top_logprobs"][0],
+            json!({ "zeta": -0.1, "alpha": -2.5, "mid": -3.0 })
+        );
+        assert_eq!(back["choices"][0]["chat"], v["choices"][0]["chat"]);
+        assert_eq!(back["choices"][0]["logprobs"]["tokens"], json!(["b"]));
+    }
 }
