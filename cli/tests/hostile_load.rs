@@ -235,7 +235,10 @@ fn tandem_up_brings_back_every_child_killed() {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let back = children(up.child.id()).into_iter().any(|(p, r)| r == role && p != pid);
-            if back && served(&api) && http(&api, "GET", "/health", None).json()["status"] == "ok" {
+            if back
+                && served(&api)
+                && http(&api, "GET", "/health", None).json()["status"] == "healthy"
+            {
                 break;
             }
             assert!(Instant::now() < deadline, "the {role} did not come back");

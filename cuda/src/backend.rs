@@ -884,6 +884,10 @@ impl ModelBackend for CudaBackend {
         &self.cfg
     }
 
+    fn device(&self) -> String {
+        format!("cuda: {} (sm_{})", self.gpu.name, self.gpu.sm)
+    }
+
     fn kv_cache_spec(&self) -> KvCacheSpec {
         // Pages travel as f32, as the CPU backend's do.
         KvCacheSpec {

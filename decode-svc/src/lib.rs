@@ -101,6 +101,7 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
     let block_size = engine.block_manager().block_size();
     let max_model_len = engine.max_model_len() as u32;
     let epoch = new_epoch();
+    let device = engine.device();
     let kv_sink = cfg.redis.as_ref().map(|redis| {
         tandem_worker::kv_events::spawn_publisher(redis.clone(), cfg.worker_id.clone(), epoch)
     });
@@ -130,6 +131,7 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
         epoch,
         max_model_len,
         block_size: block_size as u32,
+        device,
     };
     let (watch, drain) = (cfg.watch_stdin, cfg.drain_timeout);
     let advertised = cfg.kv_advertise.clone().unwrap_or_else(|| kv_addr.to_string());

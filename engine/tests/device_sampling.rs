@@ -25,6 +25,9 @@ impl ModelBackend for DeviceSampling {
     fn config(&self) -> &ModelConfig {
         self.inner.config()
     }
+    fn device(&self) -> String {
+        format!("{} (sampling on the device)", self.inner.device())
+    }
     fn kv_cache_spec(&self) -> KvCacheSpec {
         self.inner.kv_cache_spec()
     }

@@ -68,6 +68,7 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
     let max_model_len = engine.max_model_len() as u32;
     let block_size = engine.block_manager().block_size();
     let epoch = new_epoch();
+    let device = engine.device();
     let kv_sink = cfg.redis.as_ref().map(|redis| {
         tandem_worker::kv_events::spawn_publisher(redis.clone(), cfg.worker_id.clone(), epoch)
     });
@@ -82,6 +83,7 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
         epoch,
         max_model_len,
         block_size: block_size as u32,
+        device,
     };
     let links = cfg
         .kv_device

@@ -85,6 +85,8 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
         .route("/v1/models/{id}", get(model_api::model))
         .route("/tokenize", post(model_api::tokenize_handler))
         .route("/detokenize", post(model_api::detokenize_handler))
+        .route("/v1/cluster/status", get(status_api::cluster_status))
+        .route("/v1/cluster/nodes", get(status_api::cluster_nodes))
         .route("/debug/routing", get(status_api::debug_routing));
     if let Some(keys) = state.api_keys.clone() {
         guarded =

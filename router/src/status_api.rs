@@ -12,27 +12,91 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::handlers::AppState;
 
-/// `GET /health`: 200 only when at least one decode worker answers its status check; the
-/// status says `degraded` while any worker does not.
+/// One worker as the cluster endpoints and `/health` show it.
+fn worker_json(
+    addr: &str,
+    role: &str,
+    r: &Result<tandem_proto::v1::WorkerStatus, String>,
+) -> Value {
+    match r {
+        Ok(s) => json!({
+            "address": addr, "role": role, "healthy": s.healthy, "worker_id": s.worker_id,
+            "device": s.device, "model": s.model, "running": s.running, "waiting": s.waiting,
+            "queued_prefill_tokens": s.queued_prefill_tokens, "free_blocks": s.free_blocks,
+            "num_blocks": s.num_blocks, "block_size": s.block_size,
+            "kv_usage": if s.num_blocks > 0 { 1.0 - s.free_blocks as f64 / s.num_blocks as f64 } else { 0.0 },
+        }),
+        Err(e) => json!({ "address": addr, "role": role, "healthy": false, "error": e }),
+    }
+}
+
+/// `GET /health`: `healthy` (200) when every worker answers, `degraded` (200) while a decode
+/// worker answers but some worker does not, `unhealthy` (503) when no decode worker answers;
+/// `reason` says which workers are missing and what that means.
 pub async fn health(State(st): State<Arc<AppState>>) -> Response {
     let checks = st.pool.current().check_all(Duration::from_secs(1)).await;
-    let decode_ok = checks.iter().any(|(_, role, r)| *role == "decode" && r.is_ok());
-    let workers: Vec<Value> = checks
+    // A worker that answers its status check counts as up (its own `healthy` is in the list).
+    let up = |r: &Result<tandem_proto::v1::WorkerStatus, String>| r.is_ok();
+    let decode_ok = checks.iter().any(|(_, role, r)| *role == "decode" && up(r));
+    let down: Vec<String> = checks
         .iter()
-        .map(|(addr, role, r)| match r {
-            Ok(s) => json!({ "address": addr, "role": role, "healthy": true, "worker_id": s.worker_id, "running": s.running, "waiting": s.waiting, "free_blocks": s.free_blocks, "num_blocks": s.num_blocks }),
-            Err(e) => json!({ "address": addr, "role": role, "healthy": false, "error": e }),
-        })
+        .filter(|(_, _, r)| !up(r))
+        .map(|(a, role, _)| format!("{role} worker {a}"))
         .collect();
-    // Degraded: serving, with some worker down (a dead prefill worker's prompts are prefilled
-    // on the decode workers meanwhile).
-    let all_ok = checks.iter().all(|(_, _, r)| r.is_ok());
-    let (code, status) = match (decode_ok, all_ok) {
-        (true, true) => (StatusCode::OK, "ok"),
-        (true, false) => (StatusCode::OK, "degraded"),
-        (false, _) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+    let workers: Vec<Value> = checks.iter().map(|(a, role, r)| worker_json(a, role, r)).collect();
+    let (code, status, reason) = match (decode_ok, down.is_empty()) {
+        (true, true) => (StatusCode::OK, "healthy", format!("all {} workers answer", checks.len())),
+        // A dead prefill worker's prompts are prefilled on the decode workers meanwhile.
+        (true, false) => {
+            (StatusCode::OK, "degraded", format!("serving; not answering: {}", down.join(", ")))
+        }
+        (false, _) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unhealthy",
+            format!("no decode worker answers; not answering: {}", down.join(", ")),
+        ),
     };
-    (code, axum::Json(json!({ "status": status, "workers": workers }))).into_response()
+    (code, axum::Json(json!({ "status": status, "reason": reason, "workers": workers })))
+        .into_response()
+}
+
+/// `GET /v1/cluster/nodes`: every worker with its role, device, load and KV usage.
+pub async fn cluster_nodes(State(st): State<Arc<AppState>>) -> Response {
+    let checks = st.pool.current().check_all(Duration::from_secs(1)).await;
+    let nodes: Vec<Value> = checks.iter().map(|(a, role, r)| worker_json(a, role, r)).collect();
+    axum::Json(json!({ "object": "list", "data": nodes })).into_response()
+}
+
+/// `GET /v1/cluster/status`: the fleet's capacity and use, summed over the workers that answer
+/// (the numbers the metrics export per worker).
+pub async fn cluster_status(State(st): State<Arc<AppState>>) -> Response {
+    let checks = st.pool.current().check_all(Duration::from_secs(1)).await;
+    let mut roles = serde_json::Map::new();
+    for role in ["prefill", "decode"] {
+        let of_role: Vec<_> = checks.iter().filter(|(_, r, _)| *r == role).collect();
+        let ok: Vec<_> =
+            of_role.iter().filter_map(|(_, _, r)| r.as_ref().ok()).filter(|s| s.healthy).collect();
+        let (blocks, free) = ok
+            .iter()
+            .fold((0u64, 0u64), |(b, f), s| (b + s.num_blocks as u64, f + s.free_blocks as u64));
+        roles.insert(
+            role.into(),
+            json!({
+                "workers": of_role.len(), "healthy": ok.len(),
+                "running": ok.iter().map(|s| s.running as u64).sum::<u64>(),
+                "waiting": ok.iter().map(|s| s.waiting as u64).sum::<u64>(),
+                "kv_blocks": blocks, "kv_free_blocks": free,
+                "kv_usage": if blocks > 0 { 1.0 - free as f64 / blocks as f64 } else { 0.0 },
+            }),
+        );
+    }
+    let index = if st.routing.exact_live.load(std::sync::atomic::Ordering::Relaxed) {
+        "exact"
+    } else {
+        "approximate"
+    };
+    axum::Json(json!({ "model": st.model_name, "routing_index": index, "roles": roles }))
+        .into_response()
 }
 
 /// `GET /debug/routing`: the index, the loads and the last routing decisions with every

@@ -21,6 +21,8 @@ pub struct StatusService {
     pub max_model_len: u32,
     /// Tokens per KV block.
     pub block_size: u32,
+    /// What runs the model.
+    pub device: String,
 }
 
 #[tonic::async_trait]
@@ -69,6 +71,7 @@ impl pb::worker_server::Worker for StatusService {
             max_model_len: self.max_model_len,
             block_size: self.block_size,
             event_seq,
+            device: self.device.clone(),
         }))
     }
 }

@@ -130,6 +130,8 @@ pub enum BackendError {
 pub trait ModelBackend: Send {
     /// The model's hyper-parameters.
     fn config(&self) -> &ModelConfig;
+    /// What runs the model, for status reports (e.g. `cpu: Avx512Vnni kernels, 2 threads`).
+    fn device(&self) -> String;
     /// Shape of the KV cache this backend holds.
     fn kv_cache_spec(&self) -> KvCacheSpec;
     /// Runs one forward pass: writes each token's K/V into its slot, attends through the block

@@ -233,6 +233,11 @@ impl LLMEngine {
         Ok(())
     }
 
+    /// What runs the model ([`ModelBackend::device`]).
+    pub fn device(&self) -> String {
+        self.runner.backend.device()
+    }
+
     /// Longest context (prompt + output) a request may reach.
     pub fn max_model_len(&self) -> usize {
         self.max_model_len

@@ -171,6 +171,8 @@ pub struct CpuBackend {
     /// Working buffers of `forward`, kept between calls so a step allocates nothing once the
     /// largest batch has been seen.
     scratch: Scratch,
+    /// The linear layers' kernel path.
+    kernel: KernelPath,
 }
 
 /// The forward pass's working buffers.
@@ -295,6 +297,7 @@ impl CpuBackend {
             _ => load_fused(files, &[("output.weight".to_string(), cfg.vocab_size)], h, kp)?,
         };
         Ok(CpuBackend {
+            kernel: kp,
             cfg: cfg.clone(),
             embed,
             norm: load_norm(files, cfg, "output_norm.weight", h)?,
@@ -567,6 +570,14 @@ impl CpuBackend {
 }
 
 impl ModelBackend for CpuBackend {
+    fn device(&self) -> String {
+        let threads = pool::ThreadPool::global().num_threads();
+        match self.kernel {
+            KernelPath::Fast => format!("cpu: {:?} kernels, {threads} threads", QKernel::detect()),
+            KernelPath::Exact => format!("cpu: exact f32 kernels, {threads} threads"),
+        }
+    }
+
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
         self.check_pairs(pairs, self.kv.num_blocks(), self.kv.num_blocks())?;
         for &(s, d) in pairs {
