@@ -207,16 +207,38 @@ fn refuse_unknown<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Resu
         .iter()
         .filter(|p| if nested(p) { !by_own.contains(&top(p)) } else { by_common.contains(p) })
         .chain(by_common.iter().filter(|p| nested(p) && !by_common.contains(&top(p))))
-        .find(|p| !is_null(p));
+        .find(|p| !is_null(p))
+        .cloned()
+        .or_else(|| unknown_content_part_key(v));
     match unknown {
         Some(p) => Err(ApiError::invalid(
-            Some(p),
+            Some(&p),
             format!(
                 "unsupported field '{p}': this server does not honour it (see docs/serving.md)"
             ),
         )),
         None => Ok(()),
     }
+}
+
+/// A key of a message's content part other than `type` and the part's own payload key (`text`
+/// for a text part; other kinds are refused by [`chat_messages`]): [`Content`] is an untagged
+/// enum, whose insides `serde_ignored` cannot see.
+fn unknown_content_part_key(v: &serde_json::Value) -> Option<String> {
+    let messages = v.get("messages")?.as_array()?;
+    for (i, m) in messages.iter().enumerate() {
+        let Some(parts) = m.get("content").and_then(|c| c.as_array()) else { continue };
+        for (j, part) in parts.iter().enumerate() {
+            let Some(obj) = part.as_object() else { continue };
+            let kind = obj.get("type").and_then(|t| t.as_str()).unwrap_or("");
+            if let Some(k) =
+                obj.iter().find(|(k, x)| *k != "type" && *k != kind && !x.is_null()).map(|e| e.0)
+            {
+                return Some(format!("messages[{i}].content[{j}].{k}"));
+            }
+        }
+    }
+    None
 }
 
 fn typed<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Result<T, ApiError> {
@@ -423,6 +445,14 @@ mod tests {
             (
                 r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "1"}]}]}"#,
                 Some("messages[1].tool_calls"),
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]}"#,
+                Some("messages[0].content[0].cache_control"),
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}"#,
+                None,
             ),
             (
                 r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "store": true}"#,
