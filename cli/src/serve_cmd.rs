@@ -352,6 +352,8 @@ fn load_engine(
 
 /// `tandem decode`.
 pub fn run_decode(a: DecodeArgs) -> Result<()> {
+    // Before the model loads: a Redis setting that cannot work stops the process at once.
+    let redis = a.worker.redis.config()?;
     let (engine, name, kv_device) = load_engine(&a.model, &a.worker)?;
     let cfg = tandem_decode::DecodeConfig {
         kv_device,
@@ -370,13 +372,15 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
         min_remote_prefill_tokens: a.disagg_min_tokens,
         role: if a.colocated { "both".into() } else { "decode".into() },
         watch_stdin: a.worker.watch_stdin,
-        redis: a.worker.redis.config()?,
+        redis,
     };
     block_on(tandem_decode::run(engine, cfg))
 }
 
 /// `tandem prefill`.
 pub fn run_prefill(a: PrefillArgs) -> Result<()> {
+    // Before the model loads: a Redis setting that cannot work stops the process at once.
+    let redis = a.worker.redis.config()?;
     let (engine, name, kv_device) = load_engine(&a.model, &a.worker)?;
     let fault =
         std::env::var("TANDEM_FAULT_INJECT").ok().and_then(|s| tandem_prefill::Fault::parse(&s));
@@ -389,7 +393,7 @@ pub fn run_prefill(a: PrefillArgs) -> Result<()> {
         watch_stdin: a.worker.watch_stdin,
         drain_timeout: a.worker.drain_timeout,
         fault,
-        redis: a.worker.redis.config()?,
+        redis,
     };
     block_on(tandem_prefill::run(engine, cfg))
 }

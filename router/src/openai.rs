@@ -168,33 +168,20 @@ pub fn parse_body<T: serde::de::DeserializeOwned>(
     if !v.is_object() {
         return Err(ApiError::invalid(None, "the request body must be a JSON object"));
     }
-    let (own, common) = (typed(&v)?, typed(&v)?);
-    refuse_unknown::<T>(&v)?;
+    let ((own, by_own), (common, by_common)) = (typed::<T>(&v)?, typed::<CommonParams>(&v)?);
+    refuse_unknown(&v, &by_own, &by_common)?;
     Ok((own, common))
 }
 
 /// Refuses a field that neither the endpoint's struct nor [`CommonParams`] reads (at any depth:
 /// a message's `tool_calls`, vLLM's `guided_json`, llama-server's `grammar`, …) with a 400
-/// naming it, rather than ignoring it. A field set to `null` counts as absent.
-fn refuse_unknown<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Result<(), ApiError> {
-    fn ignored<U: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Vec<String> {
-        let mut paths = Vec::new();
-        // serde_ignored writes `messages.1.tool_calls`, with `?` for a step into an `Option`;
-        // errors here name fields as `messages[1].tool_calls`.
-        let _ = serde_ignored::deserialize::<_, _, U>(v, |p| {
-            let mut out = String::new();
-            for seg in p.to_string().split('.').filter(|s| *s != "?") {
-                match seg.parse::<usize>() {
-                    Ok(i) => out.push_str(&format!("[{i}]")),
-                    Err(_) if out.is_empty() => out.push_str(seg),
-                    Err(_) => out.push_str(&format!(".{seg}")),
-                }
-            }
-            paths.push(out)
-        });
-        paths
-    }
-    let (by_own, by_common) = (ignored::<T>(v), ignored::<CommonParams>(v));
+/// naming it, rather than ignoring it; `by_own` and `by_common` are the paths each left unread.
+/// A field set to `null` counts as absent.
+fn refuse_unknown(
+    v: &serde_json::Value,
+    by_own: &[String],
+    by_common: &[String],
+) -> Result<(), ApiError> {
     let top = |p: &str| p.split(['.', '[']).next().unwrap_or("").to_string();
     let nested = |p: &str| p.contains(['.', '[']);
     let is_null = |path: &str| {
@@ -205,7 +192,7 @@ fn refuse_unknown<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Resu
     // what lies inside it counts.
     let unknown = by_own
         .iter()
-        .filter(|p| if nested(p) { !by_own.contains(&top(p)) } else { by_common.contains(p) })
+        .filter(|p| if nested(p) { !by_own.contains(&top(p)) } else { by_common.contains(*p) })
         .chain(by_common.iter().filter(|p| nested(p) && !by_common.contains(&top(p))))
         .find(|p| !is_null(p))
         .cloned()
@@ -241,17 +228,39 @@ fn unknown_content_part_key(v: &serde_json::Value) -> Option<String> {
     None
 }
 
-fn typed<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(v).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let param = (path != "." && !path.is_empty()).then_some(path);
-        let msg = match &param {
-            Some(p) => format!("invalid value for '{p}': {inner}"),
-            None => format!("invalid request body: {inner}"),
-        };
-        ApiError::invalid(param.as_deref(), msg)
-    })
+/// Deserialises `T` from `v` in one pass, naming the offending field in an error, and returns
+/// the paths `T` left unread, written as `messages[1].tool_calls`.
+fn typed<T: serde::de::DeserializeOwned>(
+    v: &serde_json::Value,
+) -> Result<(T, Vec<String>), ApiError> {
+    let mut unread = Vec::new();
+    let mut track = serde_path_to_error::Track::new();
+    let de = serde_path_to_error::Deserializer::new(v, &mut track);
+    // serde_ignored writes `messages.1.tool_calls`, with `?` for a step into an `Option`.
+    let mut note = |p: serde_ignored::Path<'_>| {
+        let mut out = String::new();
+        for seg in p.to_string().split('.').filter(|s| *s != "?") {
+            match seg.parse::<usize>() {
+                Ok(i) => out.push_str(&format!("[{i}]")),
+                Err(_) if out.is_empty() => out.push_str(seg),
+                Err(_) => out.push_str(&format!(".{seg}")),
+            }
+        }
+        unread.push(out)
+    };
+    let parsed = T::deserialize(serde_ignored::Deserializer::new(de, &mut note));
+    match parsed {
+        Ok(t) => Ok((t, unread)),
+        Err(inner) => {
+            let path = track.path().to_string();
+            let param = (path != "." && !path.is_empty()).then_some(path);
+            let msg = match &param {
+                Some(p) => format!("invalid value for '{p}': {inner}"),
+                None => format!("invalid request body: {inner}"),
+            };
+            Err(ApiError::invalid(param.as_deref(), msg))
+        }
+    }
 }
 
 /// A JSON integer as the unsigned count the engine takes (the engine's rules then bound it).

@@ -49,9 +49,6 @@ pub enum RedisError {
         /// The error.
         err: std::io::Error,
     },
-    /// No answer in time.
-    #[error("redis did not answer within {0:?}")]
-    Timeout(Duration),
 }
 
 impl RedisConfig {
@@ -111,14 +108,18 @@ impl RedisConfig {
         let cfg = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout));
-        let client = self.client()?;
-        tokio::time::timeout(
-            timeout + Duration::from_millis(100),
-            client.get_multiplexed_async_connection_with_config(&cfg),
-        )
-        .await
-        .map_err(|_| RedisError::Timeout(timeout))?
-        .map_err(RedisError::from)
+        Ok(self.client()?.get_multiplexed_async_connection_with_config(&cfg).await?)
+    }
+    /// A connection manager: connects on first use, reconnects by itself after an I/O error
+    /// (one attempt per failed command, so a command fails fast while Redis is away); every
+    /// command and connection attempt times out after `timeout`.
+    pub fn manager(&self, timeout: Duration) -> Result<RedisManager, RedisError> {
+        let cfg = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        Ok(RedisManager::new_lazy_with_config(self.client()?, cfg)?)
     }
 }
 
@@ -145,20 +146,6 @@ pub fn with_password(url: &str, password: &str) -> Result<String, RedisError> {
         })
         .collect();
     Ok(format!("{scheme}://{user}:{enc}@{host}"))
-}
-
-impl RedisConfig {
-    /// A connection manager: connects on first use, reconnects by itself after an I/O error
-    /// (one attempt per failed command, so a command fails fast while Redis is away); every
-    /// command and connection attempt times out after `timeout`.
-    pub fn manager(&self, timeout: Duration) -> Result<RedisManager, RedisError> {
-        let cfg = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200));
-        Ok(RedisManager::new_lazy_with_config(self.client()?, cfg)?)
-    }
 }
 
 /// A bulk string reply's bytes (`None` for anything else).

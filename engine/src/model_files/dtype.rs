@@ -412,9 +412,12 @@ pub(crate) mod kquant {
     /// `d · sc · q − dmin · m` per element ([`q5_k_values`], [`scale_min`]).
     pub fn q5_k(b: &[u8], o: &mut [f32]) {
         let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-        for (e, (y, q)) in o.iter_mut().zip(q5_k_values(b)).enumerate() {
-            let (sc, m) = scale_min(&b[4..16], e / 32);
-            *y = d * sc * q as f32 - dmin * m;
+        let q = q5_k_values(b);
+        for (g, (ys, qs)) in o.chunks_exact_mut(32).zip(q.chunks_exact(32)).enumerate() {
+            let (sc, m) = scale_min(&b[4..16], g);
+            for (y, &q) in ys.iter_mut().zip(qs) {
+                *y = d * sc * q as f32 - dmin * m;
+            }
         }
     }
 

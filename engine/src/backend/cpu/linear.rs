@@ -13,6 +13,13 @@ pub trait Linear: Send + Sync {
     fn out_features(&self) -> usize;
     /// `x` is `t × in_features`, `out` is `t × out_features`.
     fn forward(&self, x: &[f32], t: usize, out: &mut [f32]);
+    /// [`Linear::forward`] from activations already quantised for this layer's input width
+    /// (so layers that share an input quantise it once); `false`, with nothing written, for a
+    /// layer whose weights are not quantised.
+    fn forward_from_acts(&self, a: &super::quant::QActs, out: &mut [f32]) -> bool {
+        let _ = (a, out);
+        false
+    }
 }
 
 /// A linear layer with f32 weights, row-major `[out_features, in_features]`.
@@ -205,12 +212,23 @@ impl Linear for SplitSumLinear {
         self.inner.w.n / 2
     }
     fn forward(&self, x: &[f32], t: usize, out: &mut [f32]) {
+        self.summed(t, out, |y| self.inner.forward(x, t, y));
+    }
+    fn forward_from_acts(&self, a: &super::quant::QActs, out: &mut [f32]) -> bool {
+        self.summed(a.t, out, |y| self.inner.forward_quantized(a, y));
+        true
+    }
+}
+
+impl SplitSumLinear {
+    /// Runs `both` (the stacked matmul into `t × 2n` outputs), then adds the halves into `out`.
+    fn summed(&self, t: usize, out: &mut [f32], both: impl FnOnce(&mut [f32])) {
         let n = self.inner.w.n / 2;
         SPLIT_OUT.with(|cell| {
             let mut y = cell.borrow_mut();
             y.clear();
             y.resize(t * 2 * n, 0.0);
-            self.inner.forward(x, t, &mut y);
+            both(&mut y);
             for (o, row) in out.chunks_exact_mut(n).zip(y.chunks_exact(2 * n)) {
                 let (a, b) = row.split_at(n);
                 for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
@@ -243,6 +261,7 @@ impl StackedLinear {
 
 thread_local! {
     static STACK_OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static STACK_ACTS: std::cell::RefCell<super::quant::QActs> = std::cell::RefCell::new(super::quant::QActs::default());
 }
 
 impl Linear for StackedLinear {
@@ -253,19 +272,28 @@ impl Linear for StackedLinear {
         self.n
     }
     fn forward(&self, x: &[f32], t: usize, out: &mut [f32]) {
-        STACK_OUT.with(|cell| {
-            let mut y = cell.borrow_mut();
-            let mut col = 0;
-            for p in &self.parts {
-                let np = p.out_features();
-                y.clear();
-                y.resize(t * np, 0.0);
-                p.forward(x, t, &mut y);
-                for (o, row) in out.chunks_exact_mut(self.n).zip(y.chunks_exact(np)) {
-                    o[col..col + np].copy_from_slice(row);
+        if t == 0 {
+            return;
+        }
+        // The parts share their input: it is quantised once, for every quantised part.
+        STACK_ACTS.with(|acts| {
+            STACK_OUT.with(|cell| {
+                let (mut a, mut y) = (acts.borrow_mut(), cell.borrow_mut());
+                a.quantize(x, t, self.in_features());
+                let mut col = 0;
+                for p in &self.parts {
+                    let np = p.out_features();
+                    y.clear();
+                    y.resize(t * np, 0.0);
+                    if !p.forward_from_acts(&a, &mut y) {
+                        p.forward(x, t, &mut y);
+                    }
+                    for (o, row) in out.chunks_exact_mut(self.n).zip(y.chunks_exact(np)) {
+                        o[col..col + np].copy_from_slice(row);
+                    }
+                    col += np;
                 }
-                col += np;
-            }
+            })
         });
     }
 }
@@ -287,6 +315,12 @@ impl Linear for QuantLinear {
             a.quantize(x, t, self.w.k);
             self.forward_quantized(&a, out);
         });
+    }
+    fn forward_from_acts(&self, a: &super::quant::QActs, out: &mut [f32]) -> bool {
+        if a.t > 0 {
+            self.forward_quantized(a, out);
+        }
+        true
     }
 }
 
@@ -367,12 +401,14 @@ mod quant_tests {
             quant(GgmlType::Q5_1, 7),
             quant(GgmlType::Q8_0, 4),
             Arc::new(SplitSumLinear::new(QuantLinear::new(Arc::new(q6.unwrap()), kernel))),
+            // An f32 part takes the unquantised input.
+            Arc::new(ExactLinear::new((0..3 * k).map(|i| (i % 7) as f32 - 3.0).collect(), 3, k)),
         ];
         let mut rng = crate::sampling::sampler::Rng::new(11);
         let x: Vec<f32> = (0..t * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
         let stacked = StackedLinear::new(parts.clone());
-        assert_eq!((stacked.in_features(), stacked.out_features()), (k, 16));
-        let mut out = vec![0f32; t * 16];
+        assert_eq!((stacked.in_features(), stacked.out_features()), (k, 19));
+        let mut out = vec![0f32; t * 19];
         stacked.forward(&x, t, &mut out);
         let mut col = 0;
         for p in &parts {
@@ -380,7 +416,7 @@ mod quant_tests {
             let mut y = vec![0f32; t * n];
             p.forward(&x, t, &mut y);
             for ti in 0..t {
-                assert_eq!(&out[ti * 16 + col..ti * 16 + col + n], &y[ti * n..(ti + 1) * n]);
+                assert_eq!(&out[ti * 19 + col..ti * 19 + col + n], &y[ti * n..(ti + 1) * n]);
             }
             col += n;
         }
