@@ -104,7 +104,7 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
         }
         let params = params_from_proto(
             r.params.as_ref().ok_or_else(|| Status::invalid_argument("params are missing"))?,
-        );
+        )?;
         let span = tracing::info_span!("generate", request_id = %r.request_id);
         async move {
             let (tx, rx) = mpsc::unbounded_channel();

@@ -339,7 +339,7 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
         let r = req.into_inner();
         let params = params_from_proto(
             r.params.as_ref().ok_or_else(|| Status::invalid_argument("params are missing"))?,
-        );
+        )?;
         let rid = format!("{}/{:x}", r.request_id, r.transfer_id);
         let span =
             tracing::info_span!("prefill", request_id = %r.request_id, transfer_id = r.transfer_id);

@@ -5,9 +5,16 @@ use tandem_engine::scheduling::request_output::{CompletionOutput, StopReason};
 use tandem_engine::SamplingParams;
 use tandem_proto::v1 as pb;
 
-/// The engine's parameters from the wire (every field is sent explicitly).
-pub fn params_from_proto(p: &pb::SamplingParams) -> SamplingParams {
-    SamplingParams {
+/// The engine's parameters from the wire (every field is sent explicitly); a constraint that is
+/// not the engine's JSON form is `INVALID_ARGUMENT`.
+pub fn params_from_proto(p: &pb::SamplingParams) -> Result<SamplingParams, tonic::Status> {
+    let structured = p
+        .structured_output
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(|e| tonic::Status::invalid_argument(format!("structured_output: {e}")))?;
+    Ok(SamplingParams {
         n: p.n as usize,
         temperature: p.temperature,
         top_p: p.top_p,
@@ -28,7 +35,8 @@ pub fn params_from_proto(p: &pb::SamplingParams) -> SamplingParams {
         // Requests through the gateway are always served as text.
         detokenize: true,
         logit_bias: p.logit_bias.iter().map(|b| (b.token_id, b.bias)).collect(),
-    }
+        structured,
+    })
 }
 
 /// The wire form of the engine's parameters.
@@ -56,6 +64,10 @@ pub fn params_to_proto(p: &SamplingParams) -> pb::SamplingParams {
             .iter()
             .map(|&(token_id, bias)| pb::TokenBias { token_id, bias })
             .collect(),
+        structured_output: p
+            .structured
+            .as_ref()
+            .map(|s| serde_json::to_string(s).expect("a constraint serialises")),
     }
 }
 
@@ -111,6 +123,7 @@ pub fn engine_status(e: &tandem_engine::EngineError) -> tonic::Status {
     match e {
         E::InvalidRequest(m) => tonic::Status::invalid_argument(m.clone()),
         E::InvalidParam(p) => tonic::Status::invalid_argument(p.to_string()),
+        E::Structured(e) => tonic::Status::invalid_argument(e.to_string()),
         E::Tokenize(t) => tonic::Status::invalid_argument(t.to_string()),
         E::DuplicateRequestId(_) => tonic::Status::already_exists(e.to_string()),
         E::Backend(_) => tonic::Status::internal(e.to_string()),
@@ -120,6 +133,7 @@ pub fn engine_status(e: &tandem_engine::EngineError) -> tonic::Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tandem_engine::sampling::structured::StructuredOutput;
 
     #[test]
     fn engine_errors_map_to_one_status_each() {
@@ -169,10 +183,27 @@ mod tests {
             skip_special_tokens: false,
             detokenize: true,
             logit_bias: vec![(3, -100.0), (9, 2.5)],
+            structured: Some(StructuredOutput::Json(
+                serde_json::json!({"type": "object", "properties": {"a": {"enum": [1, "x"]}}}),
+            )),
         };
-        assert_eq!(params_from_proto(&params_to_proto(&p)), p);
+        assert_eq!(params_from_proto(&params_to_proto(&p)).unwrap(), p);
         let d = SamplingParams::default();
-        assert_eq!(params_from_proto(&params_to_proto(&d)), d);
+        assert_eq!(params_from_proto(&params_to_proto(&d)).unwrap(), d);
+        for s in [
+            StructuredOutput::JsonObject,
+            StructuredOutput::Choice(vec!["a\"b".into(), "c".into()]),
+            StructuredOutput::Regex("[0-9]+".into()),
+            StructuredOutput::Grammar("start: \"x\"".into()),
+        ] {
+            let p = SamplingParams { structured: Some(s), ..Default::default() };
+            assert_eq!(params_from_proto(&params_to_proto(&p)).unwrap(), p);
+        }
+        let bad = pb::SamplingParams {
+            structured_output: Some("{\"xml\": 1}".into()),
+            ..params_to_proto(&d)
+        };
+        assert_eq!(params_from_proto(&bad).unwrap_err().code(), tonic::Code::InvalidArgument);
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::model::Model;
 use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
 use crate::sampling::sampler::{sample_token, Rng, SampledToken, SamplingContext};
 use crate::sampling::sampling_params::SamplingParams;
+use crate::sampling::structured::{GrammarCompiler, StructuredError};
 use crate::scheduling::block_hash::salt_digest;
 use crate::scheduling::block_manager::BlockManager;
 use crate::scheduling::request_output::{
@@ -98,6 +99,9 @@ pub enum EngineError {
     /// Tokenization failed.
     #[error(transparent)]
     Tokenize(#[from] TokenizeError),
+    /// The structured-output constraint cannot be used.
+    #[error("invalid structured output constraint: {0}")]
+    Structured(#[from] StructuredError),
 }
 
 /// Counters since start.
@@ -154,6 +158,8 @@ pub struct LLMEngine {
     last_schedule: SchedulerOutput,
     /// Speculative decoding, when configured.
     spec: Option<SpecDecoder>,
+    /// Compiles structured-output constraints (built on the first request that has one).
+    grammars: Option<Arc<GrammarCompiler>>,
 }
 
 fn now_secs() -> f64 {
@@ -197,7 +203,18 @@ impl LLMEngine {
             stats: EngineStats::default(),
             last_schedule: SchedulerOutput::default(),
             spec: config.speculative.map(SpecDecoder::new),
+            grammars: None,
         }
+    }
+
+    /// The constraint compiler for this model's vocabulary (built once).
+    pub fn grammar_compiler(&mut self) -> Result<Arc<GrammarCompiler>, StructuredError> {
+        if let Some(g) = &self.grammars {
+            return Ok(g.clone());
+        }
+        let g = Arc::new(GrammarCompiler::new(&self.tokenizer, self.model_config.vocab_size)?);
+        self.grammars = Some(g.clone());
+        Ok(g)
     }
 
     /// Uses `draft` (a model with the same vocabulary, loaded with a KV pool of at least this
@@ -306,6 +323,10 @@ impl LLMEngine {
                 params.max_tokens
             )));
         }
+        let grammar = match &params.structured {
+            Some(c) => Some(self.grammar_compiler()?.compile(c)?),
+            None => None,
+        };
         let arrival = opts.arrival_time.unwrap_or_else(now_secs);
         let params = Arc::new(params);
         let prompt = Arc::new(ids.clone());
@@ -327,8 +348,13 @@ impl LLMEngine {
         seq.salt = opts.cache_salt.as_deref().map(salt_digest).unwrap_or(0);
         seq.group = salt_digest(opts.group.as_deref().unwrap_or(request_id));
         seq.prefill_only = opts.prefill_only;
+        seq.grammar = grammar;
         if self.spec.is_some() {
-            let may = !opts.no_speculation && !opts.prefill_only && params.n == 1;
+            // Drafts are not checked against a constraint: constrained requests do not speculate.
+            let may = !opts.no_speculation
+                && !opts.prefill_only
+                && params.n == 1
+                && params.structured.is_none();
             seq.spec = SpecDecoder::start(may);
         }
         self.scheduler.add(seq);
@@ -553,7 +579,12 @@ impl LLMEngine {
                     out.push(SpecDecoder::verify(seq, &rows, vocab, eos));
                     continue;
                 }
-                RowOutput::Logits(row) => row,
+                RowOutput::Logits(mut row) => {
+                    if let Some(g) = seq.grammar.as_mut() {
+                        g.mask_logits(&mut row);
+                    }
+                    row
+                }
             };
             // n > 1: the other completions fork off the finished prompt, with streams of their
             // own drawn from the parent's.

@@ -303,6 +303,82 @@ impl Tokenizer {
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
+
+    /// The bytes of text each token stands for, by id (empty for an id with no text and for
+    /// special tokens, whose text is not output text). Byte-level BPE maps every vocabulary
+    /// character back to the byte it encodes; SentencePiece vocabularies write a space as `▁`
+    /// and single bytes as `<0xNN>`. A token may hold part of a UTF-8 character, which is why
+    /// this is bytes and not text (constrained decoding walks the vocabulary byte by byte).
+    pub fn token_bytes(&self) -> Vec<Vec<u8>> {
+        let n = self.vocab_size();
+        let mut out = vec![Vec::new(); n];
+        if self.ids_only {
+            return out;
+        }
+        let added = self.inner.get_added_tokens_decoder();
+        let byte_level = self.inner.get_decoder().is_some_and(decoder_is_byte_level);
+        let unicode_to_byte = byte_level_map();
+        for (id, bytes) in out.iter_mut().enumerate() {
+            let id = id as u32;
+            if self.special_ids.contains(&id) {
+                continue;
+            }
+            if let Some(t) = added.get(&id) {
+                *bytes = match byte_level {
+                    true => t.content.clone().into_bytes(),
+                    false => t.content.replace('\u{2581}', " ").into_bytes(),
+                };
+                continue;
+            }
+            let Some(piece) = self.inner.id_to_token(id) else { continue };
+            *bytes = if byte_level {
+                match piece.chars().map(|c| unicode_to_byte.get(&c).copied()).collect() {
+                    Some(b) => b,
+                    None => piece.into_bytes(),
+                }
+            } else if let Some(b) = byte_piece(&piece) {
+                vec![b]
+            } else {
+                piece.replace('\u{2581}', " ").into_bytes()
+            };
+        }
+        out
+    }
+}
+
+/// GPT-2's byte-level alphabet read backwards: the printable bytes `!`..=`~`, `¡`..=`¬`,
+/// `®`..=`ÿ` are written as the character of the same code, the other 68 bytes, in increasing
+/// order, as U+0100 onwards.
+fn byte_level_map() -> std::collections::HashMap<char, u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut next = 0x100u32;
+    (0..=255u8)
+        .map(|b| {
+            if printable(b) {
+                (b as char, b)
+            } else {
+                next += 1;
+                (char::from_u32(next - 1).expect("below U+0200"), b)
+            }
+        })
+        .collect()
+}
+
+/// `<0xNN>`, SentencePiece's piece for one raw byte.
+fn byte_piece(piece: &str) -> Option<u8> {
+    let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
+}
+
+/// Whether a decoder (or a sequence holding one) undoes GPT-2's byte-to-character mapping.
+fn decoder_is_byte_level(d: &tokenizers::DecoderWrapper) -> bool {
+    match d {
+        tokenizers::DecoderWrapper::ByteLevel(_) => true,
+        tokenizers::DecoderWrapper::Sequence(s) => {
+            s.get_decoders().iter().any(decoder_is_byte_level)
+        }
+        _ => false,
+    }
 }
 
 /// The byte-level BPE of GGUF `tokenizer.ggml.model = "gpt2"`: vocabulary, merges and the

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::sampling::structured::StructuredOutput;
+
 /// Per-request sampling and stopping parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -46,6 +48,9 @@ pub struct SamplingParams {
     pub detokenize: bool,
     /// Added to a token's logit before sampling (OpenAI's `logit_bias`: -100 bans, 100 forces).
     pub logit_bias: Vec<(u32, f32)>,
+    /// What the output must follow (a JSON schema, regex, choice or grammar); tokens that
+    /// cannot continue it are masked before sampling.
+    pub structured: Option<StructuredOutput>,
 }
 
 impl Default for SamplingParams {
@@ -70,6 +75,7 @@ impl Default for SamplingParams {
             skip_special_tokens: true,
             detokenize: true,
             logit_bias: Vec::new(),
+            structured: None,
         }
     }
 }
@@ -100,7 +106,7 @@ impl SamplingParams {
     /// draw only (no penalties, no alternatives reported): a backend can then choose it where
     /// the logits are, without copying them out.
     pub fn is_plain(&self) -> bool {
-        !self.has_penalties() && self.logprobs.unwrap_or(0) == 0
+        !self.has_penalties() && self.logprobs.unwrap_or(0) == 0 && self.structured.is_none()
     }
 
     /// The rules every request's parameters must meet, wherever it enters (the engine's
@@ -200,6 +206,12 @@ impl SamplingParams {
                 ));
             }
             range("logit_bias", b, -100.0, 100.0)?;
+        }
+        if self.structured.is_some() && self.ignore_eos {
+            return Err(ParamError::new(
+                "ignore_eos",
+                "ignore_eos cannot be combined with structured outputs, which end where their text is complete",
+            ));
         }
         Ok(())
     }

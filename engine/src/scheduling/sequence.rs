@@ -8,6 +8,7 @@ use crate::model_files::detokenizer::IncrementalDetokenizer;
 use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
 use crate::sampling::sampler::{Rng, SampledToken};
 use crate::sampling::sampling_params::SamplingParams;
+use crate::sampling::structured::GrammarMatcher;
 use crate::scheduling::block_hash::BlockHash;
 use crate::scheduling::block_manager::BlockTable;
 use crate::scheduling::request_output::{
@@ -89,6 +90,8 @@ pub struct Sequence {
     pub prefill_only: bool,
     /// Speculative decoding state; `None` when this sequence does not speculate.
     pub spec: Option<SpecSeq>,
+    /// Where the output stands in its constraint's language (structured outputs).
+    pub grammar: Option<GrammarMatcher>,
     /// Timing.
     pub metrics: RequestMetrics,
     /// Why it finished.
@@ -144,6 +147,7 @@ impl Sequence {
             block_hashes: Vec::new(),
             rng,
             spec: None,
+            grammar: None,
             metrics,
             finish_reason: None,
             stop_reason: None,
@@ -183,6 +187,7 @@ impl Sequence {
             pending_forks: 0,
             prefill_only: false,
             spec: None,
+            grammar: self.grammar.as_ref().map(GrammarMatcher::fork),
             metrics: self.metrics,
             finish_reason: None,
             stop_reason: None,
@@ -262,6 +267,12 @@ impl Sequence {
             self.finish(FinishReason::Stop, None);
             return Ok(true);
         }
+        let grammar_done = self.grammar.as_mut().is_some_and(|g| {
+            if let Err(e) = g.accept(id) {
+                tracing::warn!(error = %e, "a sampled token broke its constraint");
+            }
+            g.is_complete()
+        });
         let prev_len = self.output.text.len();
         if p.detokenize {
             let piece = self.output.detok.push(tok, id)?;
@@ -274,6 +285,15 @@ impl Sequence {
                 self.finish(FinishReason::Stop, Some(StopReason::Str(stop)));
                 return Ok(true);
             }
+        }
+        if grammar_done {
+            // The constrained text is complete: nothing may follow it.
+            if p.detokenize {
+                let tail = self.output.detok.flush(tok)?;
+                self.output.text.push_str(&tail);
+            }
+            self.finish(FinishReason::Stop, None);
+            return Ok(true);
         }
         if n_out >= p.max_tokens || self.token_ids.len() >= max_model_len {
             if p.detokenize {
