@@ -13,17 +13,6 @@ use serde_json::{json, Value};
 const MAX_TOKENS: usize = 24;
 const CHAT_PROMPT: &str = "What is the capital of France?";
 
-fn python() -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test/python_env.sh");
-    let out = Command::new("bash").arg(script).output().expect("run python_env.sh");
-    assert!(
-        out.status.success(),
-        "setting up the openai SDK failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 /// `tandem generate --json` on the exact kernels: the reference.
 fn reference(prompt: &str, chat: bool, kernel: &str) -> Value {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));

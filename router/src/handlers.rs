@@ -28,6 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::auth::{ApiKeys, Tenant};
 use crate::error::ApiError;
+use tandem_engine::sampling::structured::{GrammarCompiler, StructuredError};
 use crate::openai::{self, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use crate::prompt::{self, SpecialTokens};
 use crate::responses::{self, Choice, Endpoint, Header};
@@ -69,6 +70,8 @@ pub struct AppState {
     /// core: a flood of large prompts queues here instead of taking every thread.
     tokenizing: tokio::sync::Semaphore,
     ids: AtomicU64,
+    /// Structured-output constraints are compiled here too, to refuse bad ones early.
+    grammars: std::sync::OnceLock<Result<GrammarCompiler, StructuredError>>,
 }
 
 impl AppState {
@@ -102,7 +105,15 @@ impl AppState {
                 std::thread::available_parallelism().map_or(2, |n| n.get()),
             ),
             ids: AtomicU64::new(seed),
+            grammars: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The constraint compiler for the model's vocabulary (built on first use).
+    pub(crate) fn grammars(&self) -> Result<&GrammarCompiler, &StructuredError> {
+        self.grammars
+            .get_or_init(|| GrammarCompiler::new(&self.info.tokenizer, self.info.config.vocab_size))
+            .as_ref()
     }
 
     fn new_id(&self, prefix: &str) -> String {
@@ -250,6 +261,16 @@ fn finish_prepare(
     })
 }
 
+/// Sets the request's structured-output constraint, compiled here first so that one that cannot
+/// be used is refused before it is routed.
+fn constrain(st: &AppState, c: &CommonParams, p: &mut SamplingParams) -> Result<(), ApiError> {
+    if let Some((param, constraint)) = c.structured_fields().constraint()? {
+        crate::structured::check(st.grammars(), &param, &constraint)?;
+        p.structured = Some(constraint);
+    }
+    Ok(())
+}
+
 fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let (r, common): (CompletionRequest, CommonParams) = openai::parse_body(body)?;
     check_model(st, &common)?;
@@ -257,7 +278,8 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
         return Err(ApiError::invalid(Some("suffix"), "suffix is not supported"));
     }
     let logprobs = r.logprobs.map(|k| openai::logprob_count("logprobs", k)).transpose()?;
-    let base = openai::sampling_params(&common, logprobs)?;
+    let mut base = openai::sampling_params(&common, logprobs)?;
+    constrain(st, &common, &mut base)?;
     if let Some(b) = r.best_of {
         if b != base.n as i64 {
             return Err(ApiError::invalid(
@@ -327,14 +349,6 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
             "tool calling is not supported by this server",
         ));
     }
-    if let Some(f) = &r.response_format {
-        if f.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::invalid(
-                Some("response_format"),
-                "only response_format {\"type\": \"text\"} is supported",
-            ));
-        }
-    }
     let want = r.logprobs.unwrap_or(false);
     let top = r.top_logprobs.map(|k| openai::logprob_count("top_logprobs", k)).transpose()?;
     if top.is_some_and(|k| k > 0) && !want {
@@ -343,7 +357,8 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
             "top_logprobs requires logprobs to be true",
         ));
     }
-    let base = openai::sampling_params(&common, want.then(|| top.unwrap_or(0)))?;
+    let mut base = openai::sampling_params(&common, want.then(|| top.unwrap_or(0)))?;
+    constrain(st, &common, &mut base)?;
     let messages = openai::chat_messages(
         r.messages
             .as_deref()

@@ -27,6 +27,7 @@ pub mod prompt;
 pub mod responses;
 pub mod routing;
 pub mod status_api;
+pub mod structured;
 pub mod sync;
 pub mod workers;
 

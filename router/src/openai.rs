@@ -10,6 +10,7 @@ use tandem_engine::sampling::sampling_params::MAX_LOGPROBS;
 use tandem_engine::{ChatMessage, SamplingParams};
 
 use crate::error::ApiError;
+use crate::structured::{ResponseFormat, StructuredFields, StructuredOutputsParams};
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of those.
 #[derive(Debug, Clone, Deserialize)]
@@ -92,6 +93,32 @@ pub struct CommonParams {
     pub priority: Option<i32>,
     /// `false` opts the request out of speculative decoding.
     pub speculative: Option<bool>,
+    /// OpenAI: `text`, `json_object` or `json_schema`.
+    pub response_format: Option<ResponseFormat>,
+    /// vLLM: one of `json`, `regex`, `choice`, `grammar`, `json_object`.
+    pub structured_outputs: Option<StructuredOutputsParams>,
+    /// vLLM (older): a JSON schema.
+    pub guided_json: Option<serde_json::Value>,
+    /// vLLM (older): a regular expression.
+    pub guided_regex: Option<String>,
+    /// vLLM (older): a list of strings.
+    pub guided_choice: Option<Vec<String>>,
+    /// vLLM (older): a Lark grammar.
+    pub guided_grammar: Option<String>,
+}
+
+impl CommonParams {
+    /// The structured-output fields, read by [`StructuredFields::constraint`].
+    pub fn structured_fields(&self) -> StructuredFields {
+        StructuredFields {
+            response_format: self.response_format.clone(),
+            structured_outputs: self.structured_outputs.clone(),
+            guided_json: self.guided_json.clone(),
+            guided_regex: self.guided_regex.clone(),
+            guided_choice: self.guided_choice.clone(),
+            guided_grammar: self.guided_grammar.clone(),
+        }
+    }
 }
 
 /// `POST /v1/completions`.
@@ -149,8 +176,6 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     /// Alternatives per token with `logprobs` (0..=20).
     pub top_logprobs: Option<i64>,
-    /// `{"type": "text"}` only.
-    pub response_format: Option<serde_json::Value>,
     /// Tools are not supported; refused unless empty.
     pub tools: Option<Vec<serde_json::Value>>,
 }
@@ -324,6 +349,7 @@ pub fn sampling_params(
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
         detokenize: true,
         logit_bias,
+        structured: None,
     })
 }
 
@@ -443,9 +469,18 @@ mod tests {
         };
         let cases = [
             (
-                r#"{"model": "m", "prompt": "x", "guided_choice": ["a", "b"]}"#,
-                Some("guided_choice"),
+                r#"{"model": "m", "prompt": "x", "guided_decoding_backend": "xgrammar"}"#,
+                Some("guided_decoding_backend"),
             ),
+            (
+                r#"{"model": "m", "prompt": "x", "structured_outputs": {"choice": ["a"], "disable_fallback": true}}"#,
+                Some("structured_outputs.disable_fallback"),
+            ),
+            (
+                r#"{"model": "m", "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", "anything": 1}}, "x": 2}}"#,
+                Some("response_format"),
+            ),
+            (r#"{"model": "m", "prompt": "x", "guided_choice": ["a", "b"]}"#, None),
             (r#"{"model": "m", "prompt": "x", "grammar": "root ::= \"a\""}"#, Some("grammar")),
             (
                 r#"{"model": "m", "prompt": "x", "stream_options": {"include_usage": true, "x": 1}}"#,

@@ -456,3 +456,16 @@ pub fn wait_indexed(routers: &[&Proc], worker_id: &str, at_least: u64) {
         }
     }
 }
+
+/// The Python interpreter of the clients' environment (`scripts/test/python_env.sh`: the
+/// `openai` SDK, `langchain-openai`, LiteLLM, `jsonschema`; created on first use).
+pub fn python() -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test/python_env.sh");
+    let out = std::process::Command::new("bash").arg(script).output().expect("run python_env.sh");
+    assert!(
+        out.status.success(),
+        "setting up the Python clients failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
