@@ -1,10 +1,12 @@
-//! Structured outputs end to end through the disaggregated path (router, prefill worker, decode
-//! worker as real processes): the official `openai` SDK's `chat.completions.parse` with nested
-//! Pydantic models, streamed `json_schema`, `json_object`, vLLM's `structured_outputs` and
-//! `guided_*` fields, LangChain's `with_structured_output` and LiteLLM
-//! (`tests/e2e/structured_client.py`). The prefill worker samples the first token under the
-//! constraint and the decode worker goes on from there; bad constraints are 400s naming the
-//! field; no KV block is left behind on either worker.
+//! Structured outputs and tool calling end to end through the disaggregated path (router,
+//! prefill worker, decode worker as real processes): the official `openai` SDK's
+//! `chat.completions.parse` with nested Pydantic models, streamed `json_schema`, `json_object`,
+//! vLLM's `structured_outputs` and `guided_*` fields, LangChain's `with_structured_output` and
+//! LiteLLM (`tests/e2e/structured_client.py`); `tools` with `tool_choice` required, named, auto
+//! and none, streamed and not, a history with calls and results, LangChain's `bind_tools` and
+//! LiteLLM (`tests/e2e/tools_client.py`). The prefill worker samples the first token under the
+//! constraint and the decode worker goes on from there; bad constraints and tool definitions are
+//! 400s naming the field; no KV block is left behind on either worker.
 
 mod common;
 
@@ -13,25 +15,29 @@ use std::process::Command;
 use common::*;
 use serde_json::Value;
 
-#[test]
-fn structured_outputs_through_disaggregated_services() {
-    let d = decode(&["--disagg-min-tokens=1"], &[]);
-    let p = prefill(&[], &[]);
-    let r = router(&[&d], &[&p]);
-    let (d_base, p_base) = (free_blocks(&d), free_blocks(&p));
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/structured_client.py");
-    let out = Command::new(python())
-        .args([script, &format!("http://{}/v1", r.addr), MODEL])
-        .output()
-        .unwrap();
+/// Runs one of `tests/e2e`'s client scripts against the router; its JSON report.
+fn run_client(script: &str, addr: &str) -> Value {
+    let path = format!("{}/../tests/e2e/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out =
+        Command::new(python()).args([&path, &format!("http://{addr}/v1"), MODEL]).output().unwrap();
     assert!(
         out.status.success(),
-        "the structured-output client failed:\n{}\n{}",
+        "{script} failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     let got: Value = serde_json::from_slice(&out.stdout).unwrap();
-    println!("{}", serde_json::to_string_pretty(&got).unwrap());
+    println!("{script}: {}", serde_json::to_string_pretty(&got).unwrap());
+    got
+}
+
+#[test]
+fn structured_outputs_and_tools_through_disaggregated_services() {
+    let d = decode(&["--disagg-min-tokens=1"], &[]);
+    let p = prefill(&[], &[]);
+    let r = router(&[&d], &[&p]);
+    let (d_base, p_base) = (free_blocks(&d), free_blocks(&p));
+    let got = run_client("structured_client.py", &r.addr);
 
     // Parsed Pydantic objects (validated by the SDK and by Pydantic in the script); the bounds
     // that Pydantic would also check are rechecked here.
@@ -63,6 +69,29 @@ fn structured_outputs_through_disaggregated_services() {
         ("two_constraints", "guided_choice"),
         ("unknown_format", "response_format.type"),
         ("ignore_eos", "ignore_eos"),
+    ] {
+        assert_eq!(errors[name]["status"], 400, "{name}: {}", errors[name]);
+        assert_eq!(errors[name]["param"], param, "{name}: {}", errors[name]);
+    }
+
+    let got = run_client("tools_client.py", &r.addr);
+    for call in got["required"].as_array().unwrap().iter().chain(got["stream"].as_array().unwrap())
+    {
+        assert!(["get_weather", "add"].contains(&call["name"].as_str().unwrap()), "{call}");
+    }
+    assert_eq!(got["named"][0]["name"], "add");
+    let product = &got["langchain_bind_tools"];
+    assert!(product["a"].is_i64() && product["b"].is_i64(), "{product}");
+    assert!(got["langchain_function_calling"]["population"].as_i64().unwrap() >= 0);
+    assert!(!got["litellm"].as_array().unwrap().is_empty());
+    let errors = &got["errors"];
+    for (name, param) in [
+        ("bad_name", "tools[0].function.name"),
+        ("bad_parameters", "tools[0].function.parameters"),
+        ("bad_schema", "tools"),
+        ("unknown_function", "tool_choice.function.name"),
+        ("required_without_tools", "tool_choice"),
+        ("bad_history", "messages[1].tool_call_id"),
     ] {
         assert_eq!(errors[name]["status"], 400, "{name}: {}", errors[name]);
         assert_eq!(errors[name]["param"], param, "{name}: {}", errors[name]);

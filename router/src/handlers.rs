@@ -28,12 +28,13 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::auth::{ApiKeys, Tenant};
 use crate::error::ApiError;
-use tandem_engine::sampling::structured::{GrammarCompiler, StructuredError};
 use crate::openai::{self, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use crate::prompt::{self, SpecialTokens};
 use crate::responses::{self, Choice, Endpoint, Header};
 use crate::routing::{Route, Routing};
+use crate::tools::Tools;
 use crate::workers::Workers;
+use tandem_engine::sampling::structured::{GrammarCompiler, StructuredError};
 
 /// Most prompts one completions request may carry.
 const MAX_BATCH: usize = 64;
@@ -168,6 +169,8 @@ struct Prepared {
     cache_salt: String,
     priority: i32,
     no_speculation: bool,
+    /// The functions whose calls are read out of the output (chat with tools).
+    tool_names: Option<Vec<String>>,
 }
 
 fn check_model(st: &AppState, c: &CommonParams) -> Result<(), ApiError> {
@@ -258,6 +261,7 @@ fn finish_prepare(
         cache_salt: c.cache_salt.clone().unwrap_or_default(),
         priority: c.priority.unwrap_or(0),
         no_speculation: c.speculative == Some(false),
+        tool_names: None,
     })
 }
 
@@ -343,12 +347,8 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
 fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let (r, common): (ChatRequest, CommonParams) = openai::parse_body(body)?;
     check_model(st, &common)?;
-    if r.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid(
-            Some("tools"),
-            "tool calling is not supported by this server",
-        ));
-    }
+    let tools =
+        Tools::from_request(r.tools.as_deref(), r.tool_choice.as_ref(), r.parallel_tool_calls)?;
     let want = r.logprobs.unwrap_or(false);
     let top = r.top_logprobs.map(|k| openai::logprob_count("top_logprobs", k)).transpose()?;
     if top.is_some_and(|k| k > 0) && !want {
@@ -367,17 +367,33 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let template = st.info.chat_template.as_ref().ok_or_else(|| {
         ApiError::invalid(None, "this model has no chat template; use /v1/completions")
     })?;
-    let ids = prompt::encode_chat(
+    let calls = tools.as_ref().filter(|t| t.active());
+    if let Some(c) = calls.and_then(Tools::constraint) {
+        if base.structured.is_some() {
+            return Err(ApiError::invalid(
+                Some("tool_choice"),
+                "a forced tool call cannot be combined with another structured output constraint",
+            ));
+        }
+        crate::structured::check(st.grammars(), "tools", &c)?;
+        base.structured = Some(c);
+    }
+    let native = template.reads_tools();
+    let messages = crate::tools::lay_out(messages, tools.as_ref(), native);
+    let tools_value = calls.filter(|_| native).map(Tools::as_value);
+    let ids = prompt::encode_chat_with(
         &st.info.tokenizer,
         template,
         &messages,
+        tools_value.as_ref(),
         st.special_tokens,
         st.prompt_limit(),
+        true,
     )?;
     let requested = r.max_completion_tokens.or(common.max_tokens);
     let param =
         if r.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
-    finish_prepare(
+    let mut p = finish_prepare(
         st,
         Endpoint::Chat,
         &common,
@@ -386,7 +402,9 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
         base,
         Budget { param, requested, default: st.default_max_tokens },
         want,
-    )
+    )?;
+    p.tool_names = calls.map(|t| t.functions.iter().map(|f| f.name.clone()).collect());
+    Ok(p)
 }
 
 type WorkerStream = tonic::Streaming<pb::GenerateResponse>;
@@ -506,7 +524,7 @@ async fn collect(
         ));
     }
     let h = Header { id: &p.id, created: p.created, model: &st.model_name };
-    Ok(responses::full_response(
+    let mut v = responses::full_response(
         p.ep,
         &h,
         &st.info.tokenizer,
@@ -514,7 +532,16 @@ async fn collect(
         p.logprobs,
         prompt_tokens.iter().sum(),
         &p.echo,
-    ))
+    );
+    if let Some(names) = &p.tool_names {
+        for (c, out) in choices.iter().zip(v["choices"].as_array_mut().into_iter().flatten()) {
+            if let Some((content, calls)) = crate::tools::parse_calls(&c.text, names) {
+                out["message"] = crate::tools::message_with_calls(content, &calls);
+                out["finish_reason"] = "tool_calls".into();
+            }
+        }
+    }
+    Ok(v)
 }
 
 fn sse_data(v: &Value) -> Event {
@@ -539,6 +566,8 @@ async fn stream_task(
     let mut prompt_tokens = vec![0usize; p.prompts.len()];
     let mut finished = vec![false; p.prompts.len()];
     let mut first = true;
+    let mut call_streams: Vec<Option<crate::tools::CallStream>> =
+        (0..total).map(|_| p.tool_names.clone().map(crate::tools::CallStream::new)).collect();
     macro_rules! send {
         ($ev:expr) => {
             if tx.send($ev).await.is_err() {
@@ -612,6 +641,17 @@ async fn stream_task(
             let finish = (!d.finish_reason.is_empty()).then_some(d.finish_reason.as_str());
             if d.text.is_empty() && d.logprobs.is_empty() && finish.is_none() {
                 tokens[i] += d.token_ids.len();
+                continue;
+            }
+            if let Some(cs) = call_streams.get_mut(i).and_then(Option::as_mut) {
+                let lp = match p.logprobs {
+                    true => responses::chat_logprobs(tok, &d.logprobs),
+                    false => Value::Null,
+                };
+                tokens[i] += d.token_ids.len();
+                for c in crate::tools::chunk_choices(cs, i, &d.text, finish, lp) {
+                    send!(sse_data(&responses::chunk(p.ep, &h, vec![c])));
+                }
                 continue;
             }
             let stop = responses::stop_reason(d);

@@ -29,6 +29,7 @@ pub mod routing;
 pub mod status_api;
 pub mod structured;
 pub mod sync;
+pub mod tools;
 pub mod workers;
 
 use std::sync::Arc;

@@ -102,6 +102,7 @@ fn tokenize(st: &AppState, body: &[u8]) -> Result<Value, ApiError> {
                 tok,
                 template,
                 &openai::chat_messages(messages)?,
+                None,
                 st.special_tokens,
                 st.prompt_limit(),
                 r.add_generation_prompt.unwrap_or(true),

@@ -11,6 +11,7 @@ use tandem_engine::{ChatMessage, SamplingParams};
 
 use crate::error::ApiError;
 use crate::structured::{ResponseFormat, StructuredFields, StructuredOutputsParams};
+use crate::tools::{ToolCallIn, ToolChoiceIn, ToolIn};
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of those.
 #[derive(Debug, Clone, Deserialize)]
@@ -163,6 +164,10 @@ pub struct Message {
     pub role: String,
     /// The content.
     pub content: Option<Content>,
+    /// An assistant turn's tool calls.
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -176,8 +181,12 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     /// Alternatives per token with `logprobs` (0..=20).
     pub top_logprobs: Option<i64>,
-    /// Tools are not supported; refused unless empty.
-    pub tools: Option<Vec<serde_json::Value>>,
+    /// Functions the model may call.
+    pub tools: Option<Vec<ToolIn>>,
+    /// `none`, `auto`, `required` or a named function.
+    pub tool_choice: Option<ToolChoiceIn>,
+    /// Several calls in one turn (default true).
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// Parses a JSON body into the endpoint's own fields and the shared sampling fields, naming the
@@ -449,7 +458,33 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
             }
         };
         let role = if m.role == "developer" { "system" } else { m.role.as_str() };
-        out.push(ChatMessage::new(role, &text));
+        let mut msg = ChatMessage::new(role, &text);
+        if let Some(calls) = m.tool_calls.as_deref().filter(|c| !c.is_empty()) {
+            if role != "assistant" {
+                return Err(ApiError::invalid(
+                    Some(&format!("messages[{i}].tool_calls")),
+                    "only assistant messages carry tool_calls",
+                ));
+            }
+            msg.tool_calls = Some(crate::tools::history_calls(i, calls)?);
+        }
+        match (role, &m.tool_call_id) {
+            ("tool", None) => {
+                return Err(ApiError::invalid(
+                    Some(&format!("messages[{i}].tool_call_id")),
+                    "a tool message needs the tool_call_id of the call it answers",
+                ))
+            }
+            ("tool", id) => msg.tool_call_id = id.clone(),
+            (_, Some(_)) => {
+                return Err(ApiError::invalid(
+                    Some(&format!("messages[{i}].tool_call_id")),
+                    "only tool messages carry tool_call_id",
+                ))
+            }
+            _ => {}
+        }
+        out.push(msg);
     }
     Ok(out)
 }
@@ -487,8 +522,8 @@ mod tests {
                 Some("stream_options.x"),
             ),
             (
-                r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "1"}]}]}"#,
-                Some("messages[1].tool_calls"),
+                r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{}"}, "extra": 1}]}]}"#,
+                Some("messages[1].tool_calls[0].extra"),
             ),
             (
                 r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]}"#,

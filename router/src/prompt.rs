@@ -73,14 +73,16 @@ pub fn encode_chat(
     mode: SpecialTokens,
     limit: usize,
 ) -> Result<Vec<u32>, ApiError> {
-    encode_chat_with(tok, template, messages, mode, limit, true)
+    encode_chat_with(tok, template, messages, None, mode, limit, true)
 }
 
-/// [`encode_chat`], with or without the assistant turn's opening (`add_generation_prompt`).
+/// [`encode_chat`], with the template's `tools` variable, and with or without the assistant
+/// turn's opening (`add_generation_prompt`).
 pub fn encode_chat_with(
     tok: &Tokenizer,
     template: &ChatTemplate,
     messages: &[ChatMessage],
+    tools: Option<&serde_json::Value>,
     mode: SpecialTokens,
     limit: usize,
     add_generation_prompt: bool,
@@ -88,7 +90,7 @@ pub fn encode_chat_with(
     too_long(tok, messages.iter().map(|m| m.content.len()).sum(), limit, "messages")?;
     let render = |ms: &[ChatMessage]| {
         template
-            .render(ms, add_generation_prompt)
+            .render_with_tools(ms, tools, add_generation_prompt)
             .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))
     };
     let encode_err = |e: TokenizeError| {
@@ -114,7 +116,7 @@ pub fn encode_chat_with(
     escapes.sort_by_key(|s| std::cmp::Reverse(s.len()));
     let escaped: Vec<ChatMessage> = messages
         .iter()
-        .map(|m| ChatMessage { role: m.role.clone(), content: escape(&m.content, &escapes) })
+        .map(|m| ChatMessage { content: escape(&m.content, &escapes), ..m.clone() })
         .collect();
     let text = render(&escaped)?;
     check_text_len(tok, &text, limit, "messages")?;

@@ -79,7 +79,10 @@ fn schema(param: &str, v: &Value) -> Result<Value, ApiError> {
         v => v.clone(),
     };
     if !v.is_object() && !v.is_boolean() {
-        return Err(ApiError::invalid(Some(param), format!("{param} must be a JSON schema object")));
+        return Err(ApiError::invalid(
+            Some(param),
+            format!("{param} must be a JSON schema object"),
+        ));
     }
     Ok(v)
 }
@@ -168,7 +171,8 @@ mod tests {
 
     #[test]
     fn each_field_maps_to_one_constraint() {
-        let schema = serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let schema =
+            serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}}});
         let cases = [
             (serde_json::json!({"response_format": {"type": "text"}}), None),
             (

@@ -461,7 +461,7 @@ pub fn wait_indexed(routers: &[&Proc], worker_id: &str, at_least: u64) {
 /// `openai` SDK, `langchain-openai`, LiteLLM, `jsonschema`; created on first use).
 pub fn python() -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test/python_env.sh");
-    let out = std::process::Command::new("bash").arg(script).output().expect("run python_env.sh");
+    let out = Command::new("bash").arg(script).output().expect("run python_env.sh");
     assert!(
         out.status.success(),
         "setting up the Python clients failed:\n{}",

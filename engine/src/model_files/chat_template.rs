@@ -7,16 +7,28 @@ use serde::{Deserialize, Serialize};
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ...
+    /// `system`, `user`, `assistant`, `tool`, ...
     pub role: String,
     /// The text.
     pub content: String,
+    /// An assistant turn's tool calls, as templates read them: `[{"type": "function",
+    /// "function": {"name", "arguments": {...}}, "id"}]` (arguments as an object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A tool message's answer is to this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
     /// A message with the given role.
     pub fn new(role: &str, content: &str) -> Self {
-        ChatMessage { role: role.to_string(), content: content.to_string() }
+        ChatMessage {
+            role: role.to_string(),
+            content: content.to_string(),
+            tool_calls: None,
+            tool_call_id: None,
+        }
     }
 }
 
@@ -39,6 +51,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    reads_tools: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -64,7 +77,12 @@ impl ChatTemplate {
         env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
         env.add_template_owned(NAME, source.to_string())
             .map_err(|e| TemplateError::Syntax(format!("{e:#}")))?;
-        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+            reads_tools: source.contains("tools"),
+        })
     }
 
     /// Renders the conversation; with `add_generation_prompt` the text ends where the
@@ -74,14 +92,32 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with the request's tools as the template's `tools` variable
+    /// (OpenAI's `[{"type": "function", "function": {...}}]`), for templates that read it.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
         let tmpl = self.env.get_template(NAME).map_err(|e| TemplateError::Render(e.to_string()))?;
         tmpl.render(minijinja::context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
         })
         .map_err(|e| TemplateError::Render(format!("{e:#}")))
+    }
+
+    /// Whether the template reads a `tools` variable (it lays out tool definitions and calls
+    /// itself); otherwise the server describes tools in a system message of its own.
+    pub fn reads_tools(&self) -> bool {
+        self.reads_tools
     }
 }
 

@@ -84,7 +84,9 @@ impl Rng {
     }
 }
 
-/// The `k` largest entries of `lp`, best first (ties broken by lower id).
+/// The `k` largest entries of `lp`, best first (ties broken by lower id); tokens that cannot be
+/// chosen (log-probability minus infinity: masked by a constraint or by `min_tokens`) are left
+/// out, so there may be fewer than `k`.
 pub fn top_k(lp: &[f32], k: usize) -> Vec<TokenLogprob> {
     let mut idx: Vec<u32> = (0..lp.len() as u32).collect();
     let k = k.min(idx.len());
@@ -95,7 +97,10 @@ pub fn top_k(lp: &[f32], k: usize) -> Vec<TokenLogprob> {
     idx.select_nth_unstable_by(k - 1, cmp);
     idx.truncate(k);
     idx.sort_by(cmp);
-    idx.into_iter().map(|i| TokenLogprob { token_id: i, logprob: lp[i as usize] }).collect()
+    idx.into_iter()
+        .filter(|&i| lp[i as usize] > f32::NEG_INFINITY)
+        .map(|i| TokenLogprob { token_id: i, logprob: lp[i as usize] })
+        .collect()
 }
 
 /// Index of the largest value (the first one on ties): greedy decoding.
@@ -331,6 +336,13 @@ mod tests {
         let s = sample(&[0.0, 3.0, 1.0, 3.0], &p, &mut Rng::new(0));
         assert_eq!(s.chosen.token_id, 1);
         assert_eq!(s.top.iter().map(|t| t.token_id).collect::<Vec<_>>(), vec![1, 3]);
+        // Masked tokens are never alternatives.
+        let p = SamplingParams { logprobs: Some(3), ..SamplingParams::greedy(1) };
+        let s = sample(&[f32::NEG_INFINITY, 3.0, f32::NEG_INFINITY], &p, &mut Rng::new(0));
+        assert_eq!(
+            s.top.iter().map(|t| (t.token_id, t.logprob)).collect::<Vec<_>>(),
+            vec![(1, 0.0)]
+        );
     }
 
     #[test]

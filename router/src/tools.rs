@@ -1,0 +1,915 @@
+//! Tool calling: the request's `tools`, `tool_choice` and `parallel_tool_calls`, the history's
+//! assistant `tool_calls` and `tool` messages laid out for the model, and the model's output
+//! read back into OpenAI's `tool_calls`, whole or as streamed deltas.
+//!
+//! The call format is Hermes' (Qwen 2.5/3, Hermes, SmolLM3 and others):
+//! `<tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>`, one block per call. A chat
+//! template that reads `tools` lays the definitions and past calls out itself; for one that
+//! does not (the default model's), a system message describes the tools and the format, past
+//! calls are written as their blocks in the assistant turn, and tool results as
+//! `<tool_response>` blocks in a user turn. `tool_choice` `required` and a named function are
+//! enforced by a grammar (each call's arguments follow the function's JSON schema), `auto`
+//! leaves the choice to the model and reads calls out of whatever it wrote, `none` leaves the
+//! tools out of the prompt.
+
+use std::hash::{BuildHasher, Hasher};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tandem_engine::sampling::structured::StructuredOutput;
+use tandem_engine::ChatMessage;
+
+use crate::error::ApiError;
+
+/// One entry of `tools`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ToolIn {
+    /// Must be `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The function.
+    pub function: FunctionIn,
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionIn {
+    /// Its name (`[A-Za-z0-9_-]{1,64}`).
+    pub name: String,
+    /// What it does, for the model.
+    pub description: Option<String>,
+    /// JSON schema of its arguments (an object schema; none: no arguments).
+    pub parameters: Option<Value>,
+    /// OpenAI's strict mode: arguments always follow the schema when the call is forced.
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`: a mode, or one named function.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoiceIn {
+    /// `none`, `auto` or `required`.
+    Mode(String),
+    /// `{"type": "function", "function": {"name": ...}}`.
+    Named {
+        /// Must be `function`.
+        #[serde(rename = "type")]
+        kind: String,
+        /// The function to call.
+        function: NamedFunction,
+    },
+}
+
+/// The function of a named `tool_choice`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NamedFunction {
+    /// Its name.
+    pub name: String,
+}
+
+/// A call in an assistant message of the history.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ToolCallIn {
+    /// The call's id (answered by a `tool` message's `tool_call_id`).
+    pub id: Option<String>,
+    /// Must be `function` when given.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// The function and its arguments.
+    pub function: FunctionCallIn,
+}
+
+/// The function of a past call.
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionCallIn {
+    /// Function name.
+    pub name: String,
+    /// Arguments as a JSON text.
+    pub arguments: String,
+}
+
+/// How the model may use the tools.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoice {
+    /// Never (the tools are left out of the prompt).
+    None,
+    /// As it sees fit.
+    Auto,
+    /// At least one call.
+    Required,
+    /// A call to this function.
+    Named(String),
+}
+
+/// A request's tools.
+#[derive(Debug, Clone)]
+pub struct Tools {
+    /// The functions, as given.
+    pub functions: Vec<FunctionIn>,
+    /// The choice.
+    pub choice: ToolChoice,
+    /// Several calls in one turn.
+    pub parallel: bool,
+}
+
+fn valid_name(n: &str) -> bool {
+    (1..=64).contains(&n.len())
+        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl Tools {
+    /// Reads and checks the tool fields: a bad definition or choice is a 400 naming it. None when
+    /// the request has no tools.
+    pub fn from_request(
+        tools: Option<&[ToolIn]>,
+        choice: Option<&ToolChoiceIn>,
+        parallel: Option<bool>,
+    ) -> Result<Option<Tools>, ApiError> {
+        let tools = tools.unwrap_or_default();
+        let choice = match choice {
+            None => ToolChoice::Auto,
+            Some(ToolChoiceIn::Mode(m)) => match m.as_str() {
+                "none" => ToolChoice::None,
+                "auto" => ToolChoice::Auto,
+                "required" => ToolChoice::Required,
+                other => {
+                    return Err(ApiError::invalid(
+                        Some("tool_choice"),
+                        format!("tool_choice must be none, auto, required or a named function, got '{other}'"),
+                    ))
+                }
+            },
+            Some(ToolChoiceIn::Named { kind, function }) => {
+                if kind != "function" {
+                    return Err(ApiError::invalid(
+                        Some("tool_choice.type"),
+                        format!("tool_choice type must be 'function', got '{kind}'"),
+                    ));
+                }
+                ToolChoice::Named(function.name.clone())
+            }
+        };
+        if tools.is_empty() {
+            return match choice {
+                ToolChoice::Required | ToolChoice::Named(_) => Err(ApiError::invalid(
+                    Some("tool_choice"),
+                    "tool_choice requires tools to call; none were given",
+                )),
+                _ => Ok(None),
+            };
+        }
+        let mut functions: Vec<FunctionIn> = Vec::with_capacity(tools.len());
+        for (i, t) in tools.iter().enumerate() {
+            if t.kind != "function" {
+                return Err(ApiError::invalid(
+                    Some(&format!("tools[{i}].type")),
+                    format!("tools must be of type 'function', got '{}'", t.kind),
+                ));
+            }
+            let f = &t.function;
+            if !valid_name(&f.name) {
+                return Err(ApiError::invalid(
+                    Some(&format!("tools[{i}].function.name")),
+                    format!(
+                        "function names are 1 to 64 letters, digits, '_' or '-', got '{}'",
+                        f.name
+                    ),
+                ));
+            }
+            if functions.iter().any(|g| g.name == f.name) {
+                return Err(ApiError::invalid(
+                    Some(&format!("tools[{i}].function.name")),
+                    format!("two tools are named '{}'", f.name),
+                ));
+            }
+            if let Some(p) = &f.parameters {
+                if !p.is_object() || p.get("type").is_some_and(|t| t != "object") {
+                    return Err(ApiError::invalid(
+                        Some(&format!("tools[{i}].function.parameters")),
+                        "a function's parameters must be a JSON schema of type 'object'",
+                    ));
+                }
+            }
+            functions.push(f.clone());
+        }
+        if let ToolChoice::Named(n) = &choice {
+            if !functions.iter().any(|f| f.name == *n) {
+                return Err(ApiError::invalid(
+                    Some("tool_choice.function.name"),
+                    format!("tool_choice names '{n}', which is not among the tools"),
+                ));
+            }
+        }
+        Ok(Some(Tools { functions, choice, parallel: parallel.unwrap_or(true) }))
+    }
+
+    /// Whether the output is read for calls.
+    pub fn active(&self) -> bool {
+        self.choice != ToolChoice::None
+    }
+
+    /// The tools as OpenAI writes them (a template's `tools` variable).
+    pub fn as_value(&self) -> Value {
+        Value::Array(
+            self.functions
+                .iter()
+                .map(|f| {
+                    let mut func = json!({ "name": f.name, "parameters": parameters(f) });
+                    if let Some(d) = &f.description {
+                        func["description"] = json!(d);
+                    }
+                    json!({ "type": "function", "function": func })
+                })
+                .collect(),
+        )
+    }
+
+    /// One function's call, as a JSON schema of the Hermes call object.
+    fn call_schema(f: &FunctionIn) -> Value {
+        json!({
+            "type": "object",
+            "properties": { "name": { "const": f.name }, "arguments": parameters(f) },
+            "required": ["name", "arguments"],
+            "additionalProperties": false,
+        })
+    }
+
+    /// The grammar that forces the calls (`required`, or a named function): one or (parallel)
+    /// more call blocks whose objects follow the functions' schemas. None for `auto` / `none`.
+    pub fn constraint(&self) -> Option<StructuredOutput> {
+        let allowed: Vec<&FunctionIn> = match &self.choice {
+            ToolChoice::None | ToolChoice::Auto => return None,
+            ToolChoice::Required => self.functions.iter().collect(),
+            ToolChoice::Named(n) => self.functions.iter().filter(|f| f.name == *n).collect(),
+        };
+        let mut g = String::new();
+        g.push_str(if self.parallel { "start: call (\"\\n\" call)*\n" } else { "start: call\n" });
+        let alts: Vec<String> = (0..allowed.len()).map(|i| format!("f{i}")).collect();
+        g.push_str(&format!(
+            "call: \"<tool_call>\\n\" ({}) \"\\n</tool_call>\"\n",
+            alts.join(" | ")
+        ));
+        for (i, f) in allowed.iter().enumerate() {
+            let schema = with_layout(Self::call_schema(f));
+            g.push_str(&format!("f{i}: %json {schema}\n"));
+        }
+        Some(StructuredOutput::Grammar(g))
+    }
+
+    /// The system text that describes the tools to a model whose template does not.
+    pub fn system_prompt(&self) -> String {
+        let mut s = String::from(
+            "You may call one or more functions to help with the user's request. The functions are described in JSON schema inside <tools></tools>:\n<tools>\n",
+        );
+        for t in self.as_value().as_array().into_iter().flatten() {
+            s.push_str(&t.to_string());
+            s.push('\n');
+        }
+        s.push_str("</tools>\nTo call a function, answer with a JSON object holding its name and arguments inside <tool_call></tool_call> tags, one block per call:\n<tool_call>\n{\"name\": \"function_name\", \"arguments\": {\"argument\": \"value\"}}\n</tool_call>");
+        s
+    }
+}
+
+/// A function's parameters schema (none: an object with no properties).
+fn parameters(f: &FunctionIn) -> Value {
+    f.parameters.clone().unwrap_or_else(|| json!({ "type": "object", "properties": {} }))
+}
+
+/// Calls written the way the grammar and the fallback prompt show them: on one line, with a
+/// space after `:` and `,`.
+fn with_layout(mut v: Value) -> Value {
+    v["x-guidance"] =
+        json!({ "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": " });
+    v
+}
+
+/// A call block as the model writes it.
+fn call_block(name: &str, arguments: &Value) -> String {
+    format!("<tool_call>\n{{\"name\": {}, \"arguments\": {arguments}}}\n</tool_call>", json!(name))
+}
+
+/// Lays the conversation out for the template. A template that reads `tools` gets the calls and
+/// results as structured messages; otherwise the tools become a system message (merged into
+/// the first one, if any), past calls their blocks and results `<tool_response>` user turns.
+pub fn lay_out(
+    messages: Vec<ChatMessage>,
+    tools: Option<&Tools>,
+    native: bool,
+) -> Vec<ChatMessage> {
+    if native {
+        return messages;
+    }
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len() + 1);
+    if let Some(t) = tools.filter(|t| t.active()) {
+        let prompt = t.system_prompt();
+        match messages.first() {
+            Some(m) if m.role == "system" => {
+                out.push(ChatMessage::new("system", &format!("{}\n\n{prompt}", m.content)))
+            }
+            _ => out.push(ChatMessage::new("system", &prompt)),
+        }
+    }
+    let skip_first = out.len() == 1 && messages.first().is_some_and(|m| m.role == "system");
+    for m in messages.into_iter().skip(usize::from(skip_first)) {
+        match m.role.as_str() {
+            "tool" => {
+                let text = format!("<tool_response>\n{}\n</tool_response>", m.content);
+                // Consecutive results share one user turn.
+                match out.last_mut() {
+                    Some(last)
+                        if last.role == "user" && last.content.ends_with("</tool_response>") =>
+                    {
+                        last.content.push('\n');
+                        last.content.push_str(&text);
+                    }
+                    _ => out.push(ChatMessage::new("user", &text)),
+                }
+            }
+            "assistant" if m.tool_calls.is_some() => {
+                let mut text = m.content.clone();
+                for c in m.tool_calls.iter().flat_map(|c| c.as_array().into_iter().flatten()) {
+                    if !text.is_empty() {
+                        text.push('\n');
+                    }
+                    text.push_str(&call_block(
+                        c["function"]["name"].as_str().unwrap_or(""),
+                        &c["function"]["arguments"],
+                    ));
+                }
+                out.push(ChatMessage::new("assistant", &text));
+            }
+            _ => out.push(ChatMessage { tool_calls: None, tool_call_id: None, ..m }),
+        }
+    }
+    out
+}
+
+/// The history's calls as templates read them (arguments parsed into objects); a call whose
+/// arguments are not a JSON object is a 400 naming it.
+pub fn history_calls(i: usize, calls: &[ToolCallIn]) -> Result<Value, ApiError> {
+    let mut out = Vec::with_capacity(calls.len());
+    for (j, c) in calls.iter().enumerate() {
+        let param = format!("messages[{i}].tool_calls[{j}]");
+        if c.kind.as_deref().is_some_and(|k| k != "function") {
+            return Err(ApiError::invalid(
+                Some(&format!("{param}.type")),
+                "tool calls are of type 'function'",
+            ));
+        }
+        let args: Value = serde_json::from_str(&c.function.arguments)
+            .ok()
+            .filter(Value::is_object)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    Some(&format!("{param}.function.arguments")),
+                    "a tool call's arguments must be a JSON object, as text",
+                )
+            })?;
+        out.push(json!({
+            "id": c.id,
+            "type": "function",
+            "function": { "name": c.function.name, "arguments": args },
+        }));
+    }
+    Ok(Value::Array(out))
+}
+
+/// A call read from the output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedCall {
+    /// Function name.
+    pub name: String,
+    /// Arguments, as compact JSON text.
+    pub arguments: String,
+}
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+/// Reads the calls out of a whole output: the text before the first block is the content (None
+/// when blank). None when the output holds no well-formed call (it is then all content).
+pub fn parse_calls(text: &str, names: &[String]) -> Option<(Option<String>, Vec<ParsedCall>)> {
+    let start = text.find(OPEN)?;
+    let content = text[..start].trim();
+    let mut calls = Vec::new();
+    let mut rest = &text[start..];
+    while let Some(body) = rest.strip_prefix(OPEN) {
+        let (inner, after) = match body.find(CLOSE) {
+            Some(e) => (&body[..e], &body[e + CLOSE.len()..]),
+            None => (body, ""),
+        };
+        calls.push(parse_call(inner.trim(), names)?);
+        rest = after.trim_start();
+    }
+    if !rest.is_empty() {
+        return None;
+    }
+    Some(((!content.is_empty()).then(|| content.to_string()), calls))
+}
+
+fn parse_call(body: &str, names: &[String]) -> Option<ParsedCall> {
+    let v: Value = serde_json::from_str(body).ok()?;
+    let name = v.get("name")?.as_str()?.to_string();
+    if !names.contains(&name) {
+        return None;
+    }
+    let args = v.get("arguments").or_else(|| v.get("parameters")).cloned().unwrap_or(json!({}));
+    let args = match args {
+        Value::String(s) => serde_json::from_str::<Value>(&s).ok().filter(Value::is_object)?,
+        Value::Object(_) => args,
+        _ => return None,
+    };
+    Some(ParsedCall { name, arguments: args.to_string() })
+}
+
+/// A fresh call id (`call_` and 24 hex digits).
+pub fn call_id() -> String {
+    let a = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let b = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    format!("call_{:016x}{:08x}", a, b as u32)
+}
+
+/// An assistant message with calls: OpenAI's `message` object and finish reason.
+pub fn message_with_calls(content: Option<String>, calls: &[ParsedCall]) -> Value {
+    let calls: Vec<Value> = calls
+        .iter()
+        .map(|c| {
+            json!({ "id": call_id(), "type": "function", "function": { "name": c.name, "arguments": c.arguments } })
+        })
+        .collect();
+    json!({ "role": "assistant", "content": content, "tool_calls": calls })
+}
+
+/// What a streamed output becomes, step by step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    /// Plain content.
+    Content(String),
+    /// A call begins: its index, id and function name (arguments follow).
+    Start {
+        /// Index among the output's calls.
+        index: usize,
+        /// Its id.
+        id: String,
+        /// Function name.
+        name: String,
+    },
+    /// More argument text of call `index`.
+    Args {
+        /// Index among the output's calls.
+        index: usize,
+        /// JSON text to append.
+        text: String,
+    },
+}
+
+/// Turns an output's text deltas into content and call deltas as they arrive. Calls written as
+/// the grammar writes them (`{"name": "f", "arguments": {...}}`) stream their arguments piece by
+/// piece; any other well-formed call is sent whole when the output ends.
+#[derive(Debug, Default)]
+pub struct CallStream {
+    text: String,
+    names: Vec<String>,
+    content_sent: usize,
+    /// Per call begun: arguments bytes sent.
+    sent: Vec<usize>,
+    /// The output left the streamable form: the rest is decided at the end.
+    irregular: bool,
+}
+
+/// Where a streamable call stands in the text: its name, and its arguments' span so far.
+struct CallSpan {
+    name: String,
+    args_start: usize,
+    args_end: usize,
+    complete: bool,
+}
+
+impl CallStream {
+    /// A stream that reads calls to these functions.
+    pub fn new(names: Vec<String>) -> Self {
+        CallStream { names, ..Default::default() }
+    }
+
+    /// Whether any call was sent.
+    pub fn has_calls(&self) -> bool {
+        !self.sent.is_empty()
+    }
+
+    /// Adds a text delta; `done` when the output has ended. Returns what to send.
+    pub fn push(&mut self, delta: &str, done: bool) -> Vec<StreamEvent> {
+        self.text.push_str(delta);
+        let mut ev = Vec::new();
+        let first = self.text.find(OPEN);
+        // Content: up to the first block, holding back a tail that may begin one.
+        let content_end = match first {
+            Some(i) => i,
+            None if done => self.text.len(),
+            None => self.text.len() - held_back(&self.text),
+        };
+        if content_end > self.content_sent {
+            let piece = &self.text[self.content_sent..content_end];
+            let piece = if first.is_some() { piece.trim_end() } else { piece };
+            if !piece.is_empty() {
+                ev.push(StreamEvent::Content(piece.to_string()));
+            }
+            self.content_sent = content_end;
+        }
+        let Some(first) = first else { return ev };
+        if !self.irregular {
+            match spans(&self.text[first..]) {
+                Some(spans) => {
+                    for (k, s) in spans.iter().enumerate() {
+                        if k == self.sent.len() {
+                            if !self.names.contains(&s.name) {
+                                self.irregular = true;
+                                break;
+                            }
+                            ev.push(StreamEvent::Start {
+                                index: k,
+                                id: call_id(),
+                                name: s.name.clone(),
+                            });
+                            self.sent.push(0);
+                        }
+                        let (a, b) = (first + s.args_start + self.sent[k], first + s.args_end);
+                        if b > a {
+                            ev.push(StreamEvent::Args {
+                                index: k,
+                                text: self.text[a..b].to_string(),
+                            });
+                            self.sent[k] = s.args_end - s.args_start;
+                        }
+                        if !s.complete {
+                            break;
+                        }
+                    }
+                }
+                None => self.irregular = true,
+            }
+        }
+        if done && self.irregular && self.sent.is_empty() {
+            // Decided on the whole text: well-formed calls are sent whole, anything else is
+            // content.
+            match parse_calls(&self.text, &self.names) {
+                Some((_, calls)) => {
+                    for (k, c) in calls.into_iter().enumerate() {
+                        ev.push(StreamEvent::Start { index: k, id: call_id(), name: c.name });
+                        ev.push(StreamEvent::Args { index: k, text: c.arguments });
+                        self.sent.push(0);
+                    }
+                }
+                None => ev.push(StreamEvent::Content(self.text[first..].to_string())),
+            }
+        }
+        ev
+    }
+}
+
+/// The streamed chat choices for one text delta of choice `index` with tools: content and call
+/// deltas in OpenAI's chunk format, then, when `finish` is given, a closing choice whose finish
+/// reason is `tool_calls` if the output made calls. `logprobs` rides on the first choice.
+pub fn chunk_choices(
+    cs: &mut CallStream,
+    index: usize,
+    text: &str,
+    finish: Option<&str>,
+    mut logprobs: Value,
+) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    for e in cs.push(text, finish.is_some()) {
+        let delta = match e {
+            StreamEvent::Content(t) => json!({ "content": t }),
+            StreamEvent::Start { index: k, id, name } => json!({ "tool_calls": [{
+                "index": k, "id": id, "type": "function", "function": { "name": name, "arguments": "" }
+            }] }),
+            StreamEvent::Args { index: k, text } => {
+                json!({ "tool_calls": [{ "index": k, "function": { "arguments": text } }] })
+            }
+        };
+        out.push(json!({ "index": index, "delta": delta, "logprobs": logprobs.take(), "finish_reason": null }));
+    }
+    if let Some(f) = finish {
+        let f = if cs.has_calls() { "tool_calls" } else { f };
+        out.push(
+            json!({ "index": index, "delta": {}, "logprobs": logprobs.take(), "finish_reason": f }),
+        );
+    }
+    out
+}
+
+/// Bytes at the end of `text` that could begin a call block.
+fn held_back(text: &str) -> usize {
+    (1..OPEN.len()).rev().find(|&k| text.ends_with(&OPEN[..k])).unwrap_or(0)
+}
+
+/// The calls in `text` (which starts with a block) as far as they go, in the form
+/// `<tool_call>\n{"name": "f", "arguments": <object>}\n</tool_call>`; None when the text leaves
+/// that form.
+fn spans(text: &str) -> Option<Vec<CallSpan>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    loop {
+        let rest = &text[at..];
+        if rest.len() < OPEN.len() {
+            return OPEN.starts_with(rest).then_some(out);
+        }
+        if !rest.starts_with(OPEN) {
+            return None;
+        }
+        let mut p = Scan { s: text, i: at + OPEN.len() };
+        // Each step either completes or runs out of text (then what is known is returned).
+        macro_rules! step {
+            ($e:expr) => {
+                match $e {
+                    Some(true) => {}
+                    Some(false) => return None,
+                    None => return Some(out),
+                }
+            };
+        }
+        p.ws();
+        step!(p.lit("{"));
+        p.ws();
+        step!(p.lit("\"name\""));
+        p.ws();
+        step!(p.lit(":"));
+        p.ws();
+        let name = match p.string() {
+            Some(Some(n)) => n,
+            Some(None) => return None,
+            None => return Some(out),
+        };
+        p.ws();
+        step!(p.lit(","));
+        p.ws();
+        step!(p.lit("\"arguments\""));
+        p.ws();
+        step!(p.lit(":"));
+        p.ws();
+        if p.i >= text.len() {
+            return Some(out);
+        }
+        if text.as_bytes()[p.i] != b'{' {
+            return None;
+        }
+        let args_start = p.i;
+        let (args_end, complete) = p.value_end();
+        out.push(CallSpan { name, args_start, args_end, complete });
+        if !complete {
+            return Some(out);
+        }
+        p.i = args_end;
+        p.ws();
+        step!(p.lit("}"));
+        p.ws();
+        step!(p.lit(CLOSE));
+        p.ws();
+        at = p.i;
+        if at >= text.len() {
+            return Some(out);
+        }
+    }
+}
+
+/// A cursor over the output text.
+struct Scan<'a> {
+    s: &'a str,
+    i: usize,
+}
+
+impl Scan<'_> {
+    fn ws(&mut self) {
+        while self.s.as_bytes().get(self.i).is_some_and(u8::is_ascii_whitespace) {
+            self.i += 1;
+        }
+    }
+
+    /// `lit` next: Some(true) taken, Some(false) something else, None the text ends within it.
+    fn lit(&mut self, lit: &str) -> Option<bool> {
+        let rest = &self.s[self.i..];
+        if rest.starts_with(lit) {
+            self.i += lit.len();
+            Some(true)
+        } else if lit.starts_with(rest) {
+            None
+        } else {
+            Some(false)
+        }
+    }
+
+    /// A JSON string: Some(Some(s)) read, Some(None) not a string, None the text ends within it.
+    fn string(&mut self) -> Option<Option<String>> {
+        let b = self.s.as_bytes();
+        if self.i >= b.len() {
+            return None;
+        }
+        if b[self.i] != b'"' {
+            return Some(None);
+        }
+        let mut j = self.i + 1;
+        while j < b.len() {
+            match b[j] {
+                b'\\' => j += 2,
+                b'"' => {
+                    let v = serde_json::from_str::<String>(&self.s[self.i..=j]).ok();
+                    self.i = j + 1;
+                    return Some(v);
+                }
+                _ => j += 1,
+            }
+        }
+        None
+    }
+
+    /// Where the JSON object or array at the cursor ends (exclusive) and whether it did; for an
+    /// unfinished one, how far it may be sent (the whole text so far).
+    fn value_end(&self) -> (usize, bool) {
+        let b = self.s.as_bytes();
+        let (mut depth, mut in_str, mut j) = (0usize, false, self.i);
+        while j < b.len() {
+            let c = b[j];
+            if in_str {
+                match c {
+                    b'\\' => j += 1,
+                    b'"' => in_str = false,
+                    _ => {}
+                }
+            } else {
+                match c {
+                    b'"' => in_str = true,
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return (j + 1, true);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            j += 1;
+        }
+        // Never split a multi-byte character.
+        let mut end = b.len().min(j);
+        while !self.s.is_char_boundary(end) {
+            end -= 1;
+        }
+        (end, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Vec<String> {
+        vec!["get_weather".into(), "add".into()]
+    }
+
+    #[test]
+    fn whole_outputs_parse_into_calls_or_stay_content() {
+        let t = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": \"{\\\"a\\\": 1}\"}\n</tool_call>";
+        let (content, calls) = parse_calls(t, &names()).unwrap();
+        assert_eq!(content.as_deref(), Some("Let me check."));
+        assert_eq!(
+            calls[0],
+            ParsedCall { name: "get_weather".into(), arguments: "{\"city\":\"Paris\"}".into() }
+        );
+        assert_eq!(calls[1].arguments, "{\"a\":1}");
+        assert!(parse_calls("no calls here", &names()).is_none());
+        assert!(parse_calls(
+            "<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>",
+            &names()
+        )
+        .is_none());
+        assert!(parse_calls("<tool_call>\n{\"name\": \"add\", \"argu", &names()).is_none());
+        assert!(parse_calls(
+            "<tool_call>{\"name\": \"add\", \"arguments\": {}}</tool_call> trailing",
+            &names()
+        )
+        .is_none());
+    }
+
+    /// The events of an output cut into deltas, folded into (content, calls).
+    fn stream(text: &str, cut: usize) -> (String, Vec<(String, String)>) {
+        let mut s = CallStream::new(names());
+        let mut content = String::new();
+        let mut calls: Vec<(String, String)> = Vec::new();
+        let chars: Vec<char> = text.chars().collect();
+        let pieces: Vec<String> = chars.chunks(cut).map(|c| c.iter().collect()).collect();
+        for (i, p) in pieces.iter().enumerate() {
+            for e in s.push(p, i + 1 == pieces.len()) {
+                match e {
+                    StreamEvent::Content(t) => content.push_str(&t),
+                    StreamEvent::Start { index, id, name } => {
+                        assert_eq!(index, calls.len());
+                        assert!(id.starts_with("call_") && id.len() == 29);
+                        calls.push((name, String::new()));
+                    }
+                    StreamEvent::Args { index, text } => calls[index].1.push_str(&text),
+                }
+            }
+        }
+        (content, calls)
+    }
+
+    #[test]
+    fn streamed_deltas_join_into_the_whole_parse_at_any_cut() {
+        let forced = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa}ris\\\"\", \"n\": [1, {\"x\": 2}]}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": \"日本\"}}\n</tool_call>";
+        let auto = "Sure <tool>, one moment.\n<tool_call>\n{\"arguments\": {\"a\": 1}, \"name\": \"add\"}\n</tool_call>";
+        for cut in [1, 2, 3, 7, 1000] {
+            let (content, calls) = stream(forced, cut);
+            assert_eq!(content, "");
+            assert_eq!(calls.len(), 2, "cut {cut}");
+            assert_eq!(calls[0].0, "get_weather");
+            let args: Value = serde_json::from_str(&calls[0].1).unwrap();
+            assert_eq!(args["city"], "Pa}ris\"");
+            assert_eq!(serde_json::from_str::<Value>(&calls[1].1).unwrap()["a"], "日本");
+            // Another key order: sent whole at the end.
+            let (content, calls) = stream(auto, cut);
+            // (Whitespace sent before the block began stays sent.)
+            assert_eq!(content.trim_end(), "Sure <tool>, one moment.");
+            assert_eq!(calls, vec![("add".to_string(), "{\"a\":1}".to_string())]);
+            // No calls: every byte is content, "<tool" held back until it is known not to start one.
+            let (content, calls) = stream("a <tool_calls are fun <tool", cut);
+            assert_eq!((content.as_str(), calls.len()), ("a <tool_calls are fun <tool", 0));
+        }
+    }
+
+    #[test]
+    fn tool_definitions_and_choices_are_checked() {
+        let tool = |name: &str, params: Value| -> ToolIn {
+            serde_json::from_value(
+                json!({"type": "function", "function": {"name": name, "parameters": params}}),
+            )
+            .unwrap()
+        };
+        let ok = [tool(
+            "get_weather",
+            json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+        )];
+        let named = |n: &str| -> ToolChoiceIn {
+            serde_json::from_value(json!({"type": "function", "function": {"name": n}})).unwrap()
+        };
+        let mode = |m: &str| ToolChoiceIn::Mode(m.into());
+        let cases: Vec<(Vec<ToolIn>, Option<ToolChoiceIn>, &str)> = vec![
+            (vec![tool("bad name!", json!({}))], None, "tools[0].function.name"),
+            (vec![tool("f", json!({"type": "array"}))], None, "tools[0].function.parameters"),
+            (vec![tool("f", json!({})), tool("f", json!({}))], None, "tools[1].function.name"),
+            (ok.to_vec(), Some(named("other")), "tool_choice.function.name"),
+            (ok.to_vec(), Some(mode("sometimes")), "tool_choice"),
+            (vec![], Some(mode("required")), "tool_choice"),
+        ];
+        for (tools, choice, param) in cases {
+            let e = Tools::from_request(Some(&tools), choice.as_ref(), None).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{e:?}");
+        }
+        let t =
+            Tools::from_request(Some(&ok), Some(&mode("required")), Some(false)).unwrap().unwrap();
+        let Some(StructuredOutput::Grammar(g)) = t.constraint() else { panic!() };
+        assert!(g.starts_with("start: call\n") && g.contains("%json {"), "{g}");
+        assert!(Tools::from_request(Some(&ok), None, None)
+            .unwrap()
+            .unwrap()
+            .constraint()
+            .is_none());
+    }
+
+    #[test]
+    fn history_without_a_tools_template_is_written_out() {
+        let t = Tools::from_request(
+            Some(&[serde_json::from_value(
+                json!({"type": "function", "function": {"name": "add"}}),
+            )
+            .unwrap()]),
+            None,
+            None,
+        )
+        .unwrap();
+        let calls = history_calls(1, &[serde_json::from_value(json!({"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1}"}})).unwrap()]).unwrap();
+        let msgs = vec![
+            ChatMessage::new("user", "1 + 2?"),
+            ChatMessage { tool_calls: Some(calls), ..ChatMessage::new("assistant", "") },
+            ChatMessage { tool_call_id: Some("c1".into()), ..ChatMessage::new("tool", "3") },
+        ];
+        let out = lay_out(msgs, t.as_ref(), false);
+        let roles: Vec<&str> = out.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+        assert!(out[0].content.contains("\"name\":\"add\""));
+        assert_eq!(
+            out[2].content,
+            "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\":1}}\n</tool_call>"
+        );
+        assert_eq!(out[3].content, "<tool_response>\n3\n</tool_response>");
+        let bad = history_calls(
+            4,
+            &[serde_json::from_value(json!({"function": {"name": "add", "arguments": "[1]"}}))
+                .unwrap()],
+        );
+        assert_eq!(
+            bad.unwrap_err().param.as_deref(),
+            Some("messages[4].tool_calls[0].function.arguments")
+        );
+    }
+}
