@@ -89,6 +89,10 @@ pub struct EngineBenchArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Hold every output to this JSON schema (a file), to measure what constrained decoding
+    /// costs; requests then end where their JSON does instead of ignoring EOS.
+    #[arg(long)]
+    pub json_schema: Option<PathBuf>,
 }
 
 /// Prompt sets of `tandem bench engine`.
@@ -321,9 +325,16 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         total_out += lo;
         reqs.push((ids, lo));
     }
+    let structured = match &a.json_schema {
+        Some(f) => Some(tandem_engine::sampling::structured::StructuredOutput::Json(
+            serde_json::from_str(&std::fs::read_to_string(f)?)?,
+        )),
+        None => None,
+    };
     for (i, (ids, lo)) in reqs.into_iter().enumerate() {
         let params = SamplingParams {
-            ignore_eos: true,
+            ignore_eos: structured.is_none(),
+            structured: structured.clone(),
             temperature: a.temperature,
             top_p: a.top_p,
             top_k: a.top_k,
@@ -373,6 +384,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         "spec_accepted_tokens": stats.spec_accepted_tokens,
         "spec_acceptance_rate": if stats.spec_draft_tokens > 0 { stats.spec_accepted_tokens as f64 / stats.spec_draft_tokens as f64 } else { 0.0 },
         "spec_accepted_per_position": stats.spec_accepted_per_position,
+        "generated_tokens": generated, "json_schema": a.json_schema.as_ref().map(|p| p.display().to_string()),
     });
     if a.json {
         println!("{report}");
