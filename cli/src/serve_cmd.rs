@@ -257,6 +257,10 @@ pub struct RouterArgs {
     /// Longest prompt, in tokens (400 beyond; default: the context window).
     #[arg(long, env = "TANDEM_MAX_PROMPT_TOKENS")]
     pub max_prompt_tokens: Option<usize>,
+    /// A Jinja chat template file to use instead of the model's own (for instance one that
+    /// reads `tools`, so tool definitions and calls are laid out the model's way).
+    #[arg(long, env = "TANDEM_CHAT_TEMPLATE")]
+    pub chat_template: Option<PathBuf>,
     /// Completion tokens of a chat request that sets neither max_tokens nor
     /// max_completion_tokens; 0 = the rest of the context window (as vLLM does). Completions keep
     /// the OpenAI default of 16.
@@ -401,7 +405,12 @@ pub fn run_prefill(a: PrefillArgs) -> Result<()> {
 /// `tandem router`.
 pub fn run_router(a: RouterArgs) -> Result<()> {
     let path = a.model.path()?;
-    let info = ModelInfo::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let mut info = ModelInfo::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    if let Some(t) = &a.chat_template {
+        let src = std::fs::read_to_string(t)
+            .with_context(|| format!("reading the chat template {}", t.display()))?;
+        info.set_chat_template(&src).with_context(|| format!("chat template {}", t.display()))?;
+    }
     let api_keys = api_keys(&a)?;
     let cfg = tandem_router::RouterConfig {
         listen: a.listen,

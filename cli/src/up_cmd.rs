@@ -35,6 +35,9 @@ pub struct UpArgs {
     /// Extra flags for the prefill worker, space-separated.
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub prefill_flags: String,
+    /// A Jinja chat template file for the router to use instead of the model's own.
+    #[arg(long, env = "TANDEM_CHAT_TEMPLATE")]
+    pub chat_template: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -200,6 +203,9 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             router.push(format!("--prefill-workers={}", services[1].addr));
         }
         router.extend(common.clone());
+        if let Some(t) = &a.chat_template {
+            router.push(format!("--chat-template={}", t.display()));
+        }
         services.push(start("router", &router)?);
         started_with.push(router);
         Ok(services.last().expect("router").addr.clone())

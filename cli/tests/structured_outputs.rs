@@ -4,7 +4,8 @@
 //! vLLM's `structured_outputs` and `guided_*` fields, LangChain's `with_structured_output` and
 //! LiteLLM (`tests/e2e/structured_client.py`); `tools` with `tool_choice` required, named, auto
 //! and none, streamed and not, a history with calls and results, LangChain's `bind_tools` and
-//! LiteLLM (`tests/e2e/tools_client.py`); 50 JSON schemas at temperature 0 and 1 checked with
+//! LiteLLM (`tests/e2e/tools_client.py`), with the default model's template (tools described
+//! by the server) and with a template that reads `tools` given by `--chat-template`; 50 JSON schemas at temperature 0 and 1 checked with
 //! the `jsonschema` package (`tests/e2e/schema_suite.py`). The prefill worker samples the first token under the
 //! constraint and the decode worker goes on from there; bad constraints and tool definitions are
 //! 400s naming the field; no KV block is left behind on either worker.
@@ -17,10 +18,11 @@ use common::*;
 use serde_json::Value;
 
 /// Runs one of `tests/e2e`'s client scripts against the router; its JSON report.
-fn run_client(script: &str, addr: &str) -> Value {
+fn run_client(script: &str, addr: &str, extra: &[&str]) -> Value {
     let path = format!("{}/../tests/e2e/{script}", env!("CARGO_MANIFEST_DIR"));
+    let url = format!("http://{addr}/v1");
     let out =
-        Command::new(python()).args([&path, &format!("http://{addr}/v1"), MODEL]).output().unwrap();
+        Command::new(python()).args([path.as_str(), &url, MODEL]).args(extra).output().unwrap();
     assert!(
         out.status.success(),
         "{script} failed:\n{}\n{}",
@@ -38,7 +40,7 @@ fn structured_outputs_and_tools_through_disaggregated_services() {
     let p = prefill(&[], &[]);
     let r = router(&[&d], &[&p]);
     let (d_base, p_base) = (free_blocks(&d), free_blocks(&p));
-    let got = run_client("structured_client.py", &r.addr);
+    let got = run_client("structured_client.py", &r.addr, &[]);
 
     // Parsed Pydantic objects (validated by the SDK and by Pydantic in the script); the bounds
     // that Pydantic would also check are rechecked here.
@@ -75,7 +77,7 @@ fn structured_outputs_and_tools_through_disaggregated_services() {
         assert_eq!(errors[name]["param"], param, "{name}: {}", errors[name]);
     }
 
-    let got = run_client("tools_client.py", &r.addr);
+    let got = run_client("tools_client.py", &r.addr, &[]);
     for call in got["required"].as_array().unwrap().iter().chain(got["stream"].as_array().unwrap())
     {
         assert!(["get_weather", "add"].contains(&call["name"].as_str().unwrap()), "{call}");
@@ -98,10 +100,20 @@ fn structured_outputs_and_tools_through_disaggregated_services() {
         assert_eq!(errors[name]["param"], param, "{name}: {}", errors[name]);
     }
 
+    // The same through a router that lays tools out with a template of its own
+    // (`--chat-template`, a ChatML template that reads `tools`): forced calls parse (one per
+    // turn: this model repeats parallel calls shown this way until max_tokens), `auto` is
+    // well-formed (the small model answers in text), the history is rendered by the template.
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/chatml_tools.jinja");
+    let r2 = router_with(&[&d], &[&p], &[&format!("--chat-template={template}")], &[]);
+    let got = run_client("tools_client.py", &r2.addr, &["single"]);
+    assert_eq!(got["named"][0]["name"], "add");
+    assert_eq!(got["errors"]["bad_history"]["param"], "messages[1].tool_call_id");
+
     // 50 schemas at temperature 0 and 1, checked by `jsonschema`: every output that ended by
     // itself is valid; one cut by max_tokens (a small model repeating a digit) is the only
     // other outcome, and rare.
-    let got = run_client("schema_suite.py", &r.addr);
+    let got = run_client("schema_suite.py", &r.addr, &[]);
     let mut valid = 0;
     for t in ["0", "1"] {
         valid += got[t]["valid"].as_u64().unwrap();

@@ -113,17 +113,23 @@ impl ModelInfo {
                 config.vocab_size
             )));
         }
-        let tok_str =
-            |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
-        let chat_template = match template_src {
-            Some(src) => Some(ChatTemplate::new(
-                &src,
-                &tok_str(tokenizer.bos_token_id),
-                &tok_str(tokenizer.eos_token_ids.first().copied()),
-            )?),
-            None => None,
-        };
-        Ok(ModelInfo { config, tokenizer, chat_template, files })
+        let mut info = ModelInfo { config, tokenizer, chat_template: None, files };
+        if let Some(src) = template_src {
+            info.set_chat_template(&src)?;
+        }
+        Ok(info)
+    }
+
+    /// Uses `source` as the chat template instead of the model's own (`--chat-template`).
+    pub fn set_chat_template(&mut self, source: &str) -> Result<(), LoadError> {
+        let tok = &self.tokenizer;
+        let tok_str = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
+        self.chat_template = Some(ChatTemplate::new(
+            source,
+            &tok_str(tok.bos_token_id),
+            &tok_str(tok.eos_token_ids.first().copied()),
+        )?);
+        Ok(())
     }
 }
 

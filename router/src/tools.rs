@@ -912,4 +912,37 @@ mod tests {
             Some("messages[4].tool_calls[0].function.arguments")
         );
     }
+
+    #[test]
+    fn a_template_that_reads_tools_lays_them_out_itself() {
+        let src = include_str!("../../tests/e2e/chatml_tools.jinja");
+        let t = tandem_engine::ChatTemplate::new(src, "", "<|im_end|>").unwrap();
+        assert!(t.reads_tools());
+        let tools = Tools::from_request(
+            Some(&[serde_json::from_value(json!({"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}})).unwrap()]),
+            None,
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        let calls = history_calls(
+            1,
+            &[serde_json::from_value(
+                json!({"id": "c1", "function": {"name": "add", "arguments": "{\"a\": 1}"}}),
+            )
+            .unwrap()],
+        )
+        .unwrap();
+        let msgs = vec![
+            ChatMessage::new("user", "1 + 2?"),
+            ChatMessage { tool_calls: Some(calls), ..ChatMessage::new("assistant", "") },
+            ChatMessage { tool_call_id: Some("c1".into()), ..ChatMessage::new("tool", "3") },
+        ];
+        let msgs = lay_out(msgs, Some(&tools), true);
+        let text = t.render_with_tools(&msgs, Some(&tools.as_value()), true).unwrap();
+        let want = "<|im_start|>system\nYou are a function calling assistant.";
+        assert!(text.starts_with(want), "{text}");
+        assert!(text.contains("<tools>\n{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\"}}}\n</tools>"), "{text}");
+        assert!(text.contains("<|im_start|>user\n1 + 2?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\":1}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{text}");
+    }
 }

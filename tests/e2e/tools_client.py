@@ -2,7 +2,11 @@
 `bind_tools` / `with_structured_output(method="function_calling")` and LiteLLM. Prints what it
 got as JSON; every check that needs only the response is asserted here.
 
-Usage: python tools_client.py BASE_URL MODEL
+Usage: python tools_client.py BASE_URL MODEL [single]
+
+With `single`, forced calls ask for one call per turn (`parallel_tool_calls: false`): with a
+template that shows calls its own way, the small test model repeats parallel calls until
+max_tokens.
 """
 import json
 import os
@@ -15,6 +19,7 @@ import openai
 from pydantic import BaseModel, Field
 
 base, model = sys.argv[1], sys.argv[2]
+parallel = sys.argv[3:] != ["single"]
 client = openai.OpenAI(base_url=base, api_key="unused", timeout=120, max_retries=0)
 out = {}
 
@@ -50,7 +55,7 @@ def check_calls(calls, only=None):
 # required and named, whole.
 for choice, only in (("required", None), ({"type": "function", "function": {"name": "add"}}, "add")):
     r = client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice=choice,
-                                       max_tokens=120, temperature=0)
+                                       max_tokens=120, temperature=0, parallel_tool_calls=parallel)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls", c
     out["named" if only else "required"] = check_calls(c.message.tool_calls, only)
@@ -129,7 +134,7 @@ def multiply(a: int, b: int) -> int:
 
 
 llm = ChatOpenAI(base_url=base, api_key="unused", model=model, temperature=0, max_tokens=120, max_retries=0)
-msg = llm.bind_tools([multiply], tool_choice="multiply").invoke("What is 6 times 7?")
+msg = llm.bind_tools([multiply], tool_choice="multiply", parallel_tool_calls=parallel).invoke("What is 6 times 7?")
 assert msg.tool_calls and msg.tool_calls[0]["name"] == "multiply", msg
 assert isinstance(msg.tool_calls[0]["args"]["a"], int)
 out["langchain_bind_tools"] = msg.tool_calls[0]["args"]
@@ -148,7 +153,8 @@ out["langchain_function_calling"] = a.model_dump()
 import litellm
 
 r = litellm.completion(model="openai/" + model, api_base=base, api_key="unused", messages=ask,
-                       tools=tools, tool_choice="required", temperature=0, max_tokens=120)
+                       tools=tools, tool_choice="required", temperature=0, max_tokens=120,
+                       parallel_tool_calls=parallel)
 out["litellm"] = check_calls(r.choices[0].message.tool_calls)
 
 print(json.dumps(out))
