@@ -62,3 +62,51 @@ fn health_and_cluster_status_follow_the_workers() {
     assert_eq!(gone["healthy"], false);
     assert!(gone["error"].is_string(), "{gone}");
 }
+
+/// Every response carries seed 001's `timing` (milliseconds): queue (router and decode worker
+/// wait), prefill (to the first token; on the prefill worker here), decode and total. Each part
+/// is measured where it happens and the parts add up to the router's total within a few ms,
+/// whole and streamed (the streamed timing rides on the chunk that ends the last choice).
+#[test]
+fn timings_are_measured_where_they_happen_and_add_up() {
+    let d = decode(&["--disagg-min-tokens=1"], &[]);
+    let p = prefill(&[], &[]);
+    let r = router(&[&d], &[&p]);
+    let body = format!(
+        r#"{{"model": "{MODEL}", "prompt": "{}", "max_tokens": 24, "temperature": 0, "ignore_eos": true}}"#,
+        long_prompt()
+    );
+    let check = |t: &Value| -> (f64, f64, f64, f64) {
+        let f = |k: &str| t[k].as_f64().unwrap_or_else(|| panic!("timing lacks {k}: {t}"));
+        let (q, pf, dc, total) =
+            (f("queue_time_ms"), f("prefill_time_ms"), f("decode_time_ms"), f("total_time_ms"));
+        println!(
+            "queue {q:.2} + prefill {pf:.2} + decode {dc:.2} = {:.2} vs total {total:.2} ms",
+            q + pf + dc
+        );
+        assert!(q >= 0.0 && pf > 0.0 && dc > 0.0, "{t}");
+        assert!((q + pf + dc - total).abs() < 25.0, "parts do not add up to the total: {t}");
+        (q, pf, dc, total)
+    };
+    let res = http(&r.addr, "POST", "/v1/completions", Some(&body));
+    assert_eq!(res.status, 200, "{}", res.body);
+    check(&res.json()["timing"]);
+
+    let stream_body = body.replace(r#""temperature": 0"#, r#""temperature": 0, "stream": true"#);
+    let mut s = open_stream(&r.addr, "/v1/completions", &stream_body);
+    let text = read_until(&mut s, "data: [DONE]");
+    let chunks: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|l| *l != "[DONE]")
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let timed: Vec<&Value> = chunks.iter().filter(|c| c.get("timing").is_some()).collect();
+    assert_eq!(timed.len(), 1, "one chunk carries the timing");
+    assert_eq!(timed[0]["choices"][0]["finish_reason"], "length", "{}", timed[0]);
+    check(&timed[0]["timing"]);
+    // The prompt was prefilled remotely: its prefill time includes the page transfer.
+    let remote =
+        metric(&d.addr, "tandem_disagg_decisions_total", &["decision=\"remote\""]).unwrap_or(0.0);
+    assert!(remote >= 1.0);
+}

@@ -55,6 +55,7 @@ fn response(out: &RequestOutput, prefill: &str) -> pb::GenerateResponse {
             finished_time: m.finished_time.unwrap_or(0.0),
             num_cached_tokens: m.num_cached_tokens as u32,
             prefill: prefill.to_string(),
+            first_scheduled_time: m.first_scheduled_time.unwrap_or(0.0),
         }),
     }
 }

@@ -6,9 +6,8 @@
 //! the prefill worker to use. When the client goes away, the worker streams are dropped, which
 //! aborts the requests on the workers.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -18,160 +17,24 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use futures_util::StreamExt;
-use metrics::{counter, histogram};
-use metrics_exporter_prometheus::PrometheusHandle;
-use serde_json::{json, Value};
-use tandem_engine::{ModelInfo, SamplingParams};
+use metrics::counter;
+use tandem_engine::SamplingParams;
 use tandem_proto::v1 as pb;
 use tandem_worker::convert::params_to_proto;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::auth::{ApiKeys, Tenant};
+use crate::auth::Tenant;
 use crate::error::ApiError;
 use crate::openai::{self, ChatRequest, CommonParams, CompletionRequest, PromptInput};
-use crate::prompt::{self, SpecialTokens};
-use crate::responses::{self, Choice, Endpoint, Header};
-use crate::routing::{Route, Routing};
+use crate::prompt;
+use crate::relay::{collect, record_done, stream_task, Prepared, WorkerStream};
+use crate::responses::{self, Endpoint};
+use crate::routing::Route;
+use crate::state::{unix_now, AppState};
 use crate::tools::Tools;
-use crate::workers::Workers;
-use tandem_engine::sampling::structured::{GrammarCompiler, StructuredError};
 
 /// Most prompts one completions request may carry.
 const MAX_BATCH: usize = 64;
-
-/// Everything the handlers share.
-pub struct AppState {
-    /// The name clients use for the model.
-    pub model_name: String,
-    /// Tokenizer, chat template and configuration of the model.
-    pub info: ModelInfo,
-    /// Decode and prefill workers.
-    pub pool: Workers,
-    /// Worker choice: indexes, load, decisions.
-    pub routing: Routing,
-    /// Load shared with other router replicas (with Redis).
-    pub load_sync: Option<crate::sync::LoadSync>,
-    /// Renders `/metrics`, when a recorder is installed.
-    pub metrics: Option<PrometheusHandle>,
-    /// When the router started (Unix seconds).
-    pub started: u64,
-    /// API keys (none: the gateway is open).
-    pub api_keys: Option<Arc<ApiKeys>>,
-    /// Largest request body accepted, in bytes.
-    pub max_body_bytes: usize,
-    /// Longest prompt accepted, in tokens (none: the context window is the limit).
-    pub max_prompt_tokens: Option<usize>,
-    /// Completion budget of a chat request that gives none (none: the rest of the context).
-    pub default_max_tokens: Option<usize>,
-    /// How special-token text inside chat messages is tokenized.
-    pub special_tokens: SpecialTokens,
-    /// A request body that sends nothing for this long is refused (408).
-    pub body_read_timeout: Duration,
-    /// Requests being parsed and tokenized at once (off the async threads), at most one per
-    /// core: a flood of large prompts queues here instead of taking every thread.
-    tokenizing: tokio::sync::Semaphore,
-    ids: AtomicU64,
-    /// Structured-output constraints are compiled here too, to refuse bad ones early.
-    grammars: std::sync::OnceLock<Result<GrammarCompiler, StructuredError>>,
-}
-
-impl AppState {
-    /// The state over a model and its workers.
-    pub fn new(
-        model_name: String,
-        info: ModelInfo,
-        pool: Workers,
-        routing: Routing,
-        metrics: Option<PrometheusHandle>,
-    ) -> AppState {
-        let started = unix_now();
-        let seed =
-            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-                ^ (std::process::id() as u64) << 40;
-        AppState {
-            model_name,
-            info,
-            pool,
-            routing,
-            load_sync: None,
-            metrics,
-            started,
-            api_keys: None,
-            max_body_bytes: crate::MAX_BODY_BYTES,
-            max_prompt_tokens: None,
-            default_max_tokens: None,
-            special_tokens: SpecialTokens::default(),
-            body_read_timeout: Duration::from_secs(10),
-            tokenizing: tokio::sync::Semaphore::new(
-                std::thread::available_parallelism().map_or(2, |n| n.get()),
-            ),
-            ids: AtomicU64::new(seed),
-            grammars: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// The constraint compiler for the model's vocabulary (built on first use).
-    pub(crate) fn grammars(&self) -> Result<&GrammarCompiler, &StructuredError> {
-        self.grammars
-            .get_or_init(|| GrammarCompiler::new(&self.info.tokenizer, self.info.config.vocab_size))
-            .as_ref()
-    }
-
-    fn new_id(&self, prefix: &str) -> String {
-        let n = self.ids.fetch_add(1, Ordering::Relaxed);
-        format!("{prefix}-{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-    }
-
-    pub(crate) fn max_model_len(&self) -> usize {
-        match self.pool.current().max_model_len() {
-            0 => self.info.config.max_position_embeddings,
-            n => n,
-        }
-    }
-
-    /// The most tokens a prompt may have: `--max-prompt-tokens`, and one less than the context.
-    pub(crate) fn prompt_limit(&self) -> usize {
-        self.max_prompt_tokens
-            .unwrap_or(usize::MAX)
-            .min(self.max_model_len().saturating_sub(1))
-            .max(1)
-    }
-}
-
-impl crate::sync::Shared for AppState {
-    fn routing(&self) -> &Routing {
-        &self.routing
-    }
-    fn workers(&self) -> &Workers {
-        &self.pool
-    }
-    fn load_sync(&self) -> Option<&crate::sync::LoadSync> {
-        self.load_sync.as_ref()
-    }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-/// A validated generation request.
-struct Prepared {
-    ep: Endpoint,
-    id: String,
-    created: u64,
-    prompts: Vec<Vec<u32>>,
-    echo: Vec<Option<String>>,
-    params: Vec<SamplingParams>,
-    n: usize,
-    stream: bool,
-    include_usage: bool,
-    logprobs: bool,
-    cache_salt: String,
-    priority: i32,
-    no_speculation: bool,
-    /// The functions whose calls are read out of the output (chat with tools).
-    tool_names: Option<Vec<String>>,
-}
 
 fn check_model(st: &AppState, c: &CommonParams) -> Result<(), ApiError> {
     match &c.model {
@@ -262,6 +125,7 @@ fn finish_prepare(
         priority: c.priority.unwrap_or(0),
         no_speculation: c.speculative == Some(false),
         tool_names: None,
+        dispatch: Duration::ZERO,
     })
 }
 
@@ -407,8 +271,6 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     Ok(p)
 }
 
-type WorkerStream = tonic::Streaming<pb::GenerateResponse>;
-
 /// Starts one `Generate` stream per prompt on a decode worker; a worker that cannot be reached
 /// is marked failed and another one is tried.
 async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>), ApiError> {
@@ -472,219 +334,6 @@ async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>)
         }
     }
     Err(last_err)
-}
-
-fn merged(
-    streams: Vec<WorkerStream>,
-) -> impl futures_util::Stream<Item = (usize, Result<pb::GenerateResponse, tonic::Status>)> + Send + Unpin
-{
-    futures_util::stream::select_all(
-        streams.into_iter().enumerate().map(|(i, s)| s.map(move |r| (i, r)).boxed()),
-    )
-}
-
-fn record_done(ep: Endpoint, code: StatusCode, started: Instant) {
-    counter!("tandem_router_requests_total", "endpoint" => ep.label(), "code" => code.as_u16().to_string()).increment(1);
-    if code.is_success() {
-        histogram!("tandem_e2e_request_latency_seconds").record(started.elapsed().as_secs_f64());
-    }
-}
-
-async fn collect(
-    st: &AppState,
-    p: &Prepared,
-    route: &mut Route,
-    streams: Vec<WorkerStream>,
-    started: Instant,
-) -> Result<Value, ApiError> {
-    let mut choices = vec![Choice::default(); p.prompts.len() * p.n];
-    let mut prompt_tokens = vec![0usize; p.prompts.len()];
-    let mut finished = vec![false; p.prompts.len()];
-    let mut first = true;
-    let mut s = merged(streams);
-    while let Some((pi, r)) = s.next().await {
-        let resp = r.map_err(|e| ApiError::from_status(&e))?;
-        prompt_tokens[pi] = resp.prompt_tokens as usize;
-        for d in &resp.outputs {
-            if first && !d.token_ids.is_empty() {
-                first = false;
-                route.ticket.first_token();
-                histogram!("tandem_time_to_first_token_seconds")
-                    .record(started.elapsed().as_secs_f64());
-            }
-            if let Some(c) = choices.get_mut(pi * p.n + d.index as usize) {
-                c.push(d);
-            }
-        }
-        finished[pi] |= resp.finished;
-    }
-    if finished.iter().any(|f| !f) {
-        return Err(ApiError::upstream(
-            "the decode worker closed the stream before the request finished",
-        ));
-    }
-    let h = Header { id: &p.id, created: p.created, model: &st.model_name };
-    let mut v = responses::full_response(
-        p.ep,
-        &h,
-        &st.info.tokenizer,
-        &choices,
-        p.logprobs,
-        prompt_tokens.iter().sum(),
-        &p.echo,
-    );
-    if let Some(names) = &p.tool_names {
-        for (c, out) in choices.iter().zip(v["choices"].as_array_mut().into_iter().flatten()) {
-            if let Some((content, calls)) = crate::tools::parse_calls(&c.text, names) {
-                out["message"] = crate::tools::message_with_calls(content, &calls);
-                out["finish_reason"] = "tool_calls".into();
-            }
-        }
-    }
-    Ok(v)
-}
-
-fn sse_data(v: &Value) -> Event {
-    Event::default().data(serde_json::to_string(&responses::Wire(v)).unwrap_or_default())
-}
-
-/// Streams a request's chunks; stops (dropping the worker streams, which aborts the requests)
-/// as soon as the client goes away.
-async fn stream_task(
-    st: Arc<AppState>,
-    p: Prepared,
-    mut route: Route,
-    streams: Vec<WorkerStream>,
-    tx: tokio::sync::mpsc::Sender<Event>,
-    started: Instant,
-) {
-    let h = Header { id: &p.id, created: p.created, model: &st.model_name };
-    let tok = &st.info.tokenizer;
-    let total = p.prompts.len() * p.n;
-    let mut offsets = vec![0usize; total];
-    let mut tokens = vec![0usize; total];
-    let mut prompt_tokens = vec![0usize; p.prompts.len()];
-    let mut finished = vec![false; p.prompts.len()];
-    let mut first = true;
-    let mut call_streams: Vec<Option<crate::tools::CallStream>> =
-        (0..total).map(|_| p.tool_names.clone().map(crate::tools::CallStream::new)).collect();
-    macro_rules! send {
-        ($ev:expr) => {
-            if tx.send($ev).await.is_err() {
-                tracing::info!(request_id = %p.id, "client disconnected; aborting");
-                return;
-            }
-        };
-    }
-    if p.ep == Endpoint::Chat {
-        for i in 0..total {
-            send!(sse_data(&responses::chunk(p.ep, &h, vec![responses::chat_role_choice(i)])));
-        }
-    }
-    for (pi, e) in p.echo.iter().enumerate() {
-        if let Some(text) = e {
-            for j in 0..p.n {
-                let i = pi * p.n + j;
-                offsets[i] = text.len();
-                send!(sse_data(&responses::chunk(
-                    p.ep,
-                    &h,
-                    vec![responses::chunk_choice(
-                        p.ep,
-                        tok,
-                        i,
-                        text,
-                        &[],
-                        false,
-                        0,
-                        None,
-                        Value::Null
-                    )]
-                )));
-            }
-        }
-    }
-    let mut s = merged(streams);
-    loop {
-        let next = tokio::select! {
-            n = s.next() => n,
-            _ = tx.closed() => {
-                tracing::info!(request_id = %p.id, "client disconnected; aborting");
-                return;
-            }
-        };
-        let Some((pi, r)) = next else { break };
-        let resp = match r {
-            Ok(r) => r,
-            Err(e) => {
-                let err = ApiError::from_status(&e);
-                tracing::warn!(request_id = %p.id, error = %err.message, "worker stream failed");
-                record_done(p.ep, err.status, started);
-                send!(sse_data(&json!({ "error": err.body() })));
-                let _ = tx.send(Event::default().data("[DONE]")).await;
-                return;
-            }
-        };
-        prompt_tokens[pi] = resp.prompt_tokens as usize;
-        finished[pi] |= resp.finished;
-        for d in &resp.outputs {
-            let i = pi * p.n + d.index as usize;
-            if i >= total {
-                continue;
-            }
-            if first && !d.token_ids.is_empty() {
-                first = false;
-                route.ticket.first_token();
-                histogram!("tandem_time_to_first_token_seconds")
-                    .record(started.elapsed().as_secs_f64());
-            }
-            let finish = (!d.finish_reason.is_empty()).then_some(d.finish_reason.as_str());
-            if d.text.is_empty() && d.logprobs.is_empty() && finish.is_none() {
-                tokens[i] += d.token_ids.len();
-                continue;
-            }
-            if let Some(cs) = call_streams.get_mut(i).and_then(Option::as_mut) {
-                let lp = match p.logprobs {
-                    true => responses::chat_logprobs(tok, &d.logprobs),
-                    false => Value::Null,
-                };
-                tokens[i] += d.token_ids.len();
-                for c in crate::tools::chunk_choices(cs, i, &d.text, finish, lp) {
-                    send!(sse_data(&responses::chunk(p.ep, &h, vec![c])));
-                }
-                continue;
-            }
-            let stop = responses::stop_reason(d);
-            let c = responses::chunk_choice(
-                p.ep,
-                tok,
-                i,
-                &d.text,
-                &d.logprobs,
-                p.logprobs,
-                offsets[i],
-                finish,
-                stop,
-            );
-            offsets[i] += d.text.len();
-            tokens[i] += d.token_ids.len();
-            send!(sse_data(&responses::chunk(p.ep, &h, vec![c])));
-        }
-    }
-    if finished.iter().any(|f| !f) {
-        let err =
-            ApiError::upstream("the decode worker closed the stream before the request finished");
-        record_done(p.ep, err.status, started);
-        send!(sse_data(&json!({ "error": err.body() })));
-    } else {
-        record_done(p.ep, StatusCode::OK, started);
-        if p.include_usage {
-            let mut u = responses::chunk(p.ep, &h, vec![]);
-            u["usage"] = responses::usage(prompt_tokens.iter().sum(), tokens.iter().sum());
-            send!(sse_data(&u));
-        }
-    }
-    let _ = tx.send(Event::default().data("[DONE]")).await;
 }
 
 /// Refuses a body that is not declared as JSON (OpenAI's and vLLM's rule).
@@ -795,6 +444,7 @@ async fn generate(
             return e.into_response();
         }
     };
+    p.dispatch = started.elapsed();
     if p.stream {
         let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
         tokio::spawn(stream_task(st.clone(), p, route, streams, tx, started));

@@ -24,11 +24,14 @@ pub mod load;
 pub mod model_api;
 pub mod openai;
 pub mod prompt;
+mod relay;
 pub mod responses;
 pub mod routing;
+pub mod state;
 pub mod status_api;
 pub mod structured;
 pub mod sync;
+pub mod tool_stream;
 pub mod tools;
 pub mod workers;
 
@@ -39,7 +42,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use tandem_engine::ModelInfo;
 
-pub use handlers::AppState;
+pub use state::AppState;
 pub use workers::{WorkerPool, Workers};
 
 /// Router settings.

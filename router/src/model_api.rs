@@ -11,7 +11,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::handlers::{check_content_type, on_tokenizer_pool, read_body, AppState};
+use crate::handlers::{check_content_type, on_tokenizer_pool, read_body};
+use crate::state::AppState;
 use crate::{openai, prompt};
 
 fn model_object(st: &AppState) -> Value {

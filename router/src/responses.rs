@@ -207,6 +207,35 @@ pub fn full_response(
     json!({ "id": h.id, "object": object, "created": h.created, "model": h.model, "choices": items, "usage": usage(prompt_tokens, completion_tokens) })
 }
 
+/// The `timing` extension of a response (seed 001's data model, in milliseconds): `queue` is the
+/// router's own time before dispatch plus the decode worker's wait before the prompt's
+/// computation began (here or on a prefill worker), `prefill` runs to the first token, `decode`
+/// from there to the end, `total` is the router's clock from receipt to this response. The
+/// worker's parts are durations on its own clock, so no two machines' clocks are compared.
+pub fn timing(
+    dispatch: std::time::Duration,
+    t: &pb::RequestTiming,
+    total: std::time::Duration,
+) -> Value {
+    let ms = |s: f64| (s * 1000.0).max(0.0);
+    let total = ms(total.as_secs_f64());
+    let worker_queue =
+        if t.first_scheduled_time > 0.0 { t.first_scheduled_time - t.arrival_time } else { 0.0 };
+    let queue = ms(dispatch.as_secs_f64()) + ms(worker_queue);
+    let prefill = if t.first_token_time > 0.0 && t.first_scheduled_time > 0.0 {
+        ms(t.first_token_time - t.first_scheduled_time)
+    } else {
+        0.0
+    };
+    let decode = if t.finished_time > 0.0 && t.first_token_time > 0.0 {
+        ms(t.finished_time - t.first_token_time)
+    } else {
+        (total - queue - prefill).max(0.0)
+    };
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    json!({ "queue_time_ms": round(queue), "prefill_time_ms": round(prefill), "decode_time_ms": round(decode), "total_time_ms": round(total) })
+}
+
 /// One streamed chunk with the given choices.
 pub fn chunk(ep: Endpoint, h: &Header, choices: Vec<Value>) -> Value {
     let object = match ep {

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::handlers::AppState;
+use crate::state::AppState;
 
 /// One worker as the cluster endpoints and `/health` show it.
 fn worker_json(

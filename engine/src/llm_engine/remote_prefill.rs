@@ -86,7 +86,9 @@ impl LLMEngine {
             return Ok(None);
         }
         let Some(cached) = self.scheduler.park(id) else { return Ok(None) };
-        let seq = &self.scheduler.seqs[&id];
+        let seq = self.scheduler.seqs.get_mut(&id).expect("just added");
+        // Its prefill begins now, on the prefill worker.
+        seq.metrics.first_scheduled_time = Some(now_secs());
         Ok(Some(RemotePrefill {
             prompt_token_ids: seq.token_ids.clone(),
             block_table: seq.block_table.blocks.clone(),

@@ -1,0 +1,280 @@
+//! Relaying the decode workers' streams to the client: the deltas of every prompt's completions
+//! merged, accumulated into one response or sent as server-sent events chunk by chunk (tool
+//! calls read out of the text on the way), with the request's usage and timing.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::http::StatusCode;
+use axum::response::sse::Event;
+use futures_util::StreamExt;
+use metrics::{counter, histogram};
+use serde_json::{json, Value};
+use tandem_engine::SamplingParams;
+use tandem_proto::v1 as pb;
+
+use crate::error::ApiError;
+use crate::responses::{self, Choice, Endpoint, Header};
+use crate::routing::Route;
+use crate::state::AppState;
+
+/// A validated generation request.
+pub(crate) struct Prepared {
+    pub(crate) ep: Endpoint,
+    pub(crate) id: String,
+    pub(crate) created: u64,
+    pub(crate) prompts: Vec<Vec<u32>>,
+    pub(crate) echo: Vec<Option<String>>,
+    pub(crate) params: Vec<SamplingParams>,
+    pub(crate) n: usize,
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+    pub(crate) logprobs: bool,
+    pub(crate) cache_salt: String,
+    pub(crate) priority: i32,
+    pub(crate) no_speculation: bool,
+    /// The functions whose calls are read out of the output (chat with tools).
+    pub(crate) tool_names: Option<Vec<String>>,
+    /// From receipt until the worker streams started (the router's part of the queue time).
+    pub(crate) dispatch: std::time::Duration,
+}
+
+/// A decode worker's stream of one prompt's deltas.
+pub(crate) type WorkerStream = tonic::Streaming<pb::GenerateResponse>;
+
+fn merged(
+    streams: Vec<WorkerStream>,
+) -> impl futures_util::Stream<Item = (usize, Result<pb::GenerateResponse, tonic::Status>)> + Send + Unpin
+{
+    futures_util::stream::select_all(
+        streams.into_iter().enumerate().map(|(i, s)| s.map(move |r| (i, r)).boxed()),
+    )
+}
+
+pub(crate) fn record_done(ep: Endpoint, code: StatusCode, started: Instant) {
+    counter!("tandem_router_requests_total", "endpoint" => ep.label(), "code" => code.as_u16().to_string()).increment(1);
+    if code.is_success() {
+        histogram!("tandem_e2e_request_latency_seconds").record(started.elapsed().as_secs_f64());
+    }
+}
+
+pub(crate) async fn collect(
+    st: &AppState,
+    p: &Prepared,
+    route: &mut Route,
+    streams: Vec<WorkerStream>,
+    started: Instant,
+) -> Result<Value, ApiError> {
+    let mut choices = vec![Choice::default(); p.prompts.len() * p.n];
+    let mut prompt_tokens = vec![0usize; p.prompts.len()];
+    let mut finished = vec![false; p.prompts.len()];
+    let mut first = true;
+    let mut timing = pb::RequestTiming::default();
+    let mut s = merged(streams);
+    while let Some((pi, r)) = s.next().await {
+        let resp = r.map_err(|e| ApiError::from_status(&e))?;
+        prompt_tokens[pi] = resp.prompt_tokens as usize;
+        if let Some(t) = resp.timing.as_ref().filter(|_| resp.finished) {
+            timing = t.clone();
+        }
+        for d in &resp.outputs {
+            if first && !d.token_ids.is_empty() {
+                first = false;
+                route.ticket.first_token();
+                histogram!("tandem_time_to_first_token_seconds")
+                    .record(started.elapsed().as_secs_f64());
+            }
+            if let Some(c) = choices.get_mut(pi * p.n + d.index as usize) {
+                c.push(d);
+            }
+        }
+        finished[pi] |= resp.finished;
+    }
+    if finished.iter().any(|f| !f) {
+        return Err(ApiError::upstream(
+            "the decode worker closed the stream before the request finished",
+        ));
+    }
+    let h = Header { id: &p.id, created: p.created, model: &st.model_name };
+    let mut v = responses::full_response(
+        p.ep,
+        &h,
+        &st.info.tokenizer,
+        &choices,
+        p.logprobs,
+        prompt_tokens.iter().sum(),
+        &p.echo,
+    );
+    v["timing"] = responses::timing(p.dispatch, &timing, started.elapsed());
+    if let Some(names) = &p.tool_names {
+        for (c, out) in choices.iter().zip(v["choices"].as_array_mut().into_iter().flatten()) {
+            if let Some((content, calls)) = crate::tools::parse_calls(&c.text, names) {
+                out["message"] = crate::tools::message_with_calls(content, &calls);
+                out["finish_reason"] = "tool_calls".into();
+            }
+        }
+    }
+    Ok(v)
+}
+
+fn sse_data(v: &Value) -> Event {
+    Event::default().data(serde_json::to_string(&responses::Wire(v)).unwrap_or_default())
+}
+
+/// Streams a request's chunks; stops (dropping the worker streams, which aborts the requests)
+/// as soon as the client goes away.
+pub(crate) async fn stream_task(
+    st: Arc<AppState>,
+    p: Prepared,
+    mut route: Route,
+    streams: Vec<WorkerStream>,
+    tx: tokio::sync::mpsc::Sender<Event>,
+    started: Instant,
+) {
+    let h = Header { id: &p.id, created: p.created, model: &st.model_name };
+    let tok = &st.info.tokenizer;
+    let total = p.prompts.len() * p.n;
+    let mut offsets = vec![0usize; total];
+    let mut tokens = vec![0usize; total];
+    let mut prompt_tokens = vec![0usize; p.prompts.len()];
+    let mut finished = vec![false; p.prompts.len()];
+    let mut first = true;
+    let mut ended = 0;
+    let mut call_streams: Vec<Option<crate::tool_stream::CallStream>> =
+        (0..total).map(|_| p.tool_names.clone().map(crate::tool_stream::CallStream::new)).collect();
+    macro_rules! send {
+        ($ev:expr) => {
+            if tx.send($ev).await.is_err() {
+                tracing::info!(request_id = %p.id, "client disconnected; aborting");
+                return;
+            }
+        };
+    }
+    if p.ep == Endpoint::Chat {
+        for i in 0..total {
+            send!(sse_data(&responses::chunk(p.ep, &h, vec![responses::chat_role_choice(i)])));
+        }
+    }
+    for (pi, e) in p.echo.iter().enumerate() {
+        if let Some(text) = e {
+            for j in 0..p.n {
+                let i = pi * p.n + j;
+                offsets[i] = text.len();
+                send!(sse_data(&responses::chunk(
+                    p.ep,
+                    &h,
+                    vec![responses::chunk_choice(
+                        p.ep,
+                        tok,
+                        i,
+                        text,
+                        &[],
+                        false,
+                        0,
+                        None,
+                        Value::Null
+                    )]
+                )));
+            }
+        }
+    }
+    let mut s = merged(streams);
+    loop {
+        let next = tokio::select! {
+            n = s.next() => n,
+            _ = tx.closed() => {
+                tracing::info!(request_id = %p.id, "client disconnected; aborting");
+                return;
+            }
+        };
+        let Some((pi, r)) = next else { break };
+        let resp = match r {
+            Ok(r) => r,
+            Err(e) => {
+                let err = ApiError::from_status(&e);
+                tracing::warn!(request_id = %p.id, error = %err.message, "worker stream failed");
+                record_done(p.ep, err.status, started);
+                send!(sse_data(&json!({ "error": err.body() })));
+                let _ = tx.send(Event::default().data("[DONE]")).await;
+                return;
+            }
+        };
+        prompt_tokens[pi] = resp.prompt_tokens as usize;
+        finished[pi] |= resp.finished;
+        for d in &resp.outputs {
+            let i = pi * p.n + d.index as usize;
+            if i >= total {
+                continue;
+            }
+            if first && !d.token_ids.is_empty() {
+                first = false;
+                route.ticket.first_token();
+                histogram!("tandem_time_to_first_token_seconds")
+                    .record(started.elapsed().as_secs_f64());
+            }
+            let finish = (!d.finish_reason.is_empty()).then_some(d.finish_reason.as_str());
+            if d.text.is_empty() && d.logprobs.is_empty() && finish.is_none() {
+                tokens[i] += d.token_ids.len();
+                continue;
+            }
+            // The chunk that ends the last choice carries the request's timing.
+            if finish.is_some() {
+                ended += 1;
+            }
+            let timing = (finish.is_some() && ended == total).then(|| {
+                let t = resp.timing.clone().unwrap_or_default();
+                responses::timing(p.dispatch, &t, started.elapsed())
+            });
+            if let Some(cs) = call_streams.get_mut(i).and_then(Option::as_mut) {
+                let lp = match p.logprobs {
+                    true => responses::chat_logprobs(tok, &d.logprobs),
+                    false => Value::Null,
+                };
+                tokens[i] += d.token_ids.len();
+                let chunks = crate::tool_stream::chunk_choices(cs, i, &d.text, finish, lp);
+                let last = chunks.len().saturating_sub(1);
+                for (k, c) in chunks.into_iter().enumerate() {
+                    let mut chunk = responses::chunk(p.ep, &h, vec![c]);
+                    if let Some(t) = timing.as_ref().filter(|_| k == last) {
+                        chunk["timing"] = t.clone();
+                    }
+                    send!(sse_data(&chunk));
+                }
+                continue;
+            }
+            let stop = responses::stop_reason(d);
+            let c = responses::chunk_choice(
+                p.ep,
+                tok,
+                i,
+                &d.text,
+                &d.logprobs,
+                p.logprobs,
+                offsets[i],
+                finish,
+                stop,
+            );
+            offsets[i] += d.text.len();
+            tokens[i] += d.token_ids.len();
+            let mut chunk = responses::chunk(p.ep, &h, vec![c]);
+            if let Some(t) = timing {
+                chunk["timing"] = t;
+            }
+            send!(sse_data(&chunk));
+        }
+    }
+    if finished.iter().any(|f| !f) {
+        let err =
+            ApiError::upstream("the decode worker closed the stream before the request finished");
+        record_done(p.ep, err.status, started);
+        send!(sse_data(&json!({ "error": err.body() })));
+    } else {
+        record_done(p.ep, StatusCode::OK, started);
+        if p.include_usage {
+            let mut u = responses::chunk(p.ep, &h, vec![]);
+            u["usage"] = responses::usage(prompt_tokens.iter().sum(), tokens.iter().sum());
+            send!(sse_data(&u));
+        }
+    }
+    let _ = tx.send(Event::default().data("[DONE]")).await;
+}
