@@ -1,6 +1,6 @@
 //! The model's own endpoints through the real gateway: `GET /v1/models/{id}`, vLLM's
 //! `/tokenize` and `/detokenize`, checked against what the completion endpoints count; and
-//! `logit_bias`, checked with the token ids `/tokenize` gives.
+//! `logit_bias`, checked with the token ids `/tokenize` gives; `best_of`.
 
 mod common;
 
@@ -136,4 +136,104 @@ fn completion_top_logprobs_come_most_likely_first() {
             assert!(values.windows(2).all(|w| w[0] >= w[1]), "keys not most likely first: {first}");
         }
     }
+}
+
+/// `best_of = 4, n = 2` generates four samples and returns the two with the highest cumulative
+/// log-probability: the same four (same seed) come back with `n = 4`, whose token log-probs
+/// give each one's score. Streaming it, or `best_of < n`, is a 400.
+#[test]
+fn best_of_returns_the_highest_scoring_samples() {
+    let d = decode(&["--colocated"], &[]);
+    let r = router(&[&d], &[]);
+    let body = |extra: Value| {
+        let mut b = json!({ "model": MODEL, "prompt": "Once upon a time", "max_tokens": 12,
+                            "temperature": 1.0, "seed": 5, "logprobs": 0 });
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let (s, all) = post(&r, "/v1/completions", body(json!({ "n": 4 })));
+    assert_eq!(s, 200, "{all}");
+    let mut scored: Vec<(f64, String)> = all["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let lps = c["logprobs"]["token_logprobs"].as_array().unwrap();
+            (lps.iter().map(|x| x.as_f64().unwrap()).sum(), c["text"].as_str().unwrap().into())
+        })
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let distinct: std::collections::HashSet<&String> = scored.iter().map(|s| &s.1).collect();
+    assert!(distinct.len() >= 3, "the four samples differ: {scored:?}");
+
+    let (s, best) = post(&r, "/v1/completions", body(json!({ "n": 2, "best_of": 4 })));
+    assert_eq!(s, 200, "{best}");
+    let texts: Vec<&str> =
+        best["choices"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
+    assert_eq!(texts, [scored[0].1.as_str(), scored[1].1.as_str()], "{scored:?}");
+    assert_eq!(best["usage"]["completion_tokens"], all["usage"]["completion_tokens"]);
+
+    for (extra, what) in [
+        (json!({ "n": 2, "best_of": 4, "stream": true }), "streamed"),
+        (json!({ "n": 3, "best_of": 2 }), "below n"),
+    ] {
+        let (s, e) = post(&r, "/v1/completions", body(extra));
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some("best_of")), "{what}: {e}");
+    }
+}
+
+/// `echo` with `logprobs` scores the prompt itself: through the gateway, the echoed tokens'
+/// log-probabilities and top-5 alternatives equal transformers' teacher-forced ones from the
+/// committed golden file (prompt + the reference's greedy tokens sent as the prompt), the first
+/// token has none, and the completion's entries follow. Streaming it is a 400.
+#[test]
+fn echo_with_logprobs_scores_the_prompt_as_the_reference_does() {
+    let d = decode(&["--colocated"], &[]);
+    let r = router(&[&d], &[]);
+    let path =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/golden/smollm2-135m-instruct-q4_1.json");
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut worst = 0f64;
+    for case in golden["cases"].as_array().unwrap().iter().take(4) {
+        let prompt: Vec<u64> = case["prompt_token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let steps = case["steps"].as_array().unwrap();
+        let forced: Vec<u64> =
+            steps.iter().take(16).map(|s| s["token_id"].as_u64().unwrap()).collect();
+        let ids: Vec<u64> = prompt.iter().chain(&forced).copied().collect();
+        let body = json!({ "model": MODEL, "prompt": ids, "echo": true, "logprobs": 5,
+                           "max_tokens": 2, "temperature": 0 });
+        let (s, res) = post(&r, "/v1/completions", body);
+        assert_eq!(s, 200, "{res}");
+        let lp = &res["choices"][0]["logprobs"];
+        let token_lps = lp["token_logprobs"].as_array().unwrap();
+        assert_eq!(token_lps.len(), ids.len() + 2, "prompt and completion entries");
+        assert!(token_lps[0].is_null() && lp["top_logprobs"][0].is_null());
+        for (j, step) in steps.iter().take(16).enumerate() {
+            let at = prompt.len() + j;
+            let got = token_lps[at].as_f64().unwrap();
+            let want = step["logprob"].as_f64().unwrap();
+            worst = worst.max((got - want).abs());
+            assert!((got - want).abs() < 2e-3, "{} position {at}: {got} vs {want}", case["name"]);
+            let tops = lp["top_logprobs"][at].as_object().unwrap();
+            assert_eq!(tops.len(), 5);
+            let best = step["top"][0]["logprob"].as_f64().unwrap();
+            let first = tops.values().next().unwrap().as_f64().unwrap();
+            assert!((first - best).abs() < 2e-3, "most likely first: {first} vs {best}");
+        }
+        // The completion is greedy: its first token is the reference's next one.
+        let next = steps[16]["token_id"].as_u64().unwrap();
+        assert_eq!(res["usage"]["prompt_tokens"].as_u64().unwrap() as usize, ids.len());
+        let (_, t) = post(&r, "/detokenize", json!({ "model": MODEL, "tokens": [next] }));
+        assert_eq!(t["prompt"], lp["tokens"][ids.len()], "{t}");
+    }
+    println!("worst |echo logprob - reference| = {worst:.2e}");
+    let body =
+        json!({ "model": MODEL, "prompt": "x", "echo": true, "logprobs": 1, "stream": true });
+    let (s, e) = post(&r, "/v1/completions", body);
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("echo")), "{e}");
 }

@@ -49,6 +49,13 @@ fn response(out: &RequestOutput, prefill: &str) -> pb::GenerateResponse {
         outputs: out.outputs.iter().map(delta_to_proto).collect(),
         finished: out.finished,
         prompt_tokens: out.prompt_token_ids.len() as u32,
+        prompt_logprobs: out
+            .prompt_logprobs
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(tandem_worker::convert::sampled_to_proto)
+            .collect(),
         timing: Some(pb::RequestTiming {
             arrival_time: m.arrival_time,
             first_token_time: m.first_token_time.unwrap_or(0.0),
@@ -74,6 +81,8 @@ pub(crate) enum LocalReason {
     NoWorker,
     /// `n > 1`: the completions fork from a prompt computed here.
     ManyCompletions,
+    /// The prompt's log-probabilities are asked for: its logits are computed here.
+    PromptLogprobs,
     /// The uncached suffix is shorter than `--disagg-min-tokens`.
     Short,
     /// No free blocks to receive the pages into.
@@ -85,6 +94,7 @@ impl LocalReason {
         match self {
             LocalReason::NoWorker => "local_no_worker",
             LocalReason::ManyCompletions => "local_n",
+            LocalReason::PromptLogprobs => "local_prompt_logprobs",
             LocalReason::Short => "local_short",
             LocalReason::NoBlocks => "local_no_blocks",
         }
@@ -115,6 +125,8 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
                 Some(LocalReason::NoWorker)
             } else if params.n > 1 {
                 Some(LocalReason::ManyCompletions)
+            } else if params.prompt_logprobs.is_some() {
+                Some(LocalReason::PromptLogprobs)
             } else {
                 None
             };

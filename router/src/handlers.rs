@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use futures_util::StreamExt;
 use metrics::counter;
+use tandem_engine::sampling::sampling_params::MAX_N;
 use tandem_engine::SamplingParams;
 use tandem_proto::v1 as pb;
 use tandem_worker::convert::params_to_proto;
@@ -115,6 +116,8 @@ fn finish_prepare(
         id: st.new_id(prefix),
         created: unix_now(),
         n: base.n,
+        keep: base.n,
+        echo_logprobs: false,
         prompts,
         echo,
         params,
@@ -148,20 +151,34 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     let logprobs = r.logprobs.map(|k| openai::logprob_count("logprobs", k)).transpose()?;
     let mut base = openai::sampling_params(&common, logprobs)?;
     constrain(st, &common, &mut base)?;
+    // best_of: that many completions are generated and the n with the highest cumulative
+    // log-probability returned (known only at the end, so not streamed).
+    let keep = base.n;
     if let Some(b) = r.best_of {
-        if b != base.n as i64 {
+        if b < keep as i64 || b > MAX_N as i64 {
             return Err(ApiError::invalid(
                 Some("best_of"),
-                format!("best_of must equal n ({}) when given, got {b}", base.n),
+                format!("best_of must be between n ({keep}) and {MAX_N}, got {b}"),
             ));
         }
+        if b as usize > keep && common.stream == Some(true) {
+            return Err(ApiError::invalid(
+                Some("best_of"),
+                "best_of greater than n cannot be streamed: the best completions are known only at the end",
+            ));
+        }
+        base.n = b as usize;
     }
     let echo = r.echo.unwrap_or(false);
     if echo && logprobs.is_some() {
-        return Err(ApiError::invalid(
-            Some("echo"),
-            "echo together with logprobs is not supported",
-        ));
+        if common.stream == Some(true) {
+            return Err(ApiError::invalid(
+                Some("echo"),
+                "echo with logprobs is answered whole: it cannot be streamed",
+            ));
+        }
+        // The echoed prompt's tokens are scored too (computed on the decode worker).
+        base.prompt_logprobs = logprobs;
     }
     let (prompts, texts): (Vec<Vec<u32>>, Vec<Option<String>>) = match r.prompt {
         None => return Err(ApiError::invalid(Some("prompt"), "prompt is required")),
@@ -196,7 +213,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     } else {
         vec![None; prompts.len()]
     };
-    finish_prepare(
+    let mut p = finish_prepare(
         st,
         Endpoint::Completions,
         &common,
@@ -205,7 +222,10 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
         base,
         Budget { param: "max_tokens", requested: common.max_tokens, default: Some(16) },
         logprobs.is_some(),
-    )
+    )?;
+    p.keep = keep;
+    p.echo_logprobs = echo && logprobs.is_some();
+    Ok(p)
 }
 
 fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {

@@ -359,6 +359,7 @@ pub fn sampling_params(
         detokenize: true,
         logit_bias,
         structured: None,
+        prompt_logprobs: None,
     })
 }
 

@@ -27,6 +27,10 @@ pub(crate) struct Prepared {
     pub(crate) echo: Vec<Option<String>>,
     pub(crate) params: Vec<SamplingParams>,
     pub(crate) n: usize,
+    /// Completions returned per prompt: `n`, or fewer than generated with `best_of`.
+    pub(crate) keep: usize,
+    /// `echo` with `logprobs`: the prompt's tokens are scored in the response too.
+    pub(crate) echo_logprobs: bool,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
     pub(crate) logprobs: bool,
@@ -58,6 +62,18 @@ pub(crate) fn record_done(ep: Endpoint, code: StatusCode, started: Instant) {
     }
 }
 
+/// Of each prompt's `n` completions, the `keep` with the highest cumulative log-probability,
+/// best first.
+fn best_of(choices: Vec<Choice>, n: usize, keep: usize) -> Vec<Choice> {
+    let mut out = Vec::with_capacity(choices.len() / n.max(1) * keep);
+    for group in choices.chunks(n.max(1)) {
+        let mut g = group.to_vec();
+        g.sort_by(|a, b| b.cumulative_logprob.total_cmp(&a.cumulative_logprob));
+        out.extend(g.into_iter().take(keep));
+    }
+    out
+}
+
 pub(crate) async fn collect(
     st: &AppState,
     p: &Prepared,
@@ -70,12 +86,16 @@ pub(crate) async fn collect(
     let mut finished = vec![false; p.prompts.len()];
     let mut first = true;
     let mut timing = pb::RequestTiming::default();
+    let mut prompt_lps: Vec<Vec<pb::SampledToken>> = vec![Vec::new(); p.prompts.len()];
     let mut s = merged(streams);
     while let Some((pi, r)) = s.next().await {
         let resp = r.map_err(|e| ApiError::from_status(&e))?;
         prompt_tokens[pi] = resp.prompt_tokens as usize;
         if let Some(t) = resp.timing.as_ref().filter(|_| resp.finished) {
             timing = t.clone();
+        }
+        if !resp.prompt_logprobs.is_empty() {
+            prompt_lps[pi] = resp.prompt_logprobs;
         }
         for d in &resp.outputs {
             if first && !d.token_ids.is_empty() {
@@ -96,6 +116,8 @@ pub(crate) async fn collect(
         ));
     }
     let h = Header { id: &p.id, created: p.created, model: &st.model_name };
+    let generated: usize = choices.iter().map(|c| c.num_tokens).sum();
+    let choices = if p.keep < p.n { best_of(choices, p.n, p.keep) } else { choices };
     let mut v = responses::full_response(
         p.ep,
         &h,
@@ -106,6 +128,16 @@ pub(crate) async fn collect(
         &p.echo,
     );
     v["timing"] = responses::timing(p.dispatch, &timing, started.elapsed());
+    if p.echo_logprobs {
+        let tok = &st.info.tokenizer;
+        for (i, c) in v["choices"].as_array_mut().into_iter().flatten().enumerate() {
+            let pi = i / p.keep.max(1);
+            let lp = responses::echo_logprobs(tok, &p.prompts[pi], &prompt_lps[pi], &c["logprobs"]);
+            c["logprobs"] = lp;
+        }
+    }
+    // Usage counts every completion generated, kept or not.
+    v["usage"] = responses::usage(prompt_tokens.iter().sum(), generated);
     if let Some(names) = &p.tool_names {
         for (c, out) in choices.iter().zip(v["choices"].as_array_mut().into_iter().flatten()) {
             if let Some((content, calls)) = crate::tools::parse_calls(&c.text, names) {

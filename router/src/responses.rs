@@ -37,6 +37,8 @@ pub struct Choice {
     pub finish_reason: Option<String>,
     /// Stop string or token (JSON null, a string or an integer).
     pub stop_reason: Value,
+    /// Sum of the generated tokens' log-probabilities.
+    pub cumulative_logprob: f64,
 }
 
 impl Choice {
@@ -45,6 +47,7 @@ impl Choice {
         self.text.push_str(&d.text);
         self.num_tokens += d.token_ids.len();
         self.logprobs.extend(d.logprobs.iter().cloned());
+        self.cumulative_logprob = d.cumulative_logprob;
         if !d.finish_reason.is_empty() {
             self.finish_reason = Some(d.finish_reason.clone());
             self.stop_reason = stop_reason(d);
@@ -84,6 +87,26 @@ pub fn completion_logprobs(tok: &Tokenizer, lps: &[pb::SampledToken], mut offset
     json!({ "tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets })
 }
 
+/// The completions `logprobs` of an echoed prompt and its completion: the prompt's first token
+/// (with null log-probability, as OpenAI writes it), the prompt's scored tokens, then the
+/// completion's entries (`completion`, whose offsets already start after the echoed text).
+pub fn echo_logprobs(
+    tok: &Tokenizer,
+    prompt: &[u32],
+    scored: &[pb::SampledToken],
+    completion: &Value,
+) -> Value {
+    let first = prompt.first().map(|&t| token_text(tok, t)).unwrap_or_default();
+    let rest = completion_logprobs(tok, scored, first.len());
+    let mut out = json!({ "tokens": [first], "token_logprobs": [null], "top_logprobs": [null], "text_offset": [0] });
+    for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        let arr = out[key].as_array_mut().expect("built above");
+        arr.extend(rest[key].as_array().into_iter().flatten().cloned());
+        arr.extend(completion[key].as_array().into_iter().flatten().cloned());
+    }
+    out
+}
+
 /// A response as it goes on the wire. A completions `top_logprobs` entry is held as a list of
 /// `[token, logprob]` pairs, most likely first, and written as the object OpenAI's API returns
 /// with its keys in that order (a `serde_json` map would sort them by token text).
@@ -97,7 +120,10 @@ impl serde::Serialize for Wire<'_> {
                 let mut out = s.serialize_map(Some(m.len()))?;
                 for (k, v) in m {
                     match (k.as_str(), v) {
-                        ("top_logprobs", Value::Array(rows)) if rows.iter().all(is_pairs) => {
+                        // (An echoed prompt's first token has no alternatives: null.)
+                        ("top_logprobs", Value::Array(rows))
+                            if rows.iter().all(|r| r.is_null() || is_pairs(r)) =>
+                        {
                             out.serialize_entry(k, &rows.iter().map(Pairs).collect::<Vec<_>>())?
                         }
                         _ => out.serialize_entry(k, &Wire(v))?,
@@ -130,6 +156,9 @@ struct Pairs<'a>(&'a Value);
 impl serde::Serialize for Pairs<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
+        if self.0.is_null() {
+            return s.serialize_none();
+        }
         let pairs = self.0.as_array().map(Vec::as_slice).unwrap_or_default();
         let mut out = s.serialize_map(Some(pairs.len()))?;
         for p in pairs {

@@ -36,6 +36,7 @@ pub fn params_from_proto(p: &pb::SamplingParams) -> Result<SamplingParams, tonic
         detokenize: true,
         logit_bias: p.logit_bias.iter().map(|b| (b.token_id, b.bias)).collect(),
         structured,
+        prompt_logprobs: p.prompt_logprobs.map(|k| k as usize),
     })
 }
 
@@ -68,6 +69,7 @@ pub fn params_to_proto(p: &SamplingParams) -> pb::SamplingParams {
             .structured
             .as_ref()
             .map(|s| serde_json::to_string(s).expect("a constraint serialises")),
+        prompt_logprobs: p.prompt_logprobs.map(|k| k as u32),
     }
 }
 
@@ -183,6 +185,7 @@ mod tests {
             skip_special_tokens: false,
             detokenize: true,
             logit_bias: vec![(3, -100.0), (9, 2.5)],
+            prompt_logprobs: Some(3),
             structured: Some(StructuredOutput::Json(
                 serde_json::json!({"type": "object", "properties": {"a": {"enum": [1, "x"]}}}),
             )),

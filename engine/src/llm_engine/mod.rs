@@ -14,7 +14,7 @@ use crate::backend::BackendError;
 use crate::llm_engine::model_runner::{ModelRunner, RowOutput};
 use crate::model::Model;
 use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
-use crate::sampling::sampler::{sample_token, Rng, SampledToken, SamplingContext};
+use crate::sampling::sampler::{sample_token, scored, Rng, SampledToken, SamplingContext};
 use crate::sampling::sampling_params::SamplingParams;
 use crate::sampling::structured::{GrammarCompiler, StructuredError};
 use crate::scheduling::block_hash::salt_digest;
@@ -135,6 +135,8 @@ struct RequestState {
     prompt: Arc<Vec<u32>>,
     n: usize,
     finished: usize,
+    /// The prompt's log-probabilities so far (when asked for), until they are sent.
+    prompt_logprobs: Option<Vec<SampledToken>>,
 }
 
 /// The engine: model, scheduler and runner.
@@ -347,6 +349,10 @@ impl LLMEngine {
         self.next_arrival += 1;
         seq.salt = opts.cache_salt.as_deref().map(salt_digest).unwrap_or(0);
         seq.group = salt_digest(opts.group.as_deref().unwrap_or(request_id));
+        if params.prompt_logprobs.is_some() {
+            // Every prompt token needs its logits row: no block may come from the prefix cache.
+            seq.salt = salt_digest(&format!("\0prompt_logprobs\0{request_id}\0{id}"));
+        }
         seq.prefill_only = opts.prefill_only;
         seq.grammar = grammar;
         if self.spec.is_some() {
@@ -360,7 +366,13 @@ impl LLMEngine {
         self.scheduler.add(seq);
         self.requests.insert(
             request_id.to_string(),
-            RequestState { seq_ids: vec![id], prompt, n: params.n, finished: 0 },
+            RequestState {
+                seq_ids: vec![id],
+                prompt,
+                n: params.n,
+                finished: 0,
+                prompt_logprobs: params.prompt_logprobs.map(|_| Vec::new()),
+            },
         );
         Ok(())
     }
@@ -416,6 +428,13 @@ impl LLMEngine {
             metrics.finished_time = Some(now_secs());
         }
         let prompt_token_ids = req.prompt.clone();
+        // The prompt's log-probabilities go with its first token.
+        let prompt_logprobs = match &req.prompt_logprobs {
+            Some(lps) if !outputs.is_empty() && lps.len() + 1 >= prompt_token_ids.len() => {
+                req.prompt_logprobs.take()
+            }
+            _ => None,
+        };
         if done {
             self.requests.remove(request_id);
         }
@@ -429,6 +448,7 @@ impl LLMEngine {
             outputs,
             finished: done,
             metrics,
+            prompt_logprobs,
         })
     }
 
@@ -580,6 +600,31 @@ impl LLMEngine {
                     continue;
                 }
                 RowOutput::Logits(mut row) => {
+                    if let Some(g) = seq.grammar.as_mut() {
+                        g.mask_logits(&mut row);
+                    }
+                    row
+                }
+                RowOutput::Prompt { start, rows, samples } => {
+                    let k = seq.params.prompt_logprobs;
+                    let lps = self
+                        .requests
+                        .get_mut(&seq.request_id)
+                        .and_then(|r| r.prompt_logprobs.as_mut());
+                    if let Some(lps) = lps {
+                        // Row j scores prompt token start + j + 1; rows a recomputation (after
+                        // preemption) repeats are skipped.
+                        for (j, row) in rows.chunks_exact(vocab).enumerate() {
+                            let target = start + j + 1;
+                            if target < seq.prompt_len && target == lps.len() + 1 {
+                                lps.push(scored(row, seq.token_ids[target], k));
+                            }
+                        }
+                    }
+                    if !samples {
+                        continue;
+                    }
+                    let mut row = rows[rows.len() - vocab..].to_vec();
                     if let Some(g) = seq.grammar.as_mut() {
                         g.mask_logits(&mut row);
                     }

@@ -19,6 +19,16 @@ pub enum RowOutput {
     Verify(Vec<f32>),
     /// The token the backend already chose on the device (a plain request).
     Sampled(TokenLogprob),
+    /// A prompt chunk whose log-probabilities are asked for: one row per token computed, from
+    /// position `start`; when `samples`, the chunk ends the prompt and its last row is sampled.
+    Prompt {
+        /// Position of the chunk's first token.
+        start: usize,
+        /// The rows, one per token of the chunk.
+        rows: Vec<f32>,
+        /// Whether the last row gives the next token.
+        samples: bool,
+    },
 }
 
 /// Whether the backend may choose `seq`'s next token by itself: no penalties or alternatives, no
@@ -29,6 +39,12 @@ fn device_samplable(seq: &Sequence) -> bool {
         && seq.num_output_tokens() >= p.min_tokens
         && seq.pending_forks == 0
         && seq.drafts().is_empty()
+}
+
+/// Whether this step computes prompt tokens of `seq` whose log-probabilities are asked for
+/// (then every token of its chunk gets a logits row).
+fn wants_prompt_rows(seq: &Sequence) -> bool {
+    seq.params.prompt_logprobs.is_some() && seq.num_computed_tokens < seq.prompt_len
 }
 
 /// The row's sampling on the device: the request's temperature and a seed drawn from its
@@ -76,9 +92,15 @@ impl ModelRunner {
             }
             let end = start + s.num_tokens;
             let completes = end == seq.len();
-            let logits = if completes { Logits::Last } else { Logits::None };
+            let logits = if wants_prompt_rows(seq) {
+                Logits::All
+            } else if completes {
+                Logits::Last
+            } else {
+                Logits::None
+            };
             batch.push_seq(&seq.token_ids[start..end], start, &seq.block_table.blocks, bs, logits);
-            if completes {
+            if completes || logits == Logits::All {
                 sampled.push(s.seq_id);
             }
         }
@@ -124,10 +146,20 @@ impl ModelRunner {
         let logits = self.backend.forward(&batch)?;
         let vocab = self.backend.config().vocab_size;
         let mut rows = logits.chunks_exact(vocab);
+        let scheduled: HashMap<SeqId, usize> =
+            out.scheduled.iter().map(|s| (s.seq_id, s.num_tokens)).collect();
         Ok(sampled
             .into_iter()
             .map(|id| {
-                let drafts = seqs[&id].drafts().len();
+                let seq = &seqs[&id];
+                if wants_prompt_rows(seq) {
+                    let n = scheduled[&id];
+                    let v: Vec<f32> = rows.by_ref().take(n).flatten().copied().collect();
+                    let start = seq.num_computed_tokens;
+                    let samples = start + n == seq.len();
+                    return (id, RowOutput::Prompt { start, rows: v, samples });
+                }
+                let drafts = seq.drafts().len();
                 let v: Vec<f32> = rows.by_ref().take(1 + drafts).flatten().copied().collect();
                 (id, if drafts == 0 { RowOutput::Logits(v) } else { RowOutput::Verify(v) })
             })

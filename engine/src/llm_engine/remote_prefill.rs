@@ -79,7 +79,7 @@ impl LLMEngine {
         params: SamplingParams,
         opts: RequestOptions,
     ) -> Result<Option<RemotePrefill>, EngineError> {
-        let local = params.n > 1;
+        let local = params.n > 1 || params.prompt_logprobs.is_some();
         self.add_request_with(request_id, prompt, params, opts)?;
         let id = self.single_seq(request_id).expect("just added");
         if local {

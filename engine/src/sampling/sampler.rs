@@ -296,8 +296,14 @@ pub fn processed<'a>(
 /// The [`SampledToken`] for choosing `id` from raw `logits`: its log-probability under the
 /// model and, when asked for, the top alternatives.
 pub fn sampled(logits: &[f32], id: u32, p: &SamplingParams) -> SampledToken {
+    scored(logits, id, p.logprobs)
+}
+
+/// The log-probability of `id` under `logits`, with the `k` most likely alternatives when
+/// asked for.
+pub fn scored(logits: &[f32], id: u32, k: Option<usize>) -> SampledToken {
     let lse = log_sum_exp(logits);
-    let mut top = p.logprobs.map(|k| top_k(logits, k)).unwrap_or_default();
+    let mut top = k.map(|k| top_k(logits, k)).unwrap_or_default();
     for t in &mut top {
         t.logprob -= lse;
     }

@@ -51,6 +51,9 @@ pub struct SamplingParams {
     /// What the output must follow (a JSON schema, regex, choice or grammar); tokens that
     /// cannot continue it are masked before sampling.
     pub structured: Option<StructuredOutput>,
+    /// Log-probability of every prompt token after the first, with this many most likely
+    /// alternatives (vLLM's `prompt_logprobs`; completions' `echo` with `logprobs`).
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -76,6 +79,7 @@ impl Default for SamplingParams {
             detokenize: true,
             logit_bias: Vec::new(),
             structured: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -106,7 +110,10 @@ impl SamplingParams {
     /// draw only (no penalties, no alternatives reported): a backend can then choose it where
     /// the logits are, without copying them out.
     pub fn is_plain(&self) -> bool {
-        !self.has_penalties() && self.logprobs.unwrap_or(0) == 0 && self.structured.is_none()
+        !self.has_penalties()
+            && self.logprobs.unwrap_or(0) == 0
+            && self.structured.is_none()
+            && self.prompt_logprobs.is_none()
     }
 
     /// The rules every request's parameters must meet, wherever it enters (the engine's
@@ -169,6 +176,12 @@ impl SamplingParams {
             return Err(ParamError::new(
                 "logprobs",
                 format!("logprobs must be between 0 and {MAX_LOGPROBS}, got {k}"),
+            ));
+        }
+        if let Some(k) = self.prompt_logprobs.filter(|&k| k > MAX_LOGPROBS) {
+            return Err(ParamError::new(
+                "prompt_logprobs",
+                format!("prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {k}"),
             ));
         }
         if self.stop.len() > MAX_STOP {

@@ -102,6 +102,9 @@ pub struct RequestOutput {
     pub outputs: Vec<CompletionOutput>,
     /// Whether every completion of the request has ended.
     pub finished: bool,
+    /// Log-probabilities of the prompt's tokens after the first (when asked for; sent once,
+    /// with the request's first output).
+    pub prompt_logprobs: Option<Vec<SampledToken>>,
     /// Timing so far.
     pub metrics: RequestMetrics,
 }

@@ -394,7 +394,7 @@ impl Scheduler {
                 continue; // preempted earlier in this step
             }
             let want = self.seqs[&id].num_uncomputed() + self.seqs[&id].drafts().len();
-            let n = want.min(budget);
+            let n = want.min(budget).min(self.seqs[&id].chunk_limit());
             if n == 0 {
                 break;
             }
@@ -415,7 +415,7 @@ impl Scheduler {
                 }
                 let bs = self.block_manager.block_size();
                 let seq = &self.seqs[&id];
-                let n = seq.num_uncomputed().min(budget);
+                let n = seq.num_uncomputed().min(budget).min(seq.chunk_limit());
                 // Blocks for its KV and for this step's tokens, so the reservation below cannot
                 // preempt a sequence whose swap-in is already planned.
                 let need = seq.host_blocks.len().max((seq.num_computed_tokens + n).div_ceil(bs));
@@ -497,7 +497,7 @@ impl Scheduler {
             let num_cached = cached.len() * bs;
             let remaining = seq.len() - num_cached;
             let n = if self.config.enable_chunked_prefill {
-                remaining.min(*budget)
+                remaining.min(*budget).min(seq.chunk_limit())
             } else if remaining <= *budget {
                 remaining
             } else {

@@ -16,6 +16,9 @@ use crate::scheduling::request_output::{
 };
 use crate::speculative::spec_decode::SpecSeq;
 
+/// Prompt tokens per step while their log-probabilities are computed (a logits row each).
+pub const PROMPT_LOGPROBS_CHUNK: usize = 256;
+
 /// Engine-wide identifier of a sequence.
 pub type SeqId = u64;
 
@@ -224,6 +227,16 @@ impl Sequence {
     /// Tokens still to compute before the next sample.
     pub fn num_uncomputed(&self) -> usize {
         self.token_ids.len() - self.num_computed_tokens
+    }
+
+    /// Most tokens one step may compute for it: a prompt whose log-probabilities are asked for
+    /// needs a logits row per token, so it goes in chunks of [`PROMPT_LOGPROBS_CHUNK`].
+    pub fn chunk_limit(&self) -> usize {
+        if self.params.prompt_logprobs.is_some() && self.num_computed_tokens < self.prompt_len {
+            PROMPT_LOGPROBS_CHUNK
+        } else {
+            usize::MAX
+        }
     }
 
     /// Extends `block_hashes` to every full block of `token_ids`.
