@@ -237,3 +237,95 @@ fn echo_with_logprobs_scores_the_prompt_as_the_reference_does() {
     let (s, e) = post(&r, "/v1/completions", body);
     assert_eq!((s, e["error"]["param"].as_str()), (400, Some("echo")), "{e}");
 }
+
+/// Beam search by brute force: every beam scored by a full teacher-forced pass of the model
+/// (`tandem_engine::score`, exact kernels like the workers), the `2 × width` best tokens of each
+/// expanded, the `width` best kept, end-of-sequence ones set aside, ranked at the end by
+/// cumulative log-probability over length (prompt included).
+fn brute_force_beams(prompt: &[u32], width: usize, steps: usize) -> Vec<(Vec<u32>, f64)> {
+    let path = tandem_engine::model_files::model_fetch::default_model_path().unwrap();
+    let mut model =
+        tandem_engine::Model::load(&path, tandem_engine::LoadOptions::default()).unwrap();
+    let eos = model.tokenizer.eos_token_ids.clone();
+    let mut live: Vec<(Vec<u32>, f64)> = vec![(Vec::new(), 0.0)];
+    let mut done: Vec<(Vec<u32>, f64)> = Vec::new();
+    for _ in 0..steps {
+        let mut next = Vec::new();
+        for (toks, cum) in &live {
+            let ids: Vec<u32> = prompt.iter().chain(toks).copied().collect();
+            let rows = tandem_engine::score(&mut model, &ids).unwrap();
+            let last = rows.last().unwrap();
+            let mut order: Vec<usize> = (0..last.len()).collect();
+            order.sort_by(|&a, &b| last[b].total_cmp(&last[a]).then(a.cmp(&b)));
+            for &t in order.iter().take(2 * width) {
+                let mut ext = toks.clone();
+                ext.push(t as u32);
+                let entry = (ext, cum + last[t] as f64);
+                if eos.contains(&(t as u32)) {
+                    done.push(entry);
+                } else {
+                    next.push(entry);
+                }
+            }
+        }
+        next.sort_by(|a, b| b.1.total_cmp(&a.1));
+        next.truncate(width);
+        live = next;
+    }
+    done.extend(live);
+    let score = |(t, cum): &(Vec<u32>, f64)| {
+        let ended = t.last().is_some_and(|x| eos.contains(x));
+        cum / (prompt.len() + t.len() - usize::from(ended)) as f64
+    };
+    done.sort_by(|a, b| score(b).total_cmp(&score(a)));
+    done.truncate(width);
+    done
+}
+
+/// `use_beam_search` through the gateway returns the brute-force search's beams, best first;
+/// the beams' common prefix is served from the decode worker's prefix cache (its hits grow with
+/// every step), and every block is free again at the end. Conflicting fields are 400s.
+#[test]
+fn beam_search_returns_the_brute_force_beams() {
+    let d = decode(&["--colocated"], &[]);
+    let r = router(&[&d], &[]);
+    let base = free_blocks(&d);
+    let (_, t) = post(
+        &r,
+        "/tokenize",
+        json!({ "model": MODEL, "prompt": "Here is some advice that my grandmother gave me when I was young, and that I have kept with me ever since: the best way to learn is" }),
+    );
+    let prompt: Vec<u32> =
+        t["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let (width, steps) = (3, 6);
+    let hits_before = metric(&d.addr, "tandem_prefix_cache_hits_total", &[]).unwrap_or(0.0);
+    let body = json!({ "model": MODEL, "prompt": prompt, "use_beam_search": true, "n": width,
+                       "max_tokens": steps, "temperature": 0 });
+    let (s, res) = post(&r, "/v1/completions", body);
+    assert_eq!(s, 200, "{res}");
+    let want = brute_force_beams(&prompt, width, steps);
+    let choices = res["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), width);
+    for (c, (toks, cum)) in choices.iter().zip(&want) {
+        let (_, text) = post(&r, "/detokenize", json!({ "model": MODEL, "tokens": toks }));
+        let text = text["prompt"].as_str().unwrap().to_string();
+        let got = c["text"].as_str().unwrap();
+        assert!(text.starts_with(got), "beam {got:?} vs brute force {text:?}");
+        let lp = c["cumulative_logprob"].as_f64().unwrap();
+        assert!((lp - cum).abs() < 1e-3, "{got:?}: {lp} vs {cum}");
+    }
+    let hits = metric(&d.addr, "tandem_prefix_cache_hits_total", &[]).unwrap_or(0.0) - hits_before;
+    assert!(hits >= (steps - 1) as f64, "the beams share cached blocks ({hits} hits)");
+    assert_eq!(wait_metric(&d.addr, "tandem_kv_cache_free_blocks", base), Some(base));
+    for (extra, param) in [
+        (json!({ "stream": true }), "stream"),
+        (json!({ "top_p": 0.5 }), "top_p"),
+        (json!({ "stop": ["."] }), "stop"),
+        (json!({ "n": 11 }), "n"),
+    ] {
+        let mut b = json!({ "model": MODEL, "prompt": "x", "use_beam_search": true, "n": 2 });
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (s, e) = post(&r, "/v1/completions", b);
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{e}");
+    }
+}

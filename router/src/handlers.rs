@@ -17,20 +17,16 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use futures_util::StreamExt;
-use metrics::counter;
 use tandem_engine::sampling::sampling_params::MAX_N;
 use tandem_engine::SamplingParams;
-use tandem_proto::v1 as pb;
-use tandem_worker::convert::params_to_proto;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::auth::Tenant;
 use crate::error::ApiError;
 use crate::openai::{self, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use crate::prompt;
-use crate::relay::{collect, record_done, stream_task, Prepared, WorkerStream};
+use crate::relay::{collect, record_done, start, stream_task, Prepared};
 use crate::responses::{self, Endpoint};
-use crate::routing::Route;
 use crate::state::{unix_now, AppState};
 use crate::tools::Tools;
 
@@ -118,6 +114,7 @@ fn finish_prepare(
         n: base.n,
         keep: base.n,
         echo_logprobs: false,
+        beam: None,
         prompts,
         echo,
         params,
@@ -225,6 +222,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     )?;
     p.keep = keep;
     p.echo_logprobs = echo && logprobs.is_some();
+    p.beam = crate::beam::requested(&common, &p.params[0], keep < p.n || p.echo_logprobs)?;
     Ok(p)
 }
 
@@ -288,72 +286,8 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
         want,
     )?;
     p.tool_names = calls.map(|t| t.functions.iter().map(|f| f.name.clone()).collect());
+    p.beam = crate::beam::requested(&common, &p.params[0], tools.is_some())?;
     Ok(p)
-}
-
-/// Starts one `Generate` stream per prompt on a decode worker; a worker that cannot be reached
-/// is marked failed and another one is tried.
-async fn start(st: &AppState, p: &Prepared) -> Result<(Route, Vec<WorkerStream>), ApiError> {
-    let pool = st.pool.current();
-    let mut last_err = match pool.decode.len() {
-        0 => ApiError::unavailable("no decode worker is configured"),
-        n => ApiError::unavailable(format!(
-            "no decode worker is healthy ({n} configured; see /health)"
-        )),
-    };
-    let mut tried: Vec<String> = Vec::new();
-    for _attempt in 0..pool.decode.len().max(1) {
-        // See the other replicas' latest load, then decide (the booking wakes the load loop,
-        // which publishes ours).
-        if let Some(sync) = &st.load_sync {
-            sync.exchange(&st.routing, Duration::from_millis(100)).await;
-        }
-        let Some(route) = st.routing.route(&pool, &p.id, &p.prompts[0], &p.cache_salt, &tried)
-        else {
-            break;
-        };
-        let worker = route.decode.clone();
-        let prefill = route.prefill.clone();
-        let prefill_addr = prefill.as_ref().map(|w| w.addr.clone()).unwrap_or_default();
-        counter!("tandem_router_decisions_total", "decode_worker" => worker.addr.clone(), "prefill_worker" => if prefill_addr.is_empty() { "none".to_string() } else { prefill_addr.clone() }).increment(1);
-        tracing::info!(request_id = %p.id, decode_worker = %worker.addr, prefill_worker = %prefill_addr, prompts = p.prompts.len(), prompt_tokens = p.prompts.iter().map(Vec::len).sum::<usize>(), "routing request");
-        let mut streams = Vec::with_capacity(p.prompts.len());
-        let mut failed = None;
-        for (i, (ids, params)) in p.prompts.iter().zip(&p.params).enumerate() {
-            let req = pb::GenerateRequest {
-                request_id: if p.prompts.len() == 1 {
-                    p.id.clone()
-                } else {
-                    format!("{}-{i}", p.id)
-                },
-                prompt_token_ids: ids.clone(),
-                params: Some(params_to_proto(params)),
-                priority: p.priority,
-                cache_salt: p.cache_salt.clone(),
-                prefill_worker: prefill_addr.clone(),
-                no_speculation: p.no_speculation,
-                group: p.id.clone(),
-            };
-            match worker.decode_client().generate(req).await {
-                Ok(s) => streams.push(s.into_inner()),
-                Err(s) => {
-                    failed = Some(s);
-                    break;
-                }
-            }
-        }
-        match failed {
-            None => return Ok((route, streams)),
-            Some(s) if s.code() == tonic::Code::Unavailable => {
-                tracing::warn!(request_id = %p.id, decode_worker = %worker.addr, error = %s.message(), "decode worker unreachable; trying another");
-                worker.mark_failed();
-                tried.push(worker.addr.clone());
-                last_err = ApiError::from_status(&s);
-            }
-            Some(s) => return Err(ApiError::from_status(&s)),
-        }
-    }
-    Err(last_err)
 }
 
 /// Refuses a body that is not declared as JSON (OpenAI's and vLLM's rule).
@@ -456,6 +390,14 @@ async fn generate(
     // A tenant's prompts share cached prefixes only with the same tenant's.
     if let Some(Extension(t)) = tenant {
         p.cache_salt = t.cache_salt(&p.cache_salt);
+    }
+    if let Some(length_penalty) = p.beam {
+        let (code, res) = match crate::beam::run(&st, &p, length_penalty, started).await {
+            Ok(v) => (StatusCode::OK, axum::Json(responses::Wire(&v)).into_response()),
+            Err(e) => (e.status, e.into_response()),
+        };
+        record_done(ep, code, started);
+        return res;
     }
     let (mut route, streams) = match start(&st, &p).await {
         Ok(x) => x,

@@ -16,6 +16,7 @@
 //! - [`error`]: OpenAI error JSON.
 
 pub mod auth;
+pub mod beam;
 pub mod cost;
 pub mod error;
 pub mod handlers;

@@ -106,6 +106,10 @@ pub struct CommonParams {
     pub guided_choice: Option<Vec<String>>,
     /// vLLM (older): a Lark grammar.
     pub guided_grammar: Option<String>,
+    /// vLLM: beam search of width `n`.
+    pub use_beam_search: Option<bool>,
+    /// vLLM: beam scores are divided by length to this power (default 1).
+    pub length_penalty: Option<f64>,
 }
 
 impl CommonParams {

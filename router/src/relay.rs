@@ -3,7 +3,7 @@
 //! calls read out of the text on the way), with the request's usage and timing.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use axum::response::sse::Event;
@@ -12,6 +12,7 @@ use metrics::{counter, histogram};
 use serde_json::{json, Value};
 use tandem_engine::SamplingParams;
 use tandem_proto::v1 as pb;
+use tandem_worker::convert::params_to_proto;
 
 use crate::error::ApiError;
 use crate::responses::{self, Choice, Endpoint, Header};
@@ -19,6 +20,7 @@ use crate::routing::Route;
 use crate::state::AppState;
 
 /// A validated generation request.
+#[derive(Clone)]
 pub(crate) struct Prepared {
     pub(crate) ep: Endpoint,
     pub(crate) id: String,
@@ -40,13 +42,15 @@ pub(crate) struct Prepared {
     /// The functions whose calls are read out of the output (chat with tools).
     pub(crate) tool_names: Option<Vec<String>>,
     /// From receipt until the worker streams started (the router's part of the queue time).
-    pub(crate) dispatch: std::time::Duration,
+    pub(crate) dispatch: Duration,
+    /// Beam search, with this length penalty (`n` is the width).
+    pub(crate) beam: Option<f64>,
 }
 
 /// A decode worker's stream of one prompt's deltas.
 pub(crate) type WorkerStream = tonic::Streaming<pb::GenerateResponse>;
 
-fn merged(
+pub(crate) fn merged(
     streams: Vec<WorkerStream>,
 ) -> impl futures_util::Stream<Item = (usize, Result<pb::GenerateResponse, tonic::Status>)> + Send + Unpin
 {
@@ -309,4 +313,72 @@ pub(crate) async fn stream_task(
         }
     }
     let _ = tx.send(Event::default().data("[DONE]")).await;
+}
+
+/// Starts one `Generate` stream per prompt on a decode worker; a worker that cannot be reached
+/// is marked failed and another one is tried.
+pub(crate) async fn start(
+    st: &AppState,
+    p: &Prepared,
+) -> Result<(Route, Vec<WorkerStream>), ApiError> {
+    let pool = st.pool.current();
+    let mut last_err = match pool.decode.len() {
+        0 => ApiError::unavailable("no decode worker is configured"),
+        n => ApiError::unavailable(format!(
+            "no decode worker is healthy ({n} configured; see /health)"
+        )),
+    };
+    let mut tried: Vec<String> = Vec::new();
+    for _attempt in 0..pool.decode.len().max(1) {
+        // See the other replicas' latest load, then decide (the booking wakes the load loop,
+        // which publishes ours).
+        if let Some(sync) = &st.load_sync {
+            sync.exchange(&st.routing, Duration::from_millis(100)).await;
+        }
+        let Some(route) = st.routing.route(&pool, &p.id, &p.prompts[0], &p.cache_salt, &tried)
+        else {
+            break;
+        };
+        let worker = route.decode.clone();
+        let prefill = route.prefill.clone();
+        let prefill_addr = prefill.as_ref().map(|w| w.addr.clone()).unwrap_or_default();
+        counter!("tandem_router_decisions_total", "decode_worker" => worker.addr.clone(), "prefill_worker" => if prefill_addr.is_empty() { "none".to_string() } else { prefill_addr.clone() }).increment(1);
+        tracing::info!(request_id = %p.id, decode_worker = %worker.addr, prefill_worker = %prefill_addr, prompts = p.prompts.len(), prompt_tokens = p.prompts.iter().map(Vec::len).sum::<usize>(), "routing request");
+        let mut streams = Vec::with_capacity(p.prompts.len());
+        let mut failed = None;
+        for (i, (ids, params)) in p.prompts.iter().zip(&p.params).enumerate() {
+            let req = pb::GenerateRequest {
+                request_id: if p.prompts.len() == 1 {
+                    p.id.clone()
+                } else {
+                    format!("{}-{i}", p.id)
+                },
+                prompt_token_ids: ids.clone(),
+                params: Some(params_to_proto(params)),
+                priority: p.priority,
+                cache_salt: p.cache_salt.clone(),
+                prefill_worker: prefill_addr.clone(),
+                no_speculation: p.no_speculation,
+                group: p.id.clone(),
+            };
+            match worker.decode_client().generate(req).await {
+                Ok(s) => streams.push(s.into_inner()),
+                Err(s) => {
+                    failed = Some(s);
+                    break;
+                }
+            }
+        }
+        match failed {
+            None => return Ok((route, streams)),
+            Some(s) if s.code() == tonic::Code::Unavailable => {
+                tracing::warn!(request_id = %p.id, decode_worker = %worker.addr, error = %s.message(), "decode worker unreachable; trying another");
+                worker.mark_failed();
+                tried.push(worker.addr.clone());
+                last_err = ApiError::from_status(&s);
+            }
+            Some(s) => return Err(ApiError::from_status(&s)),
+        }
+    }
+    Err(last_err)
 }
