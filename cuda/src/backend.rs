@@ -910,6 +910,7 @@ impl ModelBackend for CudaBackend {
         &mut self,
         b: &ForwardBatch,
         rows: &[RowSampling],
+        masks: &[Option<&[u32]>],
     ) -> Result<Vec<TokenLogprob>, BackendError> {
         self.validate(b)?;
         if rows.len() != b.logits_indices.len() {
@@ -919,7 +920,14 @@ impl ModelBackend for CudaBackend {
                 b.logits_indices.len()
             )));
         }
-        self.run_sampled(b, rows).map_err(dev)
+        if !masks.is_empty() && masks.len() != rows.len() {
+            return Err(BackendError::InvalidBatch(format!(
+                "{} token masks for {} sampling rows",
+                masks.len(),
+                rows.len()
+            )));
+        }
+        self.run_sampled(b, rows, masks).map_err(dev)
     }
 
     fn forward_layers(

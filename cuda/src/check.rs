@@ -107,6 +107,7 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     }
     out.push(silu_mul(g, u)?);
     out.extend(sampling(g)?);
+    out.extend(masked_sampling(g)?);
     Ok(out)
 }
 
@@ -501,6 +502,96 @@ fn silu_mul(g: &Gpu, u: f64) -> Result<CheckResult, CudaError> {
     unsafe { g.launch(&g.k.silu_mul, cfg, &[&ptr(&dg), &ptr(&dout), &fi])? };
     let got = unbf(&g.read(&dout, t * f)?);
     Ok(result("silu·mul f32→16-bit (tol 2u)", rel_err(&got, &want, 1e-2), 2.0 * u))
+}
+
+/// Structured outputs on the device: random token masks (about one token in eight allowed,
+/// some rows unmasked, one row allowing a single token) applied by `mask_rows`, then
+/// `sample_rows`; every token equals the host sampler's on the masked row (minus infinity where
+/// the mask is clear, as the engine masks before sampling), and so does its log-probability.
+fn masked_sampling(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
+    use tandem_engine::backend::RowSampling;
+    use tandem_engine::sampling::sampler::gumbel_max;
+    let vocab: usize = 49_152;
+    let words = vocab.div_ceil(32);
+    let t = RowSampling::new;
+    let specs: Vec<RowSampling> = vec![
+        t(0.0, 0),
+        t(0.7, 1),
+        t(1.0, 2),
+        RowSampling { top_k: 20, ..t(1.0, 3) },
+        RowSampling { top_p: 0.9, ..t(0.8, 4) },
+        t(0.0, 5),
+        t(1.0, 6),
+        t(0.0, 7),
+    ];
+    let rows = specs.len();
+    let mut r = Rng::new(23);
+    let logits = r.vec(rows * vocab, 8.0);
+    let mut bits_rng = tandem_engine::sampling::sampler::Rng::new(29);
+    let mut word = move || (bits_rng.next_u64() & bits_rng.next_u64() & bits_rng.next_u64()) as u32;
+    // Masks for rows 0..4 and 6 (5 and 7 unmasked); row 6 allows token 4321 only.
+    let mut masks: Vec<Option<Vec<u32>>> = (0..rows)
+        .map(|i| (i < 5).then(|| (0..words).map(|_| word()).collect::<Vec<u32>>()))
+        .collect();
+    let mut one = vec![0u32; words];
+    one[4321 / 32] |= 1 << (4321 % 32);
+    masks[6] = Some(one);
+    let masked_logits: Vec<f32> = logits
+        .chunks_exact(vocab)
+        .zip(&masks)
+        .flat_map(|(row, m)| {
+            row.iter().enumerate().map(move |(i, &l)| match m {
+                Some(m) if (m[i / 32] >> (i % 32)) & 1 == 0 => f32::NEG_INFINITY,
+                _ => l,
+            })
+        })
+        .collect();
+    let want: Vec<_> =
+        masked_logits.chunks_exact(vocab).zip(&specs).map(|(l, s)| gumbel_max(l, s)).collect();
+    let order: Vec<u32> = (0..rows as u32).collect();
+    let masked: Vec<(u32, &Vec<u32>)> =
+        masks.iter().enumerate().filter_map(|(i, m)| m.as_ref().map(|m| (i as u32, m))).collect();
+    let which: Vec<u32> = masked.iter().map(|m| m.0).collect();
+    let bits: Vec<u32> = masked.iter().flat_map(|m| m.1.iter().copied()).collect();
+    let dl = g.upload(&logits)?;
+    let (dw, db) = (g.upload(&which)?, g.upload(&bits)?);
+    let (vi, wi) = (vocab as i32, words as i32);
+    let cfg = LaunchConfig {
+        grid_dim: (which.len() as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: mask_rows(logits, rows, masks, vocab, words) over the named rows of `dl`.
+    unsafe { g.launch(&g.k.mask_rows, cfg, &[&ptr(&dl), &ptr(&dw), &ptr(&db), &vi, &wi])? };
+    let da = g.upload(&crate::backend::sampling_args(&order, &specs))?;
+    let dout = g.zeros::<i32>(2 * rows)?;
+    let ni = rows as i32;
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: sample_rows(logits, args, out, n, vocab) with 7n argument words and 2n outputs.
+    unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(&dl), &ptr(&da), &ptr(&dout), &ni, &vi])? };
+    let out = g.read(&dout, 2 * rows)?;
+    let (mut wrong, mut disallowed, mut lp_err) = (0usize, 0usize, 0f64);
+    for k in 0..rows {
+        let tok = out[k] as u32;
+        if tok != want[k].token_id {
+            wrong += 1;
+        }
+        if let Some(m) = &masks[k] {
+            if (m[tok as usize / 32] >> (tok % 32)) & 1 == 0 {
+                disallowed += 1;
+            }
+        }
+        lp_err = lp_err.max((f32::from_bits(out[rows + k] as u32) - want[k].logprob).abs() as f64);
+    }
+    Ok(vec![
+        result("masked sampling: tokens ≠ CPU on the masked rows", wrong as f64, 0.0),
+        result("masked sampling: tokens outside their mask", disallowed as f64, 0.0),
+        result("masked sampling: chosen log-prob vs CPU (abs)", lp_err, 1e-4),
+    ])
 }
 
 fn sampling(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {

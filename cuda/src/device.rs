@@ -102,6 +102,8 @@ pub struct Kernels {
     pub fill_random: CudaFunction,
     /// Token choice per logits row (Gumbel-max, or argmax at temperature 0).
     pub sample_rows: CudaFunction,
+    /// Structured outputs: disallowed tokens of logits rows to minus infinity.
+    pub mask_rows: CudaFunction,
     /// Contiguous per-head K/V of one sequence (GEMM attention).
     pub gather_kv: CudaFunction,
     /// Causal softmax of a score matrix (GEMM attention).
@@ -193,6 +195,7 @@ impl Gpu {
             silu_mul: f("silu_mul")?,
             fill_random: f("fill_random")?,
             sample_rows: f("sample_rows")?,
+            mask_rows: f("mask_rows")?,
             gather_kv: f("gather_kv")?,
             softmax_causal: f("softmax_causal")?,
             to_model: f("to_model")?,

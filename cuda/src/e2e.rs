@@ -299,7 +299,7 @@ pub fn run(
     let rows = vec![RowSampling::new(0.0, 0); encoded.len()];
     for (path, logits) in [("eager", &leager), ("graph", &lgraph)] {
         gpu.set_graphs(path == "graph");
-        let got = gpu.forward_sampled(&step, &rows).map_err(|e| err(e.to_string()))?;
+        let got = gpu.forward_sampled(&step, &rows, &[]).map_err(|e| err(e.to_string()))?;
         let (mut wrong, mut lp) = (0usize, 0f64);
         for (i, t) in got.iter().enumerate() {
             let row = log_softmax(&logits[i * vocab..(i + 1) * vocab]);
@@ -318,6 +318,30 @@ pub fn run(
             name: format!("{path} decode step sampled on the device: log-prob vs host (abs)"),
             max_err: lp,
             tol: 1e-4,
+        });
+        // Structured outputs: rows 0 and 2 allow only the even tokens, and their choice is the
+        // argmax over those (the log-probability under the masked row); rows 1 and 3 are free.
+        let words = vocab.div_ceil(32);
+        let even = vec![0x5555_5555u32; words];
+        let masks: Vec<Option<&[u32]>> = vec![Some(&even), None, Some(&even), None];
+        let got = gpu.forward_sampled(&step, &rows, &masks).map_err(|e| err(e.to_string()))?;
+        let mut wrong = 0usize;
+        for (i, t) in got.iter().enumerate() {
+            let mut row = logits[i * vocab..(i + 1) * vocab].to_vec();
+            if masks[i].is_some() {
+                for (j, l) in row.iter_mut().enumerate() {
+                    if j % 2 == 1 {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            let best = top_k(&log_softmax(&row), 1)[0];
+            wrong += usize::from(t.token_id as usize != best);
+        }
+        results.push(CheckResult {
+            name: format!("{path} decode step with token masks: tokens ≠ argmax over the allowed"),
+            max_err: wrong as f64,
+            tol: 0.0,
         });
     }
     Ok((results, reports))

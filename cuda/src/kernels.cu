@@ -736,6 +736,20 @@ __device__ unsigned threshold_search(const float* row, int vocab, unsigned lo, u
   return lo;
 }
 
+// Token masks (structured outputs): in logits row rows[r], every token whose bit in mask r (words
+// words per mask, bit i % 32 of word i / 32) is clear becomes -infinity, so the sampler and the
+// log-probability it reports see only the allowed tokens, as the engine's host sampler does.
+extern "C" __global__ void mask_rows(float* __restrict__ logits, const unsigned* __restrict__ rows,
+                                     const unsigned* __restrict__ masks, int vocab, int words) {
+  const int r = blockIdx.x;
+  float* row = logits + (size_t)rows[r] * vocab;
+  const unsigned* m = masks + (size_t)r * words;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const unsigned w = (i >> 5) < words ? m[i >> 5] : 0u;
+    if (!((w >> (i & 31)) & 1u)) row[i] = -INFINITY;
+  }
+}
+
 // One token per logits row (block x = row r of rows[]): Gumbel-max over l / temps[r] with the
 // row's seed among the tokens surviving min-p, then top-k, then top-p (as the engine's
 // sampler::gumbel_max; filters found by bisection on the logit value, ties at a threshold all

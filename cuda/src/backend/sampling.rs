@@ -16,21 +16,26 @@ impl CudaBackend {
         &mut self,
         b: &ForwardBatch,
         rows: &[RowSampling],
+        masks: &[Option<&[u32]>],
     ) -> Result<Vec<TokenLogprob>, CudaError> {
+        let mask =
+            |from: usize, to: usize| if masks.is_empty() { &[][..] } else { &masks[from..to] };
         let first = match self.pass(b, self.cfg.num_layers)? {
             Pass::Graph => {
                 let idx: Vec<u32> = b.logits_indices.iter().map(|&r| r as u32).collect();
-                return self.sample(&idx, rows);
+                return self.sample(&idx, rows, masks);
             }
             Pass::Eager(first) => first,
         };
         self.mark("sampling")?;
-        let mut out = self.sample(&(0..first as u32).collect::<Vec<_>>(), &rows[..first])?;
+        let idx: Vec<u32> = (0..first as u32).collect();
+        let mut out = self.sample(&idx, &rows[..first], mask(0, first))?;
         let mut done = first;
         while done < rows.len() {
             let m = (rows.len() - done).min(self.logits_cap);
             self.head_only(m, done)?;
-            out.extend(self.sample(&(0..m as u32).collect::<Vec<_>>(), &rows[done..done + m])?);
+            let idx: Vec<u32> = (0..m as u32).collect();
+            out.extend(self.sample(&idx, &rows[done..done + m], mask(done, done + m))?);
             done += m;
         }
         Ok(out)
@@ -41,9 +46,38 @@ impl CudaBackend {
         &mut self,
         buf_rows: &[u32],
         rows: &[RowSampling],
+        masks: &[Option<&[u32]>],
     ) -> Result<Vec<TokenLogprob>, CudaError> {
         let n = rows.len();
         let g = &self.gpu;
+        // Constrained rows: their disallowed tokens to minus infinity first.
+        let masked: Vec<(u32, &[u32])> =
+            masks.iter().zip(buf_rows).filter_map(|(m, &r)| m.map(|m| (r, m))).collect();
+        if !masked.is_empty() {
+            let words = self.cfg.vocab_size.div_ceil(32);
+            let mut bits = vec![0u32; masked.len() * words];
+            for (k, (_, m)) in masked.iter().enumerate() {
+                let w = m.len().min(words);
+                bits[k * words..k * words + w].copy_from_slice(&m[..w]);
+            }
+            let which: Vec<u32> = masked.iter().map(|&(r, _)| r).collect();
+            let (dw, db) = (g.upload(&which)?, g.upload(&bits)?);
+            let (vi, wi) = (self.cfg.vocab_size as i32, words as i32);
+            let cfg = LaunchConfig {
+                grid_dim: (masked.len() as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: mask_rows(logits, rows, masks, vocab, words): `which` names rows of the
+            // logits buffer, `bits` holds `words` words per named row.
+            unsafe {
+                g.launch(
+                    &g.k.mask_rows,
+                    cfg,
+                    &[&ptr(&self.a.logits), &ptr(&dw), &ptr(&db), &vi, &wi],
+                )?
+            };
+        }
         g.write(&mut self.a.sample_args, &sampling_args(buf_rows, rows))?;
         let (ni, vi) = (n as i32, self.cfg.vocab_size as i32);
         let cfg = LaunchConfig {

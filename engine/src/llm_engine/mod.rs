@@ -557,7 +557,8 @@ impl LLMEngine {
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let plan = self.schedule()?;
         self.stats.steps += 1;
-        let rows = self.runner.execute(&plan, &self.scheduler.seqs)?;
+        let masks = self.device_masks(&plan);
+        let rows = self.runner.execute(&plan, &self.scheduler.seqs, &masks)?;
         let sampled = self.sample(rows);
         let update =
             self.scheduler.update_from_output(&plan, sampled, &self.tokenizer, now_secs())?;
@@ -565,6 +566,24 @@ impl LLMEngine {
         self.wipe_freed();
         self.last_schedule = plan;
         Ok(outputs)
+    }
+
+    /// On a backend that samples on the device: the token masks of the constrained sequences
+    /// this step samples (computed before the forward pass and kept by their matchers, so a
+    /// host-side sample reuses them).
+    fn device_masks(&mut self, plan: &SchedulerOutput) -> HashMap<SeqId, Vec<u32>> {
+        let mut masks = HashMap::new();
+        if !self.runner.backend.samples_on_device() {
+            return masks;
+        }
+        for s in &plan.scheduled {
+            let Some(seq) = self.scheduler.seqs.get_mut(&s.seq_id) else { continue };
+            let completes = seq.num_computed_tokens + s.num_tokens == seq.len();
+            if let Some(g) = seq.grammar.as_mut().filter(|_| completes) {
+                masks.insert(s.seq_id, g.allowed_bits());
+            }
+        }
+        masks
     }
 
     /// Plans the step: proposes drafts, schedules, then fits (and, from a draft model, fills)

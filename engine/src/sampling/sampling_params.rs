@@ -106,14 +106,12 @@ impl SamplingParams {
             || !self.logit_bias.is_empty()
     }
 
-    /// Whether the next token depends on the logits row, temperature, filters and one random
-    /// draw only (no penalties, no alternatives reported): a backend can then choose it where
-    /// the logits are, without copying them out.
+    /// Whether the next token depends on the logits row (with a structured-output mask, which
+    /// travels with it), temperature, filters and one random draw only (no penalties, no
+    /// alternatives reported): a backend can then choose it where the logits are, without
+    /// copying them out.
     pub fn is_plain(&self) -> bool {
-        !self.has_penalties()
-            && self.logprobs.unwrap_or(0) == 0
-            && self.structured.is_none()
-            && self.prompt_logprobs.is_none()
+        !self.has_penalties() && self.logprobs.unwrap_or(0) == 0 && self.prompt_logprobs.is_none()
     }
 
     /// The rules every request's parameters must meet, wherever it enters (the engine's

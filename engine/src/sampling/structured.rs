@@ -198,7 +198,7 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(StructuredError::Invalid(first_line(&e)));
         }
-        Ok(GrammarMatcher { matcher, eos: self.eos.clone(), vocab: self.vocab })
+        Ok(GrammarMatcher { matcher, eos: self.eos.clone(), vocab: self.vocab, cached: None })
     }
 }
 
@@ -212,6 +212,8 @@ pub struct GrammarMatcher {
     matcher: Matcher,
     eos: Arc<[u32]>,
     vocab: usize,
+    /// The allowed tokens at this position, once computed (until the next token).
+    cached: Option<SimpleVob>,
 }
 
 impl std::fmt::Debug for GrammarMatcher {
@@ -224,6 +226,9 @@ impl GrammarMatcher {
     /// The tokens that may come next: those that continue the language and, where the text so
     /// far is complete, every end-of-sequence token. A matcher in error allows only those.
     pub fn allowed(&mut self) -> SimpleVob {
+        if let Some(m) = &self.cached {
+            return m.clone();
+        }
         let mut mask = match self.matcher.compute_mask() {
             Ok(m) => m,
             Err(e) => {
@@ -239,7 +244,14 @@ impl GrammarMatcher {
                 }
             }
         }
+        self.cached = Some(mask.clone());
         mask
+    }
+
+    /// [`GrammarMatcher::allowed`] as bits: bit `i % 32` of word `i / 32` is token `i` (what a
+    /// device sampler takes).
+    pub fn allowed_bits(&mut self) -> Vec<u32> {
+        self.allowed().as_slice().to_vec()
     }
 
     /// Sets every logit the constraint rules out to minus infinity.
@@ -257,6 +269,7 @@ impl GrammarMatcher {
         if self.eos.contains(&token) {
             return Ok(());
         }
+        self.cached = None;
         self.matcher
             .consume_token(token)
             .map_err(|e| StructuredError::Invalid(first_line(&e.to_string())))
@@ -273,6 +286,7 @@ impl GrammarMatcher {
             matcher: self.matcher.deep_clone(),
             eos: self.eos.clone(),
             vocab: self.vocab,
+            cached: self.cached.clone(),
         }
     }
 }
