@@ -19,6 +19,8 @@ use tandem_engine::{
 struct DeviceSampling {
     inner: Box<dyn ModelBackend>,
     rows: Arc<AtomicUsize>,
+    /// Rows sampled under a token mask.
+    masked: Arc<AtomicUsize>,
 }
 
 impl ModelBackend for DeviceSampling {
@@ -41,11 +43,23 @@ impl ModelBackend for DeviceSampling {
         &mut self,
         batch: &ForwardBatch,
         rows: &[RowSampling],
+        masks: &[Option<&[u32]>],
     ) -> Result<Vec<TokenLogprob>, BackendError> {
         assert_eq!(rows.len(), batch.logits_indices.len());
-        let logits = self.inner.forward(batch)?;
+        assert!(masks.is_empty() || masks.len() == rows.len());
+        let mut logits = self.inner.forward(batch)?;
         let vocab = self.inner.config().vocab_size;
         self.rows.fetch_add(rows.len(), Ordering::Relaxed);
+        // A masked row's disallowed tokens to minus infinity first (as the CUDA kernel does).
+        for (row, m) in logits.chunks_exact_mut(vocab).zip(masks) {
+            let Some(m) = m else { continue };
+            self.masked.fetch_add(1, Ordering::Relaxed);
+            for (i, l) in row.iter_mut().enumerate() {
+                if (m[i / 32] >> (i % 32)) & 1 == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
         Ok(logits.chunks_exact(vocab).zip(rows).map(|(l, r)| gumbel_max(l, r)).collect())
     }
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
@@ -77,8 +91,57 @@ fn model() -> Model {
 fn device_engine() -> (LLMEngine, Arc<AtomicUsize>) {
     let mut m = model();
     let rows = Arc::new(AtomicUsize::new(0));
-    m.backend = Box::new(DeviceSampling { inner: m.backend, rows: rows.clone() });
+    m.backend = Box::new(DeviceSampling {
+        inner: m.backend,
+        rows: rows.clone(),
+        masked: Arc::new(AtomicUsize::new(0)),
+    });
     (LLMEngine::new(m, EngineConfig::default()), rows)
+}
+
+/// Structured outputs sampled on the "device": every constrained row goes with its token mask;
+/// greedy outputs equal the host sampler's, seeded ones (the device's own random stream, as for
+/// free requests) are valid and reproducible, in a batch with a free request.
+#[test]
+fn constrained_rows_are_sampled_on_the_device_with_their_masks() {
+    use tandem_engine::sampling::structured::StructuredOutput;
+    let schema = StructuredOutput::Json(serde_json::json!({
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["name", "age"], "additionalProperties": false
+    }));
+    let p = |t: f32| SamplingParams {
+        temperature: t,
+        seed: Some(4),
+        max_tokens: 40,
+        structured: Some(schema.clone()),
+        ..Default::default()
+    };
+    let free = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
+    let reqs = [
+        ("greedy", "A person as JSON:", p(0.0)),
+        ("sampled", "A person as JSON:", p(0.9)),
+        ("free", "Once upon a time", free),
+    ];
+    let host = run(&mut LLMEngine::new(model(), EngineConfig::default()), &reqs);
+    let mut m = model();
+    let (rows, masked) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    m.backend =
+        Box::new(DeviceSampling { inner: m.backend, rows: rows.clone(), masked: masked.clone() });
+    let dev = run(&mut LLMEngine::new(m, EngineConfig::default()), &reqs);
+    for id in ["greedy", "free"] {
+        assert_eq!(host[id][0].token_ids, dev[id][0].token_ids, "{id}");
+    }
+    for id in ["greedy", "sampled"] {
+        let v: serde_json::Value = serde_json::from_str(&dev[id][0].text).unwrap();
+        assert!(v["age"].as_u64().unwrap() < 100, "{v}");
+    }
+    let constrained = dev["greedy"][0].token_ids.len() + dev["sampled"][0].token_ids.len();
+    assert_eq!(masked.load(Ordering::Relaxed), constrained, "every constrained token had its mask");
+    assert_eq!(rows.load(Ordering::Relaxed), constrained + 8);
+    let (mut e, _) = device_engine();
+    let again = run(&mut e, &reqs[1..2]);
+    assert_eq!(again["sampled"][0].token_ids, dev["sampled"][0].token_ids, "reproducible");
 }
 
 fn run(
