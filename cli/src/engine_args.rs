@@ -317,16 +317,25 @@ impl EngineArgs {
             bail!("--device cuda: CUDA is not available on this machine (libcuda, the NVIDIA driver, cannot be loaded)");
         }
         if self.load_format == LoadFormatArg::Dummy {
-            let config = tandem_cuda::dummy_config(path)?;
+            // A GGUF file (its tensors may be left out: scripts/gpu/gguf_metadata_only.py) gives
+            // the shape, the tokenizer and the chat template; a config.json the shape alone
+            // (token ids only).
+            let (config, tokenizer, chat_template) =
+                if path.extension().is_some_and(|e| e == "gguf") {
+                    let info = tandem_engine::ModelInfo::open(path)?;
+                    (info.config, info.tokenizer, info.chat_template)
+                } else {
+                    let ids = tandem_engine::model_files::tokenizer::Tokenizer::ids_only();
+                    (tandem_cuda::dummy_config(path)?, ids, None)
+                };
             let dtype = if self.dtype == DtypeArg::F16 { Dtype::F16 } else { Dtype::Bf16 };
             let backend = self.cuda_backend(&config, dtype, WeightSource::Dummy(0), &opts)?;
-            let tokenizer = tandem_engine::model_files::tokenizer::Tokenizer::ids_only();
             let device = tandem_worker::kv::KvDevice(std::sync::Arc::new(backend.device_pool()));
             return Ok((
                 tandem_engine::Model {
                     config,
                     tokenizer,
-                    chat_template: None,
+                    chat_template,
                     backend: Box::new(backend),
                 },
                 device,

@@ -910,7 +910,7 @@ impl ModelBackend for CudaBackend {
         &mut self,
         b: &ForwardBatch,
         rows: &[RowSampling],
-        masks: &[Option<&[u32]>],
+        masks: &mut dyn FnMut() -> Vec<Option<Vec<u32>>>,
     ) -> Result<Vec<TokenLogprob>, BackendError> {
         self.validate(b)?;
         if rows.len() != b.logits_indices.len() {
@@ -918,13 +918,6 @@ impl ModelBackend for CudaBackend {
                 "{} sampling rows for {} logits rows",
                 rows.len(),
                 b.logits_indices.len()
-            )));
-        }
-        if !masks.is_empty() && masks.len() != rows.len() {
-            return Err(BackendError::InvalidBatch(format!(
-                "{} token masks for {} sampling rows",
-                masks.len(),
-                rows.len()
             )));
         }
         self.run_sampled(b, rows, masks).map_err(dev)

@@ -299,7 +299,8 @@ pub fn run(
     let rows = vec![RowSampling::new(0.0, 0); encoded.len()];
     for (path, logits) in [("eager", &leager), ("graph", &lgraph)] {
         gpu.set_graphs(path == "graph");
-        let got = gpu.forward_sampled(&step, &rows, &[]).map_err(|e| err(e.to_string()))?;
+        let got =
+            gpu.forward_sampled(&step, &rows, &mut Vec::new).map_err(|e| err(e.to_string()))?;
         let (mut wrong, mut lp) = (0usize, 0f64);
         for (i, t) in got.iter().enumerate() {
             let row = log_softmax(&logits[i * vocab..(i + 1) * vocab]);
@@ -323,8 +324,9 @@ pub fn run(
         // argmax over those (the log-probability under the masked row); rows 1 and 3 are free.
         let words = vocab.div_ceil(32);
         let even = vec![0x5555_5555u32; words];
-        let masks: Vec<Option<&[u32]>> = vec![Some(&even), None, Some(&even), None];
-        let got = gpu.forward_sampled(&step, &rows, &masks).map_err(|e| err(e.to_string()))?;
+        let masks: Vec<Option<Vec<u32>>> = vec![Some(even.clone()), None, Some(even), None];
+        let mut give = || masks.clone();
+        let got = gpu.forward_sampled(&step, &rows, &mut give).map_err(|e| err(e.to_string()))?;
         let mut wrong = 0usize;
         for (i, t) in got.iter().enumerate() {
             let mut row = logits[i * vocab..(i + 1) * vocab].to_vec();

@@ -43,11 +43,12 @@ impl ModelBackend for DeviceSampling {
         &mut self,
         batch: &ForwardBatch,
         rows: &[RowSampling],
-        masks: &[Option<&[u32]>],
+        masks: &mut dyn FnMut() -> Vec<Option<Vec<u32>>>,
     ) -> Result<Vec<TokenLogprob>, BackendError> {
         assert_eq!(rows.len(), batch.logits_indices.len());
-        assert!(masks.is_empty() || masks.len() == rows.len());
         let mut logits = self.inner.forward(batch)?;
+        let masks = masks();
+        assert!(masks.is_empty() || masks.len() == rows.len());
         let vocab = self.inner.config().vocab_size;
         self.rows.fetch_add(rows.len(), Ordering::Relaxed);
         // A masked row's disallowed tokens to minus infinity first (as the CUDA kernel does).

@@ -4,19 +4,26 @@
 # objects, so no constrained output can end before max_tokens and both sides decode the same
 # number of tokens), at batch 1 and batch 32, REPS runs each, alternating; prints each run and
 # the median ratio constrained / free. Records the CPU and the kernel path.
-# Usage: [TANDEM_BIN=target/release/tandem] [REPS=3] [TANDEM_CPU_KERNEL=...] scripts/bench/structured_cost.sh
+# Usage: [TANDEM_BIN=target/release/tandem] [REPS=3] [BATCHES="1 32"] [TANDEM_CPU_KERNEL=...]
+#        [BENCH_ARGS="--device cuda --load-format dummy --model SHAPE.gguf"] scripts/bench/structured_cost.sh
+# On a GPU host the model can be a GGUF without its tensors (scripts/gpu/gguf_metadata_only.py):
+# random weights of the model's shape, with its real tokenizer.
 set -euo pipefail
 bin="${TANDEM_BIN:-target/release/tandem}"
 reps="${REPS:-3}"
+batches="${BATCHES:-1 32}"
+read -r -a extra_args <<< "${BENCH_ARGS:-}"
 schema="$(dirname "$0")/json_schema_cost.json"
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') family $(lscpu | sed -n 's/^CPU family: *//p'), $(nproc) cores; kernel: ${TANDEM_CPU_KERNEL:-auto}"
-for batch in 1 32; do
+command -v nvidia-smi >/dev/null && echo "gpu: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+echo "bench args: ${BENCH_ARGS:-none}"
+for batch in $batches; do
   free=(); constrained=()
   for _ in $(seq "$reps"); do
     for mode in free constrained; do
       extra=(); [ "$mode" = constrained ] && extra=(--json-schema "$schema")
       tps=$("$bin" bench engine --json --num-prompts "$batch" --input-len 64 --min-input-len 64 \
-        --output-len 128 --min-output-len 128 --temperature 1 "${extra[@]}" 2>/dev/null |
+        --output-len 128 --min-output-len 128 --temperature 1 --max-num-seqs "$batch" "${extra_args[@]}" "${extra[@]}" 2>/dev/null |
         python3 -c "import json,sys; r=json.load(sys.stdin); assert r['generated_tokens'] == r['output_tokens'], r; print(round(r['decode_tok_per_s'], 1))")
       echo "batch $batch $mode decode tok/s $tps"
       if [ "$mode" = free ]; then free+=("$tps"); else constrained+=("$tps"); fi

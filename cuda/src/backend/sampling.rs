@@ -16,14 +16,25 @@ impl CudaBackend {
         &mut self,
         b: &ForwardBatch,
         rows: &[RowSampling],
-        masks: &[Option<&[u32]>],
+        masks: &mut dyn FnMut() -> Vec<Option<Vec<u32>>>,
     ) -> Result<Vec<TokenLogprob>, CudaError> {
+        let pass = self.pass(b, self.cfg.num_layers)?;
+        // The pass is queued: the host computes the token masks while the device runs it.
+        let masks = masks();
+        if !masks.is_empty() && masks.len() != rows.len() {
+            return Err(CudaError::Unsupported(format!(
+                "{} token masks for {} sampling rows",
+                masks.len(),
+                rows.len()
+            )));
+        }
+        let masks: Vec<Option<&[u32]>> = masks.iter().map(|m| m.as_deref()).collect();
         let mask =
             |from: usize, to: usize| if masks.is_empty() { &[][..] } else { &masks[from..to] };
-        let first = match self.pass(b, self.cfg.num_layers)? {
+        let first = match pass {
             Pass::Graph => {
                 let idx: Vec<u32> = b.logits_indices.iter().map(|&r| r as u32).collect();
-                return self.sample(&idx, rows, masks);
+                return self.sample(&idx, rows, &masks);
             }
             Pass::Eager(first) => first,
         };

@@ -155,14 +155,15 @@ pub trait ModelBackend: Send {
     }
     /// Like [`ModelBackend::forward`], then chooses one token per logits row as `rows` say
     /// (one entry per `batch.logits_indices`); returns each token with its log-probability under
-    /// the model distribution. `masks` is empty or holds one entry per row: a row's allowed
-    /// tokens as bits (bit `i % 32` of word `i / 32`; structured outputs), the others set to
-    /// minus infinity first. Only the tokens leave the device.
+    /// the model distribution. `masks` is called once the forward pass is under way (so the
+    /// host computes them while the device runs) and returns nothing or one entry per row: a
+    /// row's allowed tokens as bits (bit `i % 32` of word `i / 32`; structured outputs), the
+    /// others set to minus infinity before sampling. Only the tokens leave the device.
     fn forward_sampled(
         &mut self,
         batch: &ForwardBatch,
         rows: &[RowSampling],
-        masks: &[Option<&[u32]>],
+        masks: &mut dyn FnMut() -> Vec<Option<Vec<u32>>>,
     ) -> Result<Vec<crate::sampling::sampler::TokenLogprob>, BackendError> {
         let _ = (batch, rows, masks);
         Err(BackendError::InvalidBatch("this backend does not sample on the device".into()))

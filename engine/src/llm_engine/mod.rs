@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::backend::BackendError;
-use crate::llm_engine::model_runner::{ModelRunner, RowOutput};
+use crate::llm_engine::model_runner::{DeviceMasks, ModelRunner, RowOutput};
 use crate::model::Model;
 use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
 use crate::sampling::sampler::{sample_token, scored, Rng, SampledToken, SamplingContext};
@@ -557,9 +557,12 @@ impl LLMEngine {
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let plan = self.schedule()?;
         self.stats.steps += 1;
-        let masks = self.device_masks(&plan);
-        let rows = self.runner.execute(&plan, &self.scheduler.seqs, &masks)?;
+        let mut grammars = self.step_grammars(&plan);
+        let rows = self.runner.execute(&plan, &self.scheduler.seqs, &mut grammars);
+        grammars.restore(&mut self.scheduler.seqs);
+        let rows = rows?;
         let sampled = self.sample(rows);
+        self.feed_grammars(&sampled);
         let update =
             self.scheduler.update_from_output(&plan, sampled, &self.tokenizer, now_secs())?;
         let outputs = self.outputs(update);
@@ -568,22 +571,46 @@ impl LLMEngine {
         Ok(outputs)
     }
 
-    /// On a backend that samples on the device: the token masks of the constrained sequences
-    /// this step samples (computed before the forward pass and kept by their matchers, so a
-    /// host-side sample reuses them).
-    fn device_masks(&mut self, plan: &SchedulerOutput) -> HashMap<SeqId, Vec<u32>> {
-        let mut masks = HashMap::new();
+    /// Moves the matchers of the step's constrained sequences past their new tokens, in
+    /// parallel (each takes tens of microseconds; `Sequence::append_token` then finds its token
+    /// already taken). Sequences that fork this step are left to `append_token`: their
+    /// completions start from the state before the token.
+    fn feed_grammars(&mut self, sampled: &[SampledSeq]) {
+        let due: HashMap<SeqId, u32> = sampled
+            .iter()
+            .filter(|s| s.forks.is_empty() && s.tokens.len() == 1)
+            .map(|s| (s.seq_id, s.tokens[0].chosen.token_id))
+            .collect();
+        let mut rows: Vec<(&mut crate::sampling::structured::GrammarMatcher, u32)> = self
+            .scheduler
+            .seqs
+            .iter_mut()
+            .filter_map(|(id, seq)| Some((seq.grammar.as_mut()?, *due.get(id)?)))
+            .collect();
+        if rows.len() < 2 {
+            return;
+        }
+        use rayon::prelude::*;
+        rows.par_iter_mut().for_each(|(g, t)| g.accept_ahead(*t));
+    }
+
+    /// On a backend that samples on the device: the matchers of the constrained sequences this
+    /// step samples, taken out of their sequences for the runner to compute their masks while
+    /// the device runs the forward pass ([`StepGrammars::restore`] puts them back).
+    fn step_grammars(&mut self, plan: &SchedulerOutput) -> StepGrammars {
+        let mut g = StepGrammars::default();
         if !self.runner.backend.samples_on_device() {
-            return masks;
+            return g;
         }
         for s in &plan.scheduled {
             let Some(seq) = self.scheduler.seqs.get_mut(&s.seq_id) else { continue };
-            let completes = seq.num_computed_tokens + s.num_tokens == seq.len();
-            if let Some(g) = seq.grammar.as_mut().filter(|_| completes) {
-                masks.insert(s.seq_id, g.allowed_bits());
+            if seq.num_computed_tokens + s.num_tokens == seq.len() {
+                if let Some(m) = seq.grammar.take() {
+                    g.rows.push((s.seq_id, m));
+                }
             }
         }
-        masks
+        g
     }
 
     /// Plans the step: proposes drafts, schedules, then fits (and, from a draft model, fills)
@@ -745,5 +772,35 @@ impl LLMEngine {
             }
         }
         Ok(acc)
+    }
+}
+
+/// A step's constrained sequences' matchers, lent to the runner (see
+/// [`LLMEngine::step_grammars`]).
+#[derive(Default)]
+struct StepGrammars {
+    rows: Vec<(SeqId, crate::sampling::structured::GrammarMatcher)>,
+}
+
+impl StepGrammars {
+    /// Gives every matcher back to its sequence.
+    fn restore(self, seqs: &mut HashMap<SeqId, Sequence>) {
+        for (id, m) in self.rows {
+            if let Some(seq) = seqs.get_mut(&id) {
+                seq.grammar = Some(m);
+            }
+        }
+    }
+}
+
+impl DeviceMasks for StepGrammars {
+    fn covers(&self, id: SeqId) -> bool {
+        self.rows.iter().any(|(i, _)| *i == id)
+    }
+
+    fn compute(&mut self) -> HashMap<SeqId, Vec<u32>> {
+        // One row's mask takes tens to hundreds of microseconds: the rows in parallel.
+        use rayon::prelude::*;
+        self.rows.par_iter_mut().map(|(id, g)| (*id, g.allowed_bits())).collect()
     }
 }

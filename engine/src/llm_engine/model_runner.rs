@@ -34,13 +34,22 @@ pub enum RowOutput {
 /// Whether the backend may choose `seq`'s next token by itself: no penalties or alternatives, no
 /// `min_tokens` masking still due, no completions to fork off this row, no drafts to verify,
 /// and a constrained row's token mask at hand.
-fn device_samplable(seq: &Sequence, masks: &HashMap<SeqId, Vec<u32>>) -> bool {
+fn device_samplable(seq: &Sequence, masks: &dyn DeviceMasks) -> bool {
     let p = &seq.params;
     p.is_plain()
         && seq.num_output_tokens() >= p.min_tokens
         && seq.pending_forks == 0
         && seq.drafts().is_empty()
-        && (seq.grammar.is_none() || masks.contains_key(&seq.seq_id))
+        && (p.structured.is_none() || masks.covers(seq.seq_id))
+}
+
+/// The token masks of a step's constrained sequences, computed on demand (while the device runs
+/// the forward pass) for a backend that samples on the device.
+pub trait DeviceMasks {
+    /// Whether `id`'s mask can be given.
+    fn covers(&self, id: SeqId) -> bool;
+    /// The masks, by sequence.
+    fn compute(&mut self) -> HashMap<SeqId, Vec<u32>>;
 }
 
 /// Whether this step computes prompt tokens of `seq` whose log-probabilities are asked for
@@ -117,7 +126,7 @@ impl ModelRunner {
         &mut self,
         out: &SchedulerOutput,
         seqs: &HashMap<SeqId, Sequence>,
-        masks: &HashMap<SeqId, Vec<u32>>,
+        masks: &mut dyn DeviceMasks,
     ) -> Result<Vec<(SeqId, RowOutput)>, BackendError> {
         self.backend.swap_out(&out.blocks_to_swap_out)?;
         self.backend.zero_blocks(&out.blocks_to_zero)?;
@@ -129,15 +138,18 @@ impl ModelRunner {
         let (batch, sampled) = self.prepare(out, seqs);
         if self.backend.samples_on_device()
             && !sampled.is_empty()
-            && sampled.iter().all(|id| device_samplable(&seqs[id], masks))
+            && sampled.iter().all(|id| device_samplable(&seqs[id], &*masks))
         {
             let rows: Vec<RowSampling> = sampled.iter().map(|id| row_sampling(&seqs[id])).collect();
-            let row_masks: Vec<Option<&[u32]>> =
-                match sampled.iter().any(|id| masks.contains_key(id)) {
-                    true => sampled.iter().map(|id| masks.get(id).map(Vec::as_slice)).collect(),
-                    false => Vec::new(),
-                };
-            let tokens = self.backend.forward_sampled(&batch, &rows, &row_masks)?;
+            let constrained = sampled.iter().any(|id| masks.covers(*id));
+            let mut row_masks = || -> Vec<Option<Vec<u32>>> {
+                if !constrained {
+                    return Vec::new();
+                }
+                let mut m = masks.compute();
+                sampled.iter().map(|id| m.remove(id)).collect()
+            };
+            let tokens = self.backend.forward_sampled(&batch, &rows, &mut row_masks)?;
             if tokens.len() != sampled.len() {
                 return Err(BackendError::Device(format!(
                     "{} tokens sampled for {} rows",

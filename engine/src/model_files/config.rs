@@ -219,11 +219,15 @@ impl ModelConfig {
         }
         let hidden_size = req("embedding_length")?;
         let num_heads = req("attention.head_count")?;
-        let embd = f
-            .tensor("token_embd.weight")
-            .ok_or_else(|| LoadError::MissingTensor("token_embd.weight".into()))?;
-        let vocab_size =
-            opt_u("vocab_size").unwrap_or(embd.dims.get(1).copied().unwrap_or(0) as usize);
+        let vocab_size = match opt_u("vocab_size") {
+            Some(v) => v,
+            None => {
+                let embd = f
+                    .tensor("token_embd.weight")
+                    .ok_or_else(|| LoadError::MissingTensor("token_embd.weight".into()))?;
+                embd.dims.get(1).copied().unwrap_or(0) as usize
+            }
+        };
         let (hidden_act, embedding_scale, qk_norm, post_norms) =
             Self::arch_defaults(arch, hidden_size);
         // Gemma 3 defines its layout: five local layers (RoPE base 10k) then a global one.

@@ -198,7 +198,13 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(StructuredError::Invalid(first_line(&e)));
         }
-        Ok(GrammarMatcher { matcher, eos: self.eos.clone(), vocab: self.vocab, cached: None })
+        Ok(GrammarMatcher {
+            matcher,
+            eos: self.eos.clone(),
+            vocab: self.vocab,
+            cached: None,
+            ahead: None,
+        })
     }
 }
 
@@ -214,6 +220,8 @@ pub struct GrammarMatcher {
     vocab: usize,
     /// The allowed tokens at this position, once computed (until the next token).
     cached: Option<SimpleVob>,
+    /// A token taken ahead of [`GrammarMatcher::accept`] ([`GrammarMatcher::accept_ahead`]).
+    ahead: Option<(u32, Result<(), StructuredError>)>,
 }
 
 impl std::fmt::Debug for GrammarMatcher {
@@ -266,6 +274,12 @@ impl GrammarMatcher {
 
     /// Moves past a generated token (end-of-sequence tokens end the output and are not fed).
     pub fn accept(&mut self, token: u32) -> Result<(), StructuredError> {
+        if let Some((t, result)) = self.ahead.take() {
+            if t == token {
+                return result;
+            }
+            debug_assert!(false, "token {token} offered after {t} was taken ahead");
+        }
         if self.eos.contains(&token) {
             return Ok(());
         }
@@ -273,6 +287,13 @@ impl GrammarMatcher {
         self.matcher
             .consume_token(token)
             .map_err(|e| StructuredError::Invalid(first_line(&e.to_string())))
+    }
+
+    /// Takes `token` now (off the step's critical path, for many sequences at once); the next
+    /// [`GrammarMatcher::accept`] of the same token returns the result.
+    pub fn accept_ahead(&mut self, token: u32) {
+        let result = self.accept(token);
+        self.ahead = Some((token, result));
     }
 
     /// Whether the output is complete and nothing may follow (the sequence stops here).
@@ -287,6 +308,7 @@ impl GrammarMatcher {
             eos: self.eos.clone(),
             vocab: self.vocab,
             cached: self.cached.clone(),
+            ahead: self.ahead.clone(),
         }
     }
 }
