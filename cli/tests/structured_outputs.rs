@@ -17,6 +17,14 @@ use std::process::Command;
 use common::*;
 use serde_json::Value;
 
+/// Each named case of a client's `errors` report was a 400 naming `param`.
+fn refused(errors: &Value, cases: &[(&str, &str)]) {
+    for (name, param) in cases {
+        assert_eq!(errors[name]["status"], 400, "{name}: {}", errors[name]);
+        assert_eq!(errors[name]["param"], *param, "{name}: {}", errors[name]);
+    }
+}
+
 /// Runs one of `tests/e2e`'s client scripts against the router; its JSON report.
 fn run_client(script: &str, addr: &str, extra: &[&str]) -> Value {
     let path = format!("{}/../tests/e2e/{script}", env!("CARGO_MANIFEST_DIR"));
@@ -64,18 +72,17 @@ fn structured_outputs_and_tools_through_disaggregated_services() {
     assert_eq!(got["langchain_json_mode"], "dict");
 
     // Every refusal is a 400 naming the field that asked.
-    let errors = &got["errors"];
-    for (name, param) in [
-        ("bad_schema", "response_format.json_schema.schema"),
-        ("bad_regex", "structured_outputs.regex"),
-        ("bad_grammar", "structured_outputs.grammar"),
-        ("two_constraints", "guided_choice"),
-        ("unknown_format", "response_format.type"),
-        ("ignore_eos", "ignore_eos"),
-    ] {
-        assert_eq!(errors[name]["status"], 400, "{name}: {}", errors[name]);
-        assert_eq!(errors[name]["param"], param, "{name}: {}", errors[name]);
-    }
+    refused(
+        &got["errors"],
+        &[
+            ("bad_schema", "response_format.json_schema.schema"),
+            ("bad_regex", "structured_outputs.regex"),
+            ("bad_grammar", "structured_outputs.grammar"),
+            ("two_constraints", "guided_choice"),
+            ("unknown_format", "response_format.type"),
+            ("ignore_eos", "ignore_eos"),
+        ],
+    );
 
     let got = run_client("tools_client.py", &r.addr, &[]);
     for call in got["required"].as_array().unwrap().iter().chain(got["stream"].as_array().unwrap())
@@ -87,18 +94,17 @@ fn structured_outputs_and_tools_through_disaggregated_services() {
     assert!(product["a"].is_i64() && product["b"].is_i64(), "{product}");
     assert!(got["langchain_function_calling"]["population"].as_i64().unwrap() >= 0);
     assert!(!got["litellm"].as_array().unwrap().is_empty());
-    let errors = &got["errors"];
-    for (name, param) in [
-        ("bad_name", "tools[0].function.name"),
-        ("bad_parameters", "tools[0].function.parameters"),
-        ("bad_schema", "tools"),
-        ("unknown_function", "tool_choice.function.name"),
-        ("required_without_tools", "tool_choice"),
-        ("bad_history", "messages[1].tool_call_id"),
-    ] {
-        assert_eq!(errors[name]["status"], 400, "{name}: {}", errors[name]);
-        assert_eq!(errors[name]["param"], param, "{name}: {}", errors[name]);
-    }
+    refused(
+        &got["errors"],
+        &[
+            ("bad_name", "tools[0].function.name"),
+            ("bad_parameters", "tools[0].function.parameters"),
+            ("bad_schema", "tools"),
+            ("unknown_function", "tool_choice.function.name"),
+            ("required_without_tools", "tool_choice"),
+            ("bad_history", "messages[1].tool_call_id"),
+        ],
+    );
 
     // The same through a router that lays tools out with a template of its own
     // (`--chat-template`, a ChatML template that reads `tools`): forced calls parse (one per

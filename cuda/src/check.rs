@@ -504,6 +504,29 @@ fn silu_mul(g: &Gpu, u: f64) -> Result<CheckResult, CudaError> {
     Ok(result("silu·mul f32→16-bit (tol 2u)", rel_err(&got, &want, 1e-2), 2.0 * u))
 }
 
+/// `sample_rows` over `logits` (rows named by `order`, sampled as `specs` say): the tokens, then
+/// their log-probabilities' bits.
+fn sample_rows(
+    g: &Gpu,
+    logits: &cudarc::driver::CudaSlice<f32>,
+    order: &[u32],
+    specs: &[tandem_engine::backend::RowSampling],
+    vocab: usize,
+) -> Result<Vec<i32>, CudaError> {
+    let rows = specs.len();
+    let da = g.upload(&crate::backend::sampling_args(order, specs))?;
+    let dout = g.zeros::<i32>(2 * rows)?;
+    let (ni, vi) = (rows as i32, vocab as i32);
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: sample_rows(logits, args, out, n, vocab) with 7n argument words and 2n outputs.
+    unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(logits), &ptr(&da), &ptr(&dout), &ni, &vi])? };
+    g.read(&dout, 2 * rows)
+}
+
 /// Structured outputs on the device: random token masks (about one token in eight allowed,
 /// some rows unmasked, one row allowing a single token) applied by `mask_rows`, then
 /// `sample_rows`; every token equals the host sampler's on the masked row (minus infinity where
@@ -563,17 +586,7 @@ fn masked_sampling(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     };
     // SAFETY: mask_rows(logits, rows, masks, vocab, words) over the named rows of `dl`.
     unsafe { g.launch(&g.k.mask_rows, cfg, &[&ptr(&dl), &ptr(&dw), &ptr(&db), &vi, &wi])? };
-    let da = g.upload(&crate::backend::sampling_args(&order, &specs))?;
-    let dout = g.zeros::<i32>(2 * rows)?;
-    let ni = rows as i32;
-    let cfg = LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (1024, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: sample_rows(logits, args, out, n, vocab) with 7n argument words and 2n outputs.
-    unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(&dl), &ptr(&da), &ptr(&dout), &ni, &vi])? };
-    let out = g.read(&dout, 2 * rows)?;
+    let out = sample_rows(g, &dl, &order, &specs, vocab)?;
     let (mut wrong, mut disallowed, mut lp_err) = (0usize, 0usize, 0f64);
     for k in 0..rows {
         let tok = out[k] as u32;
@@ -625,17 +638,7 @@ fn sampling(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
         logits.chunks_exact(vocab).zip(&specs).map(|(l, r)| gumbel_max(l, r)).collect();
     let order: Vec<u32> = (0..rows as u32).rev().collect(); // rows named out of order
     let named: Vec<RowSampling> = order.iter().map(|&i| specs[i as usize]).collect();
-    let (dl, da) = (g.upload(&logits)?, g.upload(&crate::backend::sampling_args(&order, &named))?);
-    let dout = g.zeros::<i32>(2 * rows)?;
-    let (ni, vi) = (rows as i32, vocab as i32);
-    let cfg = LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (1024, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: sample_rows(logits, args, out, n, vocab) with 7n argument words and 2n outputs.
-    unsafe { g.launch(&g.k.sample_rows, cfg, &[&ptr(&dl), &ptr(&da), &ptr(&dout), &ni, &vi])? };
-    let out = g.read(&dout, 2 * rows)?;
+    let out = sample_rows(g, &g.upload(&logits)?, &order, &named, vocab)?;
     let (mut wrong, mut lp_err) = (0usize, 0f64);
     for (k, &i) in order.iter().enumerate() {
         let w = want[i as usize];
