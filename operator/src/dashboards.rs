@@ -196,7 +196,9 @@ fn configmap_template(dashboards: &[(&'static str, Value)]) -> String {
         if i > 0 {
             t.push_str("---\n");
         }
-        let text = serde_json::to_string_pretty(d).expect("json").replace("{{", "{{ \"{{\" }}");
+        let text = serde_json::to_string_pretty(&crate::crd::sorted(d.clone()))
+            .expect("json")
+            .replace("{{", "{{ \"{{\" }}");
         t.push_str(&format!(
             "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{{{ .Release.Name }}}}-dashboard-{stem}\n  namespace: {{{{ .Release.Namespace }}}}\n  labels:\n    app.kubernetes.io/name: tandem\n    app.kubernetes.io/instance: {{{{ .Release.Name }}}}\n    {{{{ .Values.grafana.dashboards.label }}}}: \"{{{{ .Values.grafana.dashboards.labelValue }}}}\"\n  annotations:\n    {{{{ .Values.grafana.dashboards.folderAnnotation }}}}: \"{{{{ .Values.grafana.dashboards.folder }}}}\"\ndata:\n  tandem-{stem}.json: |-\n"
         ));
@@ -218,7 +220,7 @@ pub fn generated_files() -> Vec<(String, String)> {
     for (stem, d) in &ds {
         out.push((
             format!("dashboards/{stem}.json"),
-            serde_json::to_string_pretty(d).expect("json") + "\n",
+            serde_json::to_string_pretty(&crate::crd::sorted(d.clone())).expect("json") + "\n",
         ));
     }
     out.push(("templates/grafana-dashboards.yaml".to_string(), configmap_template(&ds)));
