@@ -50,7 +50,8 @@ pub(crate) fn requested(
     if c.stream == Some(true) {
         return refuse("stream", "the beams are ranked at the end");
     }
-    if p.temperature != 0.0 && c.temperature.is_some() && p.temperature != 1.0 {
+    // 0 and 1 both mean the model's own log-probabilities, which beams follow.
+    if c.temperature.is_some_and(|t| t != 0.0 && t != 1.0) {
         return refuse("temperature", "beams follow the model's own log-probabilities");
     }
     for (param, set) in [
