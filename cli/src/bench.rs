@@ -348,6 +348,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    tandem_engine::backend::cpu::profile::reset();
     let t = Instant::now();
     let mut generated = 0usize;
     let mut started = std::collections::HashSet::new();
@@ -370,6 +371,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     }
     bar.finish_and_clear();
     let secs = t.elapsed().as_secs_f64();
+    print_profile("engine", secs);
     let stats = engine.stats();
     let rss = peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64;
     let (pf_s, pf_gen) = prefill_done.unwrap_or((secs, generated));
@@ -407,6 +409,14 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// With `TANDEM_CPU_PROFILE=1`: the CPU backend's time per operation over the last `secs`
+/// seconds of `phase`, on standard error.
+fn print_profile(phase: &str, secs: f64) {
+    if let Some(p) = tandem_engine::backend::cpu::profile::report() {
+        eprintln!("cpu profile {phase} ({secs:.4} s wall): {p}");
+    }
+}
+
 fn single(a: SingleArgs) -> Result<()> {
     let path = crate::generate_cmd::model_path(a.model)?;
     let total = a.prompt_tokens + a.decode_tokens;
@@ -430,8 +440,10 @@ fn single(a: SingleArgs) -> Result<()> {
         let mut b = ForwardBatch::default();
         b.push_seq(&prompt, 0, &table, spec.block_size, Logits::Last);
         let t = Instant::now();
+        tandem_engine::backend::cpu::profile::reset();
         let logits = model.backend.forward(&b)?;
         let pp = a.prompt_tokens as f64 / t.elapsed().as_secs_f64();
+        print_profile("prompt", t.elapsed().as_secs_f64());
         best_pp = best_pp.max(pp);
         sum_pp += pp;
         // Generation is measured on its own from a one-token context, as llama-bench's tg test
@@ -443,6 +455,7 @@ fn single(a: SingleArgs) -> Result<()> {
             b.push_seq(&prompt[..1], 0, &table, spec.block_size, Logits::Last);
             next = argmax(&model.backend.forward(&b)?);
         }
+        tandem_engine::backend::cpu::profile::reset();
         let t = Instant::now();
         for i in 0..a.decode_tokens {
             let mut b = ForwardBatch::default();
@@ -450,6 +463,7 @@ fn single(a: SingleArgs) -> Result<()> {
             next = argmax(&model.backend.forward(&b)?);
         }
         let tg = a.decode_tokens as f64 / t.elapsed().as_secs_f64();
+        print_profile("decode", t.elapsed().as_secs_f64());
         best_tg = best_tg.max(tg);
         sum_tg += tg;
     }

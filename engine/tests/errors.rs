@@ -206,6 +206,13 @@ fn bad_batches_are_refused_not_panicking() {
     let mut b = ForwardBatch::default();
     b.push_seq(&[1; 20], 0, &[0], 16, Logits::Last); // 20 tokens, one 16-token block
     assert!(m.backend.forward(&b).is_err());
+    // Two sequences on the same block: their tokens would write the same KV slots at once.
+    let mut b = ForwardBatch::default();
+    b.push_seq(&[1, 2], 0, &table, 16, Logits::Last);
+    b.push_seq(&[3, 4], 0, &table, 16, Logits::Last);
+    assert!(
+        matches!(m.backend.forward(&b), Err(BackendError::InvalidBatch(e)) if e.contains("written by two tokens"))
+    );
 }
 
 #[test]

@@ -5,16 +5,17 @@
 pub mod generate;
 pub mod model_runner;
 pub mod remote_prefill;
+mod sample_step;
 mod spec_decoder;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::backend::BackendError;
-use crate::llm_engine::model_runner::{DeviceMasks, ModelRunner, RowOutput};
+use crate::llm_engine::model_runner::{DeviceMasks, ModelRunner};
 use crate::model::Model;
 use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
-use crate::sampling::sampler::{sample_token, scored, Rng, SampledToken, SamplingContext};
+use crate::sampling::sampler::{Rng, SampledToken};
 use crate::sampling::sampling_params::SamplingParams;
 use crate::sampling::structured::{GrammarCompiler, StructuredError};
 use crate::scheduling::block_hash::salt_digest;
@@ -23,7 +24,7 @@ use crate::scheduling::request_output::{
     CompletionOutput, FinishReason, RequestMetrics, RequestOutput,
 };
 use crate::scheduling::scheduler::{
-    ForkedSeq, SampledSeq, Scheduler, SchedulerConfig, SchedulerOutput, StepUpdate,
+    SampledSeq, Scheduler, SchedulerConfig, SchedulerOutput, StepUpdate,
 };
 use crate::scheduling::sequence::{SeqId, Sequence, SequenceStatus};
 use crate::ModelConfig;
@@ -625,85 +626,6 @@ impl LLMEngine {
         let eos = &self.tokenizer.eos_token_ids;
         spec.draft(&plan, &mut self.scheduler, &mut *self.runner.backend, eos)?;
         Ok(plan)
-    }
-
-    /// Turns the runner's rows into tokens: samples each logits row (and, for a finished
-    /// prompt with more completions due, their first tokens from the same row, each with its own
-    /// random stream), verifies draft rows, and takes the tokens the device chose as they are.
-    fn sample(&mut self, rows: Vec<(SeqId, RowOutput)>) -> Vec<SampledSeq> {
-        let vocab = self.model_config.vocab_size;
-        let eos = &self.tokenizer.eos_token_ids;
-        let mut out = Vec::with_capacity(rows.len());
-        for (id, row) in rows {
-            let seq = self.scheduler.seqs.get_mut(&id).expect("a row's sequence exists");
-            let row = match row {
-                RowOutput::Sampled(t) => {
-                    out.push(SampledSeq::one(id, SampledToken { chosen: t, top: Vec::new() }));
-                    continue;
-                }
-                RowOutput::Verify(rows) => {
-                    out.push(SpecDecoder::verify(seq, &rows, vocab, eos));
-                    continue;
-                }
-                RowOutput::Logits(mut row) => {
-                    if let Some(g) = seq.grammar.as_mut() {
-                        g.mask_logits(&mut row);
-                    }
-                    row
-                }
-                RowOutput::Prompt { start, rows, samples } => {
-                    let k = seq.params.prompt_logprobs;
-                    let lps = self
-                        .requests
-                        .get_mut(&seq.request_id)
-                        .and_then(|r| r.prompt_logprobs.as_mut());
-                    if let Some(lps) = lps {
-                        // Row j scores prompt token start + j + 1; rows a recomputation (after
-                        // preemption) repeats are skipped.
-                        for (j, row) in rows.chunks_exact(vocab).enumerate() {
-                            let target = start + j + 1;
-                            if target < seq.prompt_len && target == lps.len() + 1 {
-                                lps.push(scored(row, seq.token_ids[target], k));
-                            }
-                        }
-                    }
-                    if !samples {
-                        continue;
-                    }
-                    let mut row = rows[rows.len() - vocab..].to_vec();
-                    if let Some(g) = seq.grammar.as_mut() {
-                        g.mask_logits(&mut row);
-                    }
-                    row
-                }
-            };
-            // n > 1: the other completions fork off the finished prompt, with streams of their
-            // own drawn from the parent's.
-            let fallback = (seq.pending_forks > 0).then(|| seq.rng.next_u64());
-            let ctx = SamplingContext {
-                prompt: &seq.token_ids[..seq.prompt_len],
-                output: seq.output_ids(),
-                eos_token_ids: eos,
-            };
-            let mut rng = seq.rng.clone();
-            let token = sample_token(&row, &seq.params, &ctx, &mut rng);
-            let mut sampled = SampledSeq::one(id, token);
-            if let Some(fallback) = fallback {
-                for index in 1..=seq.pending_forks {
-                    let mut child_rng = child_rng(seq.params.seed, index, fallback);
-                    let token = sample_token(&row, &seq.params, &ctx, &mut child_rng);
-                    let seq_id = self.next_seq_id;
-                    self.next_seq_id += 1;
-                    sampled.forks.push(ForkedSeq { seq_id, index, rng: child_rng, token });
-                }
-                if let Some(r) = self.requests.get_mut(&seq.request_id) {
-                    r.seq_ids.extend(sampled.forks.iter().map(|f| f.seq_id));
-                }
-            }
-            seq.rng = rng;
-            out.push(sampled);
-        }
-        out
     }
 
     /// After the update: counts the step and collects the news of every request it changed

@@ -165,22 +165,28 @@ impl ModelRunner {
         }
         let logits = self.backend.forward(&batch)?;
         let vocab = self.backend.config().vocab_size;
-        let mut rows = logits.chunks_exact(vocab);
         let scheduled: HashMap<SeqId, usize> =
             out.scheduled.iter().map(|s| (s.seq_id, s.num_tokens)).collect();
+        // Each sequence's rows, in batch order (one copy each; the batch's buffer is dropped).
+        let mut next = 0;
+        let mut take = |n: usize| {
+            let rows = logits[next * vocab..(next + n) * vocab].to_vec();
+            next += n;
+            rows
+        };
         Ok(sampled
             .into_iter()
             .map(|id| {
                 let seq = &seqs[&id];
                 if wants_prompt_rows(seq) {
                     let n = scheduled[&id];
-                    let v: Vec<f32> = rows.by_ref().take(n).flatten().copied().collect();
+                    let v = take(n);
                     let start = seq.num_computed_tokens;
                     let samples = start + n == seq.len();
                     return (id, RowOutput::Prompt { start, rows: v, samples });
                 }
                 let drafts = seq.drafts().len();
-                let v: Vec<f32> = rows.by_ref().take(1 + drafts).flatten().copied().collect();
+                let v = take(1 + drafts);
                 (id, if drafts == 0 { RowOutput::Logits(v) } else { RowOutput::Verify(v) })
             })
             .collect())

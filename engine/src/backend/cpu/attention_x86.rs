@@ -2,7 +2,7 @@
 //! q·Kᵀ for eight cached positions at a time (eight independent FMA chains, then one
 //! transposing reduction instead of eight horizontal sums), softmax with the vectorised exp, and
 //! P·V with one head's output held in registers. Same mathematics as the portable
-//! `super::attend_group`; the summation order differs (tested to 1e-5).
+//! `super::attention::attend_group`; the summation order differs (tested to 1e-5).
 
 use std::arch::x86_64::*;
 
@@ -20,7 +20,7 @@ unsafe fn transpose_sum8(a: &[__m256; 8]) -> __m256 {
     _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31))
 }
 
-/// See the module doc; arguments as the portable `super::attend_group` (`slots`: the cache slot
+/// See the module doc; arguments as the portable `super::attention::attend_group` (`slots`: the cache slot
 /// of each context position; `scores`: scratch of `group × slots.len()` floats).
 ///
 /// # Safety
@@ -128,7 +128,17 @@ mod tests {
             let (mut o, mut want) = (vec![0f32; group * hd], vec![0f32; group * hd]);
             let mut scratch = vec![0f32; group * ctx];
             unsafe { attend_group(&kv, 1, &qg, 1, hd, &slots, scale, &mut scratch, &mut o) };
-            super::super::attend_group(&kv, 1, &qg, 1, hd, &slots, scale, &mut scratch, &mut want);
+            super::super::attention::attend_group(
+                &kv,
+                1,
+                &qg,
+                1,
+                hd,
+                &slots,
+                scale,
+                &mut scratch,
+                &mut want,
+            );
             for g in 0..group {
                 // The textbook formula, head by head.
                 let s0: Vec<f32> = (0..ctx)

@@ -150,6 +150,37 @@ impl CpuKvCache {
         self.v[o..o + self.token_width].copy_from_slice(v);
     }
 
+    /// A handle that writes tokens' K and V for `layer` from several threads at once (each
+    /// into its own slot), for the forward pass's parallel row tasks.
+    pub fn layer_writer(&mut self, layer: usize) -> LayerWriter {
+        assert!(layer < self.num_layers, "layer {layer} of {}", self.num_layers);
+        let base = self.offset(layer, 0);
+        LayerWriter {
+            // SAFETY: `base` is within both pools (layer < num_layers).
+            k: unsafe { self.k.as_mut_ptr().add(base) },
+            v: unsafe { self.v.as_mut_ptr().add(base) },
+            num_slots: self.num_slots(),
+            width: self.token_width,
+        }
+    }
+
+    /// Touches every page of the pool once, on `pool`'s threads, so that the memory is mapped
+    /// before the first request rather than page by page inside forward passes (the pool is
+    /// allocated zeroed and lazily, and a virtual machine's first touch of a page is slow).
+    pub fn prefault(&mut self, pool: &super::pool::ThreadPool) {
+        const PAGE: usize = 4096 / size_of::<f32>();
+        for buf in [&mut self.k, &mut self.v] {
+            let (ptr, n) = (super::pool::OutPtr(buf.as_mut_ptr()), buf.len());
+            let per_task = (n / PAGE).div_ceil(pool.num_threads() * 4).max(1) * PAGE;
+            pool.run(n.div_ceil(per_task), &|task| {
+                for i in (task * per_task..((task + 1) * per_task).min(n)).step_by(PAGE) {
+                    // SAFETY: tasks cover disjoint ranges of the buffer; the value is unchanged.
+                    unsafe { std::ptr::write_volatile(ptr.get().add(i), 0.0) };
+                }
+            });
+        }
+    }
+
     /// K of all KV heads of the token in `slot`.
     #[inline]
     pub fn k(&self, layer: usize, slot: usize) -> &[f32] {
@@ -162,5 +193,33 @@ impl CpuKvCache {
     pub fn v(&self, layer: usize, slot: usize) -> &[f32] {
         let o = self.offset(layer, slot);
         &self.v[o..o + self.token_width]
+    }
+}
+
+/// Writes one layer's K and V rows into the pool from several threads; see
+/// [`CpuKvCache::layer_writer`]. It borrows nothing: the caller keeps the cache alive and
+/// unread while writers are in use.
+#[derive(Clone, Copy)]
+pub struct LayerWriter {
+    k: *mut f32,
+    v: *mut f32,
+    num_slots: usize,
+    width: usize,
+}
+
+// SAFETY: writers write disjoint slots (see `write`).
+unsafe impl Send for LayerWriter {}
+unsafe impl Sync for LayerWriter {}
+
+impl LayerWriter {
+    /// Writes one token's K and V into `slot`.
+    ///
+    /// # Safety
+    /// The cache the writer came from must be alive and not otherwise accessed while writers
+    /// run, and no two concurrent calls may name the same slot.
+    pub unsafe fn write(&self, slot: usize, k: &[f32], v: &[f32]) {
+        assert!(slot < self.num_slots && k.len() == self.width && v.len() == self.width);
+        std::ptr::copy_nonoverlapping(k.as_ptr(), self.k.add(slot * self.width), self.width);
+        std::ptr::copy_nonoverlapping(v.as_ptr(), self.v.add(slot * self.width), self.width);
     }
 }

@@ -6,12 +6,14 @@
 //! SiLU) spread over it too. The linear layers sit behind the [`linear::Linear`] trait so that
 //! quantised kernels can replace the exact f32 ones.
 
+mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attention_x86;
 pub mod kv_cache;
 pub mod linear;
 pub mod ops;
 pub mod pool;
+pub mod profile;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod quant_x86;
@@ -27,6 +29,7 @@ use crate::LoadError;
 use kv_cache::CpuKvCache;
 use linear::{ExactLinear, Linear, QuantLinear, SplitSumLinear, StackedLinear};
 use ops::Rope;
+use profile::{timed, Op};
 use quant::{QKernel, QMatrix};
 
 /// How to build a [`CpuBackend`].
@@ -313,8 +316,13 @@ impl CpuBackend {
                 },
             ),
             layers,
-            kv: CpuKvCache::new(cfg.num_layers, opts.num_blocks, opts.block_size, kv)
-                .with_host_blocks(opts.num_host_blocks),
+            kv: {
+                let mut pool =
+                    CpuKvCache::new(cfg.num_layers, opts.num_blocks, opts.block_size, kv)
+                        .with_host_blocks(opts.num_host_blocks);
+                pool.prefault(pool::ThreadPool::global());
+                pool
+            },
             simd: simd_available(),
             scratch: Scratch::default(),
         })
@@ -343,6 +351,12 @@ impl CpuBackend {
         }
         if let Some(&s) = b.slot_mapping.iter().find(|&&s| s as usize >= self.kv.num_slots()) {
             return bad(format!("slot {s} outside the KV cache of {} slots", self.kv.num_slots()));
+        }
+        // Tokens write their K and V in parallel: each needs a slot of its own.
+        let mut slots = b.slot_mapping.clone();
+        slots.sort_unstable();
+        if let Some(w) = slots.windows(2).find(|w| w[0] == w[1]) {
+            return bad(format!("slot {} is written by two tokens of the batch", w[0]));
         }
         if let Some(&i) = b.logits_indices.iter().find(|&&i| i >= t) {
             return bad(format!("logits index {i} outside the batch of {t} tokens"));
@@ -378,77 +392,6 @@ impl CpuBackend {
             return bad(format!("sequences cover {covered} of {t} tokens"));
         }
         Ok(())
-    }
-
-    /// Attention of every batch token over its sequence's cached context, into `out` (`t × q_size`).
-    /// Work items are (token, KV head): the query heads sharing a KV head are computed together,
-    /// so each cached K and V row is read once per group.
-    fn attend(
-        &self,
-        layer: usize,
-        q: &[f32],
-        b: &ForwardBatch,
-        tok_seq: &[usize],
-        out: &mut [f32],
-    ) {
-        let cfg = &self.cfg;
-        let (hd, nh, nkv) = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
-        let window = self.layers[layer].window;
-        let group = nh / nkv;
-        let bs = self.kv.block_size();
-        let scale = 1.0 / cfg.query_pre_attn_scalar.unwrap_or(hd as f32).sqrt();
-        let kernel = self.simd && hd % 8 == 0;
-        let optr = pool::OutPtr(out.as_mut_ptr());
-        let n_items = b.num_tokens() * nkv;
-        let pool = pool::ThreadPool::global();
-        let per_task = n_items.div_ceil(pool.num_threads() * 4).max(1);
-        pool.run(n_items.div_ceil(per_task), &|task| {
-            ATTN_SCRATCH.with(|sc| {
-                let mut sc = sc.borrow_mut();
-                let AttnScratch { slots, scores } = &mut *sc;
-                for idx in task * per_task..((task + 1) * per_task).min(n_items) {
-                    let (ti, kvh) = (idx / nkv, idx % nkv);
-                    let h0 = kvh * group;
-                    // SAFETY: each (token, KV head) item owns the output slices of its query heads.
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            optr.get().add((ti * nh + h0) * hd),
-                            group * hd,
-                        )
-                    };
-                    let qg = &q[(ti * nh + h0) * hd..(ti * nh + h0 + group) * hd];
-                    // The cache slot of every context position it sees (a local layer: the
-                    // last `window`), walking the block table once.
-                    let end = b.positions[ti] as usize + 1;
-                    let start = window.map_or(0, |w| end.saturating_sub(w));
-                    slots.clear();
-                    let table = &b.seqs[tok_seq[ti]].block_table;
-                    for (bi, &blk) in table.iter().enumerate().skip(start / bs) {
-                        let base = blk as usize * bs;
-                        let (lo, hi) = ((bi * bs).max(start), ((bi + 1) * bs).min(end));
-                        slots.extend(base + lo - bi * bs..base + hi - bi * bs);
-                        if hi == end {
-                            break;
-                        }
-                    }
-                    let ctx = slots.len();
-                    scores.clear();
-                    scores.resize(group * ctx, 0.0);
-                    #[cfg(target_arch = "x86_64")]
-                    if kernel {
-                        // SAFETY: `simd` is set only when the CPU has AVX2 and FMA; hd is a multiple of 8.
-                        unsafe {
-                            attention_x86::attend_group(
-                                &self.kv, layer, qg, kvh, hd, slots, scale, scores, o,
-                            )
-                        };
-                        continue;
-                    }
-                    let _ = kernel;
-                    attend_group(&self.kv, layer, qg, kvh, hd, slots, scale, scores, o);
-                }
-            })
-        });
     }
 }
 
@@ -495,17 +438,6 @@ fn add_residual(
     });
 }
 
-/// Per-thread attention buffers, reused across calls.
-#[derive(Default)]
-struct AttnScratch {
-    slots: Vec<usize>,
-    scores: Vec<f32>,
-}
-
-thread_local! {
-    static ATTN_SCRATCH: std::cell::RefCell<AttnScratch> = std::cell::RefCell::new(AttnScratch::default());
-}
-
 fn simd_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -514,44 +446,6 @@ fn simd_available() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
-    }
-}
-
-/// The query heads `qg` (`group × head_dim`) sharing KV head `kvh`, over the cached positions
-/// in `slots`: softmax(q·Kᵀ·scale)·V per head, in f32. The portable reference of
-/// `attention_x86::attend_group`; `scores` is scratch of `group × slots.len()` floats.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_group(
-    kv: &CpuKvCache,
-    layer: usize,
-    qg: &[f32],
-    kvh: usize,
-    hd: usize,
-    slots: &[usize],
-    scale: f32,
-    scores: &mut [f32],
-    o: &mut [f32],
-) {
-    let group = qg.len() / hd;
-    let ctx = slots.len();
-    for (p, &slot) in slots.iter().enumerate() {
-        let k = &kv.k(layer, slot)[kvh * hd..(kvh + 1) * hd];
-        for g in 0..group {
-            scores[g * ctx + p] = linear::dot(&qg[g * hd..(g + 1) * hd], k) * scale;
-        }
-    }
-    for g in 0..group {
-        ops::softmax(&mut scores[g * ctx..(g + 1) * ctx]);
-    }
-    o.fill(0.0);
-    for (p, &slot) in slots.iter().enumerate() {
-        let v = &kv.v(layer, slot)[kvh * hd..(kvh + 1) * hd];
-        for g in 0..group {
-            let w = scores[g * ctx + p];
-            for (a, &x) in o[g * hd..(g + 1) * hd].iter_mut().zip(v) {
-                *a += w * x;
-            }
-        }
     }
 }
 
@@ -658,6 +552,8 @@ impl ModelBackend for CpuBackend {
         num_layers: usize,
     ) -> Result<Vec<f32>, BackendError> {
         self.validate(b)?;
+        let _forward = profile::span(Op::Forward);
+        let embed = profile::span(Op::Embed);
         let num_layers = num_layers.min(self.layers.len());
         let cfg = &self.cfg;
         let (h, qs, kvs, ff) =
@@ -717,59 +613,94 @@ impl ModelBackend for CpuBackend {
                 sin_l[ti * half..(ti + 1) * half].copy_from_slice(s1);
             }
         }
+        drop(embed);
         for li in 0..num_layers {
             let layer = &self.layers[li];
             let local = layer.window.is_some() && self.rope_local.is_some();
             let (cos, sin) = if local { (&*cos_l, &*sin_l) } else { (&*cos, &*sin) };
-            par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| {
-                ops::rms_norm(&x[r.start * h..r.end * h], &layer.attn_norm, eps, hb)
+            timed(Op::Norm, || {
+                par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| {
+                    ops::rms_norm(&x[r.start * h..r.end * h], &layer.attn_norm, eps, hb)
+                });
             });
-            layer.attn.qkv.forward(hbuf, t, qkv);
-            par_rows(t, &mut [(&mut *qkv, qkv_w), (&mut *q, qs)], &|r, [qkv_rows, q_rows]| {
-                for (i, ti) in r.enumerate() {
-                    let row = &mut qkv_rows[i * qkv_w..(i + 1) * qkv_w];
-                    if let Some(bias) = &layer.attn.qkv_bias {
-                        row.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
-                    }
-                    let (qr, rest) = row.split_at_mut(qs);
-                    let kr = &mut rest[..kvs];
-                    if let (Some(qn), Some(kn)) = (&layer.attn.q_norm, &layer.attn.k_norm) {
-                        ops::rms_norm_inplace(qr, qn, eps);
-                        ops::rms_norm_inplace(kr, kn, eps);
-                    }
-                    let (c, sn) =
-                        (&cos[ti * half..(ti + 1) * half], &sin[ti * half..(ti + 1) * half]);
-                    self.rope.apply_with(qr, c, sn);
-                    self.rope.apply_with(kr, c, sn);
-                    q_rows[i * qs..(i + 1) * qs].copy_from_slice(qr);
-                }
+            timed(Op::Qkv, || {
+                layer.attn.qkv.forward(hbuf, t, qkv);
             });
-            for ti in 0..t {
-                let row = &qkv[ti * qkv_w + qs..(ti + 1) * qkv_w];
-                self.kv.write(li, b.slot_mapping[ti] as usize, &row[..kvs], &row[kvs..]);
-            }
-            self.attend(li, q, b, tok_seq, att);
+            let kv_rows = self.kv.layer_writer(li);
+            timed(Op::Rope, || {
+                par_rows(t, &mut [(&mut *qkv, qkv_w), (&mut *q, qs)], &|r, [qkv_rows, q_rows]| {
+                    for (i, ti) in r.enumerate() {
+                        let row = &mut qkv_rows[i * qkv_w..(i + 1) * qkv_w];
+                        if let Some(bias) = &layer.attn.qkv_bias {
+                            row.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
+                        }
+                        let (qr, rest) = row.split_at_mut(qs);
+                        let kr = &mut rest[..kvs];
+                        if let (Some(qn), Some(kn)) = (&layer.attn.q_norm, &layer.attn.k_norm) {
+                            ops::rms_norm_inplace(qr, qn, eps);
+                            ops::rms_norm_inplace(kr, kn, eps);
+                        }
+                        let (c, sn) =
+                            (&cos[ti * half..(ti + 1) * half], &sin[ti * half..(ti + 1) * half]);
+                        self.rope.apply_with(qr, c, sn);
+                        self.rope.apply_with(kr, c, sn);
+                        q_rows[i * qs..(i + 1) * qs].copy_from_slice(qr);
+                        let (kr, vr) = rest.split_at(kvs);
+                        // SAFETY: `validate` checked that every token has a slot of its own;
+                        // the cache is not read until this region has ended.
+                        unsafe { kv_rows.write(b.slot_mapping[ti] as usize, kr, vr) };
+                    }
+                });
+            });
+            timed(Op::Attention, || {
+                attention::attend(
+                    &self.cfg,
+                    &self.kv,
+                    self.layers[li].window,
+                    self.simd,
+                    li,
+                    q,
+                    b,
+                    tok_seq,
+                    att,
+                );
+            });
             let layer = &self.layers[li];
-            layer.attn.o.forward(att, t, proj);
-            add_residual(t, h, x, proj, layer.post_attn_norm.as_deref(), eps);
-            par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| {
-                ops::rms_norm(&x[r.start * h..r.end * h], &layer.ffn_norm, eps, hb)
+            timed(Op::OProj, || {
+                layer.attn.o.forward(att, t, proj);
             });
-            layer.mlp.gate_up.forward(hbuf, t, gate_up);
-            par_rows(t, &mut [(&mut *act, ff)], &|r, [act_rows]| {
-                for (i, ti) in r.enumerate() {
-                    let row = &gate_up[ti * 2 * ff..(ti + 1) * 2 * ff];
-                    let a = &mut act_rows[i * ff..(i + 1) * ff];
-                    a.copy_from_slice(&row[..ff]);
-                    match cfg.hidden_act {
-                        Activation::Silu => ops::silu_mul(a, &row[ff..]),
-                        Activation::GeluTanh => ops::gelu_tanh_mul(a, &row[ff..]),
+            timed(Op::Residual, || {
+                add_residual(t, h, x, proj, layer.post_attn_norm.as_deref(), eps);
+            });
+            timed(Op::Norm, || {
+                par_rows(t, &mut [(&mut *hbuf, h)], &|r, [hb]| {
+                    ops::rms_norm(&x[r.start * h..r.end * h], &layer.ffn_norm, eps, hb)
+                });
+            });
+            timed(Op::GateUp, || {
+                layer.mlp.gate_up.forward(hbuf, t, gate_up);
+            });
+            timed(Op::Act, || {
+                par_rows(t, &mut [(&mut *act, ff)], &|r, [act_rows]| {
+                    for (i, ti) in r.enumerate() {
+                        let row = &gate_up[ti * 2 * ff..(ti + 1) * 2 * ff];
+                        let a = &mut act_rows[i * ff..(i + 1) * ff];
+                        a.copy_from_slice(&row[..ff]);
+                        match cfg.hidden_act {
+                            Activation::Silu => ops::silu_mul(a, &row[ff..]),
+                            Activation::GeluTanh => ops::gelu_tanh_mul(a, &row[ff..]),
+                        }
                     }
-                }
+                });
             });
-            layer.mlp.down.forward(act, t, proj);
-            add_residual(t, h, x, proj, layer.post_ffn_norm.as_deref(), eps);
+            timed(Op::Down, || {
+                layer.mlp.down.forward(act, t, proj);
+            });
+            timed(Op::Residual, || {
+                add_residual(t, h, x, proj, layer.post_ffn_norm.as_deref(), eps);
+            });
         }
+        let _head = profile::span(Op::LmHead);
         let rows = b.logits_indices.len();
         let sel = zeroed(sel, rows * h);
         for (r, &i) in b.logits_indices.iter().enumerate() {

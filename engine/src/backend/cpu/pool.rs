@@ -1,14 +1,20 @@
 //! `ThreadPool`: the CPU backend's persistent workers for the many small parallel regions of a
 //! forward pass (a decode step of the default model has about 150).
 //!
-//! The caller publishes a job in one atomic word — `(epoch, task count, next task)` — and wakes
-//! workers that are parked. Workers spin on the word for a short while, then park, so hand-off
-//! costs well under a microsecond while the model runs and nothing while the process idles.
-//! Tasks are claimed by compare-and-swap on that word, which fails once the job has changed; the
-//! caller works too and returns when every *task* has finished. It never waits for a worker
-//! that has not started: a worker descheduled by the OS (more threads than free cores, a busy
-//! host) delays nobody unless it holds a task, and while one does, the caller spins only
-//! briefly and then yields its core. One job runs at a time (callers are serialised).
+//! A job's tasks are split into one contiguous range per thread. Each range is one atomic word
+//! — `(epoch, end, next)` — on cache lines of its own: a thread claims tasks from its own range
+//! by compare-and-swap, uncontended, and only when that is empty takes tasks from the others'
+//! ranges, so a region costs a few cache-line transfers rather than one contended atomic per
+//! task (on a 16-core host a shared claim counter made a small matmul's region cost ~25 µs).
+//! The caller publishes the ranges, then the job's epoch in a word the workers watch; workers
+//! spin on it for a short while, then park, so hand-off costs well under a microsecond while
+//! the model runs and nothing while the process idles. A claim fails once its range belongs to
+//! another job (the epoch in the word differs), so a late worker never runs a task of a job it
+//! did not see published. The caller works too and returns when every *task* has finished,
+//! never waiting for a worker that holds none: a worker descheduled by the OS (more threads
+//! than free cores, a busy host) delays nobody unless it holds a task, and while one does, the
+//! caller spins only briefly and then yields its core. Threads report their finished tasks once
+//! per job. One job runs at a time (callers are serialised).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -17,38 +23,47 @@ use std::thread::Thread;
 /// Spins before a worker parks (~tens of microseconds).
 const SPIN_ITERS: u32 = 1 << 14;
 
-/// Bits of the task count and of the next-task index in the job word; the epoch takes the rest.
+/// Bits of a range's end and of its next-task index in its word; the epoch takes the rest.
 const TASK_BITS: u32 = 20;
 const TASK_MASK: u64 = (1 << TASK_BITS) - 1;
 /// Most tasks one job may have (larger jobs are run in rounds).
 const MAX_TASKS: usize = TASK_MASK as usize;
+/// Epochs wrap within the bits a range word leaves them.
+const EPOCH_MASK: u64 = u64::MAX >> (2 * TASK_BITS);
 
 type Task = dyn Fn(usize) + Sync;
 
-/// The fields of the job word.
+/// The fields of a range word: the job's epoch, the range's end and its next unclaimed task.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct JobWord {
     epoch: u64,
-    n_tasks: usize,
+    end: usize,
     next: usize,
 }
 
 impl JobWord {
     fn pack(self) -> u64 {
-        (self.epoch << (2 * TASK_BITS)) | ((self.n_tasks as u64) << TASK_BITS) | self.next as u64
+        (self.epoch << (2 * TASK_BITS)) | ((self.end as u64) << TASK_BITS) | self.next as u64
     }
     fn unpack(w: u64) -> JobWord {
         JobWord {
             epoch: w >> (2 * TASK_BITS),
-            n_tasks: ((w >> TASK_BITS) & TASK_MASK) as usize,
+            end: ((w >> TASK_BITS) & TASK_MASK) as usize,
             next: (w & TASK_MASK) as usize,
         }
     }
 }
 
+/// An atomic word alone on its cache lines (two, against adjacent-line prefetching).
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded(AtomicU64);
+
 struct Shared {
-    /// The job word: epoch, task count, next unclaimed task.
-    word: AtomicU64,
+    /// The current job's epoch: what workers watch for new work.
+    epoch: Padded,
+    /// One task range per thread (workers first, the caller last).
+    ranges: Vec<Padded>,
     /// The current job: a `&Task`, valid while any of its tasks is unfinished.
     job: AtomicU64,
     job_meta: AtomicU64,
@@ -58,31 +73,42 @@ struct Shared {
 }
 
 impl Shared {
-    /// Claims the next task of the job in `w`, if any is left; on success the current job is
-    /// that one until the task is reported done.
-    fn claim(&self, mut w: u64) -> Option<usize> {
+    /// Claims the next task of job `epoch` from range `r`, if it has one left; on success the
+    /// current job is that one until the task is reported done.
+    fn claim(&self, r: usize, epoch: u64) -> Option<usize> {
+        let word = &self.ranges[r].0;
+        let mut w = word.load(Ordering::Acquire);
         loop {
             let j = JobWord::unpack(w);
-            if j.next >= j.n_tasks {
+            if j.epoch != epoch || j.next >= j.end {
                 return None;
             }
-            match self.word.compare_exchange_weak(w, w + 1, Ordering::Acquire, Ordering::Relaxed) {
+            match word.compare_exchange_weak(w, w + 1, Ordering::Acquire, Ordering::Acquire) {
                 Ok(_) => return Some(j.next),
                 Err(now) => w = now,
             }
         }
     }
 
-    /// Runs tasks of the job in `w` until none is left to claim.
-    fn work(&self, w: u64) {
-        let mut w = w;
-        while let Some(i) = self.claim(w) {
-            // The job cannot change before this task is reported done, so it is the one claimed.
-            let f = decode(self.job.load(Ordering::Relaxed), self.job_meta.load(Ordering::Relaxed));
-            // SAFETY: `run` keeps the job alive until every task has been reported done.
-            unsafe { (*f)(i) };
-            self.done_tasks.fetch_add(1, Ordering::Release);
-            w = self.word.load(Ordering::Acquire);
+    /// Runs tasks of job `epoch` until none is left to claim: first from range `own`, then
+    /// from the others in turn. Finished tasks are reported together at the end.
+    fn work(&self, own: usize, epoch: u64) {
+        let n = self.ranges.len();
+        let mut done = 0;
+        for k in 0..n {
+            let r = (own + k) % n;
+            while let Some(i) = self.claim(r, epoch) {
+                // The job cannot change before this task is reported done, so it is the one
+                // claimed.
+                let f =
+                    decode(self.job.load(Ordering::Relaxed), self.job_meta.load(Ordering::Relaxed));
+                // SAFETY: `run` keeps the job alive until every task has been reported done.
+                unsafe { (*f)(i) };
+                done += 1;
+            }
+        }
+        if done > 0 {
+            self.done_tasks.fetch_add(done, Ordering::Release);
         }
     }
 }
@@ -159,7 +185,8 @@ impl ThreadPool {
     pub fn new(threads: usize) -> ThreadPool {
         let workers = threads.max(1) - 1;
         let shared = Arc::new(Shared {
-            word: AtomicU64::new(0),
+            epoch: Padded::default(),
+            ranges: (0..=workers).map(|_| Padded::default()).collect(),
             job: AtomicU64::new(0),
             job_meta: AtomicU64::new(0),
             done_tasks: AtomicUsize::new(0),
@@ -214,6 +241,7 @@ impl ThreadPool {
             return;
         }
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        super::profile::count_region(n_tasks);
         let s = &*self.shared;
         // SAFETY: workers call `f` only for tasks they claimed, and this function returns only
         // after every task has been reported done, so the erased lifetime is never outlived.
@@ -223,17 +251,20 @@ impl ThreadPool {
         s.job.store(a, Ordering::Relaxed);
         s.job_meta.store(b, Ordering::Relaxed);
         s.done_tasks.store(0, Ordering::Relaxed);
-        let epoch = JobWord::unpack(s.word.load(Ordering::Relaxed)).epoch.wrapping_add(1)
-            & (u64::MAX >> (2 * TASK_BITS));
-        let w = JobWord { epoch, n_tasks, next: 0 }.pack();
-        // Publishes the job (release: the stores above happen before any claim of it).
-        s.word.store(w, Ordering::SeqCst);
+        let epoch = s.epoch.0.load(Ordering::Relaxed).wrapping_add(1) & EPOCH_MASK;
+        let n = s.ranges.len();
+        for (r, range) in s.ranges.iter().enumerate() {
+            let (start, end) = (r * n_tasks / n, (r + 1) * n_tasks / n);
+            range.0.store(JobWord { epoch, end, next: start }.pack(), Ordering::Release);
+        }
+        // Publishes the job (the stores above happen before any worker sees the epoch).
+        s.epoch.0.store(epoch, Ordering::SeqCst);
         for (i, t) in self.threads.iter().enumerate() {
             if s.sleeping[i].load(Ordering::SeqCst) {
                 t.unpark();
             }
         }
-        s.work(w);
+        s.work(n - 1, epoch);
         // Spin briefly, then yield: when the cores are shared (a prefill and a decode worker on
         // one laptop), the thread still holding a task may be descheduled, and spinning would
         // keep it off the core for the rest of our time slice.
@@ -250,27 +281,27 @@ impl ThreadPool {
 }
 
 fn worker(s: Arc<Shared>, index: usize) {
-    let mut seen = JobWord::unpack(s.word.load(Ordering::Acquire)).epoch;
+    let mut seen = s.epoch.0.load(Ordering::Acquire);
     loop {
         let mut spins = 0u32;
-        let w = loop {
-            let w = s.word.load(Ordering::Acquire);
-            if JobWord::unpack(w).epoch != seen {
-                break w;
+        let epoch = loop {
+            let e = s.epoch.0.load(Ordering::Acquire);
+            if e != seen {
+                break e;
             }
             if spins < SPIN_ITERS {
                 spins += 1;
                 std::hint::spin_loop();
             } else {
                 s.sleeping[index].store(true, Ordering::SeqCst);
-                if JobWord::unpack(s.word.load(Ordering::SeqCst)).epoch == seen {
+                if s.epoch.0.load(Ordering::SeqCst) == seen {
                     std::thread::park_timeout(std::time::Duration::from_millis(50));
                 }
                 s.sleeping[index].store(false, Ordering::SeqCst);
             }
         };
-        seen = JobWord::unpack(w).epoch;
-        s.work(w);
+        seen = epoch;
+        s.work(index, epoch);
     }
 }
 
@@ -320,7 +351,7 @@ mod tests {
 
     #[test]
     fn job_word_round_trips() {
-        let j = JobWord { epoch: (1 << 24) - 1, n_tasks: MAX_TASKS, next: 17 };
+        let j = JobWord { epoch: EPOCH_MASK, end: MAX_TASKS, next: 17 };
         assert_eq!(JobWord::unpack(j.pack()), j);
         assert!(physical_cores() >= 1);
     }
