@@ -70,6 +70,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// A run this long resets the backoff.
 const HEALTHY_RUN: Duration = Duration::from_secs(30);
 
+/// Least token budget of the prefill worker's step (`--max-num-batched-tokens` may raise it;
+/// `--prefill-flags` overrides it).
+const PREFILL_STEP_TOKENS: usize = 1024;
+
 /// Token budget of a disaggregated decode worker's step (unless `--max-num-seqs` asks for more).
 const DECODE_STEP_TOKENS: usize = 128;
 
@@ -162,7 +166,6 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
     if log_json {
         common.push("--log-format=json".into());
     }
-    let engine = a.engine.to_args();
     let split = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     let mut services: Vec<Service> = Vec::new();
     let mut started_with: Vec<Vec<String>> = Vec::new();
@@ -196,7 +199,14 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             let mut prefill = vec!["prefill".to_string(), "--listen=127.0.0.1:0".into()];
             prefill.extend(common.clone());
             let prefill_flags = split(&a.prefill_flags);
-            prefill.extend(without_flags(engine.clone(), &prefill_flags));
+            // No stream waits on a prefill worker's steps, so their budget only trades the
+            // first prompts' TTFT for the batch's: twice the usual step lets a burst of prompts
+            // finish in fewer, larger steps before the decode worker (on the same cores here)
+            // starts competing for the CPU.
+            let mut prefill_engine = a.engine.clone();
+            prefill_engine.max_num_batched_tokens =
+                prefill_engine.max_num_batched_tokens.max(PREFILL_STEP_TOKENS);
+            prefill.extend(without_flags(prefill_engine.to_args(), &prefill_flags));
             prefill.extend(prefill_flags);
             services.push(start("prefill worker", &prefill)?);
             started_with.push(prefill);
