@@ -223,3 +223,37 @@ impl LayerWriter {
         std::ptr::copy_nonoverlapping(v.as_ptr(), self.v.add(slot * self.width), self.width);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefault_keeps_zeros_and_parallel_writes_land_where_write_puts_them() {
+        let (layers, blocks, bs, width) = (3, 5, 4, 6);
+        let pool = crate::backend::cpu::pool::ThreadPool::new(3);
+        let mut a = CpuKvCache::new(layers, blocks, bs, width);
+        a.prefault(&pool);
+        assert!(a.k.iter().chain(a.v.iter()).all(|&x| x == 0.0));
+        let mut b = CpuKvCache::new(layers, blocks, bs, width);
+        let row = |l: usize, s: usize, kind: f32| -> Vec<f32> {
+            (0..width).map(|i| kind + (l * 1000 + s * 10 + i) as f32).collect()
+        };
+        let slots: Vec<usize> = (0..blocks * bs).step_by(3).collect();
+        for l in 0..layers {
+            let w = a.layer_writer(l);
+            pool.run(slots.len(), &|i| {
+                let s = slots[i];
+                // SAFETY: one task per slot, each slot once; `a` is not otherwise used meanwhile.
+                unsafe { w.write(s, &row(l, s, 0.25), &row(l, s, 0.5)) };
+            });
+            for &s in &slots {
+                b.write(l, s, &row(l, s, 0.25), &row(l, s, 0.5));
+            }
+        }
+        assert_eq!(&a.k[..], &b.k[..]);
+        assert_eq!(&a.v[..], &b.v[..]);
+        assert_eq!(a.k(2, 9), &row(2, 9, 0.25)[..]);
+        assert_eq!(a.v(1, 0), &row(1, 0, 0.5)[..]);
+    }
+}
