@@ -110,3 +110,53 @@ fn timings_are_measured_where_they_happen_and_add_up() {
         metric(&d.addr, "tandem_disagg_decisions_total", &["decision=\"remote\""]).unwrap_or(0.0);
     assert!(remote >= 1.0);
 }
+
+/// Prompt and generation token counters, summed over the prefill and the decode worker, equal
+/// the tokens clients received: a remotely prefilled prompt and its first token count on the
+/// prefill worker only, a prompt the decode worker prefills itself counts there.
+#[test]
+fn token_counters_count_each_token_once_across_roles() {
+    let d = decode(&["--disagg-min-tokens=16"], &[]);
+    let p = prefill(&[], &[]);
+    let r = router(&[&d], &[&p]);
+    let sum = |name: &str| metric_sum(&p.addr, name) + metric_sum(&d.addr, name);
+    let (mut prompt, mut generated) = (0u64, 0u64);
+    let prompts = [long_prompt(), "Hi".to_string(), format!("Meanwhile, far away: {}", long_prompt())];
+    for (i, text) in prompts.iter().enumerate() {
+        let stream = i == 2;
+        let body = serde_json::json!({
+            "model": MODEL, "prompt": text, "max_tokens": 5 + i, "temperature": 0,
+            "ignore_eos": true, "stream": stream,
+            "stream_options": if stream { serde_json::json!({"include_usage": true}) } else { Value::Null },
+        })
+        .to_string();
+        let usage = if stream {
+            let mut s = open_stream(&r.addr, "/v1/completions", &body);
+            let text = read_until(&mut s, "data: [DONE]");
+            let last = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .filter(|l| *l != "[DONE]")
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .find(|c| c["usage"].is_object())
+                .expect("a usage chunk");
+            last["usage"].clone()
+        } else {
+            let res = http(&r.addr, "POST", "/v1/completions", Some(&body));
+            assert_eq!(res.status, 200, "{}", res.body);
+            res.json()["usage"].clone()
+        };
+        assert_eq!(usage["completion_tokens"], 5 + i as u64, "{usage}");
+        prompt += usage["prompt_tokens"].as_u64().unwrap();
+        generated += usage["completion_tokens"].as_u64().unwrap();
+    }
+    let decisions = |k: &str| {
+        metric(&d.addr, "tandem_disagg_decisions_total", &[&format!("decision=\"{k}\"")])
+            .unwrap_or(0.0)
+    };
+    assert_eq!((decisions("remote"), decisions("local_short")), (2.0, 1.0));
+    assert_eq!(sum("tandem_prompt_tokens_total"), prompt as f64);
+    assert_eq!(sum("tandem_generation_tokens_total"), generated as f64);
+    assert!(metric_sum(&p.addr, "tandem_prompt_tokens_total") > 0.0, "the prefill worker counts");
+    assert_eq!(metric_sum(&p.addr, "tandem_generation_tokens_total"), 2.0, "one first token each");
+}

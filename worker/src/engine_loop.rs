@@ -80,6 +80,9 @@ impl LoopState {
         let now = Instant::now();
         for out in outs {
             let new_tokens: usize = out.outputs.iter().map(|c| c.token_ids.len()).sum();
+            // Each token is counted once across roles, where it was computed: a remotely
+            // prefilled request's prompt and first token belong to the prefill worker's counts.
+            let mut generated = new_tokens;
             if new_tokens > 0 {
                 match self.last_token.get_mut(&out.request_id) {
                     Some(prev) => {
@@ -90,12 +93,17 @@ impl LoopState {
                     }
                     None => {
                         self.last_token.insert(out.request_id.clone(), now);
+                        if out.metrics.remote_prefill {
+                            generated -= 1;
+                        }
                     }
                 }
             }
-            m::count_generation_tokens(new_tokens as u64);
+            m::count_generation_tokens(generated as u64);
             if out.finished {
-                m::observe_finished(&out.metrics, out.prompt_token_ids.len());
+                let computed =
+                    if out.metrics.remote_prefill { 0 } else { out.prompt_token_ids.len() };
+                m::observe_finished(&out.metrics, out.prompt_token_ids.len(), computed);
                 self.last_token.remove(&out.request_id);
             }
             let finished = out.finished;

@@ -57,9 +57,13 @@ fn describe() {
     describe_counter!(
         "tandem_prompt_tokens_total",
         Unit::Count,
-        "Prompt tokens of finished requests."
+        "Prompt tokens of finished requests prefilled here (a remotely prefilled prompt counts on its prefill worker)."
     );
-    describe_counter!("tandem_generation_tokens_total", Unit::Count, "Generated tokens.");
+    describe_counter!(
+        "tandem_generation_tokens_total",
+        Unit::Count,
+        "Tokens generated here (a remotely prefilled request's first token counts on its prefill worker)."
+    );
     describe_counter!("tandem_num_preemptions_total", Unit::Count, "Sequences preempted.");
     describe_counter!(
         "tandem_request_success_total",
@@ -168,8 +172,10 @@ pub(crate) fn observe_inter_token(seconds: f64) {
     histogram!("tandem_inter_token_latency_seconds").record(seconds);
 }
 
-pub(crate) fn observe_finished(m: &RequestMetrics, prompt_tokens: usize) {
-    counter!("tandem_prompt_tokens_total").increment(prompt_tokens as u64);
+/// A finished request's histograms; `prompt_tokens` is its prompt's length, `computed_prompt`
+/// what of it this worker counts as its own prefill (none when another worker prefilled it).
+pub(crate) fn observe_finished(m: &RequestMetrics, prompt_tokens: usize, computed_prompt: usize) {
+    counter!("tandem_prompt_tokens_total").increment(computed_prompt as u64);
     histogram!("tandem_request_prompt_tokens").record(prompt_tokens as f64);
     if let Some(t) = m.ttft() {
         histogram!("tandem_time_to_first_token_seconds").record(t);

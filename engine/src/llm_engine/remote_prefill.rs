@@ -127,6 +127,7 @@ impl LLMEngine {
             }
             seq.metrics.first_scheduled_time.get_or_insert(now);
             seq.metrics.first_token_time = Some(now);
+            seq.metrics.remote_prefill = true;
             // The prefill worker drew once from this request's random stream.
             if !seq.params.is_greedy() {
                 seq.rng.next_f64();

@@ -51,6 +51,9 @@ pub struct RequestMetrics {
     pub finished_time: Option<f64>,
     /// Prompt tokens found in the prefix cache.
     pub num_cached_tokens: usize,
+    /// The prompt was prefilled on another worker, which also sampled the first token (so
+    /// neither counts as this engine's work in token counters).
+    pub remote_prefill: bool,
 }
 
 impl RequestMetrics {
