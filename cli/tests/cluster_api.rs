@@ -121,7 +121,8 @@ fn token_counters_count_each_token_once_across_roles() {
     let r = router(&[&d], &[&p]);
     let sum = |name: &str| metric_sum(&p.addr, name) + metric_sum(&d.addr, name);
     let (mut prompt, mut generated) = (0u64, 0u64);
-    let prompts = [long_prompt(), "Hi".to_string(), format!("Meanwhile, far away: {}", long_prompt())];
+    let prompts =
+        [long_prompt(), "Hi".to_string(), format!("Meanwhile, far away: {}", long_prompt())];
     for (i, text) in prompts.iter().enumerate() {
         let stream = i == 2;
         let body = serde_json::json!({

@@ -1,7 +1,8 @@
 //! The Grafana dashboards against a real Prometheus: `tandem up` (router, prefill and decode
 //! workers, KV events through a real Redis, n-gram speculative decoding) serves a little load
 //! while Prometheus (Debian's package, started here on a free loopback port) scrapes all three
-//! processes; then every query of every dashboard panel must return data with a finite value.
+//! processes; then every query of every dashboard panel must return data with a finite value, and
+//! so must the vLLM-named aliases and the process metrics.
 
 mod common;
 
@@ -181,6 +182,40 @@ fn every_dashboard_query_returns_data() {
         std::thread::sleep(Duration::from_secs(2));
     };
     assert!(missing.is_empty(), "panel queries without data:\n{}", missing.join("\n"));
+
+    // vLLM's names for the same series, as the Gateway API Inference Extension's picker, KEDA
+    // and vLLM dashboards query them, labelled with the model's name; and the process metrics.
+    let vllm = [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:cache_config_info",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "histogram_quantile(0.9, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[1m])))",
+        "vllm:e2e_request_latency_seconds_count",
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+    ];
+    for q in vllm {
+        assert!(has_data(&query(&prom, q)), "no data for {q}");
+    }
+    let named = query(&prom, "vllm:num_requests_running");
+    for s in named["data"]["result"].as_array().unwrap() {
+        assert_eq!(s["metric"]["model_name"], MODEL, "{s}");
+    }
+    let total = |q: &str| -> f64 {
+        let v = query(&prom, q);
+        v["data"]["result"][0]["value"][1].as_str().unwrap_or("nan").parse().unwrap()
+    };
+    assert_eq!(
+        total("sum(vllm:generation_tokens_total)"),
+        total("sum(tandem_generation_tokens_total)"),
+        "the aliases carry the same counts"
+    );
+    assert!(total(r#"sum(vllm:request_success_total{finished_reason="length"})"#) > 0.0);
     eprintln!(
         "{} panel queries across {} dashboards returned data",
         queries.len(),

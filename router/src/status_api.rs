@@ -108,7 +108,7 @@ pub async fn debug_routing(State(st): State<Arc<AppState>>) -> Response {
 /// `GET /metrics`.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     match &st.metrics {
-        Some(h) => h.render().into_response(),
+        Some(h) => tandem_worker::metrics::render(h).into_response(),
         None => (StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
     }
 }

@@ -104,6 +104,9 @@ impl LoopState {
                 let computed =
                     if out.metrics.remote_prefill { 0 } else { out.prompt_token_ids.len() };
                 m::observe_finished(&out.metrics, out.prompt_token_ids.len(), computed);
+                for c in &out.outputs {
+                    m::count_success(c.finish_reason.map_or("abort", |r| r.as_str()));
+                }
                 self.last_token.remove(&out.request_id);
             }
             let finished = out.finished;
@@ -223,6 +226,7 @@ fn publish(state: &mut LoopState, snap: &Mutex<Snapshot>, failed: bool) {
         running,
         swapped,
         num_blocks: bm.num_blocks(),
+        block_size: bm.block_size(),
         free_blocks: bm.num_free_blocks(),
         queued_prefill_tokens: e.queued_prefill_tokens(),
         stats: e.stats(),

@@ -14,6 +14,7 @@ pub mod engine_loop;
 pub mod kv;
 pub mod kv_events;
 pub mod metrics;
+pub mod process_metrics;
 pub mod redis;
 pub mod serve;
 pub mod snapshot;

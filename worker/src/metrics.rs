@@ -1,7 +1,14 @@
-//! Prometheus metrics of a Tandem process, named after vLLM's (`vllm:` becomes `tandem_`) so
-//! dashboards built for it carry over. Every series carries the process's `model`, `role` and
-//! `worker` labels. Histograms are true Prometheus histograms (bucketed), so
-//! `histogram_quantile` works on them.
+//! Prometheus metrics of a Tandem process, named after vLLM's (`vllm:` becomes `tandem_`).
+//! Every series carries the process's `model`, `role` and `worker` labels. Histograms are true
+//! Prometheus histograms (bucketed), so `histogram_quantile` works on them.
+//!
+//! The series whose meaning matches vLLM's are also exported under vLLM's own names and label
+//! (`vllm:num_requests_waiting{model_name}`, `vllm:kv_cache_usage_perc`, …): aliases rather
+//! than a switch, because what reads them — the Gateway API Inference Extension's endpoint
+//! picker, KEDA scalers, vLLM's Grafana dashboards — expects those names unconfigured, while
+//! Tandem's own dashboards and alerts use `tandem_`; both sets together are a few dozen series
+//! per process. Tandem's prefix-cache counters count blocks where vLLM's count tokens, so they
+//! have no alias. [`render`] also refreshes the `process_*` metrics (Linux `/proc`).
 
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
@@ -10,6 +17,22 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tandem_engine::scheduling::request_output::RequestMetrics;
 
 use crate::snapshot::Snapshot;
+
+/// The served model's name, the `model_name` label of the vLLM-named series.
+static MODEL_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn model_name() -> String {
+    MODEL_NAME.get().cloned().unwrap_or_default()
+}
+
+/// Finish reasons of `request_success_total`, as vLLM labels them.
+const FINISH_REASONS: [&str; 3] = ["stop", "length", "abort"];
+
+/// `/metrics`: the `process_*` metrics refreshed, then everything rendered.
+pub fn render(handle: &PrometheusHandle) -> String {
+    crate::process_metrics::refresh();
+    handle.render()
+}
 
 /// Latency buckets in seconds (5 ms to 10 min).
 const LATENCY_BUCKETS: [f64; 20] = [
@@ -31,6 +54,7 @@ pub fn install(model: &str, role: &str, worker: &str) -> anyhow::Result<Promethe
         .set_buckets_for_metric(Matcher::Suffix("_tokens".into()), &TOKEN_BUCKETS)?
         .set_buckets_for_metric(Matcher::Suffix("_blocks".into()), &TOKEN_BUCKETS)?
         .install_recorder()?;
+    let _ = MODEL_NAME.set(model.to_string());
     describe();
     zero_known_series(role);
     Ok(handle)
@@ -68,7 +92,7 @@ fn describe() {
     describe_counter!(
         "tandem_request_success_total",
         Unit::Count,
-        "Requests finished, by finish reason."
+        "Completions finished, by finish reason (stop, length, abort)."
     );
     describe_histogram!(
         "tandem_time_to_first_token_seconds",
@@ -136,7 +160,34 @@ pub(crate) fn publish_engine(prev: &Snapshot, s: &Snapshot) {
         if s.num_blocks == 0 { 0.0 } else { 1.0 - s.free_blocks as f64 / s.num_blocks as f64 };
     gauge!("tandem_kv_cache_usage_ratio").set(usage);
     gauge!("tandem_queued_prefill_tokens").set(s.queued_prefill_tokens as f64);
+    let mn = model_name();
+    gauge!("vllm:num_requests_running", "model_name" => mn.clone()).set(s.running as f64);
+    gauge!("vllm:num_requests_waiting", "model_name" => mn.clone()).set(s.waiting as f64);
+    gauge!("vllm:kv_cache_usage_perc", "model_name" => mn.clone()).set(usage);
+    // The name vLLM used before 0.10, which older pickers and dashboards still read.
+    gauge!("vllm:gpu_cache_usage_perc", "model_name" => mn.clone()).set(usage);
+    if prev.num_blocks != s.num_blocks || prev.block_size != s.block_size {
+        gauge!("vllm:cache_config_info", "model_name" => mn.clone(),
+            "block_size" => s.block_size.to_string(), "num_gpu_blocks" => s.num_blocks.to_string())
+        .set(1.0);
+    }
     let d = |a: u64, b: u64| b.saturating_sub(a);
+    for (name, a, b) in [
+        ("vllm:num_preemptions_total", prev.stats.num_preemptions, s.stats.num_preemptions),
+        ("vllm:spec_decode_num_drafts_total", prev.stats.spec_drafts, s.stats.spec_drafts),
+        (
+            "vllm:spec_decode_num_draft_tokens_total",
+            prev.stats.spec_draft_tokens,
+            s.stats.spec_draft_tokens,
+        ),
+        (
+            "vllm:spec_decode_num_accepted_tokens_total",
+            prev.stats.spec_accepted_tokens,
+            s.stats.spec_accepted_tokens,
+        ),
+    ] {
+        counter!(name, "model_name" => mn.clone()).increment(d(a, b));
+    }
     counter!("tandem_prefix_cache_queries_total")
         .increment(d(prev.stats.prefix_cache_queries, s.stats.prefix_cache_queries));
     counter!("tandem_prefix_cache_hits_total")
@@ -165,26 +216,44 @@ pub(crate) fn publish_engine(prev: &Snapshot, s: &Snapshot) {
 pub(crate) fn count_generation_tokens(n: u64) {
     if n > 0 {
         counter!("tandem_generation_tokens_total").increment(n);
+        counter!("vllm:generation_tokens_total", "model_name" => model_name()).increment(n);
     }
 }
 
 pub(crate) fn observe_inter_token(seconds: f64) {
     histogram!("tandem_inter_token_latency_seconds").record(seconds);
+    histogram!("vllm:inter_token_latency_seconds", "model_name" => model_name()).record(seconds);
+}
+
+/// Counts one finished completion by its finish reason (`stop`, `length`, `abort`).
+pub(crate) fn count_success(reason: &'static str) {
+    counter!("tandem_request_success_total", "finished_reason" => reason).increment(1);
+    counter!("vllm:request_success_total", "model_name" => model_name(), "finished_reason" => reason)
+        .increment(1);
 }
 
 /// A finished request's histograms; `prompt_tokens` is its prompt's length, `computed_prompt`
 /// what of it this worker counts as its own prefill (none when another worker prefilled it).
 pub(crate) fn observe_finished(m: &RequestMetrics, prompt_tokens: usize, computed_prompt: usize) {
+    let mn = model_name();
     counter!("tandem_prompt_tokens_total").increment(computed_prompt as u64);
+    counter!("vllm:prompt_tokens_total", "model_name" => mn.clone())
+        .increment(computed_prompt as u64);
     histogram!("tandem_request_prompt_tokens").record(prompt_tokens as f64);
+    histogram!("vllm:request_prompt_tokens", "model_name" => mn.clone())
+        .record(prompt_tokens as f64);
     if let Some(t) = m.ttft() {
         histogram!("tandem_time_to_first_token_seconds").record(t);
+        histogram!("vllm:time_to_first_token_seconds", "model_name" => mn.clone()).record(t);
     }
     if let Some(t) = m.queue_time() {
         histogram!("tandem_request_queue_time_seconds").record(t);
+        histogram!("vllm:request_queue_time_seconds", "model_name" => mn.clone()).record(t);
     }
     if let Some(f) = m.finished_time {
         histogram!("tandem_e2e_request_latency_seconds").record(f - m.arrival_time);
+        histogram!("vllm:e2e_request_latency_seconds", "model_name" => mn)
+            .record(f - m.arrival_time);
     }
 }
 
@@ -199,6 +268,15 @@ fn zero_known_series(role: &str) {
     };
     for &r in reasons {
         counter!("tandem_kv_transfer_failures_total", "reason" => r).increment(0);
+    }
+    if role != "router" {
+        for r in FINISH_REASONS {
+            counter!("tandem_request_success_total", "finished_reason" => r).increment(0);
+            counter!("vllm:request_success_total", "model_name" => model_name(), "finished_reason" => r)
+                .increment(0);
+        }
+        counter!("vllm:prompt_tokens_total", "model_name" => model_name()).increment(0);
+        counter!("vllm:generation_tokens_total", "model_name" => model_name()).increment(0);
     }
     if role != "prefill" {
         for d in ["remote", "local_short", "local_no_worker", "local_n", "local_no_blocks"] {

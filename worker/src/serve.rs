@@ -89,27 +89,29 @@ pub fn http_routes(metrics: PrometheusHandle, engine: EngineHandle) -> axum::Rou
             upkeep.run_upkeep();
         }
     });
-    axum::Router::new().route("/metrics", get(move || std::future::ready(metrics.render()))).route(
-        "/health",
-        get(move || {
-            let ok = engine.submit(|_| {}) && !engine.snapshot().failed;
-            let code = if ok && !draining() {
-                axum::http::StatusCode::OK
-            } else {
-                axum::http::StatusCode::SERVICE_UNAVAILABLE
-            };
-            std::future::ready((
-                code,
-                if !ok {
-                    "engine unavailable"
-                } else if draining() {
-                    "draining"
+    axum::Router::new()
+        .route("/metrics", get(move || std::future::ready(crate::metrics::render(&metrics))))
+        .route(
+            "/health",
+            get(move || {
+                let ok = engine.submit(|_| {}) && !engine.snapshot().failed;
+                let code = if ok && !draining() {
+                    axum::http::StatusCode::OK
                 } else {
-                    "ok"
-                },
-            ))
-        }),
-    )
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE
+                };
+                std::future::ready((
+                    code,
+                    if !ok {
+                        "engine unavailable"
+                    } else if draining() {
+                        "draining"
+                    } else {
+                        "ok"
+                    },
+                ))
+            }),
+        )
 }
 
 /// Serves `grpc` and `http` on `listener` until a shutdown (see [`wait_shutdown`]). On a signal

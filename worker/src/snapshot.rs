@@ -15,6 +15,8 @@ pub struct Snapshot {
     pub swapped: usize,
     /// KV blocks in the pool.
     pub num_blocks: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
     /// KV blocks free or evictable.
     pub free_blocks: usize,
     /// Prompt tokens not yet computed.
