@@ -257,9 +257,10 @@ pub struct WorkerSpec {
     /// owns them through the Deployment's scale subresource.
     #[serde(default)]
     pub autoscaling: bool,
-    /// GPUs per worker (tensor parallelism).
+    /// GPUs per worker (tensor parallelism). Only 1 until the workers shard a model across
+    /// GPUs: a larger value would request GPUs that sit idle, so it is refused.
     #[serde(default = "one")]
-    #[schemars(range(min = 1, max = 8))]
+    #[schemars(range(min = 1, max = 1))]
     pub tensor_parallel: i32,
     /// Where the worker computes.
     #[serde(default)]

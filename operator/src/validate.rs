@@ -56,9 +56,10 @@ pub fn problems(spec: &InferenceServiceSpec) -> Vec<String> {
         if w.replicas < 0 {
             p.push(format!("spec.{role}.replicas must not be negative (got {})", w.replicas));
         }
-        if !(1..=8).contains(&w.tensor_parallel) {
+        if w.tensor_parallel != 1 {
             p.push(format!(
-                "spec.{role}.tensorParallel must be between 1 and 8 (got {})",
+                "spec.{role}.tensorParallel must be 1 (got {}): the workers do not shard a model \
+                 across GPUs yet, and the extra GPUs would sit idle",
                 w.tensor_parallel
             ));
         }
@@ -140,6 +141,10 @@ mod tests {
                 "needs redisTlsSecret",
             ),
             (json!({ "decode": { "tensorParallel": 2 } }), "needs accelerator: nvidia"),
+            (
+                json!({ "decode": { "tensorParallel": 2, "accelerator": "nvidia" } }),
+                "spec.decode.tensorParallel must be 1",
+            ),
         ];
         for (v, want) in cases {
             let p = problems(&spec(v.clone()));

@@ -599,7 +599,7 @@ async fn invalid_spec_is_degraded_with_an_event() {
     assert!(writes(&fake.take_calls()).is_empty());
 
     // Fixed: applied and back to Ready after the rollout.
-    fake.update_spec(|s| s["decode"]["tensorParallel"] = json!(2));
+    fake.update_spec(|s| s["prefill"]["tensorParallel"] = json!(1));
     run(&fake, &ctx).await;
     assert_eq!(condition(&fake, "Degraded").0, "False");
     fake.roll_all();

@@ -551,7 +551,7 @@ mod tests {
     #[test]
     fn colocated_gpu_autoscaled_and_config_changes() {
         let mut i = isvc(
-            json!({ "decode": { "autoscaling": true, "accelerator": "nvidia", "tensorParallel": 2 }, "disaggregation": { "mode": "never" } }),
+            json!({ "decode": { "autoscaling": true, "accelerator": "nvidia" }, "disaggregation": { "mode": "never" } }),
         );
         let objs = desired(&i, false);
         assert_eq!(
@@ -564,7 +564,7 @@ mod tests {
             objs.iter().find(|d| d.kind == Kind::Deployment && d.name == "chat-decode").unwrap();
         assert!(decode.object["spec"].get("replicas").is_none(), "the autoscaler owns replicas");
         let c = &decode.object["spec"]["template"]["spec"]["containers"][0];
-        assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "2");
+        assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "1");
         assert!(c["args"].to_string().contains("--colocated"));
         assert!(
             c["args"].to_string().contains("--device=cuda"),
