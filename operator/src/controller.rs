@@ -333,7 +333,11 @@ async fn cleanup(isvc: &InferenceService, ctx: &Context, ns: &str) -> Result<Act
 }
 
 /// Runs the controller until the process is told to stop.
-pub async fn run(client: Client, namespace: Option<String>) -> anyhow::Result<()> {
+pub async fn run(
+    client: Client,
+    namespace: Option<String>,
+    ready: Arc<crate::health::Readiness>,
+) -> anyhow::Result<()> {
     let (isvcs, deployments) = match &namespace {
         Some(ns) => (
             Api::<InferenceService>::namespaced(client.clone(), ns),
@@ -347,6 +351,7 @@ pub async fn run(client: Client, namespace: Option<String>) -> anyhow::Result<()
         anyhow::bail!("the InferenceService API is not reachable (is the CRD installed?): {e}");
     }
     let ctx = Arc::new(Context::new(client, std::env::var("POD_NAME").ok()));
+    ready.set(true);
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=tandem-operator");
     Controller::new(isvcs, watcher::Config::default())
         .owns(deployments, owned)

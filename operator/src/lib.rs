@@ -8,10 +8,12 @@
 //! - [`status`]: replica counts and conditions.
 //! - [`controller`]: the reconciler (server-side apply, finalizer, Events).
 //! - [`dashboards`]: the Grafana dashboards shipped in the chart.
+//! - [`health`]: the operator's liveness and readiness probes.
 
 pub mod controller;
 pub mod crd;
 pub mod dashboards;
+pub mod health;
 pub mod status;
 pub mod validate;
 pub mod workloads;

@@ -23,6 +23,9 @@ enum Command {
         /// `json` for structured logs.
         #[arg(long, default_value = "text")]
         log_format: String,
+        /// Where the liveness (`/healthz`) and readiness (`/readyz`) probes are served.
+        #[arg(long, env = "TANDEM_OPERATOR_HEALTH_LISTEN", default_value = "0.0.0.0:8081")]
+        health_listen: std::net::SocketAddr,
     },
     /// Print the CustomResourceDefinition as YAML.
     Crd,
@@ -37,7 +40,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run { namespace, log_format } => {
+        Command::Run { namespace, log_format, health_listen } => {
             let filter = tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info".into());
             if log_format == "json" {
@@ -50,8 +53,14 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(async {
+                let ready = std::sync::Arc::new(tandem_operator::health::Readiness::default());
+                let probes =
+                    tokio::spawn(tandem_operator::health::serve(health_listen, ready.clone()));
                 let client = kube::Client::try_default().await?;
-                tandem_operator::controller::run(client, namespace).await
+                tokio::select! {
+                    r = tandem_operator::controller::run(client, namespace, ready) => r,
+                    r = probes => r?.and(Err(anyhow::anyhow!("the probe server stopped"))),
+                }
             })
         }
         Command::Crd => {

@@ -180,6 +180,23 @@ fn chart_renders_and_every_object_parses_as_its_type() {
                 let c = &pod.containers[0];
                 assert_eq!(c.image.as_deref(), Some("ghcr.io/tandem-serving/tandem:0.1.0"));
                 assert_eq!(c.command.as_deref(), Some(&["tandem-operator".to_string()][..]));
+                // Probes on the port the operator serves them on.
+                let args = c.args.clone().unwrap();
+                assert!(args.contains(&"--health-listen=0.0.0.0:8081".to_string()), "{args:?}");
+                let port = &c.ports.as_ref().unwrap()[0];
+                assert_eq!((port.name.as_deref(), port.container_port), (Some("health"), 8081));
+                for (probe, path) in
+                    [(&c.liveness_probe, "/healthz"), (&c.readiness_probe, "/readyz")]
+                {
+                    let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+                    assert_eq!(get.path.as_deref(), Some(path));
+                    assert_eq!(
+                        get.port,
+                        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(
+                            "health".into()
+                        )
+                    );
+                }
             }
             "ConfigMap" => {
                 let cm = strict::<ConfigMap>(o);
