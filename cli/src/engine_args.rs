@@ -110,12 +110,12 @@ pub struct EngineArgs {
     /// Host memory for swapped-out KV blocks, e.g. `256MiB`.
     #[arg(long, value_name = "SIZE", default_value = "256MiB")]
     pub swap_space: String,
-    /// Token budget of one engine step.
-    #[arg(long, default_value_t = 512)]
-    pub max_num_batched_tokens: usize,
-    /// Most sequences running at once.
-    #[arg(long, default_value_t = 64)]
-    pub max_num_seqs: usize,
+    /// Token budget of one engine step [default: 512 on CPU, 8192 with `--device cuda`].
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Most sequences running at once [default: 64 on CPU, 256 with `--device cuda`].
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
     /// How preempted sequences release memory.
     #[arg(long, value_enum, default_value = "recompute")]
     pub preemption_mode: PreemptionArg,
@@ -209,8 +209,8 @@ impl EngineArgs {
             format!("--kernel={}", name(&self.kernel)),
             format!("--block-size={}", self.block_size),
             format!("--swap-space={}", self.swap_space),
-            format!("--max-num-batched-tokens={}", self.max_num_batched_tokens),
-            format!("--max-num-seqs={}", self.max_num_seqs),
+            format!("--max-num-batched-tokens={}", self.max_num_batched_tokens()),
+            format!("--max-num-seqs={}", self.max_num_seqs()),
             format!("--preemption-mode={}", name(&self.preemption_mode)),
             format!("--scheduling-policy={}", name(&self.scheduling_policy)),
         ];
@@ -380,9 +380,9 @@ impl EngineArgs {
             num_blocks,
             gpu_memory_utilization: self.gpu_memory_utilization,
             num_host_blocks: (opts.swap_space_bytes / per_block) as usize,
-            max_num_batched_tokens: self.max_num_batched_tokens.max(1),
+            max_num_batched_tokens: self.max_num_batched_tokens().max(1),
             max_model_len: config.max_position_embeddings,
-            max_graph_batch: self.max_num_seqs.clamp(1, 512),
+            max_graph_batch: self.max_num_seqs().clamp(1, 512),
             ..Default::default()
         };
         let mut backend = tandem_cuda::load(self.cuda_device, dtype, config, weights, copts)?;
@@ -400,12 +400,30 @@ impl EngineArgs {
         Ok(backend)
     }
 
+    /// The step's token budget: `--max-num-batched-tokens`, else the device's default (a GPU
+    /// step of a few thousand tokens costs about what one of 512 does; a CPU step's time grows
+    /// with its tokens, and decode streams wait for it).
+    pub fn max_num_batched_tokens(&self) -> usize {
+        self.max_num_batched_tokens.unwrap_or(match self.device {
+            DeviceArg::Cpu => 512,
+            DeviceArg::Cuda => 8192,
+        })
+    }
+
+    /// The most sequences running at once: `--max-num-seqs`, else the device's default.
+    pub fn max_num_seqs(&self) -> usize {
+        self.max_num_seqs.unwrap_or(match self.device {
+            DeviceArg::Cpu => 64,
+            DeviceArg::Cuda => 256,
+        })
+    }
+
     /// Engine configuration from these flags.
     pub fn engine_config(&self) -> EngineConfig {
         EngineConfig {
             scheduler: SchedulerConfig {
-                max_num_batched_tokens: self.max_num_batched_tokens.max(1),
-                max_num_seqs: self.max_num_seqs.max(1),
+                max_num_batched_tokens: self.max_num_batched_tokens().max(1),
+                max_num_seqs: self.max_num_seqs().max(1),
                 preemption_mode: match self.preemption_mode {
                     PreemptionArg::Recompute => PreemptionMode::Recompute,
                     PreemptionArg::Swap => PreemptionMode::Swap,

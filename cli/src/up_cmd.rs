@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::engine_args::EngineArgs;
+use crate::engine_args::{DeviceArg, EngineArgs};
 use crate::serve_cmd::ModelArgs;
 
 /// Arguments of `tandem up`.
@@ -26,9 +26,15 @@ pub struct UpArgs {
     /// Port of the OpenAI API on 127.0.0.1 (0: any free port).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// One worker does prefill and decode (no KV transfer).
-    #[arg(long)]
+    /// One worker does prefill and decode (no KV transfer). The default with `--device cuda`:
+    /// `up` puts both workers on the one GPU it is given, where a second process only splits
+    /// the device and moves KV pages through the host (0.45× the throughput, 4× the TTFT
+    /// measured on an H100).
+    #[arg(long, conflicts_with = "disaggregated")]
     pub colocated: bool,
+    /// A prefill and a decode worker even on a GPU (to try the KV transfer on one machine).
+    #[arg(long)]
+    pub disaggregated: bool,
     /// Extra flags for the decode worker (e.g. `--disagg-min-tokens=64`), space-separated.
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub decode_flags: String,
@@ -76,6 +82,13 @@ const PREFILL_STEP_TOKENS: usize = 1024;
 
 /// Token budget of a disaggregated decode worker's step (unless `--max-num-seqs` asks for more).
 const DECODE_STEP_TOKENS: usize = 128;
+
+/// Whether `up` runs one colocated worker: when asked, and by default on a GPU (see
+/// [`UpArgs::colocated`]); CPU processes each take their own threads, so there the split
+/// topology is the default.
+fn colocated(a: &UpArgs) -> bool {
+    a.colocated || (a.engine.device == DeviceArg::Cuda && !a.disaggregated)
+}
 
 /// `args` without the flags that `extra` sets (so `--decode-flags` and `--prefill-flags`
 /// override `up`'s own engine flags instead of repeating them).
@@ -167,6 +180,9 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
         common.push("--log-format=json".into());
     }
     let split = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let mut a = a;
+    a.colocated = colocated(&a);
+    let a = a;
     let mut services: Vec<Service> = Vec::new();
     let mut started_with: Vec<Vec<String>> = Vec::new();
     let result = (|| -> Result<String> {
@@ -177,9 +193,11 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             // Its prompts are prefilled elsewhere; one it must prefill itself (a full prefill
             // queue, a failed transfer) comes in small chunks, so the streams it decodes never
             // wait long for their next token.
-            decode_engine.max_num_batched_tokens = decode_engine
-                .max_num_batched_tokens
-                .min((2 * decode_engine.max_num_seqs).max(DECODE_STEP_TOKENS));
+            decode_engine.max_num_batched_tokens = Some(
+                decode_engine
+                    .max_num_batched_tokens()
+                    .min((2 * decode_engine.max_num_seqs()).max(DECODE_STEP_TOKENS)),
+            );
         }
         let decode_flags = split(&a.decode_flags);
         decode.extend(without_flags(decode_engine.to_args(), &decode_flags));
@@ -205,7 +223,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             // starts competing for the CPU.
             let mut prefill_engine = a.engine.clone();
             prefill_engine.max_num_batched_tokens =
-                prefill_engine.max_num_batched_tokens.max(PREFILL_STEP_TOKENS);
+                Some(prefill_engine.max_num_batched_tokens().max(PREFILL_STEP_TOKENS));
             prefill.extend(without_flags(prefill_engine.to_args(), &prefill_flags));
             prefill.extend(prefill_flags);
             services.push(start("prefill worker", &prefill)?);
@@ -314,6 +332,32 @@ mod tests {
         assert_eq!(backoff(4), Duration::from_secs(4));
         assert_eq!(backoff(6), MAX_BACKOFF);
         assert_eq!(backoff(40), MAX_BACKOFF);
+    }
+
+    /// `tandem up` as a user types it.
+    fn up(args: &[&str]) -> UpArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            up: UpArgs,
+        }
+        <Cli as clap::Parser>::try_parse_from(std::iter::once("up").chain(args.iter().copied()))
+            .unwrap()
+            .up
+    }
+
+    #[test]
+    fn one_gpu_runs_colocated_with_gpu_sized_steps() {
+        let gpu = up(&["--device", "cuda"]);
+        assert!(colocated(&gpu));
+        assert_eq!((gpu.engine.max_num_seqs(), gpu.engine.max_num_batched_tokens()), (256, 8192));
+        assert!(!colocated(&up(&["--device", "cuda", "--disaggregated"])));
+        let cpu = up(&[]);
+        assert!(!colocated(&cpu) && colocated(&up(&["--colocated"])));
+        assert_eq!((cpu.engine.max_num_seqs(), cpu.engine.max_num_batched_tokens()), (64, 512));
+        let set =
+            up(&["--device", "cuda", "--max-num-seqs", "32", "--max-num-batched-tokens", "2048"]);
+        assert_eq!((set.engine.max_num_seqs(), set.engine.max_num_batched_tokens()), (32, 2048));
     }
 
     #[test]

@@ -55,7 +55,7 @@ EOF
 
 fail=0
 for name in disaggregated colocated; do
-  flags=(--gpu-memory-utilization 0.4)
+  flags=(--disaggregated --gpu-memory-utilization 0.4)
   [ "$name" = colocated ] && flags=(--colocated --gpu-memory-utilization 0.8)
   if serve "${flags[@]}"; then
     ask || { echo "$name: a request failed"; fail=1; }
