@@ -209,11 +209,18 @@ impl EngineArgs {
             format!("--kernel={}", name(&self.kernel)),
             format!("--block-size={}", self.block_size),
             format!("--swap-space={}", self.swap_space),
-            format!("--max-num-batched-tokens={}", self.max_num_batched_tokens()),
-            format!("--max-num-seqs={}", self.max_num_seqs()),
+            format!("--cuda-device={}", self.cuda_device),
+            format!("--load-format={}", name(&self.load_format)),
             format!("--preemption-mode={}", name(&self.preemption_mode)),
             format!("--scheduling-policy={}", name(&self.scheduling_policy)),
         ];
+        // Unset, the worker takes its device's default, as this process would.
+        if let Some(n) = self.max_num_batched_tokens {
+            a.push(format!("--max-num-batched-tokens={n}"));
+        }
+        if let Some(n) = self.max_num_seqs {
+            a.push(format!("--max-num-seqs={n}"));
+        }
         if let Some(m) = &self.kv_cache_memory {
             a.push(format!("--kv-cache-memory={m}"));
         }
@@ -501,9 +508,17 @@ mod tests {
             "f16",
             "--gpu-memory-utilization",
             "0.5",
+            "--load-format",
+            "dummy",
+            "--cuda-device",
+            "1",
+            "--max-num-seqs",
+            "8",
         ]);
         let again = Wrap::parse_from(std::iter::once("x".to_string()).chain(w.e.to_args()));
         assert_eq!(format!("{:?}", w.e), format!("{:?}", again.e));
+        assert_eq!((again.e.load_format, again.e.cuda_device), (LoadFormatArg::Dummy, 1));
+        assert_eq!((again.e.max_num_seqs(), again.e.max_num_batched_tokens()), (8, 8192));
     }
 
     #[test]
