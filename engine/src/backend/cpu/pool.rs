@@ -281,7 +281,9 @@ impl ThreadPool {
 }
 
 fn worker(s: Arc<Shared>, index: usize) {
-    let mut seen = s.epoch.0.load(Ordering::Acquire);
+    // Epoch 0 is the pool's state before its first job: a worker that starts after that job
+    // was published still joins it.
+    let mut seen = 0;
     loop {
         let mut spins = 0u32;
         let epoch = loop {
@@ -336,6 +338,36 @@ mod tests {
         }
         let total: usize = hits.iter().map(|h| h.load(Ordering::Relaxed)).sum();
         assert_eq!(total, (0..5000).map(|j| 1 + j % 13).sum::<usize>());
+    }
+
+    /// A thread that stays inside a task does not hold back the rest of its range: the first
+    /// task of some range waits until every other task has run, which happens only if other
+    /// threads take the second task of its range (without stealing, this job never ends; the
+    /// wait gives up after a minute so that the failure is an assertion, not a hang).
+    #[test]
+    fn the_rest_of_a_busy_threads_range_is_taken_by_others() {
+        let pool = ThreadPool::new(4);
+        for _ in 0..50 {
+            let n = 8; // two tasks per range
+            let done = AtomicUsize::new(0);
+            let blocker = AtomicBool::new(false);
+            let waited_out = AtomicBool::new(false);
+            pool.run(n, &|i| {
+                if i % 2 == 0 && !blocker.swap(true, Ordering::AcqRel) {
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                    while done.load(Ordering::Acquire) < n - 1 {
+                        if std::time::Instant::now() > deadline {
+                            waited_out.store(true, Ordering::Release);
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
+                }
+                done.fetch_add(1, Ordering::AcqRel);
+            });
+            assert!(!waited_out.load(Ordering::Acquire), "a range's second task was never taken");
+            assert_eq!(done.load(Ordering::Acquire), n);
+        }
     }
 
     #[test]
