@@ -1,6 +1,6 @@
 //! `tandem up`: the embedded default. Starts a router, a prefill worker and a decode worker as
-//! local processes (or, with `--colocated`, one worker that does both) on CPU with the default
-//! model, and serves the OpenAI API on 127.0.0.1. It supervises them: a service that dies is
+//! local processes (or, with `--colocated` and by default with `--device cuda`, one worker that
+//! does both) on CPU with the default model, and serves the OpenAI API on 127.0.0.1. It supervises them: a service that dies is
 //! started again on the same address, after a backoff that grows while it keeps dying (the
 //! router meanwhile routes around a dead prefill worker and its `/health` says `degraded`).
 //! Only Ctrl-C or SIGTERM stops everything; the services also exit on their own if this
@@ -180,16 +180,14 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
         common.push("--log-format=json".into());
     }
     let split = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
-    let mut a = a;
-    a.colocated = colocated(&a);
-    let a = a;
+    let one_worker = colocated(&a);
     let mut services: Vec<Service> = Vec::new();
     let mut started_with: Vec<Vec<String>> = Vec::new();
     let result = (|| -> Result<String> {
         let mut decode = vec!["decode".to_string(), "--listen=127.0.0.1:0".into()];
         decode.extend(common.clone());
         let mut decode_engine = a.engine.clone();
-        if !a.colocated {
+        if !one_worker {
             // Its prompts are prefilled elsewhere; one it must prefill itself (a full prefill
             // queue, a failed transfer) comes in small chunks, so the streams it decodes never
             // wait long for their next token.
@@ -201,7 +199,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
         }
         let decode_flags = split(&a.decode_flags);
         decode.extend(without_flags(decode_engine.to_args(), &decode_flags));
-        if a.colocated {
+        if one_worker {
             decode.push("--colocated".into());
         }
         decode.extend(decode_flags);
@@ -213,7 +211,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             format!("--listen=127.0.0.1:{}", a.port),
             format!("--decode-workers={decode_addr}"),
         ];
-        if !a.colocated {
+        if !one_worker {
             let mut prefill = vec!["prefill".to_string(), "--listen=127.0.0.1:0".into()];
             prefill.extend(common.clone());
             let prefill_flags = split(&a.prefill_flags);
@@ -245,7 +243,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             return Err(e);
         }
     };
-    let topology = if a.colocated {
+    let topology = if one_worker {
         "colocated: one worker prefills and decodes"
     } else {
         "disaggregated: prefill worker -> KV pages over TCP -> decode worker"

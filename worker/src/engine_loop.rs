@@ -101,9 +101,7 @@ impl LoopState {
             }
             m::count_generation_tokens(generated as u64);
             if out.finished {
-                let computed =
-                    if out.metrics.remote_prefill { 0 } else { out.prompt_token_ids.len() };
-                m::observe_finished(&out.metrics, out.prompt_token_ids.len(), computed);
+                m::observe_finished(&out.metrics, out.prompt_token_ids.len());
                 for c in &out.outputs {
                     m::count_success(c.finish_reason.map_or("abort", |r| r.as_str()));
                 }

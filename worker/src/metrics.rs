@@ -11,22 +11,167 @@
 //! have no alias. [`render`] also refreshes the `process_*` metrics (Linux `/proc`).
 
 use metrics::{
-    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
+    Gauge, Histogram, Unit,
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tandem_engine::scheduling::request_output::RequestMetrics;
 
 use crate::snapshot::Snapshot;
 
-/// The served model's name, the `model_name` label of the vLLM-named series.
-static MODEL_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-fn model_name() -> String {
-    MODEL_NAME.get().cloned().unwrap_or_default()
-}
-
 /// Finish reasons of `request_success_total`, as vLLM labels them.
 const FINISH_REASONS: [&str; 3] = ["stop", "length", "abort"];
+
+/// One series under Tandem's name and under vLLM's (labelled `model_name`).
+struct Both<T>(T, T);
+
+impl Both<Counter> {
+    fn new(tandem: &'static str, vllm: &'static str, model: &str) -> Self {
+        Both(counter!(tandem), counter!(vllm, "model_name" => model.to_string()))
+    }
+    fn increment(&self, n: u64) {
+        self.0.increment(n);
+        self.1.increment(n);
+    }
+}
+
+impl Both<Gauge> {
+    fn new(tandem: &'static str, vllm: &'static str, model: &str) -> Self {
+        Both(gauge!(tandem), gauge!(vllm, "model_name" => model.to_string()))
+    }
+    fn set(&self, v: f64) {
+        self.0.set(v);
+        self.1.set(v);
+    }
+}
+
+impl Both<Histogram> {
+    fn new(tandem: &'static str, vllm: &'static str, model: &str) -> Self {
+        Both(histogram!(tandem), histogram!(vllm, "model_name" => model.to_string()))
+    }
+    fn record(&self, v: f64) {
+        self.0.record(v);
+        self.1.record(v);
+    }
+}
+
+/// Handles of the series that have a vLLM alias, registered once with the recorder (the hot
+/// paths then update them without a lookup).
+struct Aliased {
+    running: Both<Gauge>,
+    waiting: Both<Gauge>,
+    kv_usage: Both<Gauge>,
+    /// `vllm:gpu_cache_usage_perc`, the name vLLM used before 0.10 (older pickers read it).
+    kv_usage_legacy: Gauge,
+    preemptions: Both<Counter>,
+    spec_drafts: Both<Counter>,
+    spec_draft_tokens: Both<Counter>,
+    spec_accepted: Both<Counter>,
+    prompt_tokens: Both<Counter>,
+    generation_tokens: Both<Counter>,
+    /// By [`FINISH_REASONS`].
+    success: [Both<Counter>; 3],
+    inter_token: Both<Histogram>,
+    prompt_len: Both<Histogram>,
+    ttft: Both<Histogram>,
+    queue_time: Both<Histogram>,
+    e2e: Both<Histogram>,
+    model: String,
+}
+
+static ALIASED: std::sync::OnceLock<Aliased> = std::sync::OnceLock::new();
+
+impl Aliased {
+    fn new(model: &str) -> Aliased {
+        let success = FINISH_REASONS.map(|r| {
+            Both(
+                counter!("tandem_request_success_total", "finished_reason" => r),
+                counter!("vllm:request_success_total", "model_name" => model.to_string(), "finished_reason" => r),
+            )
+        });
+        Aliased {
+            running: Both::<Gauge>::new(
+                "tandem_num_requests_running",
+                "vllm:num_requests_running",
+                model,
+            ),
+            waiting: Both::<Gauge>::new(
+                "tandem_num_requests_waiting",
+                "vllm:num_requests_waiting",
+                model,
+            ),
+            kv_usage: Both::<Gauge>::new(
+                "tandem_kv_cache_usage_ratio",
+                "vllm:kv_cache_usage_perc",
+                model,
+            ),
+            kv_usage_legacy: gauge!("vllm:gpu_cache_usage_perc", "model_name" => model.to_string()),
+            preemptions: Both::<Counter>::new(
+                "tandem_num_preemptions_total",
+                "vllm:num_preemptions_total",
+                model,
+            ),
+            spec_drafts: Both::<Counter>::new(
+                "tandem_spec_decode_num_drafts_total",
+                "vllm:spec_decode_num_drafts_total",
+                model,
+            ),
+            spec_draft_tokens: Both::<Counter>::new(
+                "tandem_spec_decode_draft_tokens_total",
+                "vllm:spec_decode_num_draft_tokens_total",
+                model,
+            ),
+            spec_accepted: Both::<Counter>::new(
+                "tandem_spec_decode_accepted_tokens_total",
+                "vllm:spec_decode_num_accepted_tokens_total",
+                model,
+            ),
+            prompt_tokens: Both::<Counter>::new(
+                "tandem_prompt_tokens_total",
+                "vllm:prompt_tokens_total",
+                model,
+            ),
+            generation_tokens: Both::<Counter>::new(
+                "tandem_generation_tokens_total",
+                "vllm:generation_tokens_total",
+                model,
+            ),
+            success,
+            inter_token: Both::<Histogram>::new(
+                "tandem_inter_token_latency_seconds",
+                "vllm:inter_token_latency_seconds",
+                model,
+            ),
+            prompt_len: Both::<Histogram>::new(
+                "tandem_request_prompt_tokens",
+                "vllm:request_prompt_tokens",
+                model,
+            ),
+            ttft: Both::<Histogram>::new(
+                "tandem_time_to_first_token_seconds",
+                "vllm:time_to_first_token_seconds",
+                model,
+            ),
+            queue_time: Both::<Histogram>::new(
+                "tandem_request_queue_time_seconds",
+                "vllm:request_queue_time_seconds",
+                model,
+            ),
+            e2e: Both::<Histogram>::new(
+                "tandem_e2e_request_latency_seconds",
+                "vllm:e2e_request_latency_seconds",
+                model,
+            ),
+            model: model.to_string(),
+        }
+    }
+}
+
+/// The aliased series, once [`install`] has registered them for a worker (a router and a
+/// process without a recorder record none).
+fn aliased() -> Option<&'static Aliased> {
+    ALIASED.get()
+}
 
 /// `/metrics`: the `process_*` metrics refreshed, then everything rendered.
 pub fn render(handle: &PrometheusHandle) -> String {
@@ -54,7 +199,9 @@ pub fn install(model: &str, role: &str, worker: &str) -> anyhow::Result<Promethe
         .set_buckets_for_metric(Matcher::Suffix("_tokens".into()), &TOKEN_BUCKETS)?
         .set_buckets_for_metric(Matcher::Suffix("_blocks".into()), &TOKEN_BUCKETS)?
         .install_recorder()?;
-    let _ = MODEL_NAME.set(model.to_string());
+    if role != "router" {
+        let _ = ALIASED.set(Aliased::new(model));
+    }
     describe();
     zero_known_series(role);
     Ok(handle)
@@ -151,55 +298,15 @@ fn describe() {
 
 /// Publishes the engine gauges and the counters' growth since `prev`.
 pub(crate) fn publish_engine(prev: &Snapshot, s: &Snapshot) {
-    gauge!("tandem_num_requests_running").set(s.running as f64);
-    gauge!("tandem_num_requests_waiting").set(s.waiting as f64);
     gauge!("tandem_num_requests_swapped").set(s.swapped as f64);
     gauge!("tandem_kv_cache_num_blocks").set(s.num_blocks as f64);
     gauge!("tandem_kv_cache_free_blocks").set(s.free_blocks as f64);
-    let usage =
-        if s.num_blocks == 0 { 0.0 } else { 1.0 - s.free_blocks as f64 / s.num_blocks as f64 };
-    gauge!("tandem_kv_cache_usage_ratio").set(usage);
     gauge!("tandem_queued_prefill_tokens").set(s.queued_prefill_tokens as f64);
-    let mn = model_name();
-    gauge!("vllm:num_requests_running", "model_name" => mn.clone()).set(s.running as f64);
-    gauge!("vllm:num_requests_waiting", "model_name" => mn.clone()).set(s.waiting as f64);
-    gauge!("vllm:kv_cache_usage_perc", "model_name" => mn.clone()).set(usage);
-    // The name vLLM used before 0.10, which older pickers and dashboards still read.
-    gauge!("vllm:gpu_cache_usage_perc", "model_name" => mn.clone()).set(usage);
-    if prev.num_blocks != s.num_blocks || prev.block_size != s.block_size {
-        gauge!("vllm:cache_config_info", "model_name" => mn.clone(),
-            "block_size" => s.block_size.to_string(), "num_gpu_blocks" => s.num_blocks.to_string())
-        .set(1.0);
-    }
     let d = |a: u64, b: u64| b.saturating_sub(a);
-    for (name, a, b) in [
-        ("vllm:num_preemptions_total", prev.stats.num_preemptions, s.stats.num_preemptions),
-        ("vllm:spec_decode_num_drafts_total", prev.stats.spec_drafts, s.stats.spec_drafts),
-        (
-            "vllm:spec_decode_num_draft_tokens_total",
-            prev.stats.spec_draft_tokens,
-            s.stats.spec_draft_tokens,
-        ),
-        (
-            "vllm:spec_decode_num_accepted_tokens_total",
-            prev.stats.spec_accepted_tokens,
-            s.stats.spec_accepted_tokens,
-        ),
-    ] {
-        counter!(name, "model_name" => mn.clone()).increment(d(a, b));
-    }
     counter!("tandem_prefix_cache_queries_total")
         .increment(d(prev.stats.prefix_cache_queries, s.stats.prefix_cache_queries));
     counter!("tandem_prefix_cache_hits_total")
         .increment(d(prev.stats.prefix_cache_hits, s.stats.prefix_cache_hits));
-    counter!("tandem_num_preemptions_total")
-        .increment(d(prev.stats.num_preemptions, s.stats.num_preemptions));
-    counter!("tandem_spec_decode_num_drafts_total")
-        .increment(d(prev.stats.spec_drafts, s.stats.spec_drafts));
-    counter!("tandem_spec_decode_draft_tokens_total")
-        .increment(d(prev.stats.spec_draft_tokens, s.stats.spec_draft_tokens));
-    counter!("tandem_spec_decode_accepted_tokens_total")
-        .increment(d(prev.stats.spec_accepted_tokens, s.stats.spec_accepted_tokens));
     for (i, (a, b)) in prev
         .stats
         .spec_accepted_per_position
@@ -211,49 +318,61 @@ pub(crate) fn publish_engine(prev: &Snapshot, s: &Snapshot) {
             counter!("tandem_spec_decode_accepted_tokens_per_pos_total", "position" => i.to_string()).increment(b - a);
         }
     }
+    let Some(m) = aliased() else { return };
+    m.running.set(s.running as f64);
+    m.waiting.set(s.waiting as f64);
+    let usage =
+        if s.num_blocks == 0 { 0.0 } else { 1.0 - s.free_blocks as f64 / s.num_blocks as f64 };
+    m.kv_usage.set(usage);
+    m.kv_usage_legacy.set(usage);
+    if prev.num_blocks != s.num_blocks || prev.block_size != s.block_size {
+        gauge!("vllm:cache_config_info", "model_name" => m.model.clone(),
+            "block_size" => s.block_size.to_string(), "num_gpu_blocks" => s.num_blocks.to_string())
+        .set(1.0);
+    }
+    let (p, n) = (&prev.stats, &s.stats);
+    m.preemptions.increment(d(p.num_preemptions, n.num_preemptions));
+    m.spec_drafts.increment(d(p.spec_drafts, n.spec_drafts));
+    m.spec_draft_tokens.increment(d(p.spec_draft_tokens, n.spec_draft_tokens));
+    m.spec_accepted.increment(d(p.spec_accepted_tokens, n.spec_accepted_tokens));
 }
 
 pub(crate) fn count_generation_tokens(n: u64) {
-    if n > 0 {
-        counter!("tandem_generation_tokens_total").increment(n);
-        counter!("vllm:generation_tokens_total", "model_name" => model_name()).increment(n);
+    if let Some(m) = aliased().filter(|_| n > 0) {
+        m.generation_tokens.increment(n);
     }
 }
 
 pub(crate) fn observe_inter_token(seconds: f64) {
-    histogram!("tandem_inter_token_latency_seconds").record(seconds);
-    histogram!("vllm:inter_token_latency_seconds", "model_name" => model_name()).record(seconds);
+    if let Some(m) = aliased() {
+        m.inter_token.record(seconds);
+    }
 }
 
 /// Counts one finished completion by its finish reason (`stop`, `length`, `abort`).
-pub(crate) fn count_success(reason: &'static str) {
-    counter!("tandem_request_success_total", "finished_reason" => reason).increment(1);
-    counter!("vllm:request_success_total", "model_name" => model_name(), "finished_reason" => reason)
-        .increment(1);
+pub(crate) fn count_success(reason: &str) {
+    let i = FINISH_REASONS.iter().position(|r| *r == reason).unwrap_or(2);
+    if let Some(m) = aliased() {
+        m.success[i].increment(1);
+    }
 }
 
-/// A finished request's histograms; `prompt_tokens` is its prompt's length, `computed_prompt`
-/// what of it this worker counts as its own prefill (none when another worker prefilled it).
-pub(crate) fn observe_finished(m: &RequestMetrics, prompt_tokens: usize, computed_prompt: usize) {
-    let mn = model_name();
-    counter!("tandem_prompt_tokens_total").increment(computed_prompt as u64);
-    counter!("vllm:prompt_tokens_total", "model_name" => mn.clone())
-        .increment(computed_prompt as u64);
-    histogram!("tandem_request_prompt_tokens").record(prompt_tokens as f64);
-    histogram!("vllm:request_prompt_tokens", "model_name" => mn.clone())
-        .record(prompt_tokens as f64);
-    if let Some(t) = m.ttft() {
-        histogram!("tandem_time_to_first_token_seconds").record(t);
-        histogram!("vllm:time_to_first_token_seconds", "model_name" => mn.clone()).record(t);
+/// A finished request's histograms and its prompt's tokens (`prompt_tokens` long), which count
+/// as this worker's unless another worker prefilled them.
+pub(crate) fn observe_finished(r: &RequestMetrics, prompt_tokens: usize) {
+    let Some(m) = aliased() else { return };
+    if !r.remote_prefill {
+        m.prompt_tokens.increment(prompt_tokens as u64);
     }
-    if let Some(t) = m.queue_time() {
-        histogram!("tandem_request_queue_time_seconds").record(t);
-        histogram!("vllm:request_queue_time_seconds", "model_name" => mn.clone()).record(t);
+    m.prompt_len.record(prompt_tokens as f64);
+    if let Some(t) = r.ttft() {
+        m.ttft.record(t);
     }
-    if let Some(f) = m.finished_time {
-        histogram!("tandem_e2e_request_latency_seconds").record(f - m.arrival_time);
-        histogram!("vllm:e2e_request_latency_seconds", "model_name" => mn)
-            .record(f - m.arrival_time);
+    if let Some(t) = r.queue_time() {
+        m.queue_time.record(t);
+    }
+    if let Some(f) = r.finished_time {
+        m.e2e.record(f - r.arrival_time);
     }
 }
 
@@ -269,14 +388,10 @@ fn zero_known_series(role: &str) {
     for &r in reasons {
         counter!("tandem_kv_transfer_failures_total", "reason" => r).increment(0);
     }
-    if role != "router" {
-        for r in FINISH_REASONS {
-            counter!("tandem_request_success_total", "finished_reason" => r).increment(0);
-            counter!("vllm:request_success_total", "model_name" => model_name(), "finished_reason" => r)
-                .increment(0);
+    if let Some(m) = aliased() {
+        for c in m.success.iter().chain([&m.prompt_tokens, &m.generation_tokens]) {
+            c.increment(0);
         }
-        counter!("vllm:prompt_tokens_total", "model_name" => model_name()).increment(0);
-        counter!("vllm:generation_tokens_total", "model_name" => model_name()).increment(0);
     }
     if role != "prefill" {
         for d in ["remote", "local_short", "local_no_worker", "local_n", "local_no_blocks"] {

@@ -11,7 +11,7 @@ use super::model_runner::RowOutput;
 use super::spec_decoder::SpecDecoder;
 use super::{child_rng, LLMEngine};
 use crate::backend::cpu::pool::ThreadPool;
-use crate::sampling::sampler::{sample_token, scored, Rng, SampledToken, SamplingContext};
+use crate::sampling::sampler::{sample_token, scored, Rng, SampledToken};
 use crate::scheduling::scheduler::{ForkedSeq, SampledSeq};
 use crate::scheduling::sequence::{SeqId, Sequence};
 
@@ -85,11 +85,7 @@ impl LLMEngine {
             let seq = self.scheduler.seqs.get_mut(&p.seq_id).expect("a row's sequence exists");
             let mut sampled = SampledSeq::one(p.seq_id, token);
             if let Some(fallback) = p.fork_seed {
-                let ctx = SamplingContext {
-                    prompt: &seq.token_ids[..seq.prompt_len],
-                    output: seq.output_ids(),
-                    eos_token_ids: eos,
-                };
+                let ctx = seq.sampling_context(eos);
                 for index in 1..=seq.pending_forks {
                     let mut child_rng = child_rng(seq.params.seed, index, fallback);
                     let token = sample_token(&p.row, &seq.params, &ctx, &mut child_rng);
@@ -117,11 +113,7 @@ fn draw_rows(
 ) -> Vec<(SampledToken, Rng)> {
     let draw = |p: &Pending| {
         let seq = &seqs[&p.seq_id];
-        let ctx = SamplingContext {
-            prompt: &seq.token_ids[..seq.prompt_len],
-            output: seq.output_ids(),
-            eos_token_ids: eos,
-        };
+        let ctx = seq.sampling_context(eos);
         let mut rng = seq.rng.clone();
         let token = sample_token(&p.row, &seq.params, &ctx, &mut rng);
         (token, rng)

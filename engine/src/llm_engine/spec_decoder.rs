@@ -148,11 +148,7 @@ impl SpecDecoder {
             for (id, row) in rows.into_iter().zip(logits.chunks_exact(vocab)) {
                 let seq = sched.seqs.get_mut(&id).expect("drafting sequence exists");
                 let params = seq.params.clone();
-                let ctx = SamplingContext {
-                    prompt: &seq.token_ids[..seq.prompt_len],
-                    output: seq.output_ids(),
-                    eos_token_ids: eos,
-                };
+                let ctx = seq.sampling_context(eos);
                 let work = processed(row, &params, &ctx);
                 let (token, q) = if params.is_greedy() {
                     (argmax(&work), None)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::model_files::detokenizer::IncrementalDetokenizer;
 use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
-use crate::sampling::sampler::{Rng, SampledToken};
+use crate::sampling::sampler::{Rng, SampledToken, SamplingContext};
 use crate::sampling::sampling_params::SamplingParams;
 use crate::sampling::structured::GrammarMatcher;
 use crate::scheduling::block_hash::BlockHash;
@@ -215,6 +215,15 @@ impl Sequence {
     /// Generated tokens.
     pub fn output_ids(&self) -> &[u32] {
         &self.token_ids[self.prompt_len..]
+    }
+    /// What the sampler needs to know of this sequence (penalties, `min_tokens` masking), with
+    /// the model's end-of-sequence ids.
+    pub fn sampling_context<'a>(&'a self, eos_token_ids: &'a [u32]) -> SamplingContext<'a> {
+        SamplingContext {
+            prompt: &self.token_ids[..self.prompt_len],
+            output: self.output_ids(),
+            eos_token_ids,
+        }
     }
     /// Number of generated tokens.
     pub fn num_output_tokens(&self) -> usize {
