@@ -149,6 +149,10 @@ pub struct WorkerArgs {
     /// reports itself unavailable meanwhile).
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub drain_timeout: Duration,
+    /// Hold this lock file around each engine step, so workers on the same CPU cores take
+    /// turns a step at a time instead of slowing each other down (`tandem up` sets it on CPU).
+    #[arg(long, env = "TANDEM_CORE_SHARE_LOCK")]
+    pub core_share_lock: Option<PathBuf>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -377,6 +381,7 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
         role: if a.colocated { "both".into() } else { "decode".into() },
         watch_stdin: a.worker.watch_stdin,
         redis,
+        core_share: a.worker.core_share_lock,
     };
     block_on(tandem_decode::run(engine, cfg))
 }
@@ -398,6 +403,7 @@ pub fn run_prefill(a: PrefillArgs) -> Result<()> {
         drain_timeout: a.worker.drain_timeout,
         fault,
         redis,
+        core_share: a.worker.core_share_lock,
     };
     block_on(tandem_prefill::run(engine, cfg))
 }

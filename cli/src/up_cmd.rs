@@ -35,6 +35,10 @@ pub struct UpArgs {
     /// A prefill and a decode worker even on a GPU (to try the KV transfer on one machine).
     #[arg(long)]
     pub disaggregated: bool,
+    /// Let the prefill and decode workers on CPU compute at the same time instead of taking
+    /// turns a step at a time (`--core-share-lock`; both pools then compete for every core).
+    #[arg(long)]
+    pub no_core_share: bool,
     /// Extra flags for the decode worker (e.g. `--disagg-min-tokens=64`), space-separated.
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub decode_flags: String,
@@ -181,6 +185,11 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
     }
     let split = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     let one_worker = colocated(&a);
+    // Two workers on this host's CPU cores take turns at them, a step at a time.
+    let core_share = (!one_worker && a.engine.device == DeviceArg::Cpu && !a.no_core_share)
+        .then(|| std::env::temp_dir().join(format!("tandem-up-{}.cores.lock", std::process::id())));
+    let share_flag = core_share.iter().map(|p| format!("--core-share-lock={}", p.display()));
+    let share_flag: Vec<String> = share_flag.collect();
     let mut services: Vec<Service> = Vec::new();
     let mut started_with: Vec<Vec<String>> = Vec::new();
     let result = (|| -> Result<String> {
@@ -199,6 +208,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
         }
         let decode_flags = split(&a.decode_flags);
         decode.extend(without_flags(decode_engine.to_args(), &decode_flags));
+        decode.extend(without_flags(share_flag.clone(), &decode_flags));
         if one_worker {
             decode.push("--colocated".into());
         }
@@ -223,6 +233,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             prefill_engine.max_num_batched_tokens =
                 Some(prefill_engine.max_num_batched_tokens().max(PREFILL_STEP_TOKENS));
             prefill.extend(without_flags(prefill_engine.to_args(), &prefill_flags));
+            prefill.extend(without_flags(share_flag.clone(), &prefill_flags));
             prefill.extend(prefill_flags);
             services.push(start("prefill worker", &prefill)?);
             started_with.push(prefill);
@@ -283,6 +294,9 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
     eprintln!("stopping...");
     let mut services: Vec<Service> = supervised.into_iter().map(|s| s.service).collect();
     stop_all(&mut services);
+    if let Some(p) = core_share {
+        let _ = std::fs::remove_file(p);
+    }
     Ok(())
 }
 

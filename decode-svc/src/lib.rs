@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use tandem_engine::LLMEngine;
 use tandem_proto::v1 as pb;
+use tandem_worker::core_share::CoreShare;
 use tandem_worker::serve::{announce_ready, http_routes, serve};
 use tandem_worker::status::{new_epoch, StatusService};
 use tandem_worker::EngineHandle;
@@ -69,6 +70,9 @@ pub struct DecodeConfig {
     pub redis: Option<tandem_worker::redis::RedisConfig>,
     /// Receive KV pages GPU to GPU through this device (instead of TCP).
     pub kv_device: Option<tandem_worker::kv::KvDevice>,
+    /// Hold this lock file around each engine step: workers on the same cores take turns
+    /// (see [`tandem_worker::core_share`]).
+    pub core_share: Option<std::path::PathBuf>,
 }
 
 impl Default for DecodeConfig {
@@ -88,6 +92,7 @@ impl Default for DecodeConfig {
             kv_advertise: None,
             redis: None,
             kv_device: None,
+            core_share: None,
         }
     }
 }
@@ -105,7 +110,8 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
     let kv_sink = cfg.redis.as_ref().map(|redis| {
         tandem_worker::kv_events::spawn_publisher(redis.clone(), cfg.worker_id.clone(), epoch)
     });
-    let handle = EngineHandle::spawn_with_events(engine, kv_sink);
+    let share = cfg.core_share.as_deref().map(CoreShare::open).transpose()?;
+    let handle = EngineHandle::spawn_with_events(engine, kv_sink, share);
     let transfers = transfers::Transfers::default();
     let links = cfg.kv_device.as_ref().map(|d| {
         std::sync::Arc::new(links::DeviceLinks::new(

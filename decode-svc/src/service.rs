@@ -171,7 +171,7 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
                     };
                     s.subscribe(
                         &id,
-                        Box::new(move |ev| {
+                        Box::new(move |_, ev| {
                             let _ = sink_tx.send(match ev {
                                 EngineEvent::Output(o) => Ok(response(&o, sink_label)),
                                 EngineEvent::Failed(msg) => Err(Status::internal(msg)),

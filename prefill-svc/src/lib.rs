@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use tandem_engine::LLMEngine;
 use tandem_proto::v1 as pb;
+use tandem_worker::core_share::CoreShare;
 use tandem_worker::serve::{announce_ready, http_routes, serve};
 use tandem_worker::status::{new_epoch, StatusService};
 use tandem_worker::EngineHandle;
@@ -42,6 +43,9 @@ pub struct PrefillConfig {
     pub fault: Option<Fault>,
     /// Send KV pages GPU to GPU through this device when a decode worker asks (device links).
     pub kv_device: Option<tandem_worker::kv::KvDevice>,
+    /// Hold this lock file around each engine step: workers on the same cores take turns
+    /// (see [`tandem_worker::core_share`]).
+    pub core_share: Option<std::path::PathBuf>,
 }
 
 impl Default for PrefillConfig {
@@ -56,6 +60,7 @@ impl Default for PrefillConfig {
             fault: None,
             redis: None,
             kv_device: None,
+            core_share: None,
         }
     }
 }
@@ -72,7 +77,8 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
     let kv_sink = cfg.redis.as_ref().map(|redis| {
         tandem_worker::kv_events::spawn_publisher(redis.clone(), cfg.worker_id.clone(), epoch)
     });
-    let handle = EngineHandle::spawn_with_events(engine, kv_sink);
+    let share = cfg.core_share.as_deref().map(CoreShare::open).transpose()?;
+    let handle = EngineHandle::spawn_with_events(engine, kv_sink, share);
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;
     let status = StatusService {

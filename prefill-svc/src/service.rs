@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use tandem_engine::sampling::sampler::{SampledToken, TokenLogprob};
-use tandem_engine::{Prompt, RequestOptions, RequestOutput};
+use tandem_engine::{LLMEngine, Prompt, RequestOptions, RequestOutput};
 use tandem_kv_transfer::device::SendOptions;
 use tandem_kv_transfer::tcp::TcpSender;
 use tandem_kv_transfer::{KvLayout, KvPage, TransferError};
@@ -72,6 +72,38 @@ impl Drop for Release {
 /// for the engine's current step, so few large reads beat many small ones).
 const BYTES_PER_READ: usize = 32 << 20;
 
+/// A finished prefill as its subscriber hands it over.
+struct Finished {
+    out: RequestOutput,
+    /// The request's pinned blocks, in logical order (`None`: already released).
+    blocks: Option<Vec<u32>>,
+    /// Over TCP: the payloads of up to a read's worth of pages from `skip_blocks` on.
+    pages: Result<Vec<Vec<u8>>, String>,
+}
+
+impl Finished {
+    /// Takes the blocks of finished prefill `rid` and, with `first_pages` = (skip, count), reads
+    /// the payloads of the first `count` pages after `skip`.
+    fn read(
+        engine: &LLMEngine,
+        rid: &str,
+        out: RequestOutput,
+        first_pages: Option<(usize, usize)>,
+    ) -> Finished {
+        let blocks = engine.prefill_blocks(rid);
+        let pages = match (&blocks, first_pages) {
+            (Some(b), Some((skip, count))) => b
+                .iter()
+                .skip(skip)
+                .take(count)
+                .map(|&id| engine.read_kv_block(id).map_err(|e| e.to_string()))
+                .collect(),
+            _ => Ok(Vec::new()),
+        };
+        Finished { out, blocks, pages }
+    }
+}
+
 fn first_token(out: &RequestOutput) -> Option<SampledToken> {
     let c = out.outputs.first()?;
     if let Some(s) = c.logprobs.first() {
@@ -117,16 +149,29 @@ impl PrefillService {
         }
     }
 
-    fn ship(&self, blocks: &[u32], r: &pb::PrefillRequest) -> Result<(u32, u64), TransferError> {
+    /// Ships the pages of `blocks` (from the request's `skip_blocks` on) over TCP; `read` holds
+    /// the payloads of the first ones, read as the prefill finished.
+    fn ship(
+        &self,
+        blocks: &[u32],
+        r: &pb::PrefillRequest,
+        read: Result<Vec<Vec<u8>>, String>,
+    ) -> Result<(u32, u64), TransferError> {
         let (mut pages, mut bytes) = (0u32, 0u64);
         let skip = r.skip_blocks as usize;
         let todo: Vec<(usize, u32)> = blocks.iter().copied().enumerate().skip(skip).collect();
-        let per_read = (BYTES_PER_READ / self.layout.page_bytes().max(1)).max(1);
-        // The first pages are read before connecting, so the connection never idles at the start.
+        let mut read = Some(read.map_err(TransferError::Protocol)?);
+        let per_read = match read.as_ref().map_or(0, Vec::len) {
+            0 => (BYTES_PER_READ / self.layout.page_bytes().max(1)).max(1),
+            n => n,
+        };
+        // The first pages were read before connecting, so the connection never idles at the start.
         let mut tx: Option<TcpSender> = None;
         for chunk in todo.chunks(per_read) {
-            let ids: Vec<u32> = chunk.iter().map(|&(_, b)| b).collect();
-            let payloads = self.read_pages(ids, tx.as_mut())?;
+            let payloads = match read.take() {
+                Some(first) if first.len() == chunk.len() => first,
+                _ => self.read_pages(chunk.iter().map(|&(_, b)| b).collect(), tx.as_mut())?,
+            };
             let tx = match &mut tx {
                 Some(t) => t,
                 None => tx.insert(TcpSender::connect_with_auth(
@@ -228,8 +273,8 @@ impl PrefillService {
         rid: &str,
         r: &pb::PrefillRequest,
         early: &mut Streamed,
-        mut done: tokio::sync::oneshot::Receiver<Result<RequestOutput, String>>,
-    ) -> Result<RequestOutput, Status> {
+        mut done: tokio::sync::oneshot::Receiver<Result<Finished, String>>,
+    ) -> Result<Finished, Status> {
         let links =
             self.links.clone().ok_or_else(|| Status::failed_precondition("no device transport"))?;
         loop {
@@ -348,6 +393,12 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let mut tx = Some(tx);
             let (id, tokens) = (rid.clone(), r.prompt_token_ids.clone());
+            // Over TCP the first pages are read as the prefill finishes, on the engine thread
+            // before its next step: waiting for a later turn between steps costs a whole step.
+            let first_pages = (r.kv_link == 0).then(|| {
+                let per_read = (BYTES_PER_READ / self.layout.page_bytes().max(1)).max(1);
+                (r.skip_blocks as usize, per_read)
+            });
             let opts = RequestOptions {
                 prefill_only: true,
                 cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()),
@@ -359,11 +410,14 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
             self.engine
                 .call(move |s| {
                     s.engine.add_request_with(&id, Prompt::TokenIds(tokens), params, opts)?;
+                    let sub_id = id.clone();
                     s.subscribe(
                         &id,
-                        Box::new(move |ev| {
+                        Box::new(move |engine, ev| {
                             let done = match ev {
-                                EngineEvent::Output(o) if o.finished => Some(Ok(o)),
+                                EngineEvent::Output(o) if o.finished => {
+                                    Some(Ok(Finished::read(engine, &sub_id, o, first_pages)))
+                                }
                                 EngineEvent::Output(_) => None,
                                 EngineEvent::Failed(m) => Some(Err(m)),
                             };
@@ -378,32 +432,27 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
                 .ok_or_else(|| Status::unavailable("the engine has stopped"))?
                 .map_err(|e| engine_status(&e))?;
             let mut early = Streamed { next: r.skip_blocks as usize, ..Default::default() };
-            let out = if r.kv_link != 0 && self.links.is_some() {
+            let done = if r.kv_link != 0 && self.links.is_some() {
                 self.stream_while_prefilling(&rid, &r, &mut early, rx).await?
             } else {
                 rx.await
                     .map_err(|_| Status::internal("the prefill was dropped"))?
                     .map_err(Status::internal)?
             };
-            let first = first_token(&out)
+            let first = first_token(&done.out)
                 .ok_or_else(|| Status::internal("the prefill produced no token"))?;
-            let num_cached = out.metrics.num_cached_tokens as u32;
+            let num_cached = done.out.metrics.num_cached_tokens as u32;
             let prefill_seconds = started.elapsed().as_secs_f64();
-            let id = rid.clone();
-            let blocks = self
-                .engine
-                .call(move |s| s.engine.prefill_blocks(&id))
-                .await
-                .flatten()
-                .ok_or_else(|| Status::internal("the prefill's blocks are gone"))?;
-            let (svc, req2) = (self.clone(), r.clone());
+            let blocks =
+                done.blocks.ok_or_else(|| Status::internal("the prefill's blocks are gone"))?;
+            let (svc, req2, read) = (self.clone(), r.clone(), done.pages);
             let t0 = Instant::now();
             let early_pages = early.pages;
             let shipped = tokio::task::spawn_blocking(move || {
                 if req2.kv_link != 0 {
                     svc.ship_device(&blocks, &req2, &early)
                 } else {
-                    svc.ship(&blocks, &req2)
+                    svc.ship(&blocks, &req2, read)
                 }
             })
             .await

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use tandem_engine::scheduling::block_manager::KvEvent;
 use tandem_engine::{LLMEngine, RequestOutput};
 
+use crate::core_share::{self, CoreShare};
 use crate::metrics as m;
 pub use crate::snapshot::Snapshot;
 
@@ -25,8 +26,10 @@ pub enum EngineEvent {
     Failed(String),
 }
 
-/// Receives a request's events on the engine thread (it must not block).
-pub type Sink = Box<dyn FnMut(EngineEvent) + Send>;
+/// Receives a request's events on the engine thread (it must not block), with read access to
+/// the engine as the step left it (a finished prefill-only request's pages can be read then,
+/// before the next step starts).
+pub type Sink = Box<dyn FnMut(&LLMEngine, EngineEvent) + Send>;
 
 /// The engine and the subscribers of its requests, as seen by closures run on its thread.
 pub struct LoopState {
@@ -63,7 +66,7 @@ impl LoopState {
     /// blocks freed.
     pub fn fail(&mut self, request_id: &str, message: &str) {
         if let Some(mut s) = self.sinks.remove(request_id) {
-            s(EngineEvent::Failed(message.to_string()));
+            s(&self.engine, EngineEvent::Failed(message.to_string()));
         }
         self.engine.abort_request(request_id);
         self.last_token.remove(request_id);
@@ -110,7 +113,7 @@ impl LoopState {
             let finished = out.finished;
             let id = out.request_id.clone();
             if let Some(sink) = self.sinks.get_mut(&id) {
-                sink(EngineEvent::Output(out));
+                sink(&self.engine, EngineEvent::Output(out));
             }
             if finished {
                 self.sinks.remove(&id);
@@ -138,11 +141,16 @@ pub struct EngineHandle {
 impl EngineHandle {
     /// Starts the engine thread.
     pub fn spawn(engine: LLMEngine) -> EngineHandle {
-        EngineHandle::spawn_with_events(engine, None)
+        EngineHandle::spawn_with_events(engine, None, None)
     }
 
-    /// Starts the engine thread; with `kv_sink`, the engine's KV events go there.
-    pub fn spawn_with_events(mut engine: LLMEngine, kv_sink: Option<KvEventSink>) -> EngineHandle {
+    /// Starts the engine thread; with `kv_sink`, the engine's KV events go there; with `share`,
+    /// each step holds the cores it shares with other workers (see [`CoreShare`]).
+    pub fn spawn_with_events(
+        mut engine: LLMEngine,
+        kv_sink: Option<KvEventSink>,
+        share: Option<CoreShare>,
+    ) -> EngineHandle {
         let (tx, rx) = channel::<Job>();
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
         let snap = snapshot.clone();
@@ -163,7 +171,7 @@ impl EngineHandle {
                 // A panic leaves the engine in an unknown state: fail loudly and let the
                 // supervisor (tandem up, Kubernetes) restart the process.
                 if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run(&mut state, &rx, &snap)
+                    run(&mut state, &rx, &snap, share)
                 }))
                 .is_err()
                 {
@@ -239,7 +247,12 @@ fn publish(state: &mut LoopState, snap: &Mutex<Snapshot>, failed: bool) {
 /// streams wait for it.
 const SLOW: Duration = Duration::from_millis(500);
 
-fn run(state: &mut LoopState, rx: &Receiver<Job>, snap: &Mutex<Snapshot>) {
+fn run(
+    state: &mut LoopState,
+    rx: &Receiver<Job>,
+    snap: &Mutex<Snapshot>,
+    mut share: Option<CoreShare>,
+) {
     let mut failed = false;
     loop {
         let busy = state.engine.has_unfinished_requests() || state.engine.has_pending_outputs();
@@ -259,12 +272,29 @@ fn run(state: &mut LoopState, rx: &Receiver<Job>, snap: &Mutex<Snapshot>) {
                 "slow engine jobs (between steps)"
             );
         }
+        if let Some(share) = share.as_mut() {
+            // Only a step that runs the model takes the cores (not one that just waits for
+            // remote KV); waiting for them, the thread keeps taking jobs.
+            if !state.engine.has_model_work() {
+                share.release();
+            } else if !share.poll() {
+                match rx.recv_timeout(core_share::POLL) {
+                    Ok(job) => job(state),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+                continue;
+            }
+        }
         if !(state.engine.has_unfinished_requests() || state.engine.has_pending_outputs()) {
             publish(state, snap, failed);
             continue;
         }
         let step_started = Instant::now();
         let stepped = state.engine.step();
+        if let Some(share) = share.as_mut() {
+            share.release();
+        }
         if step_started.elapsed() > SLOW {
             let plan = state.engine.last_schedule();
             tracing::debug!(

@@ -1,6 +1,7 @@
 //! What every Tandem worker process shares.
 //!
 //! - [`engine_loop`]: the engine on its own thread, driven by closures, with per-request sinks.
+//! - [`core_share`]: workers on the same cores take turns a step at a time.
 //! - [`snapshot`]: the engine's state as of its last step, for readers that must not wait.
 //! - [`kv`]: the KV layout of the engine on the wire.
 //! - [`convert`]: gRPC messages to engine types and back.
@@ -10,6 +11,7 @@
 
 pub mod auth;
 pub mod convert;
+pub mod core_share;
 pub mod engine_loop;
 pub mod kv;
 pub mod kv_events;

@@ -479,6 +479,12 @@ impl LLMEngine {
         !self.requests.is_empty()
     }
 
+    /// Whether the next step may run the model: some sequence waits, runs or is swapped out
+    /// (not only ones parked for remote KV).
+    pub fn has_model_work(&self) -> bool {
+        self.scheduler.has_runnable()
+    }
+
     /// Number of unfinished requests.
     pub fn get_num_unfinished_requests(&self) -> usize {
         self.requests.len()

@@ -225,6 +225,12 @@ impl Scheduler {
             && self.parked.is_empty())
     }
 
+    /// Whether a step has sequences to run the model for (waiting, running or swapped; not
+    /// those parked for remote KV).
+    pub fn has_runnable(&self) -> bool {
+        !(self.waiting.is_empty() && self.running.is_empty() && self.swapped.is_empty())
+    }
+
     /// Running-set slots `id` takes: itself and the completions still to fork from it.
     fn slots(&self, id: SeqId) -> usize {
         self.seqs.get(&id).map_or(0, |s| 1 + s.pending_forks)
