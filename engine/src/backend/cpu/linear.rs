@@ -335,8 +335,17 @@ mod quant_tests {
         let kernels = QKernel::available();
         eprintln!("kernels on this CPU: {kernels:?}");
         use super::super::quant::tests_support::{random_gguf, random_k};
-        let legacy =
-            [(37, 96, 1), (64, 576, 5), (200, 1536, 9), (3, 32, 4), (70, 160, 7), (9, 96, 6)];
+        // Token counts reach every tile: 8-token tiles, a quad, and leftovers of 1-3.
+        let legacy = [
+            (37, 96, 1),
+            (64, 576, 5),
+            (200, 1536, 9),
+            (3, 32, 4),
+            (70, 160, 7),
+            (9, 96, 6),
+            (12, 576, 13),
+            (40, 576, 20),
+        ];
         let k_quant = [(37, 256, 1), (64, 512, 5), (9, 768, 6), (5, 256, 4)];
         let cases =
             [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1]

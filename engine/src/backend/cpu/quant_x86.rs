@@ -348,9 +348,14 @@ macro_rules! avx2_kernels {
                     for r in rows.clone() {
                         let mut t0 = tb.start;
                         while t0 < tb.end {
-                            let nt = (tb.end - t0).min(NT);
+                            let nt = (tb.end - t0).min(2 * NT);
                             match nt {
-                                4 => tile_quad::<F>(w, r, a, t0, out),
+                                8 => tile_quads::<2, F>(w, r, a, t0, out),
+                                4..=7 => {
+                                    tile_quads::<1, F>(w, r, a, t0, out);
+                                    t0 += 4;
+                                    continue;
+                                }
                                 3 => tile::<3, F>(w, r, a, t0, out),
                                 2 => tile::<2, F>(w, r, a, t0, out),
                                 _ => tile::<1, F>(w, r, a, t0, out),
@@ -378,13 +383,14 @@ macro_rules! avx2_kernels {
                 }
             }
 
-            /// One row × four tokens (`t0` a multiple of four): the four tokens' integer sums
-            /// are reduced into one vector of (token, block) lanes before conversion, so the
-            /// scaling costs one multiply and two FMAs per pair for all four tokens instead of
-            /// for each.
+            /// One row × `4·Q` tokens (`t0` a multiple of four): each quad's integer sums are
+            /// reduced into one vector of (token, block) lanes before conversion, so the
+            /// scaling costs one multiply and two FMAs per pair for four tokens instead of for
+            /// each; the pair's weights are unpacked and its scales broadcast once for all `Q`
+            /// quads.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn tile_quad<const F: u8>(
+            unsafe fn tile_quads<const Q: usize, const F: u8>(
                 w: &QMatrix,
                 r: usize,
                 a: &QActs,
@@ -394,48 +400,54 @@ macro_rules! avx2_kernels {
                 let np = w.npairs;
                 let pb = w.format.pair_bytes();
                 let with_min = F != F_Q8 || $q8_min;
-                let quad = (t0 / 4) * np * 8;
-                let mut acc = _mm256_setzero_ps();
+                let mut acc = [_mm256_setzero_ps(); Q];
                 for p in 0..np {
                     let wq = w.qs.as_ptr().add((r * np + p) * pb);
                     let (wlo, whi) = pair_weights::<F>(wq);
-                    let mut isum = [_mm256_setzero_si256(); 4];
-                    for (t, s) in isum.iter_mut().enumerate() {
-                        let off = ((t0 + t) * np + p) * 64;
-                        let (a1, a2) = (a.qs.as_ptr().add(off), a.qs2.as_ptr().add(off));
-                        *s = if F == F_Q8 {
-                            $pair_q8(wlo, whi, a1, a2)
-                        } else {
-                            $pair_q4(wlo, whi, a1, a2)
-                        };
-                    }
                     let dm = pair_dm(w, r, p);
                     let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
-                    let da = _mm256_loadu_ps(a.d4.as_ptr().add(quad + p * 8));
-                    let v = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(reduce_quad(&isum)),
-                        _mm256_mul_ps(dw, da),
-                        acc,
-                    );
-                    acc = if with_min {
-                        let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(
-                            _mm_movehl_ps(dm, dm),
-                        )));
-                        _mm256_fmadd_ps(mw, _mm256_loadu_ps(a.s4.as_ptr().add(quad + p * 8)), v)
-                    } else {
-                        v
-                    };
+                    let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(
+                        dm, dm,
+                    ))));
+                    for (q, acc_q) in acc.iter_mut().enumerate() {
+                        let tq = t0 + 4 * q;
+                        let mut isum = [_mm256_setzero_si256(); 4];
+                        for (t, s) in isum.iter_mut().enumerate() {
+                            let off = ((tq + t) * np + p) * 64;
+                            let (a1, a2) = (a.qs.as_ptr().add(off), a.qs2.as_ptr().add(off));
+                            *s = if F == F_Q8 {
+                                $pair_q8(wlo, whi, a1, a2)
+                            } else {
+                                $pair_q4(wlo, whi, a1, a2)
+                            };
+                        }
+                        let quad = (tq / 4) * np * 8 + p * 8;
+                        let da = _mm256_loadu_ps(a.d4.as_ptr().add(quad));
+                        let v = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(reduce_quad(&isum)),
+                            _mm256_mul_ps(dw, da),
+                            *acc_q,
+                        );
+                        *acc_q = if with_min {
+                            _mm256_fmadd_ps(mw, _mm256_loadu_ps(a.s4.as_ptr().add(quad)), v)
+                        } else {
+                            v
+                        };
+                    }
                 }
-                // Lanes (t₀b₀, t₀b₁, t₁b₀, t₁b₁ | t₂b₀, t₂b₁, t₃b₀, t₃b₁): add the blocks.
-                let h = _mm256_hadd_ps(acc, acc);
-                let (lo, hi) = (_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-                *out.add(t0 * w.n + r) = _mm_cvtss_f32(lo);
-                *out.add((t0 + 1) * w.n + r) = _mm_cvtss_f32(_mm_movehdup_ps(lo));
-                *out.add((t0 + 2) * w.n + r) = _mm_cvtss_f32(hi);
-                *out.add((t0 + 3) * w.n + r) = _mm_cvtss_f32(_mm_movehdup_ps(hi));
+                for (q, acc_q) in acc.iter().enumerate() {
+                    let tq = t0 + 4 * q;
+                    // Lanes (t₀b₀, t₀b₁, t₁b₀, t₁b₁ | t₂b₀, t₂b₁, t₃b₀, t₃b₁): add the blocks.
+                    let h = _mm256_hadd_ps(*acc_q, *acc_q);
+                    let (lo, hi) = (_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+                    *out.add(tq * w.n + r) = _mm_cvtss_f32(lo);
+                    *out.add((tq + 1) * w.n + r) = _mm_cvtss_f32(_mm_movehdup_ps(lo));
+                    *out.add((tq + 2) * w.n + r) = _mm_cvtss_f32(hi);
+                    *out.add((tq + 3) * w.n + r) = _mm_cvtss_f32(_mm_movehdup_ps(hi));
+                }
             }
 
-            /// Four rows × one token (decode): as [`tile_quad`] with rows in place of tokens,
+            /// Four rows × one token (decode): as [`tile_quads`] with rows in place of tokens,
             /// the rows' scales gathered into one vector per pair.
             #[inline]
             #[target_feature(enable = $features)]
