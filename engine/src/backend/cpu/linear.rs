@@ -312,7 +312,7 @@ impl Linear for QuantLinear {
         }
         ACTS.with(|cell| {
             let mut a = cell.borrow_mut();
-            a.quantize(x, t, self.w.k);
+            a.quantize_for(x, t, self.w.k, self.kernel);
             self.forward_quantized(&a, out);
         });
     }
@@ -371,7 +371,8 @@ mod quant_tests {
             let mut rng = crate::sampling::sampler::Rng::new(7);
             let x: Vec<f32> = (0..t * k).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
             let mut a = QActs::default();
-            a.quantize(&x, t, k);
+            // Both layouts: the two i8 levels and the plain AVX2 kernel's i16.
+            a.quantize_for(&x, t, k, QKernel::Avx2);
             for &kernel in &kernels {
                 let mut out = vec![0f32; t * n];
                 QuantLinear::new(Arc::new(w.clone()), kernel).forward_quantized(&a, &mut out);

@@ -70,6 +70,15 @@ pub(super) fn q8_pos(b: usize, j: usize) -> usize {
     half * 32 + (e / 4) * 8 + b * 4 + e % 4
 }
 
+/// Position in [`QActs::q16`] of byte `j` (0..64) of the Q8 pair layout: each 32-byte half
+/// in the order of its bytes `0..8, 16..24, 8..16, 24..32`, as unpacking the low and then
+/// the high eight bytes of each 128-bit lane widens them.
+#[inline]
+pub fn wide_pos(j: usize) -> usize {
+    let (half, jj) = (j / 32, j % 32);
+    half * 32 + [0, 16, 8, 24][jj / 8] + jj % 8
+}
+
 /// Position of byte `j` (0..16) of block `b`'s nibbles within a 32-byte Q4 pair.
 #[inline]
 pub(super) fn q4_pos(b: usize, j: usize) -> usize {
@@ -254,6 +263,9 @@ pub struct QActs {
     pub qs: Vec<i8>,
     /// Residual values at 1/256 of the scale, same layout.
     pub qs2: Vec<i8>,
+    /// The combined `256·q₁ + q₂` as i16, each pair's 64 in the order the plain AVX2 kernel
+    /// widens weight bytes to i16 (see [`wide_pos`]); empty unless quantised for that kernel.
+    pub q16: Vec<i16>,
     /// Scales of the combined integer `256·q₁ + q₂`, i.e. `d/256`, `t × npairs × 2`.
     pub d: Vec<f32>,
     /// `d · Σq` per block, `t × npairs × 2`.
@@ -269,9 +281,15 @@ pub struct QActs {
 }
 
 impl QActs {
-    /// Quantises `t` rows of `k` floats (`k` a multiple of 32), reusing the buffers. Rows are
-    /// spread over the CPU pool when there are many.
+    /// Quantises `t` rows of `k` floats (`k` a multiple of 32) for this CPU's kernel
+    /// ([`QKernel::detect`]), reusing the buffers.
     pub fn quantize(&mut self, x: &[f32], t: usize, k: usize) {
+        self.quantize_for(x, t, k, QKernel::detect());
+    }
+
+    /// Quantises for `kernel` (the plain AVX2 one also reads [`QActs::q16`]). Rows are spread
+    /// over the CPU pool when there are many.
+    pub fn quantize_for(&mut self, x: &[f32], t: usize, k: usize, kernel: QKernel) {
         let nb = k / QK;
         let npairs = nb.div_ceil(2);
         self.t = t;
@@ -279,6 +297,10 @@ impl QActs {
         for v in [&mut self.qs, &mut self.qs2] {
             v.clear();
             v.resize(t * npairs * 64, 0);
+        }
+        self.q16.clear();
+        if kernel == QKernel::Avx2 {
+            self.q16.resize(t * npairs * 64, 0);
         }
         for v in [&mut self.d, &mut self.s, &mut self.s8] {
             v.clear();
@@ -294,6 +316,7 @@ impl QActs {
         let ptrs = RowPtrs {
             qs: self.qs.as_mut_ptr(),
             qs2: self.qs2.as_mut_ptr(),
+            q16: if self.q16.is_empty() { std::ptr::null_mut() } else { self.q16.as_mut_ptr() },
             d: self.d.as_mut_ptr(),
             s: self.s.as_mut_ptr(),
             s8: self.s8.as_mut_ptr(),
@@ -324,6 +347,8 @@ impl QActs {
 struct RowPtrs {
     qs: *mut i8,
     qs2: *mut i8,
+    /// Null when the i16 layout is not wanted.
+    q16: *mut i16,
     d: *mut f32,
     s: *mut f32,
     s8: *mut f32,
@@ -337,6 +362,7 @@ impl RowPtrs {
         RowPtrs {
             qs: self.qs.add(row * npairs * 64),
             qs2: self.qs2.add(row * npairs * 64),
+            q16: if self.q16.is_null() { self.q16 } else { self.q16.add(row * npairs * 64) },
             d: self.d.add(row * npairs * 2),
             s: self.s.add(row * npairs * 2),
             s8: self.s8.add(row * npairs * 2),
@@ -376,6 +402,12 @@ unsafe fn quantize_row_body(src: &[f32], npairs: usize, out: RowPtrs) {
             let at = p * 64 + q8_pos(b, g * 4);
             qs[at..at + 4].copy_from_slice(&b1[g * 4..g * 4 + 4]);
             qs2[at..at + 4].copy_from_slice(&b2[g * 4..g * 4 + 4]);
+        }
+        if !out.q16.is_null() {
+            for j in 0..QK {
+                let at = p * 64 + wide_pos(q8_pos(b, j));
+                *out.q16.add(at) = (256.0 * q1[j] + q2[j]) as i16;
+            }
         }
         d_out[p * 2 + b] = d / 256.0;
         s_out[p * 2 + b] = d / 256.0 * sum;
@@ -426,7 +458,20 @@ unsafe fn quantize_row_avx2(src: &[f32], _npairs: usize, out: RowPtrs) {
                 _mm256_max_ps(_mm256_round_ps::<NEAREST>(_mm256_mul_ps(r, vid2)), lo),
                 hi,
             );
-            sum = _mm256_add_ps(sum, _mm256_fmadd_ps(q1, _mm256_set1_ps(256.0), q2));
+            let wide = _mm256_fmadd_ps(q1, _mm256_set1_ps(256.0), q2);
+            sum = _mm256_add_ps(sum, wide);
+            if !out.q16.is_null() {
+                let qi = _mm256_cvtps_epi32(wide);
+                let p16 =
+                    _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
+                // Elements 8i..8i+4 and 8i+4..8i+8: four i16 each.
+                for (k, half) in
+                    [_mm_cvtsi128_si64(p16), _mm_extract_epi64::<1>(p16)].into_iter().enumerate()
+                {
+                    let at = p * 64 + wide_pos(q8_pos(b, (2 * i + k) * 4));
+                    std::ptr::write_unaligned(out.q16.add(at) as *mut i64, half);
+                }
+            }
             for (level, q) in [(out.qs, q1), (out.qs2, q2)] {
                 let qi = _mm256_cvtps_epi32(q);
                 let p16 =
@@ -499,7 +544,7 @@ pub enum QKernel {
     Avx512Vnni,
     /// AVX2 with AVX-VNNI (`vpdpbusd` on 256 bits).
     AvxVnni,
-    /// AVX2 and FMA (`vpmaddubsw` + `vpmaddwd`).
+    /// AVX2 and FMA (`vpmaddwd` on weights widened to i16 and [`QActs::q16`]).
     Avx2,
     /// Portable Rust.
     Scalar,
@@ -631,13 +676,14 @@ mod tests {
             .map(|i| if i % 37 == 0 { 0.0 } else { (rng.next_f64() as f32 - 0.5) * 9.0 })
             .collect();
         let mut a = QActs::default();
-        a.quantize(&x, t, k);
+        a.quantize_for(&x, t, k, QKernel::Avx2);
         let npairs = a.npairs;
         let mut b = QActs {
             t,
             npairs,
             qs: vec![0; a.qs.len()],
             qs2: vec![0; a.qs.len()],
+            q16: vec![0; a.qs.len()],
             d: vec![0.0; a.d.len()],
             s: vec![0.0; a.d.len()],
             s8: vec![0.0; a.d.len()],
@@ -648,6 +694,7 @@ mod tests {
             let ptrs = RowPtrs {
                 qs: b.qs.as_mut_ptr(),
                 qs2: b.qs2.as_mut_ptr(),
+                q16: b.q16.as_mut_ptr(),
                 d: b.d.as_mut_ptr(),
                 s: b.s.as_mut_ptr(),
                 s8: b.s8.as_mut_ptr(),
@@ -656,6 +703,11 @@ mod tests {
         }
         assert_eq!(a.qs, b.qs);
         assert_eq!(a.qs2, b.qs2);
+        assert_eq!(a.q16, b.q16);
+        // q16 holds 256·q₁ + q₂ of each Q8-layout byte, at its wide position.
+        for (j, (&q1, &q2)) in a.qs.iter().zip(&a.qs2).enumerate() {
+            assert_eq!(a.q16[(j / 64) * 64 + wide_pos(j % 64)], 256 * q1 as i16 + q2 as i16);
+        }
         assert_eq!(a.d, b.d);
         for (u, v) in a.s.iter().zip(&b.s) {
             assert!((u - v).abs() <= 1e-5 * (1.0 + v.abs()));
