@@ -140,8 +140,17 @@ fn decode_side_prefix_hits_need_only_the_suffix_pages() {
     for (&block, page) in rp.block_table.iter().zip(&pages).skip(skip) {
         dec.write_kv_block(block, page).unwrap();
     }
+    let first_id = first.chosen.token_id;
     dec.finish_remote_prefill("r", first).unwrap();
-    assert_eq!(collect(&mut dec, "r").token_ids, colocated(&prompt).token_ids);
+    // The first token is news at once, without a forward pass.
+    let early = dec.take_pending_outputs();
+    assert!(!dec.has_pending_outputs());
+    assert_eq!(early.len(), 1);
+    assert!(!early[0].finished);
+    assert_eq!(early[0].outputs[0].token_ids, vec![first_id]);
+    let mut got = early[0].outputs[0].token_ids.clone();
+    got.extend(collect(&mut dec, "r").token_ids);
+    assert_eq!(got, colocated(&prompt).token_ids);
 }
 
 #[test]

@@ -272,6 +272,13 @@ fn run(
                 "slow engine jobs (between steps)"
             );
         }
+        if state.engine.has_pending_outputs() {
+            // News made between steps (a remote prefill's first token) goes out now, not
+            // after the next forward pass (or, on shared cores, after another worker's step).
+            let outs = state.engine.take_pending_outputs();
+            state.dispatch(outs);
+            publish(state, snap, failed);
+        }
         if let Some(share) = share.as_mut() {
             // Only a step that runs the model takes the cores (not one that just waits for
             // remote KV); waiting for them, the thread keeps taking jobs.

@@ -540,6 +540,13 @@ impl LLMEngine {
         !self.pending.is_empty()
     }
 
+    /// Takes the outputs made between steps, without running one: a server hands a remote
+    /// prefill's first token to its client at once instead of after the next forward pass.
+    /// (The next [`LLMEngine::step`] would otherwise return them first.)
+    pub fn take_pending_outputs(&mut self) -> Vec<RequestOutput> {
+        std::mem::take(&mut self.pending)
+    }
+
     /// Prompt tokens not yet computed, over every waiting and running sequence (the prefill
     /// work queued on this engine).
     pub fn queued_prefill_tokens(&self) -> usize {
