@@ -71,12 +71,11 @@ pub(super) fn q8_pos(b: usize, j: usize) -> usize {
 }
 
 /// Position in [`QActs::q16`] of byte `j` (0..64) of the Q8 pair layout: each 32-byte half
-/// in the order of its bytes `0..8, 16..24, 8..16, 24..32`, as unpacking the low and then
-/// the high eight bytes of each 128-bit lane widens them.
+/// as its even bytes, then its odd bytes, as masking and shifting 16-bit lanes widens them.
 #[inline]
 pub fn wide_pos(j: usize) -> usize {
     let (half, jj) = (j / 32, j % 32);
-    half * 32 + [0, 16, 8, 24][jj / 8] + jj % 8
+    half * 32 + (jj % 2) * 16 + jj / 2
 }
 
 /// Position of byte `j` (0..16) of block `b`'s nibbles within a 32-byte Q4 pair.
@@ -461,15 +460,10 @@ unsafe fn quantize_row_avx2(src: &[f32], _npairs: usize, out: RowPtrs) {
             let wide = _mm256_fmadd_ps(q1, _mm256_set1_ps(256.0), q2);
             sum = _mm256_add_ps(sum, wide);
             if !out.q16.is_null() {
-                let qi = _mm256_cvtps_epi32(wide);
-                let p16 =
-                    _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
-                // Elements 8i..8i+4 and 8i+4..8i+8: four i16 each.
-                for (k, half) in
-                    [_mm_cvtsi128_si64(p16), _mm_extract_epi64::<1>(p16)].into_iter().enumerate()
-                {
-                    let at = p * 64 + wide_pos(q8_pos(b, (2 * i + k) * 4));
-                    std::ptr::write_unaligned(out.q16.add(at) as *mut i64, half);
+                let mut vals = [0i32; 8];
+                _mm256_storeu_si256(vals.as_mut_ptr() as *mut __m256i, _mm256_cvtps_epi32(wide));
+                for (e, v) in vals.into_iter().enumerate() {
+                    *out.q16.add(p * 64 + wide_pos(q8_pos(b, 8 * i + e))) = v as i16;
                 }
             }
             for (level, q) in [(out.qs, q1), (out.qs2, q2)] {

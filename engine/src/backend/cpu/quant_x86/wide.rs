@@ -4,34 +4,42 @@
 //! `vpmaddwd` per pair and token to combine their levels; here four `vpmaddwd` give the same
 //! integer sums, so results equal the VNNI kernels' exactly.
 //!
-//! Lanes. Widening unpacks bytes 0..8 and 8..16 of each 128-bit lane, so a product vector's
-//! 32-bit lanes hold blocks `(b₀, b₀, b₁, b₁)` per 128 bits, not alternating ones; a horizontal
-//! add of two such vectors gives the alternating `(b₀, b₁)` lanes the shared epilogues take.
+//! Lanes. Weight bytes widen without shuffles: masking a 16-bit lane keeps its even byte,
+//! shifting it right by 8 its odd byte. So a product vector's 32-bit lane `k` sums bytes of
+//! the four-byte group `k`, and lanes alternate blocks `(b₀, b₁)` as in the VNNI kernels,
+//! whose reductions and epilogues apply unchanged.
 
 use super::*;
 
-/// A pair's 64 weights as four vectors of 16 × i16, in [`super::super::quant::wide_pos`] order.
+/// A pair's 64 weights as four vectors of 16 × i16, in [`super::super::quant::wide_pos`]
+/// order: even then odd bytes of elements 0..16 of both blocks, then of 16..32.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn widen<const F: u8>(wq: *const u8) -> [__m256i; 4] {
-    let z = _mm256_setzero_si256();
-    let (x0, x1) = if F == F_Q4 {
+    if F == F_Q4 {
+        // The nibbles of a 16-bit lane: low ones of its even and odd byte, then high ones.
         let v = load256(wq as *const i8);
-        let m = _mm256_set1_epi8(0x0F);
-        (_mm256_and_si256(v, m), _mm256_and_si256(_mm256_srli_epi16(v, 4), m))
+        let m = _mm256_set1_epi16(0x000F);
+        [
+            _mm256_and_si256(v, m),
+            _mm256_and_si256(_mm256_srli_epi16(v, 8), m),
+            _mm256_and_si256(_mm256_srli_epi16(v, 4), m),
+            _mm256_srli_epi16(v, 12),
+        ]
     } else {
         // Q8 as stored (`q + 128`, the minimum term removes the bias) and U6: unsigned bytes.
-        (load256(wq as *const i8), load256(wq.add(32) as *const i8))
-    };
-    [
-        _mm256_unpacklo_epi8(x0, z),
-        _mm256_unpackhi_epi8(x0, z),
-        _mm256_unpacklo_epi8(x1, z),
-        _mm256_unpackhi_epi8(x1, z),
-    ]
+        let byte = _mm256_set1_epi16(0x00FF);
+        let (x0, x1) = (load256(wq as *const i8), load256(wq.add(32) as *const i8));
+        [
+            _mm256_and_si256(x0, byte),
+            _mm256_srli_epi16(x0, 8),
+            _mm256_and_si256(x1, byte),
+            _mm256_srli_epi16(x1, 8),
+        ]
+    }
 }
 
-/// `Σ w·a` of one pair against one token's 64 i16 activations, lanes `(b₀, b₀, b₁, b₁) × 2`.
+/// `Σ w·a` of one pair against one token's 64 i16 activations, lanes alternating blocks.
 /// Each lane adds two products of at most 255·32639 per `vpmaddwd`: far within i32.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -42,19 +50,6 @@ unsafe fn dot(w: &[__m256i; 4], a: *const i16) -> __m256i {
     let p01 = _mm256_add_epi32(_mm256_madd_epi16(w[0], a0), _mm256_madd_epi16(w[1], a1));
     let p23 = _mm256_add_epi32(_mm256_madd_epi16(w[2], a2), _mm256_madd_epi16(w[3], a3));
     _mm256_add_epi32(p01, p23)
-}
-
-/// Four [`dot`] results reduced into `(t₀b₀, t₀b₁, t₁b₀, t₁b₁ | t₂b₀, t₂b₁, t₃b₀, t₃b₁)`, the
-/// layout of `super::reduce_quad`'s result.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn reduce4(s: &[__m256i; 4]) -> __m256i {
-    let h01 = _mm256_hadd_epi32(s[0], s[1]);
-    let h23 = _mm256_hadd_epi32(s[2], s[3]);
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256(h01, h23, 0x20),
-        _mm256_permute2x128_si256(h01, h23, 0x31),
-    )
 }
 
 /// Rows `rows` of `out = a · wᵀ`; `a` must carry [`QActs::q16`].
@@ -154,8 +149,11 @@ unsafe fn tile_quads<const Q: usize, const F: u8>(
             }
             let quad = (tq / 4) * np * 8 + p * 8;
             let da = _mm256_loadu_ps(a.d4.as_ptr().add(quad));
-            let v =
-                _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce4(&isum)), _mm256_mul_ps(dw, da), *acc_q);
+            let v = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(reduce_quad(&isum)),
+                _mm256_mul_ps(dw, da),
+                *acc_q,
+            );
             *acc_q = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a.s4.as_ptr().add(quad)), v);
         }
     }
@@ -187,7 +185,7 @@ unsafe fn rows_quad<const F: u8>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f3
         let (d01, d23) = (_mm_movelh_ps(dm[0], dm[1]), _mm_movelh_ps(dm[2], dm[3]));
         let dw = _mm256_insertf128_ps(_mm256_castps128_ps256(d01), d23, 1);
         let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(p * 2))));
-        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce4(&isum)), _mm256_mul_ps(dw, da), acc);
+        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_quad(&isum)), _mm256_mul_ps(dw, da), acc);
         let (m01, m23) = (_mm_movehl_ps(dm[1], dm[0]), _mm_movehl_ps(dm[3], dm[2]));
         let mw = _mm256_insertf128_ps(_mm256_castps128_ps256(m01), m23, 1);
         let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s.as_ptr().add(p * 2))));
@@ -201,8 +199,7 @@ unsafe fn rows_quad<const F: u8>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f3
     *out.add(r0 + 3) = _mm_cvtss_f32(_mm_movehdup_ps(hi));
 }
 
-/// One row × T tokens (leftovers): each token's sums folded to alternating block lanes (the
-/// upper two of each four zero), then the epilogue of `super`'s single tiles.
+/// One row × T tokens (leftovers), with the epilogue of the VNNI kernels' single tiles.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const T: usize, const F: u8>(
@@ -223,7 +220,7 @@ unsafe fn tile<const T: usize, const F: u8>(
         let mw = _mm256_add_ps(mw, mw);
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let at = (t0 + t) * np + p;
-            let isum = _mm256_hadd_epi32(dot(&wv, acts(a, t0 + t, p)), _mm256_setzero_si256());
+            let isum = dot(&wv, acts(a, t0 + t, p));
             let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(at * 2))));
             let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), *acc_t);
             let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s8.as_ptr().add(at * 2))));
