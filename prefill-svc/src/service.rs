@@ -149,6 +149,11 @@ impl PrefillService {
         }
     }
 
+    /// Pages per read of [`BYTES_PER_READ`].
+    fn pages_per_read(&self) -> usize {
+        (BYTES_PER_READ / self.layout.page_bytes().max(1)).max(1)
+    }
+
     /// Ships the pages of `blocks` (from the request's `skip_blocks` on) over TCP; `read` holds
     /// the payloads of the first ones, read as the prefill finished.
     fn ship(
@@ -162,7 +167,7 @@ impl PrefillService {
         let todo: Vec<(usize, u32)> = blocks.iter().copied().enumerate().skip(skip).collect();
         let mut read = Some(read.map_err(TransferError::Protocol)?);
         let per_read = match read.as_ref().map_or(0, Vec::len) {
-            0 => (BYTES_PER_READ / self.layout.page_bytes().max(1)).max(1),
+            0 => self.pages_per_read(),
             n => n,
         };
         // The first pages were read before connecting, so the connection never idles at the start.
@@ -395,10 +400,8 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
             let (id, tokens) = (rid.clone(), r.prompt_token_ids.clone());
             // Over TCP the first pages are read as the prefill finishes, on the engine thread
             // before its next step: waiting for a later turn between steps costs a whole step.
-            let first_pages = (r.kv_link == 0).then(|| {
-                let per_read = (BYTES_PER_READ / self.layout.page_bytes().max(1)).max(1);
-                (r.skip_blocks as usize, per_read)
-            });
+            let first_pages =
+                (r.kv_link == 0).then(|| (r.skip_blocks as usize, self.pages_per_read()));
             let opts = RequestOptions {
                 prefill_only: true,
                 cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()),

@@ -13,8 +13,6 @@ use std::arch::x86_64::*;
 
 use super::quant::{QActs, QFormat, QKernel, QMatrix};
 
-mod wide;
-
 /// Tokens per tile.
 const NT: usize = 4;
 
@@ -246,6 +244,118 @@ unsafe fn reduce_quad(s: &[__m256i; 4]) -> __m256i {
     _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20), _mm256_permute2x128_si256(e, f, 0x31))
 }
 
+/// The body of a 256-bit kernel's `rows_of::<F>` over its tile functions (`tile_quads::<Q, F>`,
+/// `tile::<T, F>`, `rows_quad::<F>`): decode four rows at a time (independent chains, short
+/// rows); batches one row against eight, four, then fewer tokens, in blocks of tokens whose
+/// activations stay in L1 while the rows stream by. A macro, not a function over function
+/// pointers, so each tile stays a direct call (inlined) in its kernel's target features.
+macro_rules! drive_tiles {
+    ($F:ident, $w:ident, $a:ident, $rows:ident, $out:ident) => {{
+        if $a.t == 1 {
+            let mut r = $rows.start;
+            while r + 4 <= $rows.end {
+                rows_quad::<$F>($w, r, $a, $out);
+                r += 4;
+            }
+            for r in r..$rows.end {
+                tile::<1, $F>($w, r, $a, 0, $out);
+            }
+            return;
+        }
+        for tb in token_blocks($a.t, $a.npairs * (64 * 2 + 2 * 2 * 4)) {
+            for r in $rows.clone() {
+                let mut t0 = tb.start;
+                while t0 < tb.end {
+                    let nt = match tb.end - t0 {
+                        8.. => {
+                            tile_quads::<2, $F>($w, r, $a, t0, $out);
+                            8
+                        }
+                        4..=7 => {
+                            tile_quads::<1, $F>($w, r, $a, t0, $out);
+                            4
+                        }
+                        3 => {
+                            tile::<3, $F>($w, r, $a, t0, $out);
+                            3
+                        }
+                        2 => {
+                            tile::<2, $F>($w, r, $a, t0, $out);
+                            2
+                        }
+                        _ => {
+                            tile::<1, $F>($w, r, $a, t0, $out);
+                            1
+                        }
+                    };
+                    t0 += nt;
+                }
+            }
+        }
+    }};
+}
+
+/// `acc + cvt(isum)·dw·da + mw·sa`: a pair's integer sums scaled into the accumulator.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scale_pair(
+    acc: __m256,
+    isum: __m256i,
+    dw: __m256,
+    da: __m256,
+    mw: __m256,
+    sa: __m256,
+) -> __m256 {
+    _mm256_fmadd_ps(mw, sa, _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), acc))
+}
+
+/// A pair's `(d₀, d₁)` and `(m₀, m₁)` broadcast over eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn pair_scales(w: &QMatrix, r: usize, p: usize) -> (__m256, __m256) {
+    let dm = pair_dm(w, r, p);
+    let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
+    (dw, _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm)))))
+}
+
+/// Four rows' pair scales side by side, `(d₀, d₁)` and `(m₀, m₁)` of rows `r0..r0+4`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn rows4_scales(w: &QMatrix, r0: usize, p: usize) -> (__m256, __m256) {
+    let dm =
+        [pair_dm(w, r0, p), pair_dm(w, r0 + 1, p), pair_dm(w, r0 + 2, p), pair_dm(w, r0 + 3, p)];
+    let (d01, d23) = (_mm_movelh_ps(dm[0], dm[1]), _mm_movelh_ps(dm[2], dm[3]));
+    let (m01, m23) = (_mm_movehl_ps(dm[1], dm[0]), _mm_movehl_ps(dm[3], dm[2]));
+    (
+        _mm256_insertf128_ps(_mm256_castps128_ps256(d01), d23, 1),
+        _mm256_insertf128_ps(_mm256_castps128_ps256(m01), m23, 1),
+    )
+}
+
+/// Activation scales of one token's pair `at` (token × pairs + pair) for the single tiles:
+/// `(d₀, d₁)` and `(s₀/8, s₁/8)`, each four times.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn single_scales(a: &QActs, at: usize) -> (__m256, __m256) {
+    (
+        _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(at * 2)))),
+        _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s8.as_ptr().add(at * 2)))),
+    )
+}
+
+/// Adds the blocks of `acc`'s lanes `(x₀b₀, x₀b₁, x₁b₀, x₁b₁ | x₂b₀, x₂b₁, x₃b₀, x₃b₁)` and
+/// writes `x₀..x₃` to `at`, `at + stride`, `at + 2·stride`, `at + 3·stride`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn store4(acc: __m256, at: *mut f32, stride: usize) {
+    let h = _mm256_hadd_ps(acc, acc);
+    let (lo, hi) = (_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    *at = _mm_cvtss_f32(lo);
+    *at.add(stride) = _mm_cvtss_f32(_mm_movehdup_ps(lo));
+    *at.add(2 * stride) = _mm_cvtss_f32(hi);
+    *at.add(3 * stride) = _mm_cvtss_f32(_mm_movehdup_ps(hi));
+}
+
 /// Weight formats of the AVX2 tile kernels' const parameter: 4-bit pairs, 8-bit (stored
 /// `q + 128`) and [`QFormat::U6`] (unsigned bytes taking the 4-bit arithmetic).
 const F_Q4: u8 = 0;
@@ -267,9 +377,6 @@ mod avx2_vnni {
         }
     }
 
-    /// Decode (one token) takes four rows at a time (independent chains, short rows);
-    /// batches take one row × four tokens, in blocks of tokens whose activations stay in L1
-    /// while the rows stream by.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
     unsafe fn rows_of<const F: u8>(
@@ -278,37 +385,7 @@ mod avx2_vnni {
         rows: std::ops::Range<usize>,
         out: *mut f32,
     ) {
-        if a.t == 1 {
-            let mut r = rows.start;
-            while r + 4 <= rows.end {
-                rows_quad::<F>(w, r, a, out);
-                r += 4;
-            }
-            for r in r..rows.end {
-                tile::<1, F>(w, r, a, 0, out);
-            }
-            return;
-        }
-        for tb in token_blocks(a.t, a.npairs * (64 * 2 + 2 * 2 * 4)) {
-            for r in rows.clone() {
-                let mut t0 = tb.start;
-                while t0 < tb.end {
-                    let nt = (tb.end - t0).min(2 * NT);
-                    match nt {
-                        8 => tile_quads::<2, F>(w, r, a, t0, out),
-                        4..=7 => {
-                            tile_quads::<1, F>(w, r, a, t0, out);
-                            t0 += 4;
-                            continue;
-                        }
-                        3 => tile::<3, F>(w, r, a, t0, out),
-                        2 => tile::<2, F>(w, r, a, t0, out),
-                        _ => tile::<1, F>(w, r, a, t0, out),
-                    }
-                    t0 += nt;
-                }
-            }
-        }
+        drive_tiles!(F, w, a, rows, out)
     }
 
     /// A pair's weights for [`pair_vnni`]: Q4 nibbles split low / high, Q8 and U6 bytes as
@@ -345,9 +422,7 @@ mod avx2_vnni {
         for p in 0..np {
             let wq = w.qs.as_ptr().add((r * np + p) * pb);
             let (wlo, whi) = pair_weights::<F>(wq);
-            let dm = pair_dm(w, r, p);
-            let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
-            let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm))));
+            let (dw, mw) = pair_scales(w, r, p);
             for (q, acc_q) in acc.iter_mut().enumerate() {
                 let tq = t0 + 4 * q;
                 let mut isum = [_mm256_setzero_si256(); 4];
@@ -357,24 +432,15 @@ mod avx2_vnni {
                     *s = pair_vnni(wlo, whi, a1, a2);
                 }
                 let quad = (tq / 4) * np * 8 + p * 8;
-                let da = _mm256_loadu_ps(a.d4.as_ptr().add(quad));
-                let v = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(reduce_quad(&isum)),
-                    _mm256_mul_ps(dw, da),
-                    *acc_q,
+                let (da, sa) = (
+                    _mm256_loadu_ps(a.d4.as_ptr().add(quad)),
+                    _mm256_loadu_ps(a.s4.as_ptr().add(quad)),
                 );
-                *acc_q = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a.s4.as_ptr().add(quad)), v);
+                *acc_q = scale_pair(*acc_q, reduce_quad(&isum), dw, da, mw, sa);
             }
         }
         for (q, acc_q) in acc.iter().enumerate() {
-            let tq = t0 + 4 * q;
-            // Lanes (t₀b₀, t₀b₁, t₁b₀, t₁b₁ | t₂b₀, t₂b₁, t₃b₀, t₃b₁): add the blocks.
-            let h = _mm256_hadd_ps(*acc_q, *acc_q);
-            let (lo, hi) = (_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            *out.add(tq * w.n + r) = _mm_cvtss_f32(lo);
-            *out.add((tq + 1) * w.n + r) = _mm_cvtss_f32(_mm_movehdup_ps(lo));
-            *out.add((tq + 2) * w.n + r) = _mm_cvtss_f32(hi);
-            *out.add((tq + 3) * w.n + r) = _mm_cvtss_f32(_mm_movehdup_ps(hi));
+            store4(*acc_q, out.add((t0 + 4 * q) * w.n + r), w.n);
         }
     }
 
@@ -389,30 +455,18 @@ mod avx2_vnni {
         for p in 0..np {
             let (a1, a2) = (a.qs.as_ptr().add(p * 64), a.qs2.as_ptr().add(p * 64));
             let mut isum = [_mm256_setzero_si256(); 4];
-            let mut dm = [_mm_setzero_ps(); 4];
             for (i, s) in isum.iter_mut().enumerate() {
                 prefetch_pair(w, r0 + 4 + i, p);
                 let wq = w.qs.as_ptr().add(((r0 + i) * np + p) * pb);
                 let (wlo, whi) = pair_weights::<F>(wq);
                 *s = pair_vnni(wlo, whi, a1, a2);
-                dm[i] = pair_dm(w, r0 + i, p);
             }
-            let (d01, d23) = (_mm_movelh_ps(dm[0], dm[1]), _mm_movelh_ps(dm[2], dm[3]));
-            let dw = _mm256_insertf128_ps(_mm256_castps128_ps256(d01), d23, 1);
+            let (dw, mw) = rows4_scales(w, r0, p);
             let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(p * 2))));
-            let v =
-                _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_quad(&isum)), _mm256_mul_ps(dw, da), acc);
-            let (m01, m23) = (_mm_movehl_ps(dm[1], dm[0]), _mm_movehl_ps(dm[3], dm[2]));
-            let mw = _mm256_insertf128_ps(_mm256_castps128_ps256(m01), m23, 1);
             let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s.as_ptr().add(p * 2))));
-            acc = _mm256_fmadd_ps(mw, sa, v);
+            acc = scale_pair(acc, reduce_quad(&isum), dw, da, mw, sa);
         }
-        let h = _mm256_hadd_ps(acc, acc);
-        let (lo, hi) = (_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        *out.add(r0) = _mm_cvtss_f32(lo);
-        *out.add(r0 + 1) = _mm_cvtss_f32(_mm_movehdup_ps(lo));
-        *out.add(r0 + 2) = _mm_cvtss_f32(hi);
-        *out.add(r0 + 3) = _mm_cvtss_f32(_mm_movehdup_ps(hi));
+        store4(acc, out.add(r0), 1);
     }
 
     /// One row × T tokens (the leftovers of four-token quads, and single rows of
@@ -432,18 +486,13 @@ mod avx2_vnni {
         let mut acc = [_mm256_setzero_ps(); T];
         for p in 0..np {
             let (wlo, whi) = pair_weights::<F>(w.qs.as_ptr().add((r * np + p) * pb));
-            let dm = pair_dm(w, r, p);
-            let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
-            let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm))));
+            let (dw, mw) = pair_scales(w, r, p);
             let mw = _mm256_add_ps(mw, mw);
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 let at = (t0 + t) * np + p;
                 let (a1, a2) = (a.qs.as_ptr().add(at * 64), a.qs2.as_ptr().add(at * 64));
-                let isum = pair_vnni(wlo, whi, a1, a2);
-                let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(at * 2))));
-                let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), *acc_t);
-                let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s8.as_ptr().add(at * 2))));
-                *acc_t = _mm256_fmadd_ps(mw, sa, v);
+                let (da, sa) = single_scales(a, at);
+                *acc_t = scale_pair(*acc_t, pair_vnni(wlo, whi, a1, a2), dw, da, mw, sa);
             }
         }
         for (t, acc_t) in acc.iter().enumerate() {
@@ -451,3 +500,6 @@ mod avx2_vnni {
         }
     }
 }
+
+// After `drive_tiles!`, which it uses.
+mod wide;

@@ -63,8 +63,6 @@ pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, 
     }
 }
 
-/// Decode takes four rows at a time; batches one row against eight or four tokens, in blocks
-/// of tokens whose activations stay in L1 while the rows stream by.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_of<const F: u8>(
@@ -73,48 +71,7 @@ unsafe fn rows_of<const F: u8>(
     rows: std::ops::Range<usize>,
     out: *mut f32,
 ) {
-    if a.t == 1 {
-        let mut r = rows.start;
-        while r + 4 <= rows.end {
-            rows_quad::<F>(w, r, a, out);
-            r += 4;
-        }
-        for r in r..rows.end {
-            tile::<1, F>(w, r, a, 0, out);
-        }
-        return;
-    }
-    for tb in token_blocks(a.t, a.npairs * (64 * 2 + 2 * 2 * 4)) {
-        for r in rows.clone() {
-            let mut t0 = tb.start;
-            while t0 < tb.end {
-                let left = tb.end - t0;
-                let nt = match left {
-                    8.. => {
-                        tile_quads::<2, F>(w, r, a, t0, out);
-                        8
-                    }
-                    4..=7 => {
-                        tile_quads::<1, F>(w, r, a, t0, out);
-                        4
-                    }
-                    3 => {
-                        tile::<3, F>(w, r, a, t0, out);
-                        3
-                    }
-                    2 => {
-                        tile::<2, F>(w, r, a, t0, out);
-                        2
-                    }
-                    _ => {
-                        tile::<1, F>(w, r, a, t0, out);
-                        1
-                    }
-                };
-                t0 += nt;
-            }
-        }
-    }
+    drive_tiles!(F, w, a, rows, out)
 }
 
 /// The i16 activations of token `t`, pair `p`.
@@ -123,7 +80,8 @@ unsafe fn acts(a: &QActs, t: usize, p: usize) -> *const i16 {
     a.q16.as_ptr().add((t * a.npairs + p) * 64)
 }
 
-/// One row × `4·Q` tokens (`t0` a multiple of four); the epilogue of `super`'s quad tiles.
+/// One row × `4·Q` tokens (`t0` a multiple of four): each quad's sums reduced into one vector
+/// of (token, block) lanes before they are scaled, the pair's weights widened once for all.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_quads<const Q: usize, const F: u8>(
@@ -138,9 +96,7 @@ unsafe fn tile_quads<const Q: usize, const F: u8>(
     let mut acc = [_mm256_setzero_ps(); Q];
     for p in 0..np {
         let wv = widen::<F>(w.qs.as_ptr().add((r * np + p) * pb));
-        let dm = pair_dm(w, r, p);
-        let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
-        let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm))));
+        let (dw, mw) = pair_scales(w, r, p);
         for (q, acc_q) in acc.iter_mut().enumerate() {
             let tq = t0 + 4 * q;
             let mut isum = [_mm256_setzero_si256(); 4];
@@ -148,27 +104,19 @@ unsafe fn tile_quads<const Q: usize, const F: u8>(
                 *s = dot(&wv, acts(a, tq + t, p));
             }
             let quad = (tq / 4) * np * 8 + p * 8;
-            let da = _mm256_loadu_ps(a.d4.as_ptr().add(quad));
-            let v = _mm256_fmadd_ps(
-                _mm256_cvtepi32_ps(reduce_quad(&isum)),
-                _mm256_mul_ps(dw, da),
-                *acc_q,
+            let (da, sa) = (
+                _mm256_loadu_ps(a.d4.as_ptr().add(quad)),
+                _mm256_loadu_ps(a.s4.as_ptr().add(quad)),
             );
-            *acc_q = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a.s4.as_ptr().add(quad)), v);
+            *acc_q = scale_pair(*acc_q, reduce_quad(&isum), dw, da, mw, sa);
         }
     }
     for (q, acc_q) in acc.iter().enumerate() {
-        let tq = t0 + 4 * q;
-        let h = _mm256_hadd_ps(*acc_q, *acc_q);
-        let (lo, hi) = (_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        *out.add(tq * w.n + r) = _mm_cvtss_f32(lo);
-        *out.add((tq + 1) * w.n + r) = _mm_cvtss_f32(_mm_movehdup_ps(lo));
-        *out.add((tq + 2) * w.n + r) = _mm_cvtss_f32(hi);
-        *out.add((tq + 3) * w.n + r) = _mm_cvtss_f32(_mm_movehdup_ps(hi));
+        store4(*acc_q, out.add((t0 + 4 * q) * w.n + r), w.n);
     }
 }
 
-/// Four rows × one token (decode): the token's activations are loaded once for four rows.
+/// Four rows × one token (decode), the next rows' weights asked for ahead.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_quad<const F: u8>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f32) {
@@ -177,30 +125,20 @@ unsafe fn rows_quad<const F: u8>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f3
     let mut acc = _mm256_setzero_ps();
     for p in 0..np {
         let mut isum = [_mm256_setzero_si256(); 4];
-        let mut dm = [_mm_setzero_ps(); 4];
-        for (i, (s, d)) in isum.iter_mut().zip(dm.iter_mut()).enumerate() {
+        for (i, s) in isum.iter_mut().enumerate() {
             prefetch_pair(w, r0 + 4 + i, p);
             *s = dot(&widen::<F>(w.qs.as_ptr().add(((r0 + i) * np + p) * pb)), acts(a, 0, p));
-            *d = pair_dm(w, r0 + i, p);
         }
-        let (d01, d23) = (_mm_movelh_ps(dm[0], dm[1]), _mm_movelh_ps(dm[2], dm[3]));
-        let dw = _mm256_insertf128_ps(_mm256_castps128_ps256(d01), d23, 1);
+        let (dw, mw) = rows4_scales(w, r0, p);
         let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(p * 2))));
-        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_quad(&isum)), _mm256_mul_ps(dw, da), acc);
-        let (m01, m23) = (_mm_movehl_ps(dm[1], dm[0]), _mm_movehl_ps(dm[3], dm[2]));
-        let mw = _mm256_insertf128_ps(_mm256_castps128_ps256(m01), m23, 1);
         let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s.as_ptr().add(p * 2))));
-        acc = _mm256_fmadd_ps(mw, sa, v);
+        acc = scale_pair(acc, reduce_quad(&isum), dw, da, mw, sa);
     }
-    let h = _mm256_hadd_ps(acc, acc);
-    let (lo, hi) = (_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    *out.add(r0) = _mm_cvtss_f32(lo);
-    *out.add(r0 + 1) = _mm_cvtss_f32(_mm_movehdup_ps(lo));
-    *out.add(r0 + 2) = _mm_cvtss_f32(hi);
-    *out.add(r0 + 3) = _mm_cvtss_f32(_mm_movehdup_ps(hi));
+    store4(acc, out.add(r0), 1);
 }
 
-/// One row × T tokens (leftovers), with the epilogue of the VNNI kernels' single tiles.
+/// One row × T tokens (leftovers): eight lanes carry a pair's `(m₀·s₀, m₁·s₁)` four times,
+/// `2·m` against `s/8`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<const T: usize, const F: u8>(
@@ -215,17 +153,11 @@ unsafe fn tile<const T: usize, const F: u8>(
     let mut acc = [_mm256_setzero_ps(); T];
     for p in 0..np {
         let wv = widen::<F>(w.qs.as_ptr().add((r * np + p) * pb));
-        let dm = pair_dm(w, r, p);
-        let dw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dm)));
-        let mw = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm))));
+        let (dw, mw) = pair_scales(w, r, p);
         let mw = _mm256_add_ps(mw, mw);
         for (t, acc_t) in acc.iter_mut().enumerate() {
-            let at = (t0 + t) * np + p;
-            let isum = dot(&wv, acts(a, t0 + t, p));
-            let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(at * 2))));
-            let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), *acc_t);
-            let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s8.as_ptr().add(at * 2))));
-            *acc_t = _mm256_fmadd_ps(mw, sa, v);
+            let (da, sa) = single_scales(a, (t0 + t) * np + p);
+            *acc_t = scale_pair(*acc_t, dot(&wv, acts(a, t0 + t, p)), dw, da, mw, sa);
         }
     }
     for (t, acc_t) in acc.iter().enumerate() {
