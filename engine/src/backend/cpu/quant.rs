@@ -460,10 +460,18 @@ unsafe fn quantize_row_avx2(src: &[f32], _npairs: usize, out: RowPtrs) {
             let wide = _mm256_fmadd_ps(q1, _mm256_set1_ps(256.0), q2);
             sum = _mm256_add_ps(sum, wide);
             if !out.q16.is_null() {
-                let mut vals = [0i32; 8];
-                _mm256_storeu_si256(vals.as_mut_ptr() as *mut __m256i, _mm256_cvtps_epi32(wide));
-                for (e, v) in vals.into_iter().enumerate() {
-                    *out.q16.add(p * 64 + wide_pos(q8_pos(b, 8 * i + e))) = v as i16;
+                let qi = _mm256_cvtps_epi32(wide);
+                let p16 =
+                    _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
+                // A group's four elements sit at consecutive Q8 bytes: (e₀, e₂) go to the even
+                // half, (e₁, e₃) to the odd half, two i16 each.
+                let order = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+                let mut words = [0i32; 4];
+                _mm_storeu_si128(words.as_mut_ptr() as *mut __m128i, _mm_shuffle_epi8(p16, order));
+                for k in 0..2 {
+                    let even = p * 64 + wide_pos(q8_pos(b, (2 * i + k) * 4));
+                    std::ptr::write_unaligned(out.q16.add(even) as *mut i32, words[2 * k]);
+                    std::ptr::write_unaligned(out.q16.add(even + 16) as *mut i32, words[2 * k + 1]);
                 }
             }
             for (level, q) in [(out.qs, q1), (out.qs2, q2)] {
