@@ -67,11 +67,6 @@ impl CoreShare {
         })
     }
 
-    /// The lock file's path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     fn give_up(&mut self, e: std::io::Error) {
         tracing::warn!(path = %self.path.display(), error = %e, "core-share lock failed; steps run unshared from now on");
         self.broken = true;
