@@ -187,6 +187,18 @@ pub struct DecodeArgs {
     /// This worker serves alone (prefill and decode): its role label is `both`.
     #[arg(long)]
     pub colocated: bool,
+    /// Also serve the OpenAI API on the listen port, as a Gateway API Inference Extension model
+    /// server: requests decode here; their prompts are prefilled by `--prefill-workers` (or
+    /// here, with none).
+    #[arg(long)]
+    pub serve_openai: bool,
+    /// Prefill workers for requests that come in through `--serve-openai`.
+    #[arg(long, value_delimiter = ',', requires = "serve_openai")]
+    pub prefill_workers: Vec<String>,
+    /// API keys (one `KEY` or `KEY:TENANT` per line) the `--serve-openai` API requires, as the
+    /// router does (`TANDEM_API_KEYS` is read too).
+    #[arg(long, requires = "serve_openai")]
+    pub api_keys_file: Option<PathBuf>,
     #[command(flatten)]
     pub worker: WorkerArgs,
 }
@@ -275,6 +287,18 @@ pub struct RouterArgs {
     /// the chat template's markup; `control` as control tokens.
     #[arg(long, env = "TANDEM_SPECIAL_TOKENS_IN_MESSAGES", default_value = "plain")]
     pub special_tokens_in_messages: tandem_router::prompt::SpecialTokens,
+    /// How the model writes tool calls: `hermes` (`<tool_call>` blocks) or `llama3_json`
+    /// (`{"name", "parameters"}` objects); default: read from the chat template.
+    #[arg(long, env = "TANDEM_TOOL_CALL_PARSER")]
+    pub tool_call_parser: Option<tandem_router::tool_format::ToolCallFormat>,
+    /// Also serve the endpoint picker of a Gateway API Inference Extension `InferencePool`
+    /// (Envoy's `ext_proc` protocol, with gRPC health) on this address, e.g. `0.0.0.0:9002`.
+    #[arg(long, env = "TANDEM_EPP_LISTEN")]
+    pub epp_listen: Option<String>,
+    /// The endpoint picker sheds a request (429) when every eligible decode worker has at
+    /// least this many sequences waiting.
+    #[arg(long, env = "TANDEM_EPP_SHED_WAITING")]
+    pub epp_shed_waiting: Option<u32>,
     /// Conditional disaggregation: while every prefill worker has more prompt tokens queued than
     /// this, prompts are prefilled on their decode worker.
     #[arg(long, env = "TANDEM_MAX_PREFILL_QUEUE_TOKENS", default_value_t = tandem_router::routing::MAX_PREFILL_QUEUE_TOKENS)]
@@ -290,8 +314,16 @@ fn api_keys(a: &RouterArgs) -> Result<Option<Arc<tandem_router::auth::ApiKeys>>>
         max_concurrent: a.max_concurrent_per_key,
         requests_per_second: a.requests_per_second_per_key,
     };
+    load_api_keys(a.api_keys_file.as_deref(), limits)
+}
+
+/// The API keys of `file` and `TANDEM_API_KEYS` (None: the API is open).
+fn load_api_keys(
+    file: Option<&Path>,
+    limits: tandem_router::auth::KeyLimits,
+) -> Result<Option<Arc<tandem_router::auth::ApiKeys>>> {
     let mut entries: Vec<String> = Vec::new();
-    if let Some(p) = &a.api_keys_file {
+    if let Some(p) = file {
         entries.extend(
             std::fs::read_to_string(p)
                 .with_context(|| format!("reading {}", p.display()))?
@@ -303,7 +335,7 @@ fn api_keys(a: &RouterArgs) -> Result<Option<Arc<tandem_router::auth::ApiKeys>>>
         entries.extend(env.split(',').map(str::to_string));
     }
     if entries.iter().all(|e| e.trim().is_empty() || e.trim().starts_with('#')) {
-        if a.api_keys_file.is_some() {
+        if file.is_some() {
             anyhow::bail!("the API keys file has no keys");
         }
         return Ok(None);
@@ -363,6 +395,10 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
     // Before the model loads: a Redis setting that cannot work stops the process at once.
     let redis = a.worker.redis.config()?;
     let (engine, name, kv_device) = load_engine(&a.model, &a.worker)?;
+    let front_end = match a.serve_openai {
+        true => Some(openai_front_end(&a, &name)?),
+        false => None,
+    };
     let cfg = tandem_decode::DecodeConfig {
         kv_device,
         model_name: name,
@@ -383,7 +419,43 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
         redis,
         core_share: a.worker.core_share_lock,
     };
-    block_on(tandem_decode::run(engine, cfg))
+    block_on(tandem_decode::run_with(engine, cfg, front_end))
+}
+
+/// The OpenAI API for a decode worker's own port (`--serve-openai`): the router's front end with
+/// this worker as its one decode worker, this process's metrics, and no Redis.
+fn openai_front_end(a: &DecodeArgs, name: &str) -> Result<tandem_decode::FrontEnd> {
+    let path = a.model.path()?;
+    let info = ModelInfo::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let (name, prefill, id) = (name.to_string(), a.prefill_workers.clone(), a.worker_id.clone());
+    let api_keys = load_api_keys(a.api_keys_file.as_deref(), Default::default())?;
+    Ok(Box::new(move |own: std::net::SocketAddr| {
+        let cfg = tandem_router::RouterConfig {
+            listen: own.to_string(),
+            model_name: name,
+            decode_workers: vec![own.to_string()],
+            prefill_workers: prefill,
+            watch_stdin: false,
+            redis: None,
+            routing: Default::default(),
+            router_id: format!("{id}-api"),
+            api_keys,
+            max_body_bytes: tandem_router::MAX_BODY_BYTES,
+            max_prompt_tokens: None,
+            default_max_tokens: Some(DEFAULT_MAX_TOKENS),
+            special_tokens: Default::default(),
+            tool_call_parser: None,
+            epp_listen: None,
+            epp: Default::default(),
+        };
+        let state = tandem_router::front_end(info, &cfg, None)?;
+        let upkeep = state.clone();
+        tokio::spawn(async move {
+            tandem_router::learn_workers(&upkeep).await;
+            tandem_router::spawn_upkeep(upkeep, None);
+        });
+        Ok(tandem_router::api_routes(state))
+    }))
 }
 
 /// `tandem prefill`.
@@ -447,6 +519,9 @@ pub fn run_router(a: RouterArgs) -> Result<()> {
         max_prompt_tokens: a.max_prompt_tokens,
         default_max_tokens: (a.default_max_tokens > 0).then_some(a.default_max_tokens),
         special_tokens: a.special_tokens_in_messages,
+        tool_call_parser: a.tool_call_parser,
+        epp_listen: a.epp_listen,
+        epp: tandem_router::epp::PickerConfig { shed_waiting: a.epp_shed_waiting },
     };
     block_on(tandem_router::run(info, cfg))
 }

@@ -48,6 +48,9 @@ pub struct UpArgs {
     /// A Jinja chat template file for the router to use instead of the model's own.
     #[arg(long, env = "TANDEM_CHAT_TEMPLATE")]
     pub chat_template: Option<std::path::PathBuf>,
+    /// How the model writes tool calls (`hermes`, `llama3_json`; default: from the template).
+    #[arg(long, env = "TANDEM_TOOL_CALL_PARSER")]
+    pub tool_call_parser: Option<tandem_router::tool_format::ToolCallFormat>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -242,6 +245,9 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
         router.extend(common.clone());
         if let Some(t) = &a.chat_template {
             router.push(format!("--chat-template={}", t.display()));
+        }
+        if let Some(f) = a.tool_call_parser {
+            router.push(format!("--tool-call-parser={}", f.name()));
         }
         services.push(start("router", &router)?);
         started_with.push(router);

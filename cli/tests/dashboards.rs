@@ -139,7 +139,9 @@ fn every_dashboard_query_returns_data() {
         &[
             "up".into(),
             "--port=0".into(),
-            "--decode-flags=--speculative ngram --num-speculative-tokens 3".into(),
+            // The decode worker is also a model server (its own OpenAI API, as an InferencePool
+            // member): what an endpoint picker scrapes is this process's metrics.
+            "--decode-flags=--speculative ngram --num-speculative-tokens 3 --serve-openai".into(),
         ],
         &[("TANDEM_REDIS_URL", &redis.url)],
     );
@@ -164,16 +166,29 @@ fn every_dashboard_query_returns_data() {
     load(&up.addr, 1);
     std::thread::sleep(Duration::from_secs(3));
     load(&up.addr, 3);
+    // And straight to the decode worker's own API, as a gateway's endpoint picker sends it.
+    let decode = health["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["role"] == "decode")
+        .map(|w| w["address"].as_str().unwrap().to_string())
+        .expect("a decode worker");
+    let direct = json!({ "model": MODEL, "prompt": "Hello", "max_tokens": 4 }).to_string();
+    assert_eq!(http(&decode, "POST", "/v1/completions", Some(&direct)).status, 200);
     eprintln!("load took {:?}", started.elapsed());
 
     // Wait until Prometheus has scraped every target after the load; the rates need two samples.
     let deadline = Instant::now() + Duration::from_secs(60);
     let queries = tandem_operator::dashboards::queries();
     assert!(queries.len() >= 30, "{} queries", queries.len());
+    // The dashboards' variables as Grafana sends them: "All" is `.*` (which also matches the
+    // missing `namespace` label of this static scrape); one model picks its series only.
+    let with = |q: &str, model: &str| q.replace("$model", model).replace("$namespace", ".*");
     let missing = loop {
         let missing: Vec<String> = queries
             .iter()
-            .filter(|(_, _, q)| !has_data(&query(&prom, q)))
+            .filter(|(_, _, q)| !has_data(&query(&prom, &with(q, ".*"))))
             .map(|(d, p, q)| format!("{d} / {p}: {q}"))
             .collect();
         if missing.is_empty() || Instant::now() > deadline {
@@ -182,6 +197,9 @@ fn every_dashboard_query_returns_data() {
         std::thread::sleep(Duration::from_secs(2));
     };
     assert!(missing.is_empty(), "panel queries without data:\n{}", missing.join("\n"));
+    let (_, _, first) = &queries[0];
+    assert!(has_data(&query(&prom, &with(first, MODEL))), "{first} for {MODEL}");
+    assert!(!has_data(&query(&prom, &with(first, "no-such-model"))), "{first} filters by model");
 
     // vLLM's names for the same series, as the Gateway API Inference Extension's picker, KEDA
     // and vLLM dashboards query them, labelled with the model's name; and the process metrics.
@@ -201,6 +219,13 @@ fn every_dashboard_query_returns_data() {
     ];
     for q in vllm {
         assert!(has_data(&query(&prom, q)), "no data for {q}");
+    }
+    // The decode worker's own front end counts what it answered, beside its engine's series.
+    let served = r#"tandem_router_requests_total{role="decode",code="200"}"#;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !has_data(&query(&prom, served)) {
+        assert!(Instant::now() < deadline, "no data for {served}");
+        std::thread::sleep(Duration::from_millis(500));
     }
     let named = query(&prom, "vllm:num_requests_running");
     for s in named["data"]["result"].as_array().unwrap() {

@@ -236,6 +236,57 @@ fn echo_with_logprobs_scores_the_prompt_as_the_reference_does() {
         json!({ "model": MODEL, "prompt": "x", "echo": true, "logprobs": 1, "stream": true });
     let (s, e) = post(&r, "/v1/completions", body);
     assert_eq!((s, e["error"]["param"].as_str()), (400, Some("echo")), "{e}");
+    prompt_logprobs_as_vllm_writes_them(&r, &golden["cases"][0]);
+}
+
+/// vLLM's `prompt_logprobs` field, on completions (per choice) and chat (once): null for the
+/// first prompt token, then each token's own entry (log-probability as the reference's, its
+/// rank) beside the `k` most likely; echo's `top_logprobs` keep their own count.
+fn prompt_logprobs_as_vllm_writes_them(r: &Proc, case: &Value) {
+    let ids: Vec<u64> =
+        case["prompt_token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let steps = case["steps"].as_array().unwrap();
+    let forced: Vec<u64> = steps.iter().take(8).map(|s| s["token_id"].as_u64().unwrap()).collect();
+    let all: Vec<u64> = ids.iter().chain(&forced).copied().collect();
+    let body = json!({ "model": MODEL, "prompt": all, "prompt_logprobs": 3, "echo": true,
+                       "logprobs": 1, "max_tokens": 1, "temperature": 0 });
+    let (s, res) = post(r, "/v1/completions", body);
+    assert_eq!(s, 200, "{res}");
+    let pl = res["choices"][0]["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(pl.len(), all.len());
+    assert!(pl[0].is_null());
+    for (j, step) in steps.iter().take(8).enumerate() {
+        let at = ids.len() + j;
+        let entries = pl[at].as_object().unwrap();
+        assert!((3..=4).contains(&entries.len()), "{}", pl[at]);
+        let own = &entries[&all[at].to_string()];
+        let want = step["logprob"].as_f64().unwrap();
+        assert!((own["logprob"].as_f64().unwrap() - want).abs() < 2e-3, "{own} vs {want}");
+        let best =
+            entries.values().map(|e| e["logprob"].as_f64().unwrap()).fold(f64::MIN, f64::max);
+        let rank = own["rank"].as_u64().unwrap();
+        assert_eq!(rank == 1, own["logprob"].as_f64().unwrap() == best, "{}", pl[at]);
+        let mut ranks: Vec<u64> = entries.values().map(|e| e["rank"].as_u64().unwrap()).collect();
+        ranks.sort();
+        assert_eq!(ranks[..3], [1, 2, 3], "{}", pl[at]);
+        assert_eq!(entries.len() == 4, rank >= 4, "{}", pl[at]);
+        assert!(own["decoded_token"].is_string());
+        // echo's own count of alternatives: one.
+        assert_eq!(res["choices"][0]["logprobs"]["top_logprobs"][at].as_object().unwrap().len(), 1);
+    }
+    let body = json!({ "model": MODEL, "messages": [{"role": "user", "content": "Hi there"}],
+                       "prompt_logprobs": 0, "max_tokens": 1 });
+    let (s, res) = post(r, "/v1/chat/completions", body);
+    assert_eq!(s, 200, "{res}");
+    let pl = res["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(pl.len() as u64, res["usage"]["prompt_tokens"].as_u64().unwrap());
+    assert!(pl[1..].iter().all(|e| e.as_object().unwrap().len() == 1), "{res}");
+    for bad in [json!({"prompt_logprobs": 1, "stream": true}), json!({"prompt_logprobs": 21})] {
+        let mut body = json!({ "model": MODEL, "prompt": "x", "max_tokens": 1 });
+        body.as_object_mut().unwrap().extend(bad.as_object().unwrap().clone());
+        let (s, e) = post(r, "/v1/completions", body);
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some("prompt_logprobs")), "{e}");
+    }
 }
 
 /// Beam search by brute force: every beam scored by a full teacher-forced pass of the model

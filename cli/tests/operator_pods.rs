@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{json, Value};
 use tandem_operator::crd::InferenceService;
-use tandem_operator::workloads::{self, Kind, DECODE_PORT, KV_PORT, PREFILL_PORT, ROUTER_PORT};
+use tandem_operator::workloads::{
+    self, Kind, DECODE_PORT, EPP_PORT, KV_PORT, PREFILL_PORT, ROUTER_PORT,
+};
 
 /// A pod's container arguments and environment.
 type PodCommand = (Vec<String>, Vec<(String, String)>);
@@ -37,7 +39,7 @@ fn pods(
     ports: &BTreeMap<i32, u16>,
     secrets: &Secrets,
 ) -> BTreeMap<String, PodCommand> {
-    let objs = workloads::desired(isvc, false);
+    let objs = workloads::desired(isvc, &[]);
     let config = &objs.iter().find(|d| d.kind == Kind::ConfigMap).unwrap().object["data"];
     let config_env: Vec<(String, String)> = config
         .as_object()
@@ -126,7 +128,7 @@ fn operator_pods_serve_find_each_other_and_drain() {
     let mut isvc = InferenceService::new("chat", serde_json::from_value(spec).unwrap());
     isvc.metadata.namespace = Some("ml".into());
     assert!(tandem_operator::validate::problems(&isvc.spec).is_empty());
-    let ports: BTreeMap<i32, u16> = [DECODE_PORT, KV_PORT, PREFILL_PORT, ROUTER_PORT]
+    let ports: BTreeMap<i32, u16> = [DECODE_PORT, EPP_PORT, KV_PORT, PREFILL_PORT, ROUTER_PORT]
         .into_iter()
         .map(|p| (p, free_port()))
         .collect();
@@ -169,6 +171,12 @@ fn operator_pods_serve_find_each_other_and_drain() {
         Some(0.0)
     );
     assert!(metric(&decode.addr, "tandem_kv_transfer_bytes_total", &[]).unwrap() > 0.0);
+    // The decode pod is an InferencePool member: the OpenAI API on its own port, with the same
+    // keys; the router's endpoint picker listens on its port.
+    assert_eq!(http(&decode.addr, "POST", "/v1/completions", Some(&body)).status, 401);
+    let res = authed(&decode.addr, "/v1/completions", &body);
+    assert_eq!(res.status, 200, "{}", res.body);
+    assert!(std::net::TcpStream::connect(("127.0.0.1", ports[&EPP_PORT])).is_ok());
     // Worker ids from the pod names reach the router's index.
     let st = http_key(&router.addr, "GET", "/debug/routing", None, Some(KEY)).json();
     assert!(st.to_string().contains("chat-prefill-0"), "{st}");

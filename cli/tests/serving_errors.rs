@@ -270,9 +270,16 @@ fn cases() -> Vec<Case> {
             Some("guided_decoding_backend"),
         ),
         case(
-            "llama-server grammar",
+            "llama-server n_probs",
             CHAT,
-            json!({ "model": m, "messages": user, "grammar": "root ::= \"yes\"" }),
+            json!({ "model": m, "messages": user, "n_probs": 3 }),
+            400,
+            Some("n_probs"),
+        ),
+        case(
+            "llama-server grammar with an undefined rule",
+            CHAT,
+            json!({ "model": m, "messages": user, "grammar": "root ::= answer" }),
             400,
             Some("grammar"),
         ),

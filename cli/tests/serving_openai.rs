@@ -128,6 +128,41 @@ fn openai_sdk_against_disaggregated_services_equals_tandem_generate() {
     assert_eq!(wait_metric(&p.addr, "tandem_kv_cache_free_blocks", p_base), Some(p_base));
 }
 
+/// A decode worker that serves the OpenAI API on its own port (`--serve-openai`), as a Gateway
+/// API Inference Extension model server does: the official SDK gets what `tandem generate`
+/// writes, prompts are prefilled by the prefill worker, and the worker's `/metrics` carries the
+/// vLLM-named series an endpoint picker reads beside the front end's request counters.
+#[test]
+fn a_decode_worker_serves_the_openai_api_itself() {
+    let p = prefill(&[], &[]);
+    let prefill_flag = format!("--prefill-workers={}", p.addr);
+    let d = decode(&["--serve-openai", &prefill_flag, "--disagg-min-tokens=1"], &[]);
+    let got = run_client(&d.addr);
+    let want = reference(&long_prompt(), false, "exact");
+    let want_chat = reference(CHAT_PROMPT, true, "exact");
+    assert_eq!(got["models"], serde_json::json!([MODEL]));
+    assert_eq!(got["completion"]["text"], want["text"]);
+    assert_eq!(got["completion_stream"]["text"], want["text"]);
+    assert_eq!(got["chat"]["text"], want_chat["text"]);
+    assert_eq!(got["chat_stream"]["text"], want_chat["text"]);
+    assert_eq!(got["unknown_model"], 404);
+    let remote =
+        metric(&d.addr, "tandem_disagg_decisions_total", &["decision=\"remote\""]).unwrap_or(0.0);
+    assert!(remote >= 6.0, "expected remote prefills, got {remote}");
+    let text = http(&d.addr, "GET", "/metrics", None).body;
+    for name in
+        ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"]
+    {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name}"));
+        assert!(line.contains(&format!("model_name=\"{MODEL}\"")), "{line}");
+    }
+    assert!(
+        metric(&d.addr, "tandem_router_requests_total", &["code=\"200\""]).unwrap_or(0.0) >= 1.0
+    );
+    // The worker's own routes stay as they were.
+    assert_eq!(http(&d.addr, "GET", "/health", None).status, 200);
+}
+
 #[test]
 fn tandem_up_colocated_serves_the_openai_api() {
     let up = Proc::start(

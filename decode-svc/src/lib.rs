@@ -97,10 +97,25 @@ impl Default for DecodeConfig {
     }
 }
 
+/// More HTTP routes for the worker's own port, built once the port is bound from the address
+/// at which this worker's gRPC services answer: the OpenAI API served by the worker itself
+/// (the CLI builds it from the router's front end), as a Gateway API Inference Extension model
+/// server is.
+pub type FrontEnd = Box<dyn FnOnce(std::net::SocketAddr) -> anyhow::Result<axum::Router> + Send>;
+
 /// Runs a decode worker until shutdown: gRPC (`DecodeWorker`, `KvTransfer`, `Worker`) and HTTP
 /// (`/metrics`, `/health`) on `cfg.listen`, KV pages on `cfg.kv_listen`. Prints
 /// `TANDEM_READY <role> <addr>` once serving.
 pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
+    run_with(engine, cfg, None).await
+}
+
+/// [`run`], with `front_end`'s routes beside `/metrics` and `/health`.
+pub async fn run_with(
+    engine: LLMEngine,
+    cfg: DecodeConfig,
+    front_end: Option<FrontEnd>,
+) -> anyhow::Result<()> {
     let metrics = tandem_worker::metrics::install(&cfg.model_name, &cfg.role, &cfg.worker_id)?;
     let layout = tandem_worker::kv::kv_layout(&engine);
     let block_size = engine.block_manager().block_size();
@@ -153,9 +168,19 @@ pub async fn run(engine: LLMEngine, cfg: DecodeConfig) -> anyhow::Result<()> {
         tonic::service::Routes::new(pb::decode_worker_server::DecodeWorkerServer::new(svc.clone()))
             .add_service(pb::kv_transfer_server::KvTransferServer::new(svc))
             .add_service(pb::worker_server::WorkerServer::new(status));
+    let mut http = http_routes(metrics, handle);
+    if let Some(build) = front_end {
+        // The front end reaches this worker over loopback when it listens on every address.
+        let own = match addr.ip().is_unspecified() {
+            true => std::net::SocketAddr::from(([127, 0, 0, 1], addr.port())),
+            false => addr,
+        };
+        http = http.merge(build(own)?);
+        tracing::info!(%addr, "serving the OpenAI API on the worker's port");
+    }
     tracing::info!(%addr, %kv_addr, "decode worker serving");
     announce_ready("decode", addr);
-    let served = serve(listener, grpc, http_routes(metrics, handle), watch, drain).await;
+    let served = serve(listener, grpc, http, watch, drain).await;
     if let Some(l) = links {
         l.close_all(Duration::from_secs(5)).await;
     }

@@ -49,7 +49,11 @@ fn seq(id: SeqId, prompt_len: usize, p: SamplingParams) -> Sequence {
 }
 
 fn token(t: u32) -> SampledToken {
-    SampledToken { chosen: TokenLogprob { token_id: t, logprob: -0.5 }, top: Vec::new() }
+    SampledToken {
+        chosen: TokenLogprob { token_id: t, logprob: -0.5 },
+        top: Vec::new(),
+        rank: None,
+    }
 }
 
 /// What a runner produces for `plan`: one token (`next`) for every scheduled sequence whose

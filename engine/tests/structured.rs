@@ -69,6 +69,7 @@ fn constrained_outputs_are_in_their_language() {
             ),
             "What is 2 + 2?",
         ),
+        ("gbnf", StructuredOutput::Grammar(GBNF_LIST.into()), "Write a short shopping list."),
     ];
     for temperature in [0.0, 1.0] {
         let mut ids = Vec::new();
@@ -98,6 +99,32 @@ fn constrained_outputs_are_in_their_language() {
     }
     let bm = e.block_manager();
     assert_eq!(bm.num_free_blocks(), bm.num_blocks(), "every block came back");
+}
+
+/// llama.cpp's GBNF: a list of one to four items, each a count and a lower-case word.
+const GBNF_LIST: &str = r#"# a shopping list
+root ::= "Items: " item ("," ws item){0,3} "."
+item ::= qty ws name
+qty  ::= [1-9] [0-9]?
+name ::=
+    [a-z]{1,12}
+ws   ::= " "
+"#;
+
+/// Whether `text` is in the language of [`GBNF_LIST`].
+fn in_gbnf_list(text: &str) -> bool {
+    let Some(items) = text.strip_prefix("Items: ").and_then(|r| r.strip_suffix('.')) else {
+        return false;
+    };
+    let items: Vec<&str> = items.split(", ").collect();
+    (1..=4).contains(&items.len())
+        && items.iter().all(|it| {
+            let Some((n, w)) = it.split_once(' ') else { return false };
+            n.parse::<u32>().is_ok_and(|n| (1..100).contains(&n))
+                && !n.starts_with('0')
+                && (1..=12).contains(&w.len())
+                && w.bytes().all(|c| c.is_ascii_lowercase())
+        })
 }
 
 /// Whether `text` is in the language of `s`, checked independently of the constraint engine.
@@ -131,6 +158,7 @@ fn accepted(s: &StructuredOutput, text: &str) -> bool {
                 && b.iter().enumerate().all(|(i, c)| i == 3 || c.is_ascii_digit())
         }
         StructuredOutput::Choice(c) => c.iter().any(|x| x == text),
+        StructuredOutput::Grammar(g) if g == GBNF_LIST => in_gbnf_list(text),
         StructuredOutput::Grammar(_) => {
             text.strip_prefix("The answer is ").and_then(|r| r.strip_suffix('.')).is_some_and(|n| {
                 n.parse::<u32>().is_ok_and(|n| (1..100).contains(&n)) && !n.starts_with('0')
@@ -139,13 +167,48 @@ fn accepted(s: &StructuredOutput, text: &str) -> bool {
     }
 }
 
+/// A number at its schema's maximum may be followed only by zeros: after
+/// `FRACTION_DIGITS` of them the number must end (unbounded, a greedy small model wrote zeros
+/// until `max_tokens`).
+#[test]
+fn a_number_at_its_bound_ends_after_the_digit_limit() {
+    let model =
+        Model::load(&model_fetch::default_model_path().unwrap(), LoadOptions::default()).unwrap();
+    let tok = &model.tokenizer;
+    let compiler = GrammarCompiler::new(tok, model.config.vocab_size).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"w": {"type": "number", "minimum": 0, "maximum": 10}},
+        "required": ["w"], "additionalProperties": false
+    });
+    let mut m = compiler.compile(&StructuredOutput::Json(schema)).unwrap();
+    let one = |s: &str| tok.encode(s, false).unwrap()[0];
+    let (zero, close) = (one("0"), one("}"));
+    for piece in ["{", "\"", "w", "\":", " ", "1", "0", "."] {
+        for t in tok.encode(piece, false).unwrap() {
+            m.accept(t).unwrap();
+        }
+    }
+    for i in 0..tandem_engine::sampling::structured::FRACTION_DIGITS {
+        let allowed = m.allowed();
+        assert!(allowed.is_allowed(zero), "zero #{i} refused");
+        assert_eq!(allowed.is_allowed(close), i > 0, "after {i} zeros");
+        assert!(!allowed.is_allowed(one("5")), "only zeros may follow 10.");
+        m.accept(zero).unwrap();
+    }
+    let allowed = m.allowed();
+    assert!(!allowed.is_allowed(zero) && allowed.is_allowed(close));
+}
+
 #[test]
 fn constraints_that_do_not_compile_are_refused() {
     let mut e = engine(None);
     let bad = [
         StructuredOutput::Regex("[0-9".into()),
         StructuredOutput::Grammar("start: undefined_rule".into()),
-        StructuredOutput::Grammar("root ::= \"a\"".into()),
+        StructuredOutput::Grammar("start: \"a\" ::= \"b\"".into()),
+        StructuredOutput::Grammar("root ::= item\n".into()),
+        StructuredOutput::Grammar("root ::= [a-z\n".into()),
         StructuredOutput::Json(serde_json::json!({"type": "frobnicate"})),
         StructuredOutput::Json(serde_json::json!([1, 2])),
         StructuredOutput::Choice(vec![]),

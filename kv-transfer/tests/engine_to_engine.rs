@@ -94,7 +94,7 @@ fn prefill_engine_to_decode_engine_over_tcp_equals_colocated() {
             );
             let chosen =
                 TokenLogprob { token_id: c.token_ids[0], logprob: c.cumulative_logprob as f32 };
-            first = Some(SampledToken { chosen, top: vec![] });
+            first = Some(SampledToken { chosen, top: vec![], rank: None });
         }
     }
     assert!(

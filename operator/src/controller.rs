@@ -184,24 +184,34 @@ async fn apply(isvc: &InferenceService, ctx: &Context, ns: &str) -> Result<Actio
         return Ok(Action::await_change());
     }
 
-    // What exists: one list per kind. A missing ServiceMonitor API answers 404.
+    // What exists: one list per kind. A missing optional API (ServiceMonitor, InferencePool,
+    // HTTPRoute) answers 404.
     let selector = workloads::selector_string(isvc);
     let mut existing: BTreeMap<(Kind, String), DynamicObject> = BTreeMap::new();
-    let mut monitors = false;
+    let mut apis = Vec::new();
     for kind in Kind::ALL {
         match dyn_api(ctx, ns, kind).list(&ListParams::default().labels(&selector)).await {
             Ok(list) => {
-                monitors |= kind == Kind::ServiceMonitor;
+                apis.push(kind);
                 for o in list.items {
                     existing.insert((kind, o.name_any()), o);
                 }
             }
-            Err(e) if kind == Kind::ServiceMonitor && is_status(&e, 404) => {}
+            Err(e) if kind.optional() && is_status(&e, 404) => {}
             Err(e) => return Err(kube_err(format!("listing {:?}", kind))(e)),
         }
     }
+    let mut problems = Vec::new();
+    if isvc.spec.router.gateway.is_some()
+        && !(apis.contains(&Kind::InferencePool) && apis.contains(&Kind::HttpRoute))
+    {
+        problems.push(Problem {
+            reason: "GatewayApiMissing".into(),
+            message: "spec.router.gateway needs the Gateway API (HTTPRoute) and the Inference Extension (InferencePool) installed in the cluster".into(),
+        });
+    }
 
-    let desired = workloads::desired(isvc, monitors);
+    let desired = workloads::desired(isvc, &apis);
     let mut applied = Vec::new();
     let mut current: BTreeMap<(Kind, String), DynamicObject> = BTreeMap::new();
     for d in &desired {
@@ -230,7 +240,6 @@ async fn apply(isvc: &InferenceService, ctx: &Context, ns: &str) -> Result<Actio
     }
 
     let mut deployments = BTreeMap::new();
-    let mut problems = Vec::new();
     for role in Role::ALL {
         if let Some(o) = current.get(&(Kind::Deployment, workloads::role_name(isvc, role))) {
             let d: Deployment = o.clone().try_parse().map_err(|e| Error::Parse(e.to_string()))?;

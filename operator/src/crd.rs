@@ -6,7 +6,11 @@
 //! replicas, known enums, decode tensor parallelism at least prefill's), and
 //! [`crate::validate`] repeats the checks in the operator for API servers that skip CEL rules.
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvVar, LocalObjectReference, ResourceRequirements, Toleration, Volume, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
@@ -58,7 +62,8 @@ use serde::{Deserialize, Serialize};
     validation = Rule::new("!has(self.prefill) || !has(self.prefill.speculative)").message("speculative decoding is a decode setting"),
     validation = Rule::new("(!has(self.router.redisTlsSecret) && !has(self.router.redisPasswordSecret)) || has(self.router.redisUrl)").message("redisPasswordSecret and redisTlsSecret need redisUrl"),
     validation = Rule::new("!has(self.router.redisTlsSecret) || self.router.redisUrl.startsWith('rediss://')").message("redisTlsSecret needs a rediss:// redisUrl"),
-    validation = Rule::new("!self.router.redisClientCertificate || has(self.router.redisTlsSecret)").message("redisClientCertificate needs redisTlsSecret")
+    validation = Rule::new("!self.router.redisClientCertificate || has(self.router.redisTlsSecret)").message("redisClientCertificate needs redisTlsSecret"),
+    validation = Rule::new("!has(self.router.gateway) || self.router.inferencePool").message("router.gateway needs router.inferencePool (the route's backend)")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct InferenceServiceSpec {
@@ -124,6 +129,7 @@ impl PullPolicy {
 /// Which model, from where.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.uri) || (!has(self.path) && !has(self.pvc))").message("give model.uri, or model.path (and pvc), not both"))]
 pub struct ModelSpec {
     /// Name served on `/v1/models` (default: the model's own name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -136,6 +142,31 @@ pub struct ModelSpec {
     /// A PersistentVolumeClaim mounted read-only at `/models` on every pod (for `path`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pvc: Option<String>,
+    /// The model as a URI, instead of `path` and `pvc`: `pvc://<claim>/<path in the claim>`
+    /// (mounted read-only at `/models`) or `file:///<path in the image>`. Tandem fetches no
+    /// model from a hub or object store (`hf://`, `s3://`, `gs://`, `https://`, `oci://` are
+    /// refused): copy the file onto a PersistentVolumeClaim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^(pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[^/].*|file:///[^/].*)$')").message("model uri must be pvc://<claim>/<path> or file:///<path>: Tandem fetches no model from a hub or object store"))]
+    pub uri: Option<String>,
+}
+
+impl ModelSpec {
+    /// The model's path inside the containers and the claim to mount for it, from `uri` or
+    /// from `path` and `pvc` (None, None: the embedded default model).
+    pub fn source(&self) -> (Option<String>, Option<String>) {
+        match self.uri.as_deref() {
+            Some(uri) => {
+                if let Some(rest) = uri.strip_prefix("pvc://") {
+                    let (claim, path) = rest.split_once('/').unwrap_or((rest, ""));
+                    (Some(format!("/models/{path}")), Some(claim.to_string()))
+                } else {
+                    (uri.strip_prefix("file://").map(str::to_string), None)
+                }
+            }
+            None => (self.path.clone(), self.pvc.clone()),
+        }
+    }
 }
 
 /// The router's settings.
@@ -180,6 +211,100 @@ pub struct RouterSpec {
     /// Router container resources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// What the router's pods get beyond what the operator sets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodOverrides>,
+    /// Create an `InferencePool` of the decode workers, with the router as its endpoint picker
+    /// (when the cluster has the Gateway API Inference Extension's API).
+    #[serde(default = "yes")]
+    pub inference_pool: bool,
+    /// Attach the service to this Gateway (Gateway API): an `HTTPRoute` whose backend is the
+    /// service's `InferencePool` (decode workers as model servers, the router as their
+    /// endpoint picker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<GatewayRef>,
+    /// What a gateway does with a request when the endpoint picker does not answer.
+    #[serde(default)]
+    pub picker_failure_mode: PickerFailureMode,
+    /// The endpoint picker sheds a request (429) while every decode worker has at least this
+    /// many sequences waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub shed_waiting: Option<i32>,
+}
+
+/// A Gateway (`gateway.networking.k8s.io`) to attach to.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayRef {
+    /// The Gateway's name.
+    pub name: String,
+    /// Its namespace (default: the InferenceService's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The listener of the Gateway to attach to (default: every one that allows the route).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
+    /// The route's request timeout, in seconds: a generation streams for as long as it runs
+    /// (gateways' own defaults, such as Envoy's 15 s, would cut it).
+    #[serde(default = "default_route_timeout")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub request_timeout_seconds: i32,
+}
+
+fn default_route_timeout() -> i32 {
+    600
+}
+
+/// `InferencePool.spec.endpointPickerRef.failureMode`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum PickerFailureMode {
+    /// The gateway drops the request.
+    #[default]
+    FailClose,
+    /// The gateway sends the request to an endpoint of its own choosing.
+    FailOpen,
+}
+
+/// What a role's pods get beyond what the operator sets: scheduling, pull secrets, extra
+/// environment, volumes, labels and annotations. Names the operator uses itself are refused
+/// (see [`crate::validate`]) rather than silently shadowed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodOverrides {
+    /// Node labels the pods must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Taints the pods tolerate (GPU nodes are often tainted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Node and pod (anti-)affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// The pods' PriorityClass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// The pods' ServiceAccount.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// Secrets for pulling `image` from a private registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// More environment variables of the container (e.g. `TANDEM_CPU_KERNEL`, `RUST_LOG`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<Vec<EnvVar>>,
+    /// More volumes of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<Vec<Volume>>,
+    /// Where the container mounts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_mounts: Option<Vec<VolumeMount>>,
+    /// More labels of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// More annotations of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
 }
 
 impl Default for RouterSpec {
@@ -195,6 +320,11 @@ impl Default for RouterSpec {
             redis_client_certificate: false,
             service_type: ServiceType::default(),
             resources: None,
+            pod: None,
+            inference_pool: true,
+            gateway: None,
+            picker_failure_mode: PickerFailureMode::default(),
+            shed_waiting: None,
         }
     }
 }
@@ -283,6 +413,9 @@ pub struct WorkerSpec {
     #[serde(default = "default_drain")]
     #[schemars(range(min = 0, max = 3600))]
     pub drain_seconds: i32,
+    /// What the workers' pods get beyond what the operator sets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodOverrides>,
 }
 
 impl Default for WorkerSpec {
@@ -297,6 +430,7 @@ impl Default for WorkerSpec {
             max_num_seqs: None,
             speculative: None,
             drain_seconds: default_drain(),
+            pod: None,
         }
     }
 }
@@ -565,11 +699,37 @@ pub struct RoleStatus {
 /// the text does not depend on whether a build enables `serde_json`'s `preserve_order` (a
 /// workspace build does, through other crates; this crate alone does not).
 pub fn crd_yaml() -> String {
-    let crd = serde_json::to_value(InferenceService::crd()).expect("CRD serializes");
+    let mut crd = serde_json::to_value(InferenceService::crd()).expect("CRD serializes");
+    for version in crd["spec"]["versions"].as_array_mut().into_iter().flatten() {
+        let spec = &mut version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        for role in ["router", "prefill", "decode"] {
+            let pod = &mut spec[role]["properties"]["pod"]["properties"];
+            for field in pod.as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+                for inner in field.as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+                    drop_descriptions(inner);
+                }
+            }
+        }
+    }
     format!(
         "# Generated by `tandem-operator crd` from operator/src/crd.rs; do not edit.\n{}",
         serde_yaml::to_string(&sorted(crd)).expect("CRD serializes")
     )
+}
+
+/// Removes every `description` below `v`: the Kubernetes types a pod override embeds (affinity,
+/// volumes, tolerations, …) carry their whole API documentation, which would make the CRD
+/// ten times larger (too large for `kubectl apply`'s last-applied annotation) three times
+/// over. Their fields keep their own descriptions.
+fn drop_descriptions(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.remove("description");
+            m.values_mut().for_each(drop_descriptions);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(drop_descriptions),
+        _ => {}
+    }
 }
 
 /// `v` with every object's keys in sorted order, whatever map type `serde_json` was built with.

@@ -2,7 +2,8 @@
 //! the dashboards' JSON and the ConfigMaps that carry them to Grafana's sidecar.
 //!
 //! Every panel query uses the metric names the router and workers export (labels `model`,
-//! `role`, `worker`); the test suite runs each query against a real Prometheus scraping a
+//! `role`, `worker`), each series selector scoped by the dashboards' `model` and `namespace`
+//! variables ([`scoped`]); the test suite runs each query against a real Prometheus scraping a
 //! running deployment.
 
 use serde_json::{json, Value};
@@ -124,12 +125,72 @@ fn dashboards() -> Vec<(&'static str, &'static str, &'static str, Vec<Panel>)> {
     ]
 }
 
+/// The label matchers of the dashboards' variables. A regex matcher matching the empty string
+/// also matches series without the label: with "All" (`.*`) a Prometheus that adds no
+/// `namespace` label (a static scrape) still shows everything.
+const SCOPE: &str = "model=~\"$model\", namespace=~\"$namespace\"";
+
+/// `expr` with every `tandem_…` series selector narrowed by [`SCOPE`] (no label of ours starts
+/// with `tandem_`, so every such identifier is a metric name).
+pub fn scoped(expr: &str) -> String {
+    let b = expr.as_bytes();
+    let mut out = String::with_capacity(expr.len() + 64);
+    let mut i = 0;
+    while i < b.len() {
+        let ident_start = (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_'))
+            && expr[i..].starts_with("tandem_");
+        if !ident_start {
+            out.push(b[i] as char);
+            i += 1;
+            continue;
+        }
+        let end = i + expr[i..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(expr.len() - i);
+        out.push_str(&expr[i..end]);
+        match b.get(end) {
+            Some(b'{') if b.get(end + 1) == Some(&b'}') => {
+                out.push_str(&format!("{{{SCOPE}}}"));
+                i = end + 2;
+            }
+            Some(b'{') => {
+                out.push_str(&format!("{{{SCOPE}, "));
+                i = end + 1;
+            }
+            _ => {
+                out.push_str(&format!("{{{SCOPE}}}"));
+                i = end;
+            }
+        }
+    }
+    out
+}
+
+/// The dashboards' variables: the data source, then namespace and model (multi-valued, "All"
+/// by default), each offered from the series Prometheus has.
+fn variables() -> Value {
+    let ds = json!({ "type": "prometheus", "uid": "${datasource}" });
+    let var = |name: &str, label: &str, query: &str| {
+        json!({
+            "name": name, "label": label, "type": "query", "datasource": ds,
+            "query": { "query": query, "refId": name }, "definition": query,
+            "includeAll": true, "allValue": ".*", "multi": true, "refresh": 2, "sort": 1,
+            "current": { "text": "All", "value": "$__all" },
+        })
+    };
+    json!([
+        { "name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus" },
+        var("namespace", "Namespace", "label_values(tandem_num_requests_running, namespace)"),
+        var("model", "Model", "label_values(tandem_num_requests_running{namespace=~\"$namespace\"}, model)"),
+    ])
+}
+
 fn panel_json(id: usize, panel: &Panel) -> Value {
     let targets: Vec<Value> = panel
         .queries
         .iter()
         .enumerate()
-        .map(|(i, (expr, legend))| json!({ "refId": ((b'A' + i as u8) as char).to_string(), "expr": expr, "legendFormat": legend, "datasource": { "type": "prometheus", "uid": "${datasource}" } }))
+        .map(|(i, (expr, legend))| json!({ "refId": ((b'A' + i as u8) as char).to_string(), "expr": scoped(expr), "legendFormat": legend, "datasource": { "type": "prometheus", "uid": "${datasource}" } }))
         .collect();
     json!({
         "id": id + 1,
@@ -149,7 +210,8 @@ pub fn all() -> Vec<(&'static str, Value)> {
     dashboards()
         .into_iter()
         .map(|(stem, uid, title, panels)| {
-            let panels: Vec<Value> = panels.iter().enumerate().map(|(i, p)| panel_json(i, p)).collect();
+            let panels: Vec<Value> =
+                panels.iter().enumerate().map(|(i, p)| panel_json(i, p)).collect();
             let d = json!({
                 "uid": uid,
                 "title": title,
@@ -159,7 +221,7 @@ pub fn all() -> Vec<(&'static str, Value)> {
                 "version": 1,
                 "refresh": "30s",
                 "time": { "from": "now-1h", "to": "now" },
-                "templating": { "list": [{ "name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus" }] },
+                "templating": { "list": variables() },
                 "panels": panels,
             });
             (stem, d)
@@ -225,4 +287,31 @@ pub fn generated_files() -> Vec<(String, String)> {
     }
     out.push(("templates/grafana-dashboards.yaml".to_string(), configmap_template(&ds)));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_series_selector_is_scoped_by_model_and_namespace() {
+        assert_eq!(
+            scoped("sum(rate(tandem_a_total[2m])) / tandem_b{role=\"x\"} + tandem_c{}"),
+            format!("sum(rate(tandem_a_total{{{SCOPE}}}[2m])) / tandem_b{{{SCOPE}, role=\"x\"}} + tandem_c{{{SCOPE}}}")
+        );
+        for (_, _, q) in queries() {
+            let series = q.matches("tandem_").count();
+            assert!(series > 0, "{q}");
+            assert_eq!(q.matches(SCOPE).count(), series, "{q}");
+        }
+        for (_, d) in all() {
+            let names: Vec<&str> = d["templating"]["list"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(names, ["datasource", "namespace", "model"]);
+        }
+    }
 }

@@ -5,7 +5,11 @@
 //! what the schema cannot say. A spec that fails is reported as `Degraded` with reason
 //! `InvalidSpec` and a Warning Event; the running workloads are left as they were.
 
-use crate::crd::{Accelerator, DisaggregationMode, InferenceServiceSpec, KvBackend};
+use crate::crd::{
+    Accelerator, DisaggregationMode, InferenceServiceSpec, KvBackend, PodOverrides, API_KEYS_DIR,
+    REDIS_TLS_DIR,
+};
+use crate::workloads::{CACHE_DIR, CONFIG_HASH_ANNOTATION, CONFIG_KEYS, ROLE_LABEL, SERVICE_LABEL};
 
 /// Every problem with `spec`, as messages naming the field; empty when it is valid.
 pub fn problems(spec: &InferenceServiceSpec) -> Vec<String> {
@@ -43,6 +47,11 @@ pub fn problems(spec: &InferenceServiceSpec) -> Vec<String> {
     } else if r.redis_tls_secret.is_some() || r.redis_password_secret.is_some() {
         p.push("spec.router.redisPasswordSecret and redisTlsSecret need redisUrl".to_string());
     }
+    if r.gateway.is_some() && !r.inference_pool {
+        p.push(
+            "spec.router.gateway needs spec.router.inferencePool (the route's backend)".to_string(),
+        );
+    }
     if r.redis_client_certificate && r.redis_tls_secret.is_none() {
         p.push("spec.router.redisClientCertificate needs redisTlsSecret".to_string());
     }
@@ -50,6 +59,12 @@ pub fn problems(spec: &InferenceServiceSpec) -> Vec<String> {
         if !path.starts_with('/') {
             p.push(format!("spec.model.path must be absolute (got {path:?})"));
         }
+    }
+    if let Some(uri) = &spec.model.uri {
+        if spec.model.path.is_some() || spec.model.pvc.is_some() {
+            p.push("spec.model: give uri, or path (and pvc), not both".to_string());
+        }
+        p.extend(model_uri_problem(uri));
     }
     for (role, w) in [("decode", Some(&spec.decode)), ("prefill", spec.prefill.as_ref())] {
         let Some(w) = w else { continue };
@@ -91,6 +106,16 @@ pub fn problems(spec: &InferenceServiceSpec) -> Vec<String> {
             spec.kv_transfer.block_size
         ));
     }
+    let roles = [
+        ("router", spec.router.pod.as_ref()),
+        ("prefill", spec.prefill.as_ref().and_then(|w| w.pod.as_ref())),
+        ("decode", spec.decode.pod.as_ref()),
+    ];
+    for (role, o) in roles {
+        if let Some(o) = o {
+            pod_problems(role, o, &mut p);
+        }
+    }
     if spec.kv_transfer.backend == KvBackend::Nccl {
         let all_gpu = spec.decode.accelerator == Accelerator::Nvidia
             && spec.prefill.as_ref().is_none_or(|w| w.accelerator == Accelerator::Nvidia);
@@ -102,6 +127,73 @@ pub fn problems(spec: &InferenceServiceSpec) -> Vec<String> {
         }
     }
     p
+}
+
+/// Names in `spec.<role>.pod` that the operator sets itself: a second value would shadow the
+/// operator's (or be shadowed), so they are refused.
+fn pod_problems(role: &str, o: &PodOverrides, p: &mut Vec<String>) {
+    let at = format!("spec.{role}.pod");
+    let own_env = ["POD_NAME", "POD_IP", "TANDEM_INTERNAL_TOKEN", "TANDEM_REDIS_PASSWORD"];
+    for e in o.env.iter().flatten() {
+        if own_env.contains(&e.name.as_str()) || CONFIG_KEYS.contains(&e.name.as_str()) {
+            p.push(format!("{at}.env: {} is set by the operator from the spec", e.name));
+        }
+    }
+    let own_volumes = ["cache", "models", "redis-tls", "api-keys"];
+    let volumes: Vec<&str> = o.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+    for v in &volumes {
+        if own_volumes.contains(v) {
+            p.push(format!("{at}.volumes: the name {v} is the operator's"));
+        }
+    }
+    let own_paths = [CACHE_DIR, "/models", REDIS_TLS_DIR, API_KEYS_DIR];
+    for m in o.volume_mounts.iter().flatten() {
+        if !volumes.contains(&m.name.as_str()) {
+            p.push(format!("{at}.volumeMounts: {} names no volume of {at}.volumes", m.name));
+        }
+        let path = m.mount_path.trim_end_matches('/');
+        if own_paths.iter().any(|o| path == *o || o.starts_with(&format!("{path}/"))) {
+            p.push(format!(
+                "{at}.volumeMounts: {} covers a path the operator mounts",
+                m.mount_path
+            ));
+        }
+    }
+    for k in o.labels.iter().flat_map(|l| l.keys()) {
+        if [SERVICE_LABEL, ROLE_LABEL, "app.kubernetes.io/name"].contains(&k.as_str()) {
+            p.push(format!("{at}.labels: {k} is the operator's (it selects the pods)"));
+        }
+    }
+    if o.annotations.as_ref().is_some_and(|a| a.contains_key(CONFIG_HASH_ANNOTATION)) {
+        p.push(format!("{at}.annotations: {CONFIG_HASH_ANNOTATION} is the operator's"));
+    }
+}
+
+/// What is wrong with a `model.uri`, if anything.
+fn model_uri_problem(uri: &str) -> Option<String> {
+    let claim_ok = |c: &str| {
+        !c.is_empty()
+            && c.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && c.starts_with(|ch: char| ch.is_ascii_alphanumeric())
+            && c.ends_with(|ch: char| ch.is_ascii_alphanumeric())
+    };
+    let ok = if let Some(rest) = uri.strip_prefix("pvc://") {
+        rest.split_once('/')
+            .is_some_and(|(c, p)| claim_ok(c) && !p.is_empty() && !p.starts_with('/'))
+    } else if let Some(p) = uri.strip_prefix("file:///") {
+        !p.is_empty() && !p.starts_with('/')
+    } else if uri.starts_with("file:") || uri.starts_with("pvc:") {
+        false
+    } else {
+        let scheme = uri.split_once("://").map_or(uri, |(s, _)| s);
+        return Some(format!(
+            "spec.model.uri: Tandem fetches no model from '{scheme}://' (no hub or object-store access): copy the file onto a PersistentVolumeClaim and use pvc://<claim>/<path>, or into the image and use file:///<path>"
+        ));
+    };
+    (!ok).then(|| {
+        format!("spec.model.uri must be pvc://<claim>/<path> or file:///<path> (got {uri:?})")
+    })
 }
 
 #[cfg(test)]
@@ -132,6 +224,40 @@ mod tests {
             (json!({ "kvTransfer": { "backend": "nccl" } }), "needs accelerator 'nvidia'"),
             (json!({ "prefill": { "speculative": { "method": "ngram" } } }), "decode setting"),
             (json!({ "model": { "path": "models/x.gguf" } }), "spec.model.path"),
+            (json!({ "model": { "uri": "hf://org/model" } }), "fetches no model from 'hf://'"),
+            (
+                json!({ "router": { "gateway": { "name": "gw" }, "inferencePool": false } }),
+                "needs spec.router.inferencePool",
+            ),
+            (
+                json!({ "decode": { "pod": { "env": [{ "name": "TANDEM_MODEL", "value": "x" }] } } }),
+                "spec.decode.pod.env: TANDEM_MODEL is set by the operator",
+            ),
+            (
+                json!({ "router": { "pod": { "volumes": [{ "name": "cache", "emptyDir": {} }] } } }),
+                "spec.router.pod.volumes: the name cache",
+            ),
+            (
+                json!({ "prefill": { "pod": { "volumeMounts": [{ "name": "x", "mountPath": "/data" }] } } }),
+                "names no volume",
+            ),
+            (
+                json!({ "decode": { "pod": { "volumes": [{ "name": "x", "emptyDir": {} }], "volumeMounts": [{ "name": "x", "mountPath": "/etc/tandem" }] } } }),
+                "covers a path the operator mounts",
+            ),
+            (
+                json!({ "decode": { "pod": { "labels": { "app.kubernetes.io/component": "router" } } } }),
+                "selects the pods",
+            ),
+            (
+                json!({ "decode": { "pod": { "annotations": { "tandem.dev/config-hash": "x" } } } }),
+                "config-hash is the operator's",
+            ),
+            (json!({ "model": { "uri": "s3://bucket/m.gguf" } }), "fetches no model from 's3://'"),
+            (json!({ "model": { "uri": "pvc://Claim/m.gguf" } }), "spec.model.uri must be"),
+            (json!({ "model": { "uri": "pvc://models" } }), "spec.model.uri must be"),
+            (json!({ "model": { "uri": "file://relative" } }), "spec.model.uri must be"),
+            (json!({ "model": { "uri": "pvc://m/a.gguf", "path": "/models/a.gguf" } }), "not both"),
             (json!({ "router": { "redisUrl": "http://x" } }), "redisUrl"),
             (json!({ "router": { "redisUrl": "redis://u:pw@r:6379" } }), "no password"),
             (json!({ "router": { "redisUrl": "redis://r", "redisTlsSecret": "t" } }), "rediss://"),
@@ -186,6 +312,14 @@ mod tests {
                 true,
             ),
             (json!({ "router": { "redisUrl": "redis://r:6379" } }), true),
+            (json!({ "model": { "uri": "pvc://models-1/llama/q4_k_m.gguf" } }), true),
+            (json!({ "model": { "uri": "file:///opt/m.gguf" } }), true),
+            (json!({ "model": { "uri": "hf://org/m" } }), false),
+            (json!({ "model": { "uri": "pvc://Models/m.gguf" } }), false),
+            (json!({ "model": { "uri": "pvc://m" } }), false),
+            (json!({ "model": { "uri": "pvc://m/a", "pvc": "m" } }), false),
+            (json!({ "router": { "gateway": { "name": "gw" } } }), true),
+            (json!({ "router": { "gateway": { "name": "gw" }, "inferencePool": false } }), false),
             (json!({ "router": { "redisUrl": "http://r:6379" } }), false),
             (json!({ "router": { "redisUrl": "redis://app:pw@r:6379" } }), false),
             (json!({ "router": { "redisUrl": "redis://r:6379", "redisTlsSecret": "t" } }), false),

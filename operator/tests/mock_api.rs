@@ -179,7 +179,10 @@ impl FakeApi {
         let coll = format!("{head}/namespaces/{NS}/{plural}");
         let name = segs.next().map(str::to_string);
         let sub = segs.next();
-        if plural == "servicemonitors" && !st.service_monitors {
+        // The optional APIs (Prometheus Operator, Gateway API, Inference Extension) exist
+        // together or not at all in these scenarios.
+        let optional = ["servicemonitors", "inferencepools", "httproutes"];
+        if optional.contains(&plural) && !st.service_monitors {
             return status(404, "NotFound", "the server could not find the requested resource");
         }
         st.rv += 1;
@@ -647,4 +650,70 @@ async fn api_conflicts_are_retried() {
     assert_eq!(w.iter().filter(|c| c.ends_with("chat/status")).count(), 3, "{w:?}");
     assert!(fake.get(DEPLOYMENTS, "chat-decode").is_some());
     assert_eq!(condition(&fake, "Progressing").0, "True");
+}
+
+/// The Gateway API Inference Extension objects: an InferencePool where its API exists, an
+/// HTTPRoute once `router.gateway` names a Gateway; each changed alone when its part of the
+/// spec changes, the route deleted when the gateway is removed, the pool when it is switched
+/// off; a gateway on a cluster without those APIs is reported, not ignored.
+#[tokio::test]
+async fn inference_pool_and_http_route_follow_the_spec() {
+    const POOLS: &str = "/apis/inference.networking.k8s.io/v1/namespaces/ml/inferencepools";
+    const ROUTES: &str = "/apis/gateway.networking.k8s.io/v1/namespaces/ml/httproutes";
+    let (fake, ctx) = ready_service(true).await;
+    let pool = fake.get(POOLS, "chat").expect("an InferencePool where the API exists");
+    assert_eq!(pool["spec"]["endpointPickerRef"]["name"], "chat");
+    assert_eq!(pool["spec"]["endpointPickerRef"]["failureMode"], "FailClose");
+    assert_eq!(pool["spec"]["targetPorts"][0]["number"], 50061);
+    assert!(fake.get(ROUTES, "chat").is_none(), "no route without a gateway");
+
+    fake.update_spec(|s| s["router"]["gateway"] = json!({ "name": "inference-gw" }));
+    run(&fake, &ctx).await;
+    let w = writes(&fake.take_calls());
+    assert_eq!(
+        w.iter().filter(|c| !c.contains("inferenceservices")).collect::<Vec<_>>(),
+        ["PATCH httproutes/chat"]
+    );
+    let route = fake.get(ROUTES, "chat").unwrap();
+    assert_eq!(route["spec"]["parentRefs"][0]["name"], "inference-gw");
+    assert_eq!(route["spec"]["rules"][0]["backendRefs"][0]["kind"], "InferencePool");
+    assert_eq!(route["metadata"]["ownerReferences"][0]["uid"], "isvc-uid");
+
+    fake.update_spec(|s| s["router"]["pickerFailureMode"] = json!("FailOpen"));
+    run(&fake, &ctx).await;
+    let w = writes(&fake.take_calls());
+    assert_eq!(
+        w.iter().filter(|c| !c.contains("inferenceservices")).collect::<Vec<_>>(),
+        ["PATCH inferencepools/chat"]
+    );
+    assert_eq!(
+        fake.get(POOLS, "chat").unwrap()["spec"]["endpointPickerRef"]["failureMode"],
+        "FailOpen"
+    );
+
+    fake.update_spec(|s| {
+        s["router"].as_object_mut().unwrap().remove("gateway").map(|_| ()).unwrap()
+    });
+    run(&fake, &ctx).await;
+    let w = writes(&fake.take_calls());
+    assert_eq!(
+        w.iter().filter(|c| !c.contains("inferenceservices")).collect::<Vec<_>>(),
+        ["DELETE httproutes/chat"]
+    );
+    assert!(fake.get(ROUTES, "chat").is_none() && fake.get(POOLS, "chat").is_some());
+
+    fake.update_spec(|s| s["router"]["inferencePool"] = json!(false));
+    run(&fake, &ctx).await;
+    let w = writes(&fake.take_calls());
+    assert_eq!(
+        w.iter().filter(|c| !c.contains("inferenceservices")).collect::<Vec<_>>(),
+        ["DELETE inferencepools/chat"]
+    );
+    assert!(fake.get(POOLS, "chat").is_none());
+
+    // Without the APIs, a gateway cannot be honoured: Degraded, with the reason.
+    let (fake, ctx) = ready_service(false).await;
+    fake.update_spec(|s| s["router"]["gateway"] = json!({ "name": "inference-gw" }));
+    run(&fake, &ctx).await;
+    assert_eq!(condition(&fake, "Degraded"), ("True".into(), "GatewayApiMissing".into()));
 }

@@ -115,6 +115,7 @@ fn first_token(out: &RequestOutput) -> Option<SampledToken> {
             logprob: c.cumulative_logprob as f32,
         },
         top: Vec::new(),
+        rank: None,
     })
 }
 

@@ -73,7 +73,7 @@ pub(crate) fn requested(
     if p.logprobs.is_some() || p.structured.is_some() || other {
         return refuse(
             "use_beam_search",
-            "log-probabilities, constraints, tools, best_of and echo are answered by sampling only",
+            "log-probabilities, prompt log-probabilities, constraints, tools, best_of and echo are answered by sampling only",
         );
     }
     if !(1..=MAX_WIDTH).contains(&p.n) {
@@ -206,7 +206,10 @@ async fn alternatives(
         stream: false,
         ep: Endpoint::Completions,
         tool_names: None,
+        tool_format: Default::default(),
+        prefill_hint: None,
         echo_logprobs: false,
+        prompt_logprobs: None,
         ..p.clone()
     };
     let (_route, streams) = start(st, &sub).await?;

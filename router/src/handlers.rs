@@ -114,6 +114,7 @@ fn finish_prepare(
         n: base.n,
         keep: base.n,
         echo_logprobs: false,
+        prompt_logprobs: base.prompt_logprobs,
         beam: None,
         prompts,
         echo,
@@ -125,6 +126,8 @@ fn finish_prepare(
         priority: c.priority.unwrap_or(0),
         no_speculation: c.speculative == Some(false),
         tool_names: None,
+        tool_format: Default::default(),
+        prefill_hint: None,
         dispatch: Duration::ZERO,
     })
 }
@@ -139,7 +142,7 @@ fn constrain(st: &AppState, c: &CommonParams, p: &mut SamplingParams) -> Result<
     Ok(())
 }
 
-fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+pub(crate) fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let (r, common): (CompletionRequest, CommonParams) = openai::parse_body(body)?;
     check_model(st, &common)?;
     if r.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
@@ -174,8 +177,9 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
                 "echo with logprobs is answered whole: it cannot be streamed",
             ));
         }
-        // The echoed prompt's tokens are scored too (computed on the decode worker).
-        base.prompt_logprobs = logprobs;
+        // The echoed prompt's tokens are scored too (computed on the decode worker), with as
+        // many alternatives as either use asks for.
+        base.prompt_logprobs = base.prompt_logprobs.max(logprobs);
     }
     let (prompts, texts): (Vec<Vec<u32>>, Vec<Option<String>>) = match r.prompt {
         None => return Err(ApiError::invalid(Some("prompt"), "prompt is required")),
@@ -222,15 +226,21 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     )?;
     p.keep = keep;
     p.echo_logprobs = echo && logprobs.is_some();
-    p.beam = crate::beam::requested(&common, &p.params[0], keep < p.n || p.echo_logprobs)?;
+    p.prompt_logprobs = common.prompt_logprobs.map(|k| k as usize);
+    let other = keep < p.n || p.echo_logprobs || p.prompt_logprobs.is_some();
+    p.beam = crate::beam::requested(&common, &p.params[0], other)?;
     Ok(p)
 }
 
-fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+pub(crate) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let (r, common): (ChatRequest, CommonParams) = openai::parse_body(body)?;
     check_model(st, &common)?;
-    let tools =
-        Tools::from_request(r.tools.as_deref(), r.tool_choice.as_ref(), r.parallel_tool_calls)?;
+    let tools = Tools::from_request(
+        r.tools.as_deref(),
+        r.tool_choice.as_ref(),
+        r.parallel_tool_calls,
+        st.tool_format,
+    )?;
     let want = r.logprobs.unwrap_or(false);
     let top = r.top_logprobs.map(|k| openai::logprob_count("top_logprobs", k)).transpose()?;
     if top.is_some_and(|k| k > 0) && !want {
@@ -261,7 +271,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
         base.structured = Some(c);
     }
     let native = template.reads_tools();
-    let messages = crate::tools::lay_out(messages, tools.as_ref(), native);
+    let messages = crate::tools::lay_out(messages, tools.as_ref(), native, st.tool_format);
     let tools_value = calls.filter(|_| native).map(Tools::as_value);
     let ids = prompt::encode_chat_with(
         &st.info.tokenizer,
@@ -286,7 +296,12 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
         want,
     )?;
     p.tool_names = calls.map(|t| t.functions.iter().map(|f| f.name.clone()).collect());
-    p.beam = crate::beam::requested(&common, &p.params[0], tools.is_some())?;
+    p.tool_format = st.tool_format;
+    p.beam = crate::beam::requested(
+        &common,
+        &p.params[0],
+        tools.is_some() || p.prompt_logprobs.is_some(),
+    )?;
     Ok(p)
 }
 
@@ -387,6 +402,10 @@ async fn generate(
             return e.into_response();
         }
     };
+    p.prefill_hint = headers
+        .get(crate::relay::PREFILLER)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_string());
     // A tenant's prompts share cached prefixes only with the same tenant's.
     if let Some(Extension(t)) = tenant {
         p.cache_salt = t.cache_salt(&p.cache_salt);

@@ -18,6 +18,7 @@
 pub mod auth;
 pub mod beam;
 pub mod cost;
+pub mod epp;
 pub mod error;
 pub mod handlers;
 pub mod kv_index;
@@ -32,6 +33,7 @@ pub mod state;
 pub mod status_api;
 pub mod structured;
 pub mod sync;
+pub mod tool_format;
 pub mod tool_stream;
 pub mod tools;
 pub mod workers;
@@ -76,6 +78,12 @@ pub struct RouterConfig {
     pub default_max_tokens: Option<usize>,
     /// How special-token text inside chat messages is tokenized.
     pub special_tokens: prompt::SpecialTokens,
+    /// How the model writes tool calls (none: read from the chat template).
+    pub tool_call_parser: Option<tool_format::ToolCallFormat>,
+    /// Serve the endpoint picker (`ext_proc`, with gRPC health) on this address.
+    pub epp_listen: Option<String>,
+    /// How the endpoint picker sheds load.
+    pub epp: epp::PickerConfig,
 }
 
 /// Largest request body accepted.
@@ -84,6 +92,20 @@ pub const MAX_BODY_BYTES: usize = 32 << 20;
 /// The HTTP application over `state`. With API keys, `/v1/*` and `/debug/routing` need one;
 /// `/health` and `/metrics` stay open for probes and scrapers.
 pub fn app(state: Arc<AppState>) -> axum::Router {
+    api_routes(state.clone()).merge(
+        axum::Router::new()
+            .route("/health", get(status_api::health))
+            .route("/metrics", get(status_api::metrics))
+            .fallback(status_api::not_found)
+            .method_not_allowed_fallback(status_api::method_not_allowed)
+            .with_state(state),
+    )
+}
+
+/// The OpenAI API (and `/tokenize`, `/detokenize`, the cluster view, `/debug/routing`) without
+/// `/health`, `/metrics` or a fallback: what a worker that serves the API itself merges into
+/// its own routes.
+pub fn api_routes(state: Arc<AppState>) -> axum::Router {
     let mut guarded = axum::Router::new()
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat_completions))
@@ -98,19 +120,21 @@ pub fn app(state: Arc<AppState>) -> axum::Router {
         guarded =
             guarded.route_layer(axum::middleware::from_fn_with_state(keys, auth::authenticate));
     }
-    axum::Router::new()
-        .merge(guarded)
-        .route("/health", get(status_api::health))
-        .route("/metrics", get(status_api::metrics))
-        .fallback(status_api::not_found)
+    // Per route, so it holds wherever these routes are merged.
+    guarded
         .method_not_allowed_fallback(status_api::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .with_state(state)
 }
 
-/// Runs the router until shutdown. Prints `TANDEM_READY router <addr>` once serving.
-pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
-    let metrics = tandem_worker::metrics::install(&cfg.model_name, "router", &cfg.router_id)?;
+/// The front end's state over `cfg`'s workers; `metrics` renders the router's `/metrics` (None
+/// where the process serves its metrics itself). Nothing is contacted yet: see
+/// [`learn_workers`] and [`spawn_upkeep`].
+pub fn front_end(
+    info: ModelInfo,
+    cfg: &RouterConfig,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+) -> anyhow::Result<Arc<AppState>> {
     metrics::describe_counter!(
         "tandem_router_decisions_total",
         "Requests routed, by decode and prefill worker."
@@ -161,19 +185,31 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
     );
     let pool = Workers::new(&cfg.decode_workers, &cfg.prefill_workers)?;
     let routing = routing::Routing::new(cfg.routing.clone());
-    let mut state = AppState::new(cfg.model_name.clone(), info, pool, routing, Some(metrics));
+    let mut state = AppState::new(cfg.model_name.clone(), info, pool, routing, metrics);
     state.api_keys = cfg.api_keys.clone();
     state.max_body_bytes = cfg.max_body_bytes;
     state.max_prompt_tokens = cfg.max_prompt_tokens;
     state.default_max_tokens = cfg.default_max_tokens;
     state.special_tokens = cfg.special_tokens;
+    if let Some(f) = cfg.tool_call_parser {
+        state.tool_format = f;
+    }
+    tracing::info!(tool_call_format = state.tool_format.name(), "tool calls");
     if let Some(redis) = &cfg.redis {
         state.load_sync = Some(sync::LoadSync::new(redis.clone(), &cfg.router_id));
     }
-    let state = Arc::new(state);
-    // Learn the workers (ids, block size) before routing or reading events.
+    Ok(Arc::new(state))
+}
+
+/// Asks every worker for its status once (ids, block size, health).
+pub async fn learn_workers(state: &AppState) {
     state.pool.refresh().await;
     state.pool.current().check_all(Duration::from_secs(1)).await;
+}
+
+/// Checks the workers every second (and their DNS entries every five), publishes the routing
+/// gauges, and reads the KV events from Redis when configured.
+pub fn spawn_upkeep(state: Arc<AppState>, redis: Option<&tandem_worker::redis::RedisConfig>) {
     let checker = state.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -199,8 +235,46 @@ pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
             checker.routing.publish_gauges(&pool);
         }
     });
-    if let Some(redis) = &cfg.redis {
-        sync::spawn(state.clone(), redis.clone());
+    if let Some(redis) = redis {
+        sync::spawn(state, redis.clone());
+    }
+}
+
+/// Serves the endpoint picker ([`epp`]) and the gRPC health service on `addr`, in the
+/// background.
+async fn serve_picker(
+    state: Arc<AppState>,
+    addr: &str,
+    cfg: epp::PickerConfig,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let picker = epp::Picker::new(state, cfg).server();
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer<epp::Picker>>().await;
+    tracing::info!(addr = %local, "endpoint picker (ext_proc) serving");
+    tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(picker)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the endpoint picker stopped");
+        }
+    });
+    Ok(())
+}
+
+/// Runs the router until shutdown. Prints `TANDEM_READY router <addr>` once serving.
+pub async fn run(info: ModelInfo, cfg: RouterConfig) -> anyhow::Result<()> {
+    let metrics = tandem_worker::metrics::install(&cfg.model_name, "router", &cfg.router_id)?;
+    let state = front_end(info, &cfg, Some(metrics))?;
+    // Learn the workers (ids, block size) before routing or reading events.
+    learn_workers(&state).await;
+    spawn_upkeep(state.clone(), cfg.redis.as_ref());
+    if let Some(addr) = &cfg.epp_listen {
+        serve_picker(state.clone(), addr, cfg.epp).await?;
     }
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let addr = listener.local_addr()?;

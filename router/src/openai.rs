@@ -106,6 +106,12 @@ pub struct CommonParams {
     pub guided_choice: Option<Vec<String>>,
     /// vLLM (older): a Lark grammar.
     pub guided_grammar: Option<String>,
+    /// llama-server: a GBNF (or Lark) grammar.
+    pub grammar: Option<String>,
+    /// llama-server: a JSON schema.
+    pub json_schema: Option<serde_json::Value>,
+    /// vLLM: the log-probability of each prompt token, with this many alternatives.
+    pub prompt_logprobs: Option<i64>,
     /// vLLM: beam search of width `n`.
     pub use_beam_search: Option<bool>,
     /// vLLM: beam scores are divided by length to this power (default 1).
@@ -122,6 +128,8 @@ impl CommonParams {
             guided_regex: self.guided_regex.clone(),
             guided_choice: self.guided_choice.clone(),
             guided_grammar: self.guided_grammar.clone(),
+            grammar: self.grammar.clone(),
+            json_schema: self.json_schema.clone(),
         }
     }
 }
@@ -212,7 +220,7 @@ pub fn parse_body<T: serde::de::DeserializeOwned>(
 }
 
 /// Refuses a field that neither the endpoint's struct nor [`CommonParams`] reads (at any depth:
-/// a message's `tool_calls`, vLLM's `guided_json`, llama-server's `grammar`, …) with a 400
+/// a message's `tool_calls`' extra keys, llama-server's `n_probs`, …) with a 400
 /// naming it, rather than ignoring it; `by_own` and `by_common` are the paths each left unread.
 /// A field set to `null` counts as absent.
 fn refuse_unknown(
@@ -363,7 +371,15 @@ pub fn sampling_params(
         detokenize: true,
         logit_bias,
         structured: None,
-        prompt_logprobs: None,
+        prompt_logprobs: match c.prompt_logprobs {
+            Some(_) if c.stream == Some(true) => {
+                return Err(ApiError::invalid(
+                    Some("prompt_logprobs"),
+                    "prompt_logprobs are answered whole: they cannot be streamed",
+                ))
+            }
+            k => k.map(|k| logprob_count("prompt_logprobs", k)).transpose()?,
+        },
     })
 }
 
@@ -521,7 +537,9 @@ mod tests {
                 Some("response_format"),
             ),
             (r#"{"model": "m", "prompt": "x", "guided_choice": ["a", "b"]}"#, None),
-            (r#"{"model": "m", "prompt": "x", "grammar": "root ::= \"a\""}"#, Some("grammar")),
+            (r#"{"model": "m", "prompt": "x", "grammar": "root ::= \"a\""}"#, None),
+            (r#"{"model": "m", "prompt": "x", "n_probs": 3}"#, Some("n_probs")),
+            (r#"{"model": "m", "prompt": "x", "prompt_logprobs": 2}"#, None),
             (
                 r#"{"model": "m", "prompt": "x", "stream_options": {"include_usage": true, "x": 1}}"#,
                 Some("stream_options.x"),

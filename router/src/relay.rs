@@ -19,6 +19,9 @@ use crate::responses::{self, Choice, Endpoint, Header};
 use crate::routing::Route;
 use crate::state::AppState;
 
+/// The header an endpoint picker names the prefill worker in (llm-d's name).
+pub const PREFILLER: &str = "x-prefiller-host-port";
+
 /// A validated generation request.
 #[derive(Clone)]
 pub(crate) struct Prepared {
@@ -33,6 +36,8 @@ pub(crate) struct Prepared {
     pub(crate) keep: usize,
     /// `echo` with `logprobs`: the prompt's tokens are scored in the response too.
     pub(crate) echo_logprobs: bool,
+    /// vLLM's `prompt_logprobs`: the prompt's tokens scored, with this many alternatives.
+    pub(crate) prompt_logprobs: Option<usize>,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
     pub(crate) logprobs: bool,
@@ -41,8 +46,13 @@ pub(crate) struct Prepared {
     pub(crate) no_speculation: bool,
     /// The functions whose calls are read out of the output (chat with tools).
     pub(crate) tool_names: Option<Vec<String>>,
+    /// How the model writes calls.
+    pub(crate) tool_format: crate::tool_format::ToolCallFormat,
     /// From receipt until the worker streams started (the router's part of the queue time).
     pub(crate) dispatch: Duration,
+    /// The prefill worker an endpoint picker named (`x-prefiller-host-port`); used when it is
+    /// one of this front end's healthy prefill workers.
+    pub(crate) prefill_hint: Option<String>,
     /// Beam search, with this length penalty (`n` is the width).
     pub(crate) beam: Option<f64>,
 }
@@ -132,19 +142,34 @@ pub(crate) async fn collect(
         &p.echo,
     );
     v["timing"] = responses::timing(p.dispatch, &timing, started.elapsed());
+    let tok = &st.info.tokenizer;
     if p.echo_logprobs {
-        let tok = &st.info.tokenizer;
+        let k = p.params[0].logprobs.unwrap_or(0);
         for (i, c) in v["choices"].as_array_mut().into_iter().flatten().enumerate() {
             let pi = i / p.keep.max(1);
-            let lp = responses::echo_logprobs(tok, &p.prompts[pi], &prompt_lps[pi], &c["logprobs"]);
+            let scored = responses::with_top(&prompt_lps[pi], k);
+            let lp = responses::echo_logprobs(tok, &p.prompts[pi], &scored, &c["logprobs"]);
             c["logprobs"] = lp;
+        }
+    }
+    if let Some(k) = p.prompt_logprobs {
+        let scored =
+            |pi: usize| responses::prompt_logprobs(tok, &p.prompts[pi], &prompt_lps[pi], k);
+        match p.ep {
+            // vLLM: on each completion choice, and once for the chat's one prompt.
+            Endpoint::Completions => {
+                for (i, c) in v["choices"].as_array_mut().into_iter().flatten().enumerate() {
+                    c["prompt_logprobs"] = scored(i / p.keep.max(1));
+                }
+            }
+            Endpoint::Chat => v["prompt_logprobs"] = scored(0),
         }
     }
     // Usage counts every completion generated, kept or not.
     v["usage"] = responses::usage(prompt_tokens.iter().sum(), generated);
     if let Some(names) = &p.tool_names {
         for (c, out) in choices.iter().zip(v["choices"].as_array_mut().into_iter().flatten()) {
-            if let Some((content, calls)) = crate::tools::parse_calls(&c.text, names) {
+            if let Some((content, calls)) = p.tool_format.parse_calls(&c.text, names) {
                 out["message"] = crate::tools::message_with_calls(content, &calls);
                 out["finish_reason"] = "tool_calls".into();
             }
@@ -176,8 +201,12 @@ pub(crate) async fn stream_task(
     let mut finished = vec![false; p.prompts.len()];
     let mut first = true;
     let mut ended = 0;
-    let mut call_streams: Vec<Option<crate::tool_stream::CallStream>> =
-        (0..total).map(|_| p.tool_names.clone().map(crate::tool_stream::CallStream::new)).collect();
+    let mut call_streams: Vec<Option<crate::tool_stream::CallStream>> = (0..total)
+        .map(|_| {
+            let names = p.tool_names.clone();
+            names.map(|n| crate::tool_stream::CallStream::new(p.tool_format, n))
+        })
+        .collect();
     macro_rules! send {
         ($ev:expr) => {
             if tx.send($ev).await.is_err() {
@@ -335,7 +364,9 @@ pub(crate) async fn start(
         if let Some(sync) = &st.load_sync {
             sync.exchange(&st.routing, Duration::from_millis(100)).await;
         }
-        let Some(route) = st.routing.route(&pool, &p.id, &p.prompts[0], &p.cache_salt, &tried)
+        let hint = p.prefill_hint.as_deref();
+        let Some(route) =
+            st.routing.route(&pool, &p.id, &p.prompts[0], &p.cache_salt, &tried, hint)
         else {
             break;
         };

@@ -107,6 +107,39 @@ pub fn echo_logprobs(
     out
 }
 
+/// `scored` with at most `k` alternatives each (the engine scores the prompt once, with as
+/// many as any use asked for).
+pub fn with_top(scored: &[pb::SampledToken], k: usize) -> Vec<pb::SampledToken> {
+    scored
+        .iter()
+        .map(|s| pb::SampledToken { top: s.top.iter().take(k).cloned().collect(), ..s.clone() })
+        .collect()
+}
+
+/// vLLM's `prompt_logprobs`: null for the prompt's first token, then per token an object from
+/// token id (as text) to `{logprob, rank, decoded_token}`: the prompt's own token (its rank
+/// among all tokens) and the `k` most likely (ranks 1..=k).
+pub fn prompt_logprobs(
+    tok: &Tokenizer,
+    prompt: &[u32],
+    scored: &[pb::SampledToken],
+    k: usize,
+) -> Value {
+    let entry = |id: u32, logprob: f32, rank: u32| json!({ "logprob": logprob, "rank": rank, "decoded_token": token_text(tok, id) });
+    let mut out = vec![Value::Null; prompt.len().min(1)];
+    for s in scored {
+        let Some(c) = &s.chosen else { continue };
+        let mut m = serde_json::Map::new();
+        for (i, a) in s.top.iter().take(k).enumerate() {
+            m.insert(a.token_id.to_string(), entry(a.token_id, a.logprob, i as u32 + 1));
+        }
+        let rank = s.rank.unwrap_or(0);
+        m.insert(c.token_id.to_string(), entry(c.token_id, c.logprob, rank));
+        out.push(Value::Object(m));
+    }
+    Value::Array(out)
+}
+
 /// A response as it goes on the wire. A completions `top_logprobs` entry is held as a list of
 /// `[token, logprob]` pairs, most likely first, and written as the object OpenAI's API returns
 /// with its keys in that order (a `serde_json` map would sort them by token text).

@@ -197,7 +197,8 @@ impl Routing {
     }
 
     /// Chooses the decode worker (not one of `exclude`) and, when the pool has prefill workers,
-    /// the prefill worker for a prompt; books the load.
+    /// the prefill worker for a prompt (`prefill_hint`, an endpoint picker's choice, when it
+    /// names one of them that is healthy); books the load.
     pub fn route(
         &self,
         pool: &WorkerPool,
@@ -205,6 +206,7 @@ impl Routing {
         prompt: &[u32],
         cache_salt: &str,
         exclude: &[String],
+        prefill_hint: Option<&str>,
     ) -> Option<Route> {
         let bs = pool.block_size(self.cfg.default_block_size);
         let salt = if cache_salt.is_empty() { 0 } else { salt_digest(cache_salt) };
@@ -224,7 +226,13 @@ impl Routing {
             .filter(|w| self.load.get(&w.addr).prefill_tokens > self.cfg.max_prefill_queue_tokens)
             .map(|w| w.addr.clone())
             .collect();
-        let (prefill, p_cands) = if pool.prefill.is_empty() {
+        // Only a known worker: a client cannot make the workers call an address of its own.
+        let hinted = prefill_hint
+            .and_then(|h| pool.prefill.iter().find(|w| w.addr == h && w.healthy()))
+            .cloned();
+        let (prefill, p_cands) = if hinted.is_some() {
+            (hinted, Vec::new())
+        } else if pool.prefill.is_empty() {
             (None, Vec::new())
         } else {
             self.choose(&pool.prefill, &saturated, &matches, prompt.len(), bs)
@@ -341,14 +349,14 @@ mod tests {
         let r =
             Routing::new(RoutingConfig { max_prefill_queue_tokens: 1500.0, ..Default::default() });
         let prompt = |i: u32| -> Vec<u32> { (0..1000).map(|j| i * 7919 + j).collect() };
-        let first = r.route(&pool, "a", &prompt(1), "", &[]).unwrap();
-        let second = r.route(&pool, "b", &prompt(2), "", &[]).unwrap();
+        let first = r.route(&pool, "a", &prompt(1), "", &[], None).unwrap();
+        let second = r.route(&pool, "b", &prompt(2), "", &[], None).unwrap();
         assert!(
             first.prefill.is_some() && second.prefill.is_some(),
             "room in the queue: remote prefill"
         );
         // 2000 tokens queued > 1500: the next prompt is prefilled where it decodes.
-        let mut third = r.route(&pool, "c", &prompt(3), "", &[]).unwrap();
+        let mut third = r.route(&pool, "c", &prompt(3), "", &[], None).unwrap();
         assert!(third.prefill.is_none(), "queue full: local prefill");
         assert_eq!(
             r.load.get("127.0.0.1:7001").prefill_tokens,
@@ -360,6 +368,22 @@ mod tests {
         let (mut first, mut second) = (first, second);
         first.ticket.first_token();
         second.ticket.first_token();
-        assert!(r.route(&pool, "d", &prompt(4), "", &[]).unwrap().prefill.is_some());
+        assert!(r.route(&pool, "d", &prompt(4), "", &[], None).unwrap().prefill.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_named_prefill_worker_is_used_and_booked_only_when_known() {
+        let prefill = ["127.0.0.1:7102".to_string(), "127.0.0.1:7103".to_string()];
+        let pool = WorkerPool::new(&["127.0.0.1:7101".into()], &prefill).unwrap();
+        let r = Routing::new(RoutingConfig::default());
+        let prompt: Vec<u32> = (0..640).collect();
+        for named in &prefill {
+            let route = r.route(&pool, "a", &prompt, "", &[], Some(named)).unwrap();
+            assert_eq!(route.prefill.as_ref().unwrap().addr, *named);
+            assert_eq!(r.load.get(named).prefill_tokens, 640.0, "booked where it is computed");
+        }
+        // An address the router does not know is not used: the router chooses.
+        let route = r.route(&pool, "b", &prompt, "", &[], Some("10.1.1.1:1")).unwrap();
+        assert!(prefill.contains(&route.prefill.unwrap().addr));
     }
 }

@@ -40,6 +40,8 @@ pub struct AppState {
     pub default_max_tokens: Option<usize>,
     /// How special-token text inside chat messages is tokenized.
     pub special_tokens: SpecialTokens,
+    /// How the model writes tool calls (from the chat template unless set).
+    pub tool_format: crate::tool_format::ToolCallFormat,
     /// A request body that sends nothing for this long is refused (408).
     pub body_read_timeout: Duration,
     /// Requests being parsed and tokenized at once (off the async threads), at most one per
@@ -60,6 +62,11 @@ impl AppState {
         metrics: Option<PrometheusHandle>,
     ) -> AppState {
         let started = unix_now();
+        let tool_format = info
+            .chat_template
+            .as_ref()
+            .map(|t| crate::tool_format::ToolCallFormat::from_template(t.source()))
+            .unwrap_or_default();
         let seed =
             SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
                 ^ (std::process::id() as u64) << 40;
@@ -76,6 +83,7 @@ impl AppState {
             max_prompt_tokens: None,
             default_max_tokens: None,
             special_tokens: SpecialTokens::default(),
+            tool_format,
             body_read_timeout: Duration::from_secs(10),
             tokenizing: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get()),

@@ -47,7 +47,7 @@ pub struct StructuredOutputsParams {
     pub regex: Option<String>,
     /// A list of strings.
     pub choice: Option<Vec<String>>,
-    /// A Lark grammar (llguidance's dialect).
+    /// A grammar: Lark (llguidance's dialect) or GBNF (llama.cpp's).
     pub grammar: Option<String>,
     /// Any JSON object.
     pub json_object: Option<bool>,
@@ -68,6 +68,10 @@ pub struct StructuredFields {
     pub guided_choice: Option<Vec<String>>,
     /// vLLM (older): a grammar.
     pub guided_grammar: Option<String>,
+    /// llama-server: a GBNF (or Lark) grammar.
+    pub grammar: Option<String>,
+    /// llama-server: a JSON schema.
+    pub json_schema: Option<Value>,
 }
 
 /// A schema given as an object, or as a string holding one (vLLM accepts both).
@@ -135,6 +139,12 @@ impl StructuredFields {
         if let Some(g) = &self.guided_grammar {
             found.push(("guided_grammar".into(), StructuredOutput::Grammar(g.clone())));
         }
+        if let Some(g) = &self.grammar {
+            found.push(("grammar".into(), StructuredOutput::Grammar(g.clone())));
+        }
+        if let Some(j) = &self.json_schema {
+            found.push(("json_schema".into(), StructuredOutput::Json(schema("json_schema", j)?)));
+        }
         if found.len() > 1 {
             return Err(ApiError::invalid(
                 Some(&found[1].0),
@@ -198,6 +208,14 @@ mod tests {
             (
                 serde_json::json!({"guided_grammar": "start: \"x\""}),
                 Some(StructuredOutput::Grammar("start: \"x\"".into())),
+            ),
+            (
+                serde_json::json!({"grammar": "root ::= \"x\""}),
+                Some(StructuredOutput::Grammar("root ::= \"x\"".into())),
+            ),
+            (
+                serde_json::json!({"json_schema": schema}),
+                Some(StructuredOutput::Json(schema.clone())),
             ),
         ];
         for (v, want) in cases {

@@ -4,7 +4,8 @@
 
 use serde_json::{json, Value};
 
-use crate::tools::{call_id, parse_calls, CLOSE, OPEN};
+use crate::tool_format::{CallsStart, ToolCallFormat};
+use crate::tools::call_id;
 
 /// What a streamed output becomes, step by step.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,12 +31,14 @@ pub enum StreamEvent {
 }
 
 /// Turns an output's text deltas into content and call deltas as they arrive. Calls written as
-/// the grammar writes them (`{"name": "f", "arguments": {...}}`) stream their arguments piece by
-/// piece; any other well-formed call is sent whole when the output ends.
+/// the grammar writes them (`{"name": "f", "arguments": {...}}`, or `"parameters"` in Llama 3's
+/// format) stream their arguments piece by piece; any other well-formed call is sent whole when
+/// the output ends.
 #[derive(Debug, Default)]
 pub struct CallStream {
     text: String,
     names: Vec<String>,
+    format: ToolCallFormat,
     content_sent: usize,
     /// Per call begun: arguments bytes sent.
     sent: Vec<usize>,
@@ -52,9 +55,9 @@ struct CallSpan {
 }
 
 impl CallStream {
-    /// A stream that reads calls to these functions.
-    pub fn new(names: Vec<String>) -> Self {
-        CallStream { names, ..Default::default() }
+    /// A stream that reads calls to these functions, written in `format`.
+    pub fn new(format: ToolCallFormat, names: Vec<String>) -> Self {
+        CallStream { names, format, ..Default::default() }
     }
 
     /// Whether any call was sent.
@@ -66,12 +69,12 @@ impl CallStream {
     pub fn push(&mut self, delta: &str, done: bool) -> Vec<StreamEvent> {
         self.text.push_str(delta);
         let mut ev = Vec::new();
-        let first = self.text.find(OPEN);
-        // Content: up to the first block, holding back a tail that may begin one.
-        let content_end = match first {
-            Some(i) => i,
-            None if done => self.text.len(),
-            None => self.text.len() - held_back(&self.text),
+        let start = self.format.calls_start(&self.text);
+        // Content: up to the first call, holding back a tail that may begin one.
+        let (content_end, first) = match start {
+            CallsStart::At { content, calls } => (content, Some(calls)),
+            CallsStart::NotYet { .. } if done => (self.text.len(), None),
+            CallsStart::NotYet { hold } => (self.text.len() - hold, None),
         };
         if content_end > self.content_sent {
             let piece = &self.text[self.content_sent..content_end];
@@ -83,7 +86,7 @@ impl CallStream {
         }
         let Some(first) = first else { return ev };
         if !self.irregular {
-            match spans(&self.text[first..]) {
+            match spans(&self.text[first..], self.format) {
                 Some(spans) => {
                     for (k, s) in spans.iter().enumerate() {
                         if k == self.sent.len() {
@@ -117,7 +120,7 @@ impl CallStream {
         if done && self.irregular && self.sent.is_empty() {
             // Decided on the whole text: well-formed calls are sent whole, anything else is
             // content.
-            match parse_calls(&self.text, &self.names) {
+            match self.format.parse_calls(&self.text, &self.names) {
                 Some((_, calls)) => {
                     for (k, c) in calls.into_iter().enumerate() {
                         ev.push(StreamEvent::Start { index: k, id: call_id(), name: c.name });
@@ -164,26 +167,15 @@ pub fn chunk_choices(
     out
 }
 
-/// Bytes at the end of `text` that could begin a call block.
-fn held_back(text: &str) -> usize {
-    (1..OPEN.len()).rev().find(|&k| text.ends_with(&OPEN[..k])).unwrap_or(0)
-}
-
-/// The calls in `text` (which starts with a block) as far as they go, in the form
-/// `<tool_call>\n{"name": "f", "arguments": <object>}\n</tool_call>`; None when the text leaves
+/// The calls in `text` (which starts with the first) as far as they go, in the form the grammar
+/// writes: `<tool_call>\n{"name": "f", "arguments": <object>}\n</tool_call>` (Hermes) or
+/// `{"name": "f", "parameters": <object>}` joined by `;` (Llama 3); None when the text leaves
 /// that form.
-fn spans(text: &str) -> Option<Vec<CallSpan>> {
+fn spans(text: &str, format: ToolCallFormat) -> Option<Vec<CallSpan>> {
     let mut out = Vec::new();
-    let mut at = 0;
+    let mut p = Scan { s: text, i: 0 };
+    let args_key = format!("\"{}\"", format.args_key());
     loop {
-        let rest = &text[at..];
-        if rest.len() < OPEN.len() {
-            return OPEN.starts_with(rest).then_some(out);
-        }
-        if !rest.starts_with(OPEN) {
-            return None;
-        }
-        let mut p = Scan { s: text, i: at + OPEN.len() };
         // Each step either completes or runs out of text (then what is known is returned).
         macro_rules! step {
             ($e:expr) => {
@@ -194,6 +186,11 @@ fn spans(text: &str) -> Option<Vec<CallSpan>> {
                 }
             };
         }
+        if !out.is_empty() {
+            step!(p.lit(format.between()));
+            p.ws();
+        }
+        step!(p.lit(format.open()));
         p.ws();
         step!(p.lit("{"));
         p.ws();
@@ -209,7 +206,7 @@ fn spans(text: &str) -> Option<Vec<CallSpan>> {
         p.ws();
         step!(p.lit(","));
         p.ws();
-        step!(p.lit("\"arguments\""));
+        step!(p.lit(&args_key));
         p.ws();
         step!(p.lit(":"));
         p.ws();
@@ -229,10 +226,9 @@ fn spans(text: &str) -> Option<Vec<CallSpan>> {
         p.ws();
         step!(p.lit("}"));
         p.ws();
-        step!(p.lit(CLOSE));
+        step!(p.lit(format.close()));
         p.ws();
-        at = p.i;
-        if at >= text.len() {
+        if p.i >= text.len() {
             return Some(out);
         }
     }
@@ -335,7 +331,11 @@ mod tests {
 
     /// The events of an output cut into deltas, folded into (content, calls).
     fn stream(text: &str, cut: usize) -> (String, Vec<(String, String)>) {
-        let mut s = CallStream::new(names());
+        stream_in(ToolCallFormat::Hermes, text, cut)
+    }
+
+    fn stream_in(f: ToolCallFormat, text: &str, cut: usize) -> (String, Vec<(String, String)>) {
+        let mut s = CallStream::new(f, names());
         let mut content = String::new();
         let mut calls: Vec<(String, String)> = Vec::new();
         let chars: Vec<char> = text.chars().collect();
@@ -376,6 +376,30 @@ mod tests {
             // No calls: every byte is content, "<tool" held back until it is known not to start one.
             let (content, calls) = stream("a <tool_calls are fun <tool", cut);
             assert_eq!((content.as_str(), calls.len()), ("a <tool_calls are fun <tool", 0));
+        }
+    }
+
+    #[test]
+    fn llama3_calls_stream_as_they_are_written() {
+        let f = ToolCallFormat::Llama3Json;
+        let forced = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Pa;ris\\\"\"}}; {\"name\": \"add\", \"parameters\": {\"a\": [1, {\"b\": \"日本\"}]}}";
+        let tagged = "<|python_tag|>{\"parameters\": {\"a\": 1}, \"name\": \"add\"}";
+        for cut in [1, 2, 3, 7, 1000] {
+            let (content, calls) = stream_in(f, forced, cut);
+            assert_eq!(content, "");
+            assert_eq!(calls.len(), 2, "cut {cut}");
+            let args: Value = serde_json::from_str(&calls[0].1).unwrap();
+            assert_eq!(args["city"], "Pa;ris\"");
+            assert_eq!(serde_json::from_str::<Value>(&calls[1].1).unwrap()["a"][1]["b"], "日本");
+            // Another key order after the tag: sent whole at the end, the tag not as content.
+            let (content, calls) = stream_in(f, tagged, cut);
+            assert_eq!(content, "");
+            assert_eq!(calls, vec![("add".to_string(), "{\"a\":1}".to_string())]);
+            // An answer that is not a call is content, every byte of it.
+            let text = "  <|py is not a tag; {\"name\": \"add\"}";
+            assert_eq!(stream_in(f, text, cut), (text.to_string(), vec![]));
+            let text = "{\"answer\": 42}";
+            assert_eq!(stream_in(f, text, cut), (text.to_string(), vec![]));
         }
     }
 }

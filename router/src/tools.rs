@@ -2,12 +2,12 @@
 //! assistant `tool_calls` and `tool` messages laid out for the model, and the model's output
 //! read back into OpenAI's `tool_calls`, whole or as streamed deltas.
 //!
-//! The call format is Hermes' (Qwen 2.5/3, Hermes, SmolLM3 and others):
-//! `<tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>`, one block per call. A chat
-//! template that reads `tools` lays the definitions and past calls out itself; for one that
-//! does not (the default model's), a system message describes the tools and the format, past
-//! calls are written as their blocks in the assistant turn, and tool results as
-//! `<tool_response>` blocks in a user turn. `tool_choice` `required` and a named function are
+//! Calls are written in one of the formats of [`crate::tool_format`] (Hermes' `<tool_call>`
+//! blocks unless the template or `--tool-call-parser` says Llama 3 JSON). A chat template that
+//! reads `tools` lays the definitions and past calls out itself; for one that does not (the
+//! default model's), a system message describes the tools and the format, past calls are
+//! written in the format in the assistant turn, and tool results as `<tool_response>` blocks in
+//! a user turn. `tool_choice` `required` and a named function are
 //! enforced by a grammar (each call's arguments follow the function's JSON schema), `auto`
 //! leaves the choice to the model and reads calls out of whatever it wrote, `none` leaves the
 //! tools out of the prompt.
@@ -20,6 +20,7 @@ use tandem_engine::sampling::structured::StructuredOutput;
 use tandem_engine::ChatMessage;
 
 use crate::error::ApiError;
+use crate::tool_format::{ParsedCall, ToolCallFormat};
 
 /// One entry of `tools`.
 #[derive(Debug, Clone, Deserialize)]
@@ -110,6 +111,8 @@ pub struct Tools {
     pub choice: ToolChoice,
     /// Several calls in one turn.
     pub parallel: bool,
+    /// How calls are written.
+    pub format: ToolCallFormat,
 }
 
 fn valid_name(n: &str) -> bool {
@@ -119,11 +122,12 @@ fn valid_name(n: &str) -> bool {
 
 impl Tools {
     /// Reads and checks the tool fields: a bad definition or choice is a 400 naming it. None when
-    /// the request has no tools.
+    /// the request has no tools. Calls are written in `format`.
     pub fn from_request(
         tools: Option<&[ToolIn]>,
         choice: Option<&ToolChoiceIn>,
         parallel: Option<bool>,
+        format: ToolCallFormat,
     ) -> Result<Option<Tools>, ApiError> {
         let tools = tools.unwrap_or_default();
         let choice = match choice {
@@ -200,7 +204,7 @@ impl Tools {
                 ));
             }
         }
-        Ok(Some(Tools { functions, choice, parallel: parallel.unwrap_or(true) }))
+        Ok(Some(Tools { functions, choice, parallel: parallel.unwrap_or(true), format }))
     }
 
     /// Whether the output is read for calls.
@@ -224,36 +228,19 @@ impl Tools {
         )
     }
 
-    /// One function's call, as a JSON schema of the Hermes call object.
-    fn call_schema(f: &FunctionIn) -> Value {
-        json!({
-            "type": "object",
-            "properties": { "name": { "const": f.name }, "arguments": parameters(f) },
-            "required": ["name", "arguments"],
-            "additionalProperties": false,
-        })
-    }
-
     /// The grammar that forces the calls (`required`, or a named function): one or (parallel)
-    /// more call blocks whose objects follow the functions' schemas. None for `auto` / `none`.
+    /// more calls whose objects follow the functions' schemas. None for `auto` / `none`.
     pub fn constraint(&self) -> Option<StructuredOutput> {
         let allowed: Vec<&FunctionIn> = match &self.choice {
             ToolChoice::None | ToolChoice::Auto => return None,
             ToolChoice::Required => self.functions.iter().collect(),
             ToolChoice::Named(n) => self.functions.iter().filter(|f| f.name == *n).collect(),
         };
-        let mut g = String::new();
-        g.push_str(if self.parallel { "start: call (\"\\n\" call)*\n" } else { "start: call\n" });
-        let alts: Vec<String> = (0..allowed.len()).map(|i| format!("f{i}")).collect();
-        g.push_str(&format!(
-            "call: \"<tool_call>\\n\" ({}) \"\\n</tool_call>\"\n",
-            alts.join(" | ")
-        ));
-        for (i, f) in allowed.iter().enumerate() {
-            let schema = with_layout(Self::call_schema(f));
-            g.push_str(&format!("f{i}: %json {schema}\n"));
-        }
-        Some(StructuredOutput::Grammar(g))
+        let schemas: Vec<Value> = allowed
+            .iter()
+            .map(|f| with_layout(self.format.call_schema(&f.name, parameters(f))))
+            .collect();
+        Some(StructuredOutput::Grammar(self.format.grammar(&schemas, self.parallel)))
     }
 
     /// The system text that describes the tools to a model whose template does not.
@@ -265,7 +252,8 @@ impl Tools {
             s.push_str(&t.to_string());
             s.push('\n');
         }
-        s.push_str("</tools>\nTo call a function, answer with a JSON object holding its name and arguments inside <tool_call></tool_call> tags, one block per call:\n<tool_call>\n{\"name\": \"function_name\", \"arguments\": {\"argument\": \"value\"}}\n</tool_call>");
+        s.push_str("</tools>\n");
+        s.push_str(self.format.instructions());
         s
     }
 }
@@ -276,25 +264,24 @@ fn parameters(f: &FunctionIn) -> Value {
 }
 
 /// Calls written the way the grammar and the fallback prompt show them: on one line, with a
-/// space after `:` and `,`.
+/// space after `:` and `,`; numbers end after a bounded count of decimals, as in JSON-schema
+/// outputs.
 fn with_layout(mut v: Value) -> Value {
+    tandem_engine::sampling::structured::bound_fraction_digits(&mut v);
     v["x-guidance"] =
         json!({ "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": " });
     v
 }
 
-/// A call block as the model writes it.
-fn call_block(name: &str, arguments: &Value) -> String {
-    format!("<tool_call>\n{{\"name\": {}, \"arguments\": {arguments}}}\n</tool_call>", json!(name))
-}
-
 /// Lays the conversation out for the template. A template that reads `tools` gets the calls and
 /// results as structured messages; otherwise the tools become a system message (merged into
-/// the first one, if any), past calls their blocks and results `<tool_response>` user turns.
+/// the first one, if any), past calls written in `format` and results `<tool_response>` user
+/// turns.
 pub fn lay_out(
     messages: Vec<ChatMessage>,
     tools: Option<&Tools>,
     native: bool,
+    format: ToolCallFormat,
 ) -> Vec<ChatMessage> {
     if native {
         return messages;
@@ -326,16 +313,14 @@ pub fn lay_out(
                 }
             }
             "assistant" if m.tool_calls.is_some() => {
-                let mut text = m.content.clone();
-                for c in m.tool_calls.iter().flat_map(|c| c.as_array().into_iter().flatten()) {
-                    if !text.is_empty() {
-                        text.push('\n');
-                    }
-                    text.push_str(&call_block(
-                        c["function"]["name"].as_str().unwrap_or(""),
-                        &c["function"]["arguments"],
-                    ));
-                }
+                let calls = m.tool_calls.iter().flat_map(|c| c.as_array().into_iter().flatten());
+                let calls = format.calls_text(calls.map(|c| {
+                    (c["function"]["name"].as_str().unwrap_or(""), &c["function"]["arguments"])
+                }));
+                let text = match m.content.is_empty() {
+                    true => calls,
+                    false => format!("{}\n{calls}", m.content),
+                };
                 out.push(ChatMessage::new("assistant", &text));
             }
             _ => out.push(ChatMessage { tool_calls: None, tool_call_id: None, ..m }),
@@ -374,56 +359,6 @@ pub fn history_calls(i: usize, calls: &[ToolCallIn]) -> Result<Value, ApiError> 
     Ok(Value::Array(out))
 }
 
-/// A call read from the output.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParsedCall {
-    /// Function name.
-    pub name: String,
-    /// Arguments, as compact JSON text.
-    pub arguments: String,
-}
-
-/// Opens a call block.
-pub(crate) const OPEN: &str = "<tool_call>";
-/// Closes a call block.
-pub(crate) const CLOSE: &str = "</tool_call>";
-
-/// Reads the calls out of a whole output: the text before the first block is the content (None
-/// when blank). None when the output holds no well-formed call (it is then all content).
-pub fn parse_calls(text: &str, names: &[String]) -> Option<(Option<String>, Vec<ParsedCall>)> {
-    let start = text.find(OPEN)?;
-    let content = text[..start].trim();
-    let mut calls = Vec::new();
-    let mut rest = &text[start..];
-    while let Some(body) = rest.strip_prefix(OPEN) {
-        let (inner, after) = match body.find(CLOSE) {
-            Some(e) => (&body[..e], &body[e + CLOSE.len()..]),
-            None => (body, ""),
-        };
-        calls.push(parse_call(inner.trim(), names)?);
-        rest = after.trim_start();
-    }
-    if !rest.is_empty() {
-        return None;
-    }
-    Some(((!content.is_empty()).then(|| content.to_string()), calls))
-}
-
-fn parse_call(body: &str, names: &[String]) -> Option<ParsedCall> {
-    let v: Value = serde_json::from_str(body).ok()?;
-    let name = v.get("name")?.as_str()?.to_string();
-    if !names.contains(&name) {
-        return None;
-    }
-    let args = v.get("arguments").or_else(|| v.get("parameters")).cloned().unwrap_or(json!({}));
-    let args = match args {
-        Value::String(s) => serde_json::from_str::<Value>(&s).ok().filter(Value::is_object)?,
-        Value::Object(_) => args,
-        _ => return None,
-    };
-    Some(ParsedCall { name, arguments: args.to_string() })
-}
-
 /// A fresh call id (`call_` and 24 hex digits).
 pub fn call_id() -> String {
     let a = std::collections::hash_map::RandomState::new().build_hasher().finish();
@@ -445,34 +380,6 @@ pub fn message_with_calls(content: Option<String>, calls: &[ParsedCall]) -> Valu
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn names() -> Vec<String> {
-        vec!["get_weather".into(), "add".into()]
-    }
-
-    #[test]
-    fn whole_outputs_parse_into_calls_or_stay_content() {
-        let t = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": \"{\\\"a\\\": 1}\"}\n</tool_call>";
-        let (content, calls) = parse_calls(t, &names()).unwrap();
-        assert_eq!(content.as_deref(), Some("Let me check."));
-        assert_eq!(
-            calls[0],
-            ParsedCall { name: "get_weather".into(), arguments: "{\"city\":\"Paris\"}".into() }
-        );
-        assert_eq!(calls[1].arguments, "{\"a\":1}");
-        assert!(parse_calls("no calls here", &names()).is_none());
-        assert!(parse_calls(
-            "<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>",
-            &names()
-        )
-        .is_none());
-        assert!(parse_calls("<tool_call>\n{\"name\": \"add\", \"argu", &names()).is_none());
-        assert!(parse_calls(
-            "<tool_call>{\"name\": \"add\", \"arguments\": {}}</tool_call> trailing",
-            &names()
-        )
-        .is_none());
-    }
 
     #[test]
     fn tool_definitions_and_choices_are_checked() {
@@ -499,14 +406,37 @@ mod tests {
             (vec![], Some(mode("required")), "tool_choice"),
         ];
         for (tools, choice, param) in cases {
-            let e = Tools::from_request(Some(&tools), choice.as_ref(), None).unwrap_err();
+            let e =
+                Tools::from_request(Some(&tools), choice.as_ref(), None, ToolCallFormat::Hermes)
+                    .unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{e:?}");
         }
-        let t =
-            Tools::from_request(Some(&ok), Some(&mode("required")), Some(false)).unwrap().unwrap();
+        let t = Tools::from_request(
+            Some(&ok),
+            Some(&mode("required")),
+            Some(false),
+            ToolCallFormat::Hermes,
+        )
+        .unwrap()
+        .unwrap();
         let Some(StructuredOutput::Grammar(g)) = t.constraint() else { panic!() };
         assert!(g.starts_with("start: call\n") && g.contains("%json {"), "{g}");
-        assert!(Tools::from_request(Some(&ok), None, None)
+        // A number argument ends after a bounded count of decimals, as in schema outputs.
+        let priced = [tool(
+            "buy",
+            json!({"type": "object", "properties": {"price": {"type": "number", "maximum": 10}}}),
+        )];
+        let t = Tools::from_request(
+            Some(&priced),
+            Some(&mode("required")),
+            None,
+            ToolCallFormat::Hermes,
+        )
+        .unwrap()
+        .unwrap();
+        let Some(StructuredOutput::Grammar(g)) = t.constraint() else { panic!() };
+        assert!(g.contains("\"multipleOf\":1e-8"), "{g}");
+        assert!(Tools::from_request(Some(&ok), None, None, ToolCallFormat::Hermes)
             .unwrap()
             .unwrap()
             .constraint()
@@ -522,6 +452,7 @@ mod tests {
             .unwrap()]),
             None,
             None,
+            ToolCallFormat::Hermes,
         )
         .unwrap();
         let calls = history_calls(1, &[serde_json::from_value(json!({"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1}"}})).unwrap()]).unwrap();
@@ -530,7 +461,7 @@ mod tests {
             ChatMessage { tool_calls: Some(calls), ..ChatMessage::new("assistant", "") },
             ChatMessage { tool_call_id: Some("c1".into()), ..ChatMessage::new("tool", "3") },
         ];
-        let out = lay_out(msgs, t.as_ref(), false);
+        let out = lay_out(msgs.clone(), t.as_ref(), false, ToolCallFormat::Hermes);
         let roles: Vec<&str> = out.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "user"]);
         assert!(out[0].content.contains("\"name\":\"add\""));
@@ -539,6 +470,8 @@ mod tests {
             "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\":1}}\n</tool_call>"
         );
         assert_eq!(out[3].content, "<tool_response>\n3\n</tool_response>");
+        let out = lay_out(msgs, t.as_ref(), false, ToolCallFormat::Llama3Json);
+        assert_eq!(out[2].content, "{\"name\": \"add\", \"parameters\": {\"a\":1}}");
         let bad = history_calls(
             4,
             &[serde_json::from_value(json!({"function": {"name": "add", "arguments": "[1]"}}))
@@ -559,6 +492,7 @@ mod tests {
             Some(&[serde_json::from_value(json!({"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}})).unwrap()]),
             None,
             None,
+            ToolCallFormat::Hermes,
         )
         .unwrap()
         .unwrap();
@@ -575,7 +509,7 @@ mod tests {
             ChatMessage { tool_calls: Some(calls), ..ChatMessage::new("assistant", "") },
             ChatMessage { tool_call_id: Some("c1".into()), ..ChatMessage::new("tool", "3") },
         ];
-        let msgs = lay_out(msgs, Some(&tools), true);
+        let msgs = lay_out(msgs, Some(&tools), true, ToolCallFormat::Hermes);
         let text = t.render_with_tools(&msgs, Some(&tools.as_value()), true).unwrap();
         let want = "<|im_start|>system\nYou are a function calling assistant.";
         assert!(text.starts_with(want), "{text}");

@@ -23,6 +23,7 @@ pub struct Worker {
     healthy: AtomicBool,
     max_model_len: AtomicU32,
     block_size: AtomicU32,
+    waiting: AtomicU32,
     worker_id: Mutex<String>,
 }
 
@@ -39,6 +40,7 @@ impl Worker {
             healthy: AtomicBool::new(true),
             max_model_len: AtomicU32::new(0),
             block_size: AtomicU32::new(0),
+            waiting: AtomicU32::new(0),
             worker_id: Mutex::new(String::new()),
         })
     }
@@ -51,6 +53,11 @@ impl Worker {
     /// Tokens per KV block the worker reported (0 until the first check).
     pub fn block_size(&self) -> usize {
         self.block_size.load(Ordering::Relaxed) as usize
+    }
+
+    /// Sequences waiting on the worker's engine at its last status check.
+    pub fn waiting(&self) -> u32 {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Whether its last status check succeeded.
@@ -93,6 +100,7 @@ impl Worker {
         if let Ok(s) = &res {
             self.max_model_len.store(s.max_model_len, Ordering::Relaxed);
             self.block_size.store(s.block_size, Ordering::Relaxed);
+            self.waiting.store(s.waiting, Ordering::Relaxed);
             *self.worker_id.lock().expect("worker id lock") = s.worker_id.clone();
         }
         res

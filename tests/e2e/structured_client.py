@@ -91,6 +91,18 @@ out["grammar"] = r.choices[0].text
 r = client.completions.create(model=model, prompt="Is water wet?", max_tokens=5, temperature=0,
                               extra_body={"guided_choice": ["yes", "no"]})
 out["guided_choice"] = r.choices[0].text
+# llama-server's fields: a GBNF `grammar` (streamed, chat) and a top-level `json_schema`.
+gbnf = '''# yes or no, then a reason
+root   ::= answer ", because " reason "."
+answer ::= "Yes" | "No"
+reason ::= [a-z] [a-z ]{1,40}
+'''
+stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Is water wet?"}],
+                                        max_tokens=80, temperature=1, seed=3, stream=True, extra_body={"grammar": gbnf})
+out["gbnf"] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+r = client.completions.create(model=model, prompt="A point:", max_tokens=40, temperature=0,
+                              extra_body={"json_schema": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"], "additionalProperties": False}})
+out["llama_json_schema"] = json.loads(r.choices[0].text)
 
 # Refusals: the OpenAI error JSON, naming the field.
 errors = {}
@@ -98,6 +110,7 @@ bad = {
     "bad_schema": dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}}),
     "bad_regex": dict(extra_body={"structured_outputs": {"regex": "[0-9"}}),
     "bad_grammar": dict(extra_body={"structured_outputs": {"grammar": "start: nowhere"}}),
+    "bad_gbnf": dict(extra_body={"grammar": "root ::= answer\n"}),
     "two_constraints": dict(response_format={"type": "json_object"}, extra_body={"guided_choice": ["a"]}),
     "unknown_format": dict(response_format={"type": "xml"}),
     "ignore_eos": dict(response_format={"type": "json_object"}, extra_body={"ignore_eos": True}),

@@ -55,10 +55,12 @@ def check_calls(calls, only=None):
 # required and named, whole.
 for choice, only in (("required", None), ({"type": "function", "function": {"name": "add"}}, "add")):
     r = client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice=choice,
-                                       max_tokens=120, temperature=0, parallel_tool_calls=parallel)
+                                       max_tokens=120, temperature=0, parallel_tool_calls=parallel, logprobs=True)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls", c
     out["named" if only else "required"] = check_calls(c.message.tool_calls, only)
+    # The text the model wrote (its tokens, from the log-probs): the call format in use.
+    out["raw_named" if only else "raw_required"] = "".join(t.token for t in c.logprobs.content)
 
 # required, streamed: OpenAI's chunk format, arguments joined from deltas.
 calls, finish, roles = {}, None, 0

@@ -86,6 +86,7 @@ pub fn sampled_to_proto(s: &SampledToken) -> pb::SampledToken {
     pb::SampledToken {
         chosen: Some(lp_to_proto(&s.chosen)),
         top: s.top.iter().map(lp_to_proto).collect(),
+        rank: s.rank,
     }
 }
 
@@ -94,6 +95,7 @@ pub fn sampled_from_proto(s: &pb::SampledToken) -> Option<SampledToken> {
     Some(SampledToken {
         chosen: lp_from_proto(s.chosen.as_ref()?),
         top: s.top.iter().map(lp_from_proto).collect(),
+        rank: s.rank,
     })
 }
 
@@ -214,6 +216,7 @@ mod tests {
         let s = SampledToken {
             chosen: TokenLogprob { token_id: 5, logprob: -0.25 },
             top: vec![TokenLogprob { token_id: 9, logprob: -0.1 }],
+            rank: Some(3),
         };
         assert_eq!(sampled_from_proto(&sampled_to_proto(&s)).unwrap(), s);
         assert!(sampled_from_proto(&pb::SampledToken::default()).is_none());

@@ -11,7 +11,7 @@ use super::model_runner::RowOutput;
 use super::spec_decoder::SpecDecoder;
 use super::{child_rng, LLMEngine};
 use crate::backend::cpu::pool::ThreadPool;
-use crate::sampling::sampler::{sample_token, scored, Rng, SampledToken};
+use crate::sampling::sampler::{sample_token, scored_ranked, Rng, SampledToken};
 use crate::scheduling::scheduler::{ForkedSeq, SampledSeq};
 use crate::scheduling::sequence::{SeqId, Sequence};
 
@@ -40,7 +40,7 @@ impl LLMEngine {
                 RowOutput::Sampled(t) => {
                     out.push(Some(SampledSeq::one(
                         id,
-                        SampledToken { chosen: t, top: Vec::new() },
+                        SampledToken { chosen: t, top: Vec::new(), rank: None },
                     )));
                     continue;
                 }
@@ -61,7 +61,7 @@ impl LLMEngine {
                         for (j, row) in rows.chunks_exact(vocab).enumerate() {
                             let target = start + j + 1;
                             if target < seq.prompt_len && target == lps.len() + 1 {
-                                lps.push(scored(row, seq.token_ids[target], k));
+                                lps.push(scored_ranked(row, seq.token_ids[target], k));
                             }
                         }
                     }

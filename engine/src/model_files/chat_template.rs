@@ -52,6 +52,7 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     reads_tools: bool,
+    source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -82,6 +83,7 @@ impl ChatTemplate {
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
             reads_tools: source.contains("tools"),
+            source: source.to_string(),
         })
     }
 
@@ -118,6 +120,11 @@ impl ChatTemplate {
     /// itself); otherwise the server describes tools in a system message of its own.
     pub fn reads_tools(&self) -> bool {
         self.reads_tools
+    }
+
+    /// The Jinja source the template was compiled from.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 }
 

@@ -22,6 +22,10 @@ pub struct SampledToken {
     pub chosen: TokenLogprob,
     /// Most likely tokens, best first (empty when not asked for).
     pub top: Vec<TokenLogprob>,
+    /// 1 + how many tokens the model found likelier than the chosen one (computed for scored
+    /// prompt tokens only: vLLM's `prompt_logprobs` report it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
 }
 
 /// How a backend that samples on the device chooses the token of one logits row: Gumbel-max
@@ -307,7 +311,18 @@ pub fn scored(logits: &[f32], id: u32, k: Option<usize>) -> SampledToken {
     for t in &mut top {
         t.logprob -= lse;
     }
-    SampledToken { chosen: TokenLogprob { token_id: id, logprob: logits[id as usize] - lse }, top }
+    SampledToken {
+        chosen: TokenLogprob { token_id: id, logprob: logits[id as usize] - lse },
+        top,
+        rank: None,
+    }
+}
+
+/// [`scored`], with the chosen token's rank.
+pub fn scored_ranked(logits: &[f32], id: u32, k: Option<usize>) -> SampledToken {
+    let x = logits[id as usize];
+    let above = logits.iter().filter(|&&l| l > x).count() as u32;
+    SampledToken { rank: Some(above + 1), ..scored(logits, id, k) }
 }
 
 /// Chooses the next token from raw `logits` under `p`, drawing from `rng` when sampling.

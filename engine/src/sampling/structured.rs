@@ -31,8 +31,9 @@ pub enum StructuredOutput {
     Regex(String),
     /// Exactly one of these strings.
     Choice(Vec<String>),
-    /// Text in the language of this grammar (llguidance's Lark syntax; it may embed JSON
-    /// schemas with `%json { ... }`).
+    /// Text in the language of this grammar: llguidance's Lark syntax (it may embed JSON
+    /// schemas with `%json { ... }`), or llama.cpp's GBNF (rules written `name ::= …`,
+    /// translated by [`super::gbnf`]).
     Grammar(String),
 }
 
@@ -72,7 +73,13 @@ impl StructuredOutput {
                 if g.trim().is_empty() {
                     return Err(StructuredError::Invalid("the grammar is empty".into()));
                 }
-                TopLevelGrammar::from_lark(g.clone())
+                if super::gbnf::is_gbnf(g) {
+                    let lark = super::gbnf::to_lark(g)
+                        .map_err(|e| StructuredError::Invalid(e.to_string()))?;
+                    TopLevelGrammar::from_lark(lark)
+                } else {
+                    TopLevelGrammar::from_lark(g.clone())
+                }
             }
         })
     }
@@ -85,8 +92,10 @@ impl StructuredOutput {
 
 /// JSON laid out on one line as `{"a": 1, "b": [2, 3]}`, unless the schema says otherwise with
 /// llguidance's `x-guidance` options: free whitespace lets a small model pad its output with
-/// newlines until it runs out of tokens.
+/// newlines until it runs out of tokens. Numbers get at most [`FRACTION_DIGITS`] digits after
+/// the point ([`bound_fraction_digits`]).
 fn with_layout(mut schema: serde_json::Value) -> serde_json::Value {
+    bound_fraction_digits(&mut schema);
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance").or_insert_with(|| {
             serde_json::json!({
@@ -97,6 +106,59 @@ fn with_layout(mut schema: serde_json::Value) -> serde_json::Value {
         });
     }
     schema
+}
+
+/// Most digits after the decimal point of a JSON-schema `number` whose schema sets no
+/// `multipleOf`. Unbounded, a small model at temperature 0 can write a number at its schema's
+/// `maximum` as `10.000…` until `max_tokens` (only zeros may follow there). llguidance counts
+/// the digits of a `multipleOf: 1e-k` (up to k = 8; larger k overflows its decimal arithmetic).
+pub const FRACTION_DIGITS: i32 = 8;
+
+/// Gives every `"type": "number"` subschema without a `multipleOf` one of `10^-FRACTION_DIGITS`:
+/// the numbers it allows are a subset of the schema's, with at most [`FRACTION_DIGITS`]
+/// decimals (and no exponent). Only schema positions are visited (never `const`, `enum`,
+/// `default` or `examples` data).
+pub fn bound_fraction_digits(schema: &mut serde_json::Value) {
+    use serde_json::Value;
+    let Some(o) = schema.as_object_mut() else { return };
+    let is_number = match o.get("type") {
+        Some(Value::String(t)) => t == "number",
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == "number"),
+        _ => false,
+    };
+    if is_number && !o.contains_key("multipleOf") {
+        o.insert("multipleOf".into(), serde_json::json!(10f64.powi(-FRACTION_DIGITS)));
+    }
+    for (key, v) in o.iter_mut() {
+        match key.as_str() {
+            // One schema.
+            "items"
+            | "additionalProperties"
+            | "additionalItems"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "contains"
+            | "propertyNames"
+            | "unevaluatedProperties"
+            | "unevaluatedItems" => match v {
+                Value::Array(a) => a.iter_mut().for_each(bound_fraction_digits),
+                v => bound_fraction_digits(v),
+            },
+            // A list of schemas.
+            "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
+                v.as_array_mut().into_iter().flatten().for_each(bound_fraction_digits)
+            }
+            // Named schemas.
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => v
+                .as_object_mut()
+                .into_iter()
+                .flat_map(|m| m.values_mut())
+                .for_each(bound_fraction_digits),
+            _ => {}
+        }
+    }
 }
 
 /// A constraint that cannot be used.
@@ -310,5 +372,36 @@ impl GrammarMatcher {
             cached: self.cached.clone(),
             ahead: self.ahead.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_get_a_digit_bound_and_data_is_left_alone() {
+        let mut s = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "a": {"type": "number"},
+                "b": {"type": ["number", "null"], "multipleOf": 0.5},
+                "c": {"type": "array", "items": {"$ref": "#/$defs/n"}},
+                "d": {"anyOf": [{"type": "number", "maximum": 3}, {"type": "string"}]},
+                "e": {"const": {"type": "number"}, "enum": [{"type": "number"}]},
+                "f": {"type": "integer"},
+            },
+            "$defs": {"n": {"type": "number"}},
+        });
+        bound_fraction_digits(&mut s);
+        let bound = serde_json::json!(1e-8);
+        assert_eq!(s["properties"]["a"]["multipleOf"], bound);
+        assert_eq!(s["properties"]["b"]["multipleOf"], 0.5);
+        assert_eq!(s["$defs"]["n"]["multipleOf"], bound);
+        assert_eq!(s["properties"]["d"]["anyOf"][0]["multipleOf"], bound);
+        assert_eq!(s["properties"]["e"]["const"], serde_json::json!({"type": "number"}));
+        assert_eq!(s["properties"]["e"]["enum"][0], serde_json::json!({"type": "number"}));
+        assert!(s["properties"]["f"].get("multipleOf").is_none());
+        assert!(s.get("multipleOf").is_none());
     }
 }

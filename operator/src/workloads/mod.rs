@@ -39,6 +39,8 @@ pub const PREFILL_PORT: i32 = 50051;
 pub const DECODE_PORT: i32 = 50061;
 /// The decode workers' KV page port.
 pub const KV_PORT: i32 = 50062;
+/// The router's endpoint picker port (`ext_proc` gRPC, Gateway API Inference Extension).
+pub const EPP_PORT: i32 = 9002;
 /// Where the workers keep the fetched default model.
 pub const CACHE_DIR: &str = "/var/cache/tandem";
 
@@ -80,17 +82,29 @@ pub enum Kind {
     PodDisruptionBudget,
     /// `monitoring.coreos.com/v1/ServiceMonitor` (only where that API exists).
     ServiceMonitor,
+    /// `inference.networking.k8s.io/v1/InferencePool` (only where that API exists).
+    InferencePool,
+    /// `gateway.networking.k8s.io/v1/HTTPRoute` (with `router.gateway`, where that API exists).
+    HttpRoute,
 }
 
 impl Kind {
     /// Every managed kind, in apply order (configuration before the pods that read it).
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 7] = [
         Kind::ConfigMap,
         Kind::Service,
         Kind::Deployment,
         Kind::PodDisruptionBudget,
         Kind::ServiceMonitor,
+        Kind::InferencePool,
+        Kind::HttpRoute,
     ];
+
+    /// Whether the kind's API is an optional add-on: a cluster without it answers 404, and the
+    /// operator then does without the objects.
+    pub fn optional(self) -> bool {
+        matches!(self, Kind::ServiceMonitor | Kind::InferencePool | Kind::HttpRoute)
+    }
 
     /// Group, version, kind and plural of the kind's API.
     pub fn api_resource(self) -> ApiResource {
@@ -104,6 +118,10 @@ impl Kind {
             Kind::ServiceMonitor => {
                 ("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors")
             }
+            Kind::InferencePool => {
+                ("inference.networking.k8s.io", "v1", "InferencePool", "inferencepools")
+            }
+            Kind::HttpRoute => ("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes"),
         };
         let api_version =
             if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
@@ -182,7 +200,7 @@ fn digest(v: &Value) -> String {
 
 /// Everything `isvc` should consist of. `service_monitors`: whether the cluster serves the
 /// ServiceMonitor API.
-pub fn desired(isvc: &InferenceService, service_monitors: bool) -> Vec<Desired> {
+pub fn desired(isvc: &InferenceService, apis: &[Kind]) -> Vec<Desired> {
     let config = config_map(isvc);
     let config_hash = digest(&json!(config.data));
     let mut out = vec![finish(isvc, Kind::ConfigMap, config)];
@@ -200,10 +218,58 @@ pub fn desired(isvc: &InferenceService, service_monitors: bool) -> Vec<Desired> 
     for &role in &roles {
         out.push(finish(isvc, Kind::PodDisruptionBudget, pdb(isvc, role)));
     }
-    if service_monitors && isvc.spec.monitoring.service_monitor {
+    if apis.contains(&Kind::ServiceMonitor) && isvc.spec.monitoring.service_monitor {
         out.push(finish(isvc, Kind::ServiceMonitor, service_monitor(isvc)));
     }
+    if apis.contains(&Kind::InferencePool) && isvc.spec.router.inference_pool {
+        out.push(finish(isvc, Kind::InferencePool, inference_pool(isvc)));
+        if apis.contains(&Kind::HttpRoute) && isvc.spec.router.gateway.is_some() {
+            out.push(finish(isvc, Kind::HttpRoute, http_route(isvc)));
+        }
+    }
     out
+}
+
+/// The decode workers as a Gateway API Inference Extension pool (they serve the OpenAI API on
+/// their port), with the router's Service as the endpoint picker.
+fn inference_pool(isvc: &InferenceService) -> Value {
+    json!({
+        "metadata": { "name": isvc.name_any() },
+        "spec": {
+            "selector": { "matchLabels": role_selector_labels(isvc, Role::Decode) },
+            "targetPorts": [{ "number": DECODE_PORT }],
+            "endpointPickerRef": {
+                "kind": "Service",
+                "name": isvc.name_any(),
+                "port": { "number": EPP_PORT },
+                "failureMode": isvc.spec.router.picker_failure_mode,
+            },
+        },
+    })
+}
+
+/// An `HTTPRoute` from `router.gateway` to the service's pool.
+fn http_route(isvc: &InferenceService) -> Value {
+    let gw = isvc.spec.router.gateway.as_ref().expect("a gateway");
+    let mut parent =
+        json!({ "group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.name });
+    if let Some(ns) = &gw.namespace {
+        parent["namespace"] = json!(ns);
+    }
+    if let Some(s) = &gw.section_name {
+        parent["sectionName"] = json!(s);
+    }
+    json!({
+        "metadata": { "name": isvc.name_any() },
+        "spec": {
+            "parentRefs": [parent],
+            "rules": [{
+                "matches": [{ "path": { "type": "PathPrefix", "value": "/" } }],
+                "backendRefs": [{ "group": "inference.networking.k8s.io", "kind": "InferencePool", "name": isvc.name_any() }],
+                "timeouts": { "request": format!("{}s", gw.request_timeout_seconds) },
+            }],
+        },
+    })
 }
 
 /// Serialises a typed object and adds apiVersion/kind, the common labels, the owner reference
@@ -231,12 +297,33 @@ fn finish(isvc: &InferenceService, kind: Kind, object: impl serde::Serialize) ->
     Desired { kind, name, object }
 }
 
+/// Every variable [`config_data`] may set (a pod override may not set them again).
+pub const CONFIG_KEYS: [&str; 17] = [
+    "TANDEM_BLOCK_SIZE",
+    "TANDEM_CACHE_DIR",
+    "TANDEM_DECODE_WEIGHT",
+    "TANDEM_DISAGG_MIN_TOKENS",
+    "TANDEM_KV_FAILURE_POLICY",
+    "TANDEM_KV_TRANSPORT",
+    "TANDEM_LOG_FORMAT",
+    "TANDEM_MODEL",
+    "TANDEM_OVERLAP_WEIGHT",
+    "TANDEM_REDIS_CA_CERT",
+    "TANDEM_REDIS_CLIENT_CERT",
+    "TANDEM_REDIS_CLIENT_KEY",
+    "TANDEM_REDIS_URL",
+    "TANDEM_ROUTING_POLICY",
+    "TANDEM_SERVED_MODEL_NAME",
+    "TANDEM_TRANSFER_TIMEOUT",
+    "TANDEM_ZERO_FREED_BLOCKS",
+];
+
 /// The environment every service reads (`envFrom`): model, block size, routing and transfer
 /// settings. The services take each of these from the variable when the flag is not given.
 pub fn config_data(isvc: &InferenceService) -> BTreeMap<String, String> {
     let s = &isvc.spec;
     let mut d = BTreeMap::new();
-    if let Some(path) = &s.model.path {
+    if let (Some(path), _) = &s.model.source() {
         d.insert("TANDEM_MODEL".into(), path.clone());
     }
     if let Some(name) = &s.model.name {
@@ -317,7 +404,13 @@ fn router_service(isvc: &InferenceService) -> Service {
         spec: Some(ServiceSpec {
             type_: Some(kind.into()),
             selector: Some(role_selector_labels(isvc, Role::Router)),
-            ports: Some(vec![tcp_port("http", ROUTER_PORT)]),
+            ports: Some(vec![
+                tcp_port("http", ROUTER_PORT),
+                ServicePort {
+                    app_protocol: Some("kubernetes.io/h2c".into()),
+                    ..tcp_port("epp", EPP_PORT)
+                },
+            ]),
             ..ServiceSpec::default()
         }),
         ..Service::default()
@@ -420,7 +513,7 @@ mod tests {
         let i = isvc(
             json!({ "prefill": { "replicas": 2 }, "decode": { "replicas": 3, "speculative": { "method": "ngram" } }, "router": { "redisUrl": "redis://r:6379" } }),
         );
-        let objs = desired(&i, true);
+        let objs = desired(&i, &Kind::ALL);
         let names: Vec<_> = objs.iter().map(|d| (d.kind, d.name.as_str())).collect();
         assert_eq!(
             names,
@@ -436,6 +529,7 @@ mod tests {
                 (Kind::PodDisruptionBudget, "chat-prefill"),
                 (Kind::PodDisruptionBudget, "chat-decode"),
                 (Kind::ServiceMonitor, "chat"),
+                (Kind::InferencePool, "chat"),
             ]
         );
         for d in &objs {
@@ -447,7 +541,7 @@ mod tests {
                 Kind::Deployment => round_trip::<Deployment>(&d.object),
                 Kind::Service => round_trip::<Service>(&d.object),
                 Kind::PodDisruptionBudget => round_trip::<PodDisruptionBudget>(&d.object),
-                Kind::ServiceMonitor => {}
+                Kind::ServiceMonitor | Kind::InferencePool | Kind::HttpRoute => {}
             }
         }
         let decode = &objs[6].object;
@@ -479,7 +573,7 @@ mod tests {
         let i = isvc(
             json!({ "prefill": {}, "router": { "redisUrl": "rediss://app@r:6380", "redisPasswordSecret": "redis-auth", "redisTlsSecret": "redis-tls", "redisClientCertificate": true } }),
         );
-        let objs = desired(&i, false);
+        let objs = desired(&i, &[]);
         let data = &objs[0].object["data"];
         assert_eq!(data["TANDEM_REDIS_URL"], "rediss://app@r:6380");
         assert_eq!(data["TANDEM_REDIS_CA_CERT"], "/etc/tandem/redis-tls/ca.crt");
@@ -510,7 +604,7 @@ mod tests {
         let i = isvc(
             json!({ "prefill": {}, "security": { "apiKeysSecret": "keys", "internalTokenSecret": "internal", "maxConcurrentPerKey": 4, "requestsPerSecondPerKey": 2.5, "maxPromptTokens": 4096, "zeroFreedBlocks": true } }),
         );
-        let objs = desired(&i, false);
+        let objs = desired(&i, &[]);
         assert_eq!(objs[0].object["data"]["TANDEM_ZERO_FREED_BLOCKS"], "true");
         for d in objs.iter().filter(|d| d.kind == Kind::Deployment) {
             round_trip::<Deployment>(&d.object);
@@ -542,8 +636,13 @@ mod tests {
                 ] {
                     assert!(args.contains(a), "{a} in {args}");
                 }
+            } else if d.name == "chat-decode" {
+                // Its own OpenAI API (an InferencePool member) takes the same keys.
+                assert!(mounts_keys, "the decode workers mount the keys");
+                assert!(args.contains("--api-keys-file=/etc/tandem/api-keys/api-keys"), "{args}");
+                assert!(!args.contains("per-key"), "{args}");
             } else {
-                assert!(!mounts_keys, "workers never see the API keys");
+                assert!(!mounts_keys, "prefill workers never see the API keys");
             }
         }
     }
@@ -553,7 +652,7 @@ mod tests {
         let mut i = isvc(
             json!({ "decode": { "autoscaling": true, "accelerator": "nvidia" }, "disaggregation": { "mode": "never" } }),
         );
-        let objs = desired(&i, false);
+        let objs = desired(&i, &[]);
         assert_eq!(
             objs.len(),
             7,
@@ -572,12 +671,12 @@ mod tests {
         );
 
         // Same spec, same hashes; a config change changes the ConfigMap and the pod templates.
-        let again = desired(&i, false);
+        let again = desired(&i, &[]);
         assert_eq!(objs, again);
         i.spec.kv_transfer.block_size = 32;
         i.spec.decode.speculative =
             Some(SpeculativeSpec { method: SpeculativeMethod::SelfDraft, tokens: 2 });
-        let changed = desired(&i, false);
+        let changed = desired(&i, &[]);
         let cm_hash = |o: &[Desired]| {
             o.iter().find(|d| d.kind == Kind::Deployment && d.name == "chat-router").unwrap().object
                 ["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
@@ -585,6 +684,123 @@ mod tests {
         };
         assert_ne!(cm_hash(&objs), cm_hash(&changed));
         assert_ne!(objs[0].hash(), changed[0].hash());
+    }
+
+    /// The Gateway API Inference Extension objects: the pool selects the decode pods on their
+    /// port (which serve the OpenAI API) with the router's Service as endpoint picker; the
+    /// route attaches it to the named Gateway; neither without its API.
+    #[test]
+    fn inference_pool_and_http_route() {
+        let i = isvc(json!({
+            "prefill": {},
+            "router": { "gateway": { "name": "inference-gw", "namespace": "gateways", "sectionName": "http" }, "pickerFailureMode": "FailOpen", "shedWaiting": 8 }
+        }));
+        let objs = desired(&i, &Kind::ALL);
+        let get = |k: Kind| objs.iter().find(|d| d.kind == k).unwrap().object.clone();
+        let pool = get(Kind::InferencePool);
+        assert_eq!(pool["apiVersion"], "inference.networking.k8s.io/v1");
+        assert_eq!(
+            pool["spec"]["selector"]["matchLabels"],
+            json!(role_selector_labels(&i, Role::Decode))
+        );
+        assert_eq!(pool["spec"]["targetPorts"], json!([{ "number": DECODE_PORT }]));
+        assert_eq!(
+            pool["spec"]["endpointPickerRef"],
+            json!({ "kind": "Service", "name": "chat", "port": { "number": EPP_PORT }, "failureMode": "FailOpen" })
+        );
+        let route = get(Kind::HttpRoute);
+        assert_eq!(route["apiVersion"], "gateway.networking.k8s.io/v1");
+        assert_eq!(
+            route["spec"]["parentRefs"],
+            json!([{ "group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gw", "namespace": "gateways", "sectionName": "http" }])
+        );
+        assert_eq!(
+            route["spec"]["rules"][0]["backendRefs"],
+            json!([{ "group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "chat" }])
+        );
+        assert_eq!(route["spec"]["rules"][0]["timeouts"], json!({ "request": "600s" }));
+        // The picker's port on the router's Service and pods; the workers serve the API.
+        let svc: Service = serde_json::from_value(get(Kind::Service)).unwrap();
+        let ports = svc.spec.unwrap().ports.unwrap();
+        assert!(ports.iter().any(|p| p.name.as_deref() == Some("epp") && p.port == EPP_PORT));
+        let router = container_args(&i, Role::Router);
+        assert!(
+            router.contains(&format!("--epp-listen=0.0.0.0:{EPP_PORT}"))
+                && router.contains(&"--epp-shed-waiting=8".to_string()),
+            "{router:?}"
+        );
+        let decode = container_args(&i, Role::Decode);
+        assert!(decode.contains(&"--serve-openai".to_string()), "{decode:?}");
+        assert!(
+            decode.iter().any(|a| a == "--prefill-workers=dns:chat-prefill.ml.svc:50051"),
+            "{decode:?}"
+        );
+        // Without the APIs, neither; without a gateway, the pool only.
+        let none = desired(&i, &[]);
+        assert!(none.iter().all(|d| !matches!(d.kind, Kind::InferencePool | Kind::HttpRoute)));
+        let plain = isvc(json!({}));
+        let kinds: Vec<Kind> = desired(&plain, &Kind::ALL).iter().map(|d| d.kind).collect();
+        assert!(kinds.contains(&Kind::InferencePool) && !kinds.contains(&Kind::HttpRoute));
+    }
+
+    #[test]
+    fn model_uri_and_pod_overrides_reach_the_pods() {
+        let i = isvc(json!({
+            "model": { "uri": "pvc://llm-models/gemma/q4_k_m.gguf", "name": "gemma" },
+            "router": { "redisUrl": "rediss://r", "redisTlsSecret": "t", "redisClientCertificate": true },
+            "security": { "zeroFreedBlocks": true },
+            "decode": { "pod": {
+                "nodeSelector": { "gpu": "h100" },
+                "tolerations": [{ "key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule" }],
+                "priorityClassName": "inference",
+                "imagePullSecrets": [{ "name": "registry" }],
+                "env": [{ "name": "TANDEM_CPU_KERNEL", "value": "avx2" }],
+                "volumes": [{ "name": "scratch", "emptyDir": {} }],
+                "volumeMounts": [{ "name": "scratch", "mountPath": "/scratch" }],
+                "labels": { "team": "ml" },
+                "annotations": { "example.com/owner": "ml" }
+            } }
+        }));
+        let config = config_data(&i);
+        assert_eq!(config["TANDEM_MODEL"], "/models/gemma/q4_k_m.gguf");
+        // Every optional setting is set here: the list the pod overrides are checked against is
+        // exactly what the ConfigMap can hold.
+        let keys: Vec<&str> = config.keys().map(String::as_str).collect();
+        assert_eq!(keys, CONFIG_KEYS, "keep CONFIG_KEYS (sorted) equal to config_data's keys");
+        let dep = |role| deployment(&i, role, "h");
+        let d = dep(Role::Decode);
+        let pod = d.spec.template;
+        let spec = pod.spec.unwrap();
+        let claims: Vec<String> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.persistent_volume_claim.as_ref().map(|c| c.claim_name.clone()))
+            .collect();
+        assert_eq!(claims, ["llm-models"]);
+        assert_eq!(spec.node_selector.unwrap()["gpu"], "h100");
+        assert_eq!(spec.tolerations.unwrap()[0].key.as_deref(), Some("nvidia.com/gpu"));
+        assert_eq!(spec.priority_class_name.as_deref(), Some("inference"));
+        assert_eq!(spec.image_pull_secrets.unwrap()[0].name, "registry");
+        let c = &spec.containers[0];
+        assert!(c.env.iter().flatten().any(|e| e.name == "TANDEM_CPU_KERNEL"));
+        assert!(c.volume_mounts.iter().flatten().any(|m| m.mount_path == "/scratch"));
+        assert!(spec.volumes.iter().flatten().any(|v| v.name == "scratch"));
+        let meta = pod.metadata.unwrap();
+        assert_eq!(meta.labels.unwrap()["team"], "ml");
+        let ann = meta.annotations.unwrap();
+        assert_eq!(
+            (ann["example.com/owner"].as_str(), ann[CONFIG_HASH_ANNOTATION].as_str()),
+            ("ml", "h")
+        );
+        // Only the role that asked gets them.
+        let r = dep(Role::Router).spec.template.spec.unwrap();
+        assert!(r.node_selector.is_none() && r.tolerations.is_none());
+        assert!(
+            crate::validate::problems(&i.spec).is_empty(),
+            "{:?}",
+            crate::validate::problems(&i.spec)
+        );
     }
 
     #[test]

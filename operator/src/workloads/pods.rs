@@ -19,9 +19,9 @@ use kube::ResourceExt;
 
 use super::{
     meta, role_name, role_selector_labels, uses_prefill, Role, CACHE_DIR, CONFIG_HASH_ANNOTATION,
-    DECODE_PORT, KV_PORT, PREFILL_PORT, ROUTER_PORT,
+    DECODE_PORT, EPP_PORT, KV_PORT, PREFILL_PORT, ROUTER_PORT,
 };
-use crate::crd::{Accelerator, InferenceService, WorkerSpec};
+use crate::crd::{Accelerator, InferenceService, PodOverrides, WorkerSpec};
 
 /// DNS name of a role's headless Service.
 fn worker_dns(isvc: &InferenceService, role: Role) -> String {
@@ -49,6 +49,11 @@ pub(super) fn container_args(isvc: &InferenceService, role: Role) -> Vec<String>
                 ));
             }
             a.push("--router-id=$(POD_NAME)".into());
+            // The endpoint picker of the service's InferencePool (idle without a gateway).
+            a.push(format!("--epp-listen=0.0.0.0:{EPP_PORT}"));
+            if let Some(n) = isvc.spec.router.shed_waiting {
+                a.push(format!("--epp-shed-waiting={n}"));
+            }
             let sec = &isvc.spec.security;
             if sec.api_keys_secret.is_some() {
                 a.push(format!("--api-keys-file={}/api-keys", crate::crd::API_KEYS_DIR));
@@ -76,6 +81,17 @@ pub(super) fn container_args(isvc: &InferenceService, role: Role) -> Vec<String>
                 if !uses_prefill(isvc) {
                     a.push("--colocated".into());
                 }
+                // A model server of the InferencePool: the OpenAI API on the worker's port.
+                a.push("--serve-openai".into());
+                if isvc.spec.security.api_keys_secret.is_some() {
+                    a.push(format!("--api-keys-file={}/api-keys", crate::crd::API_KEYS_DIR));
+                }
+                if uses_prefill(isvc) {
+                    a.push(format!(
+                        "--prefill-workers=dns:{}:{PREFILL_PORT}",
+                        worker_dns(isvc, Role::Prefill)
+                    ));
+                }
                 if let Some(spec) = &w.speculative {
                     a.push(format!("--speculative={}", spec.method.as_str()));
                     a.push(format!("--num-speculative-tokens={}", spec.tokens));
@@ -95,6 +111,15 @@ pub(super) fn container_args(isvc: &InferenceService, role: Role) -> Vec<String>
         }
     }
     a
+}
+
+/// What the spec adds to `role`'s pods.
+pub(super) fn pod_overrides(isvc: &InferenceService, role: Role) -> Option<&PodOverrides> {
+    match role {
+        Role::Router => isvc.spec.router.pod.as_ref(),
+        Role::Prefill => isvc.spec.prefill.as_ref().and_then(|w| w.pod.as_ref()),
+        Role::Decode => isvc.spec.decode.pod.as_ref(),
+    }
 }
 
 fn worker_spec(isvc: &InferenceService, role: Role) -> &WorkerSpec {
@@ -203,6 +228,9 @@ pub(super) fn deployment(isvc: &InferenceService, role: Role, config_hash: &str)
     if role == Role::Decode {
         ports.push(container_port("kv", KV_PORT));
     }
+    if role == Role::Router {
+        ports.push(container_port("epp", EPP_PORT));
+    }
     let mut env =
         vec![env_from_field("POD_NAME", "metadata.name"), env_from_field("POD_IP", "status.podIP")];
     if let Some(secret) = &s.security.internal_token_secret {
@@ -227,12 +255,13 @@ pub(super) fn deployment(isvc: &InferenceService, role: Role, config_hash: &str)
         volumes.push(v);
         mounts.push(m);
     }
-    if let (Role::Router, Some(secret)) = (role, &s.security.api_keys_secret) {
+    // The router's API and the decode workers' own (`--serve-openai`) take the same keys.
+    if let (Role::Router | Role::Decode, Some(secret)) = (role, &s.security.api_keys_secret) {
         let (v, m) = secret_volume("api-keys", secret, crate::crd::API_KEYS_DIR);
         volumes.push(v);
         mounts.push(m);
     }
-    if let Some(pvc) = &s.model.pvc {
+    if let (_, Some(pvc)) = &s.model.source() {
         volumes.push(Volume {
             name: "models".into(),
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
@@ -248,6 +277,10 @@ pub(super) fn deployment(isvc: &InferenceService, role: Role, config_hash: &str)
             ..Default::default()
         });
     }
+    let extra = pod_overrides(isvc, role).cloned().unwrap_or_default();
+    env.extend(extra.env.iter().flatten().cloned());
+    volumes.extend(extra.volumes.iter().flatten().cloned());
+    mounts.extend(extra.volume_mounts.iter().flatten().cloned());
     let (startup, liveness) = if role == Role::Router {
         // A router without workers is unready, not dead: liveness checks only the listener.
         let tcp = Probe {
@@ -297,6 +330,9 @@ pub(super) fn deployment(isvc: &InferenceService, role: Role, config_hash: &str)
     };
     let mut pod_labels = match_labels.clone();
     pod_labels.insert("app.kubernetes.io/name".into(), "tandem".into());
+    pod_labels.extend(extra.labels.clone().unwrap_or_default());
+    let mut annotations = extra.annotations.clone().unwrap_or_default();
+    annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
     let replicas = match role {
         Role::Router => Some(s.router.replicas),
         _ => {
@@ -319,16 +355,19 @@ pub(super) fn deployment(isvc: &InferenceService, role: Role, config_hash: &str)
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
-                    annotations: Some(BTreeMap::from([(
-                        CONFIG_HASH_ANNOTATION.to_string(),
-                        config_hash.to_string(),
-                    )])),
+                    annotations: Some(annotations),
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
                     termination_grace_period_seconds: Some(i64::from(drain) + 15),
                     containers: vec![container],
                     volumes: Some(volumes),
+                    node_selector: extra.node_selector,
+                    tolerations: extra.tolerations,
+                    affinity: extra.affinity,
+                    priority_class_name: extra.priority_class_name,
+                    service_account_name: extra.service_account_name,
+                    image_pull_secrets: extra.image_pull_secrets,
                     ..Default::default()
                 }),
             },
