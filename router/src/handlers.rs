@@ -115,7 +115,7 @@ fn finish_prepare(
         keep: base.n,
         echo_logprobs: false,
         prompt_logprobs: base.prompt_logprobs,
-        beam: None,
+        beam: false,
         prompts,
         echo,
         params,
@@ -228,7 +228,10 @@ pub(crate) fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared,
     p.echo_logprobs = echo && logprobs.is_some();
     p.prompt_logprobs = common.prompt_logprobs.map(|k| k as usize);
     let other = keep < p.n || p.echo_logprobs || p.prompt_logprobs.is_some();
-    p.beam = crate::beam::requested(&common, &p.params[0], other)?;
+    if let Some(lp) = crate::beam::requested(&common, other)? {
+        crate::beam::apply(&mut p, lp, st.info.config.vocab_size)?;
+        p.beam = true;
+    }
     Ok(p)
 }
 
@@ -297,11 +300,12 @@ pub(crate) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiEr
     )?;
     p.tool_names = calls.map(|t| t.functions.iter().map(|f| f.name.clone()).collect());
     p.tool_format = st.tool_format;
-    p.beam = crate::beam::requested(
-        &common,
-        &p.params[0],
-        tools.is_some() || p.prompt_logprobs.is_some(),
-    )?;
+    if let Some(lp) =
+        crate::beam::requested(&common, tools.is_some() || p.prompt_logprobs.is_some())?
+    {
+        crate::beam::apply(&mut p, lp, st.info.config.vocab_size)?;
+        p.beam = true;
+    }
     Ok(p)
 }
 
@@ -409,14 +413,6 @@ async fn generate(
     // A tenant's prompts share cached prefixes only with the same tenant's.
     if let Some(Extension(t)) = tenant {
         p.cache_salt = t.cache_salt(&p.cache_salt);
-    }
-    if let Some(length_penalty) = p.beam {
-        let (code, res) = match crate::beam::run(&st, &p, length_penalty, started).await {
-            Ok(v) => (StatusCode::OK, axum::Json(responses::Wire(&v)).into_response()),
-            Err(e) => (e.status, e.into_response()),
-        };
-        record_done(ep, code, started);
-        return res;
     }
     let (mut route, streams) = match start(&st, &p).await {
         Ok(x) => x,

@@ -380,6 +380,8 @@ pub fn sampling_params(
             }
             k => k.map(|k| logprob_count("prompt_logprobs", k)).transpose()?,
         },
+        // Set by `beam::apply` once the request is known to ask for it.
+        beam_search: None,
     })
 }
 

@@ -53,8 +53,9 @@ pub(crate) struct Prepared {
     /// The prefill worker an endpoint picker named (`x-prefiller-host-port`); used when it is
     /// one of this front end's healthy prefill workers.
     pub(crate) prefill_hint: Option<String>,
-    /// Beam search, with this length penalty (`n` is the width).
-    pub(crate) beam: Option<f64>,
+    /// Beam search (`n` is the width; the parameters carry the length penalty): each choice
+    /// reports its beam's cumulative log-probability.
+    pub(crate) beam: bool,
 }
 
 /// A decode worker's stream of one prompt's deltas.
@@ -163,6 +164,11 @@ pub(crate) async fn collect(
                 }
             }
             Endpoint::Chat => v["prompt_logprobs"] = scored(0),
+        }
+    }
+    if p.beam {
+        for (c, out) in choices.iter().zip(v["choices"].as_array_mut().into_iter().flatten()) {
+            out["cumulative_logprob"] = json!(c.cumulative_logprob);
         }
     }
     // Usage counts every completion generated, kept or not.

@@ -1,5 +1,6 @@
 //! Conversions between the gRPC messages and the engine's types.
 
+use tandem_engine::sampling::beam::BeamSearch;
 use tandem_engine::sampling::sampler::{SampledToken, TokenLogprob};
 use tandem_engine::scheduling::request_output::{CompletionOutput, StopReason};
 use tandem_engine::SamplingParams;
@@ -37,6 +38,10 @@ pub fn params_from_proto(p: &pb::SamplingParams) -> Result<SamplingParams, tonic
         logit_bias: p.logit_bias.iter().map(|b| (b.token_id, b.bias)).collect(),
         structured,
         prompt_logprobs: p.prompt_logprobs.map(|k| k as usize),
+        beam_search: p
+            .beam_search
+            .as_ref()
+            .map(|b| BeamSearch { length_penalty: b.length_penalty }),
     })
 }
 
@@ -70,6 +75,7 @@ pub fn params_to_proto(p: &SamplingParams) -> pb::SamplingParams {
             .as_ref()
             .map(|s| serde_json::to_string(s).expect("a constraint serialises")),
         prompt_logprobs: p.prompt_logprobs.map(|k| k as u32),
+        beam_search: p.beam_search.map(|b| pb::BeamSearch { length_penalty: b.length_penalty }),
     }
 }
 
@@ -188,6 +194,7 @@ mod tests {
             detokenize: true,
             logit_bias: vec![(3, -100.0), (9, 2.5)],
             prompt_logprobs: Some(3),
+            beam_search: Some(BeamSearch { length_penalty: 0.25 }),
             structured: Some(StructuredOutput::Json(
                 serde_json::json!({"type": "object", "properties": {"a": {"enum": [1, "x"]}}}),
             )),

@@ -2,6 +2,7 @@
 //! `has_unfinished_requests`, `get_num_unfinished_requests` — over the Scheduler → BlockManager
 //! → ModelRunner flow of seed 002.
 
+mod beam_search;
 pub mod generate;
 pub mod model_runner;
 pub mod remote_prefill;
@@ -138,6 +139,8 @@ struct RequestState {
     finished: usize,
     /// The prompt's log-probabilities so far (when asked for), until they are sent.
     prompt_logprobs: Option<Vec<SampledToken>>,
+    /// Beam search's state (`seq_ids` are then the live beams).
+    beam: Option<beam_search::BeamState>,
 }
 
 /// The engine: model, scheduler and runner.
@@ -290,9 +293,9 @@ impl LLMEngine {
         // A model loaded without a tokenizer serves token ids only.
         params.detokenize &= !self.tokenizer.is_ids_only();
         params.validate(self.model_config.vocab_size)?;
-        if opts.prefill_only && params.n > 1 {
+        if opts.prefill_only && (params.n > 1 || params.beam_search.is_some()) {
             return Err(EngineError::InvalidRequest(
-                "a prefill-only request has one completion (n = 1)".into(),
+                "a prefill-only request has one sampled completion (n = 1, no beam search)".into(),
             ));
         }
         let max_seqs = self.scheduler.config.max_num_seqs;
@@ -326,6 +329,36 @@ impl LLMEngine {
                 params.max_tokens
             )));
         }
+        let beam = match &params.beam_search {
+            Some(b) => {
+                let bm = &self.scheduler.block_manager;
+                let bs = bm.block_size();
+                let need = beam_search::blocks_needed(params.n, ids.len(), params.max_tokens, bs);
+                if need > bm.num_blocks() {
+                    return Err(EngineError::InvalidRequest(format!(
+                        "a beam search of width {} over {} prompt and {} new tokens can hold up to {need} KV blocks; this server has {}",
+                        params.n,
+                        ids.len(),
+                        params.max_tokens,
+                        bm.num_blocks()
+                    )));
+                }
+                let eos = if params.ignore_eos {
+                    Vec::new()
+                } else {
+                    self.tokenizer.eos_token_ids.clone()
+                };
+                Some(beam_search::BeamState::new(
+                    params.n,
+                    b.length_penalty,
+                    eos,
+                    ids.len(),
+                    params.max_tokens,
+                    params.min_tokens,
+                ))
+            }
+            None => None,
+        };
         let grammar = match &params.structured {
             Some(c) => Some(self.grammar_compiler()?.compile(c)?),
             None => None,
@@ -361,6 +394,7 @@ impl LLMEngine {
             let may = !opts.no_speculation
                 && !opts.prefill_only
                 && params.n == 1
+                && params.beam_search.is_none()
                 && params.structured.is_none();
             seq.spec = SpecDecoder::start(may);
         }
@@ -373,6 +407,7 @@ impl LLMEngine {
                 n: params.n,
                 finished: 0,
                 prompt_logprobs: params.prompt_logprobs.map(|_| Vec::new()),
+                beam,
             },
         );
         Ok(())
@@ -534,6 +569,16 @@ impl LLMEngine {
         Some((seq.block_table.blocks.clone(), seq.num_computed_tokens))
     }
 
+    /// The block tables of an unfinished request's live sequences (its completions, or its
+    /// live beams), in completion order (for tests of block sharing).
+    pub fn request_tables(&self, request_id: &str) -> Option<Vec<Vec<u32>>> {
+        let r = self.requests.get(request_id)?;
+        let mut seqs: Vec<_> =
+            r.seq_ids.iter().filter_map(|id| self.scheduler.seqs.get(id)).collect();
+        seqs.sort_by_key(|s| s.index);
+        Some(seqs.iter().map(|s| s.block_table.blocks.clone()).collect())
+    }
+
     /// Whether outputs are waiting for the next [`LLMEngine::step`] (e.g. after an abort or a
     /// remote prefill's first token), even with no request left to run.
     pub fn has_pending_outputs(&self) -> bool {
@@ -579,7 +624,8 @@ impl LLMEngine {
         self.feed_grammars(&sampled);
         let update =
             self.scheduler.update_from_output(&plan, sampled, &self.tokenizer, now_secs())?;
-        let outputs = self.outputs(update);
+        let mut outputs = self.outputs(update);
+        outputs.extend(self.advance_beams());
         self.wipe_freed();
         self.last_schedule = plan;
         Ok(outputs)

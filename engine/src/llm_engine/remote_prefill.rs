@@ -71,7 +71,8 @@ impl LLMEngine {
     }
 
     /// Queues a request whose prompt KV will arrive from a prefill worker. Returns the blocks to
-    /// fill, or `None` when the request is instead prefilled here (no free blocks, or `n > 1`).
+    /// fill, or `None` when the request is instead prefilled here (no free blocks, `n > 1`, prompt
+    /// log-probabilities or beam search: its beams fork here).
     pub fn add_remote_prefill(
         &mut self,
         request_id: &str,
@@ -79,7 +80,8 @@ impl LLMEngine {
         params: SamplingParams,
         opts: RequestOptions,
     ) -> Result<Option<RemotePrefill>, EngineError> {
-        let local = params.n > 1 || params.prompt_logprobs.is_some();
+        let local =
+            params.n > 1 || params.prompt_logprobs.is_some() || params.beam_search.is_some();
         self.add_request_with(request_id, prompt, params, opts)?;
         let id = self.single_seq(request_id).expect("just added");
         if local {

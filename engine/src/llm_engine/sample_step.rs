@@ -34,6 +34,7 @@ impl LLMEngine {
         let eos = &self.tokenizer.eos_token_ids;
         let mut out: Vec<Option<SampledSeq>> = Vec::with_capacity(rows.len());
         let mut pending = Vec::new();
+        let mut beams = Vec::new();
         for (id, row) in rows {
             let seq = self.scheduler.seqs.get_mut(&id).expect("a row's sequence exists");
             let mut row = match row {
@@ -71,6 +72,11 @@ impl LLMEngine {
                     rows[rows.len() - vocab..].to_vec()
                 }
             };
+            if seq.params.beam_search.is_some() {
+                // A beam reports its alternatives; its token comes from the request's step.
+                beams.push((id, row));
+                continue;
+            }
             if let Some(g) = seq.grammar.as_mut() {
                 g.mask_logits(&mut row);
             }
@@ -80,6 +86,10 @@ impl LLMEngine {
             pending.push(Pending { seq_id: id, row, fork_seed, at: out.len() });
             out.push(None);
         }
+        for (id, row) in beams {
+            self.report_beam(id, &row);
+        }
+        let eos = &self.tokenizer.eos_token_ids;
         let drawn = draw_rows(&self.scheduler.seqs, eos, &pending);
         for (p, (token, rng)) in pending.into_iter().zip(drawn) {
             let seq = self.scheduler.seqs.get_mut(&p.seq_id).expect("a row's sequence exists");

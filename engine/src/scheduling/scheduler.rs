@@ -652,6 +652,25 @@ impl Scheduler {
         self.add_running(child);
     }
 
+    /// Beam search: beam `id`, whose logits this step reported, waits with its blocks (parked)
+    /// until its siblings have reported too.
+    pub fn hold(&mut self, id: SeqId) {
+        if self.running.contains(&id) {
+            self.running.retain(|&x| x != id);
+            self.parked.push(id);
+        }
+    }
+
+    /// Beam search: forks held beam `parent` as `child_id` (completion `index`), held too; it
+    /// shares every block of the parent (copy on write).
+    pub fn fork_held(&mut self, parent: SeqId, child_id: SeqId, index: usize) {
+        let Some(seq) = self.seqs.get(&parent) else { return };
+        let mut child = seq.fork(child_id, index, seq.rng.clone());
+        child.block_table = self.block_manager.fork(&seq.block_table);
+        self.seqs.insert(child_id, child);
+        self.parked.push(child_id);
+    }
+
     /// After a step: records computed tokens and registers newly full blocks in the prefix cache.
     pub fn mark_computed(&mut self, id: SeqId, n: usize) {
         let seed = self.config.hash_seed;

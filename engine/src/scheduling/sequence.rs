@@ -87,7 +87,8 @@ pub struct Sequence {
     pub block_hashes: Vec<BlockHash>,
     /// This completion's random stream.
     pub rng: Rng,
-    /// Completions still to fork from this one once its prompt is done (n > 1).
+    /// Completions still to fork from this one once its prompt is done (n > 1), or beams it may
+    /// still fork (beam search): the running-set slots it holds for them.
     pub pending_forks: usize,
     /// Stop after the first token and keep the blocks (a prefill worker's request).
     pub prefill_only: bool,
@@ -224,6 +225,10 @@ impl Sequence {
             output: self.output_ids(),
             eos_token_ids,
         }
+    }
+    /// Sum of the generated tokens' log-probabilities.
+    pub fn cumulative_logprob(&self) -> f64 {
+        self.output.cumulative_logprob
     }
     /// Number of generated tokens.
     pub fn num_output_tokens(&self) -> usize {
