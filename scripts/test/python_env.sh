@@ -18,6 +18,13 @@ if [ -x "$py" ] && "$py" -c "$check" >/dev/null 2>&1; then
   exit 0
 fi
 mkdir -p "$cache"
+# Tests run in parallel: one creates the environment while the others wait for it.
+exec 9>"$env_dir.lock"
+flock 9
+if [ -x "$py" ] && "$py" -c "$check" >/dev/null 2>&1; then
+  echo "$py"
+  exit 0
+fi
 rm -rf "$env_dir.tmp"
 python3 -m venv "$env_dir.tmp" >&2
 "$env_dir.tmp/bin/pip" install --disable-pip-version-check --quiet "${PACKAGES[@]}" >&2
