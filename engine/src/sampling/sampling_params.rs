@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sampling::beam::BeamSearch;
+use crate::sampling::beam::{BeamSearch, MAX_WIDTH};
 use crate::sampling::structured::StructuredOutput;
 
 /// Per-request sampling and stopping parameters.
@@ -232,10 +232,56 @@ impl SamplingParams {
             ));
         }
         if let Some(b) = &self.beam_search {
-            crate::sampling::beam::check(self, b)?;
+            check_beam(self, b)?;
         }
         Ok(())
     }
+}
+
+/// The rules a beam-search request must meet besides the general ones: the error names the
+/// parameter that cannot go with it.
+fn check_beam(p: &SamplingParams, b: &BeamSearch) -> Result<(), ParamError> {
+    let refuse = |param: &'static str, why: &str| {
+        Err(ParamError::new(param, format!("{param} cannot be combined with beam search: {why}")))
+    };
+    if !(1..=MAX_WIDTH).contains(&p.n) {
+        return refuse("n", &format!("n is the beam width, 1 to {MAX_WIDTH}"));
+    }
+    let lp = b.length_penalty;
+    if !(lp.is_finite() && (-10.0..=10.0).contains(&lp)) {
+        return Err(ParamError::new(
+            "length_penalty",
+            format!("length_penalty must be between -10 and 10, got {lp}"),
+        ));
+    }
+    // 0 and 1 both mean the model's own log-probabilities, which beams follow.
+    if p.temperature != 0.0 && p.temperature != 1.0 {
+        return refuse("temperature", "beams follow the model's own log-probabilities");
+    }
+    let d = SamplingParams::default();
+    for (param, set) in [
+        ("top_p", p.top_p != d.top_p),
+        ("top_k", p.top_k > 0),
+        ("min_p", p.min_p != d.min_p),
+        ("seed", p.seed.is_some()),
+    ] {
+        if set {
+            return refuse(param, "beam search does not sample");
+        }
+    }
+    if p.has_penalties() {
+        return refuse("logit_bias", "beams follow the model's own log-probabilities");
+    }
+    if !p.stop.is_empty() || !p.stop_token_ids.is_empty() {
+        return refuse("stop", "beams end at end-of-sequence or max_tokens");
+    }
+    if p.logprobs.is_some() || p.prompt_logprobs.is_some() {
+        return refuse("logprobs", "beams report their cumulative log-probability only");
+    }
+    if p.structured.is_some() {
+        return refuse("structured_outputs", "constraints are applied by sampling only");
+    }
+    Ok(())
 }
 
 /// Most completions one request may ask for.
@@ -310,5 +356,26 @@ mod tests {
         assert_eq!(p.temperature, 0.5);
         assert_eq!(p.max_tokens, 16);
         assert_eq!(p.stop, vec!["\n".to_string()]);
+    }
+
+    #[test]
+    fn sampling_parameters_are_refused_by_name() {
+        let b = BeamSearch::default();
+        let ok = SamplingParams { n: 4, temperature: 0.0, ..Default::default() };
+        assert!(check_beam(&ok, &b).is_ok());
+        let cases: Vec<(SamplingParams, &str)> = vec![
+            (SamplingParams { n: 11, ..ok.clone() }, "n"),
+            (SamplingParams { temperature: 0.7, ..ok.clone() }, "temperature"),
+            (SamplingParams { top_p: 0.9, ..ok.clone() }, "top_p"),
+            (SamplingParams { seed: Some(1), ..ok.clone() }, "seed"),
+            (SamplingParams { stop: vec!["x".into()], ..ok.clone() }, "stop"),
+            (SamplingParams { logprobs: Some(1), ..ok.clone() }, "logprobs"),
+            (SamplingParams { presence_penalty: 0.5, ..ok.clone() }, "logit_bias"),
+        ];
+        for (p, param) in cases {
+            assert_eq!(check_beam(&p, &b).unwrap_err().param, param, "{p:?}");
+        }
+        let bad = BeamSearch { length_penalty: f64::NAN };
+        assert_eq!(check_beam(&ok, &bad).unwrap_err().param, "length_penalty");
     }
 }
