@@ -289,48 +289,13 @@ fn prompt_logprobs_as_vllm_writes_them(r: &Proc, case: &Value) {
     }
 }
 
-/// Beam search by brute force: every beam scored by a full teacher-forced pass of the model
-/// (`tandem_engine::score`, exact kernels like the workers), the `2 × width` best tokens of each
-/// expanded, the `width` best kept, end-of-sequence ones set aside, ranked at the end by
-/// cumulative log-probability over length (prompt included).
+/// Beam search by brute force (teacher-forced passes of the same file, exact kernels like the
+/// workers): the reference.
 fn brute_force_beams(prompt: &[u32], width: usize, steps: usize) -> Vec<(Vec<u32>, f64)> {
     let path = tandem_engine::model_files::model_fetch::default_model_path().unwrap();
     let mut model =
         tandem_engine::Model::load(&path, tandem_engine::LoadOptions::default()).unwrap();
-    let eos = model.tokenizer.eos_token_ids.clone();
-    let mut live: Vec<(Vec<u32>, f64)> = vec![(Vec::new(), 0.0)];
-    let mut done: Vec<(Vec<u32>, f64)> = Vec::new();
-    for _ in 0..steps {
-        let mut next = Vec::new();
-        for (toks, cum) in &live {
-            let ids: Vec<u32> = prompt.iter().chain(toks).copied().collect();
-            let rows = tandem_engine::score(&mut model, &ids).unwrap();
-            let last = rows.last().unwrap();
-            let mut order: Vec<usize> = (0..last.len()).collect();
-            order.sort_by(|&a, &b| last[b].total_cmp(&last[a]).then(a.cmp(&b)));
-            for &t in order.iter().take(2 * width) {
-                let mut ext = toks.clone();
-                ext.push(t as u32);
-                let entry = (ext, cum + last[t] as f64);
-                if eos.contains(&(t as u32)) {
-                    done.push(entry);
-                } else {
-                    next.push(entry);
-                }
-            }
-        }
-        next.sort_by(|a, b| b.1.total_cmp(&a.1));
-        next.truncate(width);
-        live = next;
-    }
-    done.extend(live);
-    let score = |(t, cum): &(Vec<u32>, f64)| {
-        let ended = t.last().is_some_and(|x| eos.contains(x));
-        cum / (prompt.len() + t.len() - usize::from(ended)) as f64
-    };
-    done.sort_by(|a, b| score(b).total_cmp(&score(a)));
-    done.truncate(width);
-    done
+    tandem_engine::beam_search_by_scoring(&mut model, prompt, width, steps, 1.0).unwrap()
 }
 
 /// `use_beam_search` through the gateway, on the disaggregated path (a prefill worker beside

@@ -22,7 +22,7 @@ pub mod sampling;
 pub mod scheduling;
 pub mod speculative;
 
-pub use llm_engine::generate::{score, Generation};
+pub use llm_engine::generate::{beam_search_by_scoring, score, Generation};
 pub use llm_engine::{EngineConfig, EngineError, LLMEngine, Prompt, RequestOptions};
 pub use model::{KvCacheSize, LoadOptions, Model, ModelInfo};
 pub use model_files::chat_template::{ChatMessage, ChatTemplate, TemplateError};

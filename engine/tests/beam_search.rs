@@ -8,8 +8,8 @@ use std::collections::HashSet;
 use tandem_engine::sampling::beam::BeamSearch;
 use tandem_engine::scheduling::scheduler::{PreemptionMode, SchedulerConfig};
 use tandem_engine::{
-    model_files::model_fetch, score, CompletionOutput, EngineConfig, KvCacheSize, LLMEngine,
-    LoadOptions, Model, Prompt, SamplingParams,
+    beam_search_by_scoring, model_files::model_fetch, CompletionOutput, EngineConfig, KvCacheSize,
+    LLMEngine, LoadOptions, Model, Prompt, SamplingParams,
 };
 
 const PROMPT: &str = "Here is some advice that my grandmother gave me when I was young, and that I have kept with me ever since: the best way to learn is";
@@ -17,51 +17,6 @@ const PROMPT: &str = "Here is some advice that my grandmother gave me when I was
 fn load(tokens: usize) -> Model {
     let opts = LoadOptions { kv_cache: KvCacheSize::Tokens(tokens), ..Default::default() };
     Model::load(&model_fetch::default_model_path().unwrap(), opts).unwrap()
-}
-
-/// Beam search by brute force: every beam scored by a full teacher-forced pass, the `2 × width`
-/// best tokens of each expanded, the `width` best kept, end-of-sequence ones set aside, ranked
-/// at the end by cumulative log-probability over length (prompt included).
-fn brute_force(
-    model: &mut Model,
-    prompt: &[u32],
-    width: usize,
-    steps: usize,
-) -> Vec<(Vec<u32>, f64)> {
-    let eos = model.tokenizer.eos_token_ids.clone();
-    let mut live: Vec<(Vec<u32>, f64)> = vec![(Vec::new(), 0.0)];
-    let mut done: Vec<(Vec<u32>, f64)> = Vec::new();
-    for _ in 0..steps {
-        let mut next = Vec::new();
-        for (toks, cum) in &live {
-            let ids: Vec<u32> = prompt.iter().chain(toks).copied().collect();
-            let rows = score(model, &ids).unwrap();
-            let last = rows.last().unwrap();
-            let mut order: Vec<usize> = (0..last.len()).collect();
-            order.sort_by(|&a, &b| last[b].total_cmp(&last[a]).then(a.cmp(&b)));
-            for &t in order.iter().take(2 * width) {
-                let mut ext = toks.clone();
-                ext.push(t as u32);
-                let entry = (ext, cum + last[t] as f64);
-                if eos.contains(&(t as u32)) {
-                    done.push(entry);
-                } else {
-                    next.push(entry);
-                }
-            }
-        }
-        next.sort_by(|a, b| b.1.total_cmp(&a.1));
-        next.truncate(width);
-        live = next;
-    }
-    done.extend(live);
-    let key = |(t, cum): &(Vec<u32>, f64)| {
-        let ended = t.last().is_some_and(|x| eos.contains(x));
-        cum / (prompt.len() + t.len() - usize::from(ended)) as f64
-    };
-    done.sort_by(|a, b| key(b).total_cmp(&key(a)));
-    done.truncate(width);
-    done
 }
 
 fn beams(width: usize, steps: usize) -> SamplingParams {
@@ -92,7 +47,7 @@ fn beams_fork_share_their_blocks_and_equal_a_brute_force_search() {
     let (width, steps) = (4, 6);
     let mut reference = load(1024);
     let prompt = reference.tokenizer.encode(PROMPT, true).unwrap();
-    let want = brute_force(&mut reference, &prompt, width, steps);
+    let want = beam_search_by_scoring(&mut reference, &prompt, width, steps, 1.0).unwrap();
 
     let mut e = LLMEngine::new(load(4096), EngineConfig::default());
     let bs = e.block_manager().block_size();

@@ -86,3 +86,52 @@ pub fn score(model: &mut Model, ids: &[u32]) -> Result<Vec<Vec<f32>>, EngineErro
     let logits = model.backend.forward(&batch)?;
     Ok(logits.chunks_exact(model.config.vocab_size).map(log_softmax).collect())
 }
+
+/// Beam search by brute force, the reference the engine's search is tested against: every
+/// beam is scored by a whole teacher-forced pass ([`score`]; no KV shared between beams), the
+/// `2 × width` best tokens of each expanded, the `width` best extensions kept and those ending
+/// in end-of-sequence set aside, for `steps` steps; then all of them ranked by cumulative
+/// log-probability over length (prompt included, a final end-of-sequence token not) to the
+/// power `length_penalty`. Returns the `width` best as (tokens, cumulative log-probability).
+pub fn beam_search_by_scoring(
+    model: &mut Model,
+    prompt: &[u32],
+    width: usize,
+    steps: usize,
+    length_penalty: f64,
+) -> Result<Vec<(Vec<u32>, f64)>, EngineError> {
+    let eos = model.tokenizer.eos_token_ids.clone();
+    let mut live: Vec<(Vec<u32>, f64)> = vec![(Vec::new(), 0.0)];
+    let mut done: Vec<(Vec<u32>, f64)> = Vec::new();
+    for _ in 0..steps {
+        let mut next = Vec::new();
+        for (toks, cum) in &live {
+            let ids: Vec<u32> = prompt.iter().chain(toks).copied().collect();
+            let rows = score(model, &ids)?;
+            let last = rows.last().expect("one row per token");
+            let mut order: Vec<usize> = (0..last.len()).collect();
+            order.sort_by(|&a, &b| last[b].total_cmp(&last[a]).then(a.cmp(&b)));
+            for &t in order.iter().take(2 * width) {
+                let mut ext = toks.clone();
+                ext.push(t as u32);
+                let entry = (ext, cum + last[t] as f64);
+                if eos.contains(&(t as u32)) {
+                    done.push(entry);
+                } else {
+                    next.push(entry);
+                }
+            }
+        }
+        next.sort_by(|a, b| b.1.total_cmp(&a.1));
+        next.truncate(width);
+        live = next;
+    }
+    done.extend(live);
+    let key = |(t, cum): &(Vec<u32>, f64)| {
+        let ended = t.last().is_some_and(|x| eos.contains(x));
+        cum / ((prompt.len() + t.len() - usize::from(ended)) as f64).powf(length_penalty)
+    };
+    done.sort_by(|a, b| key(b).total_cmp(&key(a)));
+    done.truncate(width);
+    Ok(done)
+}
