@@ -345,4 +345,11 @@ fn beam_search_returns_the_brute_force_beams() {
         let (s, e) = post(&r, "/v1/completions", b);
         assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{e}");
     }
+    // A search whose beams could outgrow the worker's KV cache is refused, not queued.
+    let big = json!({ "model": MODEL, "prompt": "x", "use_beam_search": true, "n": 10,
+                      "max_tokens": 2000 });
+    let (s, e) = post(&r, "/v1/completions", big);
+    let msg = e["error"]["message"].as_str().unwrap_or_default();
+    assert!(s == 400 && msg.contains("beam search of width 10"), "{s} {e}");
+    assert_eq!(wait_metric(&d.addr, "tandem_kv_cache_free_blocks", base), Some(base));
 }
