@@ -11,26 +11,22 @@
 use std::collections::HashMap;
 
 use super::{now_secs, LLMEngine};
+use crate::backend::cpu::ops::log_sum_exp;
 use crate::sampling::beam::{score, step, Beam};
-use crate::sampling::sampler::{argmax, scored, SampledToken, TokenLogprob};
+use crate::sampling::sampler::{top_k, SampledToken, TokenLogprob};
 use crate::scheduling::request_output::{
     CompletionOutput, FinishReason, RequestMetrics, RequestOutput,
 };
 use crate::scheduling::sequence::SeqId;
 
-/// A beam-search request's state between steps.
+/// A beam-search request's state between steps (its width is the request's `n`, its prompt the
+/// request's; the live beams are the request's sequences).
 #[derive(Debug)]
 pub(super) struct BeamState {
-    width: usize,
     length_penalty: f64,
     /// End-of-sequence tokens (none when the request ignores them).
     eos: Vec<u32>,
-    prompt_len: usize,
-    /// Steps done (every live beam has this many tokens).
-    steps: usize,
-    max_tokens: usize,
-    min_tokens: usize,
-    /// The next steps' alternatives reported so far, by live beam.
+    /// The next step's alternatives reported so far, by live beam.
     tops: HashMap<SeqId, Vec<(u32, f32)>>,
     /// Beams that ended with end-of-sequence.
     ended: Vec<Beam>,
@@ -39,23 +35,11 @@ pub(super) struct BeamState {
 }
 
 impl BeamState {
-    /// The state of a new request with `width` beams.
-    pub(super) fn new(
-        width: usize,
-        length_penalty: f64,
-        eos: Vec<u32>,
-        prompt_len: usize,
-        max_tokens: usize,
-        min_tokens: usize,
-    ) -> Self {
+    /// The state of a new search.
+    pub(super) fn new(length_penalty: f64, eos: Vec<u32>) -> Self {
         BeamState {
-            width,
             length_penalty,
             eos,
-            prompt_len,
-            steps: 0,
-            max_tokens,
-            min_tokens,
             tops: HashMap::new(),
             ended: Vec::new(),
             metrics: RequestMetrics::default(),
@@ -81,8 +65,9 @@ impl LLMEngine {
         let Some(seq) = self.scheduler.seqs.get(&id) else { return false };
         let Some(req) = self.requests.get_mut(&seq.request_id) else { return false };
         let Some(beam) = req.beam.as_mut() else { return false };
-        let s = scored(row, argmax(row), Some(2 * beam.width));
-        beam.tops.insert(id, s.top.iter().map(|t| (t.token_id, t.logprob)).collect());
+        let lse = log_sum_exp(row);
+        let top = top_k(row, 2 * req.n).into_iter().map(|t| (t.token_id, t.logprob - lse));
+        beam.tops.insert(id, top.collect());
         true
     }
 
@@ -111,6 +96,7 @@ impl LLMEngine {
     /// search when it is over.
     fn beam_step(&mut self, rid: &str) -> Option<RequestOutput> {
         let req = self.requests.get_mut(rid)?;
+        let (width, prompt_len) = (req.n, req.prompt.len());
         let beam = req.beam.as_mut()?;
         let live: Vec<SeqId> = req.seq_ids.clone();
         let seqs = &self.scheduler.seqs;
@@ -119,7 +105,8 @@ impl LLMEngine {
         beam.metrics = seqs[&live[0]].metrics;
         beam.metrics.first_token_time.get_or_insert(now);
         // Before min_tokens, end-of-sequence is not a choice at all.
-        let banned = beam.steps < beam.min_tokens;
+        let first = &seqs[&live[0]];
+        let banned = first.num_output_tokens() < first.params.min_tokens;
         let tops: Vec<Vec<(u32, f32)>> = live
             .iter()
             .map(|id| {
@@ -130,13 +117,12 @@ impl LLMEngine {
                 t
             })
             .collect();
-        let (next, ended) = step(&cums, &tops, beam.width, &beam.eos);
+        let (next, ended) = step(&cums, &tops, width, &beam.eos);
         for e in ended {
-            let mut tokens = seqs[&live[e.parent]].token_ids[beam.prompt_len..].to_vec();
+            let mut tokens = seqs[&live[e.parent]].token_ids[prompt_len..].to_vec();
             tokens.push(e.token);
             beam.ended.push(Beam { tokens, cum: e.cum });
         }
-        beam.steps += 1;
         let max_len = self.max_model_len;
         // Each chosen extension: the parent itself the first time, a fork after that.
         let mut uses = vec![0usize; live.len()];
@@ -172,7 +158,8 @@ impl LLMEngine {
             let seq = self.scheduler.seqs.get_mut(&id).expect("a live beam");
             seq.metrics.first_token_time.get_or_insert(now);
             seq.index = index;
-            // End-of-sequence never continues a beam unless ignored, so only a length ends it.
+            // End-of-sequence never continues a beam unless ignored, so only a length ends it:
+            // max_tokens (every live beam has the same length) or the context.
             match seq.append_token(token, &self.tokenizer, max_len) {
                 Ok(done) => at_end |= done,
                 Err(e) => tracing::warn!(error = %e, "detokenizing a beam failed"),
@@ -180,13 +167,12 @@ impl LLMEngine {
         }
         self.stats.generation_tokens += new_live.len() as u64;
         let req = self.requests.get_mut(rid).expect("checked");
-        let beam = req.beam.as_ref().expect("checked");
         req.seq_ids = new_live.clone();
-        if at_end || new_live.is_empty() || beam.steps >= beam.max_tokens {
+        if at_end || new_live.is_empty() {
             return Some(self.finish_beams(rid));
         }
         // The first live beam holds the running-set slots of beams that may come back.
-        let spare = beam.width - new_live.len();
+        let spare = req.n - new_live.len();
         for (i, id) in new_live.iter().enumerate() {
             if let Some(s) = self.scheduler.seqs.get_mut(id) {
                 s.pending_forks = if i == 0 { spare } else { 0 };
@@ -203,14 +189,14 @@ impl LLMEngine {
         let beam = req.beam.expect("a beam request");
         let mut all = beam.ended;
         let mut metrics = beam.metrics;
+        let prompt_len = req.prompt.len();
         for id in &req.seq_ids {
             if let Some(seq) = self.scheduler.remove(*id) {
-                let tokens = seq.token_ids[beam.prompt_len..].to_vec();
+                let tokens = seq.token_ids[prompt_len..].to_vec();
                 all.push(Beam { tokens, cum: seq.cumulative_logprob() });
             }
         }
-        let key =
-            |b: &Beam| score(&b.tokens, b.cum, beam.prompt_len, &beam.eos, beam.length_penalty);
+        let key = |b: &Beam| score(&b.tokens, b.cum, prompt_len, &beam.eos, beam.length_penalty);
         all.sort_by(|a, b| key(b).total_cmp(&key(a)));
         all.truncate(req.n);
         let detokenize = !self.tokenizer.is_ids_only();

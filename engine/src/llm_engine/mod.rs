@@ -348,14 +348,7 @@ impl LLMEngine {
                 } else {
                     self.tokenizer.eos_token_ids.clone()
                 };
-                Some(beam_search::BeamState::new(
-                    params.n,
-                    b.length_penalty,
-                    eos,
-                    ids.len(),
-                    params.max_tokens,
-                    params.min_tokens,
-                ))
+                Some(beam_search::BeamState::new(b.length_penalty, eos))
             }
             None => None,
         };
