@@ -21,9 +21,23 @@ pub struct ModelArgs {
     /// The name clients use for the model; default: the file name up to its first dot.
     #[arg(long, env = "TANDEM_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
+    /// Directory of models that can be loaded while serving (`POST /v1/models/NAME/load`):
+    /// each `NAME.gguf` file or Hugging Face directory `NAME/` is model `NAME`. Give the router
+    /// and the decode workers the same directory.
+    #[arg(long)]
+    pub model_dir: Option<PathBuf>,
 }
 
 impl ModelArgs {
+    /// The catalog of `--model-dir`, if given.
+    pub fn catalog(&self) -> Result<Option<tandem_worker::models::ModelCatalog>> {
+        self.model_dir
+            .as_deref()
+            .map(tandem_worker::models::ModelCatalog::open)
+            .transpose()
+            .map_err(anyhow::Error::msg)
+    }
+
     /// The model path, fetching the default model if needed.
     pub fn path(&self) -> Result<PathBuf> {
         match &self.model {
@@ -394,7 +408,20 @@ fn load_engine(
 pub fn run_decode(a: DecodeArgs) -> Result<()> {
     // Before the model loads: a Redis setting that cannot work stops the process at once.
     let redis = a.worker.redis.config()?;
+    let catalog = a.model.catalog()?;
     let (engine, name, kv_device) = load_engine(&a.model, &a.worker)?;
+    let engine_args = a.worker.engine.clone();
+    let factory: tandem_worker::models::EngineFactory = Arc::new(move |path: &Path| {
+        let m =
+            engine_args.load_model(path).with_context(|| format!("loading {}", path.display()))?;
+        engine_args.build_engine(m)
+    });
+    let models = Arc::new(tandem_worker::models::LoadedModels::new(
+        catalog,
+        factory,
+        &name,
+        a.worker.drain_timeout,
+    ));
     let front_end = match a.serve_openai {
         true => Some(openai_front_end(&a, &name)?),
         false => None,
@@ -418,6 +445,7 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
         watch_stdin: a.worker.watch_stdin,
         redis,
         core_share: a.worker.core_share_lock,
+        models: Some(models),
     };
     block_on(tandem_decode::run_with(engine, cfg, front_end))
 }
@@ -447,6 +475,7 @@ fn openai_front_end(a: &DecodeArgs, name: &str) -> Result<tandem_decode::FrontEn
             tool_call_parser: None,
             epp_listen: None,
             epp: Default::default(),
+            catalog: None,
         };
         let state = tandem_router::front_end(info, &cfg, None)?;
         let upkeep = state.clone();
@@ -462,6 +491,11 @@ fn openai_front_end(a: &DecodeArgs, name: &str) -> Result<tandem_decode::FrontEn
 pub fn run_prefill(a: PrefillArgs) -> Result<()> {
     // Before the model loads: a Redis setting that cannot work stops the process at once.
     let redis = a.worker.redis.config()?;
+    if a.model.model_dir.is_some() {
+        anyhow::bail!(
+            "--model-dir is for decode workers and routers: models loaded while serving are prefilled on the decode workers"
+        );
+    }
     let (engine, name, kv_device) = load_engine(&a.model, &a.worker)?;
     let fault =
         std::env::var("TANDEM_FAULT_INJECT").ok().and_then(|s| tandem_prefill::Fault::parse(&s));
@@ -522,6 +556,7 @@ pub fn run_router(a: RouterArgs) -> Result<()> {
         tool_call_parser: a.tool_call_parser,
         epp_listen: a.epp_listen,
         epp: tandem_router::epp::PickerConfig { shed_waiting: a.epp_shed_waiting },
+        catalog: a.model.catalog()?,
     };
     block_on(tandem_router::run(info, cfg))
 }
@@ -541,12 +576,12 @@ mod tests {
 
     #[test]
     fn served_names() {
-        let m = ModelArgs { model: None, served_model_name: None };
+        let m = ModelArgs { model: None, served_model_name: None, model_dir: None };
         assert_eq!(
             m.served_name(Path::new("/c/SmolLM2-135M-Instruct.Q4_1.gguf")),
             "SmolLM2-135M-Instruct"
         );
-        let m = ModelArgs { model: None, served_model_name: Some("x".into()) };
+        let m = ModelArgs { model: None, served_model_name: Some("x".into()), model_dir: None };
         assert_eq!(m.served_name(Path::new("/c/a.gguf")), "x");
     }
 }

@@ -186,6 +186,9 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
     if log_json {
         common.push("--log-format=json".into());
     }
+    // Models loaded later run on the decode workers (prefilled there), named by the router.
+    let model_dir: Vec<String> =
+        a.model.model_dir.iter().map(|d| format!("--model-dir={}", d.display())).collect();
     let split = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     let one_worker = colocated(&a);
     // Two workers on this host's CPU cores take turns at them, a step at a time.
@@ -198,6 +201,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
     let result = (|| -> Result<String> {
         let mut decode = vec!["decode".to_string(), "--listen=127.0.0.1:0".into()];
         decode.extend(common.clone());
+        decode.extend(model_dir.clone());
         let mut decode_engine = a.engine.clone();
         if !one_worker {
             // Its prompts are prefilled elsewhere; one it must prefill itself (a full prefill
@@ -243,6 +247,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             router.push(format!("--prefill-workers={}", services[1].addr));
         }
         router.extend(common.clone());
+        router.extend(model_dir.clone());
         if let Some(t) = &a.chat_template {
             router.push(format!("--chat-template={}", t.display()));
         }

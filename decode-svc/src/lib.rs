@@ -73,6 +73,8 @@ pub struct DecodeConfig {
     /// Hold this lock file around each engine step: workers on the same cores take turns
     /// (see [`tandem_worker::core_share`]).
     pub core_share: Option<std::path::PathBuf>,
+    /// Models loaded and unloaded while the worker runs (none: only the start-up model).
+    pub models: Option<std::sync::Arc<tandem_worker::models::LoadedModels>>,
 }
 
 impl Default for DecodeConfig {
@@ -93,6 +95,7 @@ impl Default for DecodeConfig {
             redis: None,
             kv_device: None,
             core_share: None,
+            models: None,
         }
     }
 }
@@ -153,6 +156,7 @@ pub async fn run_with(
         max_model_len,
         block_size: block_size as u32,
         device,
+        models: cfg.models.clone(),
     };
     let (watch, drain) = (cfg.watch_stdin, cfg.drain_timeout);
     let advertised = cfg.kv_advertise.clone().unwrap_or_else(|| kv_addr.to_string());

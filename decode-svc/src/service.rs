@@ -12,6 +12,7 @@ use tandem_engine::{Prompt, RequestOptions, RequestOutput};
 use tandem_proto::v1 as pb;
 use tandem_worker::convert::{delta_to_proto, engine_status, params_from_proto};
 use tandem_worker::metrics::count_disagg_decision;
+use tandem_worker::status::model_status;
 use tandem_worker::EngineEvent;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
@@ -87,6 +88,8 @@ pub(crate) enum LocalReason {
     Short,
     /// No free blocks to receive the pages into.
     NoBlocks,
+    /// A model loaded after start-up: prefill workers serve only their start-up model.
+    LoadedModel,
 }
 
 impl LocalReason {
@@ -97,6 +100,7 @@ impl LocalReason {
             LocalReason::PromptLogprobs => "local_prompt_logprobs",
             LocalReason::Short => "local_short",
             LocalReason::NoBlocks => "local_no_blocks",
+            LocalReason::LoadedModel => "local_loaded_model",
         }
     }
 }
@@ -116,12 +120,30 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
         let params = params_from_proto(
             r.params.as_ref().ok_or_else(|| Status::invalid_argument("params are missing"))?,
         )?;
+        // A model loaded after start-up runs on its own engine, prefilled here; the lease keeps
+        // it loaded until this request's stream is dropped.
+        let loaded = match &self.cfg.models {
+            Some(models) => models.engine(&r.model).map_err(|e| model_status(&e))?,
+            None if r.model.is_empty() || r.model == self.cfg.model_name => None,
+            None => {
+                return Err(Status::not_found(format!(
+                    "model {:?} is not served by this worker",
+                    r.model
+                )))
+            }
+        };
         let span = tracing::info_span!("generate", request_id = %r.request_id);
         async move {
             let (tx, rx) = mpsc::unbounded_channel();
             let want_remote = !r.prefill_worker.is_empty();
+            let (engine_h, lease) = match loaded {
+                Some((h, lease)) => (h, Some(lease)),
+                None => (self.engine.clone(), None),
+            };
             // Where the prompt must be prefilled here whatever the blocks say (None: try remote).
-            let forced_local = if !want_remote {
+            let forced_local = if lease.is_some() {
+                Some(LocalReason::LoadedModel)
+            } else if !want_remote {
                 Some(LocalReason::NoWorker)
             } else if params.n > 1 {
                 Some(LocalReason::ManyCompletions)
@@ -138,8 +160,9 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
             // Armed before the request enters the engine: if this call is dropped while it waits for
             // the engine thread (the client went away meanwhile, as after a stall), the request is
             // aborted instead of staying parked with its blocks.
-            let (engine, transfers, gid) = (self.engine.clone(), self.transfers.clone(), r.request_id.clone());
+            let (engine, transfers, gid) = (engine_h.clone(), self.transfers.clone(), r.request_id.clone());
             let on_drop = Box::new(move || {
+                let _lease = lease;
                 engine.submit(move |s| {
                     transfers.remove_request(&gid);
                     if s.abort(&gid) {
@@ -148,8 +171,7 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
                 });
             });
             let mut stream = GenerateStream { rx, on_drop: Some(on_drop) };
-            let placement = self
-                .engine
+            let placement = engine_h
                 .call(move |s| {
                     let mut sink_label = if forced_local.is_none() { "remote" } else { "local" };
                     let placement = if let Some(reason) = forced_local {
@@ -214,18 +236,23 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
         req: Request<pb::AbortRequest>,
     ) -> Result<Response<pb::AbortResponse>, Status> {
         let id = req.into_inner().request_id;
-        let transfers = self.transfers.clone();
-        let found = self
-            .engine
-            .call(move |s| {
-                transfers.remove_request(&id);
-                let known = s.engine.request_status(&id).is_some();
-                s.fail(&id, "aborted");
-                known
-            })
-            .await
-            .unwrap_or(false);
-        Ok(Response::new(pb::AbortResponse { found }))
+        let loaded = self.cfg.models.as_ref().map(|m| m.engines()).unwrap_or_default();
+        for engine in std::iter::once(self.engine.clone()).chain(loaded) {
+            let (transfers, id) = (self.transfers.clone(), id.clone());
+            let found = engine
+                .call(move |s| {
+                    transfers.remove_request(&id);
+                    let known = s.engine.request_status(&id).is_some();
+                    s.fail(&id, "aborted");
+                    known
+                })
+                .await
+                .unwrap_or(false);
+            if found {
+                return Ok(Response::new(pb::AbortResponse { found }));
+            }
+        }
+        Ok(Response::new(pb::AbortResponse { found: false }))
     }
 }
 

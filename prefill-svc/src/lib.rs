@@ -90,6 +90,7 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
         max_model_len,
         block_size: block_size as u32,
         device,
+        models: None,
     };
     let links = cfg
         .kv_device

@@ -23,6 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::auth::Tenant;
 use crate::error::ApiError;
+use crate::models::ServedModel;
 use crate::openai::{self, ChatRequest, CommonParams, CompletionRequest, PromptInput};
 use crate::prompt;
 use crate::relay::{collect, record_done, start, stream_task, Prepared};
@@ -33,16 +34,16 @@ use crate::tools::Tools;
 /// Most prompts one completions request may carry.
 const MAX_BATCH: usize = 64;
 
-fn check_model(st: &AppState, c: &CommonParams) -> Result<(), ApiError> {
+/// The model the request names (404 for one not served, 503 while it loads or unloads).
+fn check_model(st: &AppState, c: &CommonParams) -> Result<Arc<ServedModel>, ApiError> {
     match &c.model {
         None => Err(ApiError::invalid(Some("model"), "you must provide a model parameter")),
-        Some(m) if *m != st.model_name => Err(ApiError::model_not_found(m)),
-        Some(_) => Ok(()),
+        Some(m) => st.models.resolve(m),
     }
 }
 
-fn token_prompt(st: &AppState, ids: &[i64], param: &str) -> Result<Vec<u32>, ApiError> {
-    let vocab = st.info.config.vocab_size as i64;
+fn token_prompt(m: &ServedModel, ids: &[i64], param: &str) -> Result<Vec<u32>, ApiError> {
+    let vocab = m.info.config.vocab_size as i64;
     ids.iter()
         .map(|&t| {
             if (0..vocab).contains(&t) {
@@ -57,8 +58,8 @@ fn token_prompt(st: &AppState, ids: &[i64], param: &str) -> Result<Vec<u32>, Api
         .collect()
 }
 
-fn encode(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
-    prompt::encode_text(&st.info.tokenizer, text, st.prompt_limit())
+fn encode(st: &AppState, m: &ServedModel, text: &str) -> Result<Vec<u32>, ApiError> {
+    prompt::encode_text(&m.info.tokenizer, text, st.prompt_limit(m))
 }
 
 /// The completion budget a request asked for: the parameter's name, its value and the default.
@@ -71,6 +72,7 @@ struct Budget<'a> {
 #[allow(clippy::too_many_arguments)]
 fn finish_prepare(
     st: &AppState,
+    model: Arc<ServedModel>,
     ep: Endpoint,
     c: &CommonParams,
     prompts: Vec<Vec<u32>>,
@@ -88,7 +90,7 @@ fn finish_prepare(
             ));
         }
     }
-    let max_len = st.max_model_len();
+    let max_len = st.max_model_len(&model);
     let params = prompts
         .iter()
         .map(|p| {
@@ -96,7 +98,7 @@ fn finish_prepare(
                 .map(|m| SamplingParams { max_tokens: m, ..base.clone() })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let vocab = st.info.config.vocab_size;
+    let vocab = model.info.config.vocab_size;
     for p in &params {
         openai::check_params(p, vocab)?;
     }
@@ -129,14 +131,15 @@ fn finish_prepare(
         tool_format: Default::default(),
         prefill_hint: None,
         dispatch: Duration::ZERO,
+        model,
     })
 }
 
 /// Sets the request's structured-output constraint, compiled here first so that one that cannot
 /// be used is refused before it is routed.
-fn constrain(st: &AppState, c: &CommonParams, p: &mut SamplingParams) -> Result<(), ApiError> {
+fn constrain(m: &ServedModel, c: &CommonParams, p: &mut SamplingParams) -> Result<(), ApiError> {
     if let Some((param, constraint)) = c.structured_fields().constraint()? {
-        crate::structured::check(st.grammars(), &param, &constraint)?;
+        crate::structured::check(m.grammars(), &param, &constraint)?;
         p.structured = Some(constraint);
     }
     Ok(())
@@ -144,13 +147,13 @@ fn constrain(st: &AppState, c: &CommonParams, p: &mut SamplingParams) -> Result<
 
 pub(crate) fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let (r, common): (CompletionRequest, CommonParams) = openai::parse_body(body)?;
-    check_model(st, &common)?;
+    let m = check_model(st, &common)?;
     if r.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(Some("suffix"), "suffix is not supported"));
     }
     let logprobs = r.logprobs.map(|k| openai::logprob_count("logprobs", k)).transpose()?;
     let mut base = openai::sampling_params(&common, logprobs)?;
-    constrain(st, &common, &mut base)?;
+    constrain(&m, &common, &mut base)?;
     // best_of: that many completions are generated and the n with the highest cumulative
     // log-probability returned (known only at the end, so not streamed).
     let keep = base.n;
@@ -183,14 +186,14 @@ pub(crate) fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared,
     }
     let (prompts, texts): (Vec<Vec<u32>>, Vec<Option<String>>) = match r.prompt {
         None => return Err(ApiError::invalid(Some("prompt"), "prompt is required")),
-        Some(PromptInput::Text(t)) => (vec![encode(st, &t)?], vec![Some(t)]),
+        Some(PromptInput::Text(t)) => (vec![encode(st, &m, &t)?], vec![Some(t)]),
         Some(PromptInput::Texts(ts)) => {
-            let ids = ts.iter().map(|t| encode(st, t)).collect::<Result<Vec<_>, _>>()?;
+            let ids = ts.iter().map(|t| encode(st, &m, t)).collect::<Result<Vec<_>, _>>()?;
             (ids, ts.into_iter().map(Some).collect())
         }
-        Some(PromptInput::Tokens(ids)) => (vec![token_prompt(st, &ids, "prompt")?], vec![None]),
+        Some(PromptInput::Tokens(ids)) => (vec![token_prompt(&m, &ids, "prompt")?], vec![None]),
         Some(PromptInput::TokenLists(ls)) => (
-            ls.iter().map(|l| token_prompt(st, l, "prompt")).collect::<Result<Vec<_>, _>>()?,
+            ls.iter().map(|l| token_prompt(&m, l, "prompt")).collect::<Result<Vec<_>, _>>()?,
             vec![None; ls.len()],
         ),
     };
@@ -208,14 +211,16 @@ pub(crate) fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared,
             .iter()
             .zip(texts)
             .map(|(ids, t)| {
-                Some(t.unwrap_or_else(|| st.info.tokenizer.decode(ids, false).unwrap_or_default()))
+                Some(t.unwrap_or_else(|| m.info.tokenizer.decode(ids, false).unwrap_or_default()))
             })
             .collect()
     } else {
         vec![None; prompts.len()]
     };
+    let vocab = m.info.config.vocab_size;
     let mut p = finish_prepare(
         st,
+        m,
         Endpoint::Completions,
         &common,
         prompts,
@@ -229,7 +234,7 @@ pub(crate) fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared,
     p.prompt_logprobs = common.prompt_logprobs.map(|k| k as usize);
     let other = keep < p.n || p.echo_logprobs || p.prompt_logprobs.is_some();
     if let Some(lp) = crate::beam::requested(&common, other)? {
-        crate::beam::apply(&mut p, lp, st.info.config.vocab_size)?;
+        crate::beam::apply(&mut p, lp, vocab)?;
         p.beam = true;
     }
     Ok(p)
@@ -237,12 +242,12 @@ pub(crate) fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared,
 
 pub(crate) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let (r, common): (ChatRequest, CommonParams) = openai::parse_body(body)?;
-    check_model(st, &common)?;
+    let m = check_model(st, &common)?;
     let tools = Tools::from_request(
         r.tools.as_deref(),
         r.tool_choice.as_ref(),
         r.parallel_tool_calls,
-        st.tool_format,
+        m.tool_format,
     )?;
     let want = r.logprobs.unwrap_or(false);
     let top = r.top_logprobs.map(|k| openai::logprob_count("top_logprobs", k)).transpose()?;
@@ -253,13 +258,13 @@ pub(crate) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiEr
         ));
     }
     let mut base = openai::sampling_params(&common, want.then(|| top.unwrap_or(0)))?;
-    constrain(st, &common, &mut base)?;
+    constrain(&m, &common, &mut base)?;
     let messages = openai::chat_messages(
         r.messages
             .as_deref()
             .ok_or_else(|| ApiError::invalid(Some("messages"), "messages is required"))?,
     )?;
-    let template = st.info.chat_template.as_ref().ok_or_else(|| {
+    let template = m.info.chat_template.as_ref().ok_or_else(|| {
         ApiError::invalid(None, "this model has no chat template; use /v1/completions")
     })?;
     let calls = tools.as_ref().filter(|t| t.active());
@@ -270,26 +275,28 @@ pub(crate) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiEr
                 "a forced tool call cannot be combined with another structured output constraint",
             ));
         }
-        crate::structured::check(st.grammars(), "tools", &c)?;
+        crate::structured::check(m.grammars(), "tools", &c)?;
         base.structured = Some(c);
     }
     let native = template.reads_tools();
-    let messages = crate::tools::lay_out(messages, tools.as_ref(), native, st.tool_format);
+    let messages = crate::tools::lay_out(messages, tools.as_ref(), native, m.tool_format);
     let tools_value = calls.filter(|_| native).map(Tools::as_value);
     let ids = prompt::encode_chat_with(
-        &st.info.tokenizer,
+        &m.info.tokenizer,
         template,
         &messages,
         tools_value.as_ref(),
         st.special_tokens,
-        st.prompt_limit(),
+        st.prompt_limit(&m),
         true,
     )?;
+    let (vocab, tool_format) = (m.info.config.vocab_size, m.tool_format);
     let requested = r.max_completion_tokens.or(common.max_tokens);
     let param =
         if r.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
     let mut p = finish_prepare(
         st,
+        m.clone(),
         Endpoint::Chat,
         &common,
         vec![ids],
@@ -299,11 +306,11 @@ pub(crate) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiEr
         want,
     )?;
     p.tool_names = calls.map(|t| t.functions.iter().map(|f| f.name.clone()).collect());
-    p.tool_format = st.tool_format;
+    p.tool_format = tool_format;
     if let Some(lp) =
         crate::beam::requested(&common, tools.is_some() || p.prompt_logprobs.is_some())?
     {
-        crate::beam::apply(&mut p, lp, st.info.config.vocab_size)?;
+        crate::beam::apply(&mut p, lp, vocab)?;
         p.beam = true;
     }
     Ok(p)
@@ -424,13 +431,13 @@ async fn generate(
     p.dispatch = started.elapsed();
     if p.stream {
         let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
-        tokio::spawn(stream_task(st.clone(), p, route, streams, tx, started));
+        tokio::spawn(stream_task(p, route, streams, tx, started));
         let events = ReceiverStream::new(rx).map(Ok::<Event, std::convert::Infallible>);
         return Sse::new(events)
             .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
             .into_response();
     }
-    match collect(&st, &p, &mut route, streams, started).await {
+    match collect(&p, &mut route, streams, started).await {
         Ok(v) => {
             record_done(ep, StatusCode::OK, started);
             axum::Json(responses::Wire(&v)).into_response()

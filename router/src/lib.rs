@@ -23,7 +23,9 @@ pub mod error;
 pub mod handlers;
 pub mod kv_index;
 pub mod load;
+pub mod model_admin;
 pub mod model_api;
+pub mod models;
 pub mod openai;
 pub mod prompt;
 mod relay;
@@ -84,6 +86,8 @@ pub struct RouterConfig {
     pub epp_listen: Option<String>,
     /// How the endpoint picker sheds load.
     pub epp: epp::PickerConfig,
+    /// The directory models are loaded from while serving (none: the start-up model only).
+    pub catalog: Option<tandem_worker::models::ModelCatalog>,
 }
 
 /// Largest request body accepted.
@@ -110,7 +114,8 @@ pub fn api_routes(state: Arc<AppState>) -> axum::Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat_completions))
         .route("/v1/models", get(model_api::models))
-        .route("/v1/models/{id}", get(model_api::model))
+        .route("/v1/models/{id}", get(model_api::model).delete(model_admin::unload))
+        .route("/v1/models/{id}/load", post(model_admin::load))
         .route("/tokenize", post(model_api::tokenize_handler))
         .route("/detokenize", post(model_api::detokenize_handler))
         .route("/v1/cluster/status", get(status_api::cluster_status))
@@ -191,10 +196,12 @@ pub fn front_end(
     state.max_prompt_tokens = cfg.max_prompt_tokens;
     state.default_max_tokens = cfg.default_max_tokens;
     state.special_tokens = cfg.special_tokens;
+    let startup = Arc::get_mut(&mut state.models.startup).expect("the table is not shared yet");
     if let Some(f) = cfg.tool_call_parser {
-        state.tool_format = f;
+        startup.tool_format = f;
     }
-    tracing::info!(tool_call_format = state.tool_format.name(), "tool calls");
+    tracing::info!(tool_call_format = startup.tool_format.name(), "tool calls");
+    state.models.catalog = cfg.catalog.clone();
     if let Some(redis) = &cfg.redis {
         state.load_sync = Some(sync::LoadSync::new(redis.clone(), &cfg.router_id));
     }
@@ -233,6 +240,7 @@ pub fn spawn_upkeep(state: Arc<AppState>, redis: Option<&tandem_worker::redis::R
                 }
             }
             checker.routing.publish_gauges(&pool);
+            model_admin::adopt(&checker);
         }
     });
     if let Some(redis) = redis {

@@ -1,5 +1,6 @@
-//! The model's own endpoints: `GET /v1/models`, `GET /v1/models/{id}` (OpenAI's shapes), and
-//! vLLM's `POST /tokenize` and `POST /detokenize`, with the gateway's tokenizer and chat template.
+//! The models' own endpoints: `GET /v1/models`, `GET /v1/models/{id}` (OpenAI's shapes), and
+//! vLLM's `POST /tokenize` and `POST /detokenize`, with the named model's tokenizer and chat
+//! template (loading and unloading: [`crate::model_admin`]).
 
 use std::sync::Arc;
 
@@ -12,24 +13,38 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::handlers::{check_content_type, on_tokenizer_pool, read_body};
+use crate::models::{model_object, pending_object, Phase, ServedModel};
 use crate::state::AppState;
 use crate::{openai, prompt};
 
-fn model_object(st: &AppState) -> Value {
-    json!({ "id": st.model_name, "object": "model", "created": st.started, "owned_by": "tandem", "root": st.model_name, "max_model_len": st.max_model_len() })
-}
-
-/// `GET /v1/models`.
-pub async fn models(State(st): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({ "object": "list", "data": [model_object(&st)] })).into_response()
-}
-
-/// `GET /v1/models/{id}`: the model, or 404 for any other name.
-pub async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    if id != st.model_name {
-        return ApiError::model_not_found(&id).into_response();
+/// The model object of `name` in whatever phase it is (none: not known).
+pub(crate) fn object_of(st: &AppState, name: &str) -> Option<Value> {
+    let startup = &st.models.startup;
+    if name == startup.name {
+        return Some(model_object(startup, st.max_model_len(startup), "ready"));
     }
-    axum::Json(model_object(&st)).into_response()
+    Some(match st.models.phase(name)? {
+        Phase::Ready(m) => model_object(&m, st.max_model_len(&m), "ready"),
+        Phase::Unloading(m) => model_object(&m, st.max_model_len(&m), "unloading"),
+        p => pending_object(name, &p),
+    })
+}
+
+/// `GET /v1/models`: the start-up model, then the models loaded since (with their `status`:
+/// `ready`, `loading`, `unloading` or `failed`).
+pub async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let startup = &st.models.startup;
+    let mut data = vec![model_object(startup, st.max_model_len(startup), "ready")];
+    data.extend(st.models.phases().into_iter().filter_map(|(n, _)| object_of(&st, &n)));
+    axum::Json(json!({ "object": "list", "data": data })).into_response()
+}
+
+/// `GET /v1/models/{id}`: the model, or 404 for a name not served.
+pub async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match object_of(&st, &id) {
+        Some(v) => axum::Json(v).into_response(),
+        None => ApiError::model_not_found(&id).into_response(),
+    }
 }
 
 /// `POST /tokenize`: a prompt, or messages rendered by the chat template.
@@ -62,17 +77,18 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         .map_err(|e| ApiError::invalid(None, format!("invalid request body: {e}")))
 }
 
-fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+/// The model named (the start-up model when none is).
+fn check_model(st: &AppState, model: &Option<String>) -> Result<Arc<ServedModel>, ApiError> {
     match model {
-        Some(m) if *m != st.model_name => Err(ApiError::model_not_found(m)),
-        _ => Ok(()),
+        Some(m) => st.models.resolve(m),
+        None => Ok(st.models.startup.clone()),
     }
 }
 
 fn tokenize(st: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     let r: TokenizeRequest = parse(body)?;
-    check_model(st, &r.model)?;
-    let tok = &st.info.tokenizer;
+    let m = check_model(st, &r.model)?;
+    let tok = &m.info.tokenizer;
     let ids = match (&r.prompt, &r.messages) {
         (Some(text), None) => {
             if r.add_generation_prompt.is_some() {
@@ -81,7 +97,7 @@ fn tokenize(st: &AppState, body: &[u8]) -> Result<Value, ApiError> {
                     "add_generation_prompt applies to messages",
                 ));
             }
-            prompt::check_text_len(tok, text, st.prompt_limit(), "prompt")?;
+            prompt::check_text_len(tok, text, st.prompt_limit(&m), "prompt")?;
             tok.encode(text, r.add_special_tokens.unwrap_or(true)).map_err(|e| {
                 ApiError::invalid(Some("prompt"), format!("the prompt cannot be tokenized: {e}"))
             })?
@@ -93,7 +109,7 @@ fn tokenize(st: &AppState, body: &[u8]) -> Result<Value, ApiError> {
                     "the chat template adds the special tokens; add_special_tokens true is not supported with messages",
                 ));
             }
-            let template = st.info.chat_template.as_ref().ok_or_else(|| {
+            let template = m.info.chat_template.as_ref().ok_or_else(|| {
                 ApiError::invalid(
                     Some("messages"),
                     "this model has no chat template; tokenize a prompt",
@@ -105,7 +121,7 @@ fn tokenize(st: &AppState, body: &[u8]) -> Result<Value, ApiError> {
                 &openai::chat_messages(messages)?,
                 None,
                 st.special_tokens,
-                st.prompt_limit(),
+                st.prompt_limit(&m),
                 r.add_generation_prompt.unwrap_or(true),
             )?
         }
@@ -115,14 +131,14 @@ fn tokenize(st: &AppState, body: &[u8]) -> Result<Value, ApiError> {
         ids.iter().map(|&t| tok.decode(&[t], false).unwrap_or_default()).collect::<Vec<_>>()
     });
     Ok(
-        json!({ "count": ids.len(), "max_model_len": st.max_model_len(), "tokens": ids, "token_strs": strs }),
+        json!({ "count": ids.len(), "max_model_len": st.max_model_len(&m), "tokens": ids, "token_strs": strs }),
     )
 }
 
 fn detokenize(st: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     let r: DetokenizeRequest = parse(body)?;
-    check_model(st, &r.model)?;
-    let vocab = st.info.config.vocab_size as i64;
+    let m = check_model(st, &r.model)?;
+    let vocab = m.info.config.vocab_size as i64;
     let ids = r
         .tokens
         .iter()
@@ -135,7 +151,7 @@ fn detokenize(st: &AppState, body: &[u8]) -> Result<Value, ApiError> {
             })
         })
         .collect::<Result<Vec<u32>, _>>()?;
-    let text = st
+    let text = m
         .info
         .tokenizer
         .decode(&ids, false)

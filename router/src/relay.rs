@@ -56,6 +56,8 @@ pub(crate) struct Prepared {
     /// Beam search (`n` is the width; the parameters carry the length penalty): each choice
     /// reports its beam's cumulative log-probability.
     pub(crate) beam: bool,
+    /// The model, held until the request ends.
+    pub(crate) model: Arc<crate::models::ServedModel>,
 }
 
 /// A decode worker's stream of one prompt's deltas.
@@ -90,7 +92,6 @@ fn best_of(choices: Vec<Choice>, n: usize, keep: usize) -> Vec<Choice> {
 }
 
 pub(crate) async fn collect(
-    st: &AppState,
     p: &Prepared,
     route: &mut Route,
     streams: Vec<WorkerStream>,
@@ -130,20 +131,20 @@ pub(crate) async fn collect(
             "the decode worker closed the stream before the request finished",
         ));
     }
-    let h = Header { id: &p.id, created: p.created, model: &st.model_name };
+    let h = Header { id: &p.id, created: p.created, model: &p.model.name };
     let generated: usize = choices.iter().map(|c| c.num_tokens).sum();
     let choices = if p.keep < p.n { best_of(choices, p.n, p.keep) } else { choices };
     let mut v = responses::full_response(
         p.ep,
         &h,
-        &st.info.tokenizer,
+        &p.model.info.tokenizer,
         &choices,
         p.logprobs,
         prompt_tokens.iter().sum(),
         &p.echo,
     );
     v["timing"] = responses::timing(p.dispatch, &timing, started.elapsed());
-    let tok = &st.info.tokenizer;
+    let tok = &p.model.info.tokenizer;
     if p.echo_logprobs {
         let k = p.params[0].logprobs.unwrap_or(0);
         for (i, c) in v["choices"].as_array_mut().into_iter().flatten().enumerate() {
@@ -191,15 +192,14 @@ fn sse_data(v: &Value) -> Event {
 /// Streams a request's chunks; stops (dropping the worker streams, which aborts the requests)
 /// as soon as the client goes away.
 pub(crate) async fn stream_task(
-    st: Arc<AppState>,
     p: Prepared,
     mut route: Route,
     streams: Vec<WorkerStream>,
     tx: tokio::sync::mpsc::Sender<Event>,
     started: Instant,
 ) {
-    let h = Header { id: &p.id, created: p.created, model: &st.model_name };
-    let tok = &st.info.tokenizer;
+    let h = Header { id: &p.id, created: p.created, model: &p.model.name };
+    let tok = &p.model.info.tokenizer;
     let total = p.prompts.len() * p.n;
     let mut offsets = vec![0usize; total];
     let mut tokens = vec![0usize; total];
@@ -371,9 +371,20 @@ pub(crate) async fn start(
             sync.exchange(&st.routing, Duration::from_millis(100)).await;
         }
         let hint = p.prefill_hint.as_deref();
-        let Some(route) =
-            st.routing.route(&pool, &p.id, &p.prompts[0], &p.cache_salt, &tried, hint)
-        else {
+        let route = match p.model.startup {
+            true => st.routing.route(&pool, &p.id, &p.prompts[0], &p.cache_salt, &tried, hint),
+            false => {
+                let len = p.prompts.iter().map(Vec::len).sum();
+                st.routing.route_model(&pool, &p.id, len, &p.model.name, &tried)
+            }
+        };
+        let Some(route) = route else {
+            if !p.model.startup && tried.is_empty() {
+                last_err = ApiError::unavailable(format!(
+                    "no healthy decode worker serves the model `{}` now",
+                    p.model.name
+                ));
+            }
             break;
         };
         let worker = route.decode.clone();
@@ -397,6 +408,7 @@ pub(crate) async fn start(
                 prefill_worker: prefill_addr.clone(),
                 no_speculation: p.no_speculation,
                 group: p.id.clone(),
+                model: if p.model.startup { String::new() } else { p.model.name.clone() },
             };
             match worker.decode_client().generate(req).await {
                 Ok(s) => streams.push(s.into_inner()),
@@ -413,6 +425,23 @@ pub(crate) async fn start(
                 worker.mark_failed();
                 tried.push(worker.addr.clone());
                 last_err = ApiError::from_status(&s);
+            }
+            // The worker no longer (or not yet) serves a model loaded after start-up: another
+            // one may.
+            Some(s)
+                if !p.model.startup
+                    && matches!(
+                        s.code(),
+                        tonic::Code::NotFound | tonic::Code::FailedPrecondition
+                    ) =>
+            {
+                tracing::info!(request_id = %p.id, decode_worker = %worker.addr, error = %s.message(), "the worker does not serve the model now; trying another");
+                tried.push(worker.addr.clone());
+                last_err = ApiError::unavailable(format!(
+                    "no decode worker serves the model `{}` now: {}",
+                    p.model.name,
+                    s.message()
+                ));
             }
             Some(s) => return Err(ApiError::from_status(&s)),
         }

@@ -287,6 +287,45 @@ impl Routing {
         Some(Route { decode, prefill, ticket })
     }
 
+    /// Chooses a decode worker for a model loaded after start-up among those whose status lists
+    /// it ready (not one of `exclude`), by load alone: such a model is prefilled on its decode
+    /// worker, and the prefix indexes hold the start-up model's blocks. Books the load.
+    pub fn route_model(
+        &self,
+        pool: &WorkerPool,
+        request_id: &str,
+        prompt_len: usize,
+        model: &str,
+        exclude: &[String],
+    ) -> Option<Route> {
+        let bs = pool.block_size(self.cfg.default_block_size);
+        let serving: Vec<Arc<Worker>> =
+            pool.decode.iter().filter(|w| w.serves(model)).cloned().collect();
+        let (decode, _) = self.choose(&serving, exclude, &Matches::default(), prompt_len, bs);
+        let decode = decode?;
+        let blocks = prompt_len.div_ceil(bs) as f64 + 1.0;
+        let ticket = self.load.book(&decode.addr, prompt_len as f64, &decode.addr, blocks);
+        counter!("tandem_router_routed_total", "mode" => "model").increment(1);
+        tracing::info!(request_id, model, decode = %decode.addr, "routed");
+        let record = json!({
+            "request_id": request_id,
+            "time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
+            "index": "none",
+            "model": model,
+            "prompt_tokens": prompt_len,
+            "decode": { "chosen": decode.addr, "serving": serving.iter().map(|w| w.addr.clone()).collect::<Vec<_>>() },
+            "prefill": Value::Null,
+        });
+        {
+            let mut d = self.decisions.lock().expect("decisions lock");
+            if d.len() == KEEP_DECISIONS {
+                d.pop_front();
+            }
+            d.push_back(record);
+        }
+        Some(Route { decode, prefill: None, ticket })
+    }
+
     /// Updates the index and load gauges.
     pub fn publish_gauges(&self, pool: &WorkerPool) {
         gauge!("tandem_router_index_blocks", "index" => "exact")

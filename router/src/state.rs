@@ -1,25 +1,22 @@
-//! `AppState`: what every gateway handler shares — the model, the workers, routing, limits and
-//! the structured-output compiler.
+//! `AppState`: what every gateway handler shares — the models, the workers, routing and limits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use tandem_engine::sampling::structured::{GrammarCompiler, StructuredError};
 use tandem_engine::ModelInfo;
 
 use crate::auth::ApiKeys;
+use crate::models::{ModelTable, ServedModel};
 use crate::prompt::SpecialTokens;
 use crate::routing::Routing;
 use crate::workers::Workers;
 
 /// Everything the handlers share.
 pub struct AppState {
-    /// The name clients use for the model.
-    pub model_name: String,
-    /// Tokenizer, chat template and configuration of the model.
-    pub info: ModelInfo,
+    /// The models served: the start-up model and those loaded since.
+    pub models: ModelTable,
     /// Decode and prefill workers.
     pub pool: Workers,
     /// Worker choice: indexes, load, decisions.
@@ -40,20 +37,16 @@ pub struct AppState {
     pub default_max_tokens: Option<usize>,
     /// How special-token text inside chat messages is tokenized.
     pub special_tokens: SpecialTokens,
-    /// How the model writes tool calls (from the chat template unless set).
-    pub tool_format: crate::tool_format::ToolCallFormat,
     /// A request body that sends nothing for this long is refused (408).
     pub body_read_timeout: Duration,
     /// Requests being parsed and tokenized at once (off the async threads), at most one per
     /// core: a flood of large prompts queues here instead of taking every thread.
     pub(crate) tokenizing: tokio::sync::Semaphore,
     ids: AtomicU64,
-    /// Structured-output constraints are compiled here too, to refuse bad ones early.
-    grammars: std::sync::OnceLock<Result<GrammarCompiler, StructuredError>>,
 }
 
 impl AppState {
-    /// The state over a model and its workers.
+    /// The state over a model (`model_name`, `info`) and its workers.
     pub fn new(
         model_name: String,
         info: ModelInfo,
@@ -62,17 +55,11 @@ impl AppState {
         metrics: Option<PrometheusHandle>,
     ) -> AppState {
         let started = unix_now();
-        let tool_format = info
-            .chat_template
-            .as_ref()
-            .map(|t| crate::tool_format::ToolCallFormat::from_template(t.source()))
-            .unwrap_or_default();
         let seed =
             SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
                 ^ (std::process::id() as u64) << 40;
         AppState {
-            model_name,
-            info,
+            models: ModelTable::new(ServedModel::new(&model_name, info, started, true), None),
             pool,
             routing,
             load_sync: None,
@@ -83,21 +70,17 @@ impl AppState {
             max_prompt_tokens: None,
             default_max_tokens: None,
             special_tokens: SpecialTokens::default(),
-            tool_format,
             body_read_timeout: Duration::from_secs(10),
             tokenizing: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get()),
             ),
             ids: AtomicU64::new(seed),
-            grammars: std::sync::OnceLock::new(),
         }
     }
 
-    /// The constraint compiler for the model's vocabulary (built on first use).
-    pub(crate) fn grammars(&self) -> Result<&GrammarCompiler, &StructuredError> {
-        self.grammars
-            .get_or_init(|| GrammarCompiler::new(&self.info.tokenizer, self.info.config.vocab_size))
-            .as_ref()
+    /// The start-up model.
+    pub fn startup_model(&self) -> &ServedModel {
+        &self.models.startup
     }
 
     pub(crate) fn new_id(&self, prefix: &str) -> String {
@@ -105,18 +88,25 @@ impl AppState {
         format!("{prefix}-{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
     }
 
-    pub(crate) fn max_model_len(&self) -> usize {
-        match self.pool.current().max_model_len() {
-            0 => self.info.config.max_position_embeddings,
+    /// The context length of model `m`: what its workers run it with, or its configuration's.
+    pub(crate) fn max_model_len(&self, m: &ServedModel) -> usize {
+        let reported = if m.startup {
+            self.pool.current().max_model_len()
+        } else {
+            m.reported_max_model_len()
+        };
+        match reported {
+            0 => m.info.config.max_position_embeddings,
             n => n,
         }
     }
 
-    /// The most tokens a prompt may have: `--max-prompt-tokens`, and one less than the context.
-    pub(crate) fn prompt_limit(&self) -> usize {
+    /// The most tokens a prompt for `m` may have: `--max-prompt-tokens`, and one less than the
+    /// context.
+    pub(crate) fn prompt_limit(&self, m: &ServedModel) -> usize {
         self.max_prompt_tokens
             .unwrap_or(usize::MAX)
-            .min(self.max_model_len().saturating_sub(1))
+            .min(self.max_model_len(m).saturating_sub(1))
             .max(1)
     }
 }

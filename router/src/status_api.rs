@@ -95,7 +95,7 @@ pub async fn cluster_status(State(st): State<Arc<AppState>>) -> Response {
     } else {
         "approximate"
     };
-    axum::Json(json!({ "model": st.model_name, "routing_index": index, "roles": roles }))
+    axum::Json(json!({ "model": st.models.startup.name, "routing_index": index, "roles": roles }))
         .into_response()
 }
 

@@ -25,6 +25,7 @@ pub struct Worker {
     block_size: AtomicU32,
     waiting: AtomicU32,
     worker_id: Mutex<String>,
+    models: Mutex<Vec<pb::ModelState>>,
 }
 
 impl Worker {
@@ -42,6 +43,7 @@ impl Worker {
             block_size: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
             worker_id: Mutex::new(String::new()),
+            models: Mutex::new(Vec::new()),
         })
     }
 
@@ -102,8 +104,41 @@ impl Worker {
             self.block_size.store(s.block_size, Ordering::Relaxed);
             self.waiting.store(s.waiting, Ordering::Relaxed);
             *self.worker_id.lock().expect("worker id lock") = s.worker_id.clone();
+            *self.models.lock().expect("worker models lock") = s.models.clone();
         }
         res
+    }
+
+    /// The state of a model the worker loaded after start-up, as its last status said.
+    pub fn model(&self, name: &str) -> Option<pb::ModelState> {
+        self.models.lock().expect("worker models lock").iter().find(|m| m.model == name).cloned()
+    }
+
+    /// The models the worker loaded after start-up, as its last status said.
+    pub fn models(&self) -> Vec<pb::ModelState> {
+        self.models.lock().expect("worker models lock").clone()
+    }
+
+    /// Whether the worker is healthy and its last status listed `name` ready.
+    pub fn serves(&self, name: &str) -> bool {
+        self.healthy() && self.model(name).is_some_and(|m| m.state == "ready")
+    }
+
+    /// Asks the worker to load model `name` from its model directory (it answers at once).
+    pub async fn load_model(&self, name: &str) -> Result<pb::ModelState, tonic::Status> {
+        let mut client = WorkerClient::new(authed(self.channel.clone()));
+        let mut req = tonic::Request::new(pb::LoadModelRequest { model: name.to_string() });
+        req.set_timeout(Duration::from_secs(10));
+        client.load_model(req).await.map(tonic::Response::into_inner)
+    }
+
+    /// Asks the worker to unload model `name` (it answers at once and drains in the
+    /// background).
+    pub async fn unload_model(&self, name: &str) -> Result<pb::ModelState, tonic::Status> {
+        let mut client = WorkerClient::new(authed(self.channel.clone()));
+        let mut req = tonic::Request::new(pb::UnloadModelRequest { model: name.to_string() });
+        req.set_timeout(Duration::from_secs(10));
+        client.unload_model(req).await.map(tonic::Response::into_inner)
     }
 
     /// Marks the worker failed until its next successful status check.

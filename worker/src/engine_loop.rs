@@ -6,6 +6,7 @@
 //! there is nothing to run and exits when the last handle is dropped.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,6 +40,9 @@ pub struct LoopState {
     last_token: HashMap<String, Instant>,
     kv_sink: Option<KvEventSink>,
     kv_seq: u64,
+    /// Whether this engine sets the worker's engine gauges (the start-up model's engine; a
+    /// model loaded later has its figures in `Worker.Status`).
+    gauges: bool,
 }
 
 /// Where a worker's KV events go, numbered from 1 (see [`crate::kv_events`]).
@@ -121,7 +125,8 @@ impl LoopState {
         }
     }
 
-    fn fail_all(&mut self, message: &str) {
+    /// Fails every request with a subscriber (see [`LoopState::fail`]).
+    pub fn fail_all(&mut self, message: &str) {
         let ids: Vec<String> = self.sinks.keys().cloned().collect();
         for id in ids {
             self.fail(&id, message);
@@ -136,6 +141,7 @@ type Job = Box<dyn FnOnce(&mut LoopState) + Send>;
 pub struct EngineHandle {
     tx: Sender<Job>,
     snapshot: Arc<Mutex<Snapshot>>,
+    exited: Arc<AtomicBool>,
 }
 
 impl EngineHandle {
@@ -144,12 +150,27 @@ impl EngineHandle {
         EngineHandle::spawn_with_events(engine, None, None)
     }
 
+    /// Starts the thread of an engine that does not set the worker's engine gauges (a model
+    /// loaded beside the start-up one).
+    pub fn spawn_unlisted(engine: LLMEngine) -> EngineHandle {
+        EngineHandle::start(engine, None, None, false)
+    }
+
     /// Starts the engine thread; with `kv_sink`, the engine's KV events go there; with `share`,
     /// each step holds the cores it shares with other workers (see [`CoreShare`]).
     pub fn spawn_with_events(
+        engine: LLMEngine,
+        kv_sink: Option<KvEventSink>,
+        share: Option<CoreShare>,
+    ) -> EngineHandle {
+        EngineHandle::start(engine, kv_sink, share, true)
+    }
+
+    fn start(
         mut engine: LLMEngine,
         kv_sink: Option<KvEventSink>,
         share: Option<CoreShare>,
+        gauges: bool,
     ) -> EngineHandle {
         let (tx, rx) = channel::<Job>();
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
@@ -163,8 +184,11 @@ impl EngineHandle {
             last_token: HashMap::new(),
             kv_sink,
             kv_seq: 0,
+            gauges,
         };
         publish(&mut state, &snap, false);
+        let exited = Arc::new(AtomicBool::new(false));
+        let done = exited.clone();
         std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || {
@@ -178,9 +202,19 @@ impl EngineHandle {
                     tracing::error!("the engine thread panicked; exiting");
                     std::process::exit(70);
                 }
+                // Every handle is gone and every request finished: the engine (weights, KV
+                // cache) is freed before the flag says so.
+                drop(state);
+                done.store(true, Ordering::Release);
             })
             .expect("spawn the engine thread");
-        EngineHandle { tx, snapshot }
+        EngineHandle { tx, snapshot, exited }
+    }
+
+    /// Set once the engine thread has ended and dropped the engine (after the last handle is
+    /// dropped and its requests finished).
+    pub fn exited(&self) -> Arc<AtomicBool> {
+        self.exited.clone()
     }
 
     /// Runs `job` on the engine thread between steps. Returns false when the thread is gone.
@@ -240,7 +274,9 @@ fn publish(state: &mut LoopState, snap: &Mutex<Snapshot>, failed: bool) {
         event_seq: state.kv_seq,
     };
     let prev = std::mem::replace(&mut *snap.lock().expect("snapshot lock"), s);
-    m::publish_engine(&prev, &s);
+    if state.gauges {
+        m::publish_engine(&prev, &s);
+    }
 }
 
 /// A step (or a batch of jobs between steps) longer than this is logged at debug level:

@@ -6,7 +6,8 @@
 //! - [`kv`]: the KV layout of the engine on the wire.
 //! - [`convert`]: gRPC messages to engine types and back.
 //! - [`metrics`]: the Prometheus recorder and the `tandem_` series.
-//! - [`status`]: the `Worker.Status` RPC.
+//! - [`status`]: the `Worker` RPCs: status, loading and unloading models.
+//! - [`models`]: models loaded and unloaded while the worker runs.
 //! - [`serve`]: gRPC and HTTP on one port, the ready line, shutdown.
 
 pub mod auth;
@@ -16,6 +17,7 @@ pub mod engine_loop;
 pub mod kv;
 pub mod kv_events;
 pub mod metrics;
+pub mod models;
 pub mod process_metrics;
 pub mod redis;
 pub mod serve;

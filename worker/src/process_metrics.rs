@@ -20,6 +20,27 @@ pub fn refresh() {
     }
 }
 
+/// Hands the allocator's free memory back to the operating system (glibc keeps freed heap
+/// pages mapped; a model's unload frees hundreds of megabytes at once). Elsewhere a no-op.
+pub fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> std::ffi::c_int;
+        }
+        // SAFETY: malloc_trim only releases memory glibc's allocator holds free; it takes no
+        // pointers and is safe to call from any thread.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
+
+/// Resident memory of this process in bytes (`VmRSS`), where `/proc` has it.
+pub fn resident_bytes() -> Option<u64> {
+    read().map(|p| p.resident_bytes as u64)
+}
+
 /// One reading of this process's figures.
 #[derive(Debug, Clone, PartialEq)]
 struct ProcessFigures {

@@ -1,9 +1,12 @@
 //! The `Worker.Status` RPC: what routers and health checks read about a worker.
 
+use std::sync::Arc;
+
 use tandem_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::engine_loop::EngineHandle;
+use crate::models::{LoadedModels, ModelError};
 
 /// Serves `Worker.Status` from the engine's snapshot.
 pub struct StatusService {
@@ -23,6 +26,30 @@ pub struct StatusService {
     pub block_size: u32,
     /// What runs the model.
     pub device: String,
+    /// Models loaded after start-up (none: this worker serves only its start-up model).
+    pub models: Option<Arc<LoadedModels>>,
+}
+
+/// The gRPC status of a model error.
+pub fn model_status(e: &ModelError) -> Status {
+    match e {
+        ModelError::NotInCatalog(_) | ModelError::NotLoaded(_) => Status::not_found(e.to_string()),
+        // Not `unavailable`: that says the worker itself is down.
+        ModelError::NotReady(..) | ModelError::NoCatalog | ModelError::StartUpModel(_) => {
+            Status::failed_precondition(e.to_string())
+        }
+    }
+}
+
+impl StatusService {
+    fn models(&self) -> Result<&Arc<LoadedModels>, Status> {
+        self.models.as_ref().ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "this {} worker serves only its start-up model",
+                self.role
+            ))
+        })
+    }
 }
 
 #[tonic::async_trait]
@@ -72,7 +99,24 @@ impl pb::worker_server::Worker for StatusService {
             block_size: self.block_size,
             event_seq,
             device: self.device.clone(),
+            models: self.models.as_ref().map(|m| m.states()).unwrap_or_default(),
         }))
+    }
+
+    async fn load_model(
+        &self,
+        req: Request<pb::LoadModelRequest>,
+    ) -> Result<Response<pb::ModelState>, Status> {
+        let name = req.into_inner().model;
+        self.models()?.load(&name).map(Response::new).map_err(|e| model_status(&e))
+    }
+
+    async fn unload_model(
+        &self,
+        req: Request<pb::UnloadModelRequest>,
+    ) -> Result<Response<pb::ModelState>, Status> {
+        let name = req.into_inner().model;
+        self.models()?.unload(&name).map(Response::new).map_err(|e| model_status(&e))
     }
 }
 
