@@ -25,6 +25,10 @@ fn worker_json(
             "queued_prefill_tokens": s.queued_prefill_tokens, "free_blocks": s.free_blocks,
             "num_blocks": s.num_blocks, "block_size": s.block_size,
             "kv_usage": if s.num_blocks > 0 { 1.0 - s.free_blocks as f64 / s.num_blocks as f64 } else { 0.0 },
+            "loaded_models": s.models.iter().map(|m| json!({
+                "model": m.model, "state": m.state, "error": m.error, "active": m.active,
+                "num_blocks": m.num_blocks, "free_blocks": m.free_blocks, "max_model_len": m.max_model_len,
+            })).collect::<Vec<_>>(),
         }),
         Err(e) => json!({ "address": addr, "role": role, "healthy": false, "error": e }),
     }
@@ -95,7 +99,13 @@ pub async fn cluster_status(State(st): State<Arc<AppState>>) -> Response {
     } else {
         "approximate"
     };
-    axum::Json(json!({ "model": st.models.startup.name, "routing_index": index, "roles": roles }))
+    let loaded: Vec<Value> = st
+        .models
+        .phases()
+        .into_iter()
+        .map(|(name, p)| json!({ "model": name, "status": p.name() }))
+        .collect();
+    axum::Json(json!({ "model": st.models.startup.name, "loaded_models": loaded, "routing_index": index, "roles": roles }))
         .into_response()
 }
 
