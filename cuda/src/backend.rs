@@ -499,6 +499,7 @@ impl CudaBackend {
                 shared_mem_bytes: hd as u32 * 4,
             };
             let q16 = ptr(&a.q16);
+            let bias = l.qkv_bias.as_ref().map_or(0, ptr);
             unsafe {
                 g.launch(
                     &g.k.qkv_rope_store,
@@ -520,10 +521,13 @@ impl CudaBackend {
                         &interleaved,
                         &eps,
                         &bs,
+                        &bias,
                     ],
                 )?
             };
             self.mark("attention")?;
+            // A sliding-window layer sees the last `window` positions (i32::MAX: all).
+            let window = c.layer_window(li).map_or(i32::MAX, |w| w.min(i32::MAX as usize) as i32);
             let cfg = LaunchConfig {
                 grid_dim: (num_tiles as u32, nkv as u32, splits as u32),
                 block_dim: (128, 1, 1),
@@ -555,13 +559,14 @@ impl CudaBackend {
                             &hd,
                             &bsz,
                             &scale,
+                            &window,
                         ],
                     )?
                 };
             }
             for s in long {
                 self.mark("attention (GEMM path)")?;
-                self.attend_long(s, kc, vc, scale)?;
+                self.attend_long(s, kc, vc, scale, window)?;
             }
             if num_tiles > 0 && splits > 1 {
                 let cfg = LaunchConfig {
@@ -628,7 +633,14 @@ impl CudaBackend {
     /// Attention of one long chunk through cuBLAS: gather the sequence's K/V per query head,
     /// S = Q·Kᵀ·scale (f32), causal softmax to 16-bit P, O = P·V written into the chunk's rows of
     /// the attention output. Rows are processed in chunks that fit the score buffer.
-    fn attend_long(&self, s: &LongSeq, kc: u64, vc: u64, scale: f32) -> Result<(), CudaError> {
+    fn attend_long(
+        &self,
+        s: &LongSeq,
+        kc: u64,
+        vc: u64,
+        scale: f32,
+        window: i32,
+    ) -> Result<(), CudaError> {
         let (g, c, a) = (&self.gpu, &self.cfg, &self.a);
         let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
         let ctx = s.pos0 + s.len;
@@ -672,7 +684,7 @@ impl CudaBackend {
                 g.launch(
                     &g.k.softmax_causal,
                     cfg,
-                    &[&ptr(&a.scores), &ptr(&a.probs), &ni, &cci, &p0],
+                    &[&ptr(&a.scores), &ptr(&a.probs), &ni, &cci, &p0, &window],
                 )?
             };
             let v = Operand { ptr: vg, ld: hd, stride: ctx * hd, trans: false };

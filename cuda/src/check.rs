@@ -91,17 +91,21 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     out.extend(gemm(g, u)?);
     out.push(embed(g)?);
     out.extend(rmsnorm(g, u)?);
-    out.extend(qkv_rope_store(g, u, false, 9, 3, 64)?);
-    out.extend(qkv_rope_store(g, u, true, 16, 8, 128)?);
+    out.extend(qkv_rope_store(g, u, false, false, 9, 3, 64)?);
+    out.extend(qkv_rope_store(g, u, true, false, 16, 8, 128)?);
+    out.extend(qkv_rope_store(g, u, false, true, 14, 2, 64)?);
     for (nh, nkv, hd) in [(9, 3, 64), (32, 8, 128), (16, 8, 128)] {
-        for splits in [1, 4] {
-            out.push(attention(g, u, nh, nkv, hd, splits, AttKernel::Tile)?);
-        }
-        // Decode steps alone, through the small-tile variant.
-        out.push(attention(g, u, nh, nkv, hd, 4, AttKernel::Decode)?);
-        if g.sm >= 80 {
-            for splits in [1, 3] {
-                out.push(attention(g, u, nh, nkv, hd, splits, AttKernel::Mma)?);
+        // Full causal attention, and a sliding window of 100 positions (Mistral's layers).
+        for window in [None, Some(100)] {
+            for splits in [1, 4] {
+                out.push(attention(g, u, nh, nkv, hd, splits, AttKernel::Tile, window)?);
+            }
+            // Decode steps alone, through the small-tile variant.
+            out.push(attention(g, u, nh, nkv, hd, 4, AttKernel::Decode, window)?);
+            if g.sm >= 80 {
+                for splits in [1, 3] {
+                    out.push(attention(g, u, nh, nkv, hd, splits, AttKernel::Mma, window)?);
+                }
             }
         }
     }
@@ -206,6 +210,7 @@ fn qkv_rope_store(
     g: &Gpu,
     u: f64,
     qwen: bool,
+    bias: bool,
     nh: usize,
     nkv: usize,
     hd: usize,
@@ -215,6 +220,7 @@ fn qkv_rope_store(
     let eps = 1e-6f32;
     let mut r = Rng::new(4 + hd as u64);
     let qkv = r.vec(t * width, 2.0);
+    let qkv_bias = r.vec(width, 1.0);
     let pos: Vec<i32> = (0..t as i32).map(|i| i * 377 + 3).collect();
     let num_slots = 64;
     let slots: Vec<i32> =
@@ -233,7 +239,10 @@ fn qkv_rope_store(
     );
     let (mut c, mut s) = (Vec::new(), Vec::new());
     for ti in 0..t {
-        let row = &qkv[ti * width..(ti + 1) * width];
+        let mut row = qkv[ti * width..(ti + 1) * width].to_vec();
+        if bias {
+            row.iter_mut().zip(&qkv_bias).for_each(|(x, b)| *x += b);
+        }
         let (mut q, mut k) = (row[..nh * hd].to_vec(), row[nh * hd..(nh + nkv) * hd].to_vec());
         if qwen {
             q.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_inplace(h, &qn, eps));
@@ -262,6 +271,8 @@ fn qkv_rope_store(
     );
     let q16 = g.zeros::<u16>(t * nh * hd)?;
     let (qnp, knp) = if qwen { (ptr(&dqn), ptr(&dkn)) } else { (0, 0) };
+    let db = g.upload(&qkv_bias)?;
+    let bp = if bias { ptr(&db) } else { 0 };
     let (nhi, nkvi, hdi, il, bsi) = (nh as i32, nkv as i32, hd as i32, (!qwen) as i32, BS as i32);
     let cfg = LaunchConfig {
         grid_dim: (t as u32, (nh + 2 * nkv) as u32, 1),
@@ -290,6 +301,7 @@ fn qkv_rope_store(
                 &il,
                 &eps,
                 &bsi,
+                &bp,
             ],
         )?
     };
@@ -298,7 +310,11 @@ fn qkv_rope_store(
         g.read(&q16, t * nh * hd)?.iter().map(|&b| Dtype::F16.to_f32(b)).collect();
     let got_k = unbf(&g.read(&kc, want_k.len())?);
     let got_v = unbf(&g.read(&vc, want_v.len())?);
-    let tag = if qwen { "Qwen3 (q/k norm, neox)" } else { "Llama (interleaved)" };
+    let tag = match (qwen, bias) {
+        (true, _) => "Qwen3 (q/k norm, neox)",
+        (false, false) => "Llama (interleaved)",
+        (false, true) => "q|k|v bias (Qwen2), interleaved",
+    };
     Ok(vec![
         // f32 both sides; sincosf vs the CPU's f32 sin/cos differ by an ulp or two of the angle.
         result(&format!("q norm+rope {tag}, f32"), abs_err(&got_q, &want_q), 1e-4),
@@ -334,10 +350,13 @@ fn attend_ref(
     nkv: usize,
     kvh: usize,
     hd: usize,
+    window: Option<usize>,
 ) -> Vec<f32> {
     let slot = |p: usize| bt[p / bs] as usize * bs + p % bs;
     let scale = 1.0 / (hd as f64).sqrt();
-    let scores: Vec<f64> = (0..=qpos)
+    // Positions seen: all up to qpos, or the last `window` of them.
+    let first = window.map_or(0, |w| (qpos + 1).saturating_sub(w));
+    let scores: Vec<f64> = (first..=qpos)
         .map(|p| {
             let o = kv_index(slot(p), kvh, nkv, hd, bs);
             (0..hd).map(|d| q[d] as f64 * k[o + d] as f64).sum::<f64>() * scale
@@ -348,8 +367,8 @@ fn attend_ref(
     let z: f64 = e.iter().sum();
     (0..hd)
         .map(|d| {
-            (0..=qpos)
-                .map(|p| e[p] * v[kv_index(slot(p), kvh, nkv, hd, bs) + d] as f64)
+            (first..=qpos)
+                .map(|p| e[p - first] * v[kv_index(slot(p), kvh, nkv, hd, bs) + d] as f64)
                 .sum::<f64>()
                 / z
         })
@@ -368,6 +387,7 @@ enum AttKernel {
     Mma,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn attention(
     g: &Gpu,
     u: f64,
@@ -376,6 +396,7 @@ fn attention(
     hd: usize,
     splits: usize,
     kernel: AttKernel,
+    window: Option<usize>,
 ) -> Result<CheckResult, CudaError> {
     let decode_only = kernel == AttKernel::Decode;
     use crate::plan::BatchPlan;
@@ -410,6 +431,7 @@ fn attention(
     let (ti, nhi, nkvi, hdi, bsi, scale) =
         (t as i32, nh as i32, nkv as i32, hd as i32, bs as i32, 1.0 / (hd as f32).sqrt());
     let threads = if kernel == AttKernel::Mma { 64 } else { 128 };
+    let wi = window.map_or(i32::MAX, |w| w as i32);
     let cfg = LaunchConfig {
         grid_dim: (p.num_tiles() as u32, nkv as u32, splits as u32),
         block_dim: (threads, 1, 1),
@@ -441,6 +463,7 @@ fn attention(
                 &hdi,
                 &bsi,
                 &scale,
+                &wi,
             ],
         )?;
         if splits > 1 {
@@ -466,7 +489,7 @@ fn attention(
             let qpos = s.context_len - s.query_len + i;
             for h in 0..nh {
                 let qr = &q[(row * nh + h) * hd..(row * nh + h + 1) * hd];
-                let want = attend_ref(qr, &kc, &vc, &bt, bs, qpos, nkv, h / (nh / nkv), hd);
+                let want = attend_ref(qr, &kc, &vc, &bt, bs, qpos, nkv, h / (nh / nkv), hd, window);
                 err = err.max(abs_err(&got[(row * nh + h) * hd..(row * nh + h + 1) * hd], &want));
             }
         }
@@ -477,8 +500,11 @@ fn attention(
         AttKernel::Tile => "prefill+prefix, decode 1000, fresh prompt",
         AttKernel::Mma => "prefill+prefix, decode 1000, fresh prompt (tensor cores)",
     };
+    let seen = window.map_or(String::new(), |w| format!(", window {w}"));
     Ok(result(
-        &format!("paged attention nh={nh} nkv={nkv} hd={hd} splits={splits}: {what}; tol 1.3u abs"),
+        &format!(
+            "paged attention nh={nh} nkv={nkv} hd={hd} splits={splits}{seen}: {what}; tol 1.3u abs"
+        ),
         err,
         1.3 * u,
     ))

@@ -80,8 +80,8 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, const int* __res
   for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = f2h(xr[i] * inv * w[i]);
 }
 
-// One head of one token from the fused q|k|v projection (f32): optional per-head RMSNorm (Qwen3),
-// rotary embedding, then q to `q_out` (f32, [T, nh, hd]) and, for the GEMM attention path, to
+// One head of one token from the fused q|k|v projection (f32): optional bias (Qwen2, [q|k|v]),
+// optional per-head RMSNorm (Qwen3), rotary embedding, then q to `q_out` (f32, [T, nh, hd]) and, for the GEMM attention path, to
 // `q16` (IEEE half, same layout), and k, v into the paged cache at the
 // token's slot (16-bit, blocks of [nkv][block_size][hd]; slot < 0 skips the store). Grid: (T, nh + 2 * nkv);
 // block: hd threads.
@@ -90,11 +90,13 @@ extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const i
                                           const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                           float* __restrict__ q_out, h16* __restrict__ q16, h16* __restrict__ k_cache,
                                           h16* __restrict__ v_cache, int nh, int nkv, int hd,
-                                          int interleaved, float eps, int block_size) {
+                                          int interleaved, float eps, int block_size,
+                                          const float* __restrict__ qkv_bias) {
   extern __shared__ float head[];
   int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   int width = (nh + 2 * nkv) * hd;
   float v = qkv[(size_t)t * width + (size_t)h * hd + i];
+  if (qkv_bias) v += qkv_bias[h * hd + i];
   int s = slot[t];
   if (h >= nh + nkv) {  // a value head: stored as is
     if (s >= 0) v_cache[kv_index(s, h - nh - nkv, nkv, hd, block_size) + i] = f2h(v);
@@ -183,7 +185,7 @@ __device__ __forceinline__ void att_load(uint4 (&kr)[ATT_LOADS], uint4 (&vr)[ATT
   const float* __restrict__ q, const h16* __restrict__ k_cache, const h16* __restrict__ v_cache,            \
       const int* __restrict__ tiles, const int* __restrict__ block_tables, h16* __restrict__ out,           \
       float* __restrict__ part_acc, float* __restrict__ part_ml, int num_tokens, int nh, int nkv, int hd, \
-      int block_size, float scale
+      int block_size, float scale, int window
 template <int RPW>
 __device__ __forceinline__ void attention_impl(ATTENTION_ARGS) {
   __shared__ __align__(16) float ks[ATT_BK][ATT_KS];
@@ -247,7 +249,7 @@ __device__ __forceinline__ void attention_impl(ATTENTION_ARGS) {
       if (r >= nrows) break;
       int qpos = pos0 + r / group;
       int p = kt + lane;
-      bool valid = p < c1 && p <= qpos;
+      bool valid = p < c1 && p <= qpos && p > qpos - window;
       float s = 0.f;
       const float4* qr = reinterpret_cast<const float4*>(qs[r]);
       const float4* kk = reinterpret_cast<const float4*>(ks[lane]);
@@ -300,13 +302,13 @@ __device__ __forceinline__ void attention_impl(ATTENTION_ARGS) {
 }
 
 extern "C" __global__ void __launch_bounds__(128) attention(ATTENTION_ARGS) {
-  attention_impl<ATT_MAX_ROWS / ATT_WARPS>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale);
+  attention_impl<ATT_MAX_ROWS / ATT_WARPS>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
 }
 
 // The same for tiles of at most 8 rows (decode steps): fewer registers and less shared memory,
 // so more CTAs per SM keep more loads in flight.
 extern "C" __global__ void __launch_bounds__(128) attention_decode(ATTENTION_ARGS) {
-  attention_impl<2>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale);
+  attention_impl<2>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
 }
 
 // Tensor-core paged attention (mma.sync m16n8k16, 16-bit in, f32 accumulate) for head widths 64
@@ -455,7 +457,7 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
 #pragma unroll
         for (int e = 0; e < 2; e++) {
           int p = p0 + 8 * j + 2 * t + e;
-          bool valid = p < c1 && p <= qpos[ri];
+          bool valid = p < c1 && p <= qpos[ri] && p > qpos[ri] - window;
           float& v = sc[j][2 * ri + e];
           v = valid ? v : -INFINITY;
           mx = fmaxf(mx, v);
@@ -570,13 +572,13 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
 // Entry points (empty below sm_80, where the host never launches them).
 extern "C" __global__ void __launch_bounds__(64) attention_mma64(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
-  attention_mma_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale);
+  attention_mma_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(64) attention_mma128(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
-  attention_mma_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale);
+  attention_mma_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 
@@ -628,18 +630,21 @@ extern "C" __global__ void gather_kv(const h16* __restrict__ k_cache, const h16*
 }
 
 // Causal softmax of scores s ([nh][rows][ctx], f32, already scaled) into p (16-bit): row r is
-// the query at position pos0 + r, which sees positions 0..=pos0 + r; p in IEEE half.
-// Grid: (rows, nh); block 256.
-extern "C" __global__ void softmax_causal(const float* __restrict__ s, h16* __restrict__ p, int rows, int ctx, int pos0) {
+// the query at position pos0 + r, which sees positions 0..=pos0 + r, and of those only the last
+// `window` (a sliding-window layer; INT_MAX otherwise); p in IEEE half. Grid: (rows, nh); block 256.
+extern "C" __global__ void softmax_causal(const float* __restrict__ s, h16* __restrict__ p, int rows, int ctx, int pos0,
+                                          int window) {
   size_t base = ((size_t)blockIdx.y * rows + blockIdx.x) * ctx;
   int lim = min(ctx, pos0 + (int)blockIdx.x + 1);
+  int lo = max(0, lim - window);
   float m = -INFINITY;
-  for (int j = threadIdx.x; j < lim; j += blockDim.x) m = fmaxf(m, s[base + j]);
+  for (int j = lo + threadIdx.x; j < lim; j += blockDim.x) m = fmaxf(m, s[base + j]);
   m = block_max(m);
   float z = 0.f;
-  for (int j = threadIdx.x; j < lim; j += blockDim.x) z += __expf(s[base + j] - m);
+  for (int j = lo + threadIdx.x; j < lim; j += blockDim.x) z += __expf(s[base + j] - m);
   float inv = 1.f / block_sum(z);
-  for (int j = threadIdx.x; j < ctx; j += blockDim.x) p[base + j] = j < lim ? to_f16(__expf(s[base + j] - m) * inv) : (h16)0;
+  for (int j = threadIdx.x; j < ctx; j += blockDim.x)
+    p[base + j] = j >= lo && j < lim ? to_f16(__expf(s[base + j] - m) * inv) : (h16)0;
 }
 
 // out[i] = in[i] in the model's 16-bit type.

@@ -4,7 +4,7 @@
 //! format, for benchmarks that need no download).
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
-use tandem_engine::model_files::config::{Arch, ModelConfig};
+use tandem_engine::model_files::config::{Activation, Arch, ModelConfig};
 use tandem_engine::model_files::weights::ModelFiles;
 
 use crate::device::{ptr, Gpu};
@@ -18,6 +18,8 @@ pub struct LayerWeights {
     pub qkv: CudaSlice<u16>,
     /// `[hidden, q]`, 16-bit.
     pub o: CudaSlice<u16>,
+    /// Qwen2 q|k|v projection bias (f32, `[q + 2·kv]`).
+    pub qkv_bias: Option<CudaSlice<f32>>,
     /// Qwen3 per-head query norm (f32).
     pub q_norm: Option<CudaSlice<f32>>,
     /// Qwen3 per-head key norm (f32).
@@ -46,6 +48,38 @@ pub struct DeviceWeights {
     pub bytes: u64,
 }
 
+/// What of `cfg` the CUDA backend does not run yet, as a refusal naming it (none: it runs the
+/// model). Llama, Qwen2 (q/k/v bias), Qwen3 (q/k norms), Mistral (sliding window) and Phi-3 (fused
+/// q|k|v and gate|up) run; Gemma 3's pieces are listed.
+pub fn unsupported(cfg: &ModelConfig) -> Option<String> {
+    let mut missing = Vec::new();
+    if cfg.hidden_act != Activation::Silu {
+        missing.push(format!("the {:?} activation", cfg.hidden_act));
+    }
+    if cfg.embedding_scale != 1.0 {
+        missing.push("a scaled embedding".to_string());
+    }
+    if cfg.post_norms {
+        missing.push("norms after each sub-layer".to_string());
+    }
+    if cfg.norm_offset != 0.0 {
+        missing.push("(1 + w) RMSNorm weights".to_string());
+    }
+    if cfg.query_pre_attn_scalar.is_some_and(|s| s != cfg.head_dim as f32) {
+        missing.push("an attention scale other than 1/√head_dim".to_string());
+    }
+    if (0..cfg.num_layers).any(|l| cfg.layer_rope_theta(l) != cfg.rope_theta) {
+        missing.push("a RoPE base per layer".to_string());
+    }
+    (!missing.is_empty()).then(|| {
+        format!(
+            "the {} architecture needs {} on the GPU, which the CUDA backend does not have yet; run it with --device cpu",
+            cfg.arch.gguf_name(),
+            missing.join(", ")
+        )
+    })
+}
+
 /// RoPE inverse frequencies `theta^(-2i/d)` (computed in f64, rounded to f32 as the CPU path does).
 pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
     let d = cfg.head_dim;
@@ -62,13 +96,8 @@ impl DeviceWeights {
         cfg: &ModelConfig,
     ) -> Result<DeviceWeights, CudaError> {
         let (h, q, kv, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
-        if matches!(cfg.arch, Arch::Gemma3 | Arch::Qwen2 | Arch::Phi3)
-            || cfg.sliding_window.is_some()
-        {
-            return Err(CudaError::Unsupported(format!(
-                "the {} architecture runs on the CPU backend only so far",
-                cfg.arch.gguf_name()
-            )));
+        if let Some(why) = unsupported(cfg) {
+            return Err(CudaError::Unsupported(why));
         }
         let mut bytes = 0u64;
         let mut mat = |parts: &[(String, usize)], k: usize| -> Result<CudaSlice<u16>, CudaError> {
@@ -87,14 +116,39 @@ impl DeviceWeights {
         for i in 0..cfg.num_layers {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
             let qk = cfg.qk_norm;
+            // Phi-3 keeps q|k|v fused, and gate|up under the up projection's name.
+            let qkv_parts = if files.tensor(&p("attn_qkv")).is_some() {
+                vec![(p("attn_qkv"), q + 2 * kv)]
+            } else {
+                vec![(p("attn_q"), q), (p("attn_k"), kv), (p("attn_v"), kv)]
+            };
+            let gate_up_parts = if files.tensor(&p("ffn_gate_up")).is_some() {
+                vec![(p("ffn_gate_up"), 2 * ff)]
+            } else if cfg.arch == Arch::Phi3 {
+                vec![(p("ffn_up"), 2 * ff)]
+            } else {
+                vec![(p("ffn_gate"), ff), (p("ffn_up"), ff)]
+            };
+            let qkv_bias = if cfg.attn_bias {
+                let b = |s: &str, n| -> Result<Vec<f32>, CudaError> {
+                    Ok(files
+                        .require(&format!("blk.{i}.{s}.bias"), &[n])
+                        .map_err(CudaError::Load)?
+                        .to_f32())
+                };
+                Some(gpu.upload(&[b("attn_q", q)?, b("attn_k", kv)?, b("attn_v", kv)?].concat())?)
+            } else {
+                None
+            };
             layers.push(LayerWeights {
                 attn_norm: vec(&p("attn_norm"), h)?,
-                qkv: mat(&[(p("attn_q"), q), (p("attn_k"), kv), (p("attn_v"), kv)], h)?,
+                qkv: mat(&qkv_parts, h)?,
+                qkv_bias,
                 o: mat(&[(p("attn_output"), h)], q)?,
                 q_norm: if qk { Some(vec(&p("attn_q_norm"), cfg.head_dim)?) } else { None },
                 k_norm: if qk { Some(vec(&p("attn_k_norm"), cfg.head_dim)?) } else { None },
                 ffn_norm: vec(&p("ffn_norm"), h)?,
-                gate_up: mat(&[(p("ffn_gate"), ff), (p("ffn_up"), ff)], h)?,
+                gate_up: mat(&gate_up_parts, h)?,
                 down: mat(&[(p("ffn_down"), h)], ff)?,
             });
         }
@@ -116,6 +170,9 @@ impl DeviceWeights {
     /// Random weights of `cfg`'s shape, generated on the device (seeded, so runs repeat):
     /// linear layers uniform in ±1/√in_features, the embedding in ±1, norms 1.
     pub fn dummy(gpu: &Gpu, cfg: &ModelConfig, seed: u32) -> Result<DeviceWeights, CudaError> {
+        if let Some(why) = unsupported(cfg) {
+            return Err(CudaError::Unsupported(why));
+        }
         let (h, q, kv, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
         let mut bytes = 0u64;
         let mut next = seed;
@@ -134,13 +191,20 @@ impl DeviceWeights {
             Ok(buf)
         };
         let ones = |n: usize| gpu.upload(&vec![1f32; n]);
+        // Small seeded biases (Qwen2 shapes): the bias path runs in benchmarks too.
+        let mut host = crate::check::Rng::new(seed as u64);
         let embed = rand(cfg.vocab_size * h, 1.0)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for _ in 0..cfg.num_layers {
             let qk = cfg.qk_norm;
+            let qkv_bias = match cfg.attn_bias {
+                true => Some(gpu.upload(&host.vec(q + 2 * kv, 0.1))?),
+                false => None,
+            };
             layers.push(LayerWeights {
                 attn_norm: ones(h)?,
                 qkv: rand((q + 2 * kv) * h, 1.0 / (h as f32).sqrt())?,
+                qkv_bias,
                 o: rand(h * q, 1.0 / (q as f32).sqrt())?,
                 q_norm: if qk { Some(ones(cfg.head_dim)?) } else { None },
                 k_norm: if qk { Some(ones(cfg.head_dim)?) } else { None },

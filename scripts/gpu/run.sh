@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks and benchmarks (tandem-gpu), every figure printed with the device name:
 # each kernel against the CPU exact path (bf16 and f16), the default model end to end against the
-# CPU exact path, the decode step against the HBM roofline and prefill against the cuBLAS GEMM
+# CPU exact path, the tiny random-weight model of each architecture end to end, the decode step against the HBM roofline and prefill against the cuBLAS GEMM
 # peak (Llama-3-8B shape, random weights), each limit measured in the same run; then the whole
 # engine on nano-vllm's benchmark workload (Qwen3-0.6B shape, random weights, temperature 0.6)
 # beside Hugging Face transformers on the same requests when torch and transformers are installed.
@@ -66,6 +66,11 @@ run() {
   else
     echo "no model at $model: end-to-end section skipped (give MODEL)"; fail=1
   fi
+  # Each architecture the CUDA backend runs, on the committed random-weight models (Qwen2's
+  # q|k|v bias, Phi-3's fused tensors, Mistral's sliding window of 16 positions).
+  for arch in llama qwen2 qwen3 mistral phi3; do
+    section "e2e-tiny-$arch" e2e "tests/data/tiny-$arch" f16
+  done
   section decode bench-decode "$bin/configs/llama-3-8b.json" 1,16,64,256 1024
   section prefill bench-prefill "$bin/configs/llama-3-8b.json" 4 2048
   section decode-qwen3 bench-decode "$bin/configs/qwen3-0.6b.json" 1,64,256 1024
