@@ -110,25 +110,9 @@ fn a_model_loaded_while_serving_is_served_by_name_and_unloaded_after_its_request
     );
 
     // The SDK: both models by name, then the unload while a request streams.
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/model_load_client.py");
-    let out = Command::new(python())
-        .args([
-            script,
-            &format!("http://{}/v1", router.addr),
-            MODEL,
-            LOADED,
-            PROMPT,
-            &MAX_TOKENS.to_string(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the openai client failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let url = format!("http://{}/v1", router.addr);
+    let max = MAX_TOKENS.to_string();
+    let got = python_client("model_load_client.py", &[&url, MODEL, LOADED, PROMPT, &max]);
     eprintln!("{got:#}");
     let completions = &got["completions"];
     assert_eq!(completions[LOADED]["text"], reference(&gemma.display().to_string()));

@@ -36,25 +36,8 @@ fn reference(prompt: &str, chat: bool, kernel: &str) -> Value {
 }
 
 fn run_client(base: &str) -> Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/openai_client.py");
-    let out = Command::new(python())
-        .args([
-            script,
-            &format!("http://{base}/v1"),
-            MODEL,
-            &long_prompt(),
-            CHAT_PROMPT,
-            &MAX_TOKENS.to_string(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the openai client failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let (url, prompt, max) = (format!("http://{base}/v1"), long_prompt(), MAX_TOKENS.to_string());
+    python_client("openai_client.py", &[&url, MODEL, &prompt, CHAT_PROMPT, &max])
 }
 
 /// The reference text cut before the first stop string, if any.

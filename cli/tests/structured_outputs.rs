@@ -12,8 +12,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 use serde_json::Value;
 
@@ -27,17 +25,9 @@ fn refused(errors: &Value, cases: &[(&str, &str)]) {
 
 /// Runs one of `tests/e2e`'s client scripts against the router; its JSON report.
 fn run_client(script: &str, addr: &str, extra: &[&str]) -> Value {
-    let path = format!("{}/../tests/e2e/{script}", env!("CARGO_MANIFEST_DIR"));
     let url = format!("http://{addr}/v1");
-    let out =
-        Command::new(python()).args([path.as_str(), &url, MODEL]).args(extra).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{script} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let args: Vec<&str> = [url.as_str(), MODEL].into_iter().chain(extra.iter().copied()).collect();
+    let got = python_client(script, &args);
     println!("{script}: {}", serde_json::to_string_pretty(&got).unwrap());
     got
 }

@@ -469,3 +469,17 @@ pub fn python() -> String {
     );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
+
+/// Runs the client script `tests/e2e/{script}` with `args` in the clients' Python environment
+/// and returns the JSON it prints (a failing script fails the test with its output).
+pub fn python_client(script: &str, args: &[&str]) -> serde_json::Value {
+    let path = format!("{}/../tests/e2e/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(python()).arg(&path).args(args).output().expect("run the client");
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the client prints JSON")
+}
