@@ -333,6 +333,10 @@ fn beam_search_returns_the_brute_force_beams() {
     }
     let generated: usize = want.iter().map(|(t, _)| t.len()).sum();
     assert_eq!(res["usage"]["completion_tokens"], generated, "{res}");
+    // The decode worker prefilled it for its beams to fork from: no prefill worker was booked.
+    let decisions = debug_routing(&r)["decisions"].clone();
+    let last = decisions.as_array().and_then(|d| d.last()).cloned().unwrap_or_default();
+    assert_eq!(last["prefill"], Value::Null, "{decisions}");
     assert_eq!(wait_metric(&d.addr, "tandem_kv_cache_free_blocks", base), Some(base));
     for (extra, param) in [
         (json!({ "stream": true }), "stream"),

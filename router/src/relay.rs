@@ -356,7 +356,18 @@ pub(crate) async fn start(
     st: &AppState,
     p: &Prepared,
 ) -> Result<(Route, Vec<WorkerStream>), ApiError> {
-    let pool = st.pool.current();
+    let all = st.pool.current();
+    // A prompt its decode worker computes itself — several completions or beams fork from it
+    // there, or its tokens are scored — books no prefill worker.
+    let local = p.n > 1 || p.beam || p.prompt_logprobs.is_some() || p.echo_logprobs;
+    let decode_only;
+    let pool = if local && !all.prefill.is_empty() {
+        decode_only =
+            crate::workers::WorkerPool { decode: all.decode.clone(), prefill: Vec::new() };
+        &decode_only
+    } else {
+        &*all
+    };
     let mut last_err = match pool.decode.len() {
         0 => ApiError::unavailable("no decode worker is configured"),
         n => ApiError::unavailable(format!(
@@ -372,10 +383,10 @@ pub(crate) async fn start(
         }
         let hint = p.prefill_hint.as_deref();
         let route = match p.model.startup {
-            true => st.routing.route(&pool, &p.id, &p.prompts[0], &p.cache_salt, &tried, hint),
+            true => st.routing.route(pool, &p.id, &p.prompts[0], &p.cache_salt, &tried, hint),
             false => {
                 let len = p.prompts.iter().map(Vec::len).sum();
-                st.routing.route_model(&pool, &p.id, len, &p.model.name, &tried)
+                st.routing.route_model(pool, &p.id, len, &p.model.name, &tried)
             }
         };
         let Some(route) = route else {
