@@ -191,14 +191,21 @@ impl DeviceWeights {
             Ok(buf)
         };
         let ones = |n: usize| gpu.upload(&vec![1f32; n]);
-        // Small seeded biases (Qwen2 shapes): the bias path runs in benchmarks too.
-        let mut host = crate::check::Rng::new(seed as u64);
+        // Small seeded biases in ±0.1 (Qwen2 shapes): the bias path runs in benchmarks too.
+        let bias = |n: usize, layer: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| {
+                    let x = (i as u32 ^ (layer as u32) << 20).wrapping_mul(2_654_435_761) ^ seed;
+                    (x as f32 / u32::MAX as f32 - 0.5) * 0.2
+                })
+                .collect()
+        };
         let embed = rand(cfg.vocab_size * h, 1.0)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
-        for _ in 0..cfg.num_layers {
+        for li in 0..cfg.num_layers {
             let qk = cfg.qk_norm;
             let qkv_bias = match cfg.attn_bias {
-                true => Some(gpu.upload(&host.vec(q + 2 * kv, 0.1))?),
+                true => Some(gpu.upload(&bias(q + 2 * kv, li))?),
                 false => None,
             };
             layers.push(LayerWeights {
