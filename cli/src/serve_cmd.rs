@@ -416,12 +416,10 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
             engine_args.load_model(path).with_context(|| format!("loading {}", path.display()))?;
         engine_args.build_engine(m)
     });
-    let models = Arc::new(tandem_worker::models::LoadedModels::new(
-        catalog,
-        factory,
-        &name,
-        a.worker.drain_timeout,
-    ));
+    let models = Arc::new(
+        tandem_worker::models::LoadedModels::new(catalog, factory, &name, a.worker.drain_timeout)
+            .with_core_share(a.worker.core_share_lock.clone()),
+    );
     let front_end = match a.serve_openai {
         true => Some(openai_front_end(&a, &name)?),
         false => None,

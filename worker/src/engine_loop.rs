@@ -151,9 +151,9 @@ impl EngineHandle {
     }
 
     /// Starts the thread of an engine that does not set the worker's engine gauges (a model
-    /// loaded beside the start-up one).
-    pub fn spawn_unlisted(engine: LLMEngine) -> EngineHandle {
-        EngineHandle::start(engine, None, None, false)
+    /// loaded beside the start-up one); with `share`, its steps take turns at the cores too.
+    pub fn spawn_unlisted(engine: LLMEngine, share: Option<CoreShare>) -> EngineHandle {
+        EngineHandle::start(engine, None, share, false)
     }
 
     /// Starts the engine thread; with `kv_sink`, the engine's KV events go there; with `share`,

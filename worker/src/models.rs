@@ -147,6 +147,7 @@ pub struct LoadedModels {
     factory: EngineFactory,
     startup: String,
     drain_timeout: Duration,
+    core_share: Option<PathBuf>,
     slots: Mutex<BTreeMap<String, Arc<Slot>>>,
 }
 
@@ -173,8 +174,16 @@ impl LoadedModels {
             factory,
             startup: startup.to_string(),
             drain_timeout,
+            core_share: None,
             slots: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Loaded models' engines take turns at the cores through this lock file too (the worker's
+    /// `--core-share-lock`; see [`crate::core_share`]).
+    pub fn with_core_share(mut self, path: Option<PathBuf>) -> LoadedModels {
+        self.core_share = path;
+        self
     }
 
     /// Starts loading `name` (on a thread of its own); the model's state now.
@@ -198,17 +207,23 @@ impl LoadedModels {
         slots.insert(name.to_string(), slot.clone());
         drop(slots);
         let (factory, model) = (self.factory.clone(), name.to_string());
+        let share_path = self.core_share.clone();
         std::thread::Builder::new()
             .name("model-load".into())
             .spawn(move || {
                 let started = Instant::now();
-                let next = match factory(&path) {
-                    Ok(engine) => {
+                let share = share_path.as_deref().map(crate::core_share::CoreShare::open);
+                let next = match (factory(&path), share.transpose()) {
+                    (Ok(engine), Ok(share)) => {
                         slot.max_model_len.store(engine.max_model_len(), Ordering::Relaxed);
                         tracing::info!(model = %model, seconds = started.elapsed().as_secs_f64(), "model loaded");
-                        State::Ready(EngineHandle::spawn_unlisted(engine))
+                        State::Ready(EngineHandle::spawn_unlisted(engine, share))
                     }
-                    Err(e) => {
+                    (Ok(_), Err(e)) => {
+                        tracing::error!(model = %model, error = %e, "opening the core-share lock failed");
+                        State::Failed(format!("opening the core-share lock: {e}"))
+                    }
+                    (Err(e), _) => {
                         tracing::error!(model = %model, error = %e, "loading the model failed");
                         State::Failed(format!("{e:#}"))
                     }
