@@ -181,21 +181,7 @@ impl<T: ValueEnum> ValueEnumName for T {
 
 /// Parses `512MiB`, `2GiB`, `1.5GB`, `4096` (bytes).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num.parse().map_err(|_| anyhow::anyhow!("invalid size '{s}'"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "kib" => 1024.0,
-        "m" | "mb" => 1e6,
-        "mib" => 1048576.0,
-        "g" | "gb" => 1e9,
-        "gib" => 1073741824.0,
-        other => bail!("invalid size unit '{other}' in '{s}' (use B, KiB, MiB, GiB, KB, MB, GB)"),
-    };
-    Ok((v * mult) as u64)
+    tandem_worker::models::parse_size(s).map_err(anyhow::Error::msg)
 }
 
 impl EngineArgs {

@@ -411,11 +411,15 @@ pub fn run_decode(a: DecodeArgs) -> Result<()> {
     let catalog = a.model.catalog()?;
     let (engine, name, kv_device) = load_engine(&a.model, &a.worker)?;
     let engine_args = a.worker.engine.clone();
-    let factory: tandem_worker::models::EngineFactory = Arc::new(move |path: &Path| {
-        let m =
-            engine_args.load_model(path).with_context(|| format!("loading {}", path.display()))?;
-        engine_args.build_engine(m)
-    });
+    let factory: tandem_worker::models::EngineFactory =
+        Arc::new(move |path: &Path, kv_bytes: Option<u64>| {
+            let mut args = engine_args.clone();
+            if let Some(b) = kv_bytes {
+                (args.kv_cache_memory, args.kv_cache_fraction) = (Some(b.to_string()), None);
+            }
+            let m = args.load_model(path).with_context(|| format!("loading {}", path.display()))?;
+            args.build_engine(m)
+        });
     let models = Arc::new(
         tandem_worker::models::LoadedModels::new(catalog, factory, &name, a.worker.drain_timeout)
             .with_core_share(a.worker.core_share_lock.clone()),

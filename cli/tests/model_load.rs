@@ -88,8 +88,15 @@ fn a_model_loaded_while_serving_is_served_by_name_and_unloaded_after_its_request
     );
     assert_eq!(r.status, 404, "not loaded yet: {}", r.body);
 
+    let load = format!("/v1/models/{LOADED}/load");
+    for bad in [r#"{"kv_cache_memory": "12 parsecs"}"#, r#"{"kv_cache_memory": 0}"#, r#"{"kv": 1}"#]
+    {
+        let r = http(&router.addr, "POST", &load, Some(bad));
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+    }
     let rss_before = rss(decode.child.id());
-    let r = http(&router.addr, "POST", &format!("/v1/models/{LOADED}/load"), None);
+    // Its own KV cache of 64 MiB (the start-up model has the worker's 128 MiB).
+    let r = http(&router.addr, "POST", &load, Some(r#"{"kv_cache_memory": "64MiB"}"#));
     assert_eq!(r.status, 202, "{}", r.body);
     assert_eq!(r.json()["status"], "loading");
     let r = http(&router.addr, "POST", &format!("/v1/models/{LOADED}/load"), None);
@@ -101,7 +108,8 @@ fn a_model_loaded_while_serving_is_served_by_name_and_unloaded_after_its_request
     let loaded = &worker["loaded_models"][0];
     assert_eq!(loaded["model"], LOADED, "{nodes}");
     assert_eq!(loaded["state"], "ready", "{nodes}");
-    assert!(loaded["num_blocks"].as_u64().unwrap() > 0, "its own KV cache: {nodes}");
+    let small_pool = loaded["num_blocks"].as_u64().unwrap();
+    assert!(small_pool > 0, "its own KV cache: {nodes}");
     let rss_loaded = rss(decode.child.id());
     eprintln!("decode worker RSS: {rss_before} before the load, {rss_loaded} with Gemma loaded");
     assert!(
@@ -140,10 +148,17 @@ fn a_model_loaded_while_serving_is_served_by_name_and_unloaded_after_its_request
     assert!(decode.log_text().contains("model unloaded"), "{}", decode.log_text());
     assert!(!complete(&router, PROMPT).is_empty());
     assert_eq!(free_blocks(&decode), before_load, "the start-up model's blocks are all free");
-    // Loaded again after the unload: a fresh engine.
-    let r = http(&router.addr, "POST", &format!("/v1/models/{LOADED}/load"), None);
+    // Loaded again after the unload, with the workers' KV size: a fresh engine, twice the blocks.
+    let r = http(&router.addr, "POST", &load, None);
     assert_eq!(r.status, 202, "{}", r.body);
     wait_status(&router, "ready", Duration::from_secs(120));
+    let nodes = http(&router.addr, "GET", "/v1/cluster/nodes", None).json();
+    let worker = nodes["data"].as_array().unwrap().iter().find(|n| n["role"] == "decode").unwrap();
+    let full_pool = worker["loaded_models"][0]["num_blocks"].as_u64().unwrap();
+    assert!(
+        full_pool.abs_diff(2 * small_pool) <= 2,
+        "64 MiB: {small_pool} blocks, 128 MiB: {full_pool}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

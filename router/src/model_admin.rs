@@ -13,13 +13,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use tandem_engine::ModelInfo;
 
 use crate::error::ApiError;
+use crate::handlers::{check_content_type, read_body};
 use crate::model_api::object_of;
 use crate::models::{Phase, ServedModel};
 use crate::state::{unix_now, AppState};
@@ -36,16 +39,67 @@ fn conflict(message: String) -> ApiError {
     ApiError { status: StatusCode::CONFLICT, ..ApiError::invalid(None, message) }
 }
 
-/// `POST /v1/models/{id}/load`: `202` with `status: loading` (or the model as it stands when
-/// it is already loading or ready).
-pub async fn load(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match start_load(&st, &id) {
+/// The optional body of a load: the model's KV cache size.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoadRequest {
+    /// `"512MiB"`, `"2GiB"` or a number of bytes; absent: the workers' `--kv-cache-memory`.
+    kv_cache_memory: Option<Value>,
+}
+
+/// The KV cache bytes a load asks for, from its body (empty: none asked).
+fn kv_cache_bytes(body: &[u8]) -> Result<Option<u64>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let r: LoadRequest = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(None, format!("invalid request body: {e}")))?;
+    let param = Some("kv_cache_memory");
+    let bytes = match r.kv_cache_memory {
+        None => return Ok(None),
+        Some(Value::Number(n)) => n.as_u64().ok_or_else(|| {
+            ApiError::invalid(param, "kv_cache_memory must be a whole number of bytes")
+        })?,
+        Some(Value::String(s)) => {
+            tandem_worker::models::parse_size(&s).map_err(|e| ApiError::invalid(param, e))?
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(param, "kv_cache_memory is a size such as \"512MiB\""))
+        }
+    };
+    if bytes == 0 {
+        return Err(ApiError::invalid(param, "kv_cache_memory must be more than 0 bytes"));
+    }
+    Ok(Some(bytes))
+}
+
+/// `POST /v1/models/{id}/load` (body optional: `{"kv_cache_memory": "512MiB"}`, the model's own
+/// KV cache on each worker): `202` with `status: loading` (or the model as it stands when it is
+/// already loading or ready).
+pub async fn load(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let res = async {
+        let body = read_body(body, st.max_body_bytes, st.body_read_timeout).await?;
+        if !body.iter().all(u8::is_ascii_whitespace) {
+            check_content_type(&headers)?;
+        }
+        start_load(&st, &id, kv_cache_bytes(&body)?)
+    };
+    match res.await {
         Ok((code, v)) => (code, axum::Json(v)).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-fn start_load(st: &Arc<AppState>, id: &str) -> Result<(StatusCode, Value), ApiError> {
+fn start_load(
+    st: &Arc<AppState>,
+    id: &str,
+    kv_cache_bytes: Option<u64>,
+) -> Result<(StatusCode, Value), ApiError> {
     let object = |st: &AppState| object_of(st, id).unwrap_or(Value::Null);
     if id == st.models.startup.name {
         return Ok((StatusCode::OK, object(st)));
@@ -75,13 +129,13 @@ fn start_load(st: &Arc<AppState>, id: &str) -> Result<(StatusCode, Value), ApiEr
         None | Some(Phase::Failed(_)) => {}
     }
     tracing::info!(model = id, path = %path.display(), "loading a model");
-    tokio::spawn(load_task(st.clone(), id.to_string(), path));
+    tokio::spawn(load_task(st.clone(), id.to_string(), path, kv_cache_bytes));
     Ok((StatusCode::ACCEPTED, object(st)))
 }
 
-async fn load_task(st: Arc<AppState>, name: String, path: PathBuf) {
+async fn load_task(st: Arc<AppState>, name: String, path: PathBuf, kv_cache_bytes: Option<u64>) {
     let started = Instant::now();
-    match load_everywhere(&st, &name, path).await {
+    match load_everywhere(&st, &name, path, kv_cache_bytes).await {
         Ok(m) => {
             tracing::info!(model = %name, seconds = started.elapsed().as_secs_f64(), "model ready");
             st.models.set(&name, Phase::Ready(Arc::new(m)));
@@ -105,7 +159,12 @@ async fn open_info(path: PathBuf) -> Result<ModelInfo, String> {
         .map_err(|e| format!("opening {shown}: {e}"))
 }
 
-async fn load_everywhere(st: &AppState, name: &str, path: PathBuf) -> Result<ServedModel, String> {
+async fn load_everywhere(
+    st: &AppState,
+    name: &str,
+    path: PathBuf,
+    kv_cache_bytes: Option<u64>,
+) -> Result<ServedModel, String> {
     let info = open_info(path).await?;
     let workers: Vec<Arc<Worker>> =
         st.pool.current().decode.iter().filter(|w| w.healthy()).cloned().collect();
@@ -113,7 +172,9 @@ async fn load_everywhere(st: &AppState, name: &str, path: PathBuf) -> Result<Ser
         return Err("no decode worker is healthy".into());
     }
     for w in &workers {
-        w.load_model(name).await.map_err(|e| format!("worker {}: {}", w.addr, e.message()))?;
+        w.load_model(name, kv_cache_bytes)
+            .await
+            .map_err(|e| format!("worker {}: {}", w.addr, e.message()))?;
     }
     let deadline = Instant::now() + LOAD_TIMEOUT;
     loop {

@@ -124,10 +124,16 @@ impl Worker {
         self.healthy() && self.model(name).is_some_and(|m| m.state == "ready")
     }
 
-    /// Asks the worker to load model `name` from its model directory (it answers at once).
-    pub async fn load_model(&self, name: &str) -> Result<pb::ModelState, tonic::Status> {
+    /// Asks the worker to load model `name` from its model directory, with a KV cache of
+    /// `kv_cache_bytes` (none: the worker's flags); it answers at once.
+    pub async fn load_model(
+        &self,
+        name: &str,
+        kv_cache_bytes: Option<u64>,
+    ) -> Result<pb::ModelState, tonic::Status> {
         let mut client = WorkerClient::new(authed(self.channel.clone()));
-        let mut req = tonic::Request::new(pb::LoadModelRequest { model: name.to_string() });
+        let mut req =
+            tonic::Request::new(pb::LoadModelRequest { model: name.to_string(), kv_cache_bytes });
         req.set_timeout(Duration::from_secs(10));
         client.load_model(req).await.map(tonic::Response::into_inner)
     }

@@ -102,8 +102,32 @@ fn valid_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
-/// Builds the engine of the model file at a path (the worker's engine flags).
-pub type EngineFactory = Arc<dyn Fn(&Path) -> anyhow::Result<LLMEngine> + Send + Sync>;
+/// Builds the engine of the model file at a path (the worker's engine flags), with a KV cache of
+/// the given bytes when one is given.
+pub type EngineFactory = Arc<dyn Fn(&Path, Option<u64>) -> anyhow::Result<LLMEngine> + Send + Sync>;
+
+/// Parses `512MiB`, `2GiB`, `1.5GB`, `4096` (bytes).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().map_err(|_| format!("invalid size '{s}'"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1048576.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1073741824.0,
+        other => {
+            return Err(format!(
+                "invalid size unit '{other}' in '{s}' (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
+    };
+    Ok((v * mult) as u64)
+}
 
 #[derive(Clone)]
 enum State {
@@ -186,8 +210,13 @@ impl LoadedModels {
         self
     }
 
-    /// Starts loading `name` (on a thread of its own); the model's state now.
-    pub fn load(self: &Arc<Self>, name: &str) -> Result<pb::ModelState, ModelError> {
+    /// Starts loading `name` (on a thread of its own) with a KV cache of `kv_cache_bytes` (none:
+    /// the worker's flags); the model's state now.
+    pub fn load(
+        self: &Arc<Self>,
+        name: &str,
+        kv_cache_bytes: Option<u64>,
+    ) -> Result<pb::ModelState, ModelError> {
         if name == self.startup {
             return Ok(self.startup_state());
         }
@@ -213,7 +242,7 @@ impl LoadedModels {
             .spawn(move || {
                 let started = Instant::now();
                 let share = share_path.as_deref().map(crate::core_share::CoreShare::open);
-                let next = match (factory(&path), share.transpose()) {
+                let next = match (factory(&path, kv_cache_bytes), share.transpose()) {
                     (Ok(engine), Ok(share)) => {
                         slot.max_model_len.store(engine.max_model_len(), Ordering::Relaxed);
                         tracing::info!(model = %model, seconds = started.elapsed().as_secs_f64(), "model loaded");
@@ -390,15 +419,25 @@ mod tests {
 
     #[test]
     fn names_are_checked_before_the_factory_runs() {
-        let factory: EngineFactory = Arc::new(|_| anyhow::bail!("never called"));
+        let factory: EngineFactory = Arc::new(|_, _| anyhow::bail!("never called"));
         let m = Arc::new(LoadedModels::new(None, factory, "base", Duration::from_secs(1)));
-        assert_eq!(m.load("other").unwrap_err(), ModelError::NoCatalog);
-        assert_eq!(m.load("base").unwrap().state, "ready");
+        assert_eq!(m.load("other", None).unwrap_err(), ModelError::NoCatalog);
+        assert_eq!(m.load("base", None).unwrap().state, "ready");
         assert_eq!(m.unload("base").unwrap_err(), ModelError::StartUpModel("base".into()));
         assert_eq!(m.unload("other").unwrap_err(), ModelError::NotLoaded("other".into()));
         assert!(m.engine("base").unwrap().is_none());
         assert!(m.engine("").unwrap().is_none());
         assert_eq!(m.engine("other").err(), Some(ModelError::NotLoaded("other".into())));
         assert!(m.states().is_empty());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("MiB").is_err());
     }
 }

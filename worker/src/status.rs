@@ -107,8 +107,11 @@ impl pb::worker_server::Worker for StatusService {
         &self,
         req: Request<pb::LoadModelRequest>,
     ) -> Result<Response<pb::ModelState>, Status> {
-        let name = req.into_inner().model;
-        self.models()?.load(&name).map(Response::new).map_err(|e| model_status(&e))
+        let r = req.into_inner();
+        self.models()?
+            .load(&r.model, r.kv_cache_bytes)
+            .map(Response::new)
+            .map_err(|e| model_status(&e))
     }
 
     async fn unload_model(
