@@ -134,6 +134,9 @@ enum State {
     Loading,
     Ready(EngineHandle),
     Draining(EngineHandle),
+    /// Drained; the engine is being dropped (still listed, as draining, until its memory is
+    /// back).
+    Freeing,
     Failed(String),
 }
 
@@ -142,7 +145,7 @@ impl State {
         match self {
             State::Loading => "loading",
             State::Ready(_) => "ready",
-            State::Draining(_) => "draining",
+            State::Draining(_) | State::Freeing => "draining",
             State::Failed(_) => "failed",
         }
     }
@@ -278,7 +281,7 @@ impl LoadedModels {
                     *st = State::Draining(h.clone());
                     Some(h)
                 }
-                State::Draining(_) => return Ok(state_of(name, &slot)),
+                State::Draining(_) | State::Freeing => return Ok(state_of(name, &slot)),
                 State::Loading => return Err(ModelError::NotReady(name.to_string(), "loading")),
                 State::Failed(_) => None,
             }
@@ -305,13 +308,14 @@ impl LoadedModels {
             }
             let exited = handle.exited();
             drop(handle);
-            me.slots.lock().expect("model slots lock").remove(&model);
             // The slot held the last handle: the engine thread finishes and drops the engine.
-            drop(slot);
+            *slot.state.lock().expect("model state lock") = State::Freeing;
             while !exited.load(Ordering::Acquire) {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             crate::process_metrics::return_free_memory();
+            // Listed until here: a model gone from Status has given its memory back.
+            me.slots.lock().expect("model slots lock").remove(&model);
             tracing::info!(model = %model, seconds = started.elapsed().as_secs_f64(), "model unloaded");
         });
         Ok(out)

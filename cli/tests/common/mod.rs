@@ -34,11 +34,12 @@ pub struct Proc {
 impl Proc {
     /// Starts `tandem <args>` with `env` and waits for its ready line.
     pub fn start(name: &str, args: &[String], env: &[(&str, &str)]) -> Proc {
-        let log = std::env::temp_dir().join(format!(
-            "tandem-test-{}-{name}-{}.log",
-            std::process::id(),
-            Instant::now().elapsed().as_nanos()
-        ));
+        // Unique within the test binary: tests run in parallel threads of one process, and a
+        // name reused would truncate (and at its test's end delete) another service's log.
+        static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log =
+            std::env::temp_dir().join(format!("tandem-test-{}-{name}-{n}.log", std::process::id()));
         let err = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
         cmd.args(args);
