@@ -447,14 +447,12 @@ impl EngineArgs {
 mod tests {
     use super::*;
 
+    /// The parser itself is tested where it lives (`tandem_worker::models`); here, that its
+    /// errors come through.
     #[test]
     fn sizes() {
         assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
-        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
-        assert_eq!(parse_size("1.5GB").unwrap(), 1_500_000_000);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("12 parsecs").is_err());
-        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("12 parsecs").unwrap_err().to_string().contains("parsecs"));
     }
 
     #[derive(clap::Parser)]
