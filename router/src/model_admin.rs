@@ -151,6 +151,14 @@ async fn load_task(st: Arc<AppState>, name: String, path: PathBuf, kv_cache_byte
     }
 }
 
+/// Model `name` as served from now on, with the shortest context any decode worker's last
+/// status gave it (each status call records the worker's models).
+fn served(st: &AppState, name: &str, info: ModelInfo) -> ServedModel {
+    let pool = st.pool.current();
+    let lens = pool.decode.iter().filter_map(|w| w.model(name)).map(|s| s.max_model_len as usize);
+    ServedModel::new(name, info, unix_now(), false, lens.min().unwrap_or(0))
+}
+
 async fn open_info(path: PathBuf) -> Result<ModelInfo, String> {
     let shown = path.display().to_string();
     tokio::task::spawn_blocking(move || ModelInfo::open(&path))
@@ -180,14 +188,10 @@ async fn load_everywhere(
     loop {
         tokio::time::sleep(POLL).await;
         let mut ready = 0;
-        let mut len = usize::MAX;
         for w in &workers {
             let s = w.status(Duration::from_secs(2), false).await?;
             match s.models.iter().find(|m| m.model == name) {
-                Some(m) if m.state == "ready" => {
-                    ready += 1;
-                    len = len.min(m.max_model_len as usize);
-                }
+                Some(m) if m.state == "ready" => ready += 1,
                 Some(m) if m.state == "failed" => {
                     return Err(format!("worker {}: {}", w.addr, m.error));
                 }
@@ -196,9 +200,7 @@ async fn load_everywhere(
             }
         }
         if ready == workers.len() {
-            let m = ServedModel::new(name, info, unix_now(), false);
-            m.set_max_model_len(len);
-            return Ok(m);
+            return Ok(served(st, name, info));
         }
         if Instant::now() > deadline {
             return Err(format!("the workers did not load it within {LOAD_TIMEOUT:?}"));
@@ -311,18 +313,7 @@ pub fn adopt(st: &Arc<AppState>) {
 async fn adopt_task(st: Arc<AppState>, name: String, path: PathBuf) {
     match open_info(path).await {
         Ok(info) => {
-            let m = ServedModel::new(&name, info, unix_now(), false);
-            let len = st
-                .pool
-                .current()
-                .decode
-                .iter()
-                .filter_map(|w| w.model(&name))
-                .map(|s| s.max_model_len as usize)
-                .min()
-                .unwrap_or(0);
-            m.set_max_model_len(len);
-            st.models.set(&name, Phase::Ready(Arc::new(m)));
+            st.models.set(&name, Phase::Ready(Arc::new(served(&st, &name, info))));
         }
         Err(e) => {
             tracing::warn!(model = %name, error = %e, "adopting the model failed");

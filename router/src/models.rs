@@ -7,7 +7,6 @@
 //! model never pulls the tokenizer from under a running request.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use serde_json::{json, Value};
@@ -30,14 +29,22 @@ pub struct ServedModel {
     pub created: u64,
     /// Whether it is the start-up model.
     pub startup: bool,
-    /// Longest prompt plus output its workers run it with (0: not known yet).
-    max_model_len: AtomicUsize,
+    /// Longest prompt plus output its workers run it with (0 for the start-up model: read from
+    /// the workers' status as it changes).
+    pub max_model_len: usize,
     grammars: OnceLock<Result<GrammarCompiler, StructuredError>>,
 }
 
 impl ServedModel {
-    /// The model `name` over `info`, created at `created`.
-    pub fn new(name: &str, info: ModelInfo, created: u64, startup: bool) -> ServedModel {
+    /// The model `name` over `info`, created at `created`, run with a context of
+    /// `max_model_len` tokens.
+    pub fn new(
+        name: &str,
+        info: ModelInfo,
+        created: u64,
+        startup: bool,
+        max_model_len: usize,
+    ) -> ServedModel {
         let tool_format = info
             .chat_template
             .as_ref()
@@ -49,7 +56,7 @@ impl ServedModel {
             tool_format,
             created,
             startup,
-            max_model_len: AtomicUsize::new(0),
+            max_model_len,
             grammars: OnceLock::new(),
         }
     }
@@ -59,15 +66,6 @@ impl ServedModel {
         self.grammars
             .get_or_init(|| GrammarCompiler::new(&self.info.tokenizer, self.info.config.vocab_size))
             .as_ref()
-    }
-
-    /// The context length the workers reported (0: none yet).
-    pub fn reported_max_model_len(&self) -> usize {
-        self.max_model_len.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn set_max_model_len(&self, n: usize) {
-        self.max_model_len.store(n, Ordering::Relaxed);
     }
 }
 

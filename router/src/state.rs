@@ -59,7 +59,7 @@ impl AppState {
             SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
                 ^ (std::process::id() as u64) << 40;
         AppState {
-            models: ModelTable::new(ServedModel::new(&model_name, info, started, true), None),
+            models: ModelTable::new(ServedModel::new(&model_name, info, started, true, 0), None),
             pool,
             routing,
             load_sync: None,
@@ -78,11 +78,6 @@ impl AppState {
         }
     }
 
-    /// The start-up model.
-    pub fn startup_model(&self) -> &ServedModel {
-        &self.models.startup
-    }
-
     pub(crate) fn new_id(&self, prefix: &str) -> String {
         let n = self.ids.fetch_add(1, Ordering::Relaxed);
         format!("{prefix}-{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
@@ -90,11 +85,8 @@ impl AppState {
 
     /// The context length of model `m`: what its workers run it with, or its configuration's.
     pub(crate) fn max_model_len(&self, m: &ServedModel) -> usize {
-        let reported = if m.startup {
-            self.pool.current().max_model_len()
-        } else {
-            m.reported_max_model_len()
-        };
+        let reported =
+            if m.startup { self.pool.current().max_model_len() } else { m.max_model_len };
         match reported {
             0 => m.info.config.max_position_embeddings,
             n => n,

@@ -36,11 +36,6 @@ pub fn return_free_memory() {
     }
 }
 
-/// Resident memory of this process in bytes (`VmRSS`), where `/proc` has it.
-pub fn resident_bytes() -> Option<u64> {
-    read().map(|p| p.resident_bytes as u64)
-}
-
 /// One reading of this process's figures.
 #[derive(Debug, Clone, PartialEq)]
 struct ProcessFigures {
