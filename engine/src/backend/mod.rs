@@ -28,9 +28,15 @@ pub struct SeqSlice {
 pub enum Logits {
     /// None (a prefill chunk that does not finish the prompt).
     None,
-    /// The last token's (the next token is sampled from it).
+    /// The last token's (the next token is sampled from it). Entries far below the row's best
+    /// may be approximate (the CPU backend's two-pass LM head), as they barely weigh in the
+    /// distribution.
     Last,
-    /// Every token's (teacher-forced scoring).
+    /// The last token's, every entry exact (its log-probs are reported, or a bias or grammar may
+    /// pick an unlikely token: `SamplingParams::reads_far_logits`).
+    LastExact,
+    /// Every token's (teacher-forced scoring), each entry exact however unlikely its token:
+    /// a prompt token's log-prob may lie far down the distribution.
     All,
 }
 
@@ -47,6 +53,9 @@ pub struct ForwardBatch {
     pub seqs: Vec<SeqSlice>,
     /// Batch rows whose logits are returned, in this order.
     pub logits_indices: Vec<usize>,
+    /// For each of `logits_indices`, whether every entry must be exact ([`Logits::All`],
+    /// [`Logits::LastExact`]).
+    pub logits_exact: Vec<bool>,
 }
 
 impl ForwardBatch {
@@ -71,10 +80,12 @@ impl ForwardBatch {
             );
             if logits == Logits::All {
                 self.logits_indices.push(query_start + i);
+                self.logits_exact.push(true);
             }
         }
-        if logits == Logits::Last && !tokens.is_empty() {
+        if matches!(logits, Logits::Last | Logits::LastExact) && !tokens.is_empty() {
             self.logits_indices.push(query_start + tokens.len() - 1);
+            self.logits_exact.push(logits == Logits::LastExact);
         }
         self.seqs.push(SeqSlice {
             query_start,

@@ -105,6 +105,8 @@ impl ModelRunner {
             let completes = end == seq.len();
             let logits = if wants_prompt_rows(seq) {
                 Logits::All
+            } else if completes && seq.params.reads_far_logits() {
+                Logits::LastExact
             } else if completes {
                 Logits::Last
             } else {

@@ -97,6 +97,21 @@ impl SamplingParams {
         SamplingParams { temperature: 0.0, max_tokens, ..Default::default() }
     }
 
+    /// Whether sampling may read logits far below the row's best as they are: log-probs are
+    /// reported (or rank beams), or a bias, penalty or grammar can lift an unlikely token to the
+    /// top. Rows of other requests may have their far entries approximate (the CPU backend's
+    /// two-pass LM head: `backend::Logits::Last`).
+    pub fn reads_far_logits(&self) -> bool {
+        self.logprobs.is_some()
+            || self.prompt_logprobs.is_some()
+            || self.beam_search.is_some()
+            || self.structured.is_some()
+            || !self.logit_bias.is_empty()
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
+    }
+
     /// Whether the next token is the argmax.
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
@@ -310,6 +325,29 @@ impl ParamError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn far_logits_are_read_by_reported_log_probs_biases_penalties_and_grammars() {
+        let plain =
+            SamplingParams { temperature: 0.8, top_p: 0.9, top_k: 40, ..Default::default() };
+        assert!(!plain.reads_far_logits());
+        assert!(!SamplingParams::greedy(8).reads_far_logits());
+        let each = [
+            SamplingParams { logprobs: Some(0), ..plain.clone() },
+            SamplingParams { prompt_logprobs: Some(1), ..plain.clone() },
+            SamplingParams { logit_bias: vec![(5, 100.0)], ..plain.clone() },
+            SamplingParams { presence_penalty: 0.5, ..plain.clone() },
+            SamplingParams { frequency_penalty: -0.5, ..plain.clone() },
+            SamplingParams { repetition_penalty: 1.1, ..plain.clone() },
+            SamplingParams {
+                structured: Some(StructuredOutput::Regex("[0-9]+".into())),
+                ..plain.clone()
+            },
+        ];
+        for p in each {
+            assert!(p.reads_far_logits(), "{p:?}");
+        }
+    }
 
     #[test]
     fn validation_messages_name_the_field() {

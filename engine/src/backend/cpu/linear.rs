@@ -20,6 +20,12 @@ pub trait Linear: Send + Sync {
         let _ = (a, out);
         false
     }
+    /// [`Linear::forward`] for logits: rows not marked in `exact` (one flag per row) may have
+    /// their entries far below the row's best approximate (the two-pass LM head, `head.rs`).
+    fn forward_logits(&self, x: &[f32], t: usize, exact: &[bool], out: &mut [f32]) {
+        let _ = exact;
+        self.forward(x, t, out)
+    }
 }
 
 /// A linear layer with f32 weights, row-major `[out_features, in_features]`.
@@ -140,7 +146,7 @@ fn row_chunk(n: usize, k: usize, t: usize, threads: usize) -> usize {
 ///
 /// # Safety
 /// `out` must point to `a.t × w.n` floats, and no other thread may write the same rows.
-unsafe fn matmul_rows(
+pub(super) unsafe fn matmul_rows(
     kernel: super::quant::QKernel,
     w: &super::quant::QMatrix,
     a: &super::quant::QActs,
@@ -321,6 +327,20 @@ impl Linear for QuantLinear {
             self.forward_quantized(a, out);
         }
         true
+    }
+    fn forward_logits(&self, x: &[f32], t: usize, exact: &[bool], out: &mut [f32]) {
+        let two_pass = super::head::two_pass(self.kernel, self.w.n, t)
+            && exact.len() == t
+            && !exact.iter().any(|&e| e);
+        if !two_pass {
+            return self.forward(x, t, out);
+        }
+        ACTS.with(|cell| {
+            let mut a = cell.borrow_mut();
+            a.quantize_for(x, t, self.w.k, self.kernel);
+            self.forward_quantized(&a.coarse(), out);
+            super::head::refine(self.kernel, &self.w, &a, out);
+        });
     }
 }
 

@@ -9,6 +9,7 @@
 mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attention_x86;
+pub mod head;
 pub mod kv_cache;
 pub mod linear;
 pub mod ops;
@@ -707,7 +708,7 @@ impl ModelBackend for CpuBackend {
             ops::rms_norm(&x[i * h..(i + 1) * h], &self.norm, eps, &mut sel[r * h..(r + 1) * h]);
         }
         let mut logits = vec![0f32; rows * vocab];
-        self.lm_head.forward(sel, rows, &mut logits);
+        self.lm_head.forward_logits(sel, rows, &b.logits_exact, &mut logits);
         self.scratch = sc;
         Ok(logits)
     }

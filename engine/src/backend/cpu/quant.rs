@@ -277,6 +277,8 @@ pub struct QActs {
     pub d4: Vec<f32>,
     /// `s` in the layout of `d4`.
     pub s4: Vec<f32>,
+    /// Only the first level counts (`qs2` is zero; see `head.rs`): kernels may skip the second.
+    pub coarse: bool,
 }
 
 impl QActs {
@@ -293,6 +295,7 @@ impl QActs {
         let npairs = nb.div_ceil(2);
         self.t = t;
         self.npairs = npairs;
+        self.coarse = false;
         for v in [&mut self.qs, &mut self.qs2] {
             v.clear();
             v.resize(t * npairs * 64, 0);
@@ -691,6 +694,7 @@ mod tests {
             s8: vec![0.0; a.d.len()],
             d4: Vec::new(),
             s4: Vec::new(),
+            coarse: false,
         };
         for ti in 0..t {
             let ptrs = RowPtrs {

@@ -33,7 +33,8 @@ pub unsafe fn matmul_rows(
         QKernel::Avx512Vnni if a.t < 4 && prefer_256_for_decode() => {
             avx2_vnni::rows(w, a, rows, out)
         }
-        QKernel::Avx512Vnni => rows_avx512(w, a, rows, out),
+        QKernel::Avx512Vnni if a.coarse => rows_avx512::<false>(w, a, rows, out),
+        QKernel::Avx512Vnni => rows_avx512::<true>(w, a, rows, out),
         QKernel::AvxVnni => avx2_vnni::rows(w, a, rows, out),
         _ => wide::rows(w, a, rows, out),
     }
@@ -60,19 +61,26 @@ unsafe fn pair_dm(w: &QMatrix, r: usize, p: usize) -> __m128 {
     _mm_cvtph_ps(_mm_loadl_epi64(w.dm.as_ptr().add((r * w.npairs + p) * 4) as *const __m128i))
 }
 
+/// `L2`: whether the activations' second level is added (false for [`QActs::coarse`] ones,
+/// whose second level is zero).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn rows_avx512(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+unsafe fn rows_avx512<const L2: bool>(
+    w: &QMatrix,
+    a: &QActs,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+) {
     // Tiles of RT rows × T tokens: short rows (9 pairs at k = 576) make per-row overhead matter,
     // so decode (one token) takes four rows at a time; batches take three rows × four tokens,
     // in blocks of tokens whose activations stay in L1 while the rows stream by.
     if a.t == 1 {
         let mut r = rows.start;
         while r + 4 <= rows.end {
-            tile_avx512::<4, 1>(w, r, a, 0, out);
+            tile_avx512::<4, 1, L2>(w, r, a, 0, out);
             r += 4;
         }
         for r in r..rows.end {
-            tile_avx512::<1, 1>(w, r, a, 0, out);
+            tile_avx512::<1, 1, L2>(w, r, a, 0, out);
         }
         return;
     }
@@ -91,18 +99,18 @@ unsafe fn rows_avx512(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out:
             while t0 < tb.end {
                 let nt = (tb.end - t0).min(NT);
                 match (rt, nt) {
-                    (3, 4) => tile_avx512::<3, 4>(w, r, a, t0, out),
-                    (3, 3) => tile_avx512::<3, 3>(w, r, a, t0, out),
-                    (3, 2) => tile_avx512::<3, 2>(w, r, a, t0, out),
-                    (3, _) => tile_avx512::<3, 1>(w, r, a, t0, out),
-                    (2, 4) => tile_avx512::<2, 4>(w, r, a, t0, out),
-                    (2, 3) => tile_avx512::<2, 3>(w, r, a, t0, out),
-                    (2, 2) => tile_avx512::<2, 2>(w, r, a, t0, out),
-                    (2, _) => tile_avx512::<2, 1>(w, r, a, t0, out),
-                    (_, 4) => tile_avx512::<1, 4>(w, r, a, t0, out),
-                    (_, 3) => tile_avx512::<1, 3>(w, r, a, t0, out),
-                    (_, 2) => tile_avx512::<1, 2>(w, r, a, t0, out),
-                    _ => tile_avx512::<1, 1>(w, r, a, t0, out),
+                    (3, 4) => tile_avx512::<3, 4, L2>(w, r, a, t0, out),
+                    (3, 3) => tile_avx512::<3, 3, L2>(w, r, a, t0, out),
+                    (3, 2) => tile_avx512::<3, 2, L2>(w, r, a, t0, out),
+                    (3, _) => tile_avx512::<3, 1, L2>(w, r, a, t0, out),
+                    (2, 4) => tile_avx512::<2, 4, L2>(w, r, a, t0, out),
+                    (2, 3) => tile_avx512::<2, 3, L2>(w, r, a, t0, out),
+                    (2, 2) => tile_avx512::<2, 2, L2>(w, r, a, t0, out),
+                    (2, _) => tile_avx512::<2, 1, L2>(w, r, a, t0, out),
+                    (_, 4) => tile_avx512::<1, 4, L2>(w, r, a, t0, out),
+                    (_, 3) => tile_avx512::<1, 3, L2>(w, r, a, t0, out),
+                    (_, 2) => tile_avx512::<1, 2, L2>(w, r, a, t0, out),
+                    _ => tile_avx512::<1, 1, L2>(w, r, a, t0, out),
                 }
                 t0 += nt;
             }
@@ -132,7 +140,7 @@ unsafe fn load_w512(w: &QMatrix, row_base: *const u8, p: usize) -> __m512i {
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile_avx512<const RT: usize, const T: usize>(
+unsafe fn tile_avx512<const RT: usize, const T: usize, const L2: bool>(
     w: &QMatrix,
     r0: usize,
     a: &QActs,
@@ -160,7 +168,11 @@ unsafe fn tile_avx512<const RT: usize, const T: usize>(
             let ti = t0 + t;
             let off = (ti * np + p) * 64;
             let az = _mm512_loadu_si512(a.qs.as_ptr().add(off) as *const _);
-            let az2 = _mm512_loadu_si512(a.qs2.as_ptr().add(off) as *const _);
+            let az2 = if L2 {
+                _mm512_loadu_si512(a.qs2.as_ptr().add(off) as *const _)
+            } else {
+                _mm512_setzero_si512()
+            };
             let da =
                 _mm512_castpd_ps(_mm512_set1_pd(pair_f64(a.d.as_ptr().add((ti * np + p) * 2))));
             let sa =
@@ -168,7 +180,7 @@ unsafe fn tile_avx512<const RT: usize, const T: usize>(
             for i in 0..RT {
                 let isum =
                     _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wz[i], az), 8);
-                let isum = _mm512_dpbusd_epi32(isum, wz[i], az2);
+                let isum = if L2 { _mm512_dpbusd_epi32(isum, wz[i], az2) } else { isum };
                 let v =
                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw[i], da), acc[i][t]);
                 acc[i][t] = _mm512_fmadd_ps(mw[i], sa, v);
@@ -224,12 +236,21 @@ unsafe fn load256(p: *const i8) -> __m256i {
 /// One pair against one activation row with AVX-VNNI: `(Σ w·q₁ << 8) + Σ w·q₂` in i32 lanes
 /// (lane parity = block); `wlo`/`whi` hold the unsigned weight bytes of elements 0..16 and
 /// 16..32 of both blocks (Q4 nibbles split, Q8 as stored `q + 128`, U6 as stored), `a1`/`a2`
-/// point at the row's 64 bytes of each level. Four `vpdpbusd` and a shift.
+/// point at the row's 64 bytes of each level. Four `vpdpbusd` and a shift; two without the
+/// second level (`L2` false).
 #[inline]
 #[target_feature(enable = "avx2,avxvnni")]
-unsafe fn pair_vnni(wlo: __m256i, whi: __m256i, a1: *const i8, a2: *const i8) -> __m256i {
+unsafe fn pair_vnni<const L2: bool>(
+    wlo: __m256i,
+    whi: __m256i,
+    a1: *const i8,
+    a2: *const i8,
+) -> __m256i {
     let s = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), wlo, load256(a1));
     let s = _mm256_slli_epi32(_mm256_dpbusd_avx_epi32(s, whi, load256(a1.add(32))), 8);
+    if !L2 {
+        return s;
+    }
     _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(s, wlo, load256(a2)), whi, load256(a2.add(32)))
 }
 
@@ -244,21 +265,21 @@ unsafe fn reduce_quad(s: &[__m256i; 4]) -> __m256i {
     _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20), _mm256_permute2x128_si256(e, f, 0x31))
 }
 
-/// The body of a 256-bit kernel's `rows_of::<F>` over its tile functions (`tile_quads::<Q, F>`,
-/// `tile::<T, F>`, `rows_quad::<F>`): decode four rows at a time (independent chains, short
+/// The body of a 256-bit kernel's `rows_of` over its tile functions (`tile_quads::<Q, G…>`,
+/// `tile::<T, G…>`, `rows_quad::<G…>`, with the kernel's own const parameters `G…`): decode four rows at a time (independent chains, short
 /// rows); batches one row against eight, four, then fewer tokens, in blocks of tokens whose
 /// activations stay in L1 while the rows stream by. A macro, not a function over function
 /// pointers, so each tile stays a direct call (inlined) in its kernel's target features.
 macro_rules! drive_tiles {
-    ($F:ident, $w:ident, $a:ident, $rows:ident, $out:ident) => {{
+    ($($G:ident),+; $w:ident, $a:ident, $rows:ident, $out:ident) => {{
         if $a.t == 1 {
             let mut r = $rows.start;
             while r + 4 <= $rows.end {
-                rows_quad::<$F>($w, r, $a, $out);
+                rows_quad::<$($G),+>($w, r, $a, $out);
                 r += 4;
             }
             for r in r..$rows.end {
-                tile::<1, $F>($w, r, $a, 0, $out);
+                tile::<1, $($G),+>($w, r, $a, 0, $out);
             }
             return;
         }
@@ -268,23 +289,23 @@ macro_rules! drive_tiles {
                 while t0 < tb.end {
                     let nt = match tb.end - t0 {
                         8.. => {
-                            tile_quads::<2, $F>($w, r, $a, t0, $out);
+                            tile_quads::<2, $($G),+>($w, r, $a, t0, $out);
                             8
                         }
                         4..=7 => {
-                            tile_quads::<1, $F>($w, r, $a, t0, $out);
+                            tile_quads::<1, $($G),+>($w, r, $a, t0, $out);
                             4
                         }
                         3 => {
-                            tile::<3, $F>($w, r, $a, t0, $out);
+                            tile::<3, $($G),+>($w, r, $a, t0, $out);
                             3
                         }
                         2 => {
-                            tile::<2, $F>($w, r, $a, t0, $out);
+                            tile::<2, $($G),+>($w, r, $a, t0, $out);
                             2
                         }
                         _ => {
-                            tile::<1, $F>($w, r, $a, t0, $out);
+                            tile::<1, $($G),+>($w, r, $a, t0, $out);
                             1
                         }
                     };
@@ -370,22 +391,26 @@ mod avx2_vnni {
     /// Rows `rows` of `out = a · wᵀ`.
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
     pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
-        match w.format {
-            QFormat::Q4_1 => rows_of::<F_Q4>(w, a, rows, out),
-            QFormat::Q8_0 => rows_of::<F_Q8>(w, a, rows, out),
-            QFormat::U6 => rows_of::<F_U6>(w, a, rows, out),
+        match (w.format, a.coarse) {
+            (QFormat::Q4_1, false) => rows_of::<F_Q4, true>(w, a, rows, out),
+            (QFormat::Q8_0, false) => rows_of::<F_Q8, true>(w, a, rows, out),
+            (QFormat::U6, false) => rows_of::<F_U6, true>(w, a, rows, out),
+            (QFormat::Q4_1, true) => rows_of::<F_Q4, false>(w, a, rows, out),
+            (QFormat::Q8_0, true) => rows_of::<F_Q8, false>(w, a, rows, out),
+            (QFormat::U6, true) => rows_of::<F_U6, false>(w, a, rows, out),
         }
     }
 
+    /// `L2`: whether the activations' second level is added (see `rows_avx512`).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    unsafe fn rows_of<const F: u8>(
+    unsafe fn rows_of<const F: u8, const L2: bool>(
         w: &QMatrix,
         a: &QActs,
         rows: std::ops::Range<usize>,
         out: *mut f32,
     ) {
-        drive_tiles!(F, w, a, rows, out)
+        drive_tiles!(F, L2; w, a, rows, out)
     }
 
     /// A pair's weights for [`pair_vnni`]: Q4 nibbles split low / high, Q8 and U6 bytes as
@@ -409,7 +434,7 @@ mod avx2_vnni {
     /// quads.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    unsafe fn tile_quads<const Q: usize, const F: u8>(
+    unsafe fn tile_quads<const Q: usize, const F: u8, const L2: bool>(
         w: &QMatrix,
         r: usize,
         a: &QActs,
@@ -429,7 +454,7 @@ mod avx2_vnni {
                 for (t, s) in isum.iter_mut().enumerate() {
                     let off = ((tq + t) * np + p) * 64;
                     let (a1, a2) = (a.qs.as_ptr().add(off), a.qs2.as_ptr().add(off));
-                    *s = pair_vnni(wlo, whi, a1, a2);
+                    *s = pair_vnni::<L2>(wlo, whi, a1, a2);
                 }
                 let quad = (tq / 4) * np * 8 + p * 8;
                 let (da, sa) = (
@@ -448,7 +473,12 @@ mod avx2_vnni {
     /// the rows' scales gathered into one vector per pair.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    unsafe fn rows_quad<const F: u8>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f32) {
+    unsafe fn rows_quad<const F: u8, const L2: bool>(
+        w: &QMatrix,
+        r0: usize,
+        a: &QActs,
+        out: *mut f32,
+    ) {
         let np = w.npairs;
         let pb = w.format.pair_bytes();
         let mut acc = _mm256_setzero_ps();
@@ -459,7 +489,7 @@ mod avx2_vnni {
                 prefetch_pair(w, r0 + 4 + i, p);
                 let wq = w.qs.as_ptr().add(((r0 + i) * np + p) * pb);
                 let (wlo, whi) = pair_weights::<F>(wq);
-                *s = pair_vnni(wlo, whi, a1, a2);
+                *s = pair_vnni::<L2>(wlo, whi, a1, a2);
             }
             let (dw, mw) = rows4_scales(w, r0, p);
             let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(p * 2))));
@@ -474,7 +504,7 @@ mod avx2_vnni {
     /// `s/8`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    unsafe fn tile<const T: usize, const F: u8>(
+    unsafe fn tile<const T: usize, const F: u8, const L2: bool>(
         w: &QMatrix,
         r: usize,
         a: &QActs,
@@ -492,7 +522,7 @@ mod avx2_vnni {
                 let at = (t0 + t) * np + p;
                 let (a1, a2) = (a.qs.as_ptr().add(at * 64), a.qs2.as_ptr().add(at * 64));
                 let (da, sa) = single_scales(a, at);
-                *acc_t = scale_pair(*acc_t, pair_vnni(wlo, whi, a1, a2), dw, da, mw, sa);
+                *acc_t = scale_pair(*acc_t, pair_vnni::<L2>(wlo, whi, a1, a2), dw, da, mw, sa);
             }
         }
         for (t, acc_t) in acc.iter().enumerate() {

@@ -71,7 +71,7 @@ unsafe fn rows_of<const F: u8>(
     rows: std::ops::Range<usize>,
     out: *mut f32,
 ) {
-    drive_tiles!(F, w, a, rows, out)
+    drive_tiles!(F; w, a, rows, out)
 }
 
 /// The i16 activations of token `t`, pair `p`.

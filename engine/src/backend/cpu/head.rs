@@ -1,0 +1,141 @@
+//! The LM head of a large vocabulary on the CPU fast path, in two passes.
+//!
+//! A vocabulary of 49k-262k rows makes the LM head the largest matmul of a batched decode step
+//! (Gemma 3 270M: 262,144 × 640, more multiply-adds per token than its 18 layers together).
+//! The fast path's activations carry two int8 levels (`quant.rs`); the first alone moves a logit
+//! by a few hundredths of a nat. So the head first runs on the first level over the whole
+//! vocabulary (half the integer work), then recomputes on both levels every entry within
+//! [`REFINE_MARGIN`] nats of its row's best. Those entries - the argmax, the top log-probs,
+//! every token a sampler at temperature 1 draws but once in thousands of steps - are the
+//! one-pass head's values. An entry further down keeps its first-level value: each weighs less
+//! than e⁻⁸ of the best in the softmax, so the normaliser, and with it every likely token's
+//! probability, moves by about a thousandth (measured on SmolLM2 and Gemma 3 by
+//! `engine/tests/lm_head.rs`), far below the fast path's own distance from the exact one. Rows
+//! whose far entries can matter - reported log-probs, beams, biases, penalties, grammars
+//! (`SamplingParams::reads_far_logits`), teacher-forced scoring - take the one-pass head
+//! ([`crate::backend::Logits::LastExact`], [`crate::backend::Logits::All`]).
+
+use super::linear::matmul_rows;
+use super::pool::{OutPtr, ThreadPool};
+use super::quant::{q8_pos, wide_pos, QActs, QKernel, QMatrix};
+
+/// Rows from which an LM head takes two passes (smaller heads cost little either way).
+pub const TWO_PASS_MIN_ROWS: usize = 16_384;
+
+/// Entries within this many nats (logit units) of their row's best are recomputed exactly.
+pub const REFINE_MARGIN: f32 = 8.0;
+
+/// Whether a head of `n` rows, `t` logits rows, runs in two passes on `kernel`: only where the
+/// first level alone is cheaper (the VNNI kernels skip the second level's `vpdpbusd`; the
+/// plain-AVX2 kernel's i16 activations cost the same either way), for batches (one token's
+/// head is bound by reading the weights, which both passes do once), unless
+/// `TANDEM_LM_HEAD=one-pass`.
+pub fn two_pass(kernel: QKernel, n: usize, t: usize) -> bool {
+    static ONE_PASS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let one_pass =
+        *ONE_PASS.get_or_init(|| std::env::var("TANDEM_LM_HEAD").is_ok_and(|v| v == "one-pass"));
+    n >= TWO_PASS_MIN_ROWS
+        && t >= 2
+        && matches!(kernel, QKernel::Avx512Vnni | QKernel::AvxVnni)
+        && !one_pass
+}
+
+impl QActs {
+    /// The first level alone: `qs2` zero and the sums (`s`, `s8`, `s4`) of `q₁` alone, so any
+    /// kernel computes `Σ w·d·q₁`; `coarse` tells the VNNI kernels to skip the second level.
+    pub fn coarse(&self) -> QActs {
+        let np = self.npairs;
+        let mut c = QActs {
+            t: self.t,
+            npairs: np,
+            qs: self.qs.clone(),
+            qs2: vec![0; self.qs2.len()],
+            q16: Vec::new(),
+            d: self.d.clone(),
+            s: vec![0.0; self.s.len()],
+            s8: vec![0.0; self.s8.len()],
+            d4: self.d4.clone(),
+            s4: vec![0.0; self.s4.len()],
+            coarse: true,
+        };
+        for ti in 0..self.t {
+            for p in 0..np {
+                let pair = &self.qs[(ti * np + p) * 64..(ti * np + p + 1) * 64];
+                for b in 0..2 {
+                    let sum: i32 = (0..32).map(|j| pair[q8_pos(b, j)] as i32).sum();
+                    let at = (ti * np + p) * 2 + b;
+                    // `d` is the scale of the combined `256·q₁ + q₂`.
+                    let s = self.d[at] * 256.0 * sum as f32;
+                    c.s[at] = s;
+                    c.s8[at] = s * 0.125;
+                    c.s4[(ti / 4) * np * 8 + p * 8 + (ti % 4) * 2 + b] = s;
+                }
+            }
+        }
+        if !self.q16.is_empty() {
+            c.q16 = vec![0; self.q16.len()];
+            for (i, &q) in self.qs.iter().enumerate() {
+                let (pair, j) = (i / 64, i % 64);
+                c.q16[pair * 64 + wide_pos(j)] = 256 * q as i16;
+            }
+        }
+        c
+    }
+
+    /// Token `t` alone, as a one-token batch.
+    pub fn token(&self, t: usize) -> QActs {
+        let np = self.npairs;
+        let (r64, r2) = (t * np * 64..(t + 1) * np * 64, t * np * 2..(t + 1) * np * 2);
+        let (mut d4, mut s4) = (vec![0.0; np * 8], vec![0.0; np * 8]);
+        for p in 0..np {
+            for b in 0..2 {
+                d4[p * 8 + b] = self.d[(t * np + p) * 2 + b];
+                s4[p * 8 + b] = self.s[(t * np + p) * 2 + b];
+            }
+        }
+        QActs {
+            t: 1,
+            npairs: np,
+            qs: self.qs[r64.clone()].to_vec(),
+            qs2: self.qs2[r64.clone()].to_vec(),
+            q16: if self.q16.is_empty() { Vec::new() } else { self.q16[r64].to_vec() },
+            d: self.d[r2.clone()].to_vec(),
+            s: self.s[r2.clone()].to_vec(),
+            s8: self.s8[r2].to_vec(),
+            d4,
+            s4,
+            coarse: self.coarse,
+        }
+    }
+}
+
+/// The second pass: `out` (`a.t × w.n`) holds the first-level logits of `a`'s rows; every entry
+/// within [`REFINE_MARGIN`] of its row's best is replaced by its value on both levels. Rows are
+/// spread over the CPU pool. Returns how many entries were recomputed.
+pub fn refine(kernel: QKernel, w: &QMatrix, a: &QActs, out: &mut [f32]) -> usize {
+    let n = w.n;
+    assert_eq!(out.len(), a.t * n, "refine: logits size");
+    let ptr = OutPtr(out.as_mut_ptr());
+    let count = std::sync::atomic::AtomicUsize::new(0);
+    ThreadPool::global().run(a.t, &|t| {
+        // SAFETY: each task owns logits row `t`.
+        let row = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(t * n), n) };
+        let best = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let floor = best - REFINE_MARGIN;
+        let one = a.token(t);
+        let mut done = 0;
+        for r in 0..n {
+            if row[r] >= floor {
+                // SAFETY: a one-token batch writes entry `r` of the `n` floats at `row`.
+                unsafe { matmul_rows(kernel, w, &one, r..r + 1, row.as_mut_ptr()) };
+                done += 1;
+            }
+        }
+        count.fetch_add(done, std::sync::atomic::Ordering::Relaxed);
+    });
+    count.into_inner()
+}
+
+#[cfg(test)]
+#[path = "head_tests.rs"]
+mod head_tests;
