@@ -95,6 +95,7 @@ unsafe fn tile_quads<const Q: usize, const F: u8>(
     let pb = w.format.pair_bytes();
     let mut acc = [_mm256_setzero_ps(); Q];
     for p in 0..np {
+        prefetch_pair(w, r + 1, p);
         let wv = widen::<F>(w.qs.as_ptr().add((r * np + p) * pb));
         let (dw, mw) = pair_scales(w, r, p);
         for (q, acc_q) in acc.iter_mut().enumerate() {
