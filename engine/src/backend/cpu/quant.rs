@@ -30,9 +30,12 @@ pub enum QFormat {
     Q4_1,
     /// 8-bit values with a scale, stored offset by 128.
     Q8_0,
-    /// Unsigned values below 64, a byte each, with scale and minimum (Q5_1, Q5_K): the Q8
-    /// layout with Q4_1's arithmetic (`maddubs` pairs of them stay within i16).
-    U6,
+    /// Five-bit unsigned values with scale and minimum (Q5_0 with `m = -16·d`, Q5_1, Q5_K):
+    /// Q4_1's 32 bytes of nibbles, then the values' high bits as a 64-bit mask, bit `i` for
+    /// byte `i` of the pair unpacked to the Q8 layout ([`set_q5`]). Kernels add 16 where a bit
+    /// is set; the arithmetic is Q4_1's (`maddubs` pairs of values below 32 stay within i16).
+    /// 40 bytes per 64 weights where a byte each took 64: decode reads weights from memory.
+    Q5,
 }
 
 impl QFormat {
@@ -40,7 +43,8 @@ impl QFormat {
     pub fn pair_bytes(self) -> usize {
         match self {
             QFormat::Q4_1 => 32,
-            QFormat::Q8_0 | QFormat::U6 => 64,
+            QFormat::Q5 => 40,
+            QFormat::Q8_0 => 64,
         }
     }
 }
@@ -84,13 +88,32 @@ pub(super) fn q4_pos(b: usize, j: usize) -> usize {
     (j / 4) * 8 + b * 4 + j % 4
 }
 
+/// Writes the five-bit value `v` of element `j` (0..32) of block `b` into the [`QFormat::Q5`]
+/// pair at `base`: its low four bits as Q4_1's nibble, its high bit into the mask at the
+/// element's Q8 position.
+pub(super) fn set_q5(qs: &mut [u8], base: usize, b: usize, j: usize, v: u8) {
+    let nib = &mut qs[base + q4_pos(b, j % 16)];
+    *nib = if j < 16 { (*nib & 0xF0) | (v & 0x0F) } else { (*nib & 0x0F) | ((v & 0x0F) << 4) };
+    let bit = q8_pos(b, j);
+    let m = &mut qs[base + 32 + bit / 8];
+    *m = (*m & !(1 << (bit % 8))) | (((v >> 4) & 1) << (bit % 8));
+}
+
+/// The five-bit value of element `j` of block `b` of the [`QFormat::Q5`] pair at `base`.
+pub(super) fn get_q5(qs: &[u8], base: usize, b: usize, j: usize) -> u8 {
+    let byte = qs[base + q4_pos(b, j % 16)];
+    let nib = if j < 16 { byte & 0x0F } else { byte >> 4 };
+    let bit = q8_pos(b, j);
+    nib | (((qs[base + 32 + bit / 8] >> (bit % 8)) & 1) << 4)
+}
+
 pub(super) fn f16le(b: &[u8]) -> f32 {
     half::f16::from_le_bytes([b[0], b[1]]).to_f32()
 }
 
 impl QMatrix {
-    /// Whether GGUF data of this type can be repacked without loss (Q5_0 goes into the 8-bit
-    /// format as signed values, Q5_1 into [`QFormat::U6`]).
+    /// Whether GGUF data of this type can be repacked without loss (Q5_0 and Q5_1 into
+    /// [`QFormat::Q5`]).
     pub fn supports(ty: GgmlType) -> bool {
         matches!(
             ty,
@@ -126,7 +149,7 @@ impl QMatrix {
         }
         let format = match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 => QFormat::Q4_1,
-            GgmlType::Q5_1 => QFormat::U6,
+            GgmlType::Q5_0 | GgmlType::Q5_1 => QFormat::Q5,
             _ => QFormat::Q8_0,
         };
         let nb = k / QK;
@@ -164,30 +187,25 @@ impl QMatrix {
                             m.qs[base + q8_pos(b, j)] = (src[2 + j] as i8 as i16 + 128) as u8;
                         }
                     }
-                    GgmlType::Q5_0 => {
-                        // Signed values q − 16, stored offset by 128 like Q8_0's.
+                    GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                        // Q5_0's values are `q − 16`: a minimum of `−16·d` (exact).
                         let d = f16le(&src[0..2]);
                         m.dm[si] = f16(d);
-                        m.dm[si + 2] = f16(-128.0 * d);
-                        let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+                        let at = if ty == GgmlType::Q5_1 {
+                            m.dm[si + 2] = f16(f16le(&src[2..4]));
+                            4
+                        } else {
+                            m.dm[si + 2] = f16(-16.0 * d);
+                            2
+                        };
+                        let qh =
+                            u32::from_le_bytes([src[at], src[at + 1], src[at + 2], src[at + 3]]);
                         for j in 0..16 {
-                            let q = src[6 + j];
+                            let q = src[at + 4 + j];
                             let lo = (q & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
                             let hi = (q >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
-                            m.qs[base + q8_pos(b, j)] = lo + 112;
-                            m.qs[base + q8_pos(b, j + 16)] = hi + 112;
-                        }
-                    }
-                    GgmlType::Q5_1 => {
-                        m.dm[si] = f16(f16le(&src[0..2]));
-                        m.dm[si + 2] = f16(f16le(&src[2..4]));
-                        let qh = u32::from_le_bytes([src[4], src[5], src[6], src[7]]);
-                        for j in 0..16 {
-                            let q = src[8 + j];
-                            let lo = (q & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
-                            let hi = (q >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
-                            m.qs[base + q8_pos(b, j)] = lo;
-                            m.qs[base + q8_pos(b, j + 16)] = hi;
+                            set_q5(&mut m.qs, base, b, j, lo);
+                            set_q5(&mut m.qs, base, b, j + 16, hi);
                         }
                     }
                     _ => unreachable!("checked by supports"),
@@ -232,7 +250,8 @@ impl QMatrix {
                     let byte = self.qs[base + q4_pos(b, j % 16)];
                     (if j < 16 { byte & 0x0F } else { byte >> 4 }) as f32
                 }
-                QFormat::Q8_0 | QFormat::U6 => self.qs[base + q8_pos(b, j)] as f32,
+                QFormat::Q5 => get_q5(&self.qs, base, b, j) as f32,
+                QFormat::Q8_0 => self.qs[base + q8_pos(b, j)] as f32,
             };
             *o = q * self.scale(r, p, b) + self.min(r, p, b);
         }
@@ -523,7 +542,18 @@ pub mod scalar {
                                 + (wq[i] >> 4) as i32 * aq[32 + i] as i32;
                         }
                     }
-                    QFormat::Q8_0 | QFormat::U6 => {
+                    QFormat::Q5 => {
+                        // Byte `i` of the unpacked pair is nibble byte `i % 32`'s low (i < 32)
+                        // or high nibble, plus 16 where mask bit `i` is set.
+                        let mask = u64::from_le_bytes(wq[32..40].try_into().unwrap());
+                        for i in 0..32 {
+                            let b = (i / 4) % 2;
+                            let lo = (wq[i] & 0x0F) as i32 | ((mask >> i) as i32 & 1) << 4;
+                            let hi = (wq[i] >> 4) as i32 | ((mask >> (32 + i)) as i32 & 1) << 4;
+                            part[b] += lo * aq[i] as i32 + hi * aq[32 + i] as i32;
+                        }
+                    }
+                    QFormat::Q8_0 => {
                         for i in 0..64 {
                             part[(i / 4) % 2] += wq[i] as i32 * aq[i] as i32;
                         }

@@ -3,13 +3,13 @@
 //! which K-quants build from small integers times a super-block `d`, are rounded to f16.
 //!
 //! - Q4_K: groups of 32 with scale and minimum → [`QFormat::Q4_1`] blocks.
-//! - Q5_K: groups of 32 with scale and minimum, five-bit values → [`QFormat::U6`] blocks.
+//! - Q5_K: groups of 32 with scale and minimum, five-bit values → [`QFormat::Q5`] blocks.
 //! - Q6_K, Q3_K: groups of 16 with a signed scale each, no minimum. One 32-wide block has one
 //!   scale, so the matrix is split in two stacked halves ([`QMatrix::from_split16`]).
 //! - Q2_K (groups of 16 with a minimum each) has no lossless place: the minimum of a 32-wide
 //!   block covers all 32 activations, so a half-zero block cannot carry it. It stays f32.
 
-use super::quant::{f16le, q4_pos, q8_pos, QFormat, QMatrix};
+use super::quant::{f16le, q4_pos, q8_pos, set_q5, QFormat, QMatrix};
 use crate::model_files::dtype::{kquant, GgmlType, QK_K};
 
 /// Rows and super-blocks of a K-quant tensor, or `None` when `k` is not whole super-blocks or
@@ -89,11 +89,11 @@ impl QMatrix {
         Some(m)
     }
 
-    /// Repacks Q5_K super-blocks as eight [`QFormat::U6`] blocks of 32 (the five-bit values as
-    /// bytes), with scale and minimum rounded to f16 as for Q4_K.
+    /// Repacks Q5_K super-blocks as eight [`QFormat::Q5`] blocks of 32, with scale and minimum
+    /// rounded to f16 as for Q4_K.
     pub(super) fn from_q5_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
         let (nsb, bb) = superblocks(GgmlType::Q5_K, data, n, k)?;
-        let mut m = QMatrix::zeroed(QFormat::U6, n, k);
+        let mut m = QMatrix::zeroed(QFormat::Q5, n, k);
         for r in 0..n {
             for sb in 0..nsb {
                 let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
@@ -101,7 +101,7 @@ impl QMatrix {
                 for g in 0..8 {
                     let (base, b) = m.set_group_scale(r, sb * 8 + g, src);
                     for j in 0..32 {
-                        m.qs[base + q8_pos(b, j)] = q[g * 32 + j];
+                        set_q5(&mut m.qs, base, b, j, q[g * 32 + j]);
                     }
                 }
             }

@@ -27,9 +27,14 @@ unsafe fn widen<const F: u8>(wq: *const u8) -> [__m256i; 4] {
             _mm256_srli_epi16(v, 12),
         ]
     } else {
-        // Q8 as stored (`q + 128`, the minimum term removes the bias) and U6: unsigned bytes.
+        // Q8 as stored (`q + 128`, the minimum term removes the bias) and Q5 unpacked: unsigned
+        // bytes.
         let byte = _mm256_set1_epi16(0x00FF);
-        let (x0, x1) = (load256(wq as *const i8), load256(wq.add(32) as *const i8));
+        let (x0, x1) = if F == F_Q5 {
+            q5_bytes(wq)
+        } else {
+            (load256(wq as *const i8), load256(wq.add(32) as *const i8))
+        };
         [
             _mm256_and_si256(x0, byte),
             _mm256_srli_epi16(x0, 8),
@@ -59,7 +64,7 @@ pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, 
     match w.format {
         QFormat::Q4_1 => rows_of::<F_Q4>(w, a, rows, out),
         QFormat::Q8_0 => rows_of::<F_Q8>(w, a, rows, out),
-        QFormat::U6 => rows_of::<F_U6>(w, a, rows, out),
+        QFormat::Q5 => rows_of::<F_Q5>(w, a, rows, out),
     }
 }
 
