@@ -41,14 +41,14 @@ pub unsafe fn attend_group(
     let group = qg.len() / hd;
     let ctx = slots.len();
     let kptr = |p: usize| kv.k(layer, slots[p]).as_ptr().add(kvh * hd);
-    let vptr = |p: usize| kv.v(layer, slots[p]).as_ptr().add(kvh * hd);
     let vscale = _mm256_set1_ps(scale);
-    for g in 0..group {
-        let q = qg.as_ptr().add(g * hd);
-        let row = &mut scores[g * ctx..(g + 1) * ctx];
-        let mut p = 0;
-        while p + 8 <= ctx {
-            let ks: [*const f32; 8] = std::array::from_fn(|i| kptr(p + i));
+    // q·Kᵀ: eight positions at a time for every head of the group, so the eight K rows are
+    // read from memory once and from L1 by the other heads (a prefill's context outgrows L2).
+    let mut p = 0;
+    while p + 8 <= ctx {
+        let ks: [*const f32; 8] = std::array::from_fn(|i| kptr(p + i));
+        for g in 0..group {
+            let q = qg.as_ptr().add(g * hd);
             let mut acc = [_mm256_setzero_ps(); 8];
             let mut d = 0;
             while d < hd {
@@ -58,9 +58,16 @@ pub unsafe fn attend_group(
                 }
                 d += 8;
             }
-            _mm256_storeu_ps(row.as_mut_ptr().add(p), _mm256_mul_ps(transpose_sum8(&acc), vscale));
-            p += 8;
+            let at = scores.as_mut_ptr().add(g * ctx + p);
+            _mm256_storeu_ps(at, _mm256_mul_ps(transpose_sum8(&acc), vscale));
         }
+        p += 8;
+    }
+    let tail = p;
+    for g in 0..group {
+        let q = qg.as_ptr().add(g * hd);
+        let row = &mut scores[g * ctx..(g + 1) * ctx];
+        let mut p = tail;
         while p < ctx {
             let k = kptr(p);
             let mut acc = _mm256_setzero_ps();
@@ -76,27 +83,60 @@ pub unsafe fn attend_group(
         }
         super::ops::softmax_fast(row);
     }
-    // P·V: per head, 8-float column chunks of the output stay in registers across positions.
-    for g in 0..group {
-        let row = &scores[g * ctx..(g + 1) * ctx];
-        let out = o.as_mut_ptr().add(g * hd);
-        let mut d = 0;
-        while d < hd {
-            let chunk = (hd - d).min(64);
-            let n = chunk / 8;
-            let mut acc = [_mm256_setzero_ps(); 8];
-            for (p, &w) in row.iter().enumerate() {
-                let wv = _mm256_set1_ps(w);
-                let v = vptr(p).add(d);
-                for (j, a) in acc.iter_mut().enumerate().take(n) {
-                    *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v.add(j * 8)), *a);
+    // P·V: 16-float column chunks of up to four heads' outputs stay in registers across
+    // positions, so each V row chunk is read once for those heads.
+    let mut g0 = 0;
+    while g0 < group {
+        match group - g0 {
+            1 => pv_heads::<1>(kv, layer, kvh, hd, slots, scores, g0, o),
+            2 => pv_heads::<2>(kv, layer, kvh, hd, slots, scores, g0, o),
+            3 => pv_heads::<3>(kv, layer, kvh, hd, slots, scores, g0, o),
+            _ => pv_heads::<4>(kv, layer, kvh, hd, slots, scores, g0, o),
+        }
+        g0 += 4;
+    }
+}
+
+/// `o[g] = Σ_p scores[g][p]·V[p]` for heads `g0..g0 + G`, 16 columns at a time (eight of the
+/// last chunk when `hd` is not a multiple of 16).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_heads<const G: usize>(
+    kv: &CpuKvCache,
+    layer: usize,
+    kvh: usize,
+    hd: usize,
+    slots: &[usize],
+    scores: &[f32],
+    g0: usize,
+    o: &mut [f32],
+) {
+    let ctx = slots.len();
+    let mut d = 0;
+    while d < hd {
+        let two = hd - d >= 16;
+        let mut acc = [[_mm256_setzero_ps(); 2]; G];
+        for (p, &slot) in slots.iter().enumerate() {
+            let v = kv.v(layer, slot).as_ptr().add(kvh * hd + d);
+            let v0 = _mm256_loadu_ps(v);
+            let v1 = if two { _mm256_loadu_ps(v.add(8)) } else { _mm256_setzero_ps() };
+            for (g, a) in acc.iter_mut().enumerate() {
+                let w = _mm256_set1_ps(*scores.get_unchecked((g0 + g) * ctx + p));
+                a[0] = _mm256_fmadd_ps(w, v0, a[0]);
+                if two {
+                    a[1] = _mm256_fmadd_ps(w, v1, a[1]);
                 }
             }
-            for (j, a) in acc.iter().enumerate().take(n) {
-                _mm256_storeu_ps(out.add(d + j * 8), *a);
-            }
-            d += chunk;
         }
+        for (g, a) in acc.iter().enumerate() {
+            let out = o.as_mut_ptr().add((g0 + g) * hd + d);
+            _mm256_storeu_ps(out, a[0]);
+            if two {
+                _mm256_storeu_ps(out.add(8), a[1]);
+            }
+        }
+        d += if two { 16 } else { 8 };
     }
 }
 
@@ -109,7 +149,14 @@ mod tests {
         if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
             return;
         }
-        let (layers, blocks, bs, kvh, hd, group) = (2, 6, 16, 2, 64, 3);
+        // Head sizes a multiple of 16 and of 8 only; groups within and beyond four heads.
+        for (hd, group) in [(64, 3), (40, 5), (16, 4)] {
+            check_shape(hd, group);
+        }
+    }
+
+    fn check_shape(hd: usize, group: usize) {
+        let (layers, blocks, bs, kvh) = (2, 6, 16, 2);
         let mut kv = CpuKvCache::new(layers, blocks, bs, kvh * hd);
         let mut rng = crate::sampling::sampler::Rng::new(3);
         let mut r = || rng.next_f64() as f32 * 2.0 - 1.0;
