@@ -84,6 +84,11 @@ pub struct EngineArgs {
     /// Which GPU `--device cuda` uses, counted among those CUDA_VISIBLE_DEVICES shows.
     #[arg(long, env = "TANDEM_CUDA_DEVICE", default_value_t = 0)]
     pub cuda_device: usize,
+    /// GPUs one model is split across (tensor parallelism, `--device cuda`): GPUs
+    /// `--cuda-device` onwards, each holding its share of the heads, the MLP and every KV
+    /// block, one process driving them all.
+    #[arg(long, env = "TANDEM_TENSOR_PARALLEL_SIZE", default_value_t = 1)]
+    pub tensor_parallel_size: usize,
     /// GPU weights and activations: `auto` (f16 for GGUF, bf16 otherwise), `bf16` or `f16`.
     #[arg(long, value_enum, default_value = "auto")]
     pub dtype: DtypeArg,
@@ -196,6 +201,7 @@ impl EngineArgs {
             format!("--block-size={}", self.block_size),
             format!("--swap-space={}", self.swap_space),
             format!("--cuda-device={}", self.cuda_device),
+            format!("--tensor-parallel-size={}", self.tensor_parallel_size),
             format!("--load-format={}", name(&self.load_format)),
             format!("--preemption-mode={}", name(&self.preemption_mode)),
             format!("--scheduling-policy={}", name(&self.scheduling_policy)),
@@ -286,6 +292,12 @@ impl EngineArgs {
         path: &std::path::Path,
     ) -> Result<(tandem_engine::Model, Option<tandem_worker::kv::KvDevice>)> {
         let opts = self.load_options()?;
+        if self.tensor_parallel_size == 0 {
+            bail!("--tensor-parallel-size must be at least 1");
+        }
+        if self.tensor_parallel_size > 1 && self.device != DeviceArg::Cuda {
+            bail!("--tensor-parallel-size {} needs --device cuda (the CPU backend runs a model in one process on one host's cores)", self.tensor_parallel_size);
+        }
         match (self.device, self.load_format) {
             (DeviceArg::Cpu, LoadFormatArg::Auto) => {
                 Ok((tandem_engine::Model::load(path, opts)?, None))
@@ -293,7 +305,7 @@ impl EngineArgs {
             (DeviceArg::Cpu, LoadFormatArg::Dummy) => {
                 bail!("--load-format dummy needs --device cuda")
             }
-            (DeviceArg::Cuda, _) => self.load_cuda(path, opts).map(|(m, d)| (m, Some(d))),
+            (DeviceArg::Cuda, _) => self.load_cuda(path, opts),
         }
     }
 
@@ -304,7 +316,7 @@ impl EngineArgs {
         &self,
         path: &std::path::Path,
         opts: LoadOptions,
-    ) -> Result<(tandem_engine::Model, tandem_worker::kv::KvDevice)> {
+    ) -> Result<(tandem_engine::Model, Option<tandem_worker::kv::KvDevice>)> {
         use tandem_cuda::{Dtype, WeightSource};
         if !tandem_cuda::device::driver_present() {
             bail!("--device cuda: CUDA is not available on this machine (libcuda, the NVIDIA driver, cannot be loaded)");
@@ -322,15 +334,10 @@ impl EngineArgs {
                     (tandem_cuda::dummy_config(path)?, ids, None)
                 };
             let dtype = if self.dtype == DtypeArg::F16 { Dtype::F16 } else { Dtype::Bf16 };
-            let backend = self.cuda_backend(&config, dtype, WeightSource::Dummy(0), &opts)?;
-            let device = tandem_worker::kv::KvDevice(std::sync::Arc::new(backend.device_pool()));
+            let (backend, device) =
+                self.cuda_backend(&config, dtype, WeightSource::Dummy(0), &opts)?;
             return Ok((
-                tandem_engine::Model {
-                    config,
-                    tokenizer,
-                    chat_template,
-                    backend: Box::new(backend),
-                },
+                tandem_engine::Model { config, tokenizer, chat_template, backend },
                 device,
             ));
         }
@@ -341,29 +348,35 @@ impl EngineArgs {
             (DtypeArg::Bf16, _) | (DtypeArg::Auto, false) => Dtype::Bf16,
             (DtypeArg::F16, _) | (DtypeArg::Auto, true) => Dtype::F16,
         };
-        let backend = self.cuda_backend(&info.config, dtype, WeightSource::Files(&files), &opts)?;
-        let device = tandem_worker::kv::KvDevice(std::sync::Arc::new(backend.device_pool()));
+        let (backend, device) =
+            self.cuda_backend(&info.config, dtype, WeightSource::Files(&files), &opts)?;
         Ok((
             tandem_engine::Model {
                 config: info.config,
                 tokenizer: info.tokenizer,
                 chat_template: info.chat_template,
-                backend: Box::new(backend),
+                backend,
             },
             device,
         ))
     }
 
-    /// The CUDA backend for `config` with the KV pool and graphs these flags ask for.
+    /// The CUDA backend for `config` with the KV pool and graphs these flags ask for (split
+    /// across `--tensor-parallel-size` GPUs), and its KV pool as an endpoint of the device
+    /// transport — on one GPU only: a group's pages leave and enter through the host in the
+    /// whole model's layout, which re-shards them by KV head for a peer of another size.
     fn cuda_backend(
         &self,
         config: &tandem_engine::ModelConfig,
         dtype: tandem_cuda::Dtype,
         weights: tandem_cuda::WeightSource<'_>,
         opts: &LoadOptions,
-    ) -> Result<tandem_cuda::CudaBackend> {
+    ) -> Result<(Box<dyn tandem_engine::backend::ModelBackend>, Option<tandem_worker::kv::KvDevice>)>
+    {
         use tandem_cuda::{CudaBackend, CudaBackendOptions};
-        let per_block = CudaBackend::kv_bytes_per_block(config, opts.block_size) as u64;
+        let tp = self.tensor_parallel_size.max(1);
+        // A block's bytes on each GPU of the group.
+        let per_block = CudaBackend::kv_bytes_per_block(config, opts.block_size) as u64 / tp as u64;
         let num_blocks = match (self.kv_cache_memory.is_some(), opts.kv_cache) {
             (true, KvCacheSize::Bytes(b)) => Some((b / per_block) as usize),
             _ => None,
@@ -378,19 +391,38 @@ impl EngineArgs {
             max_graph_batch: self.max_num_seqs().clamp(1, 512),
             ..Default::default()
         };
-        let mut backend = tandem_cuda::load(self.cuda_device, dtype, config, weights, copts)?;
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
             indicatif::ProgressStyle::with_template("capturing decode graphs {bar:30} {pos}/{len}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
-        backend.capture_all(|done, total| {
+        let progress = |done: usize, total: usize| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
-        })?;
+        };
+        let (backend, device, seconds): (Box<dyn tandem_engine::backend::ModelBackend>, _, _) =
+            if tp == 1 {
+                let mut b = tandem_cuda::load(self.cuda_device, dtype, config, weights, copts)?;
+                b.capture_all(progress)?;
+                let d = tandem_worker::kv::KvDevice(std::sync::Arc::new(b.device_pool()));
+                let s = b.capture_seconds;
+                (Box::new(b), Some(d), s)
+            } else {
+                let mut g = tandem_cuda::TpBackend::load(
+                    self.cuda_device,
+                    tp,
+                    dtype,
+                    config,
+                    weights,
+                    copts,
+                )?;
+                g.capture_all(progress)?;
+                let s = g.capture_seconds();
+                (Box::new(g), None, s)
+            };
         bar.finish_and_clear();
-        tracing::info!(device = %backend.gpu().name, dtype = dtype.name(), kv_blocks = tandem_engine::backend::ModelBackend::kv_cache_spec(&backend).num_blocks, graph_seconds = backend.capture_seconds, "model on the GPU");
-        Ok(backend)
+        tracing::info!(device = %backend.device(), dtype = dtype.name(), kv_blocks = backend.kv_cache_spec().num_blocks, graph_seconds = seconds, "model on the GPU");
+        Ok((backend, device))
     }
 
     /// The step's token budget: `--max-num-batched-tokens`, else the device's default (a GPU
@@ -514,5 +546,21 @@ mod tests {
         let w = Wrap::parse_from(["x", "--device", "cuda"]);
         let e = w.e.load_model(std::path::Path::new("/nonexistent.gguf")).expect_err("no GPU here");
         assert!(e.to_string().contains("CUDA is not available"), "{e}");
+    }
+
+    #[test]
+    fn tensor_parallel_needs_a_gpu_and_travels_to_workers() {
+        use clap::Parser;
+        let w = Wrap::parse_from(["x", "--tensor-parallel-size", "2"]);
+        let e = w.e.load_model(std::path::Path::new("/nonexistent.gguf")).expect_err("CPU");
+        assert!(e.to_string().contains("--tensor-parallel-size 2 needs --device cuda"), "{e}");
+        let w = Wrap::parse_from(["x", "--tensor-parallel-size", "0"]);
+        let e = w.e.load_model(std::path::Path::new("/nonexistent.gguf")).expect_err("zero");
+        assert!(e.to_string().contains("at least 1"), "{e}");
+        let w = Wrap::parse_from(["x", "--device", "cuda", "--tensor-parallel-size", "4"]);
+        let args = w.e.to_args();
+        assert!(args.contains(&"--tensor-parallel-size=4".to_string()), "{args:?}");
+        let again = Wrap::parse_from(std::iter::once("x".to_string()).chain(args));
+        assert_eq!(again.e.tensor_parallel_size, 4);
     }
 }

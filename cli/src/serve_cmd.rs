@@ -397,6 +397,9 @@ fn load_engine(
     let device = match (worker.kv_transport, device) {
         (TransportArg::Tcp, _) => None,
         (TransportArg::Nccl, Some(d)) => Some(d),
+        (TransportArg::Nccl, None) if worker.engine.tensor_parallel_size > 1 => {
+            anyhow::bail!("--kv-transport nccl moves pages between two single GPUs; a tensor-parallel worker exchanges them with --kv-transport tcp, re-sharded by KV head")
+        }
         (TransportArg::Nccl, None) => {
             anyhow::bail!("--kv-transport nccl moves KV pages between GPUs: it needs --device cuda")
         }

@@ -2,8 +2,9 @@
 //!
 //! A forward pass enqueues, per layer: RMSNorm → fused q|k|v GEMM (cuBLAS, 16-bit in, f32 out) →
 //! q/k norm + RoPE + KV store → paged attention → output GEMM accumulated into the f32 residual
-//! stream → RMSNorm → gate|up GEMM → SiLU·mul → down GEMM accumulated into the residual; then the
-//! final norm of the rows whose logits are wanted and the LM head. Decode steps replay a CUDA
+//! stream → RMSNorm → gate|up GEMM → SiLU·mul → down GEMM accumulated into the residual (on a
+//! tensor-parallel rank, each of the two GEMMs' partial products summed across the group in
+//! place by an NCCL all-reduce); then the final norm of the rows whose logits are wanted and the LM head. Decode steps replay a CUDA
 //! graph captured for the smallest captured batch size that holds them.
 
 use std::collections::HashMap;
@@ -18,8 +19,11 @@ use crate::plan::{self, BatchPlan, LongSeq, ATT_MAX_HEAD_DIM, TILE_INTS};
 use crate::weights::DeviceWeights;
 use crate::CudaError;
 
+mod collective;
 mod pages;
 mod sampling;
+
+pub(crate) use collective::Collective;
 
 pub(crate) use sampling::sampling_args;
 
@@ -120,7 +124,7 @@ pub struct CudaBackend {
     w: DeviceWeights,
     /// `[layer][K|V][slot][kv_size]`, 16-bit.
     kv: CudaSlice<u16>,
-    num_blocks: usize,
+    pub(crate) num_blocks: usize,
     block_size: usize,
     /// Host swap space in page-locked memory (DMA both ways), `[block][2·layers·block_size·kv_size]`, 16-bit.
     host: Option<cudarc::driver::PinnedHostSlice<u16>>,
@@ -138,6 +142,8 @@ pub struct CudaBackend {
     use_mma: bool,
     /// Stage boundaries recorded while profiling: (stage that starts, event).
     marks: std::cell::RefCell<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
+    /// The tensor-parallel group this backend is one rank of (`None`: the whole model).
+    pub(crate) tp: Option<Collective>,
 }
 
 fn dev(e: CudaError) -> BackendError {
@@ -259,6 +265,7 @@ impl CudaBackend {
             use_graphs: opts.max_graph_batch > 0,
             use_mma: true,
             marks: std::cell::RefCell::new(None),
+            tp: None,
         })
     }
 
@@ -331,7 +338,7 @@ impl CudaBackend {
         (2 * l + which) * self.num_slots() * self.cfg.kv_size()
     }
 
-    fn validate(&self, b: &ForwardBatch) -> Result<(), BackendError> {
+    pub(crate) fn validate(&self, b: &ForwardBatch) -> Result<(), BackendError> {
         let t = b.num_tokens();
         let bad = |m: String| Err(BackendError::InvalidBatch(m));
         if t > self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch) {
@@ -593,7 +600,8 @@ impl CudaBackend {
                 };
             }
             self.mark("gemm o")?;
-            g.gemm(t, h, qs, att, ptr(&l.o), x, true, true)?;
+            g.gemm(t, h, qs, att, ptr(&l.o), x, true, self.leads())?;
+            self.all_reduce(t * h)?;
             self.mark("rmsnorm")?;
             unsafe {
                 g.launch(
@@ -613,7 +621,8 @@ impl CudaBackend {
             };
             unsafe { g.launch(&g.k.silu_mul, cfg, &[&gu, &act, &fi])? };
             self.mark("gemm down")?;
-            g.gemm(t, h, ff, act, ptr(&l.down), x, true, true)?;
+            g.gemm(t, h, ff, act, ptr(&l.down), x, true, self.leads())?;
+            self.all_reduce(t * h)?;
         }
         self.mark("final norm, lm head")?;
         if logit_rows > 0 {

@@ -8,7 +8,69 @@ use tandem_engine::backend::{ForwardBatch, Logits, ModelBackend};
 use tandem_engine::model_files::config::ModelConfig;
 
 use crate::device::{ptr, time_ms, Gpu};
-use crate::{CudaBackend, CudaBackendOptions, CudaError, Dtype, WeightSource};
+use crate::tensor_parallel::shard::Shard;
+use crate::{CudaBackend, CudaBackendOptions, CudaError, Dtype, TpBackend, WeightSource};
+
+/// The model under a benchmark: on one GPU, or split across a tensor-parallel group.
+enum Under {
+    One(Box<CudaBackend>),
+    Group(Box<TpBackend>),
+}
+
+impl Under {
+    /// `cfg` with random weights from `seed` on GPU 0, or on GPUs `0..tp`.
+    fn open(
+        cfg: &ModelConfig,
+        tp: usize,
+        seed: u32,
+        opts: CudaBackendOptions,
+    ) -> Result<Under, CudaError> {
+        Ok(if tp <= 1 {
+            Under::One(Box::new(crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(seed), opts)?))
+        } else {
+            Under::Group(Box::new(TpBackend::load(
+                0,
+                tp,
+                Dtype::Bf16,
+                cfg,
+                WeightSource::Dummy(seed),
+                opts,
+            )?))
+        })
+    }
+
+    fn backend(&mut self) -> &mut dyn ModelBackend {
+        match self {
+            Under::One(b) => b.as_mut(),
+            Under::Group(g) => g.as_mut(),
+        }
+    }
+
+    /// Median replay time of the decode graph serving `b`, ms (a group: its slowest rank).
+    fn replay_ms(&mut self, b: &ForwardBatch, reps: usize) -> Result<f64, CudaError> {
+        match self {
+            Under::One(be) => be.replay_ms(b, reps),
+            Under::Group(g) => g.replay_ms(b, reps).map(|(_, worst)| worst),
+        }
+    }
+
+    fn profile(&mut self, b: &ForwardBatch) -> Result<Vec<(&'static str, f64)>, CudaError> {
+        match self {
+            Under::One(be) => be.profile(b),
+            Under::Group(g) => g.profile(b),
+        }
+    }
+
+    fn set_mma_attention(&mut self, on: bool) -> Result<(), CudaError> {
+        match self {
+            Under::One(be) => {
+                be.set_mma_attention(on);
+                Ok(())
+            }
+            Under::Group(g) => g.set_mma_attention(on),
+        }
+    }
+}
 
 /// The limits of this GPU, measured.
 #[derive(Debug, Clone, Copy)]
@@ -17,6 +79,26 @@ pub struct Limits {
     pub hbm_bytes_per_s: f64,
     /// cuBLAS bf16 GEMM 8192³ with f32 accumulation, FLOP/s.
     pub gemm_flops: f64,
+}
+
+/// The limits of GPUs `0..n` together: the slowest one's copy bandwidth (each GPU streams its
+/// own share, so the slowest sets the pace) and the sum of their GEMM peaks.
+pub fn group_limits(n: usize) -> Result<(String, Limits), CudaError> {
+    let mut names = Vec::new();
+    let mut lim = Limits { hbm_bytes_per_s: f64::INFINITY, gemm_flops: 0.0 };
+    for i in 0..n.max(1) {
+        let g = Gpu::open(i, Dtype::Bf16)?;
+        let l = limits(&g)?;
+        lim.hbm_bytes_per_s = lim.hbm_bytes_per_s.min(l.hbm_bytes_per_s);
+        lim.gemm_flops += l.gemm_flops;
+        names.push(g.name.clone());
+    }
+    names.dedup();
+    let name = match n {
+        0 | 1 => names.concat(),
+        _ => format!("{n} × {}", names.join(" + ")),
+    };
+    Ok((name, lim))
 }
 
 /// Measures [`Limits`].
@@ -65,9 +147,10 @@ pub struct DecodeRow {
     pub step_ms: f64,
     /// The same step with the CUDA-core attention kernel instead of the tensor-core one, ms.
     pub tile_step_ms: f64,
-    /// Bytes a step must read: weights plus every sequence's KV.
+    /// Bytes a step must read: weights plus every sequence's KV (every GPU's together).
     pub bytes: f64,
-    /// Time the HBM roofline allows for those bytes, ms.
+    /// Time the HBM roofline allows for those bytes, ms (on a tensor-parallel group: for each
+    /// GPU's share, at the slowest GPU's bandwidth).
     pub roofline_ms: f64,
     /// GPU time per stage of an eager step, ms.
     pub profile: Vec<(&'static str, f64)>,
@@ -84,12 +167,14 @@ fn decode_batch(batch: usize, context: usize, block_size: usize) -> ForwardBatch
     b
 }
 
-/// Decode steps of the model `cfg` (random weights) at each batch size, context `context`.
+/// Decode steps of the model `cfg` (random weights) at each batch size, context `context`, on
+/// one GPU or (`tp` > 1) split across GPUs `0..tp`; `lim` from [`group_limits`].
 pub fn decode(
     cfg: &ModelConfig,
     batches: &[usize],
     context: usize,
     lim: &Limits,
+    tp: usize,
 ) -> Result<Vec<DecodeRow>, CudaError> {
     let max_b = batches.iter().copied().max().unwrap_or(1);
     let bs = 16;
@@ -101,25 +186,28 @@ pub fn decode(
         max_graph_batch: max_b,
         ..Default::default()
     };
-    let mut be: CudaBackend = crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(1), opts)?;
-    let kv_per_token = 2.0 * 2.0 * (cfg.num_layers * cfg.kv_size()) as f64;
+    let mut be = Under::open(cfg, tp, 1, opts)?;
+    // What each GPU reads: its slice of the layers and of every KV block, and the whole head.
+    let local = Shard { rank: 0, size: tp.max(1) }.local_config(cfg);
+    let kv_per_token = 2.0 * 2.0 * (local.num_layers * local.kv_size()) as f64;
     let mut rows = Vec::new();
     for &batch in batches {
         let b = decode_batch(batch, context, bs);
-        be.forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
+        be.backend().forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
         let step_ms = be.replay_ms(&b, 20)?;
         let profile = be.profile(&b)?;
-        be.set_mma_attention(false);
+        be.set_mma_attention(false)?;
         let tile_step_ms = be.replay_ms(&b, 20)?;
-        be.set_mma_attention(true);
-        let bytes = 2.0 * linear_params(cfg) as f64 + kv_per_token * (batch * (context + 1)) as f64;
+        be.set_mma_attention(true)?;
+        let per_gpu =
+            2.0 * linear_params(&local) as f64 + kv_per_token * (batch * (context + 1)) as f64;
         rows.push(DecodeRow {
             batch,
             context,
             step_ms,
             tile_step_ms,
-            bytes,
-            roofline_ms: bytes / lim.hbm_bytes_per_s * 1e3,
+            bytes: per_gpu * tp.max(1) as f64,
+            roofline_ms: per_gpu / lim.hbm_bytes_per_s * 1e3,
             profile,
         });
     }
@@ -151,8 +239,14 @@ pub fn prefill_flops(c: &ModelConfig, prompts: usize, len: usize) -> f64 {
     lin + head + attn
 }
 
-/// A prefill of `prompts` prompts of `len` tokens in one pass.
-pub fn prefill(cfg: &ModelConfig, prompts: usize, len: usize) -> Result<PrefillRow, CudaError> {
+/// A prefill of `prompts` prompts of `len` tokens in one pass, on one GPU or (`tp` > 1) split
+/// across GPUs `0..tp`.
+pub fn prefill(
+    cfg: &ModelConfig,
+    prompts: usize,
+    len: usize,
+    tp: usize,
+) -> Result<PrefillRow, CudaError> {
     let bs = 16;
     let per = len.div_ceil(bs);
     let opts = CudaBackendOptions {
@@ -162,7 +256,7 @@ pub fn prefill(cfg: &ModelConfig, prompts: usize, len: usize) -> Result<PrefillR
         max_graph_batch: 0,
         ..Default::default()
     };
-    let mut be: CudaBackend = crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(2), opts)?;
+    let mut be = Under::open(cfg, tp, 2, opts)?;
     let mut b = ForwardBatch::default();
     for p in 0..prompts {
         let toks: Vec<u32> = (0..len as u32).map(|i| (i * 7 + p as u32 * 13) % 1000 + 1).collect();
@@ -172,7 +266,7 @@ pub fn prefill(cfg: &ModelConfig, prompts: usize, len: usize) -> Result<PrefillR
     let mut ts = Vec::new();
     for i in 0..7 {
         let t = Instant::now();
-        be.forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
+        be.backend().forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
         if i >= 2 {
             ts.push(t.elapsed().as_secs_f64() * 1e3);
         }

@@ -100,6 +100,8 @@ pub struct Kernels {
     pub silu_mul: CudaFunction,
     /// Dummy weights.
     pub fill_random: CudaFunction,
+    /// A block of a dummy weight (a tensor-parallel rank's slice).
+    pub fill_random_block: CudaFunction,
     /// Token choice per logits row (Gumbel-max, or argmax at temperature 0).
     pub sample_rows: CudaFunction,
     /// Structured outputs: disallowed tokens of logits rows to minus infinity.
@@ -194,6 +196,7 @@ impl Gpu {
             attention_reduce: f("attention_reduce")?,
             silu_mul: f("silu_mul")?,
             fill_random: f("fill_random")?,
+            fill_random_block: f("fill_random_block")?,
             sample_rows: f("sample_rows")?,
             mask_rows: f("mask_rows")?,
             gather_kv: f("gather_kv")?,

@@ -679,6 +679,18 @@ extern "C" __global__ void fill_random(h16* __restrict__ p, unsigned long long n
   }
 }
 
+// A rows × cols block of a larger random matrix (row stride ld): element (r, c) takes the value
+// fill_random gives index first + r·ld + c under the same seed, so a tensor-parallel rank's
+// slice of a dummy weight equals the same slice of the whole weight.
+extern "C" __global__ void fill_random_block(h16* __restrict__ p, unsigned long long rows, unsigned long long cols, unsigned long long first, unsigned long long ld, unsigned int seed, float scale) {
+  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x, n = rows * cols;
+  for (unsigned long long k = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; k < n; k += stride) {
+    unsigned long long r = k / cols, i = first + r * ld + (k - r * cols);
+    unsigned int h = hash32(hash32((unsigned int)i ^ seed) ^ (unsigned int)(i >> 32) * 0x9e3779b9u);
+    p[k] = f2h(((float)(h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
+  }
+}
+
 // The uniform draw in (0, 1) of vocabulary entry i under seed: SplitMix64's finaliser of
 // seed ^ i·φ, top 24 bits centred (the same bits as the engine's sampler::draw_uniform).
 __device__ __forceinline__ float draw_uniform(unsigned long long seed, unsigned int i) {

@@ -13,12 +13,14 @@ pub mod device;
 pub mod e2e;
 pub mod nccl;
 pub mod plan;
+pub mod tensor_parallel;
 pub mod weights;
 
 use std::path::Path;
 
 pub use backend::{CudaBackend, CudaBackendOptions};
 pub use device::{Dtype, Gpu};
+pub use tensor_parallel::TpBackend;
 pub use weights::DeviceWeights;
 
 use tandem_engine::model_files::config::ModelConfig;
@@ -70,6 +72,7 @@ impl From<CudaError> for LoadError {
 }
 
 /// Where a model's weights come from.
+#[derive(Clone, Copy)]
 pub enum WeightSource<'a> {
     /// A GGUF file or safetensors directory.
     Files(&'a ModelFiles),

@@ -3,12 +3,24 @@
 //! (dequantised on the host) or filled with random values for a shape alone (the dummy load
 //! format, for benchmarks that need no download).
 
+use std::ops::Range;
+
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use tandem_engine::model_files::config::{Activation, Arch, ModelConfig};
 use tandem_engine::model_files::weights::ModelFiles;
 
 use crate::device::{ptr, Gpu};
+use crate::tensor_parallel::shard::{take_cols, take_rows, Shard};
 use crate::CudaError;
+
+/// What part of a whole matrix a rank keeps.
+enum Keep {
+    All,
+    /// These rows, in order.
+    Rows(Vec<Range<usize>>),
+    /// These columns of every row.
+    Cols(Range<usize>),
+}
 
 /// One decoder layer's weights.
 pub struct LayerWeights {
@@ -95,23 +107,42 @@ impl DeviceWeights {
         files: &ModelFiles,
         cfg: &ModelConfig,
     ) -> Result<DeviceWeights, CudaError> {
+        Self::load_shard(gpu, files, cfg, Shard::WHOLE)
+    }
+
+    /// Uploads one tensor-parallel rank's slice of the weights of `files` (`cfg` is the whole
+    /// model's configuration).
+    pub fn load_shard(
+        gpu: &Gpu,
+        files: &ModelFiles,
+        cfg: &ModelConfig,
+        shard: Shard,
+    ) -> Result<DeviceWeights, CudaError> {
         let (h, q, kv, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
         if let Some(why) = unsupported(cfg) {
             return Err(CudaError::Unsupported(why));
         }
         let mut bytes = 0u64;
-        let mut mat = |parts: &[(String, usize)], k: usize| -> Result<CudaSlice<u16>, CudaError> {
+        let mut mat = |parts: &[(String, usize)],
+                       k: usize,
+                       keep: Keep|
+         -> Result<CudaSlice<u16>, CudaError> {
             let mut all = Vec::new();
             for (name, n) in parts {
                 all.extend(files.require(name, &[*n, k]).map_err(CudaError::Load)?.to_f32());
             }
+            let all = match keep {
+                Keep::All => all,
+                Keep::Rows(r) => take_rows(&all, k, &r),
+                Keep::Cols(c) => take_cols(&all, k, c),
+            };
             bytes += 2 * all.len() as u64;
             gpu.upload(&all.iter().map(|&x| gpu.dtype.from_f32(x)).collect::<Vec<u16>>())
         };
         let vec = |name: &str, n: usize| -> Result<CudaSlice<f32>, CudaError> {
             gpu.upload(&files.require(name, &[n]).map_err(CudaError::Load)?.to_f32())
         };
-        let embed = mat(&[("token_embd.weight".into(), cfg.vocab_size)], h)?;
+        let embed = mat(&[("token_embd.weight".into(), cfg.vocab_size)], h, Keep::All)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
@@ -136,26 +167,27 @@ impl DeviceWeights {
                         .map_err(CudaError::Load)?
                         .to_f32())
                 };
-                Some(gpu.upload(&[b("attn_q", q)?, b("attn_k", kv)?, b("attn_v", kv)?].concat())?)
+                let whole = [b("attn_q", q)?, b("attn_k", kv)?, b("attn_v", kv)?].concat();
+                Some(gpu.upload(&take_rows(&whole, 1, &shard.qkv_rows(cfg)))?)
             } else {
                 None
             };
             layers.push(LayerWeights {
                 attn_norm: vec(&p("attn_norm"), h)?,
-                qkv: mat(&qkv_parts, h)?,
+                qkv: mat(&qkv_parts, h, Keep::Rows(shard.qkv_rows(cfg).to_vec()))?,
                 qkv_bias,
-                o: mat(&[(p("attn_output"), h)], q)?,
+                o: mat(&[(p("attn_output"), h)], q, Keep::Cols(shard.o_cols(cfg)))?,
                 q_norm: if qk { Some(vec(&p("attn_q_norm"), cfg.head_dim)?) } else { None },
                 k_norm: if qk { Some(vec(&p("attn_k_norm"), cfg.head_dim)?) } else { None },
                 ffn_norm: vec(&p("ffn_norm"), h)?,
-                gate_up: mat(&gate_up_parts, h)?,
-                down: mat(&[(p("ffn_down"), h)], ff)?,
+                gate_up: mat(&gate_up_parts, h, Keep::Rows(shard.gate_up_rows(cfg).to_vec()))?,
+                down: mat(&[(p("ffn_down"), h)], ff, Keep::Cols(shard.down_cols(cfg)))?,
             });
         }
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(mat(&[("output.weight".into(), cfg.vocab_size)], h)?)
+            Some(mat(&[("output.weight".into(), cfg.vocab_size)], h, Keep::All)?)
         };
         Ok(DeviceWeights {
             embed,
@@ -170,23 +202,57 @@ impl DeviceWeights {
     /// Random weights of `cfg`'s shape, generated on the device (seeded, so runs repeat):
     /// linear layers uniform in ±1/√in_features, the embedding in ±1, norms 1.
     pub fn dummy(gpu: &Gpu, cfg: &ModelConfig, seed: u32) -> Result<DeviceWeights, CudaError> {
+        Self::dummy_shard(gpu, cfg, seed, Shard::WHOLE)
+    }
+
+    /// One tensor-parallel rank's slice of [`DeviceWeights::dummy`]'s weights: every value
+    /// equals the one the whole model has at the same place.
+    pub fn dummy_shard(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        seed: u32,
+        shard: Shard,
+    ) -> Result<DeviceWeights, CudaError> {
         if let Some(why) = unsupported(cfg) {
             return Err(CudaError::Unsupported(why));
         }
         let (h, q, kv, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
         let mut bytes = 0u64;
         let mut next = seed;
-        let mut rand = |n: usize, scale: f32| -> Result<CudaSlice<u16>, CudaError> {
-            let buf = gpu.zeros::<u16>(n)?;
+        // The kept part of a whole `[rows, cols]` matrix, filled block by block.
+        let mut rand = |rows: usize,
+                        cols: usize,
+                        scale: f32,
+                        keep: Keep|
+         -> Result<CudaSlice<u16>, CudaError> {
             next = next.wrapping_mul(747_796_405).wrapping_add(2_891_336_453);
-            let (p, n64, s, c) = (ptr(&buf), n as u64, next, 0i32);
-            let cfg = LaunchConfig {
-                grid_dim: (gpu.num_sms as u32 * 8, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
+            let blocks: Vec<(Range<usize>, Range<usize>)> = match keep {
+                Keep::All => vec![(0..rows, 0..cols)],
+                Keep::Rows(r) => r.into_iter().map(|r| (r, 0..cols)).collect(),
+                Keep::Cols(c) => vec![(0..rows, c)],
             };
-            // SAFETY: matches fill_random(h16*, u64, u32, f32, int) over a buffer of n elements.
-            unsafe { gpu.launch(&gpu.k.fill_random, cfg, &[&p, &n64, &s, &scale, &c])? };
+            let n: usize = blocks.iter().map(|(r, c)| r.len() * c.len()).sum();
+            let buf = gpu.zeros::<u16>(n)?;
+            let mut at = 0u64;
+            for (r, c) in blocks {
+                let (p, nr, nc) = (ptr(&buf) + 2 * at, r.len() as u64, c.len() as u64);
+                let (first, ld) = ((r.start * cols + c.start) as u64, cols as u64);
+                let lc = LaunchConfig {
+                    grid_dim: (gpu.num_sms as u32 * 8, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: fill_random_block(h16*, u64 rows, u64 cols, u64 first, u64 ld, u32,
+                // f32) writes rows × cols elements from `p`, inside the buffer of n.
+                unsafe {
+                    gpu.launch(
+                        &gpu.k.fill_random_block,
+                        lc,
+                        &[&p, &nr, &nc, &first, &ld, &next, &scale],
+                    )?
+                };
+                at += nr * nc;
+            }
             bytes += 2 * n as u64;
             Ok(buf)
         };
@@ -200,30 +266,34 @@ impl DeviceWeights {
                 })
                 .collect()
         };
-        let embed = rand(cfg.vocab_size * h, 1.0)?;
+        let embed = rand(cfg.vocab_size, h, 1.0, Keep::All)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
+        let (qkv_rows, gate_up_rows) =
+            (shard.qkv_rows(cfg).to_vec(), shard.gate_up_rows(cfg).to_vec());
         for li in 0..cfg.num_layers {
             let qk = cfg.qk_norm;
             let qkv_bias = match cfg.attn_bias {
-                true => Some(gpu.upload(&bias(q + 2 * kv, li))?),
+                true => Some(gpu.upload(&take_rows(&bias(q + 2 * kv, li), 1, &qkv_rows))?),
                 false => None,
             };
+            let (sh, sq, sf) =
+                (1.0 / (h as f32).sqrt(), 1.0 / (q as f32).sqrt(), 1.0 / (ff as f32).sqrt());
             layers.push(LayerWeights {
                 attn_norm: ones(h)?,
-                qkv: rand((q + 2 * kv) * h, 1.0 / (h as f32).sqrt())?,
+                qkv: rand(q + 2 * kv, h, sh, Keep::Rows(qkv_rows.clone()))?,
                 qkv_bias,
-                o: rand(h * q, 1.0 / (q as f32).sqrt())?,
+                o: rand(h, q, sq, Keep::Cols(shard.o_cols(cfg)))?,
                 q_norm: if qk { Some(ones(cfg.head_dim)?) } else { None },
                 k_norm: if qk { Some(ones(cfg.head_dim)?) } else { None },
                 ffn_norm: ones(h)?,
-                gate_up: rand(2 * ff * h, 1.0 / (h as f32).sqrt())?,
-                down: rand(h * ff, 1.0 / (ff as f32).sqrt())?,
+                gate_up: rand(2 * ff, h, sh, Keep::Rows(gate_up_rows.clone()))?,
+                down: rand(h, ff, sf, Keep::Cols(shard.down_cols(cfg)))?,
             });
         }
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(rand(cfg.vocab_size * h, 1.0 / (h as f32).sqrt())?)
+            Some(rand(cfg.vocab_size, h, 1.0 / (h as f32).sqrt(), Keep::All)?)
         };
         gpu.sync()?;
         Ok(DeviceWeights {

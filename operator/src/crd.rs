@@ -387,10 +387,12 @@ pub struct WorkerSpec {
     /// owns them through the Deployment's scale subresource.
     #[serde(default)]
     pub autoscaling: bool,
-    /// GPUs per worker (tensor parallelism). Only 1 until the workers shard a model across
-    /// GPUs: a larger value would request GPUs that sit idle, so it is refused.
+    /// GPUs per worker (tensor parallelism, `accelerator: nvidia`): the worker splits the model's
+    /// heads, MLP and KV blocks across this many GPUs of its node (`--tensor-parallel-size`),
+    /// which must divide the model's query and KV head counts. Workers of different sizes
+    /// exchange KV pages over `kvTransfer.backend: tcp` (re-sharded by KV head).
     #[serde(default = "one")]
-    #[schemars(range(min = 1, max = 1))]
+    #[schemars(range(min = 1, max = 8))]
     pub tensor_parallel: i32,
     /// Where the worker computes.
     #[serde(default)]

@@ -71,15 +71,21 @@ pub fn problems(spec: &InferenceServiceSpec) -> Vec<String> {
         if w.replicas < 0 {
             p.push(format!("spec.{role}.replicas must not be negative (got {})", w.replicas));
         }
-        if w.tensor_parallel != 1 {
+        if !(1..=8).contains(&w.tensor_parallel) {
             p.push(format!(
-                "spec.{role}.tensorParallel must be 1 (got {}): the workers do not shard a model \
-                 across GPUs yet, and the extra GPUs would sit idle",
+                "spec.{role}.tensorParallel must be 1 to 8, the GPUs of one node (got {})",
                 w.tensor_parallel
             ));
         }
         if w.tensor_parallel > 1 && w.accelerator == Accelerator::Cpu {
             p.push(format!("spec.{role}.tensorParallel > 1 needs accelerator: nvidia"));
+        }
+        if w.tensor_parallel > 1 && spec.kv_transfer.backend == KvBackend::Nccl {
+            p.push(format!(
+                "spec.{role}.tensorParallel > 1 needs kvTransfer.backend: tcp (the NCCL page \
+                 transport joins single GPUs; a tensor-parallel worker's pages go through the \
+                 host, re-sharded by KV head)"
+            ));
         }
         if let Some(n) = w.max_num_batched_tokens {
             if n < spec.kv_transfer.block_size {
@@ -268,8 +274,12 @@ mod tests {
             ),
             (json!({ "decode": { "tensorParallel": 2 } }), "needs accelerator: nvidia"),
             (
-                json!({ "decode": { "tensorParallel": 2, "accelerator": "nvidia" } }),
-                "spec.decode.tensorParallel must be 1",
+                json!({ "decode": { "tensorParallel": 9, "accelerator": "nvidia" } }),
+                "spec.decode.tensorParallel must be 1 to 8",
+            ),
+            (
+                json!({ "decode": { "tensorParallel": 2, "accelerator": "nvidia" }, "kvTransfer": { "backend": "nccl" } }),
+                "needs kvTransfer.backend: tcp",
             ),
         ];
         for (v, want) in cases {

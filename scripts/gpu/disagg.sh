@@ -5,7 +5,7 @@
 #   scripts/gpu/disagg.sh [MODEL] [TANDEM] [SECTIONS]
 #     MODEL     a GGUF (default: the embedded default model)
 #     TANDEM    the binary (default: .gpu/tandem/tandem)
-#     SECTIONS  any of: greedy mixed kill (default: all three)
+#     SECTIONS  any of: greedy mixed kill tp (default: the first three)
 #
 # greedy  the same prompts (20 to ~3000 tokens) one after another through both topologies,
 #         temperature 0, with log-probabilities: outputs compared token for token; where they
@@ -13,6 +13,11 @@
 # mixed   steady short chats (256-token prompts, 128 tokens out, Poisson 8/s) plus 8000-token
 #         prompts (Poisson 0.5/s), both `tandem bench serve` at once against each topology:
 #         ITL p50/p99, TTFT p50/p99 and output tok/s of the chats, and whether ITL stays flat.
+# tp      a tensor-parallel decode worker (GPUs 0 and 1, --tensor-parallel-size 2) fed by a
+#         one-GPU prefill worker (GPU 0), KV pages over TCP in the whole model's layout (each side
+#         re-shards by KV head), against the same TP=2 worker colocated: greedy outputs compared
+#         token for token as in `greedy` (TP_MODEL, default tests/data/tiny-llama: 4 query and 2
+#         KV heads, real tokenizer, 512 positions, so prompts stay under ~400 tokens: 1 to 4 notes).
 # kill    the prefill worker stalls its link mid-transfer (fault injection) and is killed there:
 #         how long the decode worker takes to notice, that the request still completes, that the
 #         next requests are served, and that a restarted prefill worker gets a new link.
@@ -25,6 +30,7 @@ cd "$(dirname "$0")/../.."
 model="${1:-$HOME/.cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 tandem="${2:-.gpu/tandem/tandem}"
 sections="${3:-greedy mixed kill}"
+notes_max=140
 out="${OUT:-.gpu/out}/disagg"
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0
@@ -98,9 +104,9 @@ colocated() { # name-prefix
 
 # ---- greedy: token-for-token equality -------------------------------------------------------
 greedy_client() { # answers-file
-  python3 - "$port" > "$1" <<'EOF'
+  python3 - "$port" "$notes_max" > "$1" <<'EOF'
 import json, sys, urllib.request
-port = sys.argv[1]
+port, notes_max = sys.argv[1], int(sys.argv[2])
 base = f"http://127.0.0.1:{port}"
 model = json.loads(urllib.request.urlopen(base + "/v1/models", timeout=30).read())["data"][0]["id"]
 topics = ["the history of the bicycle", "how tides work", "baking sourdough bread", "the life of honey bees",
@@ -108,7 +114,7 @@ topics = ["the history of the bicycle", "how tides work", "baking sourdough brea
 prompts = []
 for i in range(32):
     t = topics[i % len(topics)]
-    body = " ".join(f"Note {k} on {t}: the {k}-th observation recorded by the student in the afternoon was careful and precise." for k in range(1 + (i * i * 7) % 140))
+    body = " ".join(f"Note {k} on {t}: the {k}-th observation recorded by the student in the afternoon was careful and precise." for k in range(1 + (i * i * 7) % notes_max))
     prompts.append(f"Request {i}. Here are notes about {t}. {body}\nA short summary of {t}:")
 def post(body):
     req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
@@ -136,14 +142,25 @@ greedy() {
     greedy_client "$out/greedy-coloc.jsonl" || { echo "colocated: a request failed"; fail=1; }
   else fail=1; fi
   stop_all
-  python3 - "$out/greedy-disagg.jsonl" "$out/greedy-coloc.jsonl" <<'EOF' || fail=1
+  compare_greedy "$out/greedy-disagg.jsonl" "$out/greedy-coloc.jsonl" || fail=1
+}
+
+compare_greedy() { # disaggregated-answers colocated-answers
+  python3 - "$1" "$2" <<'EOF'
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
 b = [json.loads(l) for l in open(sys.argv[2])]
 if len(a) != len(b) or not a:
     print(f"answer counts differ: {len(a)} vs {len(b)}"); sys.exit(1)
 same = ties = real = 0
+# Where both chose the same token: how far apart its log-probability is (a token id that
+# renders as the same string as another would show here, not in the strings).
+worst = 0.0
 for x, y in zip(a, b):
+    for s, t, p, q in zip(x["tokens"], y["tokens"], x["token_logprobs"], y["token_logprobs"]):
+        if s != t:
+            break
+        worst = max(worst, abs(p - q))
     if x["tokens"] == y["tokens"]:
         same += 1
         continue
@@ -154,9 +171,42 @@ for x, y in zip(a, b):
     ties += tie; real += not tie
     print(f"prompt {x['i']} ({x['prompt_tokens']} tokens) parts at token {k}: {x['tokens'][k:k+1]} vs {y['tokens'][k:k+1]}, colocated top-2 margin {margin:.4f} nats -> {'near-tie' if tie else 'REAL DIFFERENCE'}")
 toks = sum(x["prompt_tokens"] for x in a)
-print(f"greedy: {same}/{len(a)} identical token for token ({toks} prompt tokens in all), {ties} part at a near-tie, {real} differ otherwise")
-sys.exit(1 if real else 0)
+print(f"greedy: {same}/{len(a)} identical token for token ({toks} prompt tokens in all), {ties} part at a near-tie, {real} differ otherwise; chosen tokens' log-probabilities differ by at most {worst:.4f} nats")
+sys.exit(1 if real or worst > 0.05 else 0)
 EOF
+}
+
+# ---- tp: TP=1 prefill -> TP=2 decode ---------------------------------------------------------
+tp() {
+  local saved="$model" saved_notes="$notes_max"
+  model="${TP_MODEL:-tests/data/tiny-llama}" notes_max=4
+  # Both workers share GPU 0: KV pools of a fixed size instead of a share of memory each.
+  local flags=(--max-num-batched-tokens 2048 --kv-cache-memory 1GiB)
+  echo "== tp: disaggregated TP=1 prefill (GPU 0) -> TP=2 decode (GPUs 0+1) vs colocated TP=2, $model, 32 prompts, 48 tokens each"
+  "$tandem" prefill --model "$model" --device cuda --cuda-device 0 --kv-transport tcp \
+    --listen 127.0.0.1:$pport "${flags[@]}" > "$out/tp-disagg-prefill.log" 2>&1 &
+  ppid_=$!; pids+=("$ppid_")
+  if wait_healthy "http://127.0.0.1:$pport/health" "$ppid_" "$out/tp-disagg-prefill.log"; then
+    "$tandem" decode --model "$model" --device cuda --cuda-device 0 --tensor-parallel-size 2 --kv-transport tcp \
+      --listen 127.0.0.1:$dport --kv-listen 127.0.0.1:$kport "${flags[@]}" > "$out/tp-disagg-decode.log" 2>&1 &
+    dpid=$!; pids+=("$dpid")
+    if wait_healthy "http://127.0.0.1:$dport/health" "$dpid" "$out/tp-disagg-decode.log" && start_router tp-disagg-router --prefill-workers 127.0.0.1:$pport; then
+      greedy_client "$out/tp-disagg.jsonl" || { echo "disaggregated TP: a request failed"; fail=1; }
+      blocks_back $dport "decode worker (TP=2)"; blocks_back $pport "prefill worker (TP=1)"
+      echo "decode worker: $(grep -c 'remote prefill done' "$out/tp-disagg-decode.log") remote prefills, $(grep -c 'remote prefill failed' "$out/tp-disagg-decode.log") failed"
+      grep -m1 -i 'model on the GPU' "$out/tp-disagg-decode.log"
+    else fail=1; fi
+  else fail=1; fi
+  stop_all
+  "$tandem" decode --model "$model" --device cuda --cuda-device 0 --tensor-parallel-size 2 --colocated \
+    --listen 127.0.0.1:$dport --kv-listen 127.0.0.1:$kport "${flags[@]}" > "$out/tp-coloc-decode.log" 2>&1 &
+  dpid=$!; pids+=("$dpid")
+  if wait_healthy "http://127.0.0.1:$dport/health" "$dpid" "$out/tp-coloc-decode.log" && start_router tp-coloc-router; then
+    greedy_client "$out/tp-coloc.jsonl" || { echo "colocated TP: a request failed"; fail=1; }
+  else fail=1; fi
+  stop_all
+  compare_greedy "$out/tp-disagg.jsonl" "$out/tp-coloc.jsonl" || fail=1
+  model="$saved" notes_max="$saved_notes"
 }
 
 # ---- mixed load: ITL of short chats next to 8k-token prompts --------------------------------
@@ -262,6 +312,7 @@ for s in $sections; do
     greedy) greedy ;;
     mixed) mixed ;;
     kill) kill_test ;;
+    tp) tp ;;
     *) echo "unknown section $s"; fail=1 ;;
   esac
 done

@@ -5,8 +5,9 @@
 //! tandem-gpu info
 //! tandem-gpu check [bf16|f16]             every kernel against the CPU exact path
 //! tandem-gpu e2e MODEL.gguf [f16|bf16] [TOL_NATS]   the real model against the CPU exact path
-//! tandem-gpu bench-decode CONFIG.json [BATCHES] [CONTEXT]   e.g. 1,16,64,256 1024
-//! tandem-gpu bench-prefill CONFIG.json [PROMPTS] [LEN]      e.g. 4 2048
+//! tandem-gpu bench-decode CONFIG.json [BATCHES] [CONTEXT] [TP]   e.g. 1,16,64,256 1024 (TP: GPUs 0..TP)
+//! tandem-gpu bench-prefill CONFIG.json [PROMPTS] [LEN] [TP]      e.g. 4 2048
+//! tandem-gpu tp-check MODEL|CONFIG.json [TP] [PROMPTS] [STEPS]  TP GPUs against one, greedy (bf16)
 //! tandem-gpu bench-pages CONFIG.json [COUNTS] [CHUNK] [CTAS] [STAGES]  e.g. 1,16,256,4096 64 96 3 (two GPUs)
 //! ```
 //! Every figure line names the device. Exit status 1 when a check fails.
@@ -14,7 +15,8 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use tandem_cuda::{bench, check, e2e, CudaError, Dtype, Gpu};
+use tandem_cuda::tensor_parallel::check as tp_check;
+use tandem_cuda::{bench, check, e2e, CudaError, Dtype, Gpu, WeightSource};
 
 fn report(device: &str, rs: &[check::CheckResult]) -> bool {
     let mut ok = true;
@@ -75,14 +77,17 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             let batches: Vec<usize> =
                 arg(2).unwrap_or("1,16,64,256").split(',').filter_map(|s| s.parse().ok()).collect();
             let context: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(1024);
-            let g = Gpu::open(0, Dtype::Bf16)?;
-            let lim = bench::limits(&g)?;
-            let name = g.name.clone();
-            drop(g);
-            println!("[{name}] limit: device copy {:.0} GB/s (read+write), cuBLAS bf16 GEMM {:.0} TFLOP/s", lim.hbm_bytes_per_s / 1e9, lim.gemm_flops / 1e12);
-            for r in bench::decode(&cfg, &batches, context, &lim)? {
+            let tp: usize = arg(4).and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
+            let (name, lim) = bench::group_limits(tp)?;
+            println!("[{name}] limit: device copy {:.0} GB/s (read+write; the slowest GPU), cuBLAS bf16 GEMM {:.0} TFLOP/s", lim.hbm_bytes_per_s / 1e9, lim.gemm_flops / 1e12);
+            for r in bench::decode(&cfg, &batches, context, &lim, tp)? {
+                let ar: f64 = r.profile.iter().filter(|p| p.0 == "all-reduce").map(|p| p.1).sum();
+                let total: f64 = r.profile.iter().map(|p| p.1).sum();
+                if tp > 1 {
+                    println!("[{name}] TP={tp}: all-reduce {:.3} ms of the {:.3} ms eager step ({:.1}%)", ar, total, 100.0 * ar / total);
+                }
                 println!(
-                    "[{name}] decode {} batch {:>3} context {}: step {:.3} ms, {:.2} GB read, roofline {:.3} ms -> {:.1}% of HBM roofline, {:.0} tok/s (CUDA-core attention: {:.3} ms, {:.1}%)",
+                    "[{name}] decode {} TP={tp} batch {:>3} context {}: step {:.3} ms, {:.2} GB read, roofline {:.3} ms -> {:.1}% of HBM roofline, {:.0} tok/s (CUDA-core attention: {:.3} ms, {:.1}%)",
                     cfg.name,
                     r.batch,
                     r.context,
@@ -145,15 +150,13 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             ))?;
             let prompts: usize = arg(2).and_then(|s| s.parse().ok()).unwrap_or(4);
             let len: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(2048);
-            let g = Gpu::open(0, Dtype::Bf16)?;
-            let lim = bench::limits(&g)?;
-            let name = g.name.clone();
-            drop(g);
-            println!("[{name}] limit: cuBLAS bf16 GEMM {:.0} TFLOP/s", lim.gemm_flops / 1e12);
-            let r = bench::prefill(&cfg, prompts, len)?;
+            let tp: usize = arg(4).and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
+            let (name, lim) = bench::group_limits(tp)?;
+            println!("[{name}] limit: cuBLAS bf16 GEMM {:.0} TFLOP/s (every GPU's together)", lim.gemm_flops / 1e12);
+            let r = bench::prefill(&cfg, prompts, len, tp)?;
             let achieved = r.flops / (r.ms / 1e3);
             println!(
-                "[{name}] prefill {} {}x{} tokens: {:.1} ms, {:.0} tok/s, {:.0} TFLOP/s = {:.1}% of GEMM peak",
+                "[{name}] prefill {} TP={tp} {}x{} tokens: {:.1} ms, {:.0} tok/s, {:.0} TFLOP/s = {:.1}% of GEMM peak",
                 cfg.name,
                 r.prompts,
                 r.len,
@@ -165,8 +168,41 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             print_profile(&name, &r.profile);
             Ok(true)
         }
+        "tp-check" => {
+            let path = Path::new(arg(1).unwrap_or("tests/data/tiny-llama"));
+            let tp: usize = arg(2).and_then(|s| s.parse().ok()).unwrap_or(2);
+            let prompts: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(8);
+            let steps: usize = arg(4).and_then(|s| s.parse().ok()).unwrap_or(64);
+            let name = Gpu::open(0, Dtype::Bf16)?.name;
+            let json = path.extension().is_some_and(|e| e == "json");
+            let r = if json {
+                let cfg = tandem_cuda::dummy_config(path)?;
+                tp_check::run(&cfg, WeightSource::Dummy(7), tp, Dtype::Bf16, prompts, steps)?
+            } else {
+                let (files, cfg) = tandem_engine::model_files::weights::ModelFiles::open(path)?;
+                tp_check::run(&cfg, WeightSource::Files(&files), tp, Dtype::Bf16, prompts, steps)?
+            };
+            let what = if json { "random weights, seed 7" } else { "its weights" };
+            println!("[{name}] TP={tp} vs one GPU, {} ({what}), bf16: prefill logits max |diff| {:.3e} (largest |logit| {:.2})", path.display(), r.max_abs_logit_diff, r.max_abs_logit);
+            let mut ok = r.sampling_mismatches == 0;
+            for (s, (a, m)) in r.agreed.iter().zip(&r.margins).enumerate() {
+                match m {
+                    None => println!("[{name}]   sequence {s}: {a}/{} greedy tokens equal", r.steps),
+                    Some(m) => {
+                        // A difference is acceptable only where one GPU's top two were within
+                        // rounding of each other.
+                        let tie = *m < 0.05;
+                        ok &= tie;
+                        println!("[{name}]   sequence {s}: equal for {a}/{} tokens, then parts where one GPU's top-2 margin is {m:.4} ({})", r.steps, if tie { "a near-tie" } else { "NOT a near-tie" });
+                    }
+                }
+            }
+            let total: usize = r.agreed.iter().sum();
+            println!("[{name}] {} TP={tp}: {total}/{} greedy tokens equal; device sampling at temperature 0 vs the logits' argmax: {} mismatches", if ok { "PASS" } else { "FAIL" }, r.steps * r.agreed.len(), r.sampling_mismatches);
+            Ok(ok)
+        }
         other => Err(CudaError::Unsupported(format!(
-            "unknown command '{other}' (info, check, e2e, bench-decode, bench-prefill)"
+            "unknown command '{other}' (info, check, e2e, bench-decode, bench-prefill, bench-pages, tp-check)"
         ))),
     }
 }

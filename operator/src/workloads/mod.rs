@@ -647,6 +647,23 @@ mod tests {
         }
     }
 
+    /// `tensorParallel` reaches each worker as its flag and its GPU request, per role.
+    #[test]
+    fn tensor_parallel_workers_get_their_gpus_and_flag() {
+        let i = isvc(json!({
+            "prefill": { "accelerator": "nvidia", "tensorParallel": 1 },
+            "decode": { "accelerator": "nvidia", "tensorParallel": 4 },
+        }));
+        let objs = desired(&i, &[]);
+        for (name, gpus) in [("chat-decode", "4"), ("chat-prefill", "1")] {
+            let d = objs.iter().find(|d| d.kind == Kind::Deployment && d.name == name).unwrap();
+            let c = &d.object["spec"]["template"]["spec"]["containers"][0];
+            assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], gpus, "{name}");
+            let args = c["args"].to_string();
+            assert!(args.contains(&format!("--tensor-parallel-size={gpus}")), "{name}: {args}");
+        }
+    }
+
     #[test]
     fn colocated_gpu_autoscaled_and_config_changes() {
         let mut i = isvc(

@@ -99,6 +99,7 @@ pub(super) fn container_args(isvc: &InferenceService, role: Role) -> Vec<String>
             }
             if w.accelerator == Accelerator::Nvidia {
                 a.push("--device=cuda".into());
+                a.push(format!("--tensor-parallel-size={}", w.tensor_parallel));
             }
             a.push("--worker-id=$(POD_NAME)".into());
             a.push(format!("--drain-timeout={}s", w.drain_seconds));

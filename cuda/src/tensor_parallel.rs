@@ -1,0 +1,462 @@
+//! Tensor parallelism across the GPUs of one host: [`TpBackend`] drives a group of
+//! [`CudaBackend`]s, one per GPU, each holding its slice of the model ([`shard`]) and of every
+//! KV block, behind the engine's one [`ModelBackend`] — one scheduler, one block manager, one
+//! block table for all ranks.
+//!
+//! One process drives every GPU, a thread per rank: rank 0 (the lead) runs on the engine's
+//! thread and returns logits or sampled tokens; each other rank (a follower) has a thread that
+//! runs the same pass on the same batch. The ranks meet only in NCCL all-reduces (two per layer,
+//! on each backend's own stream, captured in decode graphs), so no rank waits for a host
+//! round-trip inside a step. A thread per rank rather than one thread launching on every device:
+//! an eager pass issues a few hundred launches per rank, which then run in parallel, and NCCL's
+//! one-communicator-per-thread use needs no group calls.
+
+pub mod check;
+pub mod shard;
+
+use std::sync::{mpsc, Arc, Barrier};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBackend, RowSampling};
+use tandem_engine::model_files::config::ModelConfig;
+use tandem_engine::sampling::sampler::TokenLogprob;
+
+use crate::backend::Collective;
+use crate::device::{Dtype, Gpu};
+use crate::{CudaBackend, CudaBackendOptions, CudaError, DeviceWeights, WeightSource};
+use shard::{merge_pages, split_page, Shard};
+
+/// How long a follower may take over one command before the group is reported broken.
+const FOLLOWER_DEADLINE: Duration = Duration::from_secs(600);
+
+/// What a follower sends back.
+enum Reply {
+    Done,
+    Page(Vec<u8>),
+    Ms(f64),
+}
+
+type Job = Box<dyn FnOnce(&mut CudaBackend) -> Result<Reply, CudaError> + Send>;
+
+/// A block operation of the backend (copy, swap out, swap in).
+type BlockOp = fn(&mut CudaBackend, &[(u32, u32)]) -> Result<(), BackendError>;
+
+/// A rank driven by its own thread.
+struct Follower {
+    jobs: Option<mpsc::Sender<Job>>,
+    replies: mpsc::Receiver<Result<Reply, CudaError>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Follower {
+    fn spawn(mut be: CudaBackend) -> Follower {
+        let (jobs, job_rx) = mpsc::channel::<Job>();
+        let (reply_tx, replies) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("tp-rank-{}", be.tp.as_ref().map_or(0, |c| c.shard.rank)))
+            .spawn(move || {
+                if let Err(e) = be.gpu().bind() {
+                    let _ = reply_tx.send(Err(e));
+                    return;
+                }
+                for job in job_rx {
+                    if reply_tx.send(job(&mut be)).is_err() {
+                        break;
+                    }
+                }
+            })
+            .ok();
+        Follower { jobs: Some(jobs), replies, thread }
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A model split across several GPUs of this host, as one [`ModelBackend`].
+pub struct TpBackend {
+    /// The whole model's configuration.
+    cfg: ModelConfig,
+    lead: CudaBackend,
+    followers: Vec<Follower>,
+    /// KV blocks every rank holds.
+    num_blocks: usize,
+}
+
+fn dev(e: CudaError) -> BackendError {
+    BackendError::Device(e.to_string())
+}
+
+impl TpBackend {
+    /// Opens GPUs `first..first + size` and loads one slice of the model on each (in parallel),
+    /// joined by an NCCL group. Each rank sizes its KV pool as a lone backend would from its
+    /// memory; the group uses the smallest.
+    pub fn load(
+        first: usize,
+        size: usize,
+        dtype: Dtype,
+        cfg: &ModelConfig,
+        weights: WeightSource<'_>,
+        opts: CudaBackendOptions,
+    ) -> Result<TpBackend, CudaError> {
+        if let Some(why) = Shard::refusal(cfg, size) {
+            return Err(CudaError::Unsupported(why));
+        }
+        let have = cudarc::driver::CudaContext::device_count().map_err(CudaError::from)? as usize;
+        if first + size > have {
+            return Err(CudaError::Unsupported(format!(
+                "tensor-parallel size {size} from GPU {first} needs {} GPUs; this host shows {have}",
+                first + size
+            )));
+        }
+        if !crate::nccl::nccl_present() {
+            return Err(CudaError::Unavailable(
+                "libnccl (needed between the GPUs of a tensor-parallel group) is not installed"
+                    .into(),
+            ));
+        }
+        let id = crate::nccl::new_id()?;
+        // Every rank opens its GPU before any joins the group: a rank that failed to open
+        // would leave the others waiting in NCCL's initialisation for ever.
+        let opened = Barrier::new(size);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let (id, opened, failed, weights) = (&id, &opened, &failed, &weights);
+        let built: Vec<Result<CudaBackend, CudaError>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..size)
+                .map(|rank| {
+                    sc.spawn(move || -> Result<CudaBackend, CudaError> {
+                        let shard = Shard { rank, size };
+                        let gpu = Gpu::open(first + rank, dtype);
+                        if gpu.is_err() {
+                            failed.store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        opened.wait();
+                        let gpu = gpu?;
+                        if failed.load(std::sync::atomic::Ordering::SeqCst) {
+                            return Err(CudaError::Unavailable(
+                                "another GPU of the group did not open".into(),
+                            ));
+                        }
+                        gpu.bind()?;
+                        let comm = Collective::join(id, shard)?;
+                        let w = match weights {
+                            WeightSource::Files(f) => {
+                                DeviceWeights::load_shard(&gpu, f, cfg, shard)?
+                            }
+                            WeightSource::Dummy(seed) => {
+                                DeviceWeights::dummy_shard(&gpu, cfg, *seed, shard)?
+                            }
+                        };
+                        let mut be = CudaBackend::new(gpu, &shard.local_config(cfg), w, opts)?;
+                        be.set_collective(comm);
+                        Ok(be)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(CudaError::Unsupported("a rank's loader thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        let mut ranks = Vec::with_capacity(size);
+        for b in built {
+            ranks.push(b?);
+        }
+        let num_blocks = ranks.iter().map(|b| b.num_blocks).min().unwrap_or(0);
+        let mut ranks = ranks.into_iter();
+        let lead = ranks.next().ok_or_else(|| CudaError::Unsupported("an empty group".into()))?;
+        lead.gpu().bind()?;
+        Ok(TpBackend {
+            cfg: cfg.clone(),
+            lead,
+            followers: ranks.map(Follower::spawn).collect(),
+            num_blocks,
+        })
+    }
+
+    /// GPUs in the group.
+    pub fn size(&self) -> usize {
+        1 + self.followers.len()
+    }
+
+    /// Rank 0's device.
+    pub fn gpu(&self) -> &Gpu {
+        self.lead.gpu()
+    }
+
+    /// Bytes of weights on each GPU (rank 0's).
+    pub fn weight_bytes(&self) -> u64 {
+        self.lead.weight_bytes()
+    }
+
+    /// Wall time rank 0 spent capturing graphs, seconds.
+    pub fn capture_seconds(&self) -> f64 {
+        self.lead.capture_seconds
+    }
+
+    /// Sends `job(rank)` to every follower (rank 1, 2, ...).
+    fn send(&self, job: impl Fn(usize) -> Job) -> Result<(), CudaError> {
+        for (i, f) in self.followers.iter().enumerate() {
+            let tx = f.jobs.as_ref().ok_or_else(|| CudaError::Stalled("rank gone".into()))?;
+            tx.send(job(i + 1))
+                .map_err(|_| CudaError::Stalled(format!("rank {} has stopped", i + 1)))?;
+        }
+        Ok(())
+    }
+
+    /// Every follower's reply to the last job, in rank order; the first error if any failed.
+    fn collect(&self) -> Result<Vec<Reply>, CudaError> {
+        let mut out = Vec::with_capacity(self.followers.len());
+        let mut first_err = None;
+        for (i, f) in self.followers.iter().enumerate() {
+            match f.replies.recv_timeout(FOLLOWER_DEADLINE) {
+                Ok(Ok(r)) => out.push(r),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(CudaError::Stalled(format!(
+                        "rank {} did not finish its part in {} s",
+                        i + 1,
+                        FOLLOWER_DEADLINE.as_secs()
+                    )));
+                }
+            }
+        }
+        first_err.map_or(Ok(out), Err)
+    }
+
+    /// Runs `lead` on rank 0 while every follower runs `each` on its own rank, then waits
+    /// for all; the lead's result, or the first error of any rank.
+    fn together<R>(
+        &mut self,
+        each: impl Fn(&mut CudaBackend) -> Result<Reply, CudaError> + Clone + Send + 'static,
+        lead: impl FnOnce(&mut CudaBackend) -> Result<R, CudaError>,
+    ) -> Result<(R, Vec<Reply>), CudaError> {
+        self.send(|_| Box::new(each.clone()))?;
+        let r = lead(&mut self.lead);
+        let replies = self.collect();
+        Ok((r?, replies?))
+    }
+
+    /// A pass of `b` on every rank through the first `layers` layers; rank 0's `lead` part
+    /// reads its result.
+    fn pass<R>(
+        &mut self,
+        b: &ForwardBatch,
+        layers: usize,
+        eager: bool,
+        lead: impl FnOnce(&mut CudaBackend) -> Result<R, CudaError>,
+    ) -> Result<R, CudaError> {
+        let shared = Arc::new(b.clone());
+        let each =
+            move |be: &mut CudaBackend| be.follow(&shared, layers, eager).map(|_| Reply::Done);
+        self.together(each, lead).map(|(r, _)| r)
+    }
+
+    /// GPU time per stage of one eager pass of `b` on rank 0, ms (the other ranks run it too).
+    pub fn profile(&mut self, b: &ForwardBatch) -> Result<Vec<(&'static str, f64)>, CudaError> {
+        self.lead.validate(b).map_err(|e| CudaError::Unsupported(e.to_string()))?;
+        self.pass(b, self.cfg.num_layers, true, |be| be.profile(b))
+    }
+
+    /// Median GPU time of `reps` replays of the decode graph serving `b`, ms: rank 0's, and the
+    /// slowest rank's.
+    pub fn replay_ms(&mut self, b: &ForwardBatch, reps: usize) -> Result<(f64, f64), CudaError> {
+        self.lead.validate(b).map_err(|e| CudaError::Unsupported(e.to_string()))?;
+        let shared = Arc::new(b.clone());
+        let each = move |be: &mut CudaBackend| be.replay_ms(&shared, reps).map(Reply::Ms);
+        let (ms, replies) = self.together(each, |be| be.replay_ms(b, reps))?;
+        let worst = replies.iter().fold(ms, |m, r| match r {
+            Reply::Ms(x) => m.max(*x),
+            _ => m,
+        });
+        Ok((ms, worst))
+    }
+
+    /// Uses the tensor-core attention kernel where it applies, or not, on every rank.
+    pub fn set_mma_attention(&mut self, on: bool) -> Result<(), CudaError> {
+        let each = move |be: &mut CudaBackend| {
+            be.set_mma_attention(on);
+            Ok(Reply::Done)
+        };
+        self.together(each, |be| {
+            be.set_mma_attention(on);
+            Ok(())
+        })
+        .map(|_| ())
+    }
+
+    /// Turns decode-graph replay on or off on every rank.
+    pub fn set_graphs(&mut self, on: bool) -> Result<(), CudaError> {
+        let each = move |be: &mut CudaBackend| {
+            be.set_graphs(on);
+            Ok(Reply::Done)
+        };
+        self.together(each, |be| {
+            be.set_graphs(on);
+            Ok(())
+        })
+        .map(|_| ())
+    }
+
+    /// Captures every rank's decode graphs up front (`progress` is told rank 0's progress).
+    pub fn capture_all(&mut self, progress: impl FnMut(usize, usize)) -> Result<(), CudaError> {
+        let each = |be: &mut CudaBackend| be.capture_all(|_, _| {}).map(|_| Reply::Done);
+        self.together(each, |be| be.capture_all(progress)).map(|_| ())
+    }
+
+    /// Runs a block operation on every rank.
+    fn blocks(&mut self, op: BlockOp, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        let shared: Arc<Vec<(u32, u32)>> = Arc::new(pairs.to_vec());
+        let each = move |be: &mut CudaBackend| {
+            op(be, &shared).map(|_| Reply::Done).map_err(|e| CudaError::Unsupported(e.to_string()))
+        };
+        let r = self.together(each, |be| Ok(op(be, pairs))).map_err(dev)?;
+        r.0
+    }
+
+    fn check_block(&self, block: u32) -> Result<(), BackendError> {
+        if block as usize >= self.num_blocks {
+            return Err(BackendError::InvalidBatch(format!(
+                "block {block} outside the pool of {}",
+                self.num_blocks
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl ModelBackend for TpBackend {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn device(&self) -> String {
+        let g = self.lead.gpu();
+        format!("cuda: {} × {} (sm_{}), tensor parallel", self.size(), g.name, g.sm)
+    }
+
+    fn kv_cache_spec(&self) -> KvCacheSpec {
+        let one = self.lead.kv_cache_spec();
+        KvCacheSpec {
+            num_blocks: self.num_blocks,
+            block_size: one.block_size,
+            bytes_per_block: one.bytes_per_block * self.size(),
+        }
+    }
+
+    fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
+        self.lead.validate(b)?;
+        let layers = self.cfg.num_layers;
+        self.pass(b, layers, false, |be| {
+            be.forward(b).map_err(|e| CudaError::Unsupported(e.to_string()))
+        })
+        .map_err(dev)
+    }
+
+    fn forward_layers(
+        &mut self,
+        b: &ForwardBatch,
+        num_layers: usize,
+    ) -> Result<Vec<f32>, BackendError> {
+        self.lead.validate(b)?;
+        let layers = num_layers.min(self.cfg.num_layers);
+        self.pass(b, layers, false, |be| {
+            be.forward_layers(b, layers).map_err(|e| CudaError::Unsupported(e.to_string()))
+        })
+        .map_err(dev)
+    }
+
+    fn samples_on_device(&self) -> bool {
+        true
+    }
+
+    fn forward_sampled(
+        &mut self,
+        b: &ForwardBatch,
+        rows: &[RowSampling],
+        masks: &mut dyn FnMut() -> Vec<Option<Vec<u32>>>,
+    ) -> Result<Vec<TokenLogprob>, BackendError> {
+        self.lead.validate(b)?;
+        let layers = self.cfg.num_layers;
+        self.pass(b, layers, false, |be| {
+            be.forward_sampled(b, rows, masks).map_err(|e| CudaError::Unsupported(e.to_string()))
+        })
+        .map_err(dev)
+    }
+
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        self.blocks(|be, p| be.copy_blocks(p), pairs)
+    }
+
+    fn swap_out(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        self.blocks(|be, p| be.swap_out(p), pairs)
+    }
+
+    fn swap_in(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        self.blocks(|be, p| be.swap_in(p), pairs)
+    }
+
+    fn num_host_blocks(&self) -> usize {
+        self.lead.num_host_blocks()
+    }
+
+    fn read_block(&self, block: u32) -> Result<Vec<u8>, BackendError> {
+        self.check_block(block)?;
+        self.send(|_| {
+            Box::new(move |be: &mut CudaBackend| {
+                be.read_block(block)
+                    .map(Reply::Page)
+                    .map_err(|e| CudaError::Unsupported(e.to_string()))
+            })
+        })
+        .map_err(dev)?;
+        let own = self.lead.read_block(block);
+        let replies = self.collect().map_err(dev)?;
+        let mut pages = vec![own?];
+        pages.extend(replies.into_iter().filter_map(|r| match r {
+            Reply::Page(p) => Some(p),
+            _ => None,
+        }));
+        Ok(merge_pages(&pages, 2 * self.cfg.num_layers, self.kv_cache_spec().block_size))
+    }
+
+    fn write_block(&mut self, block: u32, page: &[u8]) -> Result<(), BackendError> {
+        self.check_block(block)?;
+        let want = self.kv_cache_spec().bytes_per_block;
+        if page.len() != want {
+            return Err(BackendError::InvalidBatch(format!(
+                "page of {} bytes, blocks hold {want}",
+                page.len()
+            )));
+        }
+        let parts =
+            split_page(page, self.size(), 2 * self.cfg.num_layers, self.kv_cache_spec().block_size);
+        let parts: Vec<Arc<Vec<u8>>> = parts.into_iter().map(Arc::new).collect();
+        let each = parts.clone();
+        self.send(move |rank| {
+            let p = each[rank].clone();
+            Box::new(move |be: &mut CudaBackend| {
+                be.write_block(block, &p)
+                    .map(|_| Reply::Done)
+                    .map_err(|e| CudaError::Unsupported(e.to_string()))
+            })
+        })
+        .map_err(dev)?;
+        let own = self.lead.write_block(block, &parts[0]);
+        self.collect().map_err(dev)?;
+        own
+    }
+}

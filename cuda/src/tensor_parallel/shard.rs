@@ -1,0 +1,289 @@
+//! How a model splits across the GPUs of a tensor-parallel group — arithmetic only, no device.
+//!
+//! Rank `r` of `n` keeps query heads `r·H/n ..` and KV heads `r·K/n ..` (so each rank's query
+//! heads read only its own KV heads), and the same slice of the MLP's hidden width. The fused
+//! q|k|v and gate|up matrices are column-parallel (a rank keeps its rows of each part), the
+//! output and down projections row-parallel (a rank keeps its columns; the partial products are
+//! summed by an all-reduce). Norms, the embedding and the LM head are whole on every rank.
+//!
+//! KV pages leave and enter a group in the whole model's format: for each layer's K and V, each
+//! position's heads in order. A rank's page holds its heads; [`merge_pages`] and
+//! [`split_page`] convert, so a worker of one group size can exchange pages with a worker of
+//! another (the re-sharding happens where pages are read and written).
+
+use std::ops::Range;
+
+use tandem_engine::model_files::config::ModelConfig;
+
+/// One rank's place in a tensor-parallel group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// This rank, `0..size`.
+    pub rank: usize,
+    /// GPUs in the group.
+    pub size: usize,
+}
+
+impl Shard {
+    /// The whole model on one GPU.
+    pub const WHOLE: Shard = Shard { rank: 0, size: 1 };
+
+    /// Why `cfg` cannot be split `size` ways, if it cannot: every rank must get whole query
+    /// heads, whole KV heads and an equal slice of the MLP.
+    pub fn refusal(cfg: &ModelConfig, size: usize) -> Option<String> {
+        if size == 0 {
+            return Some("a tensor-parallel size of 0".into());
+        }
+        let mut why = Vec::new();
+        for (what, n) in [
+            ("query heads", cfg.num_heads),
+            ("KV heads", cfg.num_kv_heads),
+            ("MLP width", cfg.intermediate_size),
+        ] {
+            if !n.is_multiple_of(size) {
+                why.push(format!("{n} {what}"));
+            }
+        }
+        (!why.is_empty()).then(|| {
+            format!(
+                "tensor-parallel size {size} does not divide the model's {} (each GPU keeps whole heads; replicating KV heads is not supported)",
+                why.join(", ")
+            )
+        })
+    }
+
+    /// Whether this rank holds the whole residual stream before the all-reduce (its output
+    /// projections add to it; the others contribute their partial products alone).
+    pub fn leads(&self) -> bool {
+        self.rank == 0
+    }
+
+    fn part(&self, n: usize) -> Range<usize> {
+        let w = n / self.size;
+        self.rank * w..(self.rank + 1) * w
+    }
+
+    /// The configuration of one rank's slice: its heads and MLP width; everything else whole.
+    pub fn local_config(&self, cfg: &ModelConfig) -> ModelConfig {
+        let mut c = cfg.clone();
+        c.num_heads /= self.size;
+        c.num_kv_heads /= self.size;
+        c.intermediate_size /= self.size;
+        c
+    }
+
+    /// Rows of the whole `[q + 2·kv, hidden]` q|k|v matrix (or bias) this rank keeps, in order.
+    pub fn qkv_rows(&self, cfg: &ModelConfig) -> [Range<usize>; 3] {
+        let (q, kv) = (cfg.q_size(), cfg.kv_size());
+        let (qr, kr) = (self.part(q), self.part(kv));
+        [qr, q + kr.start..q + kr.end, q + kv + kr.start..q + kv + kr.end]
+    }
+
+    /// Rows of the whole `[2·intermediate, hidden]` gate|up matrix this rank keeps, in order.
+    pub fn gate_up_rows(&self, cfg: &ModelConfig) -> [Range<usize>; 2] {
+        let ff = cfg.intermediate_size;
+        let r = self.part(ff);
+        [r.clone(), ff + r.start..ff + r.end]
+    }
+
+    /// Columns of the whole `[hidden, q]` output projection this rank keeps.
+    pub fn o_cols(&self, cfg: &ModelConfig) -> Range<usize> {
+        self.part(cfg.q_size())
+    }
+
+    /// Columns of the whole `[hidden, intermediate]` down projection this rank keeps.
+    pub fn down_cols(&self, cfg: &ModelConfig) -> Range<usize> {
+        self.part(cfg.intermediate_size)
+    }
+}
+
+/// The rows `ranges` of a row-major matrix of `cols` columns, in order.
+pub fn take_rows<T: Copy>(m: &[T], cols: usize, ranges: &[Range<usize>]) -> Vec<T> {
+    ranges.iter().flat_map(|r| m[r.start * cols..r.end * cols].iter().copied()).collect()
+}
+
+/// The columns `range` of every row of a row-major matrix of `cols` columns.
+pub fn take_cols<T: Copy>(m: &[T], cols: usize, range: Range<usize>) -> Vec<T> {
+    m.chunks_exact(cols).flat_map(|row| row[range.clone()].iter().copied()).collect()
+}
+
+/// The whole page of a block from the ranks' pages (rank order): each of `parts` layer-parts
+/// holds `positions` rows, and a rank's row is its slice of the whole row's heads.
+pub fn merge_pages(pages: &[Vec<u8>], parts: usize, positions: usize) -> Vec<u8> {
+    let total: usize = pages.iter().map(Vec::len).sum();
+    let mut out = Vec::with_capacity(total);
+    let rows = parts * positions;
+    for row in 0..rows {
+        for p in pages {
+            let w = p.len() / rows;
+            out.extend_from_slice(&p[row * w..(row + 1) * w]);
+        }
+    }
+    out
+}
+
+/// The ranks' pages of a whole page ([`merge_pages`] reversed): `size` equal slices of each of
+/// `parts × positions` rows.
+pub fn split_page(page: &[u8], size: usize, parts: usize, positions: usize) -> Vec<Vec<u8>> {
+    let rows = parts * positions;
+    let w = page.len() / rows / size;
+    let mut out = vec![Vec::with_capacity(page.len() / size); size];
+    for row in page.chunks_exact(w * size) {
+        for (r, o) in out.iter_mut().enumerate() {
+            o.extend_from_slice(&row[r * w..(r + 1) * w]);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama70b() -> ModelConfig {
+        crate::dummy_config(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/llama-3-70b.json"),
+        )
+        .unwrap()
+    }
+
+    /// A tiny GQA shape whose weights can be written out by hand: 4 query heads, 2 KV heads,
+    /// head width 2, MLP width 6.
+    fn tiny() -> ModelConfig {
+        let mut c = llama70b();
+        (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size) =
+            (3, 4, 2, 2, 6);
+        c
+    }
+
+    #[test]
+    fn refuses_sizes_that_split_heads() {
+        let c = llama70b();
+        for n in [1, 2, 4, 8] {
+            assert_eq!(Shard::refusal(&c, n), None, "TP={n}");
+        }
+        let why = Shard::refusal(&c, 16).unwrap();
+        assert!(why.contains("8 KV heads") && !why.contains("query"), "{why}");
+        assert!(Shard::refusal(&c, 3).unwrap().contains("64 query heads"));
+        assert!(Shard::refusal(&c, 0).is_some());
+    }
+
+    #[test]
+    fn local_config_keeps_the_group_size_and_widths() {
+        let c = llama70b();
+        for n in [2, 4, 8] {
+            let l = Shard { rank: n - 1, size: n }.local_config(&c);
+            assert_eq!((l.num_heads, l.num_kv_heads), (64 / n, 8 / n));
+            assert_eq!(l.num_heads / l.num_kv_heads, c.num_heads / c.num_kv_heads);
+            assert_eq!(l.intermediate_size * n, c.intermediate_size);
+            assert_eq!((l.hidden_size, l.vocab_size, l.head_dim), (8192, 128_256, 128));
+        }
+    }
+
+    /// Column-parallel q|k|v then row-parallel o, summed over ranks, equals the whole model's
+    /// product — and each rank's query heads use only that rank's KV heads.
+    #[test]
+    fn shards_sum_to_the_whole_attention_projection() {
+        let c = tiny();
+        let (h, q, kv) = (c.hidden_size, c.q_size(), c.kv_size());
+        let qkv: Vec<f32> = (0..(q + 2 * kv) * h).map(|i| (i as f32 * 0.37).sin()).collect();
+        let o: Vec<f32> = (0..h * q).map(|i| (i as f32 * 0.11).cos()).collect();
+        let x = [0.5f32, -1.0, 2.0];
+        let matvec = |m: &[f32], v: &[f32]| -> Vec<f32> {
+            m.chunks_exact(v.len()).map(|r| r.iter().zip(v).map(|(a, b)| a * b).sum()).collect()
+        };
+        // Whole model: q heads 0..4, kv head of q head i is i / 2; "attention" here is the
+        // elementwise product of each q head with its kv head's v (a stand-in that keeps the
+        // head mapping).
+        let attend = |y: &[f32], nh: usize, nkv: usize| -> Vec<f32> {
+            let (qs, hd) = (nh * 2, 2);
+            let group = nh / nkv;
+            (0..qs)
+                .map(|i| {
+                    let head = i / hd;
+                    let vi = qs + nkv * hd + (head / group) * hd + i % hd;
+                    y[i] * y[vi]
+                })
+                .collect()
+        };
+        let whole = matvec(&o, &attend(&matvec(&qkv, &x), c.num_heads, c.num_kv_heads));
+        let mut sum = vec![0f32; h];
+        for rank in 0..2 {
+            let s = Shard { rank, size: 2 };
+            let l = s.local_config(&c);
+            let wq = take_rows(&qkv, h, &s.qkv_rows(&c));
+            let wo = take_cols(&o, q, s.o_cols(&c));
+            assert_eq!(wq.len(), (l.q_size() + 2 * l.kv_size()) * h);
+            let part = matvec(&wo, &attend(&matvec(&wq, &x), l.num_heads, l.num_kv_heads));
+            for (a, b) in sum.iter_mut().zip(part) {
+                *a += b;
+            }
+        }
+        for (a, b) in sum.iter().zip(&whole) {
+            assert!((a - b).abs() < 1e-5, "{sum:?} vs {whole:?}");
+        }
+    }
+
+    #[test]
+    fn shards_sum_to_the_whole_mlp() {
+        let c = tiny();
+        let (h, ff) = (c.hidden_size, c.intermediate_size);
+        let gu: Vec<f32> = (0..2 * ff * h).map(|i| (i as f32 * 0.7).sin()).collect();
+        let down: Vec<f32> = (0..h * ff).map(|i| (i as f32 * 0.3).cos()).collect();
+        let x = [1.0f32, 0.25, -0.5];
+        let mlp = |gu: &[f32], down: &[f32], ff: usize| -> Vec<f32> {
+            let y: Vec<f32> =
+                gu.chunks_exact(h).map(|r| r.iter().zip(&x).map(|(a, b)| a * b).sum()).collect();
+            let act: Vec<f32> = (0..ff).map(|i| y[i] / (1.0 + (-y[i]).exp()) * y[ff + i]).collect();
+            down.chunks_exact(ff).map(|r| r.iter().zip(&act).map(|(a, b)| a * b).sum()).collect()
+        };
+        let whole = mlp(&gu, &down, ff);
+        for n in [2, 3, 6] {
+            let mut sum = vec![0f32; h];
+            for rank in 0..n {
+                let s = Shard { rank, size: n };
+                let part = mlp(
+                    &take_rows(&gu, h, &s.gate_up_rows(&c)),
+                    &take_cols(&down, ff, s.down_cols(&c)),
+                    ff / n,
+                );
+                sum.iter_mut().zip(part).for_each(|(a, b)| *a += b);
+            }
+            for (a, b) in sum.iter().zip(&whole) {
+                assert!((a - b).abs() < 1e-5, "TP={n}: {sum:?} vs {whole:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn one_rank_keeps_everything() {
+        let c = llama70b();
+        let s = Shard::WHOLE;
+        assert_eq!(s.qkv_rows(&c)[0], 0..8192);
+        assert_eq!(s.qkv_rows(&c)[2].end, 8192 + 2 * 1024);
+        assert_eq!(s.gate_up_rows(&c), [0..28672, 28672..57344]);
+        assert_eq!(s.down_cols(&c), 0..28672);
+        assert!(s.leads() && !Shard { rank: 1, size: 2 }.leads());
+    }
+
+    #[test]
+    fn pages_split_by_kv_head_and_merge_back() {
+        // 2 layers × K|V = 4 parts, 3 positions, 4 KV heads of 2 values (bytes as labels).
+        let (parts, positions, heads, hd) = (4, 3, 4, 2);
+        let whole: Vec<u8> = (0..parts * positions * heads * hd).map(|i| i as u8).collect();
+        for n in [1, 2, 4] {
+            let ranks = split_page(&whole, n, parts, positions);
+            assert_eq!(ranks.len(), n);
+            // Rank r holds heads r·4/n.. of every row.
+            let per = heads / n * hd;
+            for (r, p) in ranks.iter().enumerate() {
+                assert_eq!(p.len(), whole.len() / n);
+                for row in 0..parts * positions {
+                    let start = row * heads * hd + r * per;
+                    assert_eq!(&p[row * per..(row + 1) * per], &whole[start..start + per]);
+                }
+            }
+            assert_eq!(merge_pages(&ranks, parts, positions), whole, "TP={n}");
+        }
+    }
+}
