@@ -23,7 +23,7 @@ mod collective;
 mod pages;
 mod sampling;
 
-pub(crate) use collective::Collective;
+pub(crate) use collective::{enable_peer_access, Collective};
 
 pub(crate) use sampling::sampling_args;
 
@@ -600,8 +600,9 @@ impl CudaBackend {
                 };
             }
             self.mark("gemm o")?;
-            g.gemm(t, h, qs, att, ptr(&l.o), x, true, self.leads())?;
-            self.all_reduce(t * h)?;
+            let (dst, add) = self.reduce_target(0, t * h);
+            g.gemm(t, h, qs, att, ptr(&l.o), dst, true, add)?;
+            self.all_reduce(0, t * h)?;
             self.mark("rmsnorm")?;
             unsafe {
                 g.launch(
@@ -621,8 +622,9 @@ impl CudaBackend {
             };
             unsafe { g.launch(&g.k.silu_mul, cfg, &[&gu, &act, &fi])? };
             self.mark("gemm down")?;
-            g.gemm(t, h, ff, act, ptr(&l.down), x, true, self.leads())?;
-            self.all_reduce(t * h)?;
+            let (dst, add) = self.reduce_target(1, t * h);
+            g.gemm(t, h, ff, act, ptr(&l.down), dst, true, add)?;
+            self.all_reduce(1, t * h)?;
         }
         self.mark("final norm, lm head")?;
         if logit_rows > 0 {

@@ -154,6 +154,9 @@ pub struct DecodeRow {
     pub roofline_ms: f64,
     /// GPU time per stage of an eager step, ms.
     pub profile: Vec<(&'static str, f64)>,
+    /// On a tensor-parallel group: the step's all-reduces alone in a graph, ms (slowest rank),
+    /// and how they sum (`peer` or `nccl`).
+    pub all_reduce: Option<(f64, &'static str)>,
 }
 
 /// A decode step of `batch` sequences at `context` tokens each, with blocks of its own.
@@ -199,6 +202,14 @@ pub fn decode(
         be.set_mma_attention(false)?;
         let tile_step_ms = be.replay_ms(&b, 20)?;
         be.set_mma_attention(true)?;
+        let all_reduce = match &mut be {
+            Under::One(_) => None,
+            Under::Group(g) => {
+                let calls = 2 * cfg.num_layers;
+                let (_, worst) = g.time_all_reduces(batch * cfg.hidden_size, calls, 20)?;
+                Some((worst, g.all_reduce_path()))
+            }
+        };
         let per_gpu =
             2.0 * linear_params(&local) as f64 + kv_per_token * (batch * (context + 1)) as f64;
         rows.push(DecodeRow {
@@ -209,6 +220,7 @@ pub fn decode(
             bytes: per_gpu * tp.max(1) as f64,
             roofline_ms: per_gpu / lim.hbm_bytes_per_s * 1e3,
             profile,
+            all_reduce,
         });
     }
     Ok(rows)

@@ -102,6 +102,8 @@ pub struct Kernels {
     pub fill_random: CudaFunction,
     /// A block of a dummy weight (a tensor-parallel rank's slice).
     pub fill_random_block: CudaFunction,
+    /// A tensor-parallel group's all-reduce over peer memory.
+    pub tp_all_reduce: CudaFunction,
     /// Token choice per logits row (Gumbel-max, or argmax at temperature 0).
     pub sample_rows: CudaFunction,
     /// Structured outputs: disallowed tokens of logits rows to minus infinity.
@@ -197,6 +199,7 @@ impl Gpu {
             silu_mul: f("silu_mul")?,
             fill_random: f("fill_random")?,
             fill_random_block: f("fill_random_block")?,
+            tp_all_reduce: f("tp_all_reduce")?,
             sample_rows: f("sample_rows")?,
             mask_rows: f("mask_rows")?,
             gather_kv: f("gather_kv")?,

@@ -905,3 +905,70 @@ extern "C" __global__ void scatter_pages(const uint4* __restrict__ in, const int
     copy_piece(in + (long long)w * chunk, b < 0 ? nullptr : pool + part * part_stride + (long long)b * chunk, chunk, (unsigned)(part * chunk), sums + page);
   }
 }
+
+// ---- Tensor parallelism: the all-reduce of a group's partial products over peer memory ----
+// One launch per all-reduce on every rank of a group (GPUs of one process with peer access).
+// Block b of each rank first tells every peer that its partial is complete (the release store
+// of epoch e into flags[peer][b][rank]) and waits until every peer's block b has told it the
+// same; then each rank adds x += P_0 + P_1 + ... (rank order, so every rank gets the same
+// bits) over a grid-stride slice, reading the peers' partials across NVLink. Epochs count calls
+// per block (counter[b]); a peer's partial is only rewritten two calls later (o and down
+// alternate buffers), after this rank's next barrier, so no end barrier is needed.
+__device__ __forceinline__ void st_release_sys(unsigned int* p, unsigned int v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned int ld_acquire_sys(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+#define TP_MAX_WORLD 8
+extern "C" __global__ void tp_all_reduce(float* __restrict__ x, const unsigned long long* __restrict__ partials,
+                                         const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
+                                         int rank, int world, long long n) {
+  __shared__ unsigned int epoch;
+  if (threadIdx.x == 0) {
+    epoch = counter[blockIdx.x] + 1;
+    counter[blockIdx.x] = epoch;
+  }
+  __syncthreads();
+  unsigned int e = epoch;
+  int peer = threadIdx.x;
+  if (peer < world && peer != rank) {
+    __threadfence_system();
+    unsigned int* theirs = (unsigned int*)flags[peer];
+    st_release_sys(theirs + blockIdx.x * TP_MAX_WORLD + rank, e);
+    const unsigned int* mine = (const unsigned int*)flags[rank];
+    while (ld_acquire_sys(mine + blockIdx.x * TP_MAX_WORLD + peer) < e) {}
+  }
+  __syncthreads();
+  const float4* p[TP_MAX_WORLD];
+  for (int r = 0; r < world; ++r) p[r] = (const float4*)partials[r];
+  float4* x4 = (float4*)x;
+  long long n4 = n >> 2, stride = (long long)gridDim.x * blockDim.x;
+  // Two float4 per thread per round: more loads across NVLink in flight.
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += 2 * stride) {
+    long long j = i + stride;
+    bool two = j < n4;
+    float4 s = __ldcg(p[0] + i), t = two ? __ldcg(p[0] + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int r = 1; r < world; ++r) {
+      float4 v = __ldcg(p[r] + i);
+      float4 w = two ? __ldcg(p[r] + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+      t.x += w.x; t.y += w.y; t.z += w.z; t.w += w.w;
+    }
+    float4 a = x4[i];
+    a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
+    x4[i] = a;
+    if (two) {
+      float4 b = x4[j];
+      b.x += t.x; b.y += t.y; b.z += t.z; b.w += t.w;
+      x4[j] = b;
+    }
+  }
+  for (long long i = (n4 << 2) + blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) {
+    float s = __ldcg((const float*)partials[0] + i);
+    for (int r = 1; r < world; ++r) s += __ldcg((const float*)partials[r] + i);
+    x[i] += s;
+  }
+}

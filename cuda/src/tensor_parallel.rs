@@ -22,7 +22,7 @@ use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBacke
 use tandem_engine::model_files::config::ModelConfig;
 use tandem_engine::sampling::sampler::TokenLogprob;
 
-use crate::backend::Collective;
+use crate::backend::{enable_peer_access, Collective};
 use crate::device::{Dtype, Gpu};
 use crate::{CudaBackend, CudaBackendOptions, CudaError, DeviceWeights, WeightSource};
 use shard::{merge_pages, split_page, Shard};
@@ -88,6 +88,8 @@ pub struct TpBackend {
     followers: Vec<Follower>,
     /// KV blocks every rank holds.
     num_blocks: usize,
+    /// Whether small steps sum over peer memory (else NCCL throughout).
+    peer: bool,
 }
 
 fn dev(e: CudaError) -> BackendError {
@@ -173,6 +175,7 @@ impl TpBackend {
         for b in built {
             ranks.push(b?);
         }
+        let peer = Self::peer_reduce(&mut ranks)?;
         let num_blocks = ranks.iter().map(|b| b.num_blocks).min().unwrap_or(0);
         let mut ranks = ranks.into_iter();
         let lead = ranks.next().ok_or_else(|| CudaError::Unsupported("an empty group".into()))?;
@@ -182,7 +185,56 @@ impl TpBackend {
             lead,
             followers: ranks.map(Follower::spawn).collect(),
             num_blocks,
+            peer,
         })
+    }
+
+    /// Sets up the all-reduce over peer memory for small steps, unless `TANDEM_TP_ALL_REDUCE`
+    /// is `nccl` or some pair of GPUs cannot reach each other; whether it is on.
+    fn peer_reduce(ranks: &mut [CudaBackend]) -> Result<bool, CudaError> {
+        if std::env::var("TANDEM_TP_ALL_REDUCE").is_ok_and(|v| v == "nccl") {
+            return Ok(false);
+        }
+        let ctxs: Vec<_> = ranks.iter().map(|b| b.gpu().ctx.clone()).collect();
+        if !enable_peer_access(&ctxs)? {
+            return Ok(false);
+        }
+        let mut all = Vec::with_capacity(ranks.len());
+        for be in ranks.iter_mut() {
+            all.push(be.alloc_peer_reduce()?);
+        }
+        for be in ranks.iter_mut() {
+            be.connect_peer_reduce(&all)?;
+        }
+        Ok(true)
+    }
+
+    /// How the group sums its partial products: `peer` (a kernel reading the other GPUs'
+    /// memory, for steps of up to 512 tokens; NCCL above) or `nccl`.
+    pub fn all_reduce_path(&self) -> &'static str {
+        if self.peer {
+            "peer"
+        } else {
+            "nccl"
+        }
+    }
+
+    /// GPU time of `calls` all-reduces of `count` f32 values alone in a graph on every rank,
+    /// ms: rank 0's and the slowest rank's.
+    pub fn time_all_reduces(
+        &mut self,
+        count: usize,
+        calls: usize,
+        reps: usize,
+    ) -> Result<(f64, f64), CudaError> {
+        let each =
+            move |be: &mut CudaBackend| be.time_all_reduces(count, calls, reps).map(Reply::Ms);
+        let (ms, replies) = self.together(each, |be| be.time_all_reduces(count, calls, reps))?;
+        let worst = replies.iter().fold(ms, |m, r| match r {
+            Reply::Ms(x) => m.max(*x),
+            _ => m,
+        });
+        Ok((ms, worst))
     }
 
     /// GPUs in the group.

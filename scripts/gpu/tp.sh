@@ -5,10 +5,12 @@
 #
 # check   TP=2 against one GPU on the same weights, greedy token for token (tandem-gpu tp-check):
 #         the committed tiny random-weight models of each CUDA architecture (their files, so the
-#         sharded loader runs) and the Llama-3-8B shape (random weights from a fixed seed).
+#         sharded loader runs) and the Llama-3-8B shape (random weights from a fixed seed), with
+#         the peer-memory all-reduce and again with NCCL's (TANDEM_TP_ALL_REDUCE=nccl).
 # bench   the Llama-3-70B shape (random weights) split over GPUs 0 and 1: decode steps at batch
 #         1, 64 and 256 (context 1024) against the two-GPU HBM roofline measured in the same run,
-#         the all-reduce's share of an eager step; prefill 4 x 2048 against both GPUs' GEMM peak.
+#         the step's all-reduces alone in a graph; with the peer-memory all-reduce and with
+#         NCCL's; prefill 4 x 2048 against both GPUs' GEMM peak.
 # disagg  a TP=1 prefill worker feeding a TP=2 decode worker against the TP=2 worker colocated
 #         (scripts/gpu/disagg.sh tp).
 #
@@ -36,9 +38,11 @@ for s in $sections; do
         section "check-tiny-$arch" 120 tp-check "tests/data/tiny-$arch" 2 8 64
       done
       section check-llama-3-8b 300 tp-check "$bin/configs/llama-3-8b.json" 2 8 64
+      TANDEM_TP_ALL_REDUCE=nccl section check-llama-3-8b-nccl 300 tp-check "$bin/configs/llama-3-8b.json" 2 8 64
       ;;
     bench)
       section decode-llama-3-70b 540 bench-decode "$bin/configs/llama-3-70b.json" 1,64,256 1024 2
+      TANDEM_TP_ALL_REDUCE=nccl section decode-llama-3-70b-nccl 540 bench-decode "$bin/configs/llama-3-70b.json" 1,64,256 1024 2
       section prefill-llama-3-70b 300 bench-prefill "$bin/configs/llama-3-70b.json" 4 2048 2
       ;;
     disagg)
@@ -48,5 +52,7 @@ for s in $sections; do
     *) echo "unknown section $s"; fail=1 ;;
   esac
 done
+# Every log in one archive (a device run returns few files).
+tar czf "${OUT:-.gpu/out}/tp-logs.tgz" -C "${OUT:-.gpu/out}" tp $(cd "${OUT:-.gpu/out}" && ls -d disagg 2>/dev/null)
 echo "tp.sh: $([ $fail = 0 ] && echo 'all sections passed' || echo 'FAILED')"
 exit "$fail"

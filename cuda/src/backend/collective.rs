@@ -1,7 +1,16 @@
 //! A tensor-parallel rank's share of the backend: the NCCL communicator of its group and the
-//! all-reduce that adds the output and down projections' partial products across the group, in
-//! place in the f32 residual stream, on the backend's own stream (so decode graphs capture it).
+//! all-reduce that adds the output and down projections' partial products across the group into
+//! the f32 residual stream, on the backend's own stream (so decode graphs capture it).
+//!
+//! Two ways to sum: NCCL's all-reduce in place (rank 0's GEMM adds to the residual, the others'
+//! replace it), or — for steps of up to [`PEER_ROWS`] tokens when the GPUs reach each other's
+//! memory — [`PeerReduce`]: every rank's GEMM writes its partial product to a buffer of its own
+//! and one kernel per rank adds all partials to the residual, reading the peers' buffers across
+//! NVLink after a flag barrier (`tp_all_reduce` in kernels.cu).
 
+use std::sync::Arc;
+
+use cudarc::driver::{sys as dsys, CudaContext, CudaSlice, LaunchConfig};
 use cudarc::nccl::{result, sys, Id};
 
 use tandem_engine::backend::ForwardBatch;
@@ -10,11 +19,146 @@ use super::CudaBackend;
 use crate::tensor_parallel::shard::Shard;
 use crate::CudaError;
 
+/// Most tokens of a step whose all-reduces go through peer memory (more go through NCCL).
+pub const PEER_ROWS: usize = 512;
+/// Most blocks of the peer all-reduce kernel (flag slots per rank: this × 8).
+const PEER_BLOCKS: usize = 128;
+
 /// This rank's communicator in its tensor-parallel group.
 pub(crate) struct Collective {
     comm: sys::ncclComm_t,
     /// Where this rank sits in the group.
     pub(crate) shard: Shard,
+    /// The peer-memory all-reduce, when set up.
+    pub(crate) peer: Option<PeerReduce>,
+}
+
+/// One rank's buffers of the peer-memory all-reduce: two partial-product buffers (the output
+/// and down projections alternate, so a peer still reading one is never overwritten), flag
+/// slots the peers write, and per-block epoch counters; allocated outside the stream-ordered
+/// pool so that peers can address them once peer access is on.
+pub(crate) struct PeerReduce {
+    ctx: Arc<CudaContext>,
+    /// This rank's partial buffers (f32, `PEER_ROWS × hidden` each).
+    pub(crate) partials: [u64; 2],
+    flags: u64,
+    counter: u64,
+    /// Every rank's partial buffer `b` at `[b · world + rank]`.
+    partial_table: Option<CudaSlice<u64>>,
+    /// Every rank's flag slots.
+    flag_table: Option<CudaSlice<u64>>,
+    /// Values (f32) each partial holds.
+    pub(crate) capacity: usize,
+}
+
+fn driver(r: dsys::CUresult, what: &str) -> Result<(), CudaError> {
+    match r {
+        dsys::CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(CudaError::Driver(format!("{what}: {e:?}"))),
+    }
+}
+
+impl PeerReduce {
+    /// Allocates one rank's buffers for partials of `capacity` f32 values on the device whose
+    /// context `ctx` is (and is current on this thread).
+    pub(crate) fn alloc(ctx: &Arc<CudaContext>, capacity: usize) -> Result<PeerReduce, CudaError> {
+        let mut me = PeerReduce {
+            ctx: ctx.clone(),
+            partials: [0; 2],
+            flags: 0,
+            counter: 0,
+            partial_table: None,
+            flag_table: None,
+            capacity,
+        };
+        let words = PEER_BLOCKS * 8;
+        for (slot, bytes) in
+            [(0usize, 4 * capacity), (1, 4 * capacity), (2, 4 * words), (3, 4 * PEER_BLOCKS)]
+        {
+            let mut p = 0;
+            // SAFETY: a plain device allocation, freed in Drop.
+            driver(unsafe { dsys::cuMemAlloc_v2(&mut p, bytes) }, "cuMemAlloc")?;
+            match slot {
+                0 | 1 => me.partials[slot] = p,
+                2 => me.flags = p,
+                _ => me.counter = p,
+            }
+            // SAFETY: zeroes the allocation just made.
+            driver(unsafe { dsys::cuMemsetD8_v2(p, 0, bytes) }, "cuMemset")?;
+        }
+        Ok(me)
+    }
+
+    /// Gives this rank the addresses of every rank's buffers (`all[r]` is rank `r`'s).
+    pub(crate) fn connect(
+        &mut self,
+        g: &crate::Gpu,
+        all: &[([u64; 2], u64)],
+    ) -> Result<(), CudaError> {
+        let world = all.len();
+        let table: Vec<u64> =
+            (0..2).flat_map(|b| all.iter().map(move |(p, _)| p[b])).collect::<Vec<_>>();
+        let flags: Vec<u64> = all.iter().map(|(_, f)| *f).collect();
+        debug_assert_eq!(table.len(), 2 * world);
+        self.partial_table = Some(g.upload(&table)?);
+        self.flag_table = Some(g.upload(&flags)?);
+        Ok(())
+    }
+
+    /// This rank's flag slots.
+    pub(crate) fn flags(&self) -> u64 {
+        self.flags
+    }
+}
+
+impl Drop for PeerReduce {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        for p in [self.partials[0], self.partials[1], self.flags, self.counter] {
+            if p != 0 {
+                // SAFETY: allocated by cuMemAlloc in `alloc`, freed once; no kernel of this
+                // backend runs any more.
+                unsafe {
+                    let _ = dsys::cuMemFree_v2(p);
+                }
+            }
+        }
+    }
+}
+
+/// Turns on access from every context of `ctxs` to every other one's memory; false when some
+/// pair of devices cannot reach each other.
+pub(crate) fn enable_peer_access(ctxs: &[Arc<CudaContext>]) -> Result<bool, CudaError> {
+    for a in ctxs {
+        for b in ctxs {
+            if Arc::ptr_eq(a, b) {
+                continue;
+            }
+            let mut can = 0;
+            // SAFETY: queries two valid devices.
+            driver(
+                unsafe { dsys::cuDeviceCanAccessPeer(&mut can, a.cu_device(), b.cu_device()) },
+                "cuDeviceCanAccessPeer",
+            )?;
+            if can == 0 {
+                return Ok(false);
+            }
+        }
+    }
+    for a in ctxs {
+        a.bind_to_thread().map_err(CudaError::from)?;
+        for b in ctxs {
+            if Arc::ptr_eq(a, b) {
+                continue;
+            }
+            // SAFETY: both contexts are live; enabling twice is reported and ignored.
+            let r = unsafe { dsys::cuCtxEnablePeerAccess(b.cu_ctx(), 0) };
+            if r != dsys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+                driver(r, "cuCtxEnablePeerAccess")?;
+            }
+        }
+    }
+    Ok(true)
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time; the backend that
@@ -29,7 +173,7 @@ impl Collective {
         let uid = sys::ncclUniqueId { internal: *id.internal() };
         // SAFETY: `comm` receives the new communicator; ranks and size are in range.
         unsafe { result::comm_init_rank(&mut comm, shard.size as i32, uid, shard.rank as i32)? };
-        Ok(Collective { comm, shard })
+        Ok(Collective { comm, shard, peer: None })
     }
 
     /// Sums `count` f32 values at device address `buf` across the group, in place, queued on
@@ -75,17 +219,108 @@ impl CudaBackend {
         self.tp = Some(c);
     }
 
-    /// Whether this backend's output projections add to the residual stream (alone, or rank 0
-    /// of a group); the other ranks' products replace it before the all-reduce sums them.
-    pub(super) fn leads(&self) -> bool {
-        self.tp.as_ref().is_none_or(|c| c.shard.leads())
+    /// The peer all-reduce, when it takes `count` values.
+    fn peer_for(&self, count: usize) -> Option<&PeerReduce> {
+        self.tp.as_ref()?.peer.as_ref().filter(|p| count <= p.capacity)
     }
 
-    /// Sums the first `count` values of the residual stream across the group (nothing alone).
-    pub(super) fn all_reduce(&self, count: usize) -> Result<(), CudaError> {
+    /// Where projection `which` (0: output, 1: down) of a step writes its `count` values, and
+    /// whether it adds to what is there: the residual stream (alone, rank 0 of an NCCL group:
+    /// adding; the other ranks: replacing), or this rank's partial buffer for the peer
+    /// all-reduce.
+    pub(super) fn reduce_target(&self, which: usize, count: usize) -> (u64, bool) {
+        match (self.peer_for(count), &self.tp) {
+            (Some(p), _) => (p.partials[which], false),
+            (None, Some(c)) => (crate::device::ptr(&self.a.x), c.shard.leads()),
+            (None, None) => (crate::device::ptr(&self.a.x), true),
+        }
+    }
+
+    /// Sums projection `which`'s products (`count` values) across the group into the residual
+    /// stream (nothing alone).
+    pub(super) fn all_reduce(&self, which: usize, count: usize) -> Result<(), CudaError> {
         let Some(c) = &self.tp else { return Ok(()) };
         self.mark("all-reduce")?;
-        c.all_reduce(crate::device::ptr(&self.a.x), count, self.gpu.stream.cu_stream())
+        let x = crate::device::ptr(&self.a.x);
+        let Some(p) = self.peer_for(count) else {
+            return c.all_reduce(x, count, self.gpu.stream.cu_stream());
+        };
+        let (Some(parts), Some(flags)) = (&p.partial_table, &p.flag_table) else {
+            return Err(CudaError::Unsupported("peer all-reduce not connected".into()));
+        };
+        let world = c.shard.size;
+        let g = &self.gpu;
+        let blocks = count.div_ceil(4 * 256).clamp(1, PEER_BLOCKS.min(g.num_sms));
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let table = crate::device::ptr(parts) + 8 * (which * world) as u64;
+        let (ranki, worldi, n) = (c.shard.rank as i32, world as i32, count as i64);
+        // SAFETY: tp_all_reduce(float* x, const u64* partials, const u64* flags, u32* counter,
+        // int rank, int world, long long n): `table` holds `world` partial buffers of at least
+        // `count` f32 values, `flags` every rank's slots, `counter` PEER_BLOCKS words.
+        unsafe {
+            g.launch(
+                &g.k.tp_all_reduce,
+                cfg,
+                &[&x, &table, &crate::device::ptr(flags), &p.counter, &ranki, &worldi, &n],
+            )
+        }
+    }
+
+    /// Sets up the peer all-reduce's buffers on this rank (peer access must be on): returns
+    /// its partial buffers and flag slots for the others.
+    pub(crate) fn alloc_peer_reduce(&mut self) -> Result<([u64; 2], u64), CudaError> {
+        self.gpu.bind()?;
+        let rows = PEER_ROWS.min(self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch));
+        let p = PeerReduce::alloc(&self.gpu.ctx, rows * self.cfg.hidden_size)?;
+        let out = (p.partials, p.flags());
+        match self.tp.as_mut() {
+            Some(c) => c.peer = Some(p),
+            None => return Err(CudaError::Unsupported("not a tensor-parallel rank".into())),
+        }
+        self.graphs.clear();
+        Ok(out)
+    }
+
+    /// Gives this rank every rank's peer all-reduce buffers (`all[r]`: rank `r`'s).
+    pub(crate) fn connect_peer_reduce(&mut self, all: &[([u64; 2], u64)]) -> Result<(), CudaError> {
+        self.gpu.bind()?;
+        let g = &self.gpu;
+        match self.tp.as_mut().and_then(|c| c.peer.as_mut()) {
+            Some(p) => p.connect(g, all),
+            None => Err(CudaError::Unsupported("no peer all-reduce buffers".into())),
+        }
+    }
+
+    /// GPU time of `calls` all-reduces of `count` values each, alone in a graph, ms (median of
+    /// `reps` replays): what the all-reduces of a step cost. Every rank must run it at once.
+    pub(crate) fn time_all_reduces(
+        &mut self,
+        count: usize,
+        calls: usize,
+        reps: usize,
+    ) -> Result<f64, CudaError> {
+        self.gpu.bind()?;
+        let run = |be: &CudaBackend| -> Result<(), CudaError> {
+            for i in 0..calls {
+                be.all_reduce(i % 2, count)?;
+            }
+            Ok(())
+        };
+        run(self)?;
+        self.gpu.sync()?;
+        let s = self.gpu.stream.clone();
+        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(CudaError::from)?;
+        let r = run(self);
+        let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
+        r?;
+        let graph =
+            graph.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
+        crate::device::time_ms(&self.gpu, 3, reps, || graph.launch().map_err(CudaError::from))
     }
 }
 

@@ -81,10 +81,8 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             let (name, lim) = bench::group_limits(tp)?;
             println!("[{name}] limit: device copy {:.0} GB/s (read+write; the slowest GPU), cuBLAS bf16 GEMM {:.0} TFLOP/s", lim.hbm_bytes_per_s / 1e9, lim.gemm_flops / 1e12);
             for r in bench::decode(&cfg, &batches, context, &lim, tp)? {
-                let ar: f64 = r.profile.iter().filter(|p| p.0 == "all-reduce").map(|p| p.1).sum();
-                let total: f64 = r.profile.iter().map(|p| p.1).sum();
-                if tp > 1 {
-                    println!("[{name}] TP={tp}: all-reduce {:.3} ms of the {:.3} ms eager step ({:.1}%)", ar, total, 100.0 * ar / total);
+                if let Some((ms, path)) = r.all_reduce {
+                    println!("[{name}] TP={tp} batch {:>3}: the step's {} all-reduces ({path}) alone in a graph: {ms:.3} ms = {:.1}% of the step", r.batch, 2 * cfg.num_layers, 100.0 * ms / r.step_ms);
                 }
                 println!(
                     "[{name}] decode {} TP={tp} batch {:>3} context {}: step {:.3} ms, {:.2} GB read, roofline {:.3} ms -> {:.1}% of HBM roofline, {:.0} tok/s (CUDA-core attention: {:.3} ms, {:.1}%)",
