@@ -116,7 +116,21 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
 }
 
 fn gemm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
-    let (m, n, k) = (37, 300, 576);
+    let mut out = gemm_shape(g, u, 37, 300, 576)?;
+    // Decode-sized (one to eight rows), as decode steps run them.
+    for m in [1, 5, 8] {
+        out.extend(gemm_shape(g, u, m, 1000, 4096)?);
+    }
+    Ok(out)
+}
+
+fn gemm_shape(
+    g: &Gpu,
+    u: f64,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<Vec<CheckResult>, CudaError> {
     let mut r = Rng::new(1);
     let a = round_bf(&r.vec(m * k, 1.0));
     let w = round_bf(&r.vec(n * k, 1.0));
@@ -138,9 +152,17 @@ fn gemm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
     let got_b = unbf(&g.read(&cb, m * n)?);
     Ok(vec![
         // f32 accumulation over 576 products of ±1 values: relative to the sum's scale (√k).
-        result("gemm 16-bit→f32, accumulate", abs_err(&got, &acc_ref) / (k as f64).sqrt(), 1e-4),
+        result(
+            &format!("gemm {m}x{n}x{k} 16-bit→f32, accumulate"),
+            abs_err(&got, &acc_ref) / (k as f64).sqrt(),
+            1e-4,
+        ),
         // 16-bit output: one rounding.
-        result("gemm 16-bit→16-bit (tol u)", rel_err(&got_b, &reference, 1.0), u),
+        result(
+            &format!("gemm {m}x{n}x{k} 16-bit→16-bit (tol u)"),
+            rel_err(&got_b, &reference, 1.0),
+            u,
+        ),
     ])
 }
 
