@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use cudarc::driver::{sys as dsys, CudaGraph, CudaSlice, LaunchConfig};
 use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBackend, RowSampling};
-use tandem_engine::model_files::config::{ModelConfig, RopeStyle};
+use tandem_engine::model_files::config::{Activation, ModelConfig, RopeStyle};
 use tandem_engine::sampling::sampler::TokenLogprob;
 
 use crate::device::{ptr, Dtype, Gpu, Operand};
@@ -86,6 +86,8 @@ struct Activations {
     probs: CudaSlice<u16>,
     gu: CudaSlice<f32>,
     act: CudaSlice<u16>,
+    /// A sub-layer's output before its post-norm (Gemma; one element otherwise).
+    proj: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     part_acc: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
@@ -144,6 +146,8 @@ pub struct CudaBackend {
     marks: std::cell::RefCell<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
     /// The tensor-parallel group this backend is one rank of (`None`: the whole model).
     pub(crate) tp: Option<Collective>,
+    /// Every row attends through the GEMM path (heads wider than the paged kernels take).
+    gemm_attention: bool,
 }
 
 fn dev(e: CudaError) -> BackendError {
@@ -159,12 +163,15 @@ impl CudaBackend {
         w: DeviceWeights,
         opts: CudaBackendOptions,
     ) -> Result<CudaBackend, CudaError> {
-        if cfg.head_dim > ATT_MAX_HEAD_DIM || !cfg.head_dim.is_multiple_of(8) {
+        if !cfg.head_dim.is_multiple_of(8) || cfg.head_dim > 1024 {
             return Err(CudaError::Unsupported(format!(
-                "head_dim {} (the attention kernel takes multiples of 8 up to {ATT_MAX_HEAD_DIM})",
+                "head_dim {} (the attention kernels take multiples of 8 up to 1024)",
                 cfg.head_dim
             )));
         }
+        // Heads wider than the paged kernels take (Gemma 3's 256) attend through the GEMM
+        // path, every row of every step, without decode graphs.
+        let gemm_attention = cfg.head_dim > ATT_MAX_HEAD_DIM;
         if cfg.num_heads / cfg.num_kv_heads > plan::ATT_MAX_ROWS {
             return Err(CudaError::Unsupported(format!(
                 "{} query heads per KV head (the attention kernel takes up to {})",
@@ -198,6 +205,7 @@ impl CudaBackend {
             probs: gpu.zeros(score_cap)?,
             gu: gpu.zeros(t * 2 * ff)?,
             act: gpu.zeros(t * ff)?,
+            proj: gpu.zeros(if cfg.post_norms { t * h } else { 1 })?,
             logits: gpu.zeros(logits_cap * v)?,
             part_acc: gpu.zeros(MAX_SPLITS * SPLIT_ROWS * q)?,
             part_ml: gpu.zeros(MAX_SPLITS * SPLIT_ROWS * cfg.num_heads * 2)?,
@@ -236,7 +244,10 @@ impl CudaBackend {
         }
         let kv = gpu.zeros::<u16>(num_blocks * opts.block_size * kvs * 2 * cfg.num_layers)?;
         let page = 2 * cfg.num_layers * opts.block_size * kvs;
-        let graph_sizes = plan::graph_batch_sizes(opts.max_graph_batch);
+        let graph_sizes = match gemm_attention {
+            true => Vec::new(),
+            false => plan::graph_batch_sizes(opts.max_graph_batch),
+        };
         let host = if opts.num_host_blocks == 0 {
             None
         } else {
@@ -262,7 +273,8 @@ impl CudaBackend {
             graph_sizes,
             graphs: HashMap::new(),
             capture_seconds: 0.0,
-            use_graphs: opts.max_graph_batch > 0,
+            use_graphs: opts.max_graph_batch > 0 && !gemm_attention,
+            gemm_attention,
             use_mma: true,
             marks: std::cell::RefCell::new(None),
             tp: None,
@@ -481,9 +493,13 @@ impl CudaBackend {
         // SAFETY (every launch below): argument lists match kernels.cu, and every buffer was
         // sized in `new` for at least `t` rows (validate checks the batch against it).
         self.mark("embed")?;
-        unsafe { g.launch(&g.k.embed, rows_cfg(t, 256), &[&tok, &ptr(&w.embed), &x, &hi])? };
+        let escale = c.embedding_scale;
+        unsafe {
+            g.launch(&g.k.embed, rows_cfg(t, 256), &[&tok, &ptr(&w.embed), &x, &hi, &escale])?
+        };
         let interleaved = (c.rope_style == RopeStyle::Interleaved) as i32;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        // Gemma scales scores by 1/√query_pre_attn_scalar, everyone else by 1/√head_dim.
+        let scale = 1.0 / c.query_pre_attn_scalar.unwrap_or(c.head_dim as f32).sqrt();
         let (kv_base, bs) = (ptr(&self.kv), self.block_size as i32);
         for (li, l) in w.layers.iter().enumerate().take(num_layers) {
             self.mark("rmsnorm")?;
@@ -515,7 +531,7 @@ impl CudaBackend {
                         &qkv,
                         &pos,
                         &slot,
-                        &ptr(&w.inv_freq),
+                        &ptr(&l.inv_freq),
                         &qn,
                         &kn,
                         &q,
@@ -600,9 +616,7 @@ impl CudaBackend {
                 };
             }
             self.mark("gemm o")?;
-            let (dst, add) = self.reduce_target(0, t * h);
-            g.gemm(t, h, qs, att, ptr(&l.o), dst, true, add)?;
-            self.all_reduce(0, t * h)?;
+            self.project_into_residual(t, qs, att, ptr(&l.o), l.post_attn_norm.as_ref(), 0)?;
             self.mark("rmsnorm")?;
             unsafe {
                 g.launch(
@@ -614,17 +628,15 @@ impl CudaBackend {
             self.mark("gemm gate_up")?;
             g.gemm(t, 2 * ff, h, hb, ptr(&l.gate_up), gu, true, false)?;
             self.mark("silu_mul")?;
-            let fi = ff as i32;
+            let (fi, gelu) = (ff as i32, (c.hidden_act == Activation::GeluTanh) as i32);
             let cfg = LaunchConfig {
                 grid_dim: (ff.div_ceil(1024) as u32, t as u32, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            unsafe { g.launch(&g.k.silu_mul, cfg, &[&gu, &act, &fi])? };
+            unsafe { g.launch(&g.k.silu_mul, cfg, &[&gu, &act, &fi, &gelu])? };
             self.mark("gemm down")?;
-            let (dst, add) = self.reduce_target(1, t * h);
-            g.gemm(t, h, ff, act, ptr(&l.down), dst, true, add)?;
-            self.all_reduce(1, t * h)?;
+            self.project_into_residual(t, ff, act, ptr(&l.down), l.post_ffn_norm.as_ref(), 1)?;
         }
         self.mark("final norm, lm head")?;
         if logit_rows > 0 {
@@ -639,6 +651,37 @@ impl CudaBackend {
             g.gemm(logit_rows, c.vocab_size, h, hb, ptr(w.head()), ptr(&a.logits), true, false)?;
         }
         Ok(())
+    }
+
+    /// Projection `which` (0: attention output, 1: down) of `t` rows of width `k` into the
+    /// residual stream: accumulated into it (summed across a tensor-parallel group), or, with a
+    /// post-norm (Gemma), written aside, normed and then added.
+    fn project_into_residual(
+        &self,
+        t: usize,
+        k: usize,
+        a: u64,
+        w: u64,
+        post_norm: Option<&CudaSlice<f32>>,
+        which: usize,
+    ) -> Result<(), CudaError> {
+        let (g, h) = (&self.gpu, self.cfg.hidden_size);
+        let Some(norm) = post_norm else {
+            let (dst, add) = self.reduce_target(which, t * h);
+            g.gemm(t, h, k, a, w, dst, true, add)?;
+            return self.all_reduce(which, t * h);
+        };
+        let proj = ptr(&self.a.proj);
+        g.gemm(t, h, k, a, w, proj, true, false)?;
+        let (hi, eps) = (h as i32, self.cfg.rms_norm_eps);
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: rmsnorm_add(float* x, const float* y, const float* w, int H, float eps) over t
+        // rows of the residual and of `proj` (sized for the post-norm models' t × h).
+        unsafe { g.launch(&g.k.rmsnorm_add, cfg, &[&ptr(&self.a.x), &proj, &ptr(norm), &hi, &eps]) }
     }
 
     /// Attention of one long chunk through cuBLAS: gather the sequence's K/V per query head,
@@ -750,11 +793,8 @@ impl CudaBackend {
                 }
             }
         }
-        let p = BatchPlan::new(
-            b,
-            self.cfg.num_heads / self.cfg.num_kv_heads,
-            self.opts.long_prompt_min_tokens,
-        );
+        let long_min = if self.gemm_attention { 1 } else { self.opts.long_prompt_min_tokens };
+        let p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads, long_min);
         self.upload_plan(&p)?;
         let splits = self.splits(n, p.num_tiles(), p.max_context);
         let first = p.logits_rows.len().min(self.logits_cap);
@@ -878,7 +918,7 @@ impl CudaBackend {
     /// Captures the decode graphs of every size up front (`progress` is told each size).
     pub fn capture_all(&mut self, mut progress: impl FnMut(usize, usize)) -> Result<(), CudaError> {
         // Inert inputs: padding rows only, so the eager warm-up run stores nothing.
-        let max = *self.graph_sizes.last().unwrap_or(&0);
+        let Some(&max) = self.graph_sizes.last() else { return Ok(()) };
         let p = BatchPlan {
             tokens: vec![0; max],
             positions: vec![0; max],

@@ -109,7 +109,8 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
             }
         }
     }
-    out.push(silu_mul(g, u)?);
+    out.extend(silu_mul(g, u)?);
+    out.push(rmsnorm_add(g)?);
     out.extend(sampling(g)?);
     out.extend(masked_sampling(g)?);
     Ok(out)
@@ -178,12 +179,40 @@ fn embed(g: &Gpu) -> Result<CheckResult, CudaError> {
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: embed(const int*, const h16*, float*, int) over these buffers.
-    unsafe { g.launch(&g.k.embed, cfg, &[&ptr(&dk), &ptr(&dt), &ptr(&dx), &hi])? };
+    // Gemma scales its embeddings by √hidden (a power of two here, so exact).
+    let scale = 16f32;
+    // SAFETY: embed(const int*, const h16*, float*, int, float) over these buffers.
+    unsafe { g.launch(&g.k.embed, cfg, &[&ptr(&dk), &ptr(&dt), &ptr(&dx), &hi, &scale])? };
     let got = g.read(&dx, toks.len() * h)?;
-    let want: Vec<f32> =
-        toks.iter().flat_map(|&t| unbf(&table[t as usize * h..(t as usize + 1) * h])).collect();
-    Ok(result("embed (exact)", abs_err(&got, &want), 0.0))
+    let want: Vec<f32> = toks
+        .iter()
+        .flat_map(|&t| unbf(&table[t as usize * h..(t as usize + 1) * h]))
+        .map(|v| v * scale)
+        .collect();
+    Ok(result("embed, scaled (exact)", abs_err(&got, &want), 0.0))
+}
+
+/// Gemma's norm of a sub-layer's output added to the residual, against the CPU formula.
+fn rmsnorm_add(g: &Gpu) -> Result<CheckResult, CudaError> {
+    let (rows, h, eps) = (5, 640, 1e-6f32);
+    let mut r = Rng::new(12);
+    let (x, y, w) = (r.vec(rows * h, 2.0), r.vec(rows * h, 30.0), r.vec(h, 1.5));
+    let mut want = x.clone();
+    for (xr, yr) in want.chunks_exact_mut(h).zip(y.chunks_exact(h)) {
+        let ms = yr.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / h as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        for ((a, b), c) in xr.iter_mut().zip(yr).zip(&w) {
+            *a += (*b as f64 * inv * *c as f64) as f32;
+        }
+    }
+    let (dx, dy, dw) = (g.upload(&x)?, g.upload(&y)?, g.upload(&w)?);
+    let hi = h as i32;
+    let cfg =
+        LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: rmsnorm_add(float*, const float*, const float*, int, float) over rows × h.
+    unsafe { g.launch(&g.k.rmsnorm_add, cfg, &[&ptr(&dx), &ptr(&dy), &ptr(&dw), &hi, &eps])? };
+    let got = g.read(&dx, rows * h)?;
+    Ok(result("post-norm add f32 (tol 1e-5 rel)", rel_err(&got, &want, 1.0), 1e-5))
 }
 
 fn rmsnorm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
@@ -532,24 +561,40 @@ fn attention(
     ))
 }
 
-fn silu_mul(g: &Gpu, u: f64) -> Result<CheckResult, CudaError> {
+fn silu_mul(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
     let (t, f) = (7, 1536);
     let mut r = Rng::new(9);
     let gu = r.vec(t * 2 * f, 4.0);
-    let mut want = Vec::new();
-    for row in gu.chunks_exact(2 * f) {
-        let mut a = row[..f].to_vec();
-        ops::silu_mul(&mut a, &row[f..]);
-        want.extend(a);
+    let mut out = Vec::new();
+    for gelu in [0i32, 1] {
+        let mut want = Vec::new();
+        for row in gu.chunks_exact(2 * f) {
+            let mut a = row[..f].to_vec();
+            if gelu == 1 {
+                ops::gelu_tanh_mul(&mut a, &row[f..]);
+            } else {
+                ops::silu_mul(&mut a, &row[f..]);
+            }
+            want.extend(a);
+        }
+        let (dg, dout) = (g.upload(&gu)?, g.zeros::<u16>(t * f)?);
+        let fi = f as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (2, t as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: silu_mul(const float*, h16*, int, int).
+        unsafe { g.launch(&g.k.silu_mul, cfg, &[&ptr(&dg), &ptr(&dout), &fi, &gelu])? };
+        let got = unbf(&g.read(&dout, t * f)?);
+        let name = if gelu == 1 { "gelu(tanh)·mul" } else { "silu·mul" };
+        out.push(result(
+            &format!("{name} f32→16-bit (tol 2u)"),
+            rel_err(&got, &want, 1e-2),
+            2.0 * u,
+        ));
     }
-    let (dg, dout) = (g.upload(&gu)?, g.zeros::<u16>(t * f)?);
-    let fi = f as i32;
-    let cfg =
-        LaunchConfig { grid_dim: (2, t as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: silu_mul(const float*, h16*, int).
-    unsafe { g.launch(&g.k.silu_mul, cfg, &[&ptr(&dg), &ptr(&dout), &fi])? };
-    let got = unbf(&g.read(&dout, t * f)?);
-    Ok(result("silu·mul f32→16-bit (tol 2u)", rel_err(&got, &want, 1e-2), 2.0 * u))
+    Ok(out)
 }
 
 /// `sample_rows` over `logits` (rows named by `order`, sampled as `specs` say): the tokens, then

@@ -96,8 +96,10 @@ pub struct Kernels {
     pub attention_mma128: CudaFunction,
     /// Combines attention splits.
     pub attention_reduce: CudaFunction,
-    /// SwiGLU activation.
+    /// SwiGLU (or GeGLU) activation.
     pub silu_mul: CudaFunction,
+    /// RMSNorm of a sub-layer's output added to the residual (Gemma's post-norms).
+    pub rmsnorm_add: CudaFunction,
     /// Dummy weights.
     pub fill_random: CudaFunction,
     /// A block of a dummy weight (a tensor-parallel rank's slice).
@@ -197,6 +199,7 @@ impl Gpu {
             attention_mma128: f("attention_mma128")?,
             attention_reduce: f("attention_reduce")?,
             silu_mul: f("silu_mul")?,
+            rmsnorm_add: f("rmsnorm_add")?,
             fill_random: f("fill_random")?,
             fill_random_block: f("fill_random_block")?,
             tp_all_reduce: f("tp_all_reduce")?,

@@ -61,10 +61,10 @@ __device__ __forceinline__ size_t kv_index(size_t slot, int kvh, int nkv, int hd
 
 // x[t, :] = embedding row of tok[t] (16-bit table), as f32. Grid: tokens.
 extern "C" __global__ void embed(const int* __restrict__ tok, const h16* __restrict__ table,
-                                 float* __restrict__ x, int H) {
+                                 float* __restrict__ x, int H, float scale) {
   const h16* row = table + (size_t)tok[blockIdx.x] * H;
   float* xr = x + (size_t)blockIdx.x * H;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = h2f(row[i]);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = h2f(row[i]) * scale;
 }
 
 // y[r, :] = x[src, :] * rsqrt(mean(x[src]^2) + eps) * w, src = rows ? rows[r] : r. f32 in, 16-bit out.
@@ -655,13 +655,28 @@ extern "C" __global__ void to_model(const float* __restrict__ in, h16* __restric
 
 // out[t, i] = silu(gu[t, i]) * gu[t, F + i] for the fused gate|up projection (f32 in).
 // Grid: (chunks of a row, T).
-extern "C" __global__ void silu_mul(const float* __restrict__ gu, h16* __restrict__ out, int F) {
+// act(gate) · up; act is SiLU, or GELU's tanh approximation (Gemma) when `gelu` is set, written
+// as x·σ(2·√(2/π)·(x + 0.044715·x³)), the CPU path's form.
+extern "C" __global__ void silu_mul(const float* __restrict__ gu, h16* __restrict__ out, int F, int gelu) {
   const float* g = gu + (size_t)blockIdx.y * 2 * F;
   h16* o = out + (size_t)blockIdx.y * F;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < F; i += gridDim.x * blockDim.x) {
     float x = g[i];
-    o[i] = f2h(x / (1.f + __expf(-x)) * g[F + i]);
+    float z = gelu ? 1.5957691f * (x + 0.044715f * x * x * x) : x;
+    o[i] = f2h(x / (1.f + __expf(-z)) * g[F + i]);
   }
+}
+
+// Gemma's norm after a sub-layer: x[r, :] += y[r, :] * rsqrt(mean(y[r]^2) + eps) * w (f32).
+// Grid: rows.
+extern "C" __global__ void rmsnorm_add(float* __restrict__ x, const float* __restrict__ y,
+                                       const float* __restrict__ w, int H, float eps) {
+  const float* yr = y + (size_t)blockIdx.x * H;
+  float* xr = x + (size_t)blockIdx.x * H;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) ss += yr[i] * yr[i];
+  float inv = rsqrtf(block_sum(ss) / (float)H + eps);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] += yr[i] * inv * w[i];
 }
 
 __device__ __forceinline__ unsigned int hash32(unsigned int x) {

@@ -38,6 +38,13 @@ pub struct LayerWeights {
     pub k_norm: Option<CudaSlice<f32>>,
     /// MLP RMSNorm (f32).
     pub ffn_norm: CudaSlice<f32>,
+    /// Gemma's RMSNorm of the attention output before the residual add (f32).
+    pub post_attn_norm: Option<CudaSlice<f32>>,
+    /// Gemma's RMSNorm of the MLP output before the residual add (f32).
+    pub post_ffn_norm: Option<CudaSlice<f32>>,
+    /// RoPE inverse frequencies of this layer (f32, `head_dim / 2`; Gemma's local and global
+    /// layers have different bases).
+    pub inv_freq: CudaSlice<f32>,
     /// `[2·intermediate, hidden]`, 16-bit.
     pub gate_up: CudaSlice<u16>,
     /// `[hidden, intermediate]`, 16-bit.
@@ -54,34 +61,18 @@ pub struct DeviceWeights {
     pub norm: CudaSlice<f32>,
     /// `[vocab, hidden]`, 16-bit, or `None` when tied to the embedding.
     pub lm_head: Option<CudaSlice<u16>>,
-    /// RoPE inverse frequencies (f32, `head_dim / 2`).
-    pub inv_freq: CudaSlice<f32>,
     /// Bytes of 16-bit weights on the device.
     pub bytes: u64,
 }
 
 /// What of `cfg` the CUDA backend does not run yet, as a refusal naming it (none: it runs the
-/// model). Llama, Qwen2 (q/k/v bias), Qwen3 (q/k norms), Mistral (sliding window) and Phi-3 (fused
-/// q|k|v and gate|up) run; Gemma 3's pieces are listed.
+/// model). Llama, Qwen2 (q/k/v bias), Qwen3 (q/k norms), Mistral (sliding window), Phi-3 (fused
+/// q|k|v and gate|up) and Gemma 3 (scaled embedding, (1 + w) norms, post-norms, GeGLU, its own
+/// attention scale, a RoPE base per layer) run.
 pub fn unsupported(cfg: &ModelConfig) -> Option<String> {
     let mut missing = Vec::new();
-    if cfg.hidden_act != Activation::Silu {
+    if !matches!(cfg.hidden_act, Activation::Silu | Activation::GeluTanh) {
         missing.push(format!("the {:?} activation", cfg.hidden_act));
-    }
-    if cfg.embedding_scale != 1.0 {
-        missing.push("a scaled embedding".to_string());
-    }
-    if cfg.post_norms {
-        missing.push("norms after each sub-layer".to_string());
-    }
-    if cfg.norm_offset != 0.0 {
-        missing.push("(1 + w) RMSNorm weights".to_string());
-    }
-    if cfg.query_pre_attn_scalar.is_some_and(|s| s != cfg.head_dim as f32) {
-        missing.push("an attention scale other than 1/√head_dim".to_string());
-    }
-    if (0..cfg.num_layers).any(|l| cfg.layer_rope_theta(l) != cfg.rope_theta) {
-        missing.push("a RoPE base per layer".to_string());
     }
     (!missing.is_empty()).then(|| {
         format!(
@@ -92,12 +83,11 @@ pub fn unsupported(cfg: &ModelConfig) -> Option<String> {
     })
 }
 
-/// RoPE inverse frequencies `theta^(-2i/d)` (computed in f64, rounded to f32 as the CPU path does).
-pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
-    let d = cfg.head_dim;
-    (0..d / 2)
-        .map(|i| (1.0 / (cfg.rope_theta as f64).powf(2.0 * i as f64 / d as f64)) as f32)
-        .collect()
+/// RoPE inverse frequencies of layer `layer`, `theta^(-2i/d)` (computed in f64, rounded to f32
+/// as the CPU path does).
+pub fn inv_freq(cfg: &ModelConfig, layer: usize) -> Vec<f32> {
+    let (d, theta) = (cfg.head_dim, cfg.layer_rope_theta(layer) as f64);
+    (0..d / 2).map(|i| (1.0 / theta.powf(2.0 * i as f64 / d as f64)) as f32).collect()
 }
 
 impl DeviceWeights {
@@ -139,8 +129,14 @@ impl DeviceWeights {
             bytes += 2 * all.len() as u64;
             gpu.upload(&all.iter().map(|&x| gpu.dtype.from_f32(x)).collect::<Vec<u16>>())
         };
+        // Norm weights, with the (1 + w) offset of Hugging Face Gemma files added.
         let vec = |name: &str, n: usize| -> Result<CudaSlice<f32>, CudaError> {
-            gpu.upload(&files.require(name, &[n]).map_err(CudaError::Load)?.to_f32())
+            let mut w = files.require(name, &[n]).map_err(CudaError::Load)?.to_f32();
+            w.iter_mut().for_each(|x| *x += cfg.norm_offset);
+            gpu.upload(&w)
+        };
+        let post = |name: &str| -> Result<Option<CudaSlice<f32>>, CudaError> {
+            cfg.post_norms.then(|| vec(name, h)).transpose()
         };
         let embed = mat(&[("token_embd.weight".into(), cfg.vocab_size)], h, Keep::All)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -180,6 +176,9 @@ impl DeviceWeights {
                 q_norm: if qk { Some(vec(&p("attn_q_norm"), cfg.head_dim)?) } else { None },
                 k_norm: if qk { Some(vec(&p("attn_k_norm"), cfg.head_dim)?) } else { None },
                 ffn_norm: vec(&p("ffn_norm"), h)?,
+                post_attn_norm: post(&p("post_attention_norm"))?,
+                post_ffn_norm: post(&p("post_ffw_norm"))?,
+                inv_freq: gpu.upload(&inv_freq(cfg, i))?,
                 gate_up: mat(&gate_up_parts, h, Keep::Rows(shard.gate_up_rows(cfg).to_vec()))?,
                 down: mat(&[(p("ffn_down"), h)], ff, Keep::Cols(shard.down_cols(cfg)))?,
             });
@@ -189,14 +188,7 @@ impl DeviceWeights {
         } else {
             Some(mat(&[("output.weight".into(), cfg.vocab_size)], h, Keep::All)?)
         };
-        Ok(DeviceWeights {
-            embed,
-            layers,
-            norm: vec("output_norm.weight", h)?,
-            lm_head,
-            inv_freq: gpu.upload(&inv_freq(cfg))?,
-            bytes,
-        })
+        Ok(DeviceWeights { embed, layers, norm: vec("output_norm.weight", h)?, lm_head, bytes })
     }
 
     /// Random weights of `cfg`'s shape, generated on the device (seeded, so runs repeat):
@@ -286,6 +278,9 @@ impl DeviceWeights {
                 q_norm: if qk { Some(ones(cfg.head_dim)?) } else { None },
                 k_norm: if qk { Some(ones(cfg.head_dim)?) } else { None },
                 ffn_norm: ones(h)?,
+                post_attn_norm: if cfg.post_norms { Some(ones(h)?) } else { None },
+                post_ffn_norm: if cfg.post_norms { Some(ones(h)?) } else { None },
+                inv_freq: gpu.upload(&inv_freq(cfg, li))?,
                 gate_up: rand(2 * ff, h, sh, Keep::Rows(gate_up_rows.clone()))?,
                 down: rand(h, ff, sf, Keep::Cols(shard.down_cols(cfg)))?,
             });
@@ -296,14 +291,7 @@ impl DeviceWeights {
             Some(rand(cfg.vocab_size, h, 1.0 / (h as f32).sqrt(), Keep::All)?)
         };
         gpu.sync()?;
-        Ok(DeviceWeights {
-            embed,
-            layers,
-            norm: ones(h)?,
-            lm_head,
-            inv_freq: gpu.upload(&inv_freq(cfg))?,
-            bytes,
-        })
+        Ok(DeviceWeights { embed, layers, norm: ones(h)?, lm_head, bytes })
     }
 
     /// The LM head (the embedding when tied).

@@ -35,6 +35,12 @@ impl Shard {
             return Some("a tensor-parallel size of 0".into());
         }
         let mut why = Vec::new();
+        if size > 1 && cfg.post_norms {
+            return Some(format!(
+                "tensor parallelism is not supported for {} (its norms after each sub-layer need the whole sum first)",
+                cfg.arch.gguf_name()
+            ));
+        }
         for (what, n) in [
             ("query heads", cfg.num_heads),
             ("KV heads", cfg.num_kv_heads),
@@ -166,6 +172,18 @@ mod tests {
         assert!(why.contains("8 KV heads") && !why.contains("query"), "{why}");
         assert!(Shard::refusal(&c, 3).unwrap().contains("64 query heads"));
         assert!(Shard::refusal(&c, 0).is_some());
+    }
+
+    #[test]
+    fn refuses_post_norm_models() {
+        let gemma = crate::dummy_config(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../tests/data/tiny-gemma3/config.json"),
+        )
+        .unwrap();
+        assert!(gemma.post_norms);
+        assert_eq!(Shard::refusal(&gemma, 1), None);
+        assert!(Shard::refusal(&gemma, 2).unwrap().contains("norms after each sub-layer"));
     }
 
     #[test]
