@@ -148,9 +148,7 @@ impl HttpClient {
                 let frame = frame.map_err(|_| "io".to_string())?;
                 let Some(data) = frame.data_ref() else { continue };
                 if sse && status == 200 {
-                    for d in parser.feed(data) {
-                        on_data(&d);
-                    }
+                    parser.feed_with(data, on_data);
                 } else {
                     whole.extend_from_slice(data);
                 }
@@ -177,18 +175,26 @@ pub struct SseParser {
 }
 
 impl SseParser {
-    /// Feeds decoded body bytes; returns the complete `data:` lines' payloads.
-    pub fn feed(&mut self, data: &[u8]) -> Vec<String> {
+    /// Feeds decoded body bytes; calls `on_data` with each complete `data:` line's payload.
+    pub fn feed_with(&mut self, data: &[u8], on_data: &mut dyn FnMut(&str)) {
         self.buf.extend_from_slice(data);
-        let mut out = Vec::new();
-        while let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = self.buf.drain(..=nl).collect();
-            let line = String::from_utf8_lossy(&line);
+        let mut at = 0;
+        while let Some(nl) = self.buf[at..].iter().position(|&b| b == b'\n') {
+            let line = String::from_utf8_lossy(&self.buf[at..at + nl]);
             let line = line.trim_end_matches(['\r', '\n']);
             if let Some(d) = line.strip_prefix("data:") {
-                out.push(d.trim_start().to_string());
+                on_data(d.trim_start());
             }
+            at += nl + 1;
         }
+        self.buf.drain(..at);
+    }
+
+    /// [`SseParser::feed_with`], collecting the payloads.
+    #[cfg(test)]
+    pub fn feed(&mut self, data: &[u8]) -> Vec<String> {
+        let mut out = Vec::new();
+        self.feed_with(data, &mut |d| out.push(d.to_string()));
         out
     }
 }

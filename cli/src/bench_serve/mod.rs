@@ -4,6 +4,7 @@
 pub(crate) mod http;
 pub mod metrics;
 pub mod plot;
+pub mod stub;
 pub mod workload;
 
 use std::path::PathBuf;
@@ -105,6 +106,13 @@ pub struct ServeArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Measure this client's own ceiling: run the workload against a built-in server on
+    /// loopback that answers every request at once (`--base-url` is ignored).
+    #[arg(long)]
+    pub stub: bool,
+    /// Threads of the client's runtime (default: every CPU this process may use).
+    #[arg(long)]
+    pub client_threads: Option<usize>,
 }
 
 fn specs(a: &ServeArgs) -> Vec<RequestSpec> {
@@ -124,6 +132,39 @@ fn specs(a: &ServeArgs) -> Vec<RequestSpec> {
         WorkloadKind::SharedPrefix => workload::shared_prefix(&c),
         WorkloadKind::MultiTurn => workload::multi_turn(&c),
     }
+}
+
+/// What the client reads of a streamed event.
+#[derive(serde::Deserialize)]
+struct StreamChunk<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<ChunkChoice<'a>>,
+    #[serde(default)]
+    usage: Option<ChunkUsage>,
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkChoice<'a> {
+    #[serde(default, borrow)]
+    text: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    delta: Option<ChunkDelta<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkDelta<'a> {
+    #[serde(default, borrow)]
+    content: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
 }
 
 struct Client {
@@ -162,30 +203,26 @@ impl Client {
                 if d == "[DONE]" {
                     return;
                 }
-                let Ok(v) = serde_json::from_str::<Value>(d) else { return };
-                if v.get("error").is_some() {
+                // Only the fields read, borrowed from the event where they need no unescaping.
+                let Ok(v) = serde_json::from_str::<StreamChunk<'_>>(d) else { return };
+                if v.error.is_some() {
                     stream_err = Some("stream_error".to_string());
                     return;
                 }
-                if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-                    usage_out = u["completion_tokens"].as_u64().map(|x| x as usize);
-                    if let Some(p) = u["prompt_tokens"].as_u64() {
+                if let Some(u) = v.usage {
+                    usage_out = u.completion_tokens.map(|x| x as usize);
+                    if let Some(p) = u.prompt_tokens {
                         t.prompt_tokens = p as usize;
                     }
                 }
-                let piece = v["choices"]
-                    .get(0)
-                    .map(|c| {
-                        c["text"]
-                            .as_str()
-                            .or_else(|| c["delta"]["content"].as_str())
-                            .unwrap_or("")
-                            .to_string()
-                    })
-                    .unwrap_or_default();
-                if !piece.is_empty() {
+                let piece = v.choices.first().and_then(|c| {
+                    c.text
+                        .as_deref()
+                        .or_else(|| c.delta.as_ref().and_then(|d| d.content.as_deref()))
+                });
+                if let Some(piece) = piece.filter(|p| !p.is_empty()) {
                     t.chunk_times.push(start.elapsed().as_secs_f64());
-                    text.push_str(&piece);
+                    text.push_str(piece);
                     chunks += 1;
                 }
             })
@@ -294,7 +331,14 @@ fn emit(a: &ServeArgs, value: &Value, tables: &str) -> Result<()> {
 }
 
 /// Runs `tandem bench serve`.
-pub fn run(a: ServeArgs) -> Result<()> {
+pub fn run(mut a: ServeArgs) -> Result<()> {
+    let threads = a.client_threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+    });
+    if a.stub {
+        a.base_url = stub::start(threads)?;
+        a.model = Some(stub::STUB_MODEL.into());
+    }
     let api_key = a.api_key.clone().filter(|k| !k.is_empty());
     let http = http::HttpClient::new(&a.base_url, a.ca_cert.as_deref(), api_key)
         .map_err(anyhow::Error::msg)?;
@@ -302,7 +346,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if a.num_prompts == 0 {
         bail!("--num-prompts must be at least 1");
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let model = match &a.model {
             Some(m) => m.clone(),
