@@ -358,7 +358,10 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         let client = Arc::new(Client { http, model: model.clone(), ignore_eos: a.ignore_eos, timeout: Duration::from_secs(a.timeout) });
         let specs = specs(&a);
         // Warm-up: one short request, not measured.
-        let (w, _) = client.request(json!([1000, 1001, 1002, 1003]), false, 2, 4).await;
+        // Token ids below --vocab, as the workload's are (a small vocabulary has no id 1000).
+        let lo = workload::first_id(a.vocab);
+        let warm: Vec<u32> = (lo..lo + 4).map(|t| t.min(a.vocab.saturating_sub(1))).collect();
+        let (w, _) = client.request(json!(warm), false, 2, 4).await;
         if let Some(e) = w.error {
             bail!("the warm-up request to {} failed ({e}); is the server up, and is '{model}' its model?", a.base_url);
         }

@@ -47,7 +47,7 @@ pub struct WorkloadConfig {
     pub turns: usize,
     /// Seed.
     pub seed: u64,
-    /// Token ids are drawn from `1000..vocab`.
+    /// Token ids are drawn from `1000..vocab` (`vocab/2..vocab` below 2000).
     pub vocab: u32,
 }
 
@@ -74,7 +74,14 @@ fn len(rng: &mut Rng, base: usize, ratio: f64) -> usize {
 }
 
 fn tokens(rng: &mut Rng, n: usize, vocab: u32) -> Vec<u32> {
-    (0..n).map(|_| 1000 + (rng.next_u64() % (vocab - 1000) as u64) as u32).collect()
+    let lo = first_id(vocab);
+    (0..n).map(|_| lo + (rng.next_u64() % (vocab.max(lo + 1) - lo) as u64) as u32).collect()
+}
+
+/// The lowest token id a random prompt uses: 1000 (past most special tokens), or the middle of a
+/// vocabulary smaller than 2000.
+pub fn first_id(vocab: u32) -> u32 {
+    1000.min(vocab / 2)
 }
 
 const WORDS: [&str; 24] = [
@@ -177,8 +184,11 @@ mod tests {
         assert!(a.iter().all(|r| toks(r).iter().all(|&t| (1000..32000).contains(&t))));
         assert_eq!(a, random(&c), "same seed, same workload");
         assert_ne!(a, random(&WorkloadConfig { seed: 1, ..c.clone() }));
-        let fixed = random(&WorkloadConfig { range_ratio: 0.0, ..c });
+        let fixed = random(&WorkloadConfig { range_ratio: 0.0, ..c.clone() });
         assert!(fixed.iter().all(|r| toks(r).len() == 100 && r.output_len == 50));
+        // A small vocabulary (a test model's 384 ids): ids stay inside it.
+        let small = random(&WorkloadConfig { vocab: 384, ..c });
+        assert!(small.iter().all(|r| toks(r).iter().all(|&t| (192..384).contains(&t))));
     }
 
     #[test]
