@@ -28,6 +28,12 @@ pub(super) fn attend(
     let bs = kv.block_size();
     let scale = 1.0 / cfg.query_pre_attn_scalar.unwrap_or(hd as f32).sqrt();
     let kernel = simd && hd % 8 == 0;
+    // The AVX-512 kernel path (unless TANDEM_CPU_KERNEL asks for a lower one) attends on
+    // 512-bit vectors where the head width is a multiple of 16.
+    #[cfg(target_arch = "x86_64")]
+    let wide = kernel
+        && hd.is_multiple_of(16)
+        && super::quant::QKernel::detect() == super::quant::QKernel::Avx512Vnni;
     let optr = pool::OutPtr(out.as_mut_ptr());
     let n_items = b.num_tokens() * nkv;
     let pool = pool::ThreadPool::global();
@@ -61,6 +67,17 @@ pub(super) fn attend(
                 let ctx = slots.len();
                 scores.clear();
                 scores.resize(group * ctx, 0.0);
+                #[cfg(target_arch = "x86_64")]
+                if wide {
+                    // SAFETY: the AVX-512 kernel path runs only where the CPU has AVX-512F
+                    // (and AVX2, FMA); hd is a multiple of 16.
+                    unsafe {
+                        attention_x86::attend_group_512(
+                            kv, layer, qg, kvh, hd, slots, scale, scores, o,
+                        )
+                    };
+                    continue;
+                }
                 #[cfg(target_arch = "x86_64")]
                 if kernel {
                     // SAFETY: `simd` is set only when the CPU has AVX2 and FMA; hd is a multiple of 8.

@@ -1,7 +1,8 @@
 //! AVX2/FMA attention for one group of query heads sharing a KV head (head_dim a multiple of 8):
 //! q·Kᵀ for eight cached positions at a time (eight independent FMA chains, then one
 //! transposing reduction instead of eight horizontal sums), softmax with the vectorised exp, and
-//! P·V with one head's output held in registers. Same mathematics as the portable
+//! P·V with one head's output held in registers; `attend_group_512` is the same on 512-bit
+//! vectors for the AVX-512 kernel path. Same mathematics as the portable
 //! `super::attention::attend_group`; the summation order differs (tested to 1e-5).
 
 use std::arch::x86_64::*;
@@ -140,6 +141,126 @@ unsafe fn pv_heads<const G: usize>(
     }
 }
 
+/// [`attend_group`] on 512-bit vectors (the AVX-512 kernel path): each K row chunk and each
+/// V row chunk is 16 floats, so q·Kᵀ and P·V take half the instructions; the eight positions'
+/// 512-bit sums are folded to 256 bits and then reduced as in the AVX2 kernel.
+///
+/// # Safety
+/// The CPU must have AVX-512F, AVX2 and FMA; `hd % 16 == 0`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn attend_group_512(
+    kv: &CpuKvCache,
+    layer: usize,
+    qg: &[f32],
+    kvh: usize,
+    hd: usize,
+    slots: &[usize],
+    scale: f32,
+    scores: &mut [f32],
+    o: &mut [f32],
+) {
+    let group = qg.len() / hd;
+    let ctx = slots.len();
+    let kptr = |p: usize| kv.k(layer, slots[p]).as_ptr().add(kvh * hd);
+    let vscale = _mm256_set1_ps(scale);
+    let mut p = 0;
+    while p + 8 <= ctx {
+        let ks: [*const f32; 8] = std::array::from_fn(|i| kptr(p + i));
+        for g in 0..group {
+            let q = qg.as_ptr().add(g * hd);
+            let mut acc = [_mm512_setzero_ps(); 8];
+            let mut d = 0;
+            while d < hd {
+                let qv = _mm512_loadu_ps(q.add(d));
+                for i in 0..8 {
+                    acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(ks[i].add(d)), acc[i]);
+                }
+                d += 16;
+            }
+            // Each 512-bit sum folded to 256 bits (written out: a closure would not inherit
+            // this function's target features).
+            let mut halves = [_mm256_setzero_ps(); 8];
+            for (h, a) in halves.iter_mut().zip(&acc) {
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*a), 1));
+                *h = _mm256_add_ps(_mm512_castps512_ps256(*a), hi);
+            }
+            let at = scores.as_mut_ptr().add(g * ctx + p);
+            _mm256_storeu_ps(at, _mm256_mul_ps(transpose_sum8(&halves), vscale));
+        }
+        p += 8;
+    }
+    let tail = p;
+    for g in 0..group {
+        let q = qg.as_ptr().add(g * hd);
+        let row = &mut scores[g * ctx..(g + 1) * ctx];
+        for (p, r) in row.iter_mut().enumerate().skip(tail) {
+            let k = kptr(p);
+            let mut acc = _mm512_setzero_ps();
+            let mut d = 0;
+            while d < hd {
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(d)), _mm512_loadu_ps(k.add(d)), acc);
+                d += 16;
+            }
+            *r = _mm512_reduce_add_ps(acc) * scale;
+        }
+        super::ops::softmax_fast(row);
+    }
+    let mut g0 = 0;
+    while g0 < group {
+        match group - g0 {
+            1 => pv_heads_512::<1>(kv, layer, kvh, hd, slots, scores, g0, o),
+            2 => pv_heads_512::<2>(kv, layer, kvh, hd, slots, scores, g0, o),
+            3 => pv_heads_512::<3>(kv, layer, kvh, hd, slots, scores, g0, o),
+            _ => pv_heads_512::<4>(kv, layer, kvh, hd, slots, scores, g0, o),
+        }
+        g0 += 4;
+    }
+}
+
+/// [`pv_heads`] on 512-bit vectors: 32 columns at a time (16 for the last chunk when `hd` is
+/// not a multiple of 32).
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_heads_512<const G: usize>(
+    kv: &CpuKvCache,
+    layer: usize,
+    kvh: usize,
+    hd: usize,
+    slots: &[usize],
+    scores: &[f32],
+    g0: usize,
+    o: &mut [f32],
+) {
+    let ctx = slots.len();
+    let mut d = 0;
+    while d < hd {
+        let two = hd - d >= 32;
+        let mut acc = [[_mm512_setzero_ps(); 2]; G];
+        for (p, &slot) in slots.iter().enumerate() {
+            let v = kv.v(layer, slot).as_ptr().add(kvh * hd + d);
+            let v0 = _mm512_loadu_ps(v);
+            let v1 = if two { _mm512_loadu_ps(v.add(16)) } else { _mm512_setzero_ps() };
+            for (g, a) in acc.iter_mut().enumerate() {
+                let w = _mm512_set1_ps(*scores.get_unchecked((g0 + g) * ctx + p));
+                a[0] = _mm512_fmadd_ps(w, v0, a[0]);
+                if two {
+                    a[1] = _mm512_fmadd_ps(w, v1, a[1]);
+                }
+            }
+        }
+        for (g, a) in acc.iter().enumerate() {
+            let out = o.as_mut_ptr().add((g0 + g) * hd + d);
+            _mm512_storeu_ps(out, a[0]);
+            if two {
+                _mm512_storeu_ps(out.add(16), a[1]);
+            }
+        }
+        d += if two { 32 } else { 16 };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,8 +270,9 @@ mod tests {
         if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
             return;
         }
-        // Head sizes a multiple of 16 and of 8 only; groups within and beyond four heads.
-        for (hd, group) in [(64, 3), (40, 5), (16, 4)] {
+        // Head sizes a multiple of 32, of 16 and of 8 only; groups within and beyond four
+        // heads; Gemma 3's 256-wide heads.
+        for (hd, group) in [(64, 3), (40, 5), (16, 4), (48, 6), (256, 4)] {
             check_shape(hd, group);
         }
     }
@@ -175,6 +297,14 @@ mod tests {
             let (mut o, mut want) = (vec![0f32; group * hd], vec![0f32; group * hd]);
             let mut scratch = vec![0f32; group * ctx];
             unsafe { attend_group(&kv, 1, &qg, 1, hd, &slots, scale, &mut scratch, &mut o) };
+            // The 512-bit kernel where the CPU and the head width allow it.
+            let wide = is_x86_feature_detected!("avx512f") && hd.is_multiple_of(16);
+            let mut o512 = vec![0f32; group * hd];
+            if wide {
+                unsafe {
+                    attend_group_512(&kv, 1, &qg, 1, hd, &slots, scale, &mut scratch, &mut o512)
+                };
+            }
             super::super::attention::attend_group(
                 &kv,
                 1,
@@ -209,6 +339,11 @@ mod tests {
                         (o[i] - naive).abs() < 1e-5,
                         "AVX2, ctx {ctx} head {g} dim {d}: {} vs {naive}",
                         o[i]
+                    );
+                    assert!(
+                        !wide || (o512[i] - naive).abs() < 1e-5,
+                        "AVX-512, ctx {ctx} head {g} dim {d}: {} vs {naive}",
+                        o512[i]
                     );
                 }
             }
