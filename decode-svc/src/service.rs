@@ -157,6 +157,7 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
             let opts = RequestOptions { priority: r.priority, cache_salt: (!r.cache_salt.is_empty()).then(|| r.cache_salt.clone()), no_speculation: r.no_speculation, group: (!r.group.is_empty()).then(|| r.group.clone()), ..Default::default() };
             let prompt = Prompt::TokenIds(r.prompt_token_ids.clone());
             let sink_tx = tx.clone();
+            let courier = self.courier();
             // Armed before the request enters the engine: if this call is dropped while it waits for
             // the engine thread (the client went away meanwhile, as after a stall), the request is
             // aborted instead of staying parked with its blocks.
@@ -191,13 +192,18 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
                             }
                         }
                     };
+                    // The event goes to the stream through the courier: one hand-over per
+                    // step from the engine thread, the message built on the runtime.
                     s.subscribe(
                         &id,
                         Box::new(move |_, ev| {
-                            let _ = sink_tx.send(match ev {
-                                EngineEvent::Output(o) => Ok(response(&o, sink_label)),
-                                EngineEvent::Failed(msg) => Err(Status::internal(msg)),
-                            });
+                            let tx = sink_tx.clone();
+                            courier.defer(Box::new(move || {
+                                let _ = tx.send(match ev {
+                                    EngineEvent::Output(o) => Ok(response(&o, sink_label)),
+                                    EngineEvent::Failed(msg) => Err(Status::internal(msg)),
+                                });
+                            }));
                         }),
                     );
                     Ok::<_, tandem_engine::EngineError>(placement)

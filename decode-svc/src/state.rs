@@ -32,6 +32,9 @@ pub struct Shared {
     pub(crate) clients: PrefillClients,
     pub(crate) links: Option<Arc<DeviceLinks>>,
     next_transfer: AtomicU64,
+    /// Hands the engine thread's outputs to the streams, started by the first request (on the
+    /// runtime that serves it).
+    courier: std::sync::OnceLock<tandem_worker::outbox::Courier>,
 }
 
 impl DecodeService {
@@ -54,7 +57,13 @@ impl DecodeService {
             clients: PrefillClients::default(),
             links,
             next_transfer: AtomicU64::new(seed << 32),
+            courier: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// The courier of the engine's outputs (started on the calling runtime the first time).
+    pub(crate) fn courier(&self) -> tandem_worker::outbox::Courier {
+        self.courier.get_or_init(tandem_worker::outbox::Courier::spawn).clone()
     }
 
     pub(crate) fn next_transfer_id(&self) -> u64 {

@@ -71,6 +71,7 @@ impl LoopState {
     pub fn fail(&mut self, request_id: &str, message: &str) {
         if let Some(mut s) = self.sinks.remove(request_id) {
             s(&self.engine, EngineEvent::Failed(message.to_string()));
+            crate::outbox::flush();
         }
         self.engine.abort_request(request_id);
         self.last_token.remove(request_id);
@@ -123,6 +124,8 @@ impl LoopState {
                 self.sinks.remove(&id);
             }
         }
+        // Sinks that deferred their deliveries: handed over once for the whole step.
+        crate::outbox::flush();
     }
 
     /// Fails every request with a subscriber (see [`LoopState::fail`]).

@@ -18,6 +18,7 @@ pub mod kv;
 pub mod kv_events;
 pub mod metrics;
 pub mod models;
+pub mod outbox;
 pub mod process_metrics;
 pub mod redis;
 pub mod serve;
