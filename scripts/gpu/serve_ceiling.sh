@@ -4,7 +4,8 @@
 # `tandem bench engine` on the same requests (SmolLM2-135M shape, random weights, real tokenizer:
 # the metadata-only GGUF of scripts/gpu/gguf_metadata_only.py at .gpu/bin/smollm2-meta.gguf), and
 # `tandem up --device cuda` with its defaults driven by `tandem bench serve`; 256 and 1024
-# requests of 108 + 128 tokens, 256 in flight. Logs and JSON in $OUT/serve.
+# requests of 108 + 128 tokens, 256 in flight, each run with its own seed (no prefix-cache hits
+# between runs). Logs and JSON in $OUT/serve.
 set -u
 OUT="${OUT:-.gpu/out}"
 B=.gpu/tandem/tandem; M=.gpu/bin/smollm2-meta.gguf; o=$OUT/serve; mkdir -p $o; port=18000
@@ -18,9 +19,10 @@ $B up --device cuda --model $M --load-format dummy --port $port > $o/up.out 2> $
 pid=$!
 for _ in $(seq 1 900); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; kill -0 $pid 2>/dev/null || break; sleep 0.2; done
 grep -m1 "Tandem is serving" $o/up.log || tail -5 $o/up.log
-$B bench serve --base-url http://127.0.0.1:$port/v1 --model smollm2-meta --num-prompts 64 --concurrency 64 --input-len 108 --output-len 128 --ignore-eos --quiet --json $o/warm.json >/dev/null 2>&1
+$B bench serve --base-url http://127.0.0.1:$port/v1 --model smollm2-meta --seed 99 --num-prompts 64 --concurrency 64 --input-len 108 --output-len 128 --ignore-eos --quiet --json $o/warm.json >/dev/null 2>&1
 for n in 256 1024; do
-  $B bench serve --base-url http://127.0.0.1:$port/v1 --model smollm2-meta --num-prompts $n --concurrency 256 --input-len 108 --output-len 128 --ignore-eos --quiet --json $o/up-$n.json >/dev/null 2>&1; py $o/up-$n.json "tandem up (defaults) n=$n c=256:"
+  # A seed per run: no run finds another's prompts in the prefix cache.
+  $B bench serve --base-url http://127.0.0.1:$port/v1 --model smollm2-meta --seed $n --num-prompts $n --concurrency 256 --input-len 108 --output-len 128 --ignore-eos --quiet --json $o/up-$n.json >/dev/null 2>&1; py $o/up-$n.json "tandem up (defaults) n=$n c=256:"
 done
 kill -INT $pid; wait $pid 2>/dev/null
 tar czf $OUT/serve.tgz -C $OUT serve
