@@ -150,7 +150,8 @@ pub struct CudaBackend {
     gemm_attention: bool,
 }
 
-fn dev(e: CudaError) -> BackendError {
+/// A device error as the engine's backend error.
+pub(crate) fn dev(e: CudaError) -> BackendError {
     BackendError::Device(e.to_string())
 }
 

@@ -22,7 +22,7 @@ use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBacke
 use tandem_engine::model_files::config::ModelConfig;
 use tandem_engine::sampling::sampler::TokenLogprob;
 
-use crate::backend::{enable_peer_access, Collective};
+use crate::backend::{dev, enable_peer_access, Collective};
 use crate::device::{Dtype, Gpu};
 use crate::{CudaBackend, CudaBackendOptions, CudaError, DeviceWeights, WeightSource};
 use shard::{merge_pages, split_page, Shard};
@@ -90,10 +90,6 @@ pub struct TpBackend {
     num_blocks: usize,
     /// Whether small steps sum over peer memory (else NCCL throughout).
     peer: bool,
-}
-
-fn dev(e: CudaError) -> BackendError {
-    BackendError::Device(e.to_string())
 }
 
 impl TpBackend {
