@@ -23,7 +23,7 @@ mod collective;
 mod pages;
 mod sampling;
 
-pub(crate) use collective::{enable_peer_access, Collective};
+pub(crate) use collective::{enable_peer_access, Collective, PEER_MAX_WORLD};
 
 pub(crate) use sampling::sampling_args;
 
@@ -409,6 +409,21 @@ impl CudaBackend {
         }
         if bt_total > self.a.block_tables.len() {
             return bad(format!("block tables of {bt_total} entries exceed the device buffer"));
+        }
+        Ok(())
+    }
+
+    /// One sampling row per logits row of the batch.
+    pub(crate) fn check_sampling_rows(
+        b: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<(), BackendError> {
+        if rows.len() != b.logits_indices.len() {
+            return Err(BackendError::InvalidBatch(format!(
+                "{} sampling rows for {} logits rows",
+                rows.len(),
+                b.logits_indices.len()
+            )));
         }
         Ok(())
     }
@@ -812,7 +827,11 @@ impl CudaBackend {
     }
 
     /// Runs a pass and returns the logits of `b.logits_indices`.
-    fn run(&mut self, b: &ForwardBatch, num_layers: usize) -> Result<Vec<f32>, CudaError> {
+    pub(crate) fn run(
+        &mut self,
+        b: &ForwardBatch,
+        num_layers: usize,
+    ) -> Result<Vec<f32>, CudaError> {
         let vocab = self.cfg.vocab_size;
         let first = match self.pass(b, num_layers)? {
             Pass::Graph => {
@@ -977,13 +996,7 @@ impl ModelBackend for CudaBackend {
         masks: &mut dyn FnMut() -> Vec<Option<Vec<u32>>>,
     ) -> Result<Vec<TokenLogprob>, BackendError> {
         self.validate(b)?;
-        if rows.len() != b.logits_indices.len() {
-            return Err(BackendError::InvalidBatch(format!(
-                "{} sampling rows for {} logits rows",
-                rows.len(),
-                b.logits_indices.len()
-            )));
-        }
+        Self::check_sampling_rows(b, rows)?;
         self.run_sampled(b, rows, masks).map_err(dev)
     }
 

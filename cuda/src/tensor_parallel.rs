@@ -22,7 +22,7 @@ use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBacke
 use tandem_engine::model_files::config::ModelConfig;
 use tandem_engine::sampling::sampler::TokenLogprob;
 
-use crate::backend::{dev, enable_peer_access, Collective};
+use crate::backend::{dev, enable_peer_access, Collective, PEER_MAX_WORLD};
 use crate::device::{Dtype, Gpu};
 use crate::{CudaBackend, CudaBackendOptions, CudaError, DeviceWeights, WeightSource};
 use shard::{merge_pages, split_page, Shard};
@@ -38,6 +38,11 @@ enum Reply {
 }
 
 type Job = Box<dyn FnOnce(&mut CudaBackend) -> Result<Reply, CudaError> + Send>;
+
+/// The largest of rank 0's time `ms` and the followers' timed replies.
+fn slowest(ms: f64, replies: &[Reply]) -> f64 {
+    replies.iter().fold(ms, |m, r| if let Reply::Ms(x) = r { m.max(*x) } else { m })
+}
 
 /// A block operation of the backend (copy, swap out, swap in).
 type BlockOp = fn(&mut CudaBackend, &[(u32, u32)]) -> Result<(), BackendError>;
@@ -188,7 +193,10 @@ impl TpBackend {
     /// Sets up the all-reduce over peer memory for small steps, unless `TANDEM_TP_ALL_REDUCE`
     /// is `nccl` or some pair of GPUs cannot reach each other; whether it is on.
     fn peer_reduce(ranks: &mut [CudaBackend]) -> Result<bool, CudaError> {
-        if std::env::var("TANDEM_TP_ALL_REDUCE").is_ok_and(|v| v == "nccl") {
+        // The kernel keeps flag slots and partial pointers for at most PEER_MAX_WORLD ranks.
+        if std::env::var("TANDEM_TP_ALL_REDUCE").is_ok_and(|v| v == "nccl")
+            || ranks.len() > PEER_MAX_WORLD
+        {
             return Ok(false);
         }
         let ctxs: Vec<_> = ranks.iter().map(|b| b.gpu().ctx.clone()).collect();
@@ -226,26 +234,12 @@ impl TpBackend {
         let each =
             move |be: &mut CudaBackend| be.time_all_reduces(count, calls, reps).map(Reply::Ms);
         let (ms, replies) = self.together(each, |be| be.time_all_reduces(count, calls, reps))?;
-        let worst = replies.iter().fold(ms, |m, r| match r {
-            Reply::Ms(x) => m.max(*x),
-            _ => m,
-        });
-        Ok((ms, worst))
+        Ok((ms, slowest(ms, &replies)))
     }
 
     /// GPUs in the group.
     pub fn size(&self) -> usize {
         1 + self.followers.len()
-    }
-
-    /// Rank 0's device.
-    pub fn gpu(&self) -> &Gpu {
-        self.lead.gpu()
-    }
-
-    /// Bytes of weights on each GPU (rank 0's).
-    pub fn weight_bytes(&self) -> u64 {
-        self.lead.weight_bytes()
     }
 
     /// Wall time rank 0 spent capturing graphs, seconds.
@@ -326,11 +320,7 @@ impl TpBackend {
         let shared = Arc::new(b.clone());
         let each = move |be: &mut CudaBackend| be.replay_ms(&shared, reps).map(Reply::Ms);
         let (ms, replies) = self.together(each, |be| be.replay_ms(b, reps))?;
-        let worst = replies.iter().fold(ms, |m, r| match r {
-            Reply::Ms(x) => m.max(*x),
-            _ => m,
-        });
-        Ok((ms, worst))
+        Ok((ms, slowest(ms, &replies)))
     }
 
     /// Uses the tensor-core attention kernel where it applies, or not, on every rank.
@@ -341,19 +331,6 @@ impl TpBackend {
         };
         self.together(each, |be| {
             be.set_mma_attention(on);
-            Ok(())
-        })
-        .map(|_| ())
-    }
-
-    /// Turns decode-graph replay on or off on every rank.
-    pub fn set_graphs(&mut self, on: bool) -> Result<(), CudaError> {
-        let each = move |be: &mut CudaBackend| {
-            be.set_graphs(on);
-            Ok(Reply::Done)
-        };
-        self.together(each, |be| {
-            be.set_graphs(on);
             Ok(())
         })
         .map(|_| ())
@@ -406,12 +383,7 @@ impl ModelBackend for TpBackend {
     }
 
     fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
-        self.lead.validate(b)?;
-        let layers = self.cfg.num_layers;
-        self.pass(b, layers, false, |be| {
-            be.forward(b).map_err(|e| CudaError::Unsupported(e.to_string()))
-        })
-        .map_err(dev)
+        self.forward_layers(b, self.cfg.num_layers)
     }
 
     fn forward_layers(
@@ -419,12 +391,11 @@ impl ModelBackend for TpBackend {
         b: &ForwardBatch,
         num_layers: usize,
     ) -> Result<Vec<f32>, BackendError> {
+        // Everything that can refuse the batch is checked before any rank starts: a rank that
+        // stopped short of its all-reduces would leave the others waiting in them.
         self.lead.validate(b)?;
         let layers = num_layers.min(self.cfg.num_layers);
-        self.pass(b, layers, false, |be| {
-            be.forward_layers(b, layers).map_err(|e| CudaError::Unsupported(e.to_string()))
-        })
-        .map_err(dev)
+        self.pass(b, layers, false, |be| be.run(b, layers)).map_err(dev)
     }
 
     fn samples_on_device(&self) -> bool {
@@ -438,11 +409,9 @@ impl ModelBackend for TpBackend {
         masks: &mut dyn FnMut() -> Vec<Option<Vec<u32>>>,
     ) -> Result<Vec<TokenLogprob>, BackendError> {
         self.lead.validate(b)?;
+        CudaBackend::check_sampling_rows(b, rows)?;
         let layers = self.cfg.num_layers;
-        self.pass(b, layers, false, |be| {
-            be.forward_sampled(b, rows, masks).map_err(|e| CudaError::Unsupported(e.to_string()))
-        })
-        .map_err(dev)
+        self.pass(b, layers, false, |be| be.run_sampled(b, rows, masks)).map_err(dev)
     }
 
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {

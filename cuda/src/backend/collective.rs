@@ -21,8 +21,11 @@ use crate::CudaError;
 
 /// Most tokens of a step whose all-reduces go through peer memory (more go through NCCL).
 pub const PEER_ROWS: usize = 512;
-/// Most blocks of the peer all-reduce kernel (flag slots per rank: this × 8).
+/// Most blocks of the peer all-reduce kernel (flag slots per rank: this × PEER_MAX_WORLD).
 const PEER_BLOCKS: usize = 128;
+/// Most ranks the peer all-reduce kernel takes (`TP_MAX_WORLD` in kernels.cu); larger groups
+/// sum through NCCL.
+pub const PEER_MAX_WORLD: usize = 8;
 
 /// This rank's communicator in its tensor-parallel group.
 pub(crate) struct Collective {
@@ -71,7 +74,7 @@ impl PeerReduce {
             flag_table: None,
             capacity,
         };
-        let words = PEER_BLOCKS * 8;
+        let words = PEER_BLOCKS * PEER_MAX_WORLD;
         for (slot, bytes) in
             [(0usize, 4 * capacity), (1, 4 * capacity), (2, 4 * words), (3, 4 * PEER_BLOCKS)]
         {

@@ -12,7 +12,7 @@ use crate::CudaError;
 impl CudaBackend {
     /// Runs a full pass and chooses each logits row's token on the device; only the tokens and
     /// their log-probabilities are copied out.
-    pub(super) fn run_sampled(
+    pub(crate) fn run_sampled(
         &mut self,
         b: &ForwardBatch,
         rows: &[RowSampling],
