@@ -29,8 +29,8 @@ fn the_stub_streams_every_token_and_the_client_counts_them() {
     assert_eq!(v["config"]["model"], "stub");
     let tput = r["output_throughput"].as_f64().unwrap();
     assert!(tput > 0.0 && tput.is_finite(), "{r}");
-    // Every token was its own event: 47 gaps per request were timed.
-    assert!(r["itl"]["mean_ms"].as_f64().is_some(), "{r}");
+    // Each token was parsed as its own event, so inter-token gaps are reported.
+    assert!(r["itl"]["mean_ms"].as_f64().is_some_and(|m| m >= 0.0), "{r}");
 
     // The chat endpoint (multi-turn conversations grow by the stub's answers).
     let v = bench(&["--workload=multi-turn", "--num-prompts=8", "--turns=2", "--output-len=12"]);

@@ -1,6 +1,6 @@
 //! `tandem bench serve --stub`: the benchmark's own ceiling. A built-in OpenAI-style server on
-//! loopback that answers every request at once — `max_tokens` streamed chunks of one word each
-//! (or one JSON body), usage last, no model behind it — so what the client measures against it
+//! loopback that answers every (streamed) request at once — `max_tokens` chunks of one word each,
+//! usage last, no model behind it — so what the client measures against it
 //! is the most the client can measure: a figure from a real server near it says the client, not
 //! the server, was the limit.
 
@@ -37,15 +37,9 @@ async fn complete(chat: bool, body: Value) -> Response {
         as usize;
     let prompt_tokens = body["prompt"].as_array().map_or(1, Vec::len);
     if body["stream"].as_bool() != Some(true) {
-        let text = (0..n).map(|i| if i == 0 { "tok" } else { " tok" }).collect::<String>();
-        let choice = if chat {
-            json!({ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": "length" })
-        } else {
-            json!({ "index": 0, "text": text, "finish_reason": "length" })
-        };
-        return Json(json!({ "id": "stub", "object": "completion", "model": STUB_MODEL, "choices": [choice],
-            "usage": { "prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n } }))
-        .into_response();
+        // The benchmark always streams; the stub answers nothing else.
+        let err = json!({ "error": { "message": "the stub server only streams", "type": "invalid_request_error" } });
+        return (axum::http::StatusCode::BAD_REQUEST, Json(err)).into_response();
     }
     // Every chunk after the first is the same: shared bytes, not rebuilt per token.
     let (first, rest) = (Bytes::from(chunk(chat, 0)), Bytes::from(chunk(chat, 1)));
