@@ -391,9 +391,10 @@ mod quant_tests {
             let mut rng = crate::sampling::sampler::Rng::new(7);
             let x: Vec<f32> = (0..t * k).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
             let mut a = QActs::default();
-            // Both layouts: the two i8 levels and the plain AVX2 kernel's i16.
-            a.quantize_for(&x, t, k, QKernel::Avx2);
             for &kernel in &kernels {
+                // Each kernel's layouts (the two i8 levels, and the i16 ones of the plain AVX2
+                // kernel and of the AVX-512 batch tiles); the oracle reads the i8 levels.
+                a.quantize_for(&x, t, k, kernel);
                 let mut out = vec![0f32; t * n];
                 QuantLinear::new(Arc::new(w.clone()), kernel).forward_quantized(&a, &mut out);
                 for r in 0..n {

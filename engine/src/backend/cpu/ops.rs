@@ -197,10 +197,46 @@ pub fn log_sum_exp(x: &[f32]) -> f32 {
     log_sum_exp_body(x)
 }
 
-/// Softmax with [`exp_fast`], for the SIMD attention path.
+/// Softmax with [`exp_fast`], for the SIMD attention path: maximum and sum kept in 16
+/// independent lanes, so that inlined into a function with vector target features the loops
+/// vectorise (one serial sum kept them scalar: a third of a 512-token prefill's attention time
+/// went to a scalar `exp`).
 #[inline(always)]
 pub fn softmax_fast(x: &mut [f32]) {
-    softmax_with(x, exp_fast)
+    const L: usize = 16;
+    let body = x.len() / L * L;
+    let (head, tail) = x.split_at_mut(body);
+    let mut lanes = [f32::NEG_INFINITY; L];
+    for c in head.chunks_exact(L) {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v);
+        }
+    }
+    let m = lanes.iter().chain(tail.iter()).copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sums = [0f32; L];
+    for c in head.chunks_exact_mut(L) {
+        for (s, v) in sums.iter_mut().zip(c) {
+            *v = exp_fast(*v - m);
+            *s += *v;
+        }
+    }
+    let mut s = 0f32;
+    for v in tail.iter_mut() {
+        *v = exp_fast(*v - m);
+        s += *v;
+    }
+    // Lanes summed pairwise.
+    let mut w = L;
+    while w > 1 {
+        w /= 2;
+        for j in 0..w {
+            sums[j] += sums[j + w];
+        }
+    }
+    let inv = 1.0 / (s + sums[0]);
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
 }
 
 /// Log-softmax of a row of logits, in f64 for the normaliser.

@@ -23,6 +23,10 @@ use crate::model_files::dtype::GgmlType;
 /// Elements per quantisation block.
 pub const QK: usize = 32;
 
+/// Rows from which activations quantised for the AVX-512 kernel also carry
+/// [`QActs::q16_pair`] (its batch kernel); fewer rows take the two-level i8 tiles.
+pub const WIDE512_MIN_ROWS: usize = 4;
+
 /// Storage format of a quantised weight matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QFormat {
@@ -284,6 +288,16 @@ pub struct QActs {
     /// The combined `256·q₁ + q₂` as i16, each pair's 64 in the order the plain AVX2 kernel
     /// widens weight bytes to i16 (see [`wide_pos`]); empty unless quantised for that kernel.
     pub q16: Vec<i16>,
+    /// The combined `256·q₁ + q₂` as i16 in the Q8 pair order (as [`QActs::qs`]), for the
+    /// AVX-512 batch kernel; empty unless quantised for it (at least [`WIDE512_MIN_ROWS`] rows).
+    pub q16_pair: Vec<i16>,
+    /// With [`QActs::q16_pair`]: per pair `(0, 0, s₀, s₁)`, rows padded with zeros to a multiple
+    /// of four pairs (`t × ⌈npairs/4⌉·4 × 4`), so that a weight row's f16 `(d₀, d₁, m₀, m₁)` of
+    /// four pairs at a time multiply into the minimum terms.
+    pub s_pair: Vec<f32>,
+    /// With [`QActs::q16_pair`]: per pair `(d₀, d₀, d₁, d₁)`, the lanes of its products,
+    /// `t × npairs × 4`.
+    pub d_pair: Vec<f32>,
     /// Scales of the combined integer `256·q₁ + q₂`, i.e. `d/256`, `t × npairs × 2`.
     pub d: Vec<f32>,
     /// `d · Σq` per block, `t × npairs × 2`.
@@ -323,6 +337,15 @@ impl QActs {
         if kernel == QKernel::Avx2 {
             self.q16.resize(t * npairs * 64, 0);
         }
+        self.q16_pair.clear();
+        self.s_pair.clear();
+        self.d_pair.clear();
+        let wide512 = kernel == QKernel::Avx512Vnni && t >= WIDE512_MIN_ROWS;
+        if wide512 {
+            self.q16_pair.resize(t * npairs * 64, 0);
+            self.s_pair.resize(t * npairs.next_multiple_of(4) * 4, 0.0);
+            self.d_pair.resize(t * npairs * 4, 0.0);
+        }
         for v in [&mut self.d, &mut self.s, &mut self.s8] {
             v.clear();
             v.resize(t * npairs * 2, 0.0);
@@ -334,10 +357,18 @@ impl QActs {
         }
         let (d4, s4) =
             (super::pool::OutPtr(self.d4.as_mut_ptr()), super::pool::OutPtr(self.s4.as_mut_ptr()));
+        let s_pair = super::pool::OutPtr(self.s_pair.as_mut_ptr());
+        let d_pair = super::pool::OutPtr(self.d_pair.as_mut_ptr());
+        let np4 = npairs.next_multiple_of(4);
         let ptrs = RowPtrs {
             qs: self.qs.as_mut_ptr(),
             qs2: self.qs2.as_mut_ptr(),
             q16: if self.q16.is_empty() { std::ptr::null_mut() } else { self.q16.as_mut_ptr() },
+            q16_pair: if self.q16_pair.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                self.q16_pair.as_mut_ptr()
+            },
             d: self.d.as_mut_ptr(),
             s: self.s.as_mut_ptr(),
             s8: self.s8.as_mut_ptr(),
@@ -356,6 +387,12 @@ impl QActs {
                         let at = base + (j / 2) * 8 + j % 2;
                         *d4.get().add(at) = *row.d.add(j);
                         *s4.get().add(at) = *row.s.add(j);
+                        if wide512 {
+                            *s_pair.get().add((ti * np4 + j / 2) * 4 + 2 + j % 2) = *row.s.add(j);
+                            let at = (ti * npairs + j / 2) * 4 + 2 * (j % 2);
+                            *d_pair.get().add(at) = *row.d.add(j);
+                            *d_pair.get().add(at + 1) = *row.d.add(j);
+                        }
                     }
                 }
             }
@@ -370,6 +407,8 @@ struct RowPtrs {
     qs2: *mut i8,
     /// Null when the i16 layout is not wanted.
     q16: *mut i16,
+    /// Null when the pair-order i16 is not wanted.
+    q16_pair: *mut i16,
     d: *mut f32,
     s: *mut f32,
     s8: *mut f32,
@@ -384,6 +423,11 @@ impl RowPtrs {
             qs: self.qs.add(row * npairs * 64),
             qs2: self.qs2.add(row * npairs * 64),
             q16: if self.q16.is_null() { self.q16 } else { self.q16.add(row * npairs * 64) },
+            q16_pair: if self.q16_pair.is_null() {
+                self.q16_pair
+            } else {
+                self.q16_pair.add(row * npairs * 64)
+            },
             d: self.d.add(row * npairs * 2),
             s: self.s.add(row * npairs * 2),
             s8: self.s8.add(row * npairs * 2),
@@ -428,6 +472,11 @@ unsafe fn quantize_row_body(src: &[f32], npairs: usize, out: RowPtrs) {
             for j in 0..QK {
                 let at = p * 64 + wide_pos(q8_pos(b, j));
                 *out.q16.add(at) = (256.0 * q1[j] + q2[j]) as i16;
+            }
+        }
+        if !out.q16_pair.is_null() {
+            for j in 0..QK {
+                *out.q16_pair.add(p * 64 + q8_pos(b, j)) = (256.0 * q1[j] + q2[j]) as i16;
             }
         }
         d_out[p * 2 + b] = d / 256.0;
@@ -481,6 +530,18 @@ unsafe fn quantize_row_avx2(src: &[f32], _npairs: usize, out: RowPtrs) {
             );
             let wide = _mm256_fmadd_ps(q1, _mm256_set1_ps(256.0), q2);
             sum = _mm256_add_ps(sum, wide);
+            if !out.q16_pair.is_null() {
+                // Elements 8i..8i+4 and 8i+4..8i+8 are two groups of four consecutive i16.
+                let qi = _mm256_cvtps_epi32(wide);
+                let p16 =
+                    _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
+                let at = out.q16_pair.add(p * 64);
+                _mm_storel_epi64(at.add(q8_pos(b, 8 * i)) as *mut __m128i, p16);
+                _mm_storel_epi64(
+                    at.add(q8_pos(b, 8 * i + 4)) as *mut __m128i,
+                    _mm_unpackhi_epi64(p16, p16),
+                );
+            }
             if !out.q16.is_null() {
                 let qi = _mm256_cvtps_epi32(wide);
                 let p16 =
@@ -639,6 +700,7 @@ impl QKernel {
                 }
                 if is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
                 {
                     v.push(QKernel::Avx512Vnni);
@@ -705,7 +767,7 @@ mod tests {
 
     #[test]
     fn simd_quantisation_equals_the_portable_one() {
-        let (t, k) = (3, 160);
+        let (t, k) = (WIDE512_MIN_ROWS + 1, 160);
         let mut rng = crate::sampling::sampler::Rng::new(11);
         let x: Vec<f32> = (0..t * k)
             .map(|i| if i % 37 == 0 { 0.0 } else { (rng.next_f64() as f32 - 0.5) * 9.0 })
@@ -719,6 +781,9 @@ mod tests {
             qs: vec![0; a.qs.len()],
             qs2: vec![0; a.qs.len()],
             q16: vec![0; a.qs.len()],
+            q16_pair: vec![0; a.qs.len()],
+            s_pair: Vec::new(),
+            d_pair: Vec::new(),
             d: vec![0.0; a.d.len()],
             s: vec![0.0; a.d.len()],
             s8: vec![0.0; a.d.len()],
@@ -731,6 +796,7 @@ mod tests {
                 qs: b.qs.as_mut_ptr(),
                 qs2: b.qs2.as_mut_ptr(),
                 q16: b.q16.as_mut_ptr(),
+                q16_pair: b.q16_pair.as_mut_ptr(),
                 d: b.d.as_mut_ptr(),
                 s: b.s.as_mut_ptr(),
                 s8: b.s8.as_mut_ptr(),
@@ -743,6 +809,13 @@ mod tests {
         // q16 holds 256·q₁ + q₂ of each Q8-layout byte, at its wide position.
         for (j, (&q1, &q2)) in a.qs.iter().zip(&a.qs2).enumerate() {
             assert_eq!(a.q16[(j / 64) * 64 + wide_pos(j % 64)], 256 * q1 as i16 + q2 as i16);
+        }
+        // The AVX-512 batch layout: 256·q₁ + q₂ at each byte's own Q8 position.
+        let mut c = QActs::default();
+        c.quantize_for(&x, t, k, QKernel::Avx512Vnni);
+        assert_eq!(c.q16_pair, b.q16_pair);
+        for (j, (&q1, &q2)) in a.qs.iter().zip(&a.qs2).enumerate() {
+            assert_eq!(c.q16_pair[j], 256 * q1 as i16 + q2 as i16);
         }
         assert_eq!(a.d, b.d);
         for (u, v) in a.s.iter().zip(&b.s) {

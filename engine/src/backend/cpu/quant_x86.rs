@@ -37,6 +37,7 @@ pub unsafe fn matmul_rows(
             avx2_vnni::rows(w, a, rows, out)
         }
         QKernel::Avx512Vnni if a.coarse => rows_avx512::<false>(w, a, rows, out),
+        QKernel::Avx512Vnni if !a.q16_pair.is_empty() => wide512::rows(w, a, rows, out),
         QKernel::Avx512Vnni => rows_avx512::<true>(w, a, rows, out),
         QKernel::AvxVnni => avx2_vnni::rows(w, a, rows, out),
         _ => wide::rows(w, a, rows, out),
@@ -583,3 +584,4 @@ mod avx2_vnni {
 
 // After `drive_tiles!`, which it uses.
 mod wide;
+mod wide512;
