@@ -24,7 +24,7 @@ use crate::model_files::dtype::GgmlType;
 pub const QK: usize = 32;
 
 /// Rows from which activations quantised for the AVX-512 kernel also carry
-/// [`QActs::q16_pair`] (its batch kernel); fewer rows take the two-level i8 tiles.
+/// [`QActs::q16_quad`] (its batch kernel); fewer rows take the two-level i8 tiles.
 pub const WIDE512_MIN_ROWS: usize = 4;
 
 /// Storage format of a quantised weight matrix.
@@ -84,6 +84,13 @@ pub(super) fn q8_pos(b: usize, j: usize) -> usize {
 pub fn wide_pos(j: usize) -> usize {
     let (half, jj) = (j / 32, j % 32);
     half * 32 + (jj % 2) * 16 + jj / 2
+}
+
+/// Offset in [`QActs::q16_quad`], from a token's first value, of pair `p`'s Q8 position `m`
+/// (0..64): its eighth `m / 8` holds the quad's four tokens' eight values side by side.
+#[inline]
+pub fn quad_pos(p: usize, m: usize) -> usize {
+    (p * 8 + m / 8) * 32 + m % 8
 }
 
 /// Position of byte `j` (0..16) of block `b`'s nibbles within a 32-byte Q4 pair.
@@ -288,16 +295,18 @@ pub struct QActs {
     /// The combined `256·q₁ + q₂` as i16, each pair's 64 in the order the plain AVX2 kernel
     /// widens weight bytes to i16 (see [`wide_pos`]); empty unless quantised for that kernel.
     pub q16: Vec<i16>,
-    /// The combined `256·q₁ + q₂` as i16 in the Q8 pair order (as [`QActs::qs`]), for the
-    /// AVX-512 batch kernel; empty unless quantised for it (at least [`WIDE512_MIN_ROWS`] rows).
-    pub q16_pair: Vec<i16>,
-    /// With [`QActs::q16_pair`]: per pair `(0, 0, s₀, s₁)`, rows padded with zeros to a multiple
-    /// of four pairs (`t × ⌈npairs/4⌉·4 × 4`), so that a weight row's f16 `(d₀, d₁, m₀, m₁)` of
-    /// four pairs at a time multiply into the minimum terms.
-    pub s_pair: Vec<f32>,
-    /// With [`QActs::q16_pair`]: per pair `(d₀, d₀, d₁, d₁)`, the lanes of its products,
-    /// `t × npairs × 4`.
-    pub d_pair: Vec<f32>,
+    /// The combined `256·q₁ + q₂` as i16 for the AVX-512 batch kernel, four tokens side by
+    /// side: per quad of tokens (the last padded with zeros), pair and eighth of the pair (Q8
+    /// positions `8c..8c+8`), the four tokens' eight values, `⌈t/4⌉ × npairs × 8 × 32`
+    /// ([`quad_pos`]). Empty unless quantised for that kernel with at least
+    /// [`WIDE512_MIN_ROWS`] rows.
+    pub q16_quad: Vec<i16>,
+    /// With [`QActs::q16_quad`]: per quad and pair, each token's `(d₀, d₀, d₁, d₁)` (the lanes
+    /// of its products), `⌈t/4⌉ × npairs × 16`.
+    pub d_quad: Vec<f32>,
+    /// With [`QActs::q16_quad`]: per quad and pair, each token's `(s₀, s₀, s₁, s₁) / 2`,
+    /// against a row's minimums `(m₀, m₀, m₁, m₁)`.
+    pub s_quad: Vec<f32>,
     /// Scales of the combined integer `256·q₁ + q₂`, i.e. `d/256`, `t × npairs × 2`.
     pub d: Vec<f32>,
     /// `d · Σq` per block, `t × npairs × 2`.
@@ -337,37 +346,40 @@ impl QActs {
         if kernel == QKernel::Avx2 {
             self.q16.resize(t * npairs * 64, 0);
         }
-        self.q16_pair.clear();
-        self.s_pair.clear();
-        self.d_pair.clear();
+        let quads = t.div_ceil(4);
         let wide512 = kernel == QKernel::Avx512Vnni && t >= WIDE512_MIN_ROWS;
+        for (v, len) in [(&mut self.d_quad, 16), (&mut self.s_quad, 16)] {
+            v.clear();
+            if wide512 {
+                v.resize(quads * npairs * len, 0.0);
+            }
+        }
+        self.q16_quad.clear();
         if wide512 {
-            self.q16_pair.resize(t * npairs * 64, 0);
-            self.s_pair.resize(t * npairs.next_multiple_of(4) * 4, 0.0);
-            self.d_pair.resize(t * npairs * 4, 0.0);
+            self.q16_quad.resize(quads * npairs * 256, 0);
         }
         for v in [&mut self.d, &mut self.s, &mut self.s8] {
             v.clear();
             v.resize(t * npairs * 2, 0.0);
         }
-        let quads = t.div_ceil(4);
         for v in [&mut self.d4, &mut self.s4] {
             v.clear();
             v.resize(quads * npairs * 8, 0.0);
         }
         let (d4, s4) =
             (super::pool::OutPtr(self.d4.as_mut_ptr()), super::pool::OutPtr(self.s4.as_mut_ptr()));
-        let s_pair = super::pool::OutPtr(self.s_pair.as_mut_ptr());
-        let d_pair = super::pool::OutPtr(self.d_pair.as_mut_ptr());
-        let np4 = npairs.next_multiple_of(4);
+        let (d_quad, s_quad) = (
+            super::pool::OutPtr(self.d_quad.as_mut_ptr()),
+            super::pool::OutPtr(self.s_quad.as_mut_ptr()),
+        );
         let ptrs = RowPtrs {
             qs: self.qs.as_mut_ptr(),
             qs2: self.qs2.as_mut_ptr(),
             q16: if self.q16.is_empty() { std::ptr::null_mut() } else { self.q16.as_mut_ptr() },
-            q16_pair: if self.q16_pair.is_empty() {
+            q16_quad: if self.q16_quad.is_empty() {
                 std::ptr::null_mut()
             } else {
-                self.q16_pair.as_mut_ptr()
+                self.q16_quad.as_mut_ptr()
             },
             d: self.d.as_mut_ptr(),
             s: self.s.as_mut_ptr(),
@@ -388,10 +400,11 @@ impl QActs {
                         *d4.get().add(at) = *row.d.add(j);
                         *s4.get().add(at) = *row.s.add(j);
                         if wide512 {
-                            *s_pair.get().add((ti * np4 + j / 2) * 4 + 2 + j % 2) = *row.s.add(j);
-                            let at = (ti * npairs + j / 2) * 4 + 2 * (j % 2);
-                            *d_pair.get().add(at) = *row.d.add(j);
-                            *d_pair.get().add(at + 1) = *row.d.add(j);
+                            let at = (((ti / 4) * npairs + j / 2) * 4 + ti % 4) * 4 + 2 * (j % 2);
+                            for lane in at..at + 2 {
+                                *d_quad.get().add(lane) = *row.d.add(j);
+                                *s_quad.get().add(lane) = *row.s.add(j) * 0.5;
+                            }
                         }
                     }
                 }
@@ -407,8 +420,9 @@ struct RowPtrs {
     qs2: *mut i8,
     /// Null when the i16 layout is not wanted.
     q16: *mut i16,
-    /// Null when the pair-order i16 is not wanted.
-    q16_pair: *mut i16,
+    /// Null when the AVX-512 batch layout is not wanted; else (after [`RowPtrs::at`]) the
+    /// row's first value in [`QActs::q16_quad`], which [`quad_pos`] offsets.
+    q16_quad: *mut i16,
     d: *mut f32,
     s: *mut f32,
     s8: *mut f32,
@@ -423,10 +437,10 @@ impl RowPtrs {
             qs: self.qs.add(row * npairs * 64),
             qs2: self.qs2.add(row * npairs * 64),
             q16: if self.q16.is_null() { self.q16 } else { self.q16.add(row * npairs * 64) },
-            q16_pair: if self.q16_pair.is_null() {
-                self.q16_pair
+            q16_quad: if self.q16_quad.is_null() {
+                self.q16_quad
             } else {
-                self.q16_pair.add(row * npairs * 64)
+                self.q16_quad.add((row / 4) * npairs * 256 + (row % 4) * 8)
             },
             d: self.d.add(row * npairs * 2),
             s: self.s.add(row * npairs * 2),
@@ -474,9 +488,9 @@ unsafe fn quantize_row_body(src: &[f32], npairs: usize, out: RowPtrs) {
                 *out.q16.add(at) = (256.0 * q1[j] + q2[j]) as i16;
             }
         }
-        if !out.q16_pair.is_null() {
+        if !out.q16_quad.is_null() {
             for j in 0..QK {
-                *out.q16_pair.add(p * 64 + q8_pos(b, j)) = (256.0 * q1[j] + q2[j]) as i16;
+                *out.q16_quad.add(quad_pos(p, q8_pos(b, j))) = (256.0 * q1[j] + q2[j]) as i16;
             }
         }
         d_out[p * 2 + b] = d / 256.0;
@@ -530,15 +544,15 @@ unsafe fn quantize_row_avx2(src: &[f32], _npairs: usize, out: RowPtrs) {
             );
             let wide = _mm256_fmadd_ps(q1, _mm256_set1_ps(256.0), q2);
             sum = _mm256_add_ps(sum, wide);
-            if !out.q16_pair.is_null() {
+            if !out.q16_quad.is_null() {
                 // Elements 8i..8i+4 and 8i+4..8i+8 are two groups of four consecutive i16.
                 let qi = _mm256_cvtps_epi32(wide);
                 let p16 =
                     _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
-                let at = out.q16_pair.add(p * 64);
-                _mm_storel_epi64(at.add(q8_pos(b, 8 * i)) as *mut __m128i, p16);
+                let at = out.q16_quad;
+                _mm_storel_epi64(at.add(quad_pos(p, q8_pos(b, 8 * i))) as *mut __m128i, p16);
                 _mm_storel_epi64(
-                    at.add(q8_pos(b, 8 * i + 4)) as *mut __m128i,
+                    at.add(quad_pos(p, q8_pos(b, 8 * i + 4))) as *mut __m128i,
                     _mm_unpackhi_epi64(p16, p16),
                 );
             }
@@ -781,9 +795,9 @@ mod tests {
             qs: vec![0; a.qs.len()],
             qs2: vec![0; a.qs.len()],
             q16: vec![0; a.qs.len()],
-            q16_pair: vec![0; a.qs.len()],
-            s_pair: Vec::new(),
-            d_pair: Vec::new(),
+            q16_quad: vec![0; t.div_ceil(4) * npairs * 256],
+            d_quad: Vec::new(),
+            s_quad: Vec::new(),
             d: vec![0.0; a.d.len()],
             s: vec![0.0; a.d.len()],
             s8: vec![0.0; a.d.len()],
@@ -796,7 +810,7 @@ mod tests {
                 qs: b.qs.as_mut_ptr(),
                 qs2: b.qs2.as_mut_ptr(),
                 q16: b.q16.as_mut_ptr(),
-                q16_pair: b.q16_pair.as_mut_ptr(),
+                q16_quad: b.q16_quad.as_mut_ptr(),
                 d: b.d.as_mut_ptr(),
                 s: b.s.as_mut_ptr(),
                 s8: b.s8.as_mut_ptr(),
@@ -810,13 +824,18 @@ mod tests {
         for (j, (&q1, &q2)) in a.qs.iter().zip(&a.qs2).enumerate() {
             assert_eq!(a.q16[(j / 64) * 64 + wide_pos(j % 64)], 256 * q1 as i16 + q2 as i16);
         }
-        // The AVX-512 batch layout: 256·q₁ + q₂ at each byte's own Q8 position.
+        // The AVX-512 batch layout: 256·q₁ + q₂ of each token's Q8 position at its quad place,
+        // the padding of the last quad zero.
         let mut c = QActs::default();
         c.quantize_for(&x, t, k, QKernel::Avx512Vnni);
-        assert_eq!(c.q16_pair, b.q16_pair);
+        assert_eq!(c.q16_quad, b.q16_quad);
+        let mut want = vec![0i16; t.div_ceil(4) * npairs * 256];
         for (j, (&q1, &q2)) in a.qs.iter().zip(&a.qs2).enumerate() {
-            assert_eq!(c.q16_pair[j], 256 * q1 as i16 + q2 as i16);
+            let (ti, p, m) = (j / (npairs * 64), (j / 64) % npairs, j % 64);
+            want[(ti / 4) * npairs * 256 + (ti % 4) * 8 + quad_pos(p, m)] =
+                256 * q1 as i16 + q2 as i16;
         }
+        assert_eq!(c.q16_quad, want);
         assert_eq!(a.d, b.d);
         for (u, v) in a.s.iter().zip(&b.s) {
             assert!((u - v).abs() <= 1e-5 * (1.0 + v.abs()));

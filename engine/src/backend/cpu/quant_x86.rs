@@ -37,7 +37,7 @@ pub unsafe fn matmul_rows(
             avx2_vnni::rows(w, a, rows, out)
         }
         QKernel::Avx512Vnni if a.coarse => rows_avx512::<false>(w, a, rows, out),
-        QKernel::Avx512Vnni if !a.q16_pair.is_empty() => wide512::rows(w, a, rows, out),
+        QKernel::Avx512Vnni if !a.q16_quad.is_empty() => wide512::rows(w, a, rows, out),
         QKernel::Avx512Vnni => rows_avx512::<true>(w, a, rows, out),
         QKernel::AvxVnni => avx2_vnni::rows(w, a, rows, out),
         _ => wide::rows(w, a, rows, out),

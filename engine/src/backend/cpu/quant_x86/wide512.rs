@@ -1,169 +1,232 @@
 //! The AVX-512 batch kernel on i16 activations: the combined `256·q₁ + q₂` of each activation
-//! ([`QActs::q16_pair`], Q8 pair order) against weights widened to i16 once per pair and tile,
-//! dot products by `vpdpwssd`. The two-level i8 kernel spends two `vpdpbusd` and a shift per
-//! pair, row and token for the same integer sums; here two `vpdpwssd` give them exactly.
+//! against weights widened to i16, dot products by `vpdpwssd`, four tokens per instruction.
 //!
-//! Lanes. `vpmovzxbw` widens 32 weight bytes in order, so a 32-bit lane `k` holds bytes `2k`
-//! and `2k + 1` of a four-byte group of one block: lanes go `(b₀, b₀, b₁, b₁)` in every 128
-//! bits, and a pair's scales are broadcast as `(d₀, d₀, d₁, d₁)`.
+//! Layout. A 512-bit register holds one eighth of a pair (eight values) for four tokens, one
+//! token per 128 bits ([`QActs::q16_quad`]); the row's same eight weights are broadcast to all
+//! four. So the eight `vpdpwssd` of a pair accumulate into one register of (token, block)
+//! lanes — 32-bit lanes `(b₀, b₀, b₁, b₁)` in each token's 128 bits, as the eight values are two
+//! four-byte groups of the Q8 pair order — and a pair's scales are applied once for the four
+//! tokens: one conversion, one multiply and two FMAs per pair, row and quad, where the
+//! two-level i8 tiles spend a shift, a conversion, a multiply and two FMAs per pair, row and
+//! token besides two `vpdpbusd`.
 //!
-//! Minimum terms (`Σ m_w·s_a` per pair) are not added per pair: before the pair loop, each
-//! row's `(d₀, d₁, m₀, m₁)` of four pairs at a time meet the token's `(0, 0, s₀, s₁)`
-//! ([`QActs::s_pair`]), one FMA per four pairs instead of one per pair.
+//! Weights are widened once per row group and token block into a per-thread scratch
+//! (`(d₀, d₀, d₁, d₁)`, `(m₀, m₀, m₁, m₁)` and the pair's 64 values as i16), from which each
+//! eighth is broadcast.
 
 use super::*;
 
-/// Rows `rows` of `out = a · wᵀ` for batches (`a.t ≥ 2`); `a` must carry [`QActs::q16_pair`].
+/// Rows per tile.
+const RT: usize = 4;
+
+/// Quads of tokens per tile.
+const QT: usize = 3;
+
+/// Bytes of one widened pair in the scratch: scales, minimums, 64 values.
+const SCRATCH_PAIR: usize = 16 + 16 + 128;
+
+/// A widened pair in the scratch.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct WidePair {
+    dw: [f32; 4],
+    mw: [f32; 4],
+    q: [i16; 64],
+}
+
+const _: () = assert!(size_of::<WidePair>() == SCRATCH_PAIR);
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<WidePair>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Activation bytes a block of tokens should stay within (part of a 1-2 MiB L2). Measured on
+/// the 2-core Zen 5 (t = 512; Q4_1 1536×576 / Q5_1 576×1536): 24 KiB blocks 218 / 229 GMAC/s,
+/// 160 KiB 261 / 268, 400 KiB 262 / 284, all tokens at once (2 MB) 263 / 227.
+const L2_ACTS: usize = 384 * 1024;
+
+/// Activation bytes of a quad of tokens per pair: values, scales, sums.
+const QUAD_PAIR_BYTES: usize = 256 * 2 + 16 * 4 * 2;
+
+/// Rows `rows` of `out = a · wᵀ` for batches; `a` must carry [`QActs::q16_quad`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
-    assert_eq!(a.q16_pair.len(), a.qs.len(), "activations quantised without the pair-order i16");
-    // Three rows × four tokens keep twelve accumulators, six widened weight vectors and three
-    // scale vectors in registers; tokens go in blocks whose activations stay in L1.
-    for tb in token_blocks(a.t, a.npairs * (64 * 2 + 2 * 2 * 4)) {
-        let mut r = rows.start;
-        while r < rows.end {
-            let rt = (rows.end - r).min(3);
-            let mut t0 = tb.start;
-            while t0 < tb.end {
-                let nt = (tb.end - t0).min(NT);
-                match (rt, nt) {
-                    (3, 4) => tile::<3, 4>(w, r, a, t0, out),
-                    (3, 3) => tile::<3, 3>(w, r, a, t0, out),
-                    (3, 2) => tile::<3, 2>(w, r, a, t0, out),
-                    (3, _) => tile::<3, 1>(w, r, a, t0, out),
-                    (2, 4) => tile::<2, 4>(w, r, a, t0, out),
-                    (2, 3) => tile::<2, 3>(w, r, a, t0, out),
-                    (2, 2) => tile::<2, 2>(w, r, a, t0, out),
-                    (2, _) => tile::<2, 1>(w, r, a, t0, out),
-                    (_, 4) => tile::<1, 4>(w, r, a, t0, out),
-                    (_, 3) => tile::<1, 3>(w, r, a, t0, out),
-                    (_, 2) => tile::<1, 2>(w, r, a, t0, out),
-                    _ => tile::<1, 1>(w, r, a, t0, out),
+    let np = w.npairs;
+    let quads = a.t.div_ceil(4);
+    assert_eq!(a.q16_quad.len(), quads * np * 256, "activations quantised without the quad layout");
+    SCRATCH.with(|cell| {
+        let mut scratch = cell.borrow_mut();
+        let zero = WidePair { dw: [0.0; 4], mw: [0.0; 4], q: [0; 64] };
+        scratch.resize(RT * np, zero);
+        // Quads in blocks of whole tiles whose activations stay in L2 while the row groups go
+        // by: each row group is widened once per block, so blocks are long.
+        let block = (L2_ACTS / (np * QUAD_PAIR_BYTES) / QT * QT).max(QT);
+        let mut q0 = 0;
+        while q0 < quads {
+            let q1 = (q0 + block).min(quads);
+            let mut r = rows.start;
+            while r < rows.end {
+                let rt = (rows.end - r).min(RT);
+                for i in 0..rt {
+                    widen_row(w, r + i, &mut scratch[i * np..(i + 1) * np]);
                 }
-                t0 += nt;
+                let sc = scratch.as_ptr();
+                let mut q = q0;
+                while q < q1 {
+                    let nq = (q1 - q).min(QT);
+                    match (rt, nq) {
+                        (4, 3) => tile::<4, 3>(w, sc, r, a, q, out),
+                        (4, 2) => tile::<4, 2>(w, sc, r, a, q, out),
+                        (4, _) => tile::<4, 1>(w, sc, r, a, q, out),
+                        (3, 3) => tile::<3, 3>(w, sc, r, a, q, out),
+                        (3, 2) => tile::<3, 2>(w, sc, r, a, q, out),
+                        (3, _) => tile::<3, 1>(w, sc, r, a, q, out),
+                        (2, 3) => tile::<2, 3>(w, sc, r, a, q, out),
+                        (2, 2) => tile::<2, 2>(w, sc, r, a, q, out),
+                        (2, _) => tile::<2, 1>(w, sc, r, a, q, out),
+                        (_, 3) => tile::<1, 3>(w, sc, r, a, q, out),
+                        (_, 2) => tile::<1, 2>(w, sc, r, a, q, out),
+                        (_, _) => tile::<1, 1>(w, sc, r, a, q, out),
+                    }
+                    q += nq;
+                }
+                r += rt;
             }
-            r += rt;
+            q0 = q1;
         }
-    }
+    })
 }
 
-/// A pair's 64 weights as unsigned i16 in the Q8 pair order: elements 0..16 of both blocks,
-/// then 16..32 (Q4 nibbles split, Q5 with their high bits added, Q8 as stored `q + 128`).
+/// Row `r`'s pairs widened into `dst`: unsigned i16 in the Q8 pair order (Q4 nibbles split, Q5
+/// with their high bits added, Q8 as stored `q + 128`), scales and minimums in their lanes.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2")]
-unsafe fn widen(w: &QMatrix, row_base: *const u8, p: usize) -> [__m512i; 2] {
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
+    let np = w.npairs;
     let pb = w.format.pair_bytes();
-    let at = row_base.add(p * pb);
-    match w.format {
-        QFormat::Q4_1 | QFormat::Q5 => {
-            let v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(at as *const __m256i));
-            let lo = _mm512_and_si512(v, _mm512_set1_epi16(0x0F));
-            let hi = _mm512_srli_epi16(v, 4);
-            if w.format == QFormat::Q4_1 {
-                return [lo, hi];
+    let row = w.qs.as_ptr().add(r * np * pb);
+    for (p, d) in dst.iter_mut().enumerate() {
+        let at = row.add(p * pb);
+        let (lo, hi) = match w.format {
+            QFormat::Q4_1 | QFormat::Q5 => {
+                let v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(at as *const __m256i));
+                let lo = _mm512_and_si512(v, _mm512_set1_epi16(0x0F));
+                let hi = _mm512_srli_epi16(v, 4);
+                if w.format == QFormat::Q4_1 {
+                    (lo, hi)
+                } else {
+                    let high = std::ptr::read_unaligned(at.add(32) as *const u64);
+                    let sixteen = _mm512_set1_epi16(16);
+                    (
+                        _mm512_mask_add_epi16(lo, high as u32, lo, sixteen),
+                        _mm512_mask_add_epi16(hi, (high >> 32) as u32, hi, sixteen),
+                    )
+                }
             }
-            let high = std::ptr::read_unaligned(at.add(32) as *const u64);
-            let sixteen = _mm512_set1_epi16(16);
-            [
-                _mm512_mask_add_epi16(lo, high as u32, lo, sixteen),
-                _mm512_mask_add_epi16(hi, (high >> 32) as u32, hi, sixteen),
-            ]
-        }
-        QFormat::Q8_0 => [
-            _mm512_cvtepu8_epi16(_mm256_loadu_si256(at as *const __m256i)),
-            _mm512_cvtepu8_epi16(_mm256_loadu_si256(at.add(32) as *const __m256i)),
-        ],
+            QFormat::Q8_0 => (
+                _mm512_cvtepu8_epi16(_mm256_loadu_si256(at as *const __m256i)),
+                _mm512_cvtepu8_epi16(_mm256_loadu_si256(at.add(32) as *const __m256i)),
+            ),
+        };
+        _mm512_storeu_si512(d.q.as_mut_ptr() as *mut _, lo);
+        _mm512_storeu_si512(d.q.as_mut_ptr().add(32) as *mut _, hi);
+        // (d₀, d₁, m₀, m₁) → (d₀, d₀, d₁, d₁) and (m₀, m₀, m₁, m₁).
+        let dm = pair_dm(w, r, p);
+        _mm_storeu_ps(d.dw.as_mut_ptr(), _mm_unpacklo_ps(dm, dm));
+        _mm_storeu_ps(d.mw.as_mut_ptr(), _mm_unpackhi_ps(dm, dm));
     }
 }
 
-/// `(x₀, x₁)` as `(x₀, x₀, x₁, x₁)` in every 128 bits.
+/// `acc + w·x` on i16 pairs (`vpdpwssd`), written out: the intrinsic is compiled as `vpmaddwd`
+/// and `vpaddd` without a tuned target CPU, one instruction more per eighth of a pair.
 #[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn pair_lanes(x: __m128) -> __m512 {
-    _mm512_broadcast_f32x4(_mm_unpacklo_ps(x, x))
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dpwssd(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+    let mut acc = acc;
+    std::arch::asm!(
+        "vpdpwssd {0}, {1}, {2}",
+        inout(zmm_reg) acc,
+        in(zmm_reg) w,
+        in(zmm_reg) x,
+        options(pure, nomem, nostack),
+    );
+    acc
 }
 
-/// RT rows × T tokens.
-// Rows and tokens index several register arrays at once.
+/// RT rows (widened in `sc`, row `i` at `sc[i·npairs..]`) × Q quads of tokens from quad `q0`.
+// Rows and quads index several register arrays at once.
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile<const RT: usize, const T: usize>(
+unsafe fn tile<const R: usize, const Q: usize>(
     w: &QMatrix,
+    sc: *const WidePair,
     r0: usize,
     a: &QActs,
-    t0: usize,
+    q0: usize,
     out: *mut f32,
 ) {
     let np = w.npairs;
-    let pb = w.format.pair_bytes();
-    let mut acc = min_terms::<RT, T>(w, r0, a, t0);
+    let mut acc = [[_mm512_setzero_ps(); Q]; R];
     for p in 0..np {
-        let mut wv = [[_mm512_setzero_si512(); 2]; RT];
-        let mut dw = [_mm512_setzero_ps(); RT];
-        for i in 0..RT {
-            let r = r0 + i;
-            prefetch_pair(w, r + RT, p);
-            wv[i] = widen(w, w.qs.as_ptr().add(r * np * pb), p);
-            dw[i] = pair_lanes(pair_dm(w, r, p));
+        let x = |q: usize, c: usize| a.q16_quad.as_ptr().add((((q0 + q) * np + p) * 8 + c) * 32);
+        let mut isum = [[_mm512_setzero_si512(); Q]; R];
+        for c in 0..8 {
+            let mut xv = [_mm512_setzero_si512(); Q];
+            for q in 0..Q {
+                xv[q] = _mm512_loadu_si512(x(q, c) as *const _);
+            }
+            for i in 0..R {
+                let wq = (*sc.add(i * np + p)).q.as_ptr().add(c * 8);
+                let wb = _mm512_broadcast_i32x4(_mm_loadu_si128(wq as *const __m128i));
+                for q in 0..Q {
+                    isum[i][q] = if c == 0 {
+                        _mm512_madd_epi16(wb, xv[q])
+                    } else {
+                        dpwssd(isum[i][q], wb, xv[q])
+                    };
+                }
+            }
         }
-        for t in 0..T {
-            let at = (t0 + t) * np + p;
-            let x = a.q16_pair.as_ptr().add(at * 64);
-            let (xlo, xhi) =
-                (_mm512_loadu_si512(x as *const _), _mm512_loadu_si512(x.add(32) as *const _));
-            let da = _mm512_broadcast_f32x4(_mm_loadu_ps(a.d_pair.as_ptr().add(at * 4)));
-            for i in 0..RT {
-                // Written out: the intrinsic is compiled as `vpmaddwd` + `vpaddd` (one
-                // instruction more per pair, row and token) without a tuned target CPU.
-                let mut isum = _mm512_madd_epi16(wv[i][0], xlo);
-                std::arch::asm!(
-                    "vpdpwssd {0}, {1}, {2}",
-                    inout(zmm_reg) isum,
-                    in(zmm_reg) wv[i][1],
-                    in(zmm_reg) xhi,
-                    options(pure, nomem, nostack),
+        let mut da = [_mm512_setzero_ps(); Q];
+        let mut sa = [_mm512_setzero_ps(); Q];
+        for q in 0..Q {
+            let at = ((q0 + q) * np + p) * 16;
+            da[q] = _mm512_loadu_ps(a.d_quad.as_ptr().add(at));
+            sa[q] = _mm512_loadu_ps(a.s_quad.as_ptr().add(at));
+        }
+        for i in 0..R {
+            let pair = &*sc.add(i * np + p);
+            let dw = _mm512_broadcast_f32x4(_mm_loadu_ps(pair.dw.as_ptr()));
+            let mw = _mm512_broadcast_f32x4(_mm_loadu_ps(pair.mw.as_ptr()));
+            for q in 0..Q {
+                let v = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(isum[i][q]),
+                    _mm512_mul_ps(dw, da[q]),
+                    acc[i][q],
                 );
-                acc[i][t] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw[i], da), acc[i][t]);
+                acc[i][q] = _mm512_fmadd_ps(mw, sa[q], v);
             }
         }
     }
-    for i in 0..RT {
-        for t in 0..T {
-            *out.add((t0 + t) * w.n + r0 + i) = _mm512_reduce_add_ps(acc[i][t]);
-        }
-    }
-}
-
-/// The tile's minimum terms, the accumulators' starting values: each row's `(d₀, d₁, m₀, m₁)`
-/// of four pairs at a time against the token's [`QActs::s_pair`] `(0, 0, s₀, s₁)`.
-#[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn min_terms<const RT: usize, const T: usize>(
-    w: &QMatrix,
-    r0: usize,
-    a: &QActs,
-    t0: usize,
-) -> [[__m512; T]; RT] {
-    let np = w.npairs;
-    let np4 = np.next_multiple_of(4);
-    let mut acc = [[_mm512_setzero_ps(); T]; RT];
-    for p in (0..np).step_by(4) {
-        // The last row's f16 scales end the matrix: masked, not read past.
-        let lanes = ((1u32 << (4 * (np - p).min(4))) - 1) as u16;
-        let mut wm = [_mm512_setzero_ps(); RT];
-        for i in 0..RT {
-            let at = w.dm.as_ptr().add(((r0 + i) * np + p) * 4);
-            wm[i] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, at as *const i16));
-        }
-        for t in 0..T {
-            let sv = _mm512_loadu_ps(a.s_pair.as_ptr().add(((t0 + t) * np4 + p) * 4));
-            for i in 0..RT {
-                acc[i][t] = _mm512_fmadd_ps(wm[i], sv, acc[i][t]);
+    // Each token's 128 bits summed; the last quad's padding is not written.
+    for i in 0..R {
+        for q in 0..Q {
+            let v = acc[i][q];
+            let parts = [
+                _mm512_castps512_ps128(v),
+                _mm512_extractf32x4_ps(v, 1),
+                _mm512_extractf32x4_ps(v, 2),
+                _mm512_extractf32x4_ps(v, 3),
+            ];
+            let sums =
+                _mm_hadd_ps(_mm_hadd_ps(parts[0], parts[1]), _mm_hadd_ps(parts[2], parts[3]));
+            let mut four = [0f32; 4];
+            _mm_storeu_ps(four.as_mut_ptr(), sums);
+            let t0 = (q0 + q) * 4;
+            for (j, &v) in four.iter().enumerate().take(a.t.saturating_sub(t0)) {
+                *out.add((t0 + j) * w.n + r0 + i) = v;
             }
         }
     }
-    acc
 }
