@@ -68,6 +68,7 @@ pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, 
             while r < rows.end {
                 let rt = (rows.end - r).min(RT);
                 for i in 0..rt {
+                    prefetch_row(w, r + RT + i);
                     widen_row(w, r + i, &mut scratch[i * np..(i + 1) * np]);
                 }
                 let sc = scratch.as_ptr();
@@ -95,6 +96,24 @@ pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, 
             q0 = q1;
         }
     })
+}
+
+/// Asks for row `r`'s weights and scales ahead of their widening: while one row group's tiles
+/// run, the next group's bytes arrive (a decode step's LM head streams its weights from memory:
+/// Gemma 3's 262,144 × 640 Q8_0 head at 32 tokens, 2-core Zen 5, 185 -> 262 GMAC/s). A row past
+/// the matrix's end is harmless: a prefetch never faults.
+#[inline]
+#[target_feature(enable = "sse")]
+unsafe fn prefetch_row(w: &QMatrix, r: usize) {
+    let bytes = w.npairs * w.format.pair_bytes();
+    let row = w.qs.as_ptr().wrapping_add(r * bytes);
+    for off in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(off) as *const i8);
+    }
+    let dm = w.dm.as_ptr().wrapping_add(r * w.npairs * 4) as *const u8;
+    for off in (0..w.npairs * 8).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(dm.wrapping_add(off) as *const i8);
+    }
 }
 
 /// Row `r`'s pairs widened into `dst`: unsigned i16 in the Q8 pair order (Q4 nibbles split, Q5
