@@ -109,13 +109,19 @@ pub fn top_k(lp: &[f32], k: usize) -> Vec<TokenLogprob> {
 
 /// Index of the largest value (the first one on ties): greedy decoding.
 pub fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
+    // Chunks of 64: a chunk's maximum over independent lanes (vectorised), and a scan for its
+    // first index only when it beats the best so far, so the serial chain is one compare per
+    // chunk (a 262k-entry vocabulary row per token is otherwise a long dependent loop).
+    // As a scan with `v > x[best]` from index 0: NaNs never win, a NaN first entry stays.
+    let mut best = (0usize, x.first().copied().unwrap_or(f32::NAN));
+    for (ci, c) in x.chunks(64).enumerate() {
+        let m = crate::backend::cpu::ops::max_lanes(c);
+        if m > best.1 {
+            let i = c.iter().position(|&v| v == m).expect("the chunk holds its maximum");
+            best = (ci * 64 + i, m);
         }
     }
-    best as u32
+    best.0 as u32
 }
 
 /// The uniform draw in (0, 1) of vocabulary entry `i` under `seed`: a SplitMix64 finaliser of
@@ -349,6 +355,33 @@ mod tests {
 
     fn ctx<'a>(prompt: &'a [u32], output: &'a [u32]) -> SamplingContext<'a> {
         SamplingContext { prompt, output, eos_token_ids: &[0] }
+    }
+
+    #[test]
+    fn argmax_is_the_first_largest_entry() {
+        let scan = |x: &[f32]| {
+            let mut best = 0;
+            for (i, &v) in x.iter().enumerate() {
+                if v > x[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        };
+        let mut rng = Rng::new(3);
+        for len in [0, 1, 5, 63, 64, 65, 200, 1000] {
+            // Few distinct values: ties across chunks and lanes.
+            let mut x: Vec<f32> = (0..len).map(|_| (rng.next_f64() * 6.0).floor() as f32).collect();
+            assert_eq!(argmax(&x), scan(&x), "{x:?}");
+            if len > 70 {
+                x[len / 2] = f32::NAN;
+                x[3] = f32::INFINITY;
+                assert_eq!(argmax(&x), scan(&x));
+                x[0] = f32::NAN;
+                assert_eq!(argmax(&x), 0);
+            }
+        }
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 100]), 0);
     }
 
     #[test]

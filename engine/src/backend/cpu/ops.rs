@@ -144,7 +144,8 @@ pub fn softmax(x: &mut [f32]) {
 }
 
 /// `e^x` by range reduction (`x = n·ln2 + r`) and a degree-6 polynomial; relative error below
-/// 5e-7. Branch-free so the compiler vectorises loops of it.
+/// 5e-7. Branch-free and without float-to-int conversions, so the compiler vectorises loops of
+/// it.
 #[inline(always)]
 pub fn exp_fast(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);
@@ -155,26 +156,50 @@ pub fn exp_fast(x: f32) -> f32 {
         + r * (1.0
             + r * (0.5
                 + r * (0.166_666_67 + r * (0.041_666_83 + r * (0.008_333_36 + r * 0.001_388_9)))));
-    f32::from_bits(((n as i32 + 127) as u32) << 23) * p
+    // 2ⁿ from the bits of `n + 127 + 2²³` (exact: n + 127 is an integer in 1..=254), not from
+    // `n as i32`, whose saturating conversion does not vectorise.
+    let biased = (n + (127.0 + 8_388_608.0)).to_bits() - 0x4B00_0000;
+    f32::from_bits(biased << 23) * p
+}
+
+/// The largest of `x` (NaNs ignored; `-inf` when empty), over 16 independent lanes so the loop
+/// vectorises (one running maximum is a serial chain: a 262k-entry vocabulary row took longer
+/// than its exponentials).
+#[inline(always)]
+pub fn max_lanes(x: &[f32]) -> f32 {
+    const L: usize = 16;
+    let chunks = x.chunks_exact(L);
+    let rest = chunks.remainder();
+    let mut lanes = [f32::NEG_INFINITY; L];
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v);
+        }
+    }
+    lanes.iter().chain(rest).copied().fold(f32::NEG_INFINITY, f32::max)
 }
 
 #[inline(always)]
 fn log_sum_exp_body(x: &[f32]) -> f32 {
-    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let m = max_lanes(x);
     if m == f32::NEG_INFINITY {
         return m;
     }
-    let mut acc = [0f64; 8];
-    let chunks = x.chunks_exact(8);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for j in 0..8 {
-            acc[j] += exp_fast(c[j] - m) as f64;
+    // Terms are at most 1: 16 f32 lanes sum 64 of them each per block of 1024 (relative error
+    // ~2⁻¹⁸), blocks add in f64.
+    const L: usize = 16;
+    let mut s = 0f64;
+    for block in x.chunks(1024) {
+        let chunks = block.chunks_exact(L);
+        let rest = chunks.remainder();
+        let mut acc = [0f32; L];
+        for c in chunks {
+            for (a, &v) in acc.iter_mut().zip(c) {
+                *a += exp_fast(v - m);
+            }
         }
-    }
-    let mut s: f64 = acc.iter().sum();
-    for &v in rest {
-        s += exp_fast(v - m) as f64;
+        s += acc.iter().map(|&a| a as f64).sum::<f64>();
+        s += rest.iter().map(|&v| exp_fast(v - m) as f64).sum::<f64>();
     }
     (m as f64 + s.ln()) as f32
 }
@@ -204,15 +229,9 @@ pub fn log_sum_exp(x: &[f32]) -> f32 {
 #[inline(always)]
 pub fn softmax_fast(x: &mut [f32]) {
     const L: usize = 16;
+    let m = max_lanes(x);
     let body = x.len() / L * L;
     let (head, tail) = x.split_at_mut(body);
-    let mut lanes = [f32::NEG_INFINITY; L];
-    for c in head.chunks_exact(L) {
-        for (m, &v) in lanes.iter_mut().zip(c) {
-            *m = m.max(v);
-        }
-    }
-    let m = lanes.iter().chain(tail.iter()).copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sums = [0f32; L];
     for c in head.chunks_exact_mut(L) {
         for (s, v) in sums.iter_mut().zip(c) {
