@@ -63,8 +63,8 @@ fn out_of_line_intrinsics(disassembly: &str) -> Vec<(String, String)> {
     found
 }
 
-#[test]
-fn no_intrinsic_is_called_out_of_line() {
+/// This test executable, disassembled.
+fn disassembly() -> (std::path::PathBuf, String) {
     link_every_kernel();
     let exe = std::env::current_exe().expect("test executable");
     let out = Command::new("objdump")
@@ -73,7 +73,40 @@ fn no_intrinsic_is_called_out_of_line() {
         .output()
         .expect("objdump (binutils) is needed for this check: apt-get install binutils");
     assert!(out.status.success(), "objdump failed: {}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
+    (exe, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The instructions of every function whose name contains `name`.
+fn instructions_of<'a>(disassembly: &'a str, name: &str) -> Vec<&'a str> {
+    let mut inside = false;
+    let mut found = Vec::new();
+    for line in disassembly.lines() {
+        if line.ends_with(">:") {
+            inside = line.contains(name);
+        } else if inside {
+            found.push(line);
+        }
+    }
+    found
+}
+
+/// The AVX-512 batch kernel's design rests on one `vpdpwssd` per eighth of a pair, row and
+/// four tokens (`quant_x86/wide512.rs`): the intrinsic alone is compiled as `vpmaddwd` +
+/// `vpaddd` without a tuned target CPU, so the kernel writes the instruction out. This checks
+/// that the compiled kernel accumulates on 512-bit `vpdpwssd`.
+#[test]
+fn the_avx512_batch_kernel_accumulates_with_vpdpwssd() {
+    let (_, text) = disassembly();
+    let body = instructions_of(&text, "quant_x86::wide512::rows");
+    assert!(!body.is_empty(), "the AVX-512 batch kernel is not in the executable");
+    let dots = body.iter().filter(|l| l.contains("vpdpwssd") && l.contains("%zmm")).count();
+    // Seven per tile variant and row: the first eighth of a pair is a `vpmaddwd`.
+    assert!(dots >= 7, "{dots} vpdpwssd on zmm in the AVX-512 batch kernel");
+}
+
+#[test]
+fn no_intrinsic_is_called_out_of_line() {
+    let (exe, text) = disassembly();
     // The check must see the kernels, or it proves nothing.
     assert!(
         text.contains("tandem_engine::backend::cpu::quant_x86"),
