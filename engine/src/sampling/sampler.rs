@@ -250,7 +250,7 @@ pub fn filtered_distribution(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f6
 /// Unnormalised weights of the tokens surviving the filters, largest first when filtered.
 fn filtered_weights(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
     let inv_t = 1.0 / p.temperature as f64;
-    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let m = crate::backend::cpu::ops::max_lanes(logits) as f64;
     let mut cand: Vec<(u32, f64)> = logits
         .iter()
         .enumerate()

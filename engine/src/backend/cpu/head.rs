@@ -17,7 +17,7 @@
 
 use super::linear::matmul_rows;
 use super::pool::{OutPtr, ThreadPool};
-use super::quant::{q8_pos, wide_pos, QActs, QKernel, QMatrix, WIDE512_MIN_ROWS};
+use super::quant::{q8_pos, takes_quad_layout, wide_pos, QActs, QKernel, QMatrix};
 
 /// Rows from which an LM head takes two passes (smaller heads cost little either way).
 pub const TWO_PASS_MIN_ROWS: usize = 16_384;
@@ -27,21 +27,19 @@ pub const REFINE_MARGIN: f32 = 8.0;
 
 /// Whether a head of `n` rows, `t` logits rows, runs in two passes on `kernel`: only where the
 /// first level alone is cheaper (the i8 VNNI tiles skip the second level's `vpdpbusd`; the
-/// i16 activations of the plain-AVX2 kernel and of the AVX-512 batch kernel from
-/// [`WIDE512_MIN_ROWS`] rows cost the same either way, and the latter outruns the first level
+/// i16 activations of the plain-AVX2 kernel and of the AVX-512 batch kernel
+/// ([`takes_quad_layout`]) cost the same either way, and the latter outruns the first level
 /// alone: SmolLM2 Q4_K_M batched decode, 32 × (64 + 64), ~900 tok/s in two passes, ~925 in one
-/// on the 2-core Zen 5), for batches (one token's head is bound by reading the weights, which
-/// both passes do once), unless `TANDEM_LM_HEAD=one-pass`.
+/// on a 2-core AMD EPYC family 26 model 2 (Zen 5), AVX-512 VNNI kernel), for batches (one
+/// token's head is bound by reading the weights, which both passes do once), unless
+/// `TANDEM_LM_HEAD=one-pass`.
 pub fn two_pass(kernel: QKernel, n: usize, t: usize) -> bool {
     static ONE_PASS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let one_pass =
         *ONE_PASS.get_or_init(|| std::env::var("TANDEM_LM_HEAD").is_ok_and(|v| v == "one-pass"));
-    let i8_tiles = match kernel {
-        QKernel::AvxVnni => true,
-        QKernel::Avx512Vnni => t < WIDE512_MIN_ROWS,
-        _ => false,
-    };
-    n >= TWO_PASS_MIN_ROWS && t >= 2 && i8_tiles && !one_pass
+    let vnni_i8_tiles =
+        matches!(kernel, QKernel::Avx512Vnni | QKernel::AvxVnni) && !takes_quad_layout(kernel, t);
+    n >= TWO_PASS_MIN_ROWS && t >= 2 && vnni_i8_tiles && !one_pass
 }
 
 impl QActs {

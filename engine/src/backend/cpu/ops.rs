@@ -163,8 +163,7 @@ pub fn exp_fast(x: f32) -> f32 {
 }
 
 /// The largest of `x` (NaNs ignored; `-inf` when empty), over 16 independent lanes so the loop
-/// vectorises (one running maximum is a serial chain: a 262k-entry vocabulary row took longer
-/// than its exponentials).
+/// vectorises (a running maximum is a serial chain, long over a 262k-entry vocabulary row).
 #[inline(always)]
 pub fn max_lanes(x: &[f32]) -> f32 {
     const L: usize = 16;
@@ -225,7 +224,8 @@ pub fn log_sum_exp(x: &[f32]) -> f32 {
 /// Softmax with [`exp_fast`], for the SIMD attention path: maximum and sum kept in 16
 /// independent lanes, so that inlined into a function with vector target features the loops
 /// vectorise (one serial sum kept them scalar: a third of a 512-token prefill's attention time
-/// went to a scalar `exp`).
+/// went to a scalar `exp`, `perf` on a 2-core AMD EPYC family 26 model 2 (Zen 5), AVX-512
+/// attention kernel).
 #[inline(always)]
 pub fn softmax_fast(x: &mut [f32]) {
     const L: usize = 16;
@@ -244,15 +244,7 @@ pub fn softmax_fast(x: &mut [f32]) {
         *v = exp_fast(*v - m);
         s += *v;
     }
-    // Lanes summed pairwise.
-    let mut w = L;
-    while w > 1 {
-        w /= 2;
-        for j in 0..w {
-            sums[j] += sums[j + w];
-        }
-    }
-    let inv = 1.0 / (s + sums[0]);
+    let inv = 1.0 / (s + sums.iter().sum::<f32>());
     for v in x.iter_mut() {
         *v *= inv;
     }

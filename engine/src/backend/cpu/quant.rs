@@ -27,6 +27,12 @@ pub const QK: usize = 32;
 /// [`QActs::q16_quad`] (its batch kernel); fewer rows take the two-level i8 tiles.
 pub const WIDE512_MIN_ROWS: usize = 4;
 
+/// Whether `t` rows quantised for `kernel` carry [`QActs::q16_quad`], so that their matmuls run
+/// on the AVX-512 batch kernel (`quant_x86/wide512.rs`) rather than the i8 tiles.
+pub fn takes_quad_layout(kernel: QKernel, t: usize) -> bool {
+    kernel == QKernel::Avx512Vnni && t >= WIDE512_MIN_ROWS
+}
+
 /// Storage format of a quantised weight matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QFormat {
@@ -347,7 +353,7 @@ impl QActs {
             self.q16.resize(t * npairs * 64, 0);
         }
         let quads = t.div_ceil(4);
-        let wide512 = kernel == QKernel::Avx512Vnni && t >= WIDE512_MIN_ROWS;
+        let wide512 = takes_quad_layout(kernel, t);
         for (v, len) in [(&mut self.d_quad, 16), (&mut self.s_quad, 16)] {
             v.clear();
             if wide512 {
