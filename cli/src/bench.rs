@@ -366,6 +366,8 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     let mut started = std::collections::HashSet::new();
     // When every request has its first token: the end of the prefill phase.
     let mut prefill_done: Option<(f64, usize)> = None;
+    let page_bytes = engine.kv_cache_spec().bytes_per_block;
+    let mut peak_pages = 0;
     while engine.has_unfinished_requests() {
         for out in engine.step()? {
             generated += out.outputs.iter().map(|o| o.token_ids.len()).sum::<usize>();
@@ -376,6 +378,8 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
                 bar.inc(1);
             }
         }
+        let bm = engine.block_manager();
+        peak_pages = peak_pages.max(bm.num_blocks() - bm.num_free_blocks());
         if prefill_done.is_none() && started.len() == a.num_prompts {
             prefill_done = Some((t.elapsed().as_secs_f64(), generated));
         }
@@ -386,6 +390,9 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     print_profile("engine", secs);
     let stats = since(engine.stats(), base);
     let rss = peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64;
+    // KV the sequences held at most (pages in use × page bytes), and the pool's size.
+    let mib = |pages: usize| (pages * page_bytes) as f64 / (1 << 20) as f64;
+    let (peak_kv, pool_kv) = (mib(peak_pages), mib(engine.block_manager().num_blocks()));
     let (pf_s, pf_gen) = prefill_done.unwrap_or((secs, generated));
     let decode_tps = if secs > pf_s { (generated - pf_gen) as f64 / (secs - pf_s) } else { 0.0 };
     let report = serde_json::json!({
@@ -393,6 +400,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         "prefill_tok_per_s": total_in as f64 / pf_s,
         "model": path.display().to_string(), "requests": a.num_prompts, "input_tokens": total_in, "output_tokens": total_out,
         "seconds": secs, "output_tok_per_s": total_out as f64 / secs, "total_tok_per_s": (total_in + total_out) as f64 / secs,
+        "peak_kv_mib": peak_kv, "kv_pool_mib": pool_kv, "kv_groups": engine.kv_groups().num_groups(),
         "requests_per_s": a.num_prompts as f64 / secs, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k, "preemptions": stats.num_preemptions, "steps": stats.steps, "peak_rss_mib": rss,
         "workload": format!("{:?}", a.workload).to_lowercase(), "spec_drafts": stats.spec_drafts, "spec_draft_tokens": stats.spec_draft_tokens,
         "spec_accepted_tokens": stats.spec_accepted_tokens,
@@ -417,6 +425,10 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         println!("decode phase     {:.2} s ({decode_tps:.1} tok/s)", secs - pf_s);
         println!("steps            {} ({} preemptions)", stats.steps, stats.num_preemptions);
         println!("peak RSS         {rss:.0} MiB");
+        println!(
+            "peak KV held     {peak_kv:.1} MiB of a {pool_kv:.0} MiB pool ({} KV groups)",
+            engine.kv_groups().num_groups()
+        );
     }
     Ok(())
 }

@@ -115,6 +115,10 @@ pub struct EngineArgs {
     /// Host memory for swapped-out KV blocks, e.g. `256MiB`.
     #[arg(long, value_name = "SIZE", default_value = "256MiB")]
     pub swap_space: String,
+    /// Keep every layer's KV for the whole context: sliding-window layers (Gemma 3, Mistral)
+    /// then share pages with the global ones and nothing is given back as the window passes.
+    #[arg(long)]
+    pub disable_hybrid_kv_cache_manager: bool,
     /// Token budget of one engine step [default: 512 on CPU, 8192 with `--device cuda`].
     #[arg(long)]
     pub max_num_batched_tokens: Option<usize>,
@@ -228,6 +232,9 @@ impl EngineArgs {
         if self.no_chunked_prefill {
             a.push("--no-chunked-prefill".into());
         }
+        if self.disable_hybrid_kv_cache_manager {
+            a.push("--disable-hybrid-kv-cache-manager".into());
+        }
         if self.speculative != SpecArg::None {
             a.push(format!("--speculative={}", name(&self.speculative)));
             a.push(format!("--num-speculative-tokens={}", self.num_speculative_tokens));
@@ -254,6 +261,7 @@ impl EngineArgs {
                 block_size: spec.block_size,
                 kv_cache: KvCacheSize::Tokens(spec.num_blocks * spec.block_size),
                 swap_space_bytes: 0,
+                hybrid_kv: true,
             };
             let draft = tandem_engine::Model::load(path, opts)
                 .map_err(|e| anyhow::anyhow!("loading the draft model {}: {e}", path.display()))?;
@@ -277,6 +285,7 @@ impl EngineArgs {
             kv_cache,
             block_size: self.block_size,
             swap_space_bytes: parse_size(&self.swap_space)?,
+            hybrid_kv: !self.disable_hybrid_kv_cache_manager,
         })
     }
 

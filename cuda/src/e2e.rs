@@ -91,6 +91,8 @@ pub fn run(
         block_size: 16,
         kv_cache: KvCacheSize::Tokens(16 * 256),
         swap_space_bytes: 0,
+        // Pages laid out as the GPU's: every layer in one.
+        hybrid_kv: false,
     };
     let mut cpu = Model::load(path, opts)?;
     let (files, cfg) = ModelFiles::open(path)?;

@@ -160,14 +160,8 @@ pub async fn run_with(
     };
     let (watch, drain) = (cfg.watch_stdin, cfg.drain_timeout);
     let advertised = cfg.kv_advertise.clone().unwrap_or_else(|| kv_addr.to_string());
-    let svc = service::DecodeService::new(
-        handle.clone(),
-        cfg,
-        transfers,
-        advertised,
-        block_size,
-        links.clone(),
-    );
+    let svc =
+        service::DecodeService::new(handle.clone(), cfg, transfers, advertised, links.clone());
     let grpc =
         tonic::service::Routes::new(pb::decode_worker_server::DecodeWorkerServer::new(svc.clone()))
             .add_service(pb::kv_transfer_server::KvTransferServer::new(svc))

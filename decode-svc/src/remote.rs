@@ -61,7 +61,7 @@ async fn remote_prefill(svc: DecodeService, req: pb::GenerateRequest, rp: Remote
         },
         None => None,
     };
-    let skip = rp.num_cached_tokens / svc.block_size;
+    let skip = rp.num_cached_pages;
     let (mut failed_rx, arrived) = match &link {
         Some(l) => {
             l.begin();

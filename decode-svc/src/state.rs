@@ -28,7 +28,6 @@ pub struct Shared {
     pub(crate) cfg: DecodeConfig,
     pub(crate) transfers: Transfers,
     pub(crate) kv_addr: String,
-    pub(crate) block_size: usize,
     pub(crate) clients: PrefillClients,
     pub(crate) links: Option<Arc<DeviceLinks>>,
     next_transfer: AtomicU64,
@@ -44,7 +43,6 @@ impl DecodeService {
         cfg: DecodeConfig,
         transfers: Transfers,
         kv_addr: String,
-        block_size: usize,
         links: Option<Arc<DeviceLinks>>,
     ) -> DecodeService {
         let seed = tandem_worker::status::new_epoch() & 0xFFFF_FFFF;
@@ -53,7 +51,6 @@ impl DecodeService {
             cfg,
             transfers,
             kv_addr,
-            block_size,
             clients: PrefillClients::default(),
             links,
             next_transfer: AtomicU64::new(seed << 32),

@@ -33,6 +33,9 @@ pub struct LoadOptions {
     pub kv_cache: KvCacheSize,
     /// Host memory for swapped-out KV blocks, in bytes.
     pub swap_space_bytes: u64,
+    /// Sliding-window layers keep KV pages of their own, given back once their window has
+    /// passed ([`crate::backend::KvGroups`]); off: every page holds all layers.
+    pub hybrid_kv: bool,
 }
 
 impl Default for LoadOptions {
@@ -42,6 +45,7 @@ impl Default for LoadOptions {
             block_size: 16,
             kv_cache: KvCacheSize::Bytes(512 << 20),
             swap_space_bytes: 256 << 20,
+            hybrid_kv: true,
         }
     }
 }
@@ -145,9 +149,12 @@ impl Model {
         if opts.block_size == 0 {
             return Err(LoadError::Config("block size must be positive".into()));
         }
-        let per_block = CpuBackend::kv_bytes_per_block(&config, opts.block_size) as u64;
+        let per_block =
+            CpuBackend::kv_bytes_per_block(&config, opts.block_size, opts.hybrid_kv) as u64;
+        let groups = CpuBackend::kv_groups_for(&config, opts.hybrid_kv).num_groups();
         let num_blocks = match opts.kv_cache {
-            KvCacheSize::Tokens(t) => t.div_ceil(opts.block_size),
+            // Every page of `t` tokens, as if no window had passed.
+            KvCacheSize::Tokens(t) => t.div_ceil(opts.block_size) * groups,
             KvCacheSize::Bytes(b) => (b / per_block) as usize,
             KvCacheSize::Fraction(f) => {
                 if !(f > 0.0 && f <= 1.0) {
@@ -174,6 +181,7 @@ impl Model {
                 block_size: opts.block_size,
                 num_blocks,
                 num_host_blocks,
+                hybrid_kv: opts.hybrid_kv,
             },
         )?;
         Ok(Model { config, tokenizer, chat_template, backend: Box::new(backend) })

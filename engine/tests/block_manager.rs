@@ -1,6 +1,7 @@
 //! Property tests of the BlockManager over random sequences of allocate / append / fork /
 //! free / preempt / swap: reference counts always equal the number of holders, no block is both
-//! free and held, the cache index is consistent, and everything is free at the end.
+//! free and held, the cache index is consistent, and everything is free at the end. The same
+//! with KV groups whose sliding-window pages are given back as sequences grow.
 
 use tandem_engine::sampling::sampler::Rng;
 use tandem_engine::scheduling::block_hash::{BlockHash, DEFAULT_HASH_SEED};
@@ -19,8 +20,14 @@ fn hashes(tokens: &[u32]) -> Vec<BlockHash> {
 }
 
 fn run(seed: u64, prefix_caching: bool) {
+    run_groups(seed, prefix_caching, vec![None]);
+}
+
+fn run_groups(seed: u64, prefix_caching: bool, windows: Vec<Option<usize>>) {
     let mut rng = Rng::new(seed);
-    let mut m = BlockManager::new(40, BS, 24, prefix_caching);
+    let groups = windows.len();
+    let mut m = BlockManager::new(40 * groups, BS, 24 * groups, prefix_caching);
+    m.set_kv_groups(windows);
     m.enable_kv_events();
     // A router's view, rebuilt from the events alone.
     let mut seen: std::collections::HashSet<BlockHash> = std::collections::HashSet::new();
@@ -41,7 +48,12 @@ fn run(seed: u64, prefix_caching: bool) {
                 } else {
                     full.len()
                 };
-                let cached = m.lookup_prefix(&full[..usable], true);
+                // A sequence that runs here needs only its windows' pages of a hit.
+                let cached = if r(2) == 0 {
+                    m.lookup_prefix(&full[..usable], true)
+                } else {
+                    m.lookup_prefix_in_window(&full[..usable], true)
+                };
                 if m.can_allocate(&table, &cached, tokens.len()) {
                     m.allocate(&mut table, &cached, tokens.len()).unwrap();
                     m.cache_blocks(&mut table, &full);
@@ -58,6 +70,8 @@ fn run(seed: u64, prefix_caching: bool) {
                 if s.host.is_none() {
                     let n = 1 + r(6);
                     let old = s.tokens.len();
+                    // As the scheduler does before each step: pages the window passed go back.
+                    m.release_passed(&mut s.table, old);
                     let before = s.table.clone();
                     match m.append_slots(&mut s.table, old, old + n) {
                         Ok(copies) => {
@@ -97,7 +111,7 @@ fn run(seed: u64, prefix_caching: bool) {
                 let s = &mut seqs[i];
                 if s.host.is_none() {
                     if let Ok((host, copies)) = m.swap_out(&mut s.table) {
-                        assert_eq!(host.len(), copies.len());
+                        assert_eq!(host.iter().filter(|&&h| h != u32::MAX).count(), copies.len());
                         s.host = Some(host);
                     }
                 }
@@ -106,8 +120,8 @@ fn run(seed: u64, prefix_caching: bool) {
                 let i = r(seqs.len() as u64);
                 let s = &mut seqs[i];
                 if let Some(h) = s.host.as_mut() {
-                    if m.can_swap_in(h.len()) {
-                        let n = h.len();
+                    let n = m.swap_in_need(h, 0);
+                    if m.can_swap_in(n) {
                         let (table, copies) = m.swap_in(h).unwrap();
                         assert_eq!(copies.len(), n);
                         s.table = table;
@@ -143,7 +157,7 @@ fn run(seed: u64, prefix_caching: bool) {
         }
         for s in &seqs {
             if s.host.is_none() {
-                assert!(s.table.len() * BS >= s.tokens.len(), "table too short");
+                assert!(s.table.len() * BS >= s.tokens.len() * groups, "table too short");
             }
         }
     }
@@ -163,6 +177,100 @@ fn random_operations_keep_invariants_with_prefix_caching() {
     for seed in 0..40 {
         run(seed, true);
     }
+}
+
+#[test]
+fn random_operations_keep_invariants_with_sliding_window_groups() {
+    for seed in 200..230 {
+        // One global group and two local ones (Gemma 3's shape, small).
+        run_groups(seed, true, vec![None, Some(6), Some(6)]);
+    }
+    for seed in 300..310 {
+        // Every layer local (Mistral).
+        run_groups(seed, seed % 2 == 0, vec![Some(9)]);
+    }
+}
+
+#[test]
+fn passed_window_pages_go_back_and_stay_cached_until_reused() {
+    let mut m = BlockManager::new(16, BS, 16, true);
+    m.set_kv_groups(vec![None, Some(8)]);
+    m.enable_kv_events();
+    let _ = m.take_kv_events();
+    let tokens: Vec<u32> = (0..16).collect();
+    let h = hashes(&tokens);
+    let mut t = BlockTable::default();
+    m.allocate(&mut t, &[], 16).unwrap();
+    assert_eq!((t.len(), m.num_free_blocks()), (8, 8), "a page per block and group");
+    m.cache_blocks(&mut t, &h);
+    // Only group 0's pages are published: their hash is the block's.
+    assert_eq!(m.take_kv_events(), vec![KvEvent::Stored(h.clone())]);
+    let held = t.blocks.clone();
+    // From position 16 a window of 8 sees positions 9.. : blocks 0 and 1 are passed.
+    m.release_passed(&mut t, 16);
+    let nil = u32::MAX;
+    assert_eq!(t.blocks, [held[0], nil, held[2], nil, held[4], held[5], held[6], held[7]]);
+    assert_eq!(m.num_free_blocks(), 10);
+    m.check_invariants(&[&t], &[]).unwrap();
+    // A second release at the same place changes nothing; a later one passes block 2.
+    m.release_passed(&mut t, 16);
+    assert_eq!(m.num_free_blocks(), 10);
+    m.release_passed(&mut t, 20);
+    assert_eq!(t.blocks[5], nil);
+    assert_eq!(m.num_free_blocks(), 11);
+    // Another request with the same prefix: its prompt's pages of both groups are still cached
+    // (given back, not reused), so every block is a hit.
+    assert_eq!(m.lookup_prefix(&h, true).len(), 8);
+    // Growing, swapping and forking a table with given-back pages.
+    m.append_slots(&mut t, 16, 21).unwrap();
+    assert_eq!(t.len(), 12);
+    let child = m.fork(&t);
+    let (mut host, copies) = m.swap_out(&mut t).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(copies.len(), 9, "given-back pages are not swapped");
+    let _ = host.len();
+    m.check_invariants(&[&child], &[&host]).unwrap();
+    let mut child = child;
+    m.free(&mut child);
+    m.free_host(&mut host);
+    m.check_invariants(&[], &[]).unwrap();
+    assert_eq!(m.num_free_blocks(), 16);
+    assert!(m.take_kv_events().iter().all(|e| match e {
+        KvEvent::Stored(v) | KvEvent::Removed(v) => v.iter().all(|x| h.contains(x)),
+        KvEvent::Cleared => true,
+    }));
+}
+
+#[test]
+fn a_prefix_hit_needs_every_groups_page() {
+    let mut m = BlockManager::new(9, BS, 0, true);
+    m.set_kv_groups(vec![None, Some(4)]);
+    let tokens: Vec<u32> = (0..8).collect();
+    let h = hashes(&tokens);
+    let mut t = BlockTable::default();
+    m.allocate(&mut t, &[], 8).unwrap();
+    m.cache_blocks(&mut t, &h);
+    assert_eq!(m.lookup_prefix(&h, false).len(), 4);
+    // Block 0's local page is passed at position 8 and goes back to the free queue, behind the
+    // five never-used pages; taking six pages reuses it.
+    let local0 = t.blocks[1];
+    m.release_passed(&mut t, 8);
+    let mut other = BlockTable::default();
+    m.allocate(&mut other, &[], 3 * BS).unwrap();
+    assert!(other.blocks.contains(&local0));
+    // Block 0's global page is still cached (t holds it), its local one is gone: no hit at all.
+    assert!(m.lookup_prefix(&h, false).is_empty());
+    // A sequence that runs here continues at position 8, where a window of 4 sees block 1
+    // only: both blocks are a hit, block 0 without its local page.
+    let nil = u32::MAX;
+    let hit = m.lookup_prefix_in_window(&h, false);
+    assert_eq!(hit, [t.blocks[0], nil, t.blocks[2], t.blocks[3]]);
+    m.free(&mut other);
+    let mut third = BlockTable::default();
+    let free = m.num_free_blocks();
+    m.allocate(&mut third, &hit, 9).unwrap();
+    assert_eq!(third.blocks[..4], hit[..]);
+    assert_eq!(m.num_free_blocks(), free - 2, "only block 2's pages are new");
+    m.check_invariants(&[&t, &third], &[]).unwrap();
 }
 
 #[test]

@@ -43,11 +43,14 @@ fn check(path: &std::path::Path) {
         return;
     };
     let bs = model.backend.kv_cache_spec().block_size;
-    let mut batch = ForwardBatch::default();
+    // A page per logical block and KV group (Gemma 3's sliding-window layers have their own).
+    let groups = model.backend.kv_groups().num_groups();
+    let mut batch = ForwardBatch::with_kv_groups(groups);
     let mut next_block = 0u32;
     for p in &PROMPTS[..rows] {
         let ids = model.tokenizer.encode(p, true).unwrap();
-        let blocks: Vec<u32> = (0..ids.len().div_ceil(bs) as u32).map(|b| next_block + b).collect();
+        let pages = ids.len().div_ceil(bs) * groups;
+        let blocks: Vec<u32> = (0..pages as u32).map(|b| next_block + b).collect();
         next_block += blocks.len() as u32;
         batch.push_seq(&ids, 0, &blocks, bs, Logits::Last);
     }

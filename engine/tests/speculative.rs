@@ -47,6 +47,7 @@ fn engine_with_draft(block_size: usize) -> LLMEngine {
         kv_cache: KvCacheSize::Tokens(4096),
         swap_space_bytes: 0,
         block_size,
+        hybrid_kv: true,
     };
     e.set_draft_model(Model::load(&model_fetch::default_model_path().unwrap(), opts).unwrap())
         .unwrap();

@@ -41,7 +41,8 @@ pub struct KvLayout {
     pub dtype: KvDtype,
     /// Tokens per block.
     pub block_size: u32,
-    /// Transformer layers.
+    /// Layers one page holds: every transformer layer, or those of one KV group when
+    /// sliding-window layers keep pages of their own.
     pub num_layers: u32,
     /// KV heads per layer.
     pub num_kv_heads: u32,

@@ -2,7 +2,10 @@
 //! prompt in chunks and stops at the first token with its blocks pinned; the pages travel over
 //! the TCP transport into the blocks the decode engine reserved; the decode engine continues.
 //! The tokens equal a colocated engine's, and both sides return to their free-block baselines.
+//! With a sliding-window model (Gemma 3) the prefill side keeps every page to ship, and the
+//! decode side gives back the passed window pages once the request runs there.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tandem_engine::sampling::sampler::{SampledToken, TokenLogprob};
@@ -15,10 +18,8 @@ use tandem_kv_transfer::tcp::{PageSink, TcpReceiver, TcpSender};
 use tandem_kv_transfer::KvPage;
 use tandem_worker::kv::kv_layout;
 
-fn engine(budget: usize) -> LLMEngine {
-    let m =
-        Model::load(&model_fetch::default_model_path().unwrap(), LoadOptions::with_kv_tokens(1024))
-            .unwrap();
+fn engine(model: &Path, budget: usize) -> LLMEngine {
+    let m = Model::load(model, LoadOptions::with_kv_tokens(1024)).unwrap();
     let cfg = EngineConfig {
         scheduler: SchedulerConfig { max_num_batched_tokens: budget, ..Default::default() },
         ..Default::default()
@@ -64,9 +65,20 @@ fn drain(e: &mut LLMEngine) -> Vec<CompletionOutput> {
 
 #[test]
 fn prefill_engine_to_decode_engine_over_tcp_equals_colocated() {
+    transfer_equals_colocated(&model_fetch::default_model_path().unwrap());
+}
+
+#[test]
+fn sliding_window_model_over_tcp_equals_colocated() {
+    // Two local layers of window 16 and a global one: pages of three KV groups per block.
+    let tiny = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-gemma3");
+    transfer_equals_colocated(&tiny);
+}
+
+fn transfer_equals_colocated(model: &Path) {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) };
-    let mut prefill = engine(32); // 32-token budget: the prompt is prefilled in chunks
-    let mut decode = engine(512);
+    let mut prefill = engine(model, 32); // 32-token budget: the prompt is prefilled in chunks
+    let mut decode = engine(model, 512);
     let prompt = prefill
         .tokenizer
         .encode(&"In the beginning of the industrial revolution, factories ".repeat(9), false)
@@ -117,7 +129,8 @@ fn prefill_engine_to_decode_engine_over_tcp_equals_colocated() {
     let receiver =
         TcpReceiver::bind("127.0.0.1:0", kv_layout(&decode), Duration::from_secs(2)).unwrap();
     let addr = receiver.local_addr().unwrap();
-    let skip = rp.num_cached_tokens / 16;
+    let skip = rp.num_cached_pages;
+    assert_eq!(rp.block_table.len(), src.len(), "both sides lay pages out alike");
     std::thread::scope(|scope| {
         let sink_engine = &mut decode;
         let table = rp.block_table.clone();
@@ -143,7 +156,7 @@ fn prefill_engine_to_decode_engine_over_tcp_equals_colocated() {
     decode.check_invariants().unwrap();
     assert_eq!(decode.block_manager().num_free_blocks(), d_base);
 
-    let mut colo = engine(512);
+    let mut colo = engine(model, 512);
     colo.add_request("req", Prompt::TokenIds(prompt), params, None).unwrap();
     let want = drain(&mut colo);
     assert_eq!(got[0].token_ids, want[0].token_ids);

@@ -11,7 +11,7 @@ pub fn kv_layout(engine: &LLMEngine) -> KvLayout {
         model_id: c.name.clone(),
         dtype: KvDtype::F32,
         block_size: engine.block_manager().block_size() as u32,
-        num_layers: c.num_layers as u32,
+        num_layers: engine.kv_groups().layers_per_page as u32,
         num_kv_heads: c.num_kv_heads as u32,
         head_dim: c.head_dim as u32,
         hash_seed: DEFAULT_HASH_SEED,

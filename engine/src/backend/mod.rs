@@ -7,8 +7,10 @@
 //! device memory; kernels live below it and never see requests.
 
 pub mod cpu;
+pub mod kv_groups;
 
 use crate::model_files::config::ModelConfig;
+pub use kv_groups::{KvGroups, NO_PAGE};
 
 /// One sequence's part of a [`ForwardBatch`].
 #[derive(Debug, Clone, PartialEq)]
@@ -19,7 +21,8 @@ pub struct SeqSlice {
     pub query_len: usize,
     /// Tokens of context after this step (cached prefix + this step's tokens).
     pub context_len: usize,
-    /// Physical KV block of each logical block of the sequence.
+    /// The sequence's KV pages: entry `i * kv_groups + g` is logical block `i`'s page of KV
+    /// group `g` ([`NO_PAGE`] where a local group gave it back).
     pub block_table: Vec<u32>,
 }
 
@@ -47,8 +50,11 @@ pub struct ForwardBatch {
     pub token_ids: Vec<u32>,
     /// Position of each token in its sequence.
     pub positions: Vec<u32>,
-    /// KV cache slot (`block * block_size + offset`) where each token's K and V are written.
+    /// KV cache slots (`page * block_size + offset`) where each token's K and V are written:
+    /// entry `token * kv_groups + g` for the layers of KV group `g`.
     pub slot_mapping: Vec<u32>,
+    /// KV groups of the backend's cache ([`KvGroups`]); 0 is read as 1.
+    pub kv_groups: usize,
     /// The sequences, in batch order.
     pub seqs: Vec<SeqSlice>,
     /// Batch rows whose logits are returned, in this order.
@@ -59,6 +65,16 @@ pub struct ForwardBatch {
 }
 
 impl ForwardBatch {
+    /// An empty batch for a cache of `kv_groups` groups.
+    pub fn with_kv_groups(kv_groups: usize) -> Self {
+        ForwardBatch { kv_groups, ..Default::default() }
+    }
+
+    /// Pages per logical block of the batch's block tables.
+    pub fn num_kv_groups(&self) -> usize {
+        self.kv_groups.max(1)
+    }
+
     /// Appends a sequence's tokens at positions `start_pos..`, with slots derived from its
     /// block table, asking for the `logits` rows named.
     pub fn push_seq(
@@ -70,14 +86,20 @@ impl ForwardBatch {
         logits: Logits,
     ) {
         let query_start = self.token_ids.len();
+        let groups = self.num_kv_groups();
         for (i, &t) in tokens.iter().enumerate() {
             let pos = start_pos + i;
             self.token_ids.push(t);
             self.positions.push(pos as u32);
-            let block = block_table.get(pos / block_size).copied().unwrap_or(u32::MAX);
-            self.slot_mapping.push(
-                block.saturating_mul(block_size as u32).saturating_add((pos % block_size) as u32),
-            );
+            for g in 0..groups {
+                let block =
+                    block_table.get(pos / block_size * groups + g).copied().unwrap_or(NO_PAGE);
+                self.slot_mapping.push(
+                    block
+                        .saturating_mul(block_size as u32)
+                        .saturating_add((pos % block_size) as u32),
+                );
+            }
             if logits == Logits::All {
                 self.logits_indices.push(query_start + i);
                 self.logits_exact.push(true);
@@ -110,7 +132,8 @@ pub struct KvCacheSpec {
     pub num_blocks: usize,
     /// Tokens per block.
     pub block_size: usize,
-    /// Bytes one block occupies (all layers, K and V).
+    /// Bytes one block (page) occupies: K and V of the layers of one KV group (all layers when
+    /// the cache has a single group).
     pub bytes_per_block: usize,
 }
 
@@ -145,6 +168,11 @@ pub trait ModelBackend: Send {
     fn device(&self) -> String;
     /// Shape of the KV cache this backend holds.
     fn kv_cache_spec(&self) -> KvCacheSpec;
+    /// How layers share KV pages; a backend without sliding-window release keeps one group of
+    /// every layer.
+    fn kv_groups(&self) -> KvGroups {
+        KvGroups::single(self.config().num_layers)
+    }
     /// Runs one forward pass: writes each token's K/V into its slot, attends through the block
     /// tables, and returns `logits_indices.len() × vocab_size` logits, row-major.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, BackendError>;
@@ -187,8 +215,9 @@ pub trait ModelBackend: Send {
     fn swap_in(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError>;
     /// Number of host swap blocks this backend holds.
     fn num_host_blocks(&self) -> usize;
-    /// The KV page of one block: for each layer, K then V, each `block_size × kv_heads ×
-    /// head_dim` little-endian f32 (`kv_cache_spec().bytes_per_block` bytes).
+    /// The KV page of one block: for each layer of the page (every layer, or a KV group's),
+    /// K then V, each `block_size × kv_heads × head_dim` little-endian f32
+    /// (`kv_cache_spec().bytes_per_block` bytes).
     fn read_block(&self, block: u32) -> Result<Vec<u8>, BackendError>;
     /// Writes a KV page (as [`ModelBackend::read_block`] returns it) into `block`.
     fn write_block(&mut self, block: u32, page: &[u8]) -> Result<(), BackendError>;

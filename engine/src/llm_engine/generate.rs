@@ -73,7 +73,8 @@ pub fn score(model: &mut Model, ids: &[u32]) -> Result<Vec<Vec<f32>>, EngineErro
         return Err(EngineError::InvalidRequest("nothing to score".into()));
     }
     let spec = model.backend.kv_cache_spec();
-    let need = ids.len().div_ceil(spec.block_size);
+    let groups = model.backend.kv_groups().num_groups();
+    let need = ids.len().div_ceil(spec.block_size) * groups;
     if need > spec.num_blocks {
         return Err(EngineError::Backend(BackendError::InvalidBatch(format!(
             "{} tokens do not fit the KV cache",
@@ -81,7 +82,7 @@ pub fn score(model: &mut Model, ids: &[u32]) -> Result<Vec<Vec<f32>>, EngineErro
         ))));
     }
     let table: Vec<u32> = (0..need as u32).collect();
-    let mut batch = ForwardBatch::default();
+    let mut batch = ForwardBatch::with_kv_groups(groups);
     batch.push_seq(ids, 0, &table, spec.block_size, Logits::All);
     let logits = model.backend.forward(&batch)?;
     Ok(logits.chunks_exact(model.config.vocab_size).map(log_softmax).collect())

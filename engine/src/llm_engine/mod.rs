@@ -190,8 +190,12 @@ impl LLMEngine {
         let mut bm =
             BlockManager::new(spec.num_blocks, spec.block_size, host, config.enable_prefix_caching);
         bm.set_zero_freed(config.zero_freed_blocks);
-        let max_model_len =
-            model.config.max_position_embeddings.min(spec.num_blocks * spec.block_size);
+        bm.set_kv_groups(model.backend.kv_groups().windows);
+        // The longest sequence whose every page fits (before any window passes).
+        let max_model_len = model
+            .config
+            .max_position_embeddings
+            .min(spec.num_blocks / bm.num_groups() * spec.block_size);
         let mut sched_cfg = config.scheduler;
         sched_cfg.max_model_len = max_model_len;
         LLMEngine {
@@ -235,6 +239,15 @@ impl LLMEngine {
                 "the draft model's vocabulary ({}) differs from the model's ({})",
                 draft.config.vocab_size, self.model_config.vocab_size
             )));
+        }
+        if self.scheduler.block_manager.num_groups() > 1
+            || draft.backend.kv_groups() != self.runner.backend.kv_groups()
+        {
+            return Err(EngineError::InvalidRequest(
+                "a draft model with its own KV needs a model without sliding-window layers \
+                 (it would read pages the window gave back); use --speculative self or ngram"
+                    .into(),
+            ));
         }
         if spec.block_size != mine.block_size || spec.num_blocks < mine.num_blocks {
             return Err(EngineError::InvalidRequest(format!(
@@ -537,6 +550,16 @@ impl LLMEngine {
     /// The block manager (KV usage, free blocks).
     pub fn block_manager(&self) -> &BlockManager {
         &self.scheduler.block_manager
+    }
+
+    /// Shape of the backend's KV cache (pages, their size).
+    pub fn kv_cache_spec(&self) -> crate::backend::KvCacheSpec {
+        self.runner.backend.kv_cache_spec()
+    }
+
+    /// How the backend's KV pages group the model's layers.
+    pub fn kv_groups(&self) -> crate::backend::KvGroups {
+        self.runner.backend.kv_groups()
     }
 
     /// Waiting, running and swapped sequence counts.

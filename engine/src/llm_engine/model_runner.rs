@@ -71,12 +71,15 @@ fn row_sampling(seq: &Sequence) -> RowSampling {
 pub struct ModelRunner {
     /// The device.
     pub backend: Box<dyn ModelBackend>,
+    /// KV groups of the backend's cache (pages per logical block).
+    kv_groups: usize,
 }
 
 impl ModelRunner {
     /// Wraps a backend.
     pub fn new(backend: Box<dyn ModelBackend>) -> Self {
-        ModelRunner { backend }
+        let kv_groups = backend.kv_groups().num_groups();
+        ModelRunner { backend, kv_groups }
     }
 
     /// Builds the batch of a step: each scheduled sequence's next tokens with their positions and
@@ -87,7 +90,7 @@ impl ModelRunner {
         seqs: &HashMap<SeqId, Sequence>,
     ) -> (ForwardBatch, Vec<SeqId>) {
         let bs = self.backend.kv_cache_spec().block_size;
-        let mut batch = ForwardBatch::default();
+        let mut batch = ForwardBatch::with_kv_groups(self.kv_groups);
         let mut sampled = Vec::new();
         for s in &out.scheduled {
             let seq = &seqs[&s.seq_id];

@@ -14,11 +14,16 @@ use crate::scheduling::scheduler::{SampledSeq, SchedulerOutput};
 pub struct RemotePrefill {
     /// Prompt token ids.
     pub prompt_token_ids: Vec<u32>,
-    /// The sequence's blocks, in logical order; page `i` goes into `block_table[i]`.
+    /// The sequence's pages, in logical order (each logical block's page of every KV group);
+    /// page `i` goes into `block_table[i]`. Every entry from `num_cached_pages` on holds a page
+    /// (a sliding-window group gives back its passed pages once the request runs here); cached
+    /// entries a window has passed may be [`crate::backend::NO_PAGE`].
     pub block_table: Vec<u32>,
     /// Leading prompt tokens already in this engine's prefix cache (their pages need not be
     /// sent: a multiple of the block size).
     pub num_cached_tokens: usize,
+    /// The leading entries of `block_table` those tokens fill (pages not to send).
+    pub num_cached_pages: usize,
 }
 
 /// How far a prefill-only request has come: the pages that can be shipped while it runs.
@@ -39,7 +44,8 @@ impl LLMEngine {
         if !seq.prefill_only {
             return None;
         }
-        let full = (seq.num_computed_tokens / self.scheduler.block_manager.block_size())
+        let bm = &self.scheduler.block_manager;
+        let full = (seq.num_computed_tokens / bm.block_size() * bm.num_groups())
             .min(seq.block_table.blocks.len());
         Some(PrefillProgress {
             complete_blocks: seq.block_table.blocks[..full].to_vec(),
@@ -95,6 +101,8 @@ impl LLMEngine {
             prompt_token_ids: seq.token_ids.clone(),
             block_table: seq.block_table.blocks.clone(),
             num_cached_tokens: cached,
+            num_cached_pages: cached / self.scheduler.block_manager.block_size()
+                * self.scheduler.block_manager.num_groups(),
         }))
     }
 

@@ -116,7 +116,7 @@ impl SpecDecoder {
         let bs = sched.block_manager.block_size();
         let vocab = target.config().vocab_size;
         for j in 0..k_max {
-            let mut batch = ForwardBatch::default();
+            let mut batch = ForwardBatch::with_kv_groups(sched.block_manager.num_groups());
             let mut rows: Vec<SeqId> = Vec::new();
             for &id in &ids {
                 let seq = sched.seqs.get_mut(&id).expect("drafting sequence exists");

@@ -47,6 +47,16 @@ impl BlockHash {
         BlockHash(mix(h ^ tokens.len() as u64))
     }
 
+    /// The name of this block's page of KV group `group` in the prefix cache (the block's own
+    /// hash for group 0, the one routers and KV events know).
+    pub fn for_group(self, group: usize) -> BlockHash {
+        if group == 0 {
+            self
+        } else {
+            BlockHash(mix(self.0 ^ mix(0xA5A5_0000_0000_0000 ^ group as u64)))
+        }
+    }
+
     /// Hashes of every full block of `tokens`, chained from the start.
     pub fn chain(seed: u64, tokens: &[u32], block_size: usize, salt: u64) -> Vec<BlockHash> {
         let mut out = Vec::with_capacity(tokens.len() / block_size);

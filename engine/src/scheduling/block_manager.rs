@@ -2,6 +2,12 @@
 //! copy-on-write fork (seed 000 alg. 7), the hash-based prefix cache, and the host-side swap
 //! space.
 //!
+//! A block (page) holds `block_size` tokens of the layers of one KV group
+//! ([`crate::backend::KvGroups`]): a table lists each logical block's page of every group, and
+//! pages of sliding-window groups that the window has passed are given back
+//! ([`BlockManager::release_passed`]). With one group (no sliding window) a page is a whole
+//! logical block.
+//!
 //! Free blocks sit in one LRU queue. A freed block keeps its [`BlockHash`] and can be revived by
 //! a prefix hit until it reaches the front of the queue and is reused (evicted). Only full
 //! blocks are ever hashed and shared through the cache. This module tracks ownership only; it
@@ -9,19 +15,24 @@
 
 use std::collections::HashMap;
 
+use crate::backend::NO_PAGE;
 use crate::scheduling::block_hash::BlockHash;
 
 /// The physical blocks a sequence holds, in logical order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BlockTable {
-    /// Physical block of each logical block.
+    /// Pages: entry `i * groups + g` is logical block `i`'s page of KV group `g`
+    /// ([`NO_PAGE`] once a sliding-window group gave it back). One group: a page per block.
     pub blocks: Vec<u32>,
-    /// Leading blocks already registered in (or taken from) the prefix cache.
+    /// Leading logical blocks already registered in (or taken from) the prefix cache.
     pub num_hashed: usize,
+    /// The position of the last release of passed sliding-window pages
+    /// ([`BlockManager::release_passed`]).
+    pub window_start: usize,
 }
 
 impl BlockTable {
-    /// Number of blocks.
+    /// Number of entries (pages, given back ones included).
     pub fn len(&self) -> usize {
         self.blocks.len()
     }
@@ -44,7 +55,7 @@ pub struct NoFreeBlocks {
     pub free: usize,
 }
 
-const NIL: u32 = u32::MAX;
+const NIL: u32 = NO_PAGE;
 
 /// Counters of the prefix cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,6 +72,10 @@ pub struct PrefixCacheStats {
 #[derive(Debug)]
 pub struct BlockManager {
     block_size: usize,
+    /// Window of each KV group (`None`: a global group).
+    windows: Vec<Option<usize>>,
+    /// Whether a cached page is of group 0 (its hash is the block's, which KV events publish).
+    group0: Vec<bool>,
     ref_count: Vec<u32>,
     hash: Vec<Option<BlockHash>>,
     // Doubly linked LRU free queue over block ids; front is reused first.
@@ -102,6 +117,8 @@ impl BlockManager {
     ) -> Self {
         let mut m = BlockManager {
             block_size,
+            windows: vec![None],
+            group0: vec![false; num_blocks],
             ref_count: vec![0; num_blocks],
             hash: vec![None; num_blocks],
             prev: vec![NIL; num_blocks],
@@ -125,9 +142,27 @@ impl BlockManager {
         m
     }
 
+    /// Pages are grouped as `windows` says (one entry per KV group: its window, `None` for
+    /// global layers); set before any table is allocated.
+    pub fn set_kv_groups(&mut self, windows: Vec<Option<usize>>) {
+        assert!(!windows.is_empty(), "at least one KV group");
+        self.windows = windows;
+    }
+
+    /// Number of KV groups (pages per logical block).
+    pub fn num_groups(&self) -> usize {
+        self.windows.len()
+    }
+
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+
+    /// Tokens covered by prefix-cache hits `cached` (as [`BlockManager::lookup_prefix`]
+    /// returns them).
+    pub fn cached_tokens(&self, cached: &[u32]) -> usize {
+        cached.len() / self.num_groups() * self.block_size
     }
     /// Total device blocks.
     pub fn num_blocks(&self) -> usize {
@@ -226,7 +261,7 @@ impl BlockManager {
         if let Some(h) = self.hash[b as usize].take() {
             if self.cached.get(&h) == Some(&b) {
                 self.cached.remove(&h);
-                if let Some(ev) = &mut self.events {
+                if let (Some(ev), true) = (&mut self.events, self.group0[b as usize]) {
                     match ev.last_mut() {
                         Some(KvEvent::Removed(v)) => v.push(h),
                         _ => ev.push(KvEvent::Removed(vec![h])),
@@ -244,7 +279,7 @@ impl BlockManager {
             if self.cached.get(&h) == Some(&b) {
                 self.cached.remove(&h);
                 self.stats.evictions += 1;
-                if let Some(ev) = &mut self.events {
+                if let (Some(ev), true) = (&mut self.events, self.group0[b as usize]) {
                     match ev.last_mut() {
                         Some(KvEvent::Removed(v)) => v.push(h),
                         _ => ev.push(KvEvent::Removed(vec![h])),
@@ -280,22 +315,70 @@ impl BlockManager {
         }
     }
 
-    /// The longest run of leading `hashes` present in the prefix cache (no references taken).
-    /// Counts the lookups in the prefix-cache statistics when `record` is set.
+    /// The pages of the longest run of leading `hashes` whose every group's page is in the
+    /// prefix cache (no references taken), as table entries. Counts the lookups in the
+    /// prefix-cache statistics when `record` is set. For a sequence that must hold every page
+    /// (a prefill worker's, which ships them); [`BlockManager::lookup_prefix_in_window`] is the
+    /// lookup of one that runs here.
     pub fn lookup_prefix(&mut self, hashes: &[BlockHash], record: bool) -> Vec<u32> {
+        self.lookup(hashes, record, false)
+    }
+
+    /// Like [`BlockManager::lookup_prefix`], but a sliding-window group needs only the pages
+    /// its window still sees from the end of the hit (the earlier entries are [`NO_PAGE`]): the
+    /// longest hit whose global pages are all cached and whose local groups' last
+    /// `window` positions are.
+    pub fn lookup_prefix_in_window(&mut self, hashes: &[BlockHash], record: bool) -> Vec<u32> {
+        self.lookup(hashes, record, true)
+    }
+
+    fn lookup(&mut self, hashes: &[BlockHash], record: bool, in_window: bool) -> Vec<u32> {
         if !self.enable_prefix_caching {
             return Vec::new();
         }
-        let mut out = Vec::new();
-        for h in hashes {
-            match self.cached.get(h) {
-                Some(&b) => out.push(b),
-                None => break,
+        let (groups, bs) = (self.num_groups(), self.block_size);
+        let page = |m: &Self, i: usize, g: usize| m.cached.get(&hashes[i].for_group(g)).copied();
+        // Global groups (every group, without windows) must hold every block of the hit.
+        let must = |g: usize| !in_window || self.windows[g].is_none();
+        let mut hit = 0;
+        while hit < hashes.len() && (0..groups).all(|g| !must(g) || page(self, hit, g).is_some()) {
+            hit += 1;
+        }
+        // The first block a local group still sees once `n` blocks are cached.
+        let first_seen = |g: usize, n: usize| match self.windows[g] {
+            Some(w) if in_window => (n * bs + 1).saturating_sub(w) / bs,
+            _ => 0,
+        };
+        if in_window {
+            // Per local group, how many of the first i blocks are missing: a hit of n blocks
+            // needs none missing in [first_seen, n).
+            let missing: Vec<Vec<usize>> = (0..groups)
+                .map(|g| {
+                    let mut acc = vec![0; hit + 1];
+                    for i in 0..hit {
+                        acc[i + 1] = acc[i] + usize::from(!must(g) && page(self, i, g).is_none());
+                    }
+                    acc
+                })
+                .collect();
+            while hit > 0 && !(0..groups).all(|g| missing[g][hit] == missing[g][first_seen(g, hit)])
+            {
+                hit -= 1;
+            }
+        }
+        let mut out = Vec::with_capacity(hit * groups);
+        for i in 0..hit {
+            for g in 0..groups {
+                out.push(if i < first_seen(g, hit) {
+                    NIL
+                } else {
+                    page(self, i, g).expect("checked cached")
+                });
             }
         }
         if record {
             self.stats.queries += hashes.len() as u64;
-            self.stats.hits += out.len() as u64;
+            self.stats.hits += hit as u64;
         }
         out
     }
@@ -306,10 +389,11 @@ impl BlockManager {
     }
 
     fn blocks_needed(&self, table: &BlockTable, cached: &[u32], num_tokens: usize) -> usize {
-        let total = num_tokens.div_ceil(self.block_size);
+        let total = num_tokens.div_ceil(self.block_size) * self.num_groups();
         let fresh = total.saturating_sub(table.len() + cached.len());
         // Reviving a cached block that is free also takes it off the free queue.
-        let revived = cached.iter().filter(|&&b| self.ref_count[b as usize] == 0).count();
+        let revived =
+            cached.iter().filter(|&&b| b != NIL && self.ref_count[b as usize] == 0).count();
         fresh + revived
     }
 
@@ -327,11 +411,13 @@ impl BlockManager {
         }
         debug_assert!(cached.is_empty() || table.is_empty());
         for &b in cached {
-            self.take_ref(b);
+            if b != NIL {
+                self.take_ref(b);
+            }
             table.blocks.push(b);
         }
-        table.num_hashed = table.num_hashed.max(cached.len());
-        while table.len() * self.block_size < num_tokens {
+        table.num_hashed = table.num_hashed.max(cached.len() / self.num_groups());
+        while table.len() < num_tokens.div_ceil(self.block_size) * self.num_groups() {
             let b = self.take_free();
             table.blocks.push(b);
         }
@@ -347,13 +433,13 @@ impl BlockManager {
         first_new: usize,
         num_tokens: usize,
     ) -> Result<Vec<(u32, u32)>, NoFreeBlocks> {
-        let bs = self.block_size;
+        let (bs, groups) = (self.block_size, self.num_groups());
         let existing = table.len();
-        let first_block = first_new / bs;
-        let cow: Vec<usize> = (first_block..existing.min(num_tokens.div_ceil(bs)))
-            .filter(|&i| self.ref_count[table.blocks[i] as usize] > 1)
+        let total = num_tokens.div_ceil(bs) * groups;
+        let cow: Vec<usize> = (first_new / bs * groups..existing.min(total))
+            .filter(|&e| table.blocks[e] != NIL && self.ref_count[table.blocks[e] as usize] > 1)
             .collect();
-        let grow = num_tokens.div_ceil(bs).saturating_sub(existing);
+        let grow = total.saturating_sub(existing);
         let needed = grow + cow.len();
         if needed > self.num_free {
             return Err(NoFreeBlocks { needed, free: self.num_free });
@@ -364,7 +450,7 @@ impl BlockManager {
             let dst = self.take_free();
             self.drop_ref(src);
             table.blocks[i] = dst;
-            table.num_hashed = table.num_hashed.min(i);
+            table.num_hashed = table.num_hashed.min(i / groups);
             copies.push((src, dst));
         }
         for _ in 0..grow {
@@ -374,10 +460,31 @@ impl BlockManager {
         Ok(copies)
     }
 
+    /// Gives back the pages of sliding-window groups that no token from position `first_new`
+    /// on can see: logical blocks wholly before `first_new + 1 − window`. Their entries become
+    /// [`NO_PAGE`]; a hashed page stays in the prefix cache until it is reused. A sequence that
+    /// still has to ship its pages (a prefill worker's) keeps them.
+    pub fn release_passed(&mut self, table: &mut BlockTable, first_new: usize) {
+        let groups = self.num_groups();
+        let logical = table.len() / groups;
+        let bs = self.block_size;
+        for g in 0..groups {
+            let Some(w) = self.windows[g] else { continue };
+            let passed = |pos: usize| ((pos + 1).saturating_sub(w) / bs).min(logical);
+            for i in passed(table.window_start)..passed(first_new) {
+                let b = std::mem::replace(&mut table.blocks[i * groups + g], NIL);
+                if b != NIL {
+                    self.drop_ref(b);
+                }
+            }
+        }
+        table.window_start = table.window_start.max(first_new);
+    }
+
     /// Starts recording [`KvEvent`]s (a server publishes them; nothing else needs them). The
     /// first event is [`KvEvent::Cleared`] followed by every block already cached.
     pub fn enable_kv_events(&mut self) {
-        let mut all: Vec<BlockHash> = self.cached.keys().copied().collect();
+        let mut all = self.cached_hashes();
         all.sort();
         let mut ev = vec![KvEvent::Cleared];
         if !all.is_empty() {
@@ -393,7 +500,7 @@ impl BlockManager {
 
     /// Every block hash in the prefix cache (for a router's resync).
     pub fn cached_hashes(&self) -> Vec<BlockHash> {
-        self.cached.keys().copied().collect()
+        self.cached.iter().filter(|(_, &b)| self.group0[b as usize]).map(|(h, _)| *h).collect()
     }
 
     /// Registers the table's full blocks (hashes in `hashes`, one per full computed block) in
@@ -402,17 +509,24 @@ impl BlockManager {
         if !self.enable_prefix_caching {
             return;
         }
-        let upto = hashes.len().min(table.len());
+        let groups = self.num_groups();
+        let upto = hashes.len().min(table.len() / groups);
         let mut stored = Vec::new();
         let from = table.num_hashed.min(upto);
-        for (&b, &h) in table.blocks[from..upto].iter().zip(&hashes[from..upto]) {
-            if self.hash[b as usize].is_none()
+        for (e, &b) in table.blocks.iter().enumerate().take(upto * groups).skip(from * groups) {
+            let (i, g) = (e / groups, e % groups);
+            let h = hashes[i].for_group(g);
+            if b != NIL
+                && self.hash[b as usize].is_none()
                 && !self.cached.contains_key(&h)
                 && self.ref_count[b as usize] == 1
             {
                 self.hash[b as usize] = Some(h);
+                self.group0[b as usize] = g == 0;
                 self.cached.insert(h, b);
-                stored.push(h);
+                if g == 0 {
+                    stored.push(h);
+                }
             }
         }
         if let (Some(ev), false) = (&mut self.events, stored.is_empty()) {
@@ -421,28 +535,34 @@ impl BlockManager {
         table.num_hashed = table.num_hashed.max(upto);
     }
 
-    /// Releases the blocks of `table` beyond the first `keep` (e.g. blocks that held rejected
-    /// speculative tokens).
+    /// Releases the pages of `table` beyond its first `keep` logical blocks (e.g. blocks that
+    /// held rejected speculative tokens).
     pub fn truncate(&mut self, table: &mut BlockTable, keep: usize) {
-        while table.blocks.len() > keep {
+        let groups = self.num_groups();
+        while table.blocks.len() > keep * groups {
             let b = table.blocks.pop().expect("longer than keep");
-            self.drop_ref(b);
+            if b != NIL {
+                self.drop_ref(b);
+            }
         }
-        table.num_hashed = table.num_hashed.min(table.blocks.len());
+        table.num_hashed = table.num_hashed.min(table.blocks.len() / groups);
     }
 
     /// Releases every block of `table` (tail first, so a prefix stays cached longest).
     pub fn free(&mut self, table: &mut BlockTable) {
         for &b in table.blocks.iter().rev() {
-            self.drop_ref(b);
+            if b != NIL {
+                self.drop_ref(b);
+            }
         }
         table.blocks.clear();
         table.num_hashed = 0;
+        table.window_start = 0;
     }
 
     /// A child table sharing every block of `parent` (copy-on-write on the next write).
     pub fn fork(&mut self, parent: &BlockTable) -> BlockTable {
-        for &b in &parent.blocks {
+        for &b in parent.blocks.iter().filter(|&&b| b != NIL) {
             self.ref_count[b as usize] += 1;
         }
         parent.clone()
@@ -454,18 +574,29 @@ impl BlockManager {
         &mut self,
         table: &mut BlockTable,
     ) -> Result<(Vec<u32>, BlockCopies), NoFreeBlocks> {
-        if self.host_free.len() < table.len() {
-            return Err(NoFreeBlocks { needed: table.len(), free: self.host_free.len() });
+        let held = table.blocks.iter().filter(|&&b| b != NIL).count();
+        if self.host_free.len() < held {
+            return Err(NoFreeBlocks { needed: held, free: self.host_free.len() });
         }
         let mut host = Vec::with_capacity(table.len());
-        let mut copies = Vec::with_capacity(table.len());
+        let mut copies = Vec::with_capacity(held);
         for &b in &table.blocks {
+            if b == NIL {
+                host.push(NIL);
+                continue;
+            }
             let h = self.host_free.pop().expect("checked above");
             host.push(h);
             copies.push((b, h));
         }
         self.free(table);
         Ok((host, copies))
+    }
+
+    /// Device pages a swapped-out table needs to come back and grow to `num_tokens` tokens.
+    pub fn swap_in_need(&self, host: &[u32], num_tokens: usize) -> usize {
+        let held = host.iter().filter(|&&h| h != NIL).count();
+        held + (num_tokens.div_ceil(self.block_size) * self.num_groups()).saturating_sub(host.len())
     }
 
     /// Whether a swapped-out table of `n` host blocks fits back on the device.
@@ -478,12 +609,17 @@ impl BlockManager {
         &mut self,
         host: &mut Vec<u32>,
     ) -> Result<(BlockTable, Vec<(u32, u32)>), NoFreeBlocks> {
-        if host.len() > self.num_free {
-            return Err(NoFreeBlocks { needed: host.len(), free: self.num_free });
+        let held = host.iter().filter(|&&h| h != NIL).count();
+        if held > self.num_free {
+            return Err(NoFreeBlocks { needed: held, free: self.num_free });
         }
         let mut table = BlockTable::default();
-        let mut copies = Vec::with_capacity(host.len());
+        let mut copies = Vec::with_capacity(held);
         for &h in host.iter() {
+            if h == NIL {
+                table.blocks.push(NIL);
+                continue;
+            }
             let b = self.take_free();
             table.blocks.push(b);
             copies.push((h, b));
@@ -494,7 +630,7 @@ impl BlockManager {
 
     /// Releases host blocks (a swapped sequence that was aborted).
     pub fn free_host(&mut self, host: &mut Vec<u32>) {
-        self.host_free.append(host);
+        self.host_free.extend(host.drain(..).filter(|&h| h != NIL));
     }
 
     /// Checks every invariant against the complete list of holders; returns a description of the
@@ -506,7 +642,7 @@ impl BlockManager {
     ) -> Result<(), String> {
         let mut counts = vec![0u32; self.num_blocks()];
         for t in holders {
-            for &b in &t.blocks {
+            for &b in t.blocks.iter().filter(|&&b| b != NIL) {
                 counts[b as usize] += 1;
             }
         }
@@ -541,7 +677,8 @@ impl BlockManager {
                 ));
             }
         }
-        let held_host: usize = host_holders.iter().map(|h| h.len()).sum();
+        let held_host: usize =
+            host_holders.iter().map(|h| h.iter().filter(|&&b| b != NIL).count()).sum();
         if held_host + self.host_free.len() != self.num_host_blocks {
             return Err(format!(
                 "host blocks: {held_host} held + {} free != {}",

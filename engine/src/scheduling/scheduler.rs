@@ -264,7 +264,8 @@ impl Scheduler {
         let seq = self.seqs.get_mut(&id)?;
         seq.update_block_hashes(seed, bs);
         let usable = (seq.len() - 1) / bs;
-        let cached = self.block_manager.lookup_prefix(&seq.block_hashes[..usable], true);
+        // Pages of the hit that a window has passed are not needed: none are shipped back.
+        let cached = self.block_manager.lookup_prefix_in_window(&seq.block_hashes[..usable], true);
         let len = seq.len();
         if !self.block_manager.can_allocate(&seq.block_table, &cached, len) {
             return None;
@@ -272,7 +273,7 @@ impl Scheduler {
         self.block_manager
             .allocate(&mut seq.block_table, &cached, len)
             .expect("checked can_allocate");
-        seq.num_computed_tokens = cached.len() * bs;
+        seq.num_computed_tokens = self.block_manager.cached_tokens(&cached);
         seq.metrics.num_cached_tokens = seq.num_computed_tokens;
         self.waiting.retain(|&x| x != id);
         self.parked.push(id);
@@ -360,6 +361,9 @@ impl Scheduler {
         loop {
             let seq = self.seqs.get_mut(&id).expect("sequence exists");
             let from = seq.num_computed_tokens;
+            if !seq.prefill_only {
+                self.block_manager.release_passed(&mut seq.block_table, from);
+            }
             match self.block_manager.append_slots(&mut seq.block_table, from, from + n) {
                 Ok(copies) => {
                     out.blocks_to_copy.extend(copies);
@@ -419,12 +423,12 @@ impl Scheduler {
                 if !self.has_room(self.slots(id)) || budget == 0 {
                     break;
                 }
-                let bs = self.block_manager.block_size();
                 let seq = &self.seqs[&id];
                 let n = seq.num_uncomputed().min(budget).min(seq.chunk_limit());
                 // Blocks for its KV and for this step's tokens, so the reservation below cannot
                 // preempt a sequence whose swap-in is already planned.
-                let need = seq.host_blocks.len().max((seq.num_computed_tokens + n).div_ceil(bs));
+                let need =
+                    self.block_manager.swap_in_need(&seq.host_blocks, seq.num_computed_tokens + n);
                 if !self.block_manager.can_swap_in(need) {
                     break;
                 }
@@ -499,8 +503,14 @@ impl Scheduler {
             // At least one token is always computed, to produce logits.
             let usable = (seq.len() - 1) / bs;
             let first_time = seq.metrics.first_scheduled_time.is_none();
-            let cached = self.block_manager.lookup_prefix(&seq.block_hashes[..usable], first_time);
-            let num_cached = cached.len() * bs;
+            let hashes = &seq.block_hashes[..usable];
+            // A prefill worker's request ships every page of its prompt, so it needs them all.
+            let cached = if seq.prefill_only {
+                self.block_manager.lookup_prefix(hashes, first_time)
+            } else {
+                self.block_manager.lookup_prefix_in_window(hashes, first_time)
+            };
+            let num_cached = self.block_manager.cached_tokens(&cached);
             let remaining = seq.len() - num_cached;
             let n = if self.config.enable_chunked_prefill {
                 remaining.min(*budget).min(seq.chunk_limit())
@@ -638,7 +648,7 @@ impl Scheduler {
             spec.draft_probs.clear();
             spec.estimate.update(proposed, accepted);
             spec.draft_computed = spec.draft_computed.min(seq.num_computed_tokens);
-            spec.draft_blocks.truncate(keep);
+            spec.draft_blocks.truncate(keep * self.block_manager.num_groups());
         }
     }
 

@@ -10,20 +10,22 @@ use crate::model_files::config::ModelConfig;
 
 /// Attention of every batch token over its sequence's cached context, into `out` (`t × q_size`).
 /// Work items are (token, KV head): the query heads sharing a KV head are computed together,
-/// so each cached K and V row is read once per group.
+/// so each cached K and V row is read once per group. `kv_slot` is `(KV group, number of KV
+/// groups, layer index in the group's page)` of the layer ([`crate::backend::KvGroups`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend(
     cfg: &ModelConfig,
     kv: &CpuKvCache,
     window: Option<usize>,
     simd: bool,
-    layer: usize,
+    kv_slot: (usize, usize, usize),
     q: &[f32],
     b: &ForwardBatch,
     tok_seq: &[usize],
     out: &mut [f32],
 ) {
     let (hd, nh, nkv) = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads);
+    let (kv_group, kv_groups, layer) = kv_slot;
     let group = nh / nkv;
     let bs = kv.block_size();
     let scale = 1.0 / cfg.query_pre_attn_scalar.unwrap_or(hd as f32).sqrt();
@@ -56,7 +58,8 @@ pub(super) fn attend(
                 let start = window.map_or(0, |w| end.saturating_sub(w));
                 slots.clear();
                 let table = &b.seqs[tok_seq[ti]].block_table;
-                for (bi, &blk) in table.iter().enumerate().skip(start / bs) {
+                let pages = table.iter().skip(kv_group).step_by(kv_groups);
+                for (bi, &blk) in pages.enumerate().skip(start / bs) {
                     let base = blk as usize * bs;
                     let (lo, hi) = ((bi * bs).max(start), ((bi + 1) * bs).min(end));
                     slots.extend(base + lo - bi * bs..base + hi - bi * bs);

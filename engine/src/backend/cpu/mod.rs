@@ -22,7 +22,9 @@ mod repack_k;
 
 use std::sync::Arc;
 
-use crate::backend::{BackendError, ForwardBatch, KernelPath, KvCacheSpec, ModelBackend};
+use crate::backend::{
+    BackendError, ForwardBatch, KernelPath, KvCacheSpec, KvGroups, ModelBackend, NO_PAGE,
+};
 use crate::model_files::config::{Activation, Arch, ModelConfig, RopeStyle};
 
 use crate::model_files::weights::ModelFiles;
@@ -44,6 +46,9 @@ pub struct CpuBackendOptions {
     pub num_blocks: usize,
     /// Number of host swap blocks.
     pub num_host_blocks: usize,
+    /// Group sliding-window layers into KV pages of their own, so that the pages their window
+    /// has passed are given back ([`KvGroups`]); off: one page holds every layer.
+    pub hybrid_kv: bool,
 }
 
 /// Loads one or more weight matrices with the same input width as one fused linear layer
@@ -171,6 +176,8 @@ pub struct CpuBackend {
     /// RoPE of the sliding-window layers, only when their base differs from `rope`'s (Gemma 3).
     rope_local: Option<Rope>,
     kv: CpuKvCache,
+    /// How layers share the cache's pages.
+    kv_groups: KvGroups,
     simd: bool,
     /// Working buffers of `forward`, kept between calls so a step allocates nothing once the
     /// largest batch has been seen.
@@ -318,28 +325,49 @@ impl CpuBackend {
             ),
             layers,
             kv: {
-                let mut pool =
-                    CpuKvCache::new(cfg.num_layers, opts.num_blocks, opts.block_size, kv)
-                        .with_host_blocks(opts.num_host_blocks);
+                let layers = Self::kv_groups_for(cfg, opts.hybrid_kv).layers_per_page;
+                let mut pool = CpuKvCache::new(layers, opts.num_blocks, opts.block_size, kv)
+                    .with_host_blocks(opts.num_host_blocks);
                 pool.prefault(pool::ThreadPool::global());
                 pool
             },
+            kv_groups: Self::kv_groups_for(cfg, opts.hybrid_kv),
             simd: simd_available(),
             scratch: Scratch::default(),
         })
     }
 
-    /// Bytes of KV cache one block takes for `cfg` in this backend (f32 K and V).
-    pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize) -> usize {
-        CpuKvCache::block_bytes(cfg.num_layers, block_size, cfg.kv_size())
+    /// How this backend groups `cfg`'s layers into KV pages: by attention kind when `hybrid`
+    /// and the model has sliding-window layers, else one group of every layer.
+    pub fn kv_groups_for(cfg: &ModelConfig, hybrid: bool) -> KvGroups {
+        if hybrid {
+            KvGroups::for_layers(
+                &(0..cfg.num_layers).map(|l| cfg.layer_window(l)).collect::<Vec<_>>(),
+            )
+        } else {
+            KvGroups::single(cfg.num_layers)
+        }
+    }
+
+    /// Bytes of KV cache one block (page) takes for `cfg` in this backend (f32 K and V).
+    pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize, hybrid: bool) -> usize {
+        let layers = Self::kv_groups_for(cfg, hybrid).layers_per_page;
+        CpuKvCache::block_bytes(layers, block_size, cfg.kv_size())
     }
 
     fn validate(&self, b: &ForwardBatch) -> Result<(), BackendError> {
         let bad = |m: String| Err(BackendError::InvalidBatch(m));
         let t = b.token_ids.len();
-        if b.positions.len() != t || b.slot_mapping.len() != t {
+        let groups = self.kv_groups.num_groups();
+        if b.num_kv_groups() != groups {
             return bad(format!(
-                "{t} tokens but {} positions and {} slots",
+                "batch laid out for {} KV groups, the cache has {groups}",
+                b.num_kv_groups()
+            ));
+        }
+        if b.positions.len() != t || b.slot_mapping.len() != t * groups {
+            return bad(format!(
+                "{t} tokens but {} positions and {} slots ({groups} per token)",
                 b.positions.len(),
                 b.slot_mapping.len()
             ));
@@ -368,16 +396,31 @@ impl CpuBackend {
             if s.query_start != covered || s.query_len == 0 || s.query_len > s.context_len {
                 return bad(format!("sequence slice {s:?} does not tile the batch"));
             }
-            if s.context_len.div_ceil(bs) > s.block_table.len() {
+            if s.context_len.div_ceil(bs) * groups > s.block_table.len() {
                 return bad(format!(
-                    "context of {} tokens needs more than {} blocks",
+                    "context of {} tokens needs more than {} pages",
                     s.context_len,
                     s.block_table.len()
                 ));
             }
-            if let Some(&blk) = s.block_table.iter().find(|&&x| x as usize >= self.kv.num_blocks())
-            {
-                return bad(format!("block {blk} outside the pool of {}", self.kv.num_blocks()));
+            // Every page a layer reads: global groups' from the start, local groups' from the
+            // first position the sequence's first query sees.
+            let first = s.context_len - s.query_len;
+            for (e, &blk) in s.block_table.iter().enumerate() {
+                let (i, g) = (e / groups, e % groups);
+                let read_from = match self.kv_groups.windows[g] {
+                    Some(w) => (first + 1).saturating_sub(w) / bs,
+                    None => 0,
+                };
+                if blk == NO_PAGE && i >= read_from && i * bs < s.context_len {
+                    return bad(format!("page {e} of a sequence is read but was given back"));
+                }
+                if blk != NO_PAGE && blk as usize >= self.kv.num_blocks() {
+                    return bad(format!(
+                        "block {blk} outside the pool of {}",
+                        self.kv.num_blocks()
+                    ));
+                }
             }
             for i in 0..s.query_len {
                 if b.positions[s.query_start + i] as usize != s.context_len - s.query_len + i {
@@ -535,6 +578,10 @@ impl ModelBackend for CpuBackend {
         &self.cfg
     }
 
+    fn kv_groups(&self) -> KvGroups {
+        self.kv_groups.clone()
+    }
+
     fn kv_cache_spec(&self) -> KvCacheSpec {
         KvCacheSpec {
             num_blocks: self.kv.num_blocks(),
@@ -627,7 +674,9 @@ impl ModelBackend for CpuBackend {
             timed(Op::Qkv, || {
                 layer.attn.qkv.forward(hbuf, t, qkv);
             });
-            let kv_rows = self.kv.layer_writer(li);
+            let (kv_group, kv_layer) = self.kv_groups.layer_slot[li];
+            let groups = self.kv_groups.num_groups();
+            let kv_rows = self.kv.layer_writer(kv_layer);
             timed(Op::Rope, || {
                 par_rows(t, &mut [(&mut *qkv, qkv_w), (&mut *q, qs)], &|r, [qkv_rows, q_rows]| {
                     for (i, ti) in r.enumerate() {
@@ -649,7 +698,9 @@ impl ModelBackend for CpuBackend {
                         let (kr, vr) = rest.split_at(kvs);
                         // SAFETY: `validate` checked that every token has a slot of its own;
                         // the cache is not read until this region has ended.
-                        unsafe { kv_rows.write(b.slot_mapping[ti] as usize, kr, vr) };
+                        unsafe {
+                            kv_rows.write(b.slot_mapping[ti * groups + kv_group] as usize, kr, vr)
+                        };
                     }
                 });
             });
@@ -659,7 +710,7 @@ impl ModelBackend for CpuBackend {
                     &self.kv,
                     self.layers[li].window,
                     self.simd,
-                    li,
+                    (kv_group, groups, kv_layer),
                     q,
                     b,
                     tok_seq,

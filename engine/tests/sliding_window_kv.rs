@@ -1,0 +1,197 @@
+//! Sliding-window KV release: a model with local layers (Gemma 3: local and global layers;
+//! Mistral: every layer local) keeps each local group's pages only while its window can see
+//! them. The tokens and log-probabilities must equal those of the layout that keeps every page
+//! (`hybrid_kv: false`) under prefix caching, chunked prefill, preemption by recompute and by
+//! swap, n > 1 forks and speculative decoding; and the pages held must stay bounded by the
+//! window on the local groups.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use tandem_engine::scheduling::scheduler::{PreemptionMode, SchedulerConfig};
+use tandem_engine::speculative::spec_decode::SpeculativeConfig;
+use tandem_engine::{
+    CompletionOutput, EngineConfig, KvCacheSize, LLMEngine, LoadOptions, Model, Prompt,
+    SamplingParams,
+};
+
+/// Tokens per block (the tiny models' window is 16: four blocks).
+const BS: usize = 4;
+
+fn tiny(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data").join(name)
+}
+
+fn engine(model: &str, hybrid: bool, kv_tokens: usize, cfg: EngineConfig) -> LLMEngine {
+    let opts = LoadOptions {
+        block_size: BS,
+        kv_cache: KvCacheSize::Tokens(kv_tokens),
+        swap_space_bytes: 4 << 20,
+        hybrid_kv: hybrid,
+        ..Default::default()
+    };
+    LLMEngine::new(Model::load(&tiny(model), opts).unwrap(), cfg)
+}
+
+/// Requests sharing prefixes (prefix-cache hits), long enough to pass the window many times.
+fn requests(n: usize) -> Vec<(String, Vec<u32>, SamplingParams)> {
+    (0..n)
+        .map(|i| {
+            let mut prompt: Vec<u32> = (0..37).map(|k| 3 + (k * 7 % 50)).collect();
+            prompt.extend((0..(i as u32 * 5 % 11)).map(|k| 60 + k + i as u32));
+            let params = SamplingParams {
+                ignore_eos: true,
+                logprobs: Some(1),
+                ..SamplingParams::greedy(40 + 9 * (i % 5))
+            };
+            (format!("r{i}"), prompt, params)
+        })
+        .collect()
+}
+
+struct Run {
+    out: HashMap<String, Vec<CompletionOutput>>,
+    /// Most KV held at once, in layer-blocks (pages × layers a page holds).
+    peak_bytes: usize,
+    preemptions: u64,
+}
+
+/// Runs the requests in two waves: the second wave's prompts hit the prefix cache the first
+/// filled, past the window (so the hit's passed local pages are not taken).
+fn run(e: &mut LLMEngine, reqs: &[(String, Vec<u32>, SamplingParams)]) -> Run {
+    // Bytes of a page are proportional to the layers it holds.
+    let page = e.kv_groups().layers_per_page;
+    let mut out: HashMap<String, Vec<CompletionOutput>> = HashMap::new();
+    let mut peak = 0;
+    let (first, second) = reqs.split_at(reqs.len().div_ceil(2));
+    for wave in [first, second] {
+        for (id, p, sp) in wave {
+            e.add_request(id, Prompt::TokenIds(p.clone()), sp.clone(), None).unwrap();
+        }
+        drain(e, &mut out, &mut peak, page);
+    }
+    assert!(e.block_manager().stats().hits > 0, "the second wave hit the prefix cache");
+    let bm = e.block_manager();
+    assert_eq!(bm.num_free_blocks(), bm.num_blocks(), "every page back at the end");
+    Run { out, peak_bytes: peak, preemptions: e.stats().num_preemptions }
+}
+
+fn drain(
+    e: &mut LLMEngine,
+    out: &mut HashMap<String, Vec<CompletionOutput>>,
+    peak: &mut usize,
+    page: usize,
+) {
+    while e.has_unfinished_requests() {
+        // Outputs are deltas: accumulate each completion's tokens and log-probs.
+        for o in e.step().unwrap() {
+            let entry = out.entry(o.request_id.clone()).or_default();
+            for c in o.outputs {
+                match entry.iter_mut().find(|x| x.index == c.index) {
+                    Some(x) => {
+                        x.token_ids.extend(c.token_ids);
+                        x.logprobs.extend(c.logprobs);
+                    }
+                    None => entry.push(c),
+                }
+            }
+            entry.sort_by_key(|x| x.index);
+        }
+        e.check_invariants().unwrap();
+        let bm = e.block_manager();
+        *peak = (*peak).max((bm.num_blocks() - bm.num_free_blocks()) * page);
+    }
+}
+
+fn assert_same(a: &Run, b: &Run) {
+    assert_eq!(a.out.len(), b.out.len());
+    for (id, outs) in &a.out {
+        let other = &b.out[id];
+        assert_eq!(outs.len(), other.len());
+        for (x, y) in outs.iter().zip(other) {
+            assert!(x.token_ids.len() >= 40, "{id}: {} tokens", x.token_ids.len());
+            assert_eq!(x.token_ids, y.token_ids, "{id}: tokens differ");
+            assert_eq!(x.logprobs.len(), x.token_ids.len());
+            for (p, q) in x.logprobs.iter().zip(&y.logprobs) {
+                assert!(
+                    (p.chosen.logprob - q.chosen.logprob).abs() <= 1e-5,
+                    "{id}: log-prob {} vs {}",
+                    p.chosen.logprob,
+                    q.chosen.logprob
+                );
+            }
+        }
+    }
+}
+
+fn compare(model: &str, kv_tokens: usize, cfg: EngineConfig, reqs: usize) -> (Run, Run) {
+    let reqs = requests(reqs);
+    // The reference keeps every page, in a pool large enough never to preempt.
+    let reference = run(&mut engine(model, false, 8192, EngineConfig::default()), &reqs);
+    let grouped = run(&mut engine(model, true, kv_tokens, cfg), &reqs);
+    assert_same(&reference, &grouped);
+    (reference, grouped)
+}
+
+#[test]
+fn gemma3_with_window_release_equals_keeping_every_page_and_holds_less() {
+    let (reference, grouped) = compare("tiny-gemma3", 8192, EngineConfig::default(), 4);
+    // tiny-gemma3: 2 local layers (window 16) and 1 global. Keeping every page, 4 sequences of
+    // up to ~120 tokens hold all 3 layers of every token; released, the local layers hold a
+    // window (plus the block being written and one partly passed) per sequence.
+    assert!(
+        grouped.peak_bytes * 10 < reference.peak_bytes * 6,
+        "peak KV {} bytes with release vs {} without",
+        grouped.peak_bytes,
+        reference.peak_bytes
+    );
+}
+
+#[test]
+fn mistral_all_local_layers_release_too() {
+    let (reference, grouped) = compare("tiny-mistral", 8192, EngineConfig::default(), 3);
+    // A prompt's prefill chunk holds all its pages while it runs; decoding then keeps a window.
+    assert!(
+        grouped.peak_bytes * 10 < reference.peak_bytes * 6,
+        "{} vs {}",
+        grouped.peak_bytes,
+        reference.peak_bytes
+    );
+}
+
+#[test]
+fn window_release_survives_preemption_by_recompute_and_by_swap() {
+    for mode in [PreemptionMode::Recompute, PreemptionMode::Swap] {
+        let scheduler = SchedulerConfig {
+            preemption_mode: mode,
+            max_num_batched_tokens: 24,
+            ..Default::default()
+        };
+        let cfg = EngineConfig { scheduler, ..Default::default() };
+        // A pool too small for all five at once: sequences are preempted and come back.
+        let (_, grouped) = compare("tiny-gemma3", 128, cfg, 8);
+        assert!(grouped.preemptions > 0, "{mode:?}: no preemption happened");
+    }
+}
+
+#[test]
+fn window_release_with_forks_and_speculative_decoding() {
+    // n = 2 seeded sampling: the completions fork the prompt's pages.
+    let mut reqs = requests(2);
+    for (_, _, p) in &mut reqs {
+        *p = SamplingParams { n: 2, temperature: 0.8, seed: Some(7), ..p.clone() };
+    }
+    let reference = run(&mut engine("tiny-gemma3", false, 8192, EngineConfig::default()), &reqs);
+    let grouped = run(&mut engine("tiny-gemma3", true, 8192, EngineConfig::default()), &reqs);
+    assert_same(&reference, &grouped);
+    // Speculative decoding (n-gram drafts, and the model's first layer as its own draft):
+    // rejected drafts give back their pages; greedy output is the plain output.
+    let reqs = requests(3);
+    let plain = run(&mut engine("tiny-gemma3", false, 8192, EngineConfig::default()), &reqs);
+    for draft_layers in [None, Some(1)] {
+        let spec = SpeculativeConfig { draft_layers, disable_batch_size: 64, ..Default::default() };
+        let cfg = EngineConfig { speculative: Some(spec), ..Default::default() };
+        let spec_run = run(&mut engine("tiny-gemma3", true, 8192, cfg), &reqs);
+        assert_same(&plain, &spec_run);
+    }
+}
