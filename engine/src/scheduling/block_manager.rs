@@ -417,11 +417,25 @@ impl BlockManager {
             table.blocks.push(b);
         }
         table.num_hashed = table.num_hashed.max(cached.len() / self.num_groups());
-        while table.len() < num_tokens.div_ceil(self.block_size) * self.num_groups() {
-            let b = self.take_free();
-            table.blocks.push(b);
-        }
+        let total = num_tokens.div_ceil(self.block_size) * self.num_groups();
+        self.grow(table, total);
         Ok(())
+    }
+
+    /// Appends fresh pages until `table` has `total` entries, taking each group's pages one
+    /// after another: a group's new blocks then sit side by side in the pool (a layer reads
+    /// them in order) instead of one page in every `groups`.
+    fn grow(&mut self, table: &mut BlockTable, total: usize) {
+        let (start, groups) = (table.len(), self.num_groups());
+        if total <= start {
+            return;
+        }
+        table.blocks.resize(total, NIL);
+        for g in 0..groups {
+            for e in (start..total).filter(|e| e % groups == g) {
+                table.blocks[e] = self.take_free();
+            }
+        }
     }
 
     /// Makes room for tokens `first_new..num_tokens` to be written: appends blocks and copies
@@ -453,10 +467,7 @@ impl BlockManager {
             table.num_hashed = table.num_hashed.min(i / groups);
             copies.push((src, dst));
         }
-        for _ in 0..grow {
-            let b = self.take_free();
-            table.blocks.push(b);
-        }
+        self.grow(table, existing + grow);
         Ok(copies)
     }
 

@@ -52,15 +52,16 @@ pub(super) fn attend(
                     std::slice::from_raw_parts_mut(optr.get().add((ti * nh + h0) * hd), group * hd)
                 };
                 let qg = &q[(ti * nh + h0) * hd..(ti * nh + h0 + group) * hd];
-                // The cache slot of every context position it sees (a local layer: the
+                // The cache row of every context position it sees (a local layer: the
                 // last `window`), walking the block table once.
                 let end = b.positions[ti] as usize + 1;
                 let start = window.map_or(0, |w| end.saturating_sub(w));
                 slots.clear();
                 let table = &b.seqs[tok_seq[ti]].block_table;
-                let pages = table.iter().skip(kv_group).step_by(kv_groups);
-                for (bi, &blk) in pages.enumerate().skip(start / bs) {
-                    let base = blk as usize * bs;
+                for bi in start / bs..table.len() / kv_groups {
+                    // The layer's group's page of logical block `bi`.
+                    let blk = table[bi * kv_groups + kv_group];
+                    let base = blk as usize * kv.block_rows();
                     let (lo, hi) = ((bi * bs).max(start), ((bi + 1) * bs).min(end));
                     slots.extend(base + lo - bi * bs..base + hi - bi * bs);
                     if hi == end {
@@ -108,7 +109,7 @@ thread_local! {
 }
 
 /// The query heads `qg` (`group × head_dim`) sharing KV head `kvh`, over the cached positions
-/// in `slots`: softmax(q·Kᵀ·scale)·V per head, in f32. The portable reference of
+/// whose cache rows ([`CpuKvCache::row`]) are `slots`: softmax(q·Kᵀ·scale)·V per head, in f32. The portable reference of
 /// `attention_x86::attend_group`; `scores` is scratch of `group × slots.len()` floats.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_group(

@@ -279,7 +279,8 @@ mod tests {
 
     fn check_shape(hd: usize, group: usize) {
         let (layers, blocks, bs, kvh) = (2, 6, 16, 2);
-        let mut kv = CpuKvCache::new(layers, blocks, bs, kvh * hd);
+        // Padded blocks: rows are not slots.
+        let mut kv = CpuKvCache::new(layers, blocks, bs, kvh * hd, true);
         let mut rng = crate::sampling::sampler::Rng::new(3);
         let mut r = || rng.next_f64() as f32 * 2.0 - 1.0;
         for l in 0..layers {
@@ -291,7 +292,7 @@ mod tests {
         }
         let table = [4usize, 1, 5, 0];
         for ctx in [1, 7, 8, 9, 16, 33, 61] {
-            let slots: Vec<usize> = (0..ctx).map(|p| table[p / bs] * bs + p % bs).collect();
+            let slots: Vec<usize> = (0..ctx).map(|p| kv.row(table[p / bs] * bs + p % bs)).collect();
             let qg: Vec<f32> = (0..group * hd).map(|_| r()).collect();
             let scale = 1.0 / (hd as f32).sqrt();
             let (mut o, mut want) = (vec![0f32; group * hd], vec![0f32; group * hd]);

@@ -325,9 +325,16 @@ impl CpuBackend {
             ),
             layers,
             kv: {
-                let layers = Self::kv_groups_for(cfg, opts.hybrid_kv).layers_per_page;
-                let mut pool = CpuKvCache::new(layers, opts.num_blocks, opts.block_size, kv)
-                    .with_host_blocks(opts.num_host_blocks);
+                let groups = Self::kv_groups_for(cfg, opts.hybrid_kv);
+                let pad = groups.num_groups() > 1;
+                let mut pool = CpuKvCache::new(
+                    groups.layers_per_page,
+                    opts.num_blocks,
+                    opts.block_size,
+                    kv,
+                    pad,
+                )
+                .with_host_blocks(opts.num_host_blocks);
                 pool.prefault(pool::ThreadPool::global());
                 pool
             },
@@ -349,10 +356,12 @@ impl CpuBackend {
         }
     }
 
-    /// Bytes of KV cache one block (page) takes for `cfg` in this backend (f32 K and V).
+    /// Bytes of memory one block (page) takes in this backend's pool for `cfg` (f32 K and V,
+    /// and the spare row of interleaved groups' blocks).
     pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize, hybrid: bool) -> usize {
-        let layers = Self::kv_groups_for(cfg, hybrid).layers_per_page;
-        CpuKvCache::block_bytes(layers, block_size, cfg.kv_size())
+        let groups = Self::kv_groups_for(cfg, hybrid);
+        let rows = block_size + usize::from(groups.num_groups() > 1);
+        CpuKvCache::block_bytes(groups.layers_per_page, rows, cfg.kv_size())
     }
 
     fn validate(&self, b: &ForwardBatch) -> Result<(), BackendError> {
@@ -406,20 +415,21 @@ impl CpuBackend {
             // Every page a layer reads: global groups' from the start, local groups' from the
             // first position the sequence's first query sees.
             let first = s.context_len - s.query_len;
-            for (e, &blk) in s.block_table.iter().enumerate() {
-                let (i, g) = (e / groups, e % groups);
-                let read_from = match self.kv_groups.windows[g] {
-                    Some(w) => (first + 1).saturating_sub(w) / bs,
-                    None => 0,
-                };
-                if blk == NO_PAGE && i >= read_from && i * bs < s.context_len {
-                    return bad(format!("page {e} of a sequence is read but was given back"));
-                }
-                if blk != NO_PAGE && blk as usize >= self.kv.num_blocks() {
-                    return bad(format!(
-                        "block {blk} outside the pool of {}",
-                        self.kv.num_blocks()
-                    ));
+            for (g, window) in self.kv_groups.windows.iter().enumerate() {
+                let read_from = window.map_or(0, |w| (first + 1).saturating_sub(w) / bs);
+                let pages = s.block_table.iter().skip(g).step_by(groups);
+                for (i, &blk) in pages.enumerate() {
+                    if blk == NO_PAGE && i >= read_from && i * bs < s.context_len {
+                        return bad(format!(
+                            "page of block {i}, KV group {g} is read but was given back"
+                        ));
+                    }
+                    if blk != NO_PAGE && blk as usize >= self.kv.num_blocks() {
+                        return bad(format!(
+                            "block {blk} outside the pool of {}",
+                            self.kv.num_blocks()
+                        ));
+                    }
                 }
             }
             for i in 0..s.query_len {
