@@ -6,7 +6,9 @@
 #   native (default)  GGML_NATIVE=ON, i.e. every feature of this CPU - except on a CPU that
 #                     advertises AMX, where an explicit list is used with AMX off (the hypervisor
 #                     of the Intel machines faults on AMX instructions);
-#   avx2              AVX2/FMA/F16C/BMI2 only: the peer for Tandem's forced AVX2 path.
+#   avx2              AVX2/FMA/F16C/BMI2 only: the peer for Tandem's forced AVX2 path;
+#   avxvnni           avx2 plus AVX-VNNI, no AVX-512: what llama.cpp runs on an AVX-VNNI laptop
+#                     (Alder Lake and later), the peer for Tandem's forced AVX-VNNI path.
 # The build is cached in $TANDEM_CACHE_DIR/llama.cpp (default ~/.cache/tandem/llama.cpp);
 # prints the bin dir.
 set -euo pipefail
@@ -50,7 +52,10 @@ case "$ISA" in
   avx2)
     flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
       -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF) ;;
-  *) echo "LLAMA_CPP_ISA: native or avx2, not $ISA" >&2; exit 2 ;;
+  avxvnni)
+    flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+      -DGGML_AVX_VNNI=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF) ;;
+  *) echo "LLAMA_CPP_ISA: native, avx2 or avxvnni, not $ISA" >&2; exit 2 ;;
 esac
 PATH="$VENV/bin:$PATH" cmake -S "$LLAMA" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${flags[@]}" \
   -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
