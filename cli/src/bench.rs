@@ -451,6 +451,8 @@ fn single(a: SingleArgs) -> Result<()> {
     )?;
     let load_s = t0.elapsed().as_secs_f64();
     let spec = model.backend.kv_cache_spec();
+    // Every page in order: logical block i's page of KV group g is page i * groups + g.
+    let groups = model.backend.kv_groups().num_groups();
     let table: Vec<u32> = (0..spec.num_blocks as u32).collect();
     let vocab = model.config.vocab_size as u32;
     // A deterministic pseudo-random prompt of ordinary tokens.
@@ -461,7 +463,7 @@ fn single(a: SingleArgs) -> Result<()> {
     let (mut best_pp, mut best_tg) = (0f64, 0f64);
     let (mut sum_pp, mut sum_tg) = (0f64, 0f64);
     for _ in 0..a.repeat.max(1) {
-        let mut b = ForwardBatch::default();
+        let mut b = ForwardBatch::with_kv_groups(groups);
         b.push_seq(&prompt, 0, &table, spec.block_size, Logits::Last);
         let t = Instant::now();
         tandem_engine::backend::cpu::profile::reset();
@@ -475,14 +477,14 @@ fn single(a: SingleArgs) -> Result<()> {
         let mut next = argmax(&logits);
         let start = if a.decode_after_prompt { a.prompt_tokens } else { 0 };
         if !a.decode_after_prompt {
-            let mut b = ForwardBatch::default();
+            let mut b = ForwardBatch::with_kv_groups(groups);
             b.push_seq(&prompt[..1], 0, &table, spec.block_size, Logits::Last);
             next = argmax(&model.backend.forward(&b)?);
         }
         tandem_engine::backend::cpu::profile::reset();
         let t = Instant::now();
         for i in 0..a.decode_tokens {
-            let mut b = ForwardBatch::default();
+            let mut b = ForwardBatch::with_kv_groups(groups);
             b.push_seq(&[next], start.max(1) + i, &table, spec.block_size, Logits::Last);
             next = argmax(&model.backend.forward(&b)?);
         }

@@ -38,3 +38,41 @@ fn the_stub_streams_every_token_and_the_client_counts_them() {
     assert_eq!((r["completed"].as_u64(), r["failed"].as_u64()), (Some(8), Some(0)), "{r}");
     assert_eq!(r["total_output_tokens"], 8 * 12, "{r}");
 }
+
+/// `tandem bench single` and `bench engine` on a model with sliding-window layers (three KV
+/// groups: their batches lay out a page per group) report their figures and the KV held.
+#[test]
+fn single_and_engine_benches_run_a_sliding_window_model() {
+    let tiny = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/tiny-gemma3");
+    let run = |args: &[&str]| -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_tandem")).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = run(&[
+        "bench",
+        "single",
+        "--json",
+        "--model",
+        tiny,
+        "--prompt-tokens=40",
+        "--decode-tokens=4",
+    ]);
+    assert!(v["prompt_tok_per_s"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+    assert!(v["decode_tok_per_s"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+    let v = run(&[
+        "bench",
+        "engine",
+        "--json",
+        "--model",
+        tiny,
+        "--num-prompts=2",
+        "--input-len=48",
+        "--min-input-len=48",
+        "--output-len=8",
+        "--min-output-len=8",
+        "--block-size=4",
+    ]);
+    assert_eq!(v["kv_groups"], 3, "{v}");
+    assert!(v["peak_kv_mib"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+}

@@ -8,8 +8,9 @@
 #
 # Usage: scripts/bench/cpu_vs_llama_cpp.sh
 #   THREAD_LIST="1 2 4 8 16"     thread counts to run
-#   TANDEM_CPU_KERNEL=avx2       force a lower Tandem path (pair it with LLAMA_CPP_ISA=avx2)
-#   LLAMA_CPP_ISA=native|avx2    llama.cpp build (see build_llama_cpp.sh)
+#   TANDEM_CPU_KERNEL=avx2       force a lower Tandem path (pair avx2 with LLAMA_CPP_ISA=avx2,
+#                                avxvnni with LLAMA_CPP_ISA=avxvnni)
+#   LLAMA_CPP_ISA=native|avx2|avxvnni  llama.cpp build (see build_llama_cpp.sh)
 #   TANDEM_BIN, LLAMA_BIN, MODEL prebuilt binaries / model (e.g. on a host without cargo)
 #   REPS=3                       repetitions of each llama-bench / tandem bench figure
 set -euo pipefail
