@@ -133,30 +133,30 @@ fn compare(model: &str, kv_tokens: usize, cfg: EngineConfig, reqs: usize) -> (Ru
     (reference, grouped)
 }
 
-#[test]
-fn gemma3_with_window_release_equals_keeping_every_page_and_holds_less() {
-    let (reference, grouped) = compare("tiny-gemma3", 8192, EngineConfig::default(), 4);
-    // tiny-gemma3: 2 local layers (window 16) and 1 global. Keeping every page, 4 sequences of
-    // up to ~120 tokens hold all 3 layers of every token; released, the local layers hold a
-    // window (plus the block being written and one partly passed) per sequence.
+/// The grouped run held at most 60 % of the KV the reference held.
+fn assert_holds_less(reference: &Run, grouped: &Run) {
     assert!(
         grouped.peak_bytes * 10 < reference.peak_bytes * 6,
-        "peak KV {} bytes with release vs {} without",
+        "peak KV {} layer-blocks with release vs {} without",
         grouped.peak_bytes,
         reference.peak_bytes
     );
 }
 
 #[test]
+fn gemma3_with_window_release_equals_keeping_every_page_and_holds_less() {
+    let (reference, grouped) = compare("tiny-gemma3", 8192, EngineConfig::default(), 4);
+    // tiny-gemma3: 2 local layers (window 16) and 1 global. Keeping every page, 4 sequences of
+    // up to ~120 tokens hold all 3 layers of every token; released, the local layers hold a
+    // window (plus the block being written and one partly passed) per sequence.
+    assert_holds_less(&reference, &grouped);
+}
+
+#[test]
 fn mistral_all_local_layers_release_too() {
     let (reference, grouped) = compare("tiny-mistral", 8192, EngineConfig::default(), 3);
     // A prompt's prefill chunk holds all its pages while it runs; decoding then keeps a window.
-    assert!(
-        grouped.peak_bytes * 10 < reference.peak_bytes * 6,
-        "{} vs {}",
-        grouped.peak_bytes,
-        reference.peak_bytes
-    );
+    assert_holds_less(&reference, &grouped);
 }
 
 #[test]
