@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use tandem_engine::sampling::beam::BeamSearch;
 use tandem_engine::scheduling::scheduler::{PreemptionMode, SchedulerConfig};
 use tandem_engine::speculative::spec_decode::SpeculativeConfig;
 use tandem_engine::{
@@ -194,4 +195,36 @@ fn window_release_with_forks_and_speculative_decoding() {
         let spec_run = run(&mut engine("tiny-gemma3", true, 8192, cfg), &reqs);
         assert_same(&plain, &spec_run);
     }
+}
+
+#[test]
+fn window_release_under_beam_search() {
+    // Beams fork and wait for each other (held) while the window passes their blocks.
+    let mut reqs = requests(2);
+    for (_, _, p) in &mut reqs {
+        *p = SamplingParams {
+            n: 3,
+            temperature: 0.0,
+            max_tokens: 30,
+            beam_search: Some(BeamSearch::default()),
+            ..Default::default()
+        };
+    }
+    let reference = run(&mut engine("tiny-gemma3", false, 8192, EngineConfig::default()), &reqs);
+    let grouped = run(&mut engine("tiny-gemma3", true, 8192, EngineConfig::default()), &reqs);
+    for (id, outs) in &reference.out {
+        assert_eq!(outs.len(), 3, "{id}: three beams");
+        for (x, y) in outs.iter().zip(&grouped.out[id]) {
+            assert_eq!(x.token_ids.len(), 30, "{id}: beam length");
+            assert_eq!(x.token_ids, y.token_ids, "{id}: beam tokens differ");
+            assert!((x.cumulative_logprob - y.cumulative_logprob).abs() < 1e-4, "{id}");
+        }
+    }
+    // Beams share the prompt's pages, so less is at stake than with separate sequences.
+    assert!(
+        grouped.peak_bytes < reference.peak_bytes,
+        "{} vs {}",
+        grouped.peak_bytes,
+        reference.peak_bytes
+    );
 }
