@@ -228,3 +228,24 @@ fn window_release_under_beam_search() {
         reference.peak_bytes
     );
 }
+
+#[test]
+fn a_separate_draft_model_is_refused_while_windows_give_pages_back() {
+    let spec = SpeculativeConfig::default();
+    let cfg = || EngineConfig { speculative: Some(spec.clone()), ..Default::default() };
+    let draft = |hybrid: bool| {
+        let opts = LoadOptions {
+            block_size: BS,
+            kv_cache: KvCacheSize::Tokens(8192),
+            hybrid_kv: hybrid,
+            ..Default::default()
+        };
+        Model::load(&tiny("tiny-gemma3"), opts).unwrap()
+    };
+    let mut e = engine("tiny-gemma3", true, 8192, cfg());
+    let err = e.set_draft_model(draft(true)).unwrap_err().to_string();
+    assert!(err.contains("sliding window"), "{err}");
+    // With every page kept, the same draft is accepted.
+    let mut e = engine("tiny-gemma3", false, 8192, cfg());
+    e.set_draft_model(draft(false)).unwrap();
+}

@@ -192,10 +192,8 @@ impl LLMEngine {
         bm.set_zero_freed(config.zero_freed_blocks);
         bm.set_kv_groups(model.backend.kv_groups().windows);
         // The longest sequence whose every page fits (before any window passes).
-        let max_model_len = model
-            .config
-            .max_position_embeddings
-            .min(spec.num_blocks / bm.num_groups() * spec.block_size);
+        let fits = spec.num_blocks / bm.num_groups() * spec.block_size;
+        let max_model_len = model.config.max_position_embeddings.min(fits);
         let mut sched_cfg = config.scheduler;
         sched_cfg.max_model_len = max_model_len;
         LLMEngine {
@@ -240,12 +238,12 @@ impl LLMEngine {
                 draft.config.vocab_size, self.model_config.vocab_size
             )));
         }
-        if self.scheduler.block_manager.num_groups() > 1
-            || draft.backend.kv_groups() != self.runner.backend.kv_groups()
-        {
+        let groups = self.runner.backend.kv_groups();
+        if groups.releases() || draft.backend.kv_groups() != groups {
             return Err(EngineError::InvalidRequest(
-                "a draft model with its own KV needs a model without sliding-window layers \
-                 (it would read pages the window gave back); use --speculative self or ngram"
+                "a draft model with its own KV needs the model's pages kept whole (it would read \
+                 pages a sliding window gave back): use --speculative self-draft or ngram, or \
+                 --disable-hybrid-kv-cache-manager"
                     .into(),
             ));
         }
