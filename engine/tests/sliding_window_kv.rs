@@ -232,7 +232,7 @@ fn window_release_under_beam_search() {
 #[test]
 fn a_separate_draft_model_is_refused_while_windows_give_pages_back() {
     let spec = SpeculativeConfig::default();
-    let cfg = || EngineConfig { speculative: Some(spec.clone()), ..Default::default() };
+    let cfg = || EngineConfig { speculative: Some(spec), ..Default::default() };
     let draft = |hybrid: bool| {
         let opts = LoadOptions {
             block_size: BS,
