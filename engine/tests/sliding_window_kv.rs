@@ -50,43 +50,41 @@ fn requests(n: usize) -> Vec<(String, Vec<u32>, SamplingParams)> {
         .collect()
 }
 
+#[derive(Default)]
 struct Run {
     out: HashMap<String, Vec<CompletionOutput>>,
-    /// Most KV held at once, in layer-blocks (pages × layers a page holds).
-    peak_bytes: usize,
+    /// Most KV held at once, in layer-blocks (pages × layers a page holds: a page's bytes are
+    /// proportional to its layers).
+    peak_kv: usize,
+    /// Whether some pages were ever swapped out to host blocks.
+    swapped: bool,
     preemptions: u64,
 }
 
 /// Runs the requests in two waves: the second wave's prompts hit the prefix cache the first
 /// filled, past the window (so the hit's passed local pages are not taken).
 fn run(e: &mut LLMEngine, reqs: &[(String, Vec<u32>, SamplingParams)]) -> Run {
-    // Bytes of a page are proportional to the layers it holds.
-    let page = e.kv_groups().layers_per_page;
-    let mut out: HashMap<String, Vec<CompletionOutput>> = HashMap::new();
-    let mut peak = 0;
+    let mut run = Run::default();
     let (first, second) = reqs.split_at(reqs.len().div_ceil(2));
     for wave in [first, second] {
         for (id, p, sp) in wave {
             e.add_request(id, Prompt::TokenIds(p.clone()), sp.clone(), None).unwrap();
         }
-        drain(e, &mut out, &mut peak, page);
+        drain(e, &mut run);
     }
     assert!(e.block_manager().stats().hits > 0, "the second wave hit the prefix cache");
     let bm = e.block_manager();
     assert_eq!(bm.num_free_blocks(), bm.num_blocks(), "every page back at the end");
-    Run { out, peak_bytes: peak, preemptions: e.stats().num_preemptions }
+    run.preemptions = e.stats().num_preemptions;
+    run
 }
 
-fn drain(
-    e: &mut LLMEngine,
-    out: &mut HashMap<String, Vec<CompletionOutput>>,
-    peak: &mut usize,
-    page: usize,
-) {
+fn drain(e: &mut LLMEngine, run: &mut Run) {
+    let page_layers = e.kv_groups().layers_per_page;
     while e.has_unfinished_requests() {
         // Outputs are deltas: accumulate each completion's tokens and log-probs.
         for o in e.step().unwrap() {
-            let entry = out.entry(o.request_id.clone()).or_default();
+            let entry = run.out.entry(o.request_id.clone()).or_default();
             for c in o.outputs {
                 match entry.iter_mut().find(|x| x.index == c.index) {
                     Some(x) => {
@@ -100,7 +98,8 @@ fn drain(
         }
         e.check_invariants().unwrap();
         let bm = e.block_manager();
-        *peak = (*peak).max((bm.num_blocks() - bm.num_free_blocks()) * page);
+        run.peak_kv = run.peak_kv.max((bm.num_blocks() - bm.num_free_blocks()) * page_layers);
+        run.swapped |= bm.num_free_host_blocks() < bm.num_host_blocks();
     }
 }
 
@@ -137,10 +136,10 @@ fn compare(model: &str, kv_tokens: usize, cfg: EngineConfig, reqs: usize) -> (Ru
 /// The grouped run held at most 60 % of the KV the reference held.
 fn assert_holds_less(reference: &Run, grouped: &Run) {
     assert!(
-        grouped.peak_bytes * 10 < reference.peak_bytes * 6,
+        grouped.peak_kv * 10 < reference.peak_kv * 6,
         "peak KV {} layer-blocks with release vs {} without",
-        grouped.peak_bytes,
-        reference.peak_bytes
+        grouped.peak_kv,
+        reference.peak_kv
     );
 }
 
@@ -169,9 +168,11 @@ fn window_release_survives_preemption_by_recompute_and_by_swap() {
             ..Default::default()
         };
         let cfg = EngineConfig { scheduler, ..Default::default() };
-        // A pool too small for all five at once: sequences are preempted and come back.
+        // A pool too small for the four of a wave at once: sequences are preempted and come
+        // back (swapped out and in, in the swap mode).
         let (_, grouped) = compare("tiny-gemma3", 128, cfg, 8);
         assert!(grouped.preemptions > 0, "{mode:?}: no preemption happened");
+        assert_eq!(grouped.swapped, mode == PreemptionMode::Swap, "{mode:?}");
     }
 }
 
@@ -221,12 +222,7 @@ fn window_release_under_beam_search() {
         }
     }
     // Beams share the prompt's pages, so less is at stake than with separate sequences.
-    assert!(
-        grouped.peak_bytes < reference.peak_bytes,
-        "{} vs {}",
-        grouped.peak_bytes,
-        reference.peak_bytes
-    );
+    assert!(grouped.peak_kv < reference.peak_kv, "{} vs {}", grouped.peak_kv, reference.peak_kv);
 }
 
 #[test]

@@ -16,6 +16,12 @@
 /// Entry of a block table whose page was given back (a local group's page no layer can read).
 pub const NO_PAGE: u32 = u32::MAX;
 
+/// The first logical block a layer of `window` (`None`: global) still reads from a query at
+/// position `pos` on: later queries see no earlier position, so blocks before it can go back.
+pub fn first_visible_block(window: Option<usize>, pos: usize, block_size: usize) -> usize {
+    window.map_or(0, |w| (pos + 1).saturating_sub(w) / block_size)
+}
+
 /// How the layers of a model are grouped into KV pages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvGroups {

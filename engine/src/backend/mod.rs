@@ -10,7 +10,7 @@ pub mod cpu;
 pub mod kv_groups;
 
 use crate::model_files::config::ModelConfig;
-pub use kv_groups::{KvGroups, NO_PAGE};
+pub use kv_groups::{first_visible_block, KvGroups, NO_PAGE};
 
 /// One sequence's part of a [`ForwardBatch`].
 #[derive(Debug, Clone, PartialEq)]
@@ -44,7 +44,7 @@ pub enum Logits {
 }
 
 /// A flattened batch of tokens for one forward pass (the varlen layout of seed 002).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ForwardBatch {
     /// Token ids, sequences one after another.
     pub token_ids: Vec<u32>,
@@ -53,7 +53,7 @@ pub struct ForwardBatch {
     /// KV cache slots (`page * block_size + offset`) where each token's K and V are written:
     /// entry `token * kv_groups + g` for the layers of KV group `g`.
     pub slot_mapping: Vec<u32>,
-    /// KV groups of the backend's cache ([`KvGroups`]); 0 is read as 1.
+    /// KV groups of the backend's cache ([`KvGroups`]): pages per logical block (1 by default).
     pub kv_groups: usize,
     /// The sequences, in batch order.
     pub seqs: Vec<SeqSlice>,
@@ -64,15 +64,26 @@ pub struct ForwardBatch {
     pub logits_exact: Vec<bool>,
 }
 
+impl Default for ForwardBatch {
+    /// An empty batch for a cache of one KV group.
+    fn default() -> Self {
+        ForwardBatch::with_kv_groups(1)
+    }
+}
+
 impl ForwardBatch {
     /// An empty batch for a cache of `kv_groups` groups.
     pub fn with_kv_groups(kv_groups: usize) -> Self {
-        ForwardBatch { kv_groups, ..Default::default() }
-    }
-
-    /// Pages per logical block of the batch's block tables.
-    pub fn num_kv_groups(&self) -> usize {
-        self.kv_groups.max(1)
+        assert!(kv_groups > 0, "a KV cache has at least one group");
+        ForwardBatch {
+            token_ids: Vec::new(),
+            positions: Vec::new(),
+            slot_mapping: Vec::new(),
+            kv_groups,
+            seqs: Vec::new(),
+            logits_indices: Vec::new(),
+            logits_exact: Vec::new(),
+        }
     }
 
     /// Appends a sequence's tokens at positions `start_pos..`, with slots derived from its
@@ -86,7 +97,7 @@ impl ForwardBatch {
         logits: Logits,
     ) {
         let query_start = self.token_ids.len();
-        let groups = self.num_kv_groups();
+        let groups = self.kv_groups;
         for (i, &t) in tokens.iter().enumerate() {
             let pos = start_pos + i;
             self.token_ids.push(t);

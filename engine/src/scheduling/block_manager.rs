@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use crate::backend::NO_PAGE;
+use crate::backend::{first_visible_block, NO_PAGE};
 use crate::scheduling::block_hash::BlockHash;
 
 /// The physical blocks a sequence holds, in logical order.
@@ -337,45 +337,46 @@ impl BlockManager {
             return Vec::new();
         }
         let (groups, bs) = (self.num_groups(), self.block_size);
-        let page = |m: &Self, i: usize, g: usize| m.cached.get(&hashes[i].for_group(g)).copied();
-        // Global groups (every group, without windows) must hold every block of the hit.
+        // A group whose every block of the hit must be cached: all of them, or (in a window)
+        // the global ones.
         let must = |g: usize| !in_window || self.windows[g].is_none();
-        let mut hit = 0;
-        while hit < hashes.len() && (0..groups).all(|g| !must(g) || page(self, hit, g).is_some()) {
-            hit += 1;
-        }
-        // The first block a local group still sees once `n` blocks are cached.
-        let first_seen = |g: usize, n: usize| match self.windows[g] {
-            Some(w) if in_window => (n * bs + 1).saturating_sub(w) / bs,
-            _ => 0,
-        };
-        if in_window {
-            // Per local group, how many of the first i blocks are missing: a hit of n blocks
-            // needs none missing in [first_seen, n).
-            let missing: Vec<Vec<usize>> = (0..groups)
-                .map(|g| {
-                    let mut acc = vec![0; hit + 1];
-                    for i in 0..hit {
-                        acc[i + 1] = acc[i] + usize::from(!must(g) && page(self, i, g).is_none());
-                    }
-                    acc
-                })
-                .collect();
-            while hit > 0 && !(0..groups).all(|g| missing[g][hit] == missing[g][first_seen(g, hit)])
-            {
-                hit -= 1;
+        // Each group's cached page of the leading blocks, looked up once, up to the first block
+        // a must-group misses.
+        let mut pages: Vec<Option<u32>> = Vec::new();
+        for h in hashes {
+            let block: Vec<Option<u32>> =
+                (0..groups).map(|g| self.cached.get(&h.for_group(g)).copied()).collect();
+            if (0..groups).any(|g| must(g) && block[g].is_none()) {
+                break;
             }
+            pages.extend(block);
         }
-        let mut out = Vec::with_capacity(hit * groups);
-        for i in 0..hit {
-            for g in 0..groups {
-                out.push(if i < first_seen(g, hit) {
+        let mut hit = pages.len() / groups;
+        // The first block a group still reads once `n` blocks are cached.
+        let first_seen = |g: usize, n: usize| {
+            if in_window {
+                first_visible_block(self.windows[g], n * bs, bs)
+            } else {
+                0
+            }
+        };
+        // Shorten the hit until every local group holds the blocks its window sees from its end.
+        while hit > 0
+            && !(0..groups)
+                .all(|g| (first_seen(g, hit)..hit).all(|i| pages[i * groups + g].is_some()))
+        {
+            hit -= 1;
+        }
+        let out = (0..hit * groups)
+            .map(|e| {
+                let (i, g) = (e / groups, e % groups);
+                if i < first_seen(g, hit) {
                     NIL
                 } else {
-                    page(self, i, g).expect("checked cached")
-                });
-            }
-        }
+                    pages[e].expect("a hit's pages are cached")
+                }
+            })
+            .collect();
         if record {
             self.stats.queries += hashes.len() as u64;
             self.stats.hits += hit as u64;
@@ -480,8 +481,11 @@ impl BlockManager {
         let logical = table.len() / groups;
         let bs = self.block_size;
         for g in 0..groups {
-            let Some(w) = self.windows[g] else { continue };
-            let passed = |pos: usize| ((pos + 1).saturating_sub(w) / bs).min(logical);
+            let window = self.windows[g];
+            if window.is_none() {
+                continue;
+            }
+            let passed = |pos: usize| first_visible_block(window, pos, bs).min(logical);
             for i in passed(table.window_start)..passed(first_new) {
                 let b = std::mem::replace(&mut table.blocks[i * groups + g], NIL);
                 if b != NIL {

@@ -23,7 +23,8 @@ mod repack_k;
 use std::sync::Arc;
 
 use crate::backend::{
-    BackendError, ForwardBatch, KernelPath, KvCacheSpec, KvGroups, ModelBackend, NO_PAGE,
+    first_visible_block, BackendError, ForwardBatch, KernelPath, KvCacheSpec, KvGroups,
+    ModelBackend, NO_PAGE,
 };
 use crate::model_files::config::{Activation, Arch, ModelConfig, RopeStyle};
 
@@ -307,6 +308,7 @@ impl CpuBackend {
             (true, Some(head)) => head,
             _ => load_fused(files, &[("output.weight".to_string(), cfg.vocab_size)], h, kp)?,
         };
+        let kv_groups = Self::kv_groups_for(cfg, opts.hybrid_kv);
         Ok(CpuBackend {
             kernel: kp,
             cfg: cfg.clone(),
@@ -325,20 +327,18 @@ impl CpuBackend {
             ),
             layers,
             kv: {
-                let groups = Self::kv_groups_for(cfg, opts.hybrid_kv);
-                let pad = groups.num_groups() > 1;
                 let mut pool = CpuKvCache::new(
-                    groups.layers_per_page,
+                    kv_groups.layers_per_page,
                     opts.num_blocks,
                     opts.block_size,
                     kv,
-                    pad,
+                    pads_blocks(&kv_groups),
                 )
                 .with_host_blocks(opts.num_host_blocks);
                 pool.prefault(pool::ThreadPool::global());
                 pool
             },
-            kv_groups: Self::kv_groups_for(cfg, opts.hybrid_kv),
+            kv_groups,
             simd: simd_available(),
             scratch: Scratch::default(),
         })
@@ -360,7 +360,7 @@ impl CpuBackend {
     /// and the spare row of interleaved groups' blocks).
     pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize, hybrid: bool) -> usize {
         let groups = Self::kv_groups_for(cfg, hybrid);
-        let rows = block_size + usize::from(groups.num_groups() > 1);
+        let rows = block_size + usize::from(pads_blocks(&groups));
         CpuKvCache::block_bytes(groups.layers_per_page, rows, cfg.kv_size())
     }
 
@@ -368,10 +368,10 @@ impl CpuBackend {
         let bad = |m: String| Err(BackendError::InvalidBatch(m));
         let t = b.token_ids.len();
         let groups = self.kv_groups.num_groups();
-        if b.num_kv_groups() != groups {
+        if b.kv_groups != groups {
             return bad(format!(
                 "batch laid out for {} KV groups, the cache has {groups}",
-                b.num_kv_groups()
+                b.kv_groups
             ));
         }
         if b.positions.len() != t || b.slot_mapping.len() != t * groups {
@@ -416,7 +416,7 @@ impl CpuBackend {
             // first position the sequence's first query sees.
             let first = s.context_len - s.query_len;
             for (g, window) in self.kv_groups.windows.iter().enumerate() {
-                let read_from = window.map_or(0, |w| (first + 1).saturating_sub(w) / bs);
+                let read_from = first_visible_block(*window, first, bs);
                 let pages = s.block_table.iter().skip(g).step_by(groups);
                 for (i, &blk) in pages.enumerate() {
                     if blk == NO_PAGE && i >= read_from && i * bs < s.context_len {
@@ -490,6 +490,13 @@ fn add_residual(
     par_rows(t, &mut [(&mut *x, h)], &|r, [xr]| {
         xr.iter_mut().zip(&out[r.start * h..r.end * h]).for_each(|(a, b)| *a += b)
     });
+}
+
+/// Whether the pool gives every block a spare row: when several KV groups share it, so that a
+/// group's pages, a fixed number of blocks apart, do not all map onto the same cache sets
+/// (`kv_cache.rs`).
+fn pads_blocks(groups: &KvGroups) -> bool {
+    groups.num_groups() > 1
 }
 
 fn simd_available() -> bool {
