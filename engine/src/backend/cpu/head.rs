@@ -26,19 +26,20 @@ pub const TWO_PASS_MIN_ROWS: usize = 16_384;
 pub const REFINE_MARGIN: f32 = 8.0;
 
 /// Whether a head of `n` rows, `t` logits rows, runs in two passes on `kernel`: only where the
-/// first level alone is cheaper (the i8 VNNI tiles skip the second level's `vpdpbusd`; the
-/// i16 activations of the plain-AVX2 kernel and of the AVX-512 batch kernel
-/// ([`takes_quad_layout`]) cost the same either way, and the latter outruns the first level
-/// alone: SmolLM2 Q4_K_M batched decode, 32 × (64 + 64), ~900 tok/s in two passes, ~925 in one
-/// on a 2-core AMD EPYC family 26 model 2 (Zen 5), AVX-512 VNNI kernel), for batches (one
-/// token's head is bound by reading the weights, which both passes do once), unless
-/// `TANDEM_LM_HEAD=one-pass`.
+/// first level alone is cheaper, for batches (one token's head is bound by reading the weights,
+/// which both passes do once), unless `TANDEM_LM_HEAD=one-pass`. The first pass runs on the
+/// i8 VNNI tiles, which skip the second level's `vpdpbusd`. The i16 batch kernels
+/// ([`takes_quad_layout`]) cost the same on one level or two; on AVX-512 the batch kernel
+/// outruns the first level alone (SmolLM2 Q4_K_M batched decode, 32 × (64 + 64), ~900 tok/s
+/// in two passes, ~925 in one on a 2-core AMD EPYC family 26 model 2 (Zen 5)), on AVX-VNNI the
+/// i8 first pass wins (Gemma 3 270M Q4_K_M, same load and CPU: head 2.68 s in one pass on the
+/// 256-bit batch kernel, 2.37 s in two).
 pub fn two_pass(kernel: QKernel, n: usize, t: usize) -> bool {
     static ONE_PASS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let one_pass =
         *ONE_PASS.get_or_init(|| std::env::var("TANDEM_LM_HEAD").is_ok_and(|v| v == "one-pass"));
-    let vnni_i8_tiles =
-        matches!(kernel, QKernel::Avx512Vnni | QKernel::AvxVnni) && !takes_quad_layout(kernel, t);
+    let vnni_i8_tiles = kernel == QKernel::AvxVnni
+        || (kernel == QKernel::Avx512Vnni && !takes_quad_layout(kernel, t));
     n >= TWO_PASS_MIN_ROWS && t >= 2 && vnni_i8_tiles && !one_pass
 }
 
@@ -53,9 +54,10 @@ impl QActs {
             qs: self.qs.clone(),
             qs2: vec![0; self.qs2.len()],
             q16: Vec::new(),
-            q16_quad: Vec::new(),
-            d_quad: Vec::new(),
-            s_quad: Vec::new(),
+            // `256·q₁ + q₂` with `|q₂| ≤ 127` rounds to `256·q₁`.
+            q16_quad: self.q16_quad.iter().map(|&v| ((v as i32 + 128) >> 8 << 8) as i16).collect(),
+            d_quad: self.d_quad.clone(),
+            s_quad: vec![0.0; self.s_quad.len()],
             d: self.d.clone(),
             s: vec![0.0; self.s.len()],
             s8: vec![0.0; self.s8.len()],
@@ -74,6 +76,10 @@ impl QActs {
                     c.s[at] = s;
                     c.s8[at] = s * 0.125;
                     c.s4[(ti / 4) * np * 8 + p * 8 + (ti % 4) * 2 + b] = s;
+                    if !c.s_quad.is_empty() {
+                        let lane = (((ti / 4) * np + p) * 4 + ti % 4) * 4 + 2 * b;
+                        c.s_quad[lane..lane + 2].fill(s * 0.5);
+                    }
                 }
             }
         }
@@ -103,7 +109,15 @@ impl QActs {
             npairs: np,
             qs: self.qs[r64.clone()].to_vec(),
             qs2: self.qs2[r64.clone()].to_vec(),
-            q16: if self.q16.is_empty() { Vec::new() } else { self.q16[r64].to_vec() },
+            // The per-token i16 layout, which a batch quantised for the i16 batch kernels
+            // lacks, from the two levels.
+            q16: {
+                let mut q16 = vec![0i16; np * 64];
+                for (j, (&q1, &q2)) in self.qs[r64.clone()].iter().zip(&self.qs2[r64]).enumerate() {
+                    q16[(j / 64) * 64 + wide_pos(j % 64)] = 256 * q1 as i16 + q2 as i16;
+                }
+                q16
+            },
             // One row takes the i8 tiles.
             q16_quad: Vec::new(),
             d_quad: Vec::new(),

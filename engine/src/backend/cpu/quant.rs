@@ -23,14 +23,15 @@ use crate::model_files::dtype::GgmlType;
 /// Elements per quantisation block.
 pub const QK: usize = 32;
 
-/// Rows from which activations quantised for the AVX-512 kernel also carry
-/// [`QActs::q16_quad`] (its batch kernel); fewer rows take the two-level i8 tiles.
+/// Rows from which activations quantised for an x86 SIMD kernel carry [`QActs::q16_quad`]
+/// (the i16 batch kernels); fewer rows take the per-token tiles.
 pub const WIDE512_MIN_ROWS: usize = 4;
 
 /// Whether `t` rows quantised for `kernel` carry [`QActs::q16_quad`], so that their matmuls run
-/// on the AVX-512 batch kernel (`quant_x86/wide512.rs`) rather than the i8 tiles.
+/// on an i16 batch kernel (`quant_x86/wide512.rs`, `quant_x86/wide256.rs`) rather than the
+/// per-token tiles.
 pub fn takes_quad_layout(kernel: QKernel, t: usize) -> bool {
-    kernel == QKernel::Avx512Vnni && t >= WIDE512_MIN_ROWS
+    kernel != QKernel::Scalar && t >= WIDE512_MIN_ROWS
 }
 
 /// Storage format of a quantised weight matrix.
@@ -299,10 +300,11 @@ pub struct QActs {
     /// Residual values at 1/256 of the scale, same layout.
     pub qs2: Vec<i8>,
     /// The combined `256·q₁ + q₂` as i16, each pair's 64 in the order the plain AVX2 kernel
-    /// widens weight bytes to i16 (see [`wide_pos`]); empty unless quantised for that kernel.
+    /// widens weight bytes to i16 (see [`wide_pos`]); empty unless quantised for that kernel
+    /// with fewer than [`WIDE512_MIN_ROWS`] rows (more take [`QActs::q16_quad`]).
     pub q16: Vec<i16>,
-    /// The combined `256·q₁ + q₂` as i16 for the AVX-512 batch kernel, four tokens side by
-    /// side: per quad of tokens (the last padded with zeros), pair and eighth of the pair (Q8
+    /// The combined `256·q₁ + q₂` as i16 for the batch kernels of every SIMD path (512 bits:
+    /// one quad per register; 256 bits: two registers), four tokens side by side: per quad of tokens (the last padded with zeros), pair and eighth of the pair (Q8
     /// positions `8c..8c+8`), the four tokens' eight values, `⌈t/4⌉ × npairs × 8 × 32`
     /// ([`quad_pos`]). Empty unless quantised for that kernel with at least
     /// [`WIDE512_MIN_ROWS`] rows.
@@ -336,7 +338,8 @@ impl QActs {
         self.quantize_for(x, t, k, QKernel::detect());
     }
 
-    /// Quantises for `kernel` (the plain AVX2 one also reads [`QActs::q16`]). Rows are spread
+    /// Quantises for `kernel` (the SIMD kernels also read [`QActs::q16_quad`] from
+    /// [`WIDE512_MIN_ROWS`] rows, the plain AVX2 one [`QActs::q16`] below). Rows are spread
     /// over the CPU pool when there are many.
     pub fn quantize_for(&mut self, x: &[f32], t: usize, k: usize, kernel: QKernel) {
         let nb = k / QK;
@@ -348,12 +351,12 @@ impl QActs {
             v.clear();
             v.resize(t * npairs * 64, 0);
         }
-        self.q16.clear();
-        if kernel == QKernel::Avx2 {
-            self.q16.resize(t * npairs * 64, 0);
-        }
         let quads = t.div_ceil(4);
         let wide512 = takes_quad_layout(kernel, t);
+        self.q16.clear();
+        if kernel == QKernel::Avx2 && !wide512 {
+            self.q16.resize(t * npairs * 64, 0);
+        }
         for (v, len) in [(&mut self.d_quad, 16), (&mut self.s_quad, 16)] {
             v.clear();
             if wide512 {
@@ -825,13 +828,19 @@ mod tests {
         }
         assert_eq!(a.qs, b.qs);
         assert_eq!(a.qs2, b.qs2);
-        assert_eq!(a.q16, b.q16);
-        // q16 holds 256·q₁ + q₂ of each Q8-layout byte, at its wide position.
-        for (j, (&q1, &q2)) in a.qs.iter().zip(&a.qs2).enumerate() {
-            assert_eq!(a.q16[(j / 64) * 64 + wide_pos(j % 64)], 256 * q1 as i16 + q2 as i16);
+        // The per-token i16 layout, which fewer rows than a quad carry: 256·q₁ + q₂ of each
+        // Q8-layout byte, at its wide position.
+        let few = WIDE512_MIN_ROWS - 1;
+        let mut f = QActs::default();
+        f.quantize_for(&x[..few * k], few, k, QKernel::Avx2);
+        assert!(a.q16.is_empty() && !f.q16.is_empty());
+        assert_eq!(f.q16, b.q16[..f.q16.len()]);
+        for (j, (&q1, &q2)) in f.qs.iter().zip(&f.qs2).enumerate() {
+            assert_eq!(f.q16[(j / 64) * 64 + wide_pos(j % 64)], 256 * q1 as i16 + q2 as i16);
         }
-        // The AVX-512 batch layout: 256·q₁ + q₂ of each token's Q8 position at its quad place,
-        // the padding of the last quad zero.
+        // The batch layout, the same for every SIMD kernel: 256·q₁ + q₂ of each token's Q8
+        // position at its quad place, the padding of the last quad zero.
+        assert_eq!(a.q16_quad, b.q16_quad);
         let mut c = QActs::default();
         c.quantize_for(&x, t, k, QKernel::Avx512Vnni);
         assert_eq!(c.q16_quad, b.q16_quad);

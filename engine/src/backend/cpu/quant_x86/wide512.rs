@@ -22,28 +22,6 @@ const RT: usize = 4;
 /// Quads of tokens per tile.
 const QT: usize = 3;
 
-/// A widened pair in the scratch: scale lanes, minimum lanes, 64 values as i16.
-#[derive(Clone, Copy)]
-#[repr(C, align(32))]
-struct WidePair {
-    dw: [f32; 4],
-    mw: [f32; 4],
-    q: [i16; 64],
-}
-
-thread_local! {
-    static SCRATCH: std::cell::RefCell<Vec<WidePair>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Activation bytes a block of tokens should stay within (part of a 1-2 MiB L2). Measured on a
-/// 2-core AMD EPYC family 26 model 2 (Zen 5, 1 MiB L2 per core), this kernel, 2 threads, t =
-/// 512, Q4_1 1536×576 / Q5_1 576×1536: 24 KiB blocks 218 / 229 GMAC/s, 160 KiB 261 / 268,
-/// 400 KiB 262 / 284, all tokens at once (2 MB) 263 / 227.
-const L2_ACTS: usize = 384 * 1024;
-
-/// Activation bytes of a quad of tokens per pair: values, scales, sums.
-const QUAD_PAIR_BYTES: usize = 256 * 2 + 16 * 4 * 2;
-
 /// Rows `rows` of `out = a · wᵀ` for batches; `a` must carry [`QActs::q16_quad`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
@@ -56,8 +34,7 @@ pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, 
     // the widening inlines, measured no faster.
     SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
-        let zero = WidePair { dw: [0.0; 4], mw: [0.0; 4], q: [0; 64] };
-        scratch.resize(RT * np, zero);
+        scratch.resize(RT * np, WidePair::ZERO);
         // Quads in blocks of whole tiles whose activations stay in L2 while the row groups go
         // by: each row group is widened once per block, so blocks are long.
         let block = (L2_ACTS / (np * QUAD_PAIR_BYTES) / QT * QT).max(QT);
