@@ -105,3 +105,37 @@ fn gemma3_two_pass_head_equals_one_pass_on_likely_tokens() {
 fn smollm2_two_pass_head_equals_one_pass_on_likely_tokens() {
     check(&model_fetch::default_model_path().expect("fetch the default model"));
 }
+
+/// The runner hands each step's logits buffer back to the backend, which returns the next
+/// step's logits in it without clearing it: every entry must be written again, whichever head
+/// runs (two passes, one pass, a longer or shorter batch than the buffer's last).
+#[test]
+fn a_recycled_logits_buffer_is_overwritten_entirely() {
+    let path = model_fetch::default_model_path().expect("fetch the default model");
+    let mut model = Model::load(
+        &path,
+        LoadOptions { kernel: KernelPath::Fast, ..LoadOptions::with_kv_tokens(1024) },
+    )
+    .unwrap();
+    let bs = model.backend.kv_cache_spec().block_size;
+    let batch = |n: usize, logits: Logits| {
+        let mut b = ForwardBatch::default();
+        let mut next = 0u32;
+        for p in &PROMPTS[..n] {
+            let ids = model.tokenizer.encode(p, true).unwrap();
+            let blocks: Vec<u32> = (next..next + ids.len().div_ceil(bs) as u32).collect();
+            next += blocks.len() as u32;
+            b.push_seq(&ids, 0, &blocks, bs, logits);
+        }
+        b
+    };
+    let cases = [batch(3, Logits::Last), batch(3, Logits::LastExact), batch(2, Logits::Last)];
+    let fresh: Vec<Vec<f32>> = cases.iter().map(|b| model.backend.forward(b).unwrap()).collect();
+    for (b, want) in cases.iter().zip(&fresh) {
+        // A buffer of NaN, longer than this batch's logits.
+        model.backend.recycle_logits(vec![f32::NAN; 5 * model.config.vocab_size]);
+        let got = model.backend.forward(b).unwrap();
+        assert_eq!(got.len(), want.len());
+        assert!(got.iter().zip(want).all(|(g, w)| g.to_bits() == w.to_bits()), "stale entries");
+    }
+}

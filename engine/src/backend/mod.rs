@@ -187,6 +187,13 @@ pub trait ModelBackend: Send {
     /// Runs one forward pass: writes each token's K/V into its slot, attends through the block
     /// tables, and returns `logits_indices.len() × vocab_size` logits, row-major.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, BackendError>;
+    /// Takes back a buffer [`ModelBackend::forward`] returned, to return the next step's
+    /// logits in: a batch's logits outgrow what the allocator keeps (32 MiB for a 262k
+    /// vocabulary at 32 rows), so a fresh buffer is mapped and faulted in page by page each
+    /// step. The default drops it.
+    fn recycle_logits(&mut self, buf: Vec<f32>) {
+        drop(buf);
+    }
     /// Like [`ModelBackend::forward`] through the first `num_layers` layers only, then the
     /// final norm and the head: the model as its own early-exit draft (self-speculation). K/V of
     /// those layers are written into the batch's slots as a full pass would write them.

@@ -172,14 +172,15 @@ impl ModelRunner {
         let vocab = self.backend.config().vocab_size;
         let scheduled: HashMap<SeqId, usize> =
             out.scheduled.iter().map(|s| (s.seq_id, s.num_tokens)).collect();
-        // Each sequence's rows, in batch order (one copy each; the batch's buffer is dropped).
+        // Each sequence's rows, in batch order (one copy each; the batch's buffer goes back to
+        // the backend).
         let mut next = 0;
         let mut take = |n: usize| {
             let rows = logits[next * vocab..(next + n) * vocab].to_vec();
             next += n;
             rows
         };
-        Ok(sampled
+        let rows = sampled
             .into_iter()
             .map(|id| {
                 let seq = &seqs[&id];
@@ -194,6 +195,8 @@ impl ModelRunner {
                 let v = take(1 + drafts);
                 (id, if drafts == 0 { RowOutput::Logits(v) } else { RowOutput::Verify(v) })
             })
-            .collect())
+            .collect();
+        self.backend.recycle_logits(logits);
+        Ok(rows)
     }
 }

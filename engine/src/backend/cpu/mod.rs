@@ -206,7 +206,13 @@ struct Scratch {
     s1: Vec<f32>,
     sel: Vec<f32>,
     tok_seq: Vec<usize>,
+    /// A logits buffer handed back by [`ModelBackend::recycle_logits`], for the next step.
+    logits: Vec<f32>,
 }
+
+/// The largest logits buffer kept for reuse: a decode batch's (Gemma 3's 262,144 entries × 32
+/// rows is 32 MiB), not a scoring pass's logits of every prompt token.
+const SPARE_LOGITS_MAX_BYTES: usize = 128 << 20;
 
 /// `v` resized to `n` zeros, reusing its capacity.
 fn zeroed(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -611,6 +617,12 @@ impl ModelBackend for CpuBackend {
         self.forward_layers(b, self.layers.len())
     }
 
+    fn recycle_logits(&mut self, buf: Vec<f32>) {
+        if buf.capacity() * size_of::<f32>() <= SPARE_LOGITS_MAX_BYTES {
+            self.scratch.logits = buf;
+        }
+    }
+
     fn forward_layers(
         &mut self,
         b: &ForwardBatch,
@@ -644,6 +656,7 @@ impl ModelBackend for CpuBackend {
             s1,
             sel,
             tok_seq,
+            logits: spare_logits,
         } = &mut sc;
         let x = zeroed(x, t * h);
         for (i, &tok) in b.token_ids.iter().enumerate() {
@@ -775,7 +788,10 @@ impl ModelBackend for CpuBackend {
         for (r, &i) in b.logits_indices.iter().enumerate() {
             ops::rms_norm(&x[i * h..(i + 1) * h], &self.norm, eps, &mut sel[r * h..(r + 1) * h]);
         }
-        let mut logits = vec![0f32; rows * vocab];
+        // Every entry is written by the head: a reused buffer keeps its stale values until then,
+        // and only a longer one is zero-extended.
+        let mut logits = std::mem::take(spare_logits);
+        logits.resize(rows * vocab, 0.0);
         self.lm_head.forward_logits(sel, rows, &b.logits_exact, &mut logits);
         self.scratch = sc;
         Ok(logits)

@@ -434,6 +434,23 @@ unsafe fn q5_bytes(wq: *const u8) -> (__m256i, __m256i) {
     )
 }
 
+/// A pair's weights as unsigned bytes in the Q8 pair order, positions 0..32 and 32..64: Q4
+/// nibbles split low / high, Q8 bytes as stored, Q5 values unpacked (elements 0..16 of both
+/// blocks, then 16..32, as Q4's low and high nibbles).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn pair_weights<const F: u8>(wq: *const u8) -> (__m256i, __m256i) {
+    match F {
+        F_Q8 => (load256(wq as *const i8), load256(wq.add(32) as *const i8)),
+        F_Q5 => q5_bytes(wq),
+        _ => {
+            let v = load256(wq as *const i8);
+            let mask = _mm256_set1_epi8(0x0F);
+            (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16(v, 4), mask))
+        }
+    }
+}
+
 /// The AVX-VNNI tile kernels (`vpdpbusd` on 256 bits), also the decode kernel of AVX-512 CPUs
 /// that have AVX-VNNI. Q8 weights stay biased (`q + 128`); the minimum term removes the bias.
 mod avx2_vnni {
@@ -462,23 +479,6 @@ mod avx2_vnni {
         out: *mut f32,
     ) {
         drive_tiles!(F, L2; w, a, rows, out)
-    }
-
-    /// A pair's weights for [`pair_vnni`]: Q4 nibbles split low / high, Q8 bytes as stored,
-    /// Q5 values unpacked (elements 0..16 of both blocks, then 16..32, as Q4's low and high
-    /// nibbles).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-    unsafe fn pair_weights<const F: u8>(wq: *const u8) -> (__m256i, __m256i) {
-        match F {
-            F_Q8 => (load256(wq as *const i8), load256(wq.add(32) as *const i8)),
-            F_Q5 => q5_bytes(wq),
-            _ => {
-                let v = load256(wq as *const i8);
-                let mask = _mm256_set1_epi8(0x0F);
-                (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16(v, 4), mask))
-            }
-        }
     }
 
     /// One row × `4·Q` tokens (`t0` a multiple of four): each quad's integer sums are

@@ -28,15 +28,10 @@ unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
     let row = w.qs.as_ptr().add(r * np * pb);
     for (p, d) in dst.iter_mut().enumerate() {
         let at = row.add(p * pb);
-        // Positions 0..32 and 32..64 of the pair as unsigned bytes.
         let (x0, x1) = match w.format {
-            QFormat::Q4_1 => {
-                let v = load256(at as *const i8);
-                let nib = _mm256_set1_epi8(0x0F);
-                (_mm256_and_si256(v, nib), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib))
-            }
-            QFormat::Q5 => q5_bytes(at),
-            QFormat::Q8_0 => (load256(at as *const i8), load256(at.add(32) as *const i8)),
+            QFormat::Q4_1 => pair_weights::<F_Q4>(at),
+            QFormat::Q5 => pair_weights::<F_Q5>(at),
+            QFormat::Q8_0 => pair_weights::<F_Q8>(at),
         };
         let q = d.q.as_mut_ptr() as *mut __m256i;
         for (i, x) in [x0, x1].into_iter().enumerate() {
