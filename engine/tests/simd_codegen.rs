@@ -104,6 +104,21 @@ fn the_avx512_batch_kernel_accumulates_with_vpdpwssd() {
     assert!(dots >= 7, "{dots} vpdpwssd on zmm in the AVX-512 batch kernel");
 }
 
+/// The same on 256 bits for the AVX-VNNI batch kernel (`quant_x86/wide256.rs`), whose
+/// `vpdpwssd` is AVX-VNNI's VEX encoding.
+#[test]
+fn the_avx_vnni_batch_kernel_accumulates_with_vpdpwssd() {
+    let (_, text) = disassembly();
+    let body = instructions_of(&text, "quant_x86::wide256::vnni::rows");
+    assert!(!body.is_empty(), "the AVX-VNNI batch kernel is not in the executable");
+    let dots = body.iter().filter(|l| l.contains("vpdpwssd") && l.contains("%ymm")).count();
+    // At least one per half of a quad and row of the widest tile (three rows), in the loop over
+    // a pair's eighths.
+    assert!(dots >= 6, "{dots} vpdpwssd on ymm in the AVX-VNNI batch kernel");
+    let plain = instructions_of(&text, "quant_x86::wide256::plain::rows");
+    assert!(!plain.iter().any(|l| l.contains("vpdpwssd")), "VNNI in the plain AVX2 kernel");
+}
+
 #[test]
 fn no_intrinsic_is_called_out_of_line() {
     let (exe, text) = disassembly();
