@@ -245,3 +245,51 @@ fn a_separate_draft_model_is_refused_while_windows_give_pages_back() {
     let mut e = engine("tiny-gemma3", false, 8192, cfg());
     e.set_draft_model(draft(false)).unwrap();
 }
+
+/// A sequence longer than the pool holds with every page kept runs when the local groups give
+/// their passed pages back, and equals the same request in a pool large enough for every page.
+/// The layout that keeps every page refuses it, and so does a prefill-only request (a prefill
+/// worker keeps every page of a prompt until it is shipped).
+#[test]
+fn a_sequence_longer_than_the_pool_runs_while_its_window_gives_pages_back() {
+    let scheduler = SchedulerConfig { max_num_batched_tokens: 8, ..Default::default() };
+    let cfg = EngineConfig { scheduler, ..Default::default() };
+    // tiny-gemma3: groups of one global and two local layers (window 16). 64 tokens' pages
+    // are 48 pages; the local groups hold (16 + 8) / 4 + 1 = 7 pages each at most, which
+    // leaves 34 blocks (136 tokens) for the global group.
+    let mut grouped = engine("tiny-gemma3", true, 64, cfg);
+    assert_eq!((grouped.max_model_len(), grouped.max_prefill_only_len()), (136, 64));
+    let mut every = engine("tiny-gemma3", false, 64, cfg);
+    assert_eq!((every.max_model_len(), every.max_prefill_only_len()), (64, 64));
+
+    let prompt: Vec<u32> = (0..40).map(|k| 3 + (k * 11 % 70)).collect();
+    let params =
+        SamplingParams { ignore_eos: true, logprobs: Some(1), ..SamplingParams::greedy(96) };
+    let req = vec![("long".to_string(), prompt.clone(), params.clone())];
+    let err = every.add_request("long", Prompt::TokenIds(prompt.clone()), params.clone(), None);
+    assert!(err.unwrap_err().to_string().contains("maximum context length is 64"));
+
+    let mut got = Run::default();
+    grouped.add_request("long", Prompt::TokenIds(prompt.clone()), params.clone(), None).unwrap();
+    drain(&mut grouped, &mut got);
+    assert_eq!(got.out["long"][0].token_ids.len(), 96, "136 tokens in a pool of 64");
+    let bm = grouped.block_manager();
+    assert_eq!(bm.num_free_blocks(), bm.num_blocks(), "every page back at the end");
+    let mut reference = Run::default();
+    let mut big = engine("tiny-gemma3", false, 8192, EngineConfig::default());
+    for (id, p, sp) in &req {
+        big.add_request(id, Prompt::TokenIds(p.clone()), sp.clone(), None).unwrap();
+    }
+    drain(&mut big, &mut reference);
+    assert_same(&reference, &got);
+
+    // A prefill-only prompt must fit with every page.
+    let opts = |_| tandem_engine::RequestOptions { prefill_only: true, ..Default::default() };
+    let long: Vec<u32> = (0..70).map(|k| 3 + (k * 7 % 50)).collect();
+    let err =
+        grouped.add_request_with("p1", Prompt::TokenIds(long), SamplingParams::greedy(1), opts(()));
+    assert!(err.unwrap_err().to_string().contains("at most 64 prompt tokens"));
+    grouped
+        .add_request_with("p2", Prompt::TokenIds(prompt), SamplingParams::greedy(1), opts(()))
+        .unwrap();
+}

@@ -70,7 +70,7 @@ impl Default for PrefillConfig {
 pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
     let metrics = tandem_worker::metrics::install(&cfg.model_name, "prefill", &cfg.worker_id)?;
     let layout = tandem_worker::kv::kv_layout(&engine);
-    let max_model_len = engine.max_model_len() as u32;
+    let max_model_len = engine.max_prefill_only_len() as u32;
     let block_size = engine.block_manager().block_size();
     let epoch = new_epoch();
     let device = engine.device();

@@ -22,6 +22,29 @@ pub fn first_visible_block(window: Option<usize>, pos: usize, block_size: usize)
     window.map_or(0, |w| (pos + 1).saturating_sub(w) / block_size)
 }
 
+/// The longest sequence (in tokens) a pool of `num_pages` pages of `block_size` tokens holds
+/// for groups of `windows`, when steps add at most `step_tokens` tokens to it: a global group
+/// keeps a page for every block; a local group, once its passed pages are given back, holds
+/// the blocks of its window and of one step (before release: one more). A pool too small for
+/// the local groups' share holds what fits with every page kept. Unbounded (`usize::MAX`)
+/// when every group is local.
+pub fn longest_sequence(
+    windows: &[Option<usize>],
+    num_pages: usize,
+    block_size: usize,
+    step_tokens: usize,
+) -> usize {
+    let every_page = num_pages / windows.len().max(1) * block_size;
+    let global = windows.iter().filter(|w| w.is_none()).count();
+    let local: usize =
+        windows.iter().flatten().map(|w| (w + step_tokens).div_ceil(block_size) + 1).sum();
+    match num_pages.checked_sub(local) {
+        Some(_) if global == 0 => usize::MAX,
+        Some(left) => every_page.max(left / global * block_size),
+        None => every_page,
+    }
+}
+
 /// How the layers of a model are grouped into KV pages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvGroups {
@@ -107,6 +130,20 @@ mod tests {
         seen.dedup();
         assert_eq!(seen.len(), 18);
         assert!(g.releases());
+    }
+
+    #[test]
+    fn a_sequence_may_outgrow_the_pool_by_what_its_local_groups_give_back() {
+        let gemma = [None, Some(512), Some(512), Some(512), Some(512), Some(512)];
+        // 6,000 pages of 16 tokens: every page kept, 1,000 blocks of 16 tokens; given back,
+        // the five local groups hold (512 + 512) / 16 + 1 = 65 pages each and the global group
+        // the other 5,675.
+        assert_eq!(longest_sequence(&gemma, 6000, 16, 512), 5675 * 16);
+        assert_eq!(longest_sequence(&[None], 6000, 16, 512), 6000 * 16);
+        // Too small for the local share: every page kept.
+        assert_eq!(longest_sequence(&gemma, 300, 16, 512), 50 * 16);
+        assert_eq!(longest_sequence(&[Some(4096)], 300, 16, 512), usize::MAX);
+        assert_eq!(longest_sequence(&[Some(4096)], 200, 16, 512), 200 * 16);
     }
 
     #[test]

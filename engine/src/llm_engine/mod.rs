@@ -12,7 +12,7 @@ mod spec_decoder;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::backend::BackendError;
+use crate::backend::{longest_sequence, BackendError};
 use crate::llm_engine::model_runner::{DeviceMasks, ModelRunner};
 use crate::model::Model;
 use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
@@ -158,6 +158,8 @@ pub struct LLMEngine {
     next_seq_id: SeqId,
     next_arrival: u64,
     max_model_len: usize,
+    /// The longest prompt a prefill-only request may have: all its pages are held at once.
+    max_prefill_only_len: usize,
     /// Blocks of finished prefill-only requests, held until released.
     pinned: HashMap<String, crate::scheduling::block_manager::BlockTable>,
     stats: EngineStats,
@@ -190,10 +192,15 @@ impl LLMEngine {
         let mut bm =
             BlockManager::new(spec.num_blocks, spec.block_size, host, config.enable_prefix_caching);
         bm.set_zero_freed(config.zero_freed_blocks);
-        bm.set_kv_groups(model.backend.kv_groups().windows);
-        // The longest sequence whose every page fits (before any window passes).
-        let fits = spec.num_blocks / bm.num_groups() * spec.block_size;
-        let max_model_len = model.config.max_position_embeddings.min(fits);
+        let windows = model.backend.kv_groups().windows;
+        bm.set_kv_groups(windows.clone());
+        // A sequence that runs here gives its passed local pages back as it goes; a prefill
+        // worker's keeps every page of its prompt until they are shipped.
+        let max_pos = model.config.max_position_embeddings;
+        let step_tokens = config.scheduler.max_num_batched_tokens;
+        let max_model_len =
+            max_pos.min(longest_sequence(&windows, spec.num_blocks, spec.block_size, step_tokens));
+        let max_prefill_only_len = max_pos.min(spec.num_blocks / bm.num_groups() * spec.block_size);
         let mut sched_cfg = config.scheduler;
         sched_cfg.max_model_len = max_model_len;
         LLMEngine {
@@ -207,6 +214,7 @@ impl LLMEngine {
             next_seq_id: 0,
             next_arrival: 0,
             max_model_len,
+            max_prefill_only_len,
             pinned: HashMap::new(),
             stats: EngineStats::default(),
             last_schedule: SchedulerOutput::default(),
@@ -277,6 +285,13 @@ impl LLMEngine {
         self.max_model_len
     }
 
+    /// The longest prompt (with its first token) of a prefill-only request: a prefill worker
+    /// keeps every page of it until they are shipped, so its sliding-window layers give none
+    /// back. Equals [`LLMEngine::max_model_len`] for a model without them.
+    pub fn max_prefill_only_len(&self) -> usize {
+        self.max_prefill_only_len
+    }
+
     /// Queues a request.
     pub fn add_request(
         &mut self,
@@ -330,6 +345,14 @@ impl LLMEngine {
             return Err(EngineError::InvalidRequest(format!(
                 "token id {bad} is outside the vocabulary of {}",
                 self.model_config.vocab_size
+            )));
+        }
+        if opts.prefill_only && ids.len() > self.max_prefill_only_len {
+            return Err(EngineError::InvalidRequest(format!(
+                "a prefill worker holds every KV page of a prompt until it is shipped: at most \
+                 {} prompt tokens fit this one's pool; the request has {}",
+                self.max_prefill_only_len,
+                ids.len()
             )));
         }
         if ids.len() + params.max_tokens > self.max_model_len {
