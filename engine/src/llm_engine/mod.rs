@@ -2,6 +2,7 @@
 //! `has_unfinished_requests`, `get_num_unfinished_requests` — over the Scheduler → BlockManager
 //! → ModelRunner flow of seed 002.
 
+mod api;
 mod beam_search;
 pub mod generate;
 pub mod model_runner;
@@ -12,10 +13,10 @@ mod spec_decoder;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::backend::{longest_sequence, BackendError};
+use crate::backend::longest_sequence;
 use crate::llm_engine::model_runner::{DeviceMasks, ModelRunner};
 use crate::model::Model;
-use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
+use crate::model_files::tokenizer::Tokenizer;
 use crate::sampling::sampler::{Rng, SampledToken};
 use crate::sampling::sampling_params::SamplingParams;
 use crate::sampling::structured::{GrammarCompiler, StructuredError};
@@ -24,113 +25,12 @@ use crate::scheduling::block_manager::BlockManager;
 use crate::scheduling::request_output::{
     CompletionOutput, FinishReason, RequestMetrics, RequestOutput,
 };
-use crate::scheduling::scheduler::{
-    SampledSeq, Scheduler, SchedulerConfig, SchedulerOutput, StepUpdate,
-};
+use crate::scheduling::scheduler::{SampledSeq, Scheduler, SchedulerOutput, StepUpdate};
 use crate::scheduling::sequence::{SeqId, Sequence, SequenceStatus};
 use crate::ModelConfig;
 use spec_decoder::SpecDecoder;
 
-/// A prompt as text or as token ids.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Prompt {
-    /// Text, tokenized by the engine.
-    Text(String),
-    /// Token ids.
-    TokenIds(Vec<u32>),
-}
-
-/// Per-request options beyond sampling.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RequestOptions {
-    /// Arrival time (seconds since the Unix epoch); now when absent.
-    pub arrival_time: Option<f64>,
-    /// Scheduling priority (lower is served first) under the priority policy.
-    pub priority: i32,
-    /// Prefix-cache salt: requests with different salts never share cached blocks.
-    pub cache_salt: Option<String>,
-    /// Prefill only (a prefill worker's request): stop after the first token and keep the
-    /// prompt's blocks until [`LLMEngine::release_prefill`], so their KV pages can be shipped.
-    pub prefill_only: bool,
-    /// Opt this request out of speculative decoding.
-    pub no_speculation: bool,
-    /// The client request this one is part of (a completions request with several prompts is
-    /// several engine requests): groups share the running set fairly. None: its own group.
-    pub group: Option<String>,
-}
-
-/// Engine configuration.
-#[derive(Debug, Clone, Copy)]
-pub struct EngineConfig {
-    /// Scheduler limits and policies.
-    pub scheduler: SchedulerConfig,
-    /// Share full blocks between requests through the prefix cache.
-    pub enable_prefix_caching: bool,
-    /// Speculative decoding (n-gram proposals), when set.
-    pub speculative: Option<crate::speculative::spec_decode::SpeculativeConfig>,
-    /// Secure mode: zero every KV block when its last user lets go (no prefix reuse after).
-    pub zero_freed_blocks: bool,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            scheduler: SchedulerConfig::default(),
-            enable_prefix_caching: true,
-            speculative: None,
-            zero_freed_blocks: false,
-        }
-    }
-}
-
-/// A request was refused or a step failed.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// The request is invalid (the message is fit for an API error).
-    #[error("{0}")]
-    InvalidRequest(String),
-    /// A sampling parameter breaks its rule.
-    #[error(transparent)]
-    InvalidParam(#[from] crate::sampling::sampling_params::ParamError),
-    /// A request with this id is already running.
-    #[error("request id '{0}' is already in use")]
-    DuplicateRequestId(String),
-    /// The backend failed.
-    #[error(transparent)]
-    Backend(#[from] BackendError),
-    /// Tokenization failed.
-    #[error(transparent)]
-    Tokenize(#[from] TokenizeError),
-    /// The structured-output constraint cannot be used.
-    #[error("invalid structured output constraint: {0}")]
-    Structured(#[from] StructuredError),
-}
-
-/// Counters since start.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EngineStats {
-    /// Steps run.
-    pub steps: u64,
-    /// Prompt (and recomputed) tokens whose KV was computed.
-    pub prefill_tokens_computed: u64,
-    /// Tokens generated.
-    pub generation_tokens: u64,
-    /// Preemptions.
-    pub num_preemptions: u64,
-    /// Prompt blocks looked up in the prefix cache.
-    pub prefix_cache_queries: u64,
-    /// Of those, hits.
-    pub prefix_cache_hits: u64,
-    /// Speculative verification steps (one per sequence that proposed drafts).
-    pub spec_drafts: u64,
-    /// Draft tokens proposed.
-    pub spec_draft_tokens: u64,
-    /// Draft tokens accepted.
-    pub spec_accepted_tokens: u64,
-    /// Accepted drafts by position in the draft (0 = first proposed token); the last entry
-    /// counts every later position.
-    pub spec_accepted_per_position: [u64; 8],
-}
+pub use api::{EngineConfig, EngineError, EngineStats, Prompt, RequestOptions};
 
 struct RequestState {
     seq_ids: Vec<SeqId>,

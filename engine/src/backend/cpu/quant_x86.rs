@@ -6,8 +6,9 @@
 //! features; anywhere else it becomes a call per instruction (this once made the AVX2 path 15x
 //! slower). So every function here that touches a vector type carries `#[target_feature]`,
 //! helpers included, and no kernel uses a closure. `engine/tests/simd_codegen.rs` checks the
-//! compiled engine for out-of-line intrinsics. The plain AVX2 kernel, on i16 activations, is in
-//! `quant_x86/wide.rs`.
+//! compiled engine for out-of-line intrinsics. The batch kernels on i16 activations are in
+//! `quant_x86/wide512.rs` (AVX-512) and `quant_x86/wide256.rs` (AVX-VNNI and plain AVX2); the
+//! plain AVX2 kernel of fewer than four rows in `quant_x86/wide.rs`.
 
 use std::arch::x86_64::*;
 

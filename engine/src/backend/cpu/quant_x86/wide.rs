@@ -1,6 +1,6 @@
-//! The plain AVX2 kernel (CPUs without VNNI): weight bytes widened to i16 once per pair and
-//! tile, activations read as the combined `256·q₁ + q₂` in i16 ([`QActs::q16`]), dot products
-//! by `vpmaddwd` alone. The two-level i8 activations would take four `vpmaddubsw` and two
+//! The plain AVX2 kernel (CPUs without VNNI) of steps with fewer than four rows (batches take
+//! `wide256.rs`): weight bytes widened to i16 once per pair and tile, activations read as the
+//! combined `256·q₁ + q₂` in i16 ([`QActs::q16`]), dot products by `vpmaddwd` alone. The two-level i8 activations would take four `vpmaddubsw` and two
 //! `vpmaddwd` per pair and token to combine their levels; here four `vpmaddwd` give the same
 //! integer sums, so results equal the VNNI kernels' exactly.
 //!
