@@ -40,26 +40,7 @@ unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
             _mm256_storeu_si256(q.add(2 * i), lo);
             _mm256_storeu_si256(q.add(2 * i + 1), hi);
         }
-        // (d₀, d₁, m₀, m₁) → (d₀, d₀, d₁, d₁) and (m₀, m₀, m₁, m₁).
-        let dm = pair_dm(w, r, p);
-        _mm_storeu_ps(d.dw.as_mut_ptr(), _mm_unpacklo_ps(dm, dm));
-        _mm_storeu_ps(d.mw.as_mut_ptr(), _mm_unpackhi_ps(dm, dm));
-    }
-}
-
-/// Asks for row `r`'s weights and scales ahead of their widening (a row past the matrix's end
-/// is harmless: a prefetch never faults).
-#[inline]
-#[target_feature(enable = "sse")]
-unsafe fn prefetch_row(w: &QMatrix, r: usize) {
-    let bytes = w.npairs * w.format.pair_bytes();
-    let row = w.qs.as_ptr().wrapping_add(r * bytes);
-    for off in (0..bytes).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(off) as *const i8);
-    }
-    let dm = w.dm.as_ptr().wrapping_add(r * w.npairs * 4) as *const u8;
-    for off in (0..w.npairs * 8).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(dm.wrapping_add(off) as *const i8);
+        store_wide_scales(w, r, p, d);
     }
 }
 

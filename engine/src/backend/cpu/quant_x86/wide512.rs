@@ -75,25 +75,6 @@ pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, 
     })
 }
 
-/// Asks for row `r`'s weights and scales ahead of their widening: while one row group's tiles
-/// run, the next group's bytes arrive (a decode step's LM head streams its weights from memory:
-/// Gemma 3's 262,144 × 640 Q8_0 head at 32 tokens, this kernel on a 2-core AMD EPYC family 26
-/// model 2 (Zen 5), 185 -> 262 GMAC/s). A row past
-/// the matrix's end is harmless: a prefetch never faults.
-#[inline]
-#[target_feature(enable = "sse")]
-unsafe fn prefetch_row(w: &QMatrix, r: usize) {
-    let bytes = w.npairs * w.format.pair_bytes();
-    let row = w.qs.as_ptr().wrapping_add(r * bytes);
-    for off in (0..bytes).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(off) as *const i8);
-    }
-    let dm = w.dm.as_ptr().wrapping_add(r * w.npairs * 4) as *const u8;
-    for off in (0..w.npairs * 8).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(dm.wrapping_add(off) as *const i8);
-    }
-}
-
 /// Row `r`'s pairs widened into `dst`: unsigned i16 in the Q8 pair order (Q4 nibbles split, Q5
 /// with their high bits added, Q8 as stored `q + 128`), scales and minimums in their lanes.
 #[inline]
@@ -127,10 +108,7 @@ unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
         };
         _mm512_storeu_si512(d.q.as_mut_ptr() as *mut _, lo);
         _mm512_storeu_si512(d.q.as_mut_ptr().add(32) as *mut _, hi);
-        // (d₀, d₁, m₀, m₁) → (d₀, d₀, d₁, d₁) and (m₀, m₀, m₁, m₁).
-        let dm = pair_dm(w, r, p);
-        _mm_storeu_ps(d.dw.as_mut_ptr(), _mm_unpacklo_ps(dm, dm));
-        _mm_storeu_ps(d.mw.as_mut_ptr(), _mm_unpackhi_ps(dm, dm));
+        store_wide_scales(w, r, p, d);
     }
 }
 
