@@ -155,8 +155,13 @@ impl Transfers {
         self.lock().contains_key(&id)
     }
 
+    /// The block page `index` of transfer `id` lands in; none for a page this side gave back
+    /// (a window passed it: the receiver refuses a page sent for it).
     fn block(&self, id: u64, index: u32) -> Option<u32> {
-        self.lock().get(&id).and_then(|t| t.blocks.get(index as usize).copied())
+        self.lock()
+            .get(&id)
+            .and_then(|t| t.blocks.get(index as usize).copied())
+            .filter(|&b| b != tandem_engine::backend::NO_PAGE)
     }
 
     pub(crate) fn report_failure(&self, id: u64, message: String) {

@@ -2,12 +2,14 @@
 //! prompt in chunks and stops at the first token with its blocks pinned; the pages travel over
 //! the TCP transport into the blocks the decode engine reserved; the decode engine continues.
 //! The tokens equal a colocated engine's, and both sides return to their free-block baselines.
-//! With a sliding-window model (Gemma 3) the prefill side keeps every page to ship, and the
-//! decode side gives back the passed window pages once the request runs there.
+//! With a sliding-window model (Gemma 3) the prefill side keeps every page until shipped, the
+//! decode side reserves only the pages read from the end of the prompt on, and only those
+//! travel.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use tandem_engine::backend::{page_read_from, NO_PAGE};
 use tandem_engine::sampling::sampler::{SampledToken, TokenLogprob};
 use tandem_engine::scheduling::scheduler::SchedulerConfig;
 use tandem_engine::{
@@ -131,6 +133,25 @@ fn transfer_equals_colocated(model: &Path) {
     let addr = receiver.local_addr().unwrap();
     let skip = rp.num_cached_pages;
     assert_eq!(rp.block_table.len(), src.len(), "both sides lay pages out alike");
+    // Only the pages the decode side reads from the end of the prompt on: it gave back the
+    // ones a window has passed as it reserved its blocks.
+    let (windows, bs) = (prefill.kv_groups().windows, prefill.block_manager().block_size());
+    let ship: Vec<(usize, u32)> = src
+        .iter()
+        .copied()
+        .enumerate()
+        .skip(skip)
+        .filter(|&(i, _)| page_read_from(&windows, i, prompt.len(), bs))
+        .collect();
+    for (i, &b) in rp.block_table.iter().enumerate().skip(skip) {
+        let shipped = ship.iter().any(|&(j, _)| j == i);
+        assert_eq!(b != NO_PAGE, shipped, "entry {i}: reserved exactly where a page comes");
+    }
+    if windows.iter().any(Option::is_some) {
+        assert!(ship.len() * 2 < src.len() - skip, "{} of {} pages shipped", ship.len(), src.len());
+    } else {
+        assert_eq!(ship.len(), src.len() - skip);
+    }
     std::thread::scope(|scope| {
         let sink_engine = &mut decode;
         let table = rp.block_table.clone();
@@ -138,11 +159,11 @@ fn transfer_equals_colocated(model: &Path) {
             scope.spawn(move || receiver.serve_one(&mut EngineSink { engine: sink_engine, table }));
         let mut tx =
             TcpSender::connect(addr, &kv_layout(&prefill), Duration::from_secs(2)).unwrap();
-        for (i, &blk) in src.iter().enumerate().skip(skip) {
+        for &(i, blk) in &ship {
             let payload = prefill.read_kv_block(blk).unwrap();
             tx.send(&KvPage { transfer_id: 1, index: i as u32, block_hash: 0, payload }).unwrap();
         }
-        tx.finish(1, (src.len() - skip) as u32).unwrap();
+        tx.finish(1, ship.len() as u32).unwrap();
         rx.join().unwrap().unwrap();
     });
     assert!(prefill.release_prefill("req"));

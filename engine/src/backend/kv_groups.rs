@@ -22,6 +22,20 @@ pub fn first_visible_block(window: Option<usize>, pos: usize, block_size: usize)
     window.map_or(0, |w| (pos + 1).saturating_sub(w) / block_size)
 }
 
+/// Whether entry `index` of a block table for groups of `windows` (logical block
+/// `index / groups`, group `index % groups`) is read by a step from position `pos` on: a global
+/// page always, a local group's page from its window's first visible block. A prefill worker
+/// ships only these to a decode worker, which gives the others back as it reserves its pages.
+pub fn page_read_from(
+    windows: &[Option<usize>],
+    index: usize,
+    pos: usize,
+    block_size: usize,
+) -> bool {
+    let groups = windows.len().max(1);
+    index / groups >= first_visible_block(windows[index % groups], pos, block_size)
+}
+
 /// The longest sequence (in tokens) a pool of `num_pages` pages of `block_size` tokens holds
 /// for groups of `windows`, when steps add at most `step_tokens` tokens to it: a global group
 /// keeps a page for every block; a local group, once its passed pages are given back, holds

@@ -10,7 +10,7 @@ pub mod cpu;
 pub mod kv_groups;
 
 use crate::model_files::config::ModelConfig;
-pub use kv_groups::{first_visible_block, longest_sequence, KvGroups, NO_PAGE};
+pub use kv_groups::{first_visible_block, longest_sequence, page_read_from, KvGroups, NO_PAGE};
 
 /// One sequence's part of a [`ForwardBatch`].
 #[derive(Debug, Clone, PartialEq)]

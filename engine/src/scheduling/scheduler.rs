@@ -273,6 +273,9 @@ impl Scheduler {
         self.block_manager
             .allocate(&mut seq.block_table, &cached, len)
             .expect("checked can_allocate");
+        // Its first step here runs from position `len`: the pages a window has passed by then
+        // go back now, and the prefill worker does not ship them (`page_read_from`).
+        self.block_manager.release_passed(&mut seq.block_table, len);
         seq.num_computed_tokens = self.block_manager.cached_tokens(&cached);
         seq.metrics.num_cached_tokens = seq.num_computed_tokens;
         self.waiting.retain(|&x| x != id);
