@@ -174,7 +174,7 @@ unsafe fn tile_avx512<const RT: usize, const T: usize, const L2: bool>(
         let mut mw = [_mm512_setzero_ps(); RT];
         for i in 0..RT {
             let r = r0 + i;
-            prefetch_pair(w, r + RT, p);
+            prefetch_pair(w, r + DECODE_PREFETCH_ROWS, p);
             wz[i] = load_w512(w, w.qs.as_ptr().add(r * np * pb), p);
             let dm = pair_dm(w, r, p);
             dw[i] = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(dm)));
@@ -233,9 +233,17 @@ unsafe fn hsum256(v: __m256) -> f32 {
 /// Asks for the bytes of pair `p` of row `r` ahead of their use (a row past the matrix's end is
 /// harmless: a prefetch never faults). Decode reads each weight once: four rows' streams at a
 /// time outrun the hardware prefetcher (Gemma 3's 262k-row LM head: 87 -> 131 tok/s on the
-/// 2-core Zen 5 with the AVX2 kernel). Batch tiles ask for the next rows too: the first token
-/// block of a step reads its weights from memory, and stalled on them (Gemma 3 batched decode,
-/// 32 × (64 + 64), AVX-512 VNNI tiles on the 2-core Zen 5: 334 -> 413 tok/s).
+/// 2-core Zen 5 with the AVX2 kernel), asked for [`DECODE_PREFETCH_ROWS`] rows ahead. Batch
+/// tiles ask for the next rows too: the first token block of a step reads its weights from
+/// memory, and stalled on them (Gemma 3 batched decode, 32 × (64 + 64), AVX-512 VNNI tiles on
+/// the 2-core Zen 5: 334 -> 413 tok/s).
+/// How far ahead decode asks for rows: a 400-700-byte row (k = 576 or 640) four rows on is
+/// too close to cover the memory's latency. Sixteen rows on, single-stream decode on the
+/// 2-core Zen 5 (`bench single --decode-tokens 256`, four alternations): Gemma 3 270M Q4_K_M
+/// 121.7 -> 129.4 tok/s (AVX-512 path), 114.1 -> 126.2 (AVX-VNNI); SmolLM2 Q4_K_M 252.9 ->
+/// 283.0, 232.7 -> 264.4.
+const DECODE_PREFETCH_ROWS: usize = 16;
+
 #[inline]
 #[target_feature(enable = "sse")]
 unsafe fn prefetch_pair(w: &QMatrix, r: usize, p: usize) {
@@ -542,7 +550,7 @@ mod avx2_vnni {
             let (a1, a2) = (a.qs.as_ptr().add(p * 64), a.qs2.as_ptr().add(p * 64));
             let mut isum = [_mm256_setzero_si256(); 4];
             for (i, s) in isum.iter_mut().enumerate() {
-                prefetch_pair(w, r0 + 4 + i, p);
+                prefetch_pair(w, r0 + DECODE_PREFETCH_ROWS + i, p);
                 let wq = w.qs.as_ptr().add(((r0 + i) * np + p) * pb);
                 let (wlo, whi) = pair_weights::<F>(wq);
                 *s = pair_vnni::<L2>(wlo, whi, a1, a2);

@@ -132,7 +132,7 @@ unsafe fn rows_quad<const F: u8>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f3
     for p in 0..np {
         let mut isum = [_mm256_setzero_si256(); 4];
         for (i, s) in isum.iter_mut().enumerate() {
-            prefetch_pair(w, r0 + 4 + i, p);
+            prefetch_pair(w, r0 + DECODE_PREFETCH_ROWS + i, p);
             *s = dot(&widen::<F>(w.qs.as_ptr().add(((r0 + i) * np + p) * pb)), acts(a, 0, p));
         }
         let (dw, mw) = rows4_scales(w, r0, p);
