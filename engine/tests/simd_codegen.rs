@@ -97,11 +97,16 @@ fn instructions_of<'a>(disassembly: &'a str, name: &str) -> Vec<&'a str> {
 #[test]
 fn the_avx512_batch_kernel_accumulates_with_vpdpwssd() {
     let (_, text) = disassembly();
-    let body = instructions_of(&text, "quant_x86::wide512::rows");
-    assert!(!body.is_empty(), "the AVX-512 batch kernel is not in the executable");
-    let dots = body.iter().filter(|l| l.contains("vpdpwssd") && l.contains("%zmm")).count();
     // Seven per tile variant and row: the first eighth of a pair is a `vpmaddwd`.
+    let dots = vpdpwssd_in(&text, "quant_x86::wide512::rows", "%zmm");
     assert!(dots >= 7, "{dots} vpdpwssd on zmm in the AVX-512 batch kernel");
+}
+
+/// How many `vpdpwssd` on `register` class the functions named `name` hold (which must exist).
+fn vpdpwssd_in(text: &str, name: &str, register: &str) -> usize {
+    let body = instructions_of(text, name);
+    assert!(!body.is_empty(), "{name} is not in the executable");
+    body.iter().filter(|l| l.contains("vpdpwssd") && l.contains(register)).count()
 }
 
 /// The same on 256 bits for the AVX-VNNI batch kernel (`quant_x86/wide256.rs`), whose
@@ -109,14 +114,12 @@ fn the_avx512_batch_kernel_accumulates_with_vpdpwssd() {
 #[test]
 fn the_avx_vnni_batch_kernel_accumulates_with_vpdpwssd() {
     let (_, text) = disassembly();
-    let body = instructions_of(&text, "quant_x86::wide256::vnni::rows");
-    assert!(!body.is_empty(), "the AVX-VNNI batch kernel is not in the executable");
-    let dots = body.iter().filter(|l| l.contains("vpdpwssd") && l.contains("%ymm")).count();
     // At least one per half of a quad and row of the widest tile (three rows), in the loop over
     // a pair's eighths.
+    let dots = vpdpwssd_in(&text, "quant_x86::wide256::vnni::rows", "%ymm");
     assert!(dots >= 6, "{dots} vpdpwssd on ymm in the AVX-VNNI batch kernel");
-    let plain = instructions_of(&text, "quant_x86::wide256::plain::rows");
-    assert!(!plain.iter().any(|l| l.contains("vpdpwssd")), "VNNI in the plain AVX2 kernel");
+    let plain = vpdpwssd_in(&text, "quant_x86::wide256::plain::rows", "");
+    assert_eq!(plain, 0, "VNNI in the plain AVX2 kernel");
 }
 
 #[test]

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tandem_engine::backend::{page_read_from, NO_PAGE};
+use tandem_engine::backend::NO_PAGE;
 use tandem_engine::sampling::sampler::{SampledToken, TokenLogprob};
 use tandem_engine::scheduling::scheduler::SchedulerConfig;
 use tandem_engine::{
@@ -135,14 +135,8 @@ fn transfer_equals_colocated(model: &Path) {
     assert_eq!(rp.block_table.len(), src.len(), "both sides lay pages out alike");
     // Only the pages the decode side reads from the end of the prompt on: it gave back the
     // ones a window has passed as it reserved its blocks.
-    let (windows, bs) = (prefill.kv_groups().windows, prefill.block_manager().block_size());
-    let ship: Vec<(usize, u32)> = src
-        .iter()
-        .copied()
-        .enumerate()
-        .skip(skip)
-        .filter(|&(i, _)| page_read_from(&windows, i, prompt.len(), bs))
-        .collect();
+    let ship = prefill.prefill_pages_to_ship("req", skip).expect("pinned blocks");
+    let windows = prefill.kv_groups().windows;
     for (i, &b) in rp.block_table.iter().enumerate().skip(skip) {
         let shipped = ship.iter().any(|&(j, _)| j == i);
         assert_eq!(b != NO_PAGE, shipped, "entry {i}: reserved exactly where a page comes");

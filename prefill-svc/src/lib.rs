@@ -72,7 +72,6 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
     let layout = tandem_worker::kv::kv_layout(&engine);
     let max_model_len = engine.max_prefill_only_len() as u32;
     let block_size = engine.block_manager().block_size();
-    let windows = engine.kv_groups().windows;
     let epoch = new_epoch();
     let device = engine.device();
     let kv_sink = cfg.redis.as_ref().map(|redis| {
@@ -103,8 +102,6 @@ pub async fn run(engine: LLMEngine, cfg: PrefillConfig) -> anyhow::Result<()> {
         transfer_timeout: cfg.transfer_timeout,
         fault: cfg.fault,
         links: links.clone(),
-        windows,
-        block_size,
     };
     if let Some(f) = cfg.fault {
         tracing::warn!(fault = ?f, "fault injection is on");

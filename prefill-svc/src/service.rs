@@ -5,7 +5,6 @@
 
 use std::time::{Duration, Instant};
 
-use tandem_engine::backend::page_read_from;
 use tandem_engine::sampling::sampler::{SampledToken, TokenLogprob};
 use tandem_engine::{LLMEngine, Prompt, RequestOptions, RequestOutput};
 use tandem_kv_transfer::device::SendOptions;
@@ -52,30 +51,6 @@ pub struct PrefillService {
     pub fault: Option<Fault>,
     /// Device links to decode workers (`--kv-transport nccl`).
     pub links: Option<std::sync::Arc<crate::links::PrefillLinks>>,
-    /// The window of each KV group of the engine's pages (`None`: global layers).
-    pub windows: Vec<Option<usize>>,
-    /// Tokens per KV block.
-    pub block_size: usize,
-}
-
-/// The pages of a finished prefill that a decode worker reads, as `(logical index, block)` in
-/// order from `skip` on: a sliding-window group's pages that its window has passed by the end
-/// of the prompt stay here (the decode worker gave them back as it reserved its own,
-/// `Scheduler::park`). Every page of a model without windows.
-fn pages_to_ship(
-    blocks: &[u32],
-    skip: usize,
-    windows: &[Option<usize>],
-    prompt_len: usize,
-    block_size: usize,
-) -> Vec<(usize, u32)> {
-    blocks
-        .iter()
-        .copied()
-        .enumerate()
-        .skip(skip)
-        .filter(|&(i, _)| page_read_from(windows, i, prompt_len, block_size))
-        .collect()
 }
 
 /// Releases a prefill request's blocks when dropped (also when the RPC is cancelled).
@@ -102,32 +77,35 @@ struct Finished {
     out: RequestOutput,
     /// The request's pinned blocks, in logical order (`None`: already released).
     blocks: Option<Vec<u32>>,
-    /// Over TCP: the payloads of up to a read's worth of pages from `skip_blocks` on.
+    /// Over TCP: the pages to ship, `(logical index, block)`.
+    to_ship: Vec<(usize, u32)>,
+    /// Over TCP: the payloads of the first of them, up to a read's worth.
     pages: Result<Vec<Vec<u8>>, String>,
 }
 
 impl Finished {
-    /// Takes the blocks of finished prefill `rid` (of `prompt_len` tokens) and, with
-    /// `first_pages` = (skip, count), reads the payloads of the first `count` pages to ship
-    /// ([`pages_to_ship`]) after `skip`.
+    /// Takes the blocks of finished prefill `rid` and, with `first_pages` = (skip, count) (over
+    /// TCP), lists the pages to ship from `skip` on (`LLMEngine::prefill_pages_to_ship`) and
+    /// reads the payloads of the first `count`.
     fn read(
         engine: &LLMEngine,
         rid: &str,
         out: RequestOutput,
         first_pages: Option<(usize, usize)>,
-        prompt_len: usize,
     ) -> Finished {
         let blocks = engine.prefill_blocks(rid);
-        let (windows, bs) = (engine.kv_groups().windows, engine.block_manager().block_size());
-        let pages = match (&blocks, first_pages) {
-            (Some(b), Some((skip, count))) => pages_to_ship(b, skip, &windows, prompt_len, bs)
-                .into_iter()
-                .take(count)
-                .map(|(_, id)| engine.read_kv_block(id).map_err(|e| e.to_string()))
-                .collect(),
-            _ => Ok(Vec::new()),
+        let (to_ship, count) = match first_pages {
+            Some((skip, count)) => {
+                (engine.prefill_pages_to_ship(rid, skip).unwrap_or_default(), count)
+            }
+            None => (Vec::new(), 0),
         };
-        Finished { out, blocks, pages }
+        let pages = to_ship
+            .iter()
+            .take(count)
+            .map(|&(_, id)| engine.read_kv_block(id).map_err(|e| e.to_string()))
+            .collect();
+        Finished { out, blocks, to_ship, pages }
     }
 }
 
@@ -182,22 +160,15 @@ impl PrefillService {
         (BYTES_PER_READ / self.layout.page_bytes().max(1)).max(1)
     }
 
-    /// Ships the pages of `blocks` (from the request's `skip_blocks` on) over TCP; `read` holds
-    /// the payloads of the first ones, read as the prefill finished.
+    /// Ships the pages `todo` (logical index, block) over TCP; `read` holds the payloads of the
+    /// first ones, read as the prefill finished.
     fn ship(
         &self,
-        blocks: &[u32],
+        todo: &[(usize, u32)],
         r: &pb::PrefillRequest,
         read: Result<Vec<Vec<u8>>, String>,
     ) -> Result<(u32, u64), TransferError> {
         let (mut pages, mut bytes) = (0u32, 0u64);
-        let todo = pages_to_ship(
-            blocks,
-            r.skip_blocks as usize,
-            &self.windows,
-            r.prompt_token_ids.len(),
-            self.block_size,
-        );
         let mut read = Some(read.map_err(TransferError::Protocol)?);
         let per_read = match read.as_ref().map_or(0, Vec::len) {
             0 => self.pages_per_read(),
@@ -431,7 +402,6 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let mut tx = Some(tx);
             let (id, tokens) = (rid.clone(), r.prompt_token_ids.clone());
-            let prompt_len = tokens.len();
             // Over TCP the first pages are read as the prefill finishes, on the engine thread
             // before its next step: waiting for a later turn between steps costs a whole step.
             let first_pages =
@@ -451,14 +421,13 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
                     s.subscribe(
                         &id,
                         Box::new(move |engine, ev| {
-                            let done =
-                                match ev {
-                                    EngineEvent::Output(o) if o.finished => Some(Ok(
-                                        Finished::read(engine, &sub_id, o, first_pages, prompt_len),
-                                    )),
-                                    EngineEvent::Output(_) => None,
-                                    EngineEvent::Failed(m) => Some(Err(m)),
-                                };
+                            let done = match ev {
+                                EngineEvent::Output(o) if o.finished => {
+                                    Some(Ok(Finished::read(engine, &sub_id, o, first_pages)))
+                                }
+                                EngineEvent::Output(_) => None,
+                                EngineEvent::Failed(m) => Some(Err(m)),
+                            };
                             if let (Some(d), Some(tx)) = (done, tx.take()) {
                                 let _ = tx.send(d);
                             }
@@ -483,14 +452,14 @@ impl pb::prefill_worker_server::PrefillWorker for PrefillService {
             let prefill_seconds = started.elapsed().as_secs_f64();
             let blocks =
                 done.blocks.ok_or_else(|| Status::internal("the prefill's blocks are gone"))?;
-            let (svc, req2, read) = (self.clone(), r.clone(), done.pages);
+            let (svc, req2, read, to_ship) = (self.clone(), r.clone(), done.pages, done.to_ship);
             let t0 = Instant::now();
             let early_pages = early.pages;
             let shipped = tokio::task::spawn_blocking(move || {
                 if req2.kv_link != 0 {
                     svc.ship_device(&blocks, &req2, &early)
                 } else {
-                    svc.ship(&blocks, &req2, read)
+                    svc.ship(&to_ship, &req2, read)
                 }
             })
             .await

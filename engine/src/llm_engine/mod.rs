@@ -61,7 +61,7 @@ pub struct LLMEngine {
     /// The longest prompt a prefill-only request may have: all its pages are held at once.
     max_prefill_only_len: usize,
     /// Blocks of finished prefill-only requests, held until released.
-    pinned: HashMap<String, crate::scheduling::block_manager::BlockTable>,
+    pinned: HashMap<String, remote_prefill::Pinned>,
     stats: EngineStats,
     last_schedule: SchedulerOutput,
     /// Speculative decoding, when configured.
@@ -543,7 +543,7 @@ impl LLMEngine {
     /// Checks block ownership invariants (for tests).
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut tables: Vec<_> = self.scheduler.seqs.values().map(|s| &s.block_table).collect();
-        tables.extend(self.pinned.values());
+        tables.extend(self.pinned.values().map(|p| &p.table));
         let hosts: Vec<_> = self.scheduler.seqs.values().map(|s| &s.host_blocks).collect();
         self.scheduler.block_manager.check_invariants(&tables, &hosts)
     }
@@ -639,7 +639,9 @@ impl LLMEngine {
         }
         for seq in &mut update.finished {
             if seq.prefill_only {
-                self.pinned.insert(seq.request_id.clone(), std::mem::take(&mut seq.block_table));
+                let table = std::mem::take(&mut seq.block_table);
+                let pinned = remote_prefill::Pinned { table, prompt_len: seq.prompt_len };
+                self.pinned.insert(seq.request_id.clone(), pinned);
             }
         }
         let mut results = std::mem::take(&mut self.pending);

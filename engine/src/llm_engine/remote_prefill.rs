@@ -4,10 +4,19 @@
 //! token the prefill worker sampled. A failed transfer falls back to local prefill (`recompute`)
 //! or aborts (`fail`); blocks are freed either way.
 
+use crate::backend::page_read_from;
 use crate::llm_engine::{now_secs, EngineError, LLMEngine, Prompt, RequestOptions};
 use crate::sampling::sampler::SampledToken;
 use crate::sampling::sampling_params::SamplingParams;
 use crate::scheduling::scheduler::{SampledSeq, SchedulerOutput};
+
+/// A finished prefill-only request's blocks, held until they are shipped.
+#[derive(Debug)]
+pub(crate) struct Pinned {
+    pub(crate) table: crate::scheduling::block_manager::BlockTable,
+    /// Its prompt's length: the decode worker's first step runs from there.
+    pub(crate) prompt_len: usize,
+}
 
 /// Blocks reserved for a remote prefill.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,9 +24,10 @@ pub struct RemotePrefill {
     /// Prompt token ids.
     pub prompt_token_ids: Vec<u32>,
     /// The sequence's pages, in logical order (each logical block's page of every KV group);
-    /// page `i` goes into `block_table[i]`. Every entry from `num_cached_pages` on holds a page
-    /// (a sliding-window group gives back its passed pages once the request runs here); cached
-    /// entries a window has passed may be [`crate::backend::NO_PAGE`].
+    /// page `i` goes into `block_table[i]`. Entries a sliding window has passed by the end of
+    /// the prompt are [`crate::backend::NO_PAGE`]: no step here reads them, and the prefill
+    /// worker does not ship them ([`LLMEngine::prefill_pages_to_ship`]); every other entry
+    /// from `num_cached_pages` on holds a page to fill.
     pub block_table: Vec<u32>,
     /// Leading prompt tokens already in this engine's prefix cache (their pages need not be
     /// sent: a multiple of the block size).
@@ -53,17 +63,41 @@ impl LLMEngine {
         })
     }
 
-    /// The blocks of a finished prefill-only request (pages to ship, in logical order).
+    /// The blocks of a finished prefill-only request (its pages, in logical order).
     pub fn prefill_blocks(&self, request_id: &str) -> Option<Vec<u32>> {
-        self.pinned.get(request_id).map(|t| t.blocks.clone())
+        self.pinned.get(request_id).map(|p| p.table.blocks.clone())
+    }
+
+    /// The pages of finished prefill-only request `request_id` that a decode worker reads, as
+    /// `(logical index, block)` from entry `skip` on: every page but those a sliding window has
+    /// passed by the end of the prompt, which the decode worker gave back as it reserved its
+    /// own (`Scheduler::park`; both apply [`page_read_from`]).
+    pub fn prefill_pages_to_ship(
+        &self,
+        request_id: &str,
+        skip: usize,
+    ) -> Option<Vec<(usize, u32)>> {
+        let p = self.pinned.get(request_id)?;
+        let windows = self.scheduler.block_manager.windows();
+        let bs = self.scheduler.block_manager.block_size();
+        Some(
+            p.table
+                .blocks
+                .iter()
+                .copied()
+                .enumerate()
+                .skip(skip)
+                .filter(|&(i, _)| page_read_from(windows, i, p.prompt_len, bs))
+                .collect(),
+        )
     }
 
     /// Releases a prefill-only request's blocks once its pages were acknowledged (or the
     /// transfer failed). Full blocks stay in the prefix cache. Returns whether any were held.
     pub fn release_prefill(&mut self, request_id: &str) -> bool {
         match self.pinned.remove(request_id) {
-            Some(mut table) => {
-                self.scheduler.block_manager.free(&mut table);
+            Some(mut p) => {
+                self.scheduler.block_manager.free(&mut p.table);
                 self.wipe_freed();
                 true
             }

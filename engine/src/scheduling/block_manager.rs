@@ -154,6 +154,11 @@ impl BlockManager {
         self.windows.len()
     }
 
+    /// The window of each KV group (`None`: a global group).
+    pub fn windows(&self) -> &[Option<usize>] {
+        &self.windows
+    }
+
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size

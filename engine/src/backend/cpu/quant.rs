@@ -25,13 +25,13 @@ pub const QK: usize = 32;
 
 /// Rows from which activations quantised for an x86 SIMD kernel carry [`QActs::q16_quad`]
 /// (the i16 batch kernels); fewer rows take the per-token tiles.
-pub const WIDE512_MIN_ROWS: usize = 4;
+pub const QUAD_MIN_ROWS: usize = 4;
 
 /// Whether `t` rows quantised for `kernel` carry [`QActs::q16_quad`], so that their matmuls run
 /// on an i16 batch kernel (`quant_x86/wide512.rs`, `quant_x86/wide256.rs`) rather than the
 /// per-token tiles.
 pub fn takes_quad_layout(kernel: QKernel, t: usize) -> bool {
-    kernel != QKernel::Scalar && t >= WIDE512_MIN_ROWS
+    kernel != QKernel::Scalar && t >= QUAD_MIN_ROWS
 }
 
 /// Storage format of a quantised weight matrix.
@@ -301,13 +301,13 @@ pub struct QActs {
     pub qs2: Vec<i8>,
     /// The combined `256·q₁ + q₂` as i16, each pair's 64 in the order the plain AVX2 kernel
     /// widens weight bytes to i16 (see [`wide_pos`]); empty unless quantised for that kernel
-    /// with fewer than [`WIDE512_MIN_ROWS`] rows (more take [`QActs::q16_quad`]).
+    /// with fewer than [`QUAD_MIN_ROWS`] rows (more take [`QActs::q16_quad`]).
     pub q16: Vec<i16>,
     /// The combined `256·q₁ + q₂` as i16 for the batch kernels of every SIMD path (512 bits:
-    /// one quad per register; 256 bits: two registers), four tokens side by side: per quad of tokens (the last padded with zeros), pair and eighth of the pair (Q8
-    /// positions `8c..8c+8`), the four tokens' eight values, `⌈t/4⌉ × npairs × 8 × 32`
-    /// ([`quad_pos`]). Empty unless quantised for that kernel with at least
-    /// [`WIDE512_MIN_ROWS`] rows.
+    /// one quad per register; 256 bits: two registers), four tokens side by side: per quad of
+    /// tokens (the last padded with zeros), pair and eighth of the pair (Q8 positions
+    /// `8c..8c+8`), the four tokens' eight values, `⌈t/4⌉ × npairs × 8 × 32` ([`quad_pos`]). Empty unless quantised for that kernel with at least
+    /// [`QUAD_MIN_ROWS`] rows.
     pub q16_quad: Vec<i16>,
     /// With [`QActs::q16_quad`]: per quad and pair, each token's `(d₀, d₀, d₁, d₁)` (the lanes
     /// of its products), `⌈t/4⌉ × npairs × 16`.
@@ -339,7 +339,7 @@ impl QActs {
     }
 
     /// Quantises for `kernel` (the SIMD kernels also read [`QActs::q16_quad`] from
-    /// [`WIDE512_MIN_ROWS`] rows, the plain AVX2 one [`QActs::q16`] below). Rows are spread
+    /// [`QUAD_MIN_ROWS`] rows, the plain AVX2 one [`QActs::q16`] below). Rows are spread
     /// over the CPU pool when there are many.
     pub fn quantize_for(&mut self, x: &[f32], t: usize, k: usize, kernel: QKernel) {
         let nb = k / QK;
@@ -352,19 +352,19 @@ impl QActs {
             v.resize(t * npairs * 64, 0);
         }
         let quads = t.div_ceil(4);
-        let wide512 = takes_quad_layout(kernel, t);
+        let quad = takes_quad_layout(kernel, t);
         self.q16.clear();
-        if kernel == QKernel::Avx2 && !wide512 {
+        if kernel == QKernel::Avx2 && !quad {
             self.q16.resize(t * npairs * 64, 0);
         }
         for (v, len) in [(&mut self.d_quad, 16), (&mut self.s_quad, 16)] {
             v.clear();
-            if wide512 {
+            if quad {
                 v.resize(quads * npairs * len, 0.0);
             }
         }
         self.q16_quad.clear();
-        if wide512 {
+        if quad {
             self.q16_quad.resize(quads * npairs * 256, 0);
         }
         for v in [&mut self.d, &mut self.s, &mut self.s8] {
@@ -408,7 +408,7 @@ impl QActs {
                         let at = base + (j / 2) * 8 + j % 2;
                         *d4.get().add(at) = *row.d.add(j);
                         *s4.get().add(at) = *row.s.add(j);
-                        if wide512 {
+                        if quad {
                             let at = (((ti / 4) * npairs + j / 2) * 4 + ti % 4) * 4 + 2 * (j % 2);
                             for lane in at..at + 2 {
                                 *d_quad.get().add(lane) = *row.d.add(j);

@@ -5,7 +5,7 @@ use super::*;
 
 #[test]
 fn simd_quantisation_equals_the_portable_one() {
-    let (t, k) = (WIDE512_MIN_ROWS + 1, 160);
+    let (t, k) = (QUAD_MIN_ROWS + 1, 160);
     let mut rng = crate::sampling::sampler::Rng::new(11);
     let x: Vec<f32> = (0..t * k)
         .map(|i| if i % 37 == 0 { 0.0 } else { (rng.next_f64() as f32 - 0.5) * 9.0 })
@@ -45,7 +45,7 @@ fn simd_quantisation_equals_the_portable_one() {
     assert_eq!(a.qs2, b.qs2);
     // The per-token i16 layout, which fewer rows than a quad carry: 256·q₁ + q₂ of each
     // Q8-layout byte, at its wide position.
-    let few = WIDE512_MIN_ROWS - 1;
+    let few = QUAD_MIN_ROWS - 1;
     let mut f = QActs::default();
     f.quantize_for(&x[..few * k], few, k, QKernel::Avx2);
     assert!(a.q16.is_empty() && !f.q16.is_empty());

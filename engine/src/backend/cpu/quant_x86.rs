@@ -232,14 +232,14 @@ unsafe fn hsum256(v: __m256) -> f32 {
 
 /// Asks for the bytes of pair `p` of row `r` ahead of their use (a row past the matrix's end is
 /// harmless: a prefetch never faults). Decode reads each weight once: four rows' streams at a
-/// time outrun the hardware prefetcher (Gemma 3's 262k-row LM head: 87 -> 131 tok/s on the
-/// 2-core Zen 5 with the AVX2 kernel), asked for [`DECODE_PREFETCH_ROWS`] rows ahead. Batch
-/// tiles ask for the next rows too: the first token block of a step reads its weights from
-/// memory, and stalled on them (Gemma 3 batched decode, 32 × (64 + 64), AVX-512 VNNI tiles on
-/// the 2-core Zen 5: 334 -> 413 tok/s).
+/// time outrun the hardware prefetcher (Gemma 3's 262k-row LM head: 87 -> 131 tok/s on a
+/// 2-core AMD EPYC family 26 model 2 (Zen 5) with the AVX2 kernel), asked for
+/// [`DECODE_PREFETCH_ROWS`] rows ahead. Batch tiles ask for the next rows too: the first token
+/// block of a step reads its weights from memory, and stalled on them (Gemma 3 batched decode,
+/// 32 × (64 + 64), AVX-512 VNNI tiles on the same CPU: 334 -> 413 tok/s).
 /// How far ahead decode asks for rows: a 400-700-byte row (k = 576 or 640) four rows on is
-/// too close to cover the memory's latency. Sixteen rows on, single-stream decode on the
-/// 2-core Zen 5 (`bench single --decode-tokens 256`, four alternations): Gemma 3 270M Q4_K_M
+/// too close to cover the memory's latency. Sixteen rows on, single-stream decode on a 2-core
+/// AMD EPYC family 26 model 2 (Zen 5) (`bench single --decode-tokens 256`, four alternations): Gemma 3 270M Q4_K_M
 /// 121.7 -> 129.4 tok/s (AVX-512 path), 114.1 -> 126.2 (AVX-VNNI); SmolLM2 Q4_K_M 252.9 ->
 /// 283.0, 232.7 -> 264.4.
 const DECODE_PREFETCH_ROWS: usize = 16;

@@ -80,7 +80,8 @@ macro_rules! kernel {
             /// float accumulators in registers, beside two activation registers, a broadcast
             /// weight and (plain AVX2) a product: three rows fit the sixteen registers with
             /// `vpdpwssd`, two without (three spilled: Gemma 3 270M Q4_K_M batched decode's
-            /// gate|up, 1.60 s with three rows, 1.35 s with two, on the 2-core Zen 5).
+            /// gate|up, 1.60 s with three rows, 1.35 s with two, forced AVX2 on a 2-core
+            /// AMD EPYC family 26 model 2 (Zen 5)).
             const RT: usize = $rt;
 
             /// Rows `rows` of `out = a · wᵀ` for batches; `a` must carry
