@@ -36,8 +36,18 @@ fn log_sum_exp(row: &[f32]) -> f64 {
 
 #[test]
 fn coarse_activations_give_the_first_level_alone_on_every_kernel() {
-    let (n, k, t) = (40, 320, 9);
-    let w = head(n, k, 3);
+    // A Q8_0 head and a Q6_K one (Q8G16: group scales, no minimum term).
+    let q6 = |n: usize, k: usize| {
+        let data = super::super::quant::tests_support::random_k(GgmlType::Q6_K, n, k, 5);
+        QMatrix::from_gguf(GgmlType::Q6_K, &data, n, k).unwrap()
+    };
+    for (w, k) in [(head(40, 320, 3), 320), (q6(40, 512), 512)] {
+        coarse_on_every_kernel(&w, k);
+    }
+}
+
+fn coarse_on_every_kernel(w: &QMatrix, k: usize) {
+    let (n, t) = (w.n, 9);
     let x = acts(t, k, 4);
     let mut a = QActs::default();
     a.quantize_for(&x, t, k, QKernel::Avx2);

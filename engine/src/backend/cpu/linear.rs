@@ -191,60 +191,6 @@ impl QuantLinear {
     }
 }
 
-/// A layer whose weights are stored as two stacked halves (`2n` rows) that sum to the real
-/// `n` rows (Q6_K's and Q3_K's groups of 16, [`super::quant::QMatrix::from_split16`]): one matmul over
-/// both, then `out[r] = y[r] + y[n + r]`.
-pub struct SplitSumLinear {
-    inner: QuantLinear,
-}
-
-impl SplitSumLinear {
-    /// Wraps a stacked quantised matrix.
-    pub fn new(inner: QuantLinear) -> Self {
-        assert!(inner.w.n.is_multiple_of(2), "SplitSumLinear needs two halves");
-        SplitSumLinear { inner }
-    }
-}
-
-thread_local! {
-    static SPLIT_OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-impl Linear for SplitSumLinear {
-    fn in_features(&self) -> usize {
-        self.inner.w.k
-    }
-    fn out_features(&self) -> usize {
-        self.inner.w.n / 2
-    }
-    fn forward(&self, x: &[f32], t: usize, out: &mut [f32]) {
-        self.summed(t, out, |y| self.inner.forward(x, t, y));
-    }
-    fn forward_from_acts(&self, a: &super::quant::QActs, out: &mut [f32]) -> bool {
-        self.summed(a.t, out, |y| self.inner.forward_quantized(a, y));
-        true
-    }
-}
-
-impl SplitSumLinear {
-    /// Runs `both` (the stacked matmul into `t × 2n` outputs), then adds the halves into `out`.
-    fn summed(&self, t: usize, out: &mut [f32], both: impl FnOnce(&mut [f32])) {
-        let n = self.inner.w.n / 2;
-        SPLIT_OUT.with(|cell| {
-            let mut y = cell.borrow_mut();
-            y.clear();
-            y.resize(t * 2 * n, 0.0);
-            both(&mut y);
-            for (o, row) in out.chunks_exact_mut(n).zip(y.chunks_exact(2 * n)) {
-                let (a, b) = row.split_at(n);
-                for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
-                    *o = a + b;
-                }
-            }
-        });
-    }
-}
-
 /// Fused projections whose parts have different weight formats (e.g. a Q5_1 query next to a
 /// Q8_0 value projection): each part runs its own kernel and its rows are placed side by side
 /// in the output, as one stacked matrix would put them.
@@ -377,16 +323,14 @@ mod quant_tests {
                         .flat_map(|ty| k_quant.iter().map(move |&s| (ty, s))),
                 );
         for (ty, (n, k, t)) in cases {
-            // Legacy types in 32-blocks; K-quants repacked or split.
+            // Legacy types in 32-blocks; K-quants repacked.
             let seed = (n * k + t) as u64;
-            let w = if ty.block_size() == 32 {
-                QMatrix::from_gguf(ty, &random_gguf(ty, n, k, seed), n, k).unwrap()
+            let data = if ty.block_size() == 32 {
+                random_gguf(ty, n, k, seed)
             } else {
-                let data = random_k(ty, n, k, seed);
-                QMatrix::from_split16(ty, &data, n, k)
-                    .or_else(|| QMatrix::from_gguf(ty, &data, n, k))
-                    .unwrap()
+                random_k(ty, n, k, seed)
             };
+            let w = QMatrix::from_gguf(ty, &data, n, k).unwrap();
             let n = w.n;
             let mut rng = crate::sampling::sampler::Rng::new(7);
             let x: Vec<f32> = (0..t * k).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
@@ -397,22 +341,35 @@ mod quant_tests {
                 a.quantize_for(&x, t, k, kernel);
                 let mut out = vec![0f32; t * n];
                 QuantLinear::new(Arc::new(w.clone()), kernel).forward_quantized(&a, &mut out);
-                for r in 0..n {
-                    for ti in 0..t {
-                        let want = scalar::dot(&w, r, &a, ti);
-                        let got = out[ti * n + r];
-                        // Kernels with signed 8-bit weights skip the minimum term that
-                        // cancels the oracle's +128 bias: rounding relative to that term.
-                        let min_mass: f32 = (0..w.npairs * 2)
-                            .map(|j| {
-                                let s = a.s[(ti * w.npairs + j / 2) * 2 + j % 2];
-                                (w.min(r, j / 2, j % 2) * s).abs()
-                            })
-                            .sum();
-                        assert!(
-                            (got - want).abs() <= 1e-4 * (1.0 + want.abs().max(min_mass)),
-                            "{kernel:?} {ty:?} {n}x{k} t{t} [{ti},{r}]: {got} vs {want}"
-                        );
+                let mut outs = vec![(kernel, out)];
+                // The AVX-512 i8 tiles, which decode takes only when asked for by name.
+                #[cfg(target_arch = "x86_64")]
+                if kernel == QKernel::Avx512Vnni {
+                    let mut out = vec![0f32; t * n];
+                    // SAFETY: the CPU has AVX-512 VNNI; `out` holds t × n floats.
+                    unsafe {
+                        super::super::quant_x86::rows_i8_avx512(&w, &a, 0..n, out.as_mut_ptr())
+                    };
+                    outs.push((kernel, out));
+                }
+                for (kernel, out) in outs {
+                    for r in 0..n {
+                        for ti in 0..t {
+                            let want = scalar::dot(&w, r, &a, ti);
+                            let got = out[ti * n + r];
+                            // Kernels with signed 8-bit weights skip the minimum term that
+                            // cancels the oracle's +128 bias: rounding relative to that term.
+                            let min_mass: f32 = (0..w.npairs * 2)
+                                .map(|j| {
+                                    let s = a.s[(ti * w.npairs + j / 2) * 2 + j % 2];
+                                    (w.min(r, j / 2, j % 2) * s).abs()
+                                })
+                                .sum();
+                            assert!(
+                                (got - want).abs() <= 1e-4 * (1.0 + want.abs().max(min_mass)),
+                                "{kernel:?} {ty:?} {n}x{k} t{t} [{ti},{r}]: {got} vs {want}"
+                            );
+                        }
                     }
                 }
             }
@@ -427,11 +384,11 @@ mod quant_tests {
             let w = QMatrix::from_gguf(ty, &random_gguf(ty, n, k, n as u64), n, k).unwrap();
             Arc::new(QuantLinear::new(Arc::new(w), kernel))
         };
-        let q6 = QMatrix::from_split16(GgmlType::Q6_K, &random_k(GgmlType::Q6_K, 5, k, 3), 5, k);
+        let q6 = QMatrix::from_gguf(GgmlType::Q6_K, &random_k(GgmlType::Q6_K, 5, k, 3), 5, k);
         let parts: Vec<Arc<dyn Linear>> = vec![
             quant(GgmlType::Q5_1, 7),
             quant(GgmlType::Q8_0, 4),
-            Arc::new(SplitSumLinear::new(QuantLinear::new(Arc::new(q6.unwrap()), kernel))),
+            Arc::new(QuantLinear::new(Arc::new(q6.unwrap()), kernel)),
             // An f32 part takes the unquantised input.
             Arc::new(ExactLinear::new((0..3 * k).map(|i| (i % 7) as f32 - 3.0).collect(), 3, k)),
         ];

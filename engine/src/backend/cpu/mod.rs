@@ -31,7 +31,7 @@ use crate::model_files::config::{Activation, Arch, ModelConfig, RopeStyle};
 use crate::model_files::weights::ModelFiles;
 use crate::LoadError;
 use kv_cache::CpuKvCache;
-use linear::{ExactLinear, Linear, QuantLinear, SplitSumLinear, StackedLinear};
+use linear::{ExactLinear, Linear, QuantLinear, StackedLinear};
 use ops::Rope;
 use profile::{timed, Op};
 use quant::{QKernel, QMatrix};
@@ -67,13 +67,6 @@ fn load_fused(
         .map(|(name, n)| files.require(name, &[*n, k]))
         .collect::<Result<Vec<_>, _>>()?;
     let n_total: usize = parts.iter().map(|p| p.1).sum();
-    if kernel == KernelPath::Fast && tensors.len() == 1 {
-        let t = &tensors[0];
-        if let Some(m) = QMatrix::from_split16(t.dtype, t.bytes, t.shape[0], k) {
-            let inner = QuantLinear::new(Arc::new(m), QKernel::detect());
-            return Ok(Arc::new(SplitSumLinear::new(inner)));
-        }
-    }
     if kernel == KernelPath::Fast {
         let mats: Option<Vec<QMatrix>> =
             tensors.iter().map(|t| QMatrix::from_gguf(t.dtype, t.bytes, t.shape[0], k)).collect();

@@ -47,6 +47,13 @@ pub enum QFormat {
     /// is set; the arithmetic is Q4_1's (`maddubs` pairs of values below 32 stay within i16).
     /// 40 bytes per 64 weights where a byte each took 64: decode reads weights from memory.
     Q5,
+    /// 8-bit values stored offset by 128 as [`QFormat::Q8_0`], with a scale per group of 16
+    /// (Q6_K, Q3_K): a pair's four groups are elements 0..16 ("low half") and 16..32 ("high
+    /// half") of each block, which the Q8 order puts in the pair's first and last 32 bytes. The
+    /// pair's `dm` holds the groups' integer sub-scales `(s₀,lo, s₁,lo, s₀,hi, s₁,hi)` (exact in
+    /// f16), [`QMatrix::dk`] the super-block scale `d`; a group's scale is `d·s`. No minimum:
+    /// kernels remove the bias of 128 themselves.
+    Q8G16,
 }
 
 impl QFormat {
@@ -55,7 +62,7 @@ impl QFormat {
         match self {
             QFormat::Q4_1 => 32,
             QFormat::Q5 => 40,
-            QFormat::Q8_0 => 64,
+            QFormat::Q8_0 | QFormat::Q8G16 => 64,
         }
     }
 }
@@ -74,8 +81,11 @@ pub struct QMatrix {
     /// Quantised values, `n × npairs × pair_bytes`.
     pub qs: Vec<u8>,
     /// Per pair `(d₀, d₁, m₀, m₁)` as f16 (as the file stores them; lossless), `n × npairs × 4`:
-    /// scales and minimum terms of the two blocks.
+    /// scales and minimum terms of the two blocks ([`QFormat::Q8G16`]: the four groups'
+    /// sub-scales).
     pub dm: Vec<half::f16>,
+    /// [`QFormat::Q8G16`] only: each pair's super-block scale `d`, `n × npairs` (else empty).
+    pub dk: Vec<half::f16>,
 }
 
 /// Position of element `j` (0..32) of block `b` (0 or 1) within a 64-byte Q8 pair.
@@ -143,7 +153,7 @@ impl QMatrix {
     /// blocks contribute nothing whatever their scale).
     pub(super) fn zeroed(format: QFormat, n: usize, k: usize) -> QMatrix {
         let npairs = (k / QK).div_ceil(2);
-        let zero = if format == QFormat::Q8_0 { 128 } else { 0 };
+        let zero = if matches!(format, QFormat::Q8_0 | QFormat::Q8G16) { 128 } else { 0 };
         QMatrix {
             format,
             n,
@@ -151,6 +161,7 @@ impl QMatrix {
             npairs,
             qs: vec![zero; n * npairs * format.pair_bytes()],
             dm: vec![half::f16::ZERO; n * npairs * 4],
+            dk: vec![half::f16::ZERO; if format == QFormat::Q8G16 { n * npairs } else { 0 }],
         }
     }
 
@@ -160,6 +171,7 @@ impl QMatrix {
         match ty {
             GgmlType::Q4_K => return Self::from_q4_k(data, n, k),
             GgmlType::Q5_K => return Self::from_q5_k(data, n, k),
+            GgmlType::Q6_K | GgmlType::Q3_K => return Self::from_g16(ty, data, n, k),
             _ => {}
         }
         if !Self::supports(ty) || !k.is_multiple_of(QK) || data.len() != ty.bytes_for(n * k) {
@@ -247,11 +259,13 @@ impl QMatrix {
             npairs: first.npairs,
             qs: Vec::new(),
             dm: Vec::new(),
+            dk: Vec::new(),
         };
         for p in parts {
             out.n += p.n;
             out.qs.extend_from_slice(&p.qs);
             out.dm.extend_from_slice(&p.dm);
+            out.dk.extend_from_slice(&p.dk);
         }
         out
     }
@@ -270,21 +284,39 @@ impl QMatrix {
                 }
                 QFormat::Q5 => get_q5(&self.qs, base, b, j) as f32,
                 QFormat::Q8_0 => self.qs[base + q8_pos(b, j)] as f32,
+                QFormat::Q8G16 => {
+                    let q = self.qs[base + q8_pos(b, j)] as f32 - 128.0;
+                    *o = q * self.group_scale(r, p, b, j / 16);
+                    continue;
+                }
             };
             *o = q * self.scale(r, p, b) + self.min(r, p, b);
         }
     }
 
-    /// Scale of block `b` of pair `p` of row `r`.
+    /// Scale of block `b` of pair `p` of row `r` (not for [`QFormat::Q8G16`]: see
+    /// [`QMatrix::group_scale`]).
     #[inline]
     pub fn scale(&self, r: usize, p: usize, b: usize) -> f32 {
         self.dm[(r * self.npairs + p) * 4 + b].to_f32()
     }
 
-    /// Minimum term of block `b` of pair `p` of row `r`.
+    /// Minimum term of block `b` of pair `p` of row `r` (zero for [`QFormat::Q8G16`], whose
+    /// kernels remove the bias of 128 from their integer sums).
     #[inline]
     pub fn min(&self, r: usize, p: usize, b: usize) -> f32 {
+        if self.format == QFormat::Q8G16 {
+            return 0.0;
+        }
         self.dm[(r * self.npairs + p) * 4 + 2 + b].to_f32()
+    }
+
+    /// Scale `d·s` of the [`QFormat::Q8G16`] group of elements `16h..16h + 16` of block `b` of
+    /// pair `p` of row `r` (exact in f32: an f16 times an integer of at most 8 bits).
+    #[inline]
+    pub fn group_scale(&self, r: usize, p: usize, b: usize, h: usize) -> f32 {
+        let at = r * self.npairs + p;
+        self.dk[at].to_f32() * self.dm[at * 4 + 2 * h + b].to_f32()
     }
 }
 
@@ -609,6 +641,9 @@ pub mod scalar {
 
     /// Dot product of weight row `r` with activation row `t`.
     pub fn dot(w: &QMatrix, r: usize, a: &QActs, t: usize) -> f32 {
+        if w.format == QFormat::Q8G16 {
+            return dot_g16(w, r, a, t);
+        }
         let pb = w.format.pair_bytes();
         let mut acc = 0f32;
         for p in 0..w.npairs {
@@ -637,7 +672,7 @@ pub mod scalar {
                             part[b] += lo * aq[i] as i32 + hi * aq[32 + i] as i32;
                         }
                     }
-                    QFormat::Q8_0 => {
+                    QFormat::Q8_0 | QFormat::Q8G16 => {
                         for i in 0..64 {
                             part[(i / 4) % 2] += wq[i] as i32 * aq[i] as i32;
                         }
@@ -650,6 +685,28 @@ pub mod scalar {
             for (b, &s) in isum.iter().enumerate() {
                 let ai = (t * a.npairs + p) * 2 + b;
                 acc += w.scale(r, p, b) * a.d[ai] * s as f32 + w.min(r, p, b) * a.s[ai];
+            }
+        }
+        acc
+    }
+
+    /// [`dot`] for [`QFormat::Q8G16`]: each group of 16's signed integer sum, on both levels,
+    /// times its scale.
+    fn dot_g16(w: &QMatrix, r: usize, a: &QActs, t: usize) -> f32 {
+        let mut acc = 0f32;
+        for p in 0..w.npairs {
+            let wq = &w.qs[(r * w.npairs + p) * 64..(r * w.npairs + p + 1) * 64];
+            let at = (t * a.npairs + p) * 64;
+            // Group (b, h) at index 2h + b: byte i is block (i / 4) % 2, half i / 32.
+            let mut isum = [0i32; 4];
+            for i in 0..64 {
+                let q = wq[i] as i32 - 128;
+                let x = 256 * a.qs[at + i] as i32 + a.qs2[at + i] as i32;
+                isum[2 * (i / 32) + (i / 4) % 2] += q * x;
+            }
+            for (g, &s) in isum.iter().enumerate() {
+                let (b, h) = (g % 2, g / 2);
+                acc += w.group_scale(r, p, b, h) * a.d[(t * a.npairs + p) * 2 + b] * s as f32;
             }
         }
         acc

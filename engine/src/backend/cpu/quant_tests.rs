@@ -87,9 +87,9 @@ fn repack_is_lossless() {
     }
 }
 
-/// Each repacked K-quant weight against the reference dequantiser: only the f16 rounding
-/// of scales (2⁻¹¹ relative) and minimums separates them. Split types hold every value in
-/// one half and exactly zero in the other.
+/// Each repacked K-quant weight against the reference dequantiser: Q6_K and Q3_K
+/// ([`QFormat::Q8G16`]) exactly, Q4_K and Q5_K up to the f16 rounding of their group scales
+/// (2⁻¹¹ relative) and minimums.
 #[test]
 fn k_quant_repacks_round_only_the_group_scales() {
     for ty in [GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
@@ -97,38 +97,43 @@ fn k_quant_repacks_round_only_the_group_scales() {
         let data = random_k(ty, n, k, 21);
         let mut want = vec![0f32; n * k];
         crate::model_files::dtype::dequantize(ty, &data, &mut want);
-        let split = QMatrix::from_split16(ty, &data, n, k);
-        let m = split.clone().or_else(|| QMatrix::from_gguf(ty, &data, n, k)).unwrap();
-        assert_eq!(m.n, if split.is_some() { 2 * n } else { n }, "{ty:?}");
+        let m = QMatrix::from_gguf(ty, &data, n, k).unwrap();
+        let g16 = matches!(ty, GgmlType::Q3_K | GgmlType::Q6_K);
+        assert_eq!(m.format == QFormat::Q8G16, g16, "{ty:?}");
+        assert_eq!(m.n, n);
         // The largest |scale · value| and |minimum| a block can have here.
         let big = 0.005 * 63.0 * 32.0;
-        let (mut a, mut b) = (vec![0f32; k], vec![0f32; k]);
+        let mut a = vec![0f32; k];
         for r in 0..n {
             m.row_f32(r, &mut a);
-            if split.is_some() {
-                m.row_f32(n + r, &mut b);
-            }
             for (i, w) in want[r * k..(r + 1) * k].iter().enumerate() {
-                let v = if split.is_some() {
-                    let (v, zero) = if (i / 16) % 2 == 0 { (a[i], b[i]) } else { (b[i], a[i]) };
-                    assert_eq!(zero, 0.0, "{ty:?} row {r} [{i}]");
-                    v
+                let v = a[i];
+                if g16 {
+                    assert_eq!(v, *w, "{ty:?} row {r} [{i}]");
                 } else {
-                    a[i]
-                };
-                assert!((v - w).abs() <= 2.0 * big / 2048.0, "{ty:?} row {r} [{i}]: {v} vs {w}");
+                    assert!(
+                        (v - w).abs() <= 2.0 * big / 2048.0,
+                        "{ty:?} row {r} [{i}]: {v} vs {w}"
+                    );
+                }
             }
         }
     }
-    let q4k = random_k(GgmlType::Q4_K, 1, 256, 1);
-    assert!(QMatrix::from_split16(GgmlType::Q4_K, &q4k, 1, 256).is_none());
+    // Two super-blocks' worth of bytes for one: refused.
+    let q6k = random_k(GgmlType::Q6_K, 1, 512, 1);
+    assert!(QMatrix::from_gguf(GgmlType::Q6_K, &q6k, 1, 256).is_none());
 }
 
 #[test]
 fn scalar_dot_matches_dequantised_dot() {
-    for ty in [GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
-        let (n, k, t) = (4, 160, 3);
-        let data = random_gguf(ty, n, k, 9);
+    let types = [GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0];
+    for ty in types.into_iter().chain([GgmlType::Q3_K, GgmlType::Q6_K]) {
+        let (n, t) = (4, 3);
+        let (k, data) = if ty.block_size() == 32 {
+            (160, random_gguf(ty, n, 160, 9))
+        } else {
+            (512, random_k(ty, n, 512, 9))
+        };
         let mut w = vec![0f32; n * k];
         crate::model_files::dtype::dequantize(ty, &data, &mut w);
         let m = QMatrix::from_gguf(ty, &data, n, k).unwrap();

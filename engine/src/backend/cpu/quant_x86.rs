@@ -49,6 +49,21 @@ pub unsafe fn matmul_rows(
     }
 }
 
+/// The AVX-512 i8 tiles on both levels, which an AVX-512 CPU with AVX-VNNI runs only when
+/// `TANDEM_CPU_KERNEL=avx512` asks for them: for the oracle test, whatever the environment.
+///
+/// # Safety
+/// As [`matmul_rows`], on a CPU with AVX-512 VNNI.
+#[cfg(test)]
+pub(super) unsafe fn rows_i8_avx512(
+    w: &QMatrix,
+    a: &QActs,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+) {
+    rows_avx512::<true>(w, a, rows, out)
+}
+
 /// Whether an AVX-512 CPU runs decode-sized matmuls on the 256-bit VNNI kernel (it has AVX-VNNI
 /// and `TANDEM_CPU_KERNEL` is not `avx512`).
 fn prefer_256_for_decode() -> bool {
@@ -63,11 +78,18 @@ unsafe fn pair_f64(p: *const f32) -> f64 {
     std::ptr::read_unaligned(p as *const f64)
 }
 
-/// A pair's `(d₀, d₁, m₀, m₁)`, converted from f16.
+/// A pair's `(d₀, d₁, m₀, m₁)`, converted from f16; for [`QFormat::Q8G16`] its groups' scales
+/// `(d₀,lo, d₁,lo, d₀,hi, d₁,hi)` (`d` times the sub-scales).
 #[inline]
-#[target_feature(enable = "f16c")]
+#[target_feature(enable = "sse2,f16c")]
 unsafe fn pair_dm(w: &QMatrix, r: usize, p: usize) -> __m128 {
-    _mm_cvtph_ps(_mm_loadl_epi64(w.dm.as_ptr().add((r * w.npairs + p) * 4) as *const __m128i))
+    let at = r * w.npairs + p;
+    let dm = _mm_cvtph_ps(_mm_loadl_epi64(w.dm.as_ptr().add(at * 4) as *const __m128i));
+    if w.format != QFormat::Q8G16 {
+        return dm;
+    }
+    let d = _mm_cvtph_ps(_mm_set1_epi16(w.dk.get_unchecked(at).to_bits() as i16));
+    _mm_mul_ps(dm, d)
 }
 
 /// `L2`: whether the activations' second level is added (false for [`QActs::coarse`] ones,
@@ -79,17 +101,33 @@ unsafe fn rows_avx512<const L2: bool>(
     rows: std::ops::Range<usize>,
     out: *mut f32,
 ) {
+    if w.format == QFormat::Q8G16 {
+        rows_avx512_of::<L2, true>(w, a, rows, out)
+    } else {
+        rows_avx512_of::<L2, false>(w, a, rows, out)
+    }
+}
+
+/// `G`: the weights are [`QFormat::Q8G16`] (see [`tile_avx512`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn rows_avx512_of<const L2: bool, const G: bool>(
+    w: &QMatrix,
+    a: &QActs,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+) {
     // Tiles of RT rows × T tokens: short rows (9 pairs at k = 576) make per-row overhead matter,
     // so decode (one token) takes four rows at a time; batches take three rows × four tokens,
     // in blocks of tokens whose activations stay in L1 while the rows stream by.
     if a.t == 1 {
         let mut r = rows.start;
         while r + 4 <= rows.end {
-            tile_avx512::<4, 1, L2>(w, r, a, 0, out);
+            tile_avx512::<4, 1, L2, G>(w, r, a, 0, out);
             r += 4;
         }
         for r in r..rows.end {
-            tile_avx512::<1, 1, L2>(w, r, a, 0, out);
+            tile_avx512::<1, 1, L2, G>(w, r, a, 0, out);
         }
         return;
     }
@@ -108,18 +146,18 @@ unsafe fn rows_avx512<const L2: bool>(
             while t0 < tb.end {
                 let nt = (tb.end - t0).min(NT);
                 match (rt, nt) {
-                    (3, 4) => tile_avx512::<3, 4, L2>(w, r, a, t0, out),
-                    (3, 3) => tile_avx512::<3, 3, L2>(w, r, a, t0, out),
-                    (3, 2) => tile_avx512::<3, 2, L2>(w, r, a, t0, out),
-                    (3, _) => tile_avx512::<3, 1, L2>(w, r, a, t0, out),
-                    (2, 4) => tile_avx512::<2, 4, L2>(w, r, a, t0, out),
-                    (2, 3) => tile_avx512::<2, 3, L2>(w, r, a, t0, out),
-                    (2, 2) => tile_avx512::<2, 2, L2>(w, r, a, t0, out),
-                    (2, _) => tile_avx512::<2, 1, L2>(w, r, a, t0, out),
-                    (_, 4) => tile_avx512::<1, 4, L2>(w, r, a, t0, out),
-                    (_, 3) => tile_avx512::<1, 3, L2>(w, r, a, t0, out),
-                    (_, 2) => tile_avx512::<1, 2, L2>(w, r, a, t0, out),
-                    _ => tile_avx512::<1, 1, L2>(w, r, a, t0, out),
+                    (3, 4) => tile_avx512::<3, 4, L2, G>(w, r, a, t0, out),
+                    (3, 3) => tile_avx512::<3, 3, L2, G>(w, r, a, t0, out),
+                    (3, 2) => tile_avx512::<3, 2, L2, G>(w, r, a, t0, out),
+                    (3, _) => tile_avx512::<3, 1, L2, G>(w, r, a, t0, out),
+                    (2, 4) => tile_avx512::<2, 4, L2, G>(w, r, a, t0, out),
+                    (2, 3) => tile_avx512::<2, 3, L2, G>(w, r, a, t0, out),
+                    (2, 2) => tile_avx512::<2, 2, L2, G>(w, r, a, t0, out),
+                    (2, _) => tile_avx512::<2, 1, L2, G>(w, r, a, t0, out),
+                    (_, 4) => tile_avx512::<1, 4, L2, G>(w, r, a, t0, out),
+                    (_, 3) => tile_avx512::<1, 3, L2, G>(w, r, a, t0, out),
+                    (_, 2) => tile_avx512::<1, 2, L2, G>(w, r, a, t0, out),
+                    _ => tile_avx512::<1, 1, L2, G>(w, r, a, t0, out),
                 }
                 t0 += nt;
             }
@@ -148,17 +186,20 @@ unsafe fn load_w512(w: &QMatrix, row_base: *const u8, p: usize) -> __m512i {
             let high: __mmask64 = std::ptr::read_unaligned(row_base.add(p * 40 + 32) as *const u64);
             _mm512_mask_add_epi8(w, high, w, _mm512_set1_epi8(16))
         }
-        QFormat::Q8_0 => _mm512_loadu_si512(row_base.add(p * 64) as *const _),
+        QFormat::Q8_0 | QFormat::Q8G16 => _mm512_loadu_si512(row_base.add(p * 64) as *const _),
     }
 }
 
 /// RT rows × T tokens. The minimum terms ride along in the same accumulators: a pair's
 /// `(m₀·s₀, m₁·s₁)` pattern over 16 lanes sums to eight times the pair's value, hence `s/8`.
+/// [`QFormat::Q8G16`] weights (`G`) have no minimum: the activations' sums times 128 (what the
+/// bias of the stored bytes adds) are taken from the integer sums, whose lanes 0..8 are the
+/// pair's low half and 8..16 its high half, each scaled by its groups' scales.
 // Rows and tokens index several register arrays at once.
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile_avx512<const RT: usize, const T: usize, const L2: bool>(
+unsafe fn tile_avx512<const RT: usize, const T: usize, const L2: bool, const G: bool>(
     w: &QMatrix,
     r0: usize,
     a: &QActs,
@@ -177,8 +218,15 @@ unsafe fn tile_avx512<const RT: usize, const T: usize, const L2: bool>(
             prefetch_pair(w, r + DECODE_PREFETCH_ROWS, p);
             wz[i] = load_w512(w, w.qs.as_ptr().add(r * np * pb), p);
             let dm = pair_dm(w, r, p);
-            dw[i] = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(dm)));
-            mw[i] = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm))));
+            let lo = _mm512_broadcastsd_pd(_mm_castps_pd(dm));
+            let hi = _mm512_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm)));
+            if G {
+                // Low half's group scales in lanes 0..8, high half's in 8..16.
+                dw[i] = _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm512_castpd512_pd256(hi), 1));
+            } else {
+                dw[i] = _mm512_castpd_ps(lo);
+                mw[i] = _mm512_castpd_ps(hi);
+            }
         }
         for t in 0..T {
             let ti = t0 + t;
@@ -193,10 +241,30 @@ unsafe fn tile_avx512<const RT: usize, const T: usize, const L2: bool>(
                 _mm512_castpd_ps(_mm512_set1_pd(pair_f64(a.d.as_ptr().add((ti * np + p) * 2))));
             let sa =
                 _mm512_castpd_ps(_mm512_set1_pd(pair_f64(a.s8.as_ptr().add((ti * np + p) * 2))));
+            let bias = if G {
+                let c = _mm512_set1_epi8(-128);
+                let b = _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c, az), 8);
+                if L2 {
+                    _mm512_dpbusd_epi32(b, c, az2)
+                } else {
+                    b
+                }
+            } else {
+                _mm512_setzero_si512()
+            };
             for i in 0..RT {
                 let isum =
                     _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wz[i], az), 8);
                 let isum = if L2 { _mm512_dpbusd_epi32(isum, wz[i], az2) } else { isum };
+                if G {
+                    let isum = _mm512_sub_epi32(isum, bias);
+                    acc[i][t] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(isum),
+                        _mm512_mul_ps(dw[i], da),
+                        acc[i][t],
+                    );
+                    continue;
+                }
                 let v =
                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw[i], da), acc[i][t]);
                 acc[i][t] = _mm512_fmadd_ps(mw[i], sa, v);
@@ -280,6 +348,55 @@ unsafe fn pair_vnni<const L2: bool>(
     _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(s, wlo, load256(a2)), whi, load256(a2.add(32)))
 }
 
+/// A [`QFormat::Q8G16`] pair against one activation row with AVX-VNNI: the integer sums of
+/// its low and high halves (elements 0..16 and 16..32 of both blocks, lanes alternating blocks),
+/// both levels combined as in [`pair_vnni`], less what the weights' bias of 128 adds (128 times
+/// the activations' sums, by `vpdpbusd` on bytes of 128).
+#[inline]
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn pair_vnni_g16<const L2: bool>(
+    wlo: __m256i,
+    whi: __m256i,
+    a1: *const i8,
+    a2: *const i8,
+) -> (__m256i, __m256i) {
+    (half_vnni_g16::<L2>(wlo, a1, a2), half_vnni_g16::<L2>(whi, a1.add(32), a2.add(32)))
+}
+
+/// One half of [`pair_vnni_g16`]: weights `w` against the 32 bytes at `a1` (and `a2`).
+#[inline]
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn half_vnni_g16<const L2: bool>(w: __m256i, a1: *const i8, a2: *const i8) -> __m256i {
+    let (zero, c) = (_mm256_setzero_si256(), _mm256_set1_epi8(-128));
+    let x = load256(a1);
+    let s =
+        _mm256_sub_epi32(_mm256_dpbusd_avx_epi32(zero, w, x), _mm256_dpbusd_avx_epi32(zero, c, x));
+    let s = _mm256_slli_epi32(s, 8);
+    if !L2 {
+        return s;
+    }
+    let x = load256(a2);
+    let s2 =
+        _mm256_sub_epi32(_mm256_dpbusd_avx_epi32(zero, w, x), _mm256_dpbusd_avx_epi32(zero, c, x));
+    _mm256_add_epi32(s, s2)
+}
+
+/// `acc + cvt(lo)·dlo·da + cvt(hi)·dhi·da`: a [`QFormat::Q8G16`] pair's half sums scaled by
+/// their groups' scales (no minimum term).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scale_halves(
+    acc: __m256,
+    lo: __m256i,
+    hi: __m256i,
+    dlo: __m256,
+    dhi: __m256,
+    da: __m256,
+) -> __m256 {
+    let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(dlo, da), acc);
+    _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(dhi, da), acc)
+}
+
 /// Four tokens' pair sums (i32 lanes alternating block 0, block 1) reduced into one vector
 /// `(t₀b₀, t₀b₁, t₁b₀, t₁b₁, t₂b₀, t₂b₁, t₃b₀, t₃b₁)`: in-lane 64-bit unpacks pair tokens,
 /// a cross-lane permute sums the halves.
@@ -356,7 +473,8 @@ unsafe fn scale_pair(
     _mm256_fmadd_ps(mw, sa, _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), acc))
 }
 
-/// A pair's `(d₀, d₁)` and `(m₀, m₁)` broadcast over eight lanes.
+/// A pair's `(d₀, d₁)` and `(m₀, m₁)` broadcast over eight lanes ([`QFormat::Q8G16`]: its low
+/// and high halves' group scales).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn pair_scales(w: &QMatrix, r: usize, p: usize) -> (__m256, __m256) {
@@ -365,7 +483,8 @@ unsafe fn pair_scales(w: &QMatrix, r: usize, p: usize) -> (__m256, __m256) {
     (dw, _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_movehl_ps(dm, dm)))))
 }
 
-/// Four rows' pair scales side by side, `(d₀, d₁)` and `(m₀, m₁)` of rows `r0..r0+4`.
+/// Four rows' pair scales side by side, `(d₀, d₁)` and `(m₀, m₁)` of rows `r0..r0+4`
+/// ([`QFormat::Q8G16`]: the low and high halves' group scales).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn rows4_scales(w: &QMatrix, r0: usize, p: usize) -> (__m256, __m256) {
@@ -404,10 +523,12 @@ unsafe fn store4(acc: __m256, at: *mut f32, stride: usize) {
 }
 
 /// Weight formats of the AVX2 tile kernels' const parameter: 4-bit pairs, 8-bit (stored
-/// `q + 128`) and [`QFormat::Q5`] (nibbles and a mask of high bits).
+/// `q + 128`), [`QFormat::Q5`] (nibbles and a mask of high bits) and [`QFormat::Q8G16`] (bytes
+/// as 8-bit, a scale per group of 16).
 const F_Q4: u8 = 0;
 const F_Q8: u8 = 1;
 const F_Q5: u8 = 2;
+const F_G16: u8 = 3;
 
 /// 16 in each byte of 32 whose bit of `bits` is set (byte `i` for bit `i`): a [`QFormat::Q5`]
 /// pair's high bits for one half of the unpacked pair.
@@ -450,7 +571,7 @@ unsafe fn q5_bytes(wq: *const u8) -> (__m256i, __m256i) {
 #[target_feature(enable = "avx2")]
 unsafe fn pair_weights<const F: u8>(wq: *const u8) -> (__m256i, __m256i) {
     match F {
-        F_Q8 => (load256(wq as *const i8), load256(wq.add(32) as *const i8)),
+        F_Q8 | F_G16 => (load256(wq as *const i8), load256(wq.add(32) as *const i8)),
         F_Q5 => q5_bytes(wq),
         _ => {
             let v = load256(wq as *const i8);
@@ -472,9 +593,11 @@ mod avx2_vnni {
             (QFormat::Q4_1, false) => rows_of::<F_Q4, true>(w, a, rows, out),
             (QFormat::Q8_0, false) => rows_of::<F_Q8, true>(w, a, rows, out),
             (QFormat::Q5, false) => rows_of::<F_Q5, true>(w, a, rows, out),
+            (QFormat::Q8G16, false) => rows_of::<F_G16, true>(w, a, rows, out),
             (QFormat::Q4_1, true) => rows_of::<F_Q4, false>(w, a, rows, out),
             (QFormat::Q8_0, true) => rows_of::<F_Q8, false>(w, a, rows, out),
             (QFormat::Q5, true) => rows_of::<F_Q5, false>(w, a, rows, out),
+            (QFormat::Q8G16, true) => rows_of::<F_G16, false>(w, a, rows, out),
         }
     }
 
@@ -515,12 +638,23 @@ mod avx2_vnni {
             for (q, acc_q) in acc.iter_mut().enumerate() {
                 let tq = t0 + 4 * q;
                 let mut isum = [_mm256_setzero_si256(); 4];
-                for (t, s) in isum.iter_mut().enumerate() {
+                let mut ihi = [_mm256_setzero_si256(); 4];
+                for t in 0..4 {
                     let off = ((tq + t) * np + p) * 64;
                     let (a1, a2) = (a.qs.as_ptr().add(off), a.qs2.as_ptr().add(off));
-                    *s = pair_vnni::<L2>(wlo, whi, a1, a2);
+                    if F == F_G16 {
+                        (isum[t], ihi[t]) = pair_vnni_g16::<L2>(wlo, whi, a1, a2);
+                    } else {
+                        isum[t] = pair_vnni::<L2>(wlo, whi, a1, a2);
+                    }
                 }
                 let quad = (tq / 4) * np * 8 + p * 8;
+                if F == F_G16 {
+                    let da = _mm256_loadu_ps(a.d4.as_ptr().add(quad));
+                    let (lo, hi) = (reduce_quad(&isum), reduce_quad(&ihi));
+                    *acc_q = scale_halves(*acc_q, lo, hi, dw, mw, da);
+                    continue;
+                }
                 let (da, sa) = (
                     _mm256_loadu_ps(a.d4.as_ptr().add(quad)),
                     _mm256_loadu_ps(a.s4.as_ptr().add(quad)),
@@ -549,14 +683,23 @@ mod avx2_vnni {
         for p in 0..np {
             let (a1, a2) = (a.qs.as_ptr().add(p * 64), a.qs2.as_ptr().add(p * 64));
             let mut isum = [_mm256_setzero_si256(); 4];
-            for (i, s) in isum.iter_mut().enumerate() {
+            let mut ihi = [_mm256_setzero_si256(); 4];
+            for i in 0..4 {
                 prefetch_pair(w, r0 + DECODE_PREFETCH_ROWS + i, p);
                 let wq = w.qs.as_ptr().add(((r0 + i) * np + p) * pb);
                 let (wlo, whi) = pair_weights::<F>(wq);
-                *s = pair_vnni::<L2>(wlo, whi, a1, a2);
+                if F == F_G16 {
+                    (isum[i], ihi[i]) = pair_vnni_g16::<L2>(wlo, whi, a1, a2);
+                } else {
+                    isum[i] = pair_vnni::<L2>(wlo, whi, a1, a2);
+                }
             }
             let (dw, mw) = rows4_scales(w, r0, p);
             let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(p * 2))));
+            if F == F_G16 {
+                acc = scale_halves(acc, reduce_quad(&isum), reduce_quad(&ihi), dw, mw, da);
+                continue;
+            }
             let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s.as_ptr().add(p * 2))));
             acc = scale_pair(acc, reduce_quad(&isum), dw, da, mw, sa);
         }
@@ -581,6 +724,15 @@ mod avx2_vnni {
         for p in 0..np {
             let (wlo, whi) = pair_weights::<F>(w.qs.as_ptr().add((r * np + p) * pb));
             let (dw, mw) = pair_scales(w, r, p);
+            if F == F_G16 {
+                for (t, acc_t) in acc.iter_mut().enumerate() {
+                    let at = (t0 + t) * np + p;
+                    let (a1, a2) = (a.qs.as_ptr().add(at * 64), a.qs2.as_ptr().add(at * 64));
+                    let (lo, hi) = pair_vnni_g16::<L2>(wlo, whi, a1, a2);
+                    *acc_t = scale_halves(*acc_t, lo, hi, dw, mw, single_scales(a, at).0);
+                }
+                continue;
+            }
             let mw = _mm256_add_ps(mw, mw);
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 let at = (t0 + t) * np + p;
@@ -630,13 +782,38 @@ unsafe fn prefetch_row(w: &QMatrix, r: usize) {
 }
 
 /// Stores the scales of pair `p` of row `r` in `d`'s lanes: `(d₀, d₁, m₀, m₁)` becomes
-/// `(d₀, d₀, d₁, d₁)` and `(m₀, m₀, m₁, m₁)`.
+/// `(d₀, d₀, d₁, d₁)` and `(m₀, m₀, m₁, m₁)`. A [`QFormat::Q8G16`] pair, widened to its values
+/// times their sub-scales ([`g16_subscales`]), takes its super-block's `d` in every lane and no
+/// minimum.
 #[inline]
-#[target_feature(enable = "f16c")]
+#[target_feature(enable = "sse2,f16c")]
 unsafe fn store_wide_scales(w: &QMatrix, r: usize, p: usize, d: &mut WidePair) {
+    if w.format == QFormat::Q8G16 {
+        let dk = w.dk.get_unchecked(r * w.npairs + p).to_bits() as i16;
+        _mm_storeu_ps(d.dw.as_mut_ptr(), _mm_cvtph_ps(_mm_set1_epi16(dk)));
+        _mm_storeu_ps(d.mw.as_mut_ptr(), _mm_setzero_ps());
+        return;
+    }
     let dm = pair_dm(w, r, p);
     _mm_storeu_ps(d.dw.as_mut_ptr(), _mm_unpacklo_ps(dm, dm));
     _mm_storeu_ps(d.mw.as_mut_ptr(), _mm_unpackhi_ps(dm, dm));
+}
+
+/// A [`QFormat::Q8G16`] pair's integer sub-scales as i16 in the lanes of eight consecutive
+/// weights of the Q8 order, `(s₀ ×4, s₁ ×4)`, for its low and high halves. The i16 batch
+/// kernels widen such a pair to `q·s` (|q| ≤ 32, |s| ≤ 128: at most 4096 in magnitude), so
+/// that one scale `d` serves the pair; a lane's sixteen products with activations of at most
+/// 32639 stay below 2³¹.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn g16_subscales(w: &QMatrix, r: usize, p: usize) -> (__m128i, __m128i) {
+    let at = w.dm.as_ptr().add((r * w.npairs + p) * 4) as *const __m128i;
+    let s = _mm_cvtps_epi32(_mm_cvtph_ps(_mm_loadl_epi64(at)));
+    let s = _mm_packs_epi32(s, _mm_setzero_si128());
+    (
+        _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3)),
+        _mm_shuffle_epi8(s, _mm_setr_epi8(4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7)),
+    )
 }
 
 thread_local! {

@@ -1,11 +1,12 @@
 //! K-quant super-blocks (256 weights) repacked into the fast path's 32-wide block pairs
-//! ([`super::quant`]). The quantised values are always the file's; only scales and minimums,
-//! which K-quants build from small integers times a super-block `d`, are rounded to f16.
+//! ([`super::quant`]). The quantised values are always the file's; Q4_K's and Q5_K's scales and
+//! minimums, which K-quants build from small integers times a super-block `d`, are rounded to
+//! f16.
 //!
 //! - Q4_K: groups of 32 with scale and minimum → [`QFormat::Q4_1`] blocks.
 //! - Q5_K: groups of 32 with scale and minimum, five-bit values → [`QFormat::Q5`] blocks.
-//! - Q6_K, Q3_K: groups of 16 with a signed scale each, no minimum. One 32-wide block has one
-//!   scale, so the matrix is split in two stacked halves ([`QMatrix::from_split16`]).
+//! - Q6_K, Q3_K: groups of 16 with a signed integer sub-scale each and a super-block `d`, no
+//!   minimum → [`QFormat::Q8G16`] (values in bytes, the sub-scales and `d` kept exactly).
 //! - Q2_K (groups of 16 with a minimum each) has no lossless place: the minimum of a 32-wide
 //!   block covers all 32 activations, so a half-zero block cannot carry it. It stays f32.
 
@@ -20,44 +21,38 @@ fn superblocks(ty: GgmlType, data: &[u8], n: usize, k: usize) -> Option<(usize, 
 }
 
 impl QMatrix {
-    /// Q6_K or Q3_K as two 8-bit matrices stacked (`2n` rows): their groups of 16 have scales
-    /// of their own, which one 32-wide block cannot hold, so rows `0..n` keep every even group
-    /// (the odd ones zero) and rows `n..2n` every odd group; the layer's output is the sum of the
-    /// two halves ([`super::linear::SplitSumLinear`]). Each group's scale (`d·sc`) is rounded to
-    /// f16 (at most 2⁻¹¹ relative). Twice the integer work, no requantisation. `None` for other
-    /// types.
-    pub fn from_split16(ty: GgmlType, data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+    /// Repacks Q6_K or Q3_K super-blocks as [`QFormat::Q8G16`]: each value as a byte
+    /// (`q + 128`), each group of 16's integer sub-scale (exact in f16) and the super-block's
+    /// `d` as the file stores them, so the dequantised values are exactly the file's. `None`
+    /// for other types.
+    pub(super) fn from_g16(ty: GgmlType, data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
         if !matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K) {
             return None;
         }
         let (nsb, bb) = superblocks(ty, data, n, k)?;
-        let mut m = QMatrix::zeroed(QFormat::Q8_0, 2 * n, k);
-        let (npairs, pb) = (m.npairs, QFormat::Q8_0.pair_bytes());
+        let mut m = QMatrix::zeroed(QFormat::Q8G16, n, k);
+        let npairs = m.npairs;
         for r in 0..n {
             for sb in 0..nsb {
                 let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
-                let (q, scale): ([i8; 256], [f32; 16]) = if ty == GgmlType::Q6_K {
-                    let d = f16le(&src[208..210]);
-                    (
-                        kquant::q6_k_values(src),
-                        std::array::from_fn(|g| d * src[192 + g] as i8 as f32),
-                    )
+                let (q, d, sub): ([i8; 256], f32, [i8; 16]) = if ty == GgmlType::Q6_K {
+                    let sub = std::array::from_fn(|g| src[192 + g] as i8);
+                    (kquant::q6_k_values(src), f16le(&src[208..210]), sub)
                 } else {
-                    let d = f16le(&src[108..110]);
                     let (q, sc) = kquant::q3_k_values(src);
-                    (q, std::array::from_fn(|g| d * sc[g] as f32))
+                    (q, f16le(&src[108..110]), std::array::from_fn(|g| sc[g] as i8))
                 };
-                for (g, &scale) in scale.iter().enumerate() {
-                    let blk = sb * 8 + g / 2; // the 32-wide block holding group g
-                    let (p, b) = (blk / 2, blk % 2);
-                    let row = r + (g % 2) * n;
-                    let base = (row * npairs + p) * pb;
-                    let si = (row * npairs + p) * 4 + b;
-                    m.dm[si] = half::f16::from_f32(scale);
-                    m.dm[si + 2] = half::f16::from_f32(-128.0 * m.dm[si].to_f32());
-                    let first = (g % 2) * 16; // position of the group within its block
+                // A super-block is four pairs: group g is half g % 2 of block g / 2.
+                for p in sb * 4..sb * 4 + 4 {
+                    m.dk[r * npairs + p] = half::f16::from_f32(d);
+                }
+                for (g, &s) in sub.iter().enumerate() {
+                    let blk = sb * 8 + g / 2;
+                    let (p, b, h) = (blk / 2, blk % 2, g % 2);
+                    m.dm[(r * npairs + p) * 4 + 2 * h + b] = half::f16::from_f32(s as f32);
+                    let base = (r * npairs + p) * 64;
                     for e in 0..16 {
-                        m.qs[base + q8_pos(b, first + e)] = (q[g * 16 + e] as i16 + 128) as u8;
+                        m.qs[base + q8_pos(b, 16 * h + e)] = (q[g * 16 + e] as i16 + 128) as u8;
                     }
                 }
             }

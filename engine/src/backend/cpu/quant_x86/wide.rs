@@ -35,13 +35,38 @@ unsafe fn widen<const F: u8>(wq: *const u8) -> [__m256i; 4] {
         } else {
             (load256(wq as *const i8), load256(wq.add(32) as *const i8))
         };
-        [
+        let v = [
             _mm256_and_si256(x0, byte),
             _mm256_srli_epi16(x0, 8),
             _mm256_and_si256(x1, byte),
             _mm256_srli_epi16(x1, 8),
+        ];
+        if F != F_G16 {
+            return v;
+        }
+        // Q8G16 has no minimum term: the bias comes off here, leaving the signed values.
+        let bias = _mm256_set1_epi16(128);
+        [
+            _mm256_sub_epi16(v[0], bias),
+            _mm256_sub_epi16(v[1], bias),
+            _mm256_sub_epi16(v[2], bias),
+            _mm256_sub_epi16(v[3], bias),
         ]
     }
+}
+
+/// [`dot`] with the low half's sums (`w[0]`, `w[1]`: elements 0..16 of both blocks) apart
+/// from the high half's, for [`QFormat::Q8G16`]'s group scales.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_halves(w: &[__m256i; 4], a: *const i16) -> (__m256i, __m256i) {
+    let a = a as *const __m256i;
+    let (a0, a1) = (_mm256_loadu_si256(a), _mm256_loadu_si256(a.add(1)));
+    let (a2, a3) = (_mm256_loadu_si256(a.add(2)), _mm256_loadu_si256(a.add(3)));
+    (
+        _mm256_add_epi32(_mm256_madd_epi16(w[0], a0), _mm256_madd_epi16(w[1], a1)),
+        _mm256_add_epi32(_mm256_madd_epi16(w[2], a2), _mm256_madd_epi16(w[3], a3)),
+    )
 }
 
 /// `Σ w·a` of one pair against one token's 64 i16 activations, lanes alternating blocks.
@@ -65,6 +90,7 @@ pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, 
         QFormat::Q4_1 => rows_of::<F_Q4>(w, a, rows, out),
         QFormat::Q8_0 => rows_of::<F_Q8>(w, a, rows, out),
         QFormat::Q5 => rows_of::<F_Q5>(w, a, rows, out),
+        QFormat::Q8G16 => rows_of::<F_G16>(w, a, rows, out),
     }
 }
 
@@ -106,10 +132,21 @@ unsafe fn tile_quads<const Q: usize, const F: u8>(
         for (q, acc_q) in acc.iter_mut().enumerate() {
             let tq = t0 + 4 * q;
             let mut isum = [_mm256_setzero_si256(); 4];
-            for (t, s) in isum.iter_mut().enumerate() {
-                *s = dot(&wv, acts(a, tq + t, p));
+            let mut ihi = [_mm256_setzero_si256(); 4];
+            for t in 0..4 {
+                if F == F_G16 {
+                    (isum[t], ihi[t]) = dot_halves(&wv, acts(a, tq + t, p));
+                } else {
+                    isum[t] = dot(&wv, acts(a, tq + t, p));
+                }
             }
             let quad = (tq / 4) * np * 8 + p * 8;
+            if F == F_G16 {
+                let da = _mm256_loadu_ps(a.d4.as_ptr().add(quad));
+                let (lo, hi) = (reduce_quad(&isum), reduce_quad(&ihi));
+                *acc_q = scale_halves(*acc_q, lo, hi, dw, mw, da);
+                continue;
+            }
             let (da, sa) = (
                 _mm256_loadu_ps(a.d4.as_ptr().add(quad)),
                 _mm256_loadu_ps(a.s4.as_ptr().add(quad)),
@@ -131,12 +168,22 @@ unsafe fn rows_quad<const F: u8>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f3
     let mut acc = _mm256_setzero_ps();
     for p in 0..np {
         let mut isum = [_mm256_setzero_si256(); 4];
-        for (i, s) in isum.iter_mut().enumerate() {
+        let mut ihi = [_mm256_setzero_si256(); 4];
+        for i in 0..4 {
             prefetch_pair(w, r0 + DECODE_PREFETCH_ROWS + i, p);
-            *s = dot(&widen::<F>(w.qs.as_ptr().add(((r0 + i) * np + p) * pb)), acts(a, 0, p));
+            let wv = widen::<F>(w.qs.as_ptr().add(((r0 + i) * np + p) * pb));
+            if F == F_G16 {
+                (isum[i], ihi[i]) = dot_halves(&wv, acts(a, 0, p));
+            } else {
+                isum[i] = dot(&wv, acts(a, 0, p));
+            }
         }
         let (dw, mw) = rows4_scales(w, r0, p);
         let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(p * 2))));
+        if F == F_G16 {
+            acc = scale_halves(acc, reduce_quad(&isum), reduce_quad(&ihi), dw, mw, da);
+            continue;
+        }
         let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s.as_ptr().add(p * 2))));
         acc = scale_pair(acc, reduce_quad(&isum), dw, da, mw, sa);
     }
@@ -160,6 +207,14 @@ unsafe fn tile<const T: usize, const F: u8>(
     for p in 0..np {
         let wv = widen::<F>(w.qs.as_ptr().add((r * np + p) * pb));
         let (dw, mw) = pair_scales(w, r, p);
+        if F == F_G16 {
+            for (t, acc_t) in acc.iter_mut().enumerate() {
+                let (lo, hi) = dot_halves(&wv, acts(a, t0 + t, p));
+                let da = single_scales(a, (t0 + t) * np + p).0;
+                *acc_t = scale_halves(*acc_t, lo, hi, dw, mw, da);
+            }
+            continue;
+        }
         let mw = _mm256_add_ps(mw, mw);
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let (da, sa) = single_scales(a, (t0 + t) * np + p);

@@ -19,7 +19,8 @@
 use super::*;
 
 /// Row `r`'s pairs widened into `dst`: unsigned i16 in the Q8 pair order (Q4 nibbles split, Q5
-/// with their high bits added, Q8 as stored `q + 128`), scales and minimums in their lanes.
+/// with their high bits added, Q8 as stored `q + 128`; Q8G16 as `q·s`), scales and minimums in
+/// their lanes.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
@@ -31,12 +32,21 @@ unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
         let (x0, x1) = match w.format {
             QFormat::Q4_1 => pair_weights::<F_Q4>(at),
             QFormat::Q5 => pair_weights::<F_Q5>(at),
-            QFormat::Q8_0 => pair_weights::<F_Q8>(at),
+            QFormat::Q8_0 | QFormat::Q8G16 => pair_weights::<F_Q8>(at),
         };
         let q = d.q.as_mut_ptr() as *mut __m256i;
-        for (i, x) in [x0, x1].into_iter().enumerate() {
-            let lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(x));
-            let hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(x, 1));
+        let g16 = w.format == QFormat::Q8G16;
+        let (slo, shi) =
+            if g16 { g16_subscales(w, r, p) } else { (_mm_setzero_si128(), _mm_setzero_si128()) };
+        for (i, (x, s)) in [(x0, slo), (x1, shi)].into_iter().enumerate() {
+            let mut lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(x));
+            let mut hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(x, 1));
+            if g16 {
+                // Signed values times their groups' sub-scales (see `g16_subscales`).
+                let (bias, s) = (_mm256_set1_epi16(128), _mm256_broadcastsi128_si256(s));
+                lo = _mm256_mullo_epi16(_mm256_sub_epi16(lo, bias), s);
+                hi = _mm256_mullo_epi16(_mm256_sub_epi16(hi, bias), s);
+            }
             _mm256_storeu_si256(q.add(2 * i), lo);
             _mm256_storeu_si256(q.add(2 * i + 1), hi);
         }

@@ -76,7 +76,8 @@ pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, 
 }
 
 /// Row `r`'s pairs widened into `dst`: unsigned i16 in the Q8 pair order (Q4 nibbles split, Q5
-/// with their high bits added, Q8 as stored `q + 128`), scales and minimums in their lanes.
+/// with their high bits added, Q8 as stored `q + 128`; Q8G16 as `q·s`), scales and minimums in
+/// their lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
 unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
@@ -105,6 +106,17 @@ unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
                 _mm512_cvtepu8_epi16(_mm256_loadu_si256(at as *const __m256i)),
                 _mm512_cvtepu8_epi16(_mm256_loadu_si256(at.add(32) as *const __m256i)),
             ),
+            QFormat::Q8G16 => {
+                // Signed values times their groups' sub-scales (see `g16_subscales`).
+                let (slo, shi) = g16_subscales(w, r, p);
+                let bias = _mm512_set1_epi16(128);
+                let lo = _mm512_cvtepu8_epi16(_mm256_loadu_si256(at as *const __m256i));
+                let hi = _mm512_cvtepu8_epi16(_mm256_loadu_si256(at.add(32) as *const __m256i));
+                (
+                    _mm512_mullo_epi16(_mm512_sub_epi16(lo, bias), _mm512_broadcast_i32x4(slo)),
+                    _mm512_mullo_epi16(_mm512_sub_epi16(hi, bias), _mm512_broadcast_i32x4(shi)),
+                )
+            }
         };
         _mm512_storeu_si512(d.q.as_mut_ptr() as *mut _, lo);
         _mm512_storeu_si512(d.q.as_mut_ptr().add(32) as *mut _, hi);
