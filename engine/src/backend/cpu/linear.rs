@@ -375,6 +375,44 @@ mod quant_tests {
             }
         }
     }
+    /// Q6_K's largest products (every value −32, every sub-scale −128, every activation at
+    /// the top of its range) on every kernel: the i16 batch kernels widen such a pair to
+    /// 4096 and sum sixteen products of it per lane, just below 2³¹.
+    #[test]
+    fn q6_k_extremes_stay_within_the_integer_sums() {
+        let (n, k) = (7, 512);
+        let block = |d: f32| {
+            let mut b = vec![0u8; 192]; // low and high bits of every value zero: q = −32
+            b.extend([0x80u8; 16]); // sub-scales −128
+            b.extend(half::f16::from_f32(d).to_le_bytes());
+            b
+        };
+        let data: Vec<u8> =
+            (0..n * k / 256).flat_map(|i| block(0.001 * (1 + i % 3) as f32)).collect();
+        let w = QMatrix::from_gguf(GgmlType::Q6_K, &data, n, k).unwrap();
+        for t in [1, 2, 5, 9] {
+            let x = vec![1.5f32; t * k];
+            let mut a = QActs::default();
+            for &kernel in &QKernel::available() {
+                a.quantize_for(&x, t, k, kernel);
+                let mut out = vec![0f32; t * n];
+                QuantLinear::new(Arc::new(w.clone()), kernel).forward_quantized(&a, &mut out);
+                let mut row = vec![0f32; k];
+                for r in 0..n {
+                    w.row_f32(r, &mut row);
+                    let want: f32 = row.iter().map(|v| v * 1.5).sum();
+                    for ti in 0..t {
+                        let got = out[ti * n + r];
+                        assert!(
+                            (got - want).abs() <= 1e-4 * want.abs(),
+                            "{kernel:?} t{t}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn stacked_parts_of_different_formats_equal_each_part_alone() {
         use super::super::quant::tests_support::{random_gguf, random_k};
