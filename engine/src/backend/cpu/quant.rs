@@ -86,6 +86,11 @@ pub struct QMatrix {
     pub dm: Vec<half::f16>,
     /// [`QFormat::Q8G16`] only: each pair's super-block scale `d`, `n × npairs` (else empty).
     pub dk: Vec<half::f16>,
+    /// For symmetric types, the offset `z` every stored value carries (the minimum term of each
+    /// block is `−z·d`): 8 for Q4_0, 16 for Q5_0, 128 for Q8_0 and [`QFormat::Q8G16`]. `None`
+    /// when blocks carry minimums of their own (Q4_1, Q5_1, Q4_K, Q5_K). Kernels that widen
+    /// weights to i16 subtract it there and skip the minimum term.
+    pub offset: Option<u8>,
 }
 
 /// Position of element `j` (0..32) of block `b` (0 or 1) within a 64-byte Q8 pair.
@@ -162,6 +167,7 @@ impl QMatrix {
             qs: vec![zero; n * npairs * format.pair_bytes()],
             dm: vec![half::f16::ZERO; n * npairs * 4],
             dk: vec![half::f16::ZERO; if format == QFormat::Q8G16 { n * npairs } else { 0 }],
+            offset: (zero == 128).then_some(128),
         }
     }
 
@@ -184,6 +190,12 @@ impl QMatrix {
         };
         let nb = k / QK;
         let mut m = QMatrix::zeroed(format, n, k);
+        m.offset = match ty {
+            GgmlType::Q4_0 => Some(8),
+            GgmlType::Q5_0 => Some(16),
+            GgmlType::Q8_0 => Some(128),
+            _ => None,
+        };
         let (npairs, pb) = (m.npairs, format.pair_bytes());
         let bb = ty.block_bytes();
         for r in 0..n {
@@ -260,6 +272,7 @@ impl QMatrix {
             qs: Vec::new(),
             dm: Vec::new(),
             dk: Vec::new(),
+            offset: first.offset.filter(|&z| parts.iter().all(|p| p.offset == Some(z))),
         };
         for p in parts {
             out.n += p.n;

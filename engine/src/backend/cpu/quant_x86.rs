@@ -782,7 +782,8 @@ unsafe fn prefetch_row(w: &QMatrix, r: usize) {
 }
 
 /// Stores the scales of pair `p` of row `r` in `d`'s lanes: `(d₀, d₁, m₀, m₁)` becomes
-/// `(d₀, d₀, d₁, d₁)` and `(m₀, m₀, m₁, m₁)`. A [`QFormat::Q8G16`] pair, widened to its values
+/// `(d₀, d₀, d₁, d₁)` and `(m₀, m₀, m₁, m₁)` (zero for symmetric types, [`QMatrix::offset`],
+/// whose widened values are signed). A [`QFormat::Q8G16`] pair, widened to its values
 /// times their sub-scales ([`g16_subscales`]), takes its super-block's `d` in every lane and no
 /// minimum.
 #[inline]
@@ -796,7 +797,9 @@ unsafe fn store_wide_scales(w: &QMatrix, r: usize, p: usize, d: &mut WidePair) {
     }
     let dm = pair_dm(w, r, p);
     _mm_storeu_ps(d.dw.as_mut_ptr(), _mm_unpacklo_ps(dm, dm));
-    _mm_storeu_ps(d.mw.as_mut_ptr(), _mm_unpackhi_ps(dm, dm));
+    // Symmetric types are widened signed (`widen_offset`): no minimum.
+    let mw = if w.offset.is_some() { _mm_setzero_ps() } else { _mm_unpackhi_ps(dm, dm) };
+    _mm_storeu_ps(d.mw.as_mut_ptr(), mw);
 }
 
 /// A [`QFormat::Q8G16`] pair's integer sub-scales as i16 in the lanes of eight consecutive

@@ -19,8 +19,8 @@
 use super::*;
 
 /// Row `r`'s pairs widened into `dst`: unsigned i16 in the Q8 pair order (Q4 nibbles split, Q5
-/// with their high bits added, Q8 as stored `q + 128`; Q8G16 as `q·s`), scales and minimums in
-/// their lanes.
+/// with their high bits added, Q8 as stored `q + 128`; Q8G16 as `q·s`; symmetric types less
+/// their [`QMatrix::offset`], signed), scales and minimums in their lanes.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
@@ -46,6 +46,10 @@ unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
                 let (bias, s) = (_mm256_set1_epi16(128), _mm256_broadcastsi128_si256(s));
                 lo = _mm256_mullo_epi16(_mm256_sub_epi16(lo, bias), s);
                 hi = _mm256_mullo_epi16(_mm256_sub_epi16(hi, bias), s);
+            } else if let Some(z) = w.offset {
+                // Symmetric types signed: no minimum term.
+                let z = _mm256_set1_epi16(z as i16);
+                (lo, hi) = (_mm256_sub_epi16(lo, z), _mm256_sub_epi16(hi, z));
             }
             _mm256_storeu_si256(q.add(2 * i), lo);
             _mm256_storeu_si256(q.add(2 * i + 1), hi);
@@ -103,6 +107,23 @@ macro_rules! kernel {
                 rows: std::ops::Range<usize>,
                 out: *mut f32,
             ) {
+                if w.offset.is_some() || w.format == QFormat::Q8G16 {
+                    rows_of::<false>(w, a, rows, out)
+                } else {
+                    rows_of::<true>(w, a, rows, out)
+                }
+            }
+
+            /// [`rows`]; `MIN`: the widened weights carry a minimum term (else they are
+            /// signed and it is skipped).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn rows_of<const MIN: bool>(
+                w: &QMatrix,
+                a: &QActs,
+                rows: std::ops::Range<usize>,
+                out: *mut f32,
+            ) {
                 let np = w.npairs;
                 let quads = a.t.div_ceil(4);
                 assert_eq!(
@@ -129,9 +150,9 @@ macro_rules! kernel {
                             let sc = scratch.as_ptr();
                             for q in q0..q1 {
                                 match rt {
-                                    3 => tile::<3>(w, sc, r, a, q, out),
-                                    2 => tile::<2>(w, sc, r, a, q, out),
-                                    _ => tile::<1>(w, sc, r, a, q, out),
+                                    3 => tile::<3, MIN>(w, sc, r, a, q, out),
+                                    2 => tile::<2, MIN>(w, sc, r, a, q, out),
+                                    _ => tile::<1, MIN>(w, sc, r, a, q, out),
                                 }
                             }
                             r += rt;
@@ -146,7 +167,7 @@ macro_rules! kernel {
             #[allow(clippy::needless_range_loop)]
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn tile<const R: usize>(
+            unsafe fn tile<const R: usize, const MIN: bool>(
                 w: &QMatrix,
                 sc: *const WidePair,
                 r0: usize,
@@ -181,21 +202,22 @@ macro_rules! kernel {
                         _mm256_loadu_ps(a.d_quad.as_ptr().add(at)),
                         _mm256_loadu_ps(a.d_quad.as_ptr().add(at + 8)),
                     ];
-                    let sa = [
-                        _mm256_loadu_ps(a.s_quad.as_ptr().add(at)),
-                        _mm256_loadu_ps(a.s_quad.as_ptr().add(at + 8)),
-                    ];
                     for i in 0..R {
                         let pair = &*sc.add(i * np + p);
                         let dw = _mm256_broadcast_ps(&*(pair.dw.as_ptr() as *const __m128));
-                        let mw = _mm256_broadcast_ps(&*(pair.mw.as_ptr() as *const __m128));
                         for h in 0..2 {
-                            let v = _mm256_fmadd_ps(
+                            acc[i][h] = _mm256_fmadd_ps(
                                 _mm256_cvtepi32_ps(isum[i][h]),
                                 _mm256_mul_ps(dw, da[h]),
                                 acc[i][h],
                             );
-                            acc[i][h] = _mm256_fmadd_ps(mw, sa[h], v);
+                        }
+                        if MIN {
+                            let mw = _mm256_broadcast_ps(&*(pair.mw.as_ptr() as *const __m128));
+                            for h in 0..2 {
+                                let sa = _mm256_loadu_ps(a.s_quad.as_ptr().add(at + 8 * h));
+                                acc[i][h] = _mm256_fmadd_ps(mw, sa, acc[i][h]);
+                            }
                         }
                     }
                 }

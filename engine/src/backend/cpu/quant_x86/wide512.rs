@@ -25,6 +25,23 @@ const QT: usize = 3;
 /// Rows `rows` of `out = a · wᵀ` for batches; `a` must carry [`QActs::q16_quad`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
+    if w.offset.is_some() || w.format == QFormat::Q8G16 {
+        rows_of::<false>(w, a, rows, out)
+    } else {
+        rows_of::<true>(w, a, rows, out)
+    }
+}
+
+/// [`rows`]; `MIN`: the widened weights carry a minimum term (else they are signed and it is
+/// skipped).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn rows_of<const MIN: bool>(
+    w: &QMatrix,
+    a: &QActs,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+) {
     let np = w.npairs;
     let quads = a.t.div_ceil(4);
     assert_eq!(a.q16_quad.len(), quads * np * 256, "activations quantised without the quad layout");
@@ -53,18 +70,18 @@ pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, 
                 while q < q1 {
                     let nq = (q1 - q).min(QT);
                     match (rt, nq) {
-                        (4, 3) => tile::<4, 3>(w, sc, r, a, q, out),
-                        (4, 2) => tile::<4, 2>(w, sc, r, a, q, out),
-                        (4, _) => tile::<4, 1>(w, sc, r, a, q, out),
-                        (3, 3) => tile::<3, 3>(w, sc, r, a, q, out),
-                        (3, 2) => tile::<3, 2>(w, sc, r, a, q, out),
-                        (3, _) => tile::<3, 1>(w, sc, r, a, q, out),
-                        (2, 3) => tile::<2, 3>(w, sc, r, a, q, out),
-                        (2, 2) => tile::<2, 2>(w, sc, r, a, q, out),
-                        (2, _) => tile::<2, 1>(w, sc, r, a, q, out),
-                        (_, 3) => tile::<1, 3>(w, sc, r, a, q, out),
-                        (_, 2) => tile::<1, 2>(w, sc, r, a, q, out),
-                        (_, _) => tile::<1, 1>(w, sc, r, a, q, out),
+                        (4, 3) => tile::<4, 3, MIN>(w, sc, r, a, q, out),
+                        (4, 2) => tile::<4, 2, MIN>(w, sc, r, a, q, out),
+                        (4, _) => tile::<4, 1, MIN>(w, sc, r, a, q, out),
+                        (3, 3) => tile::<3, 3, MIN>(w, sc, r, a, q, out),
+                        (3, 2) => tile::<3, 2, MIN>(w, sc, r, a, q, out),
+                        (3, _) => tile::<3, 1, MIN>(w, sc, r, a, q, out),
+                        (2, 3) => tile::<2, 3, MIN>(w, sc, r, a, q, out),
+                        (2, 2) => tile::<2, 2, MIN>(w, sc, r, a, q, out),
+                        (2, _) => tile::<2, 1, MIN>(w, sc, r, a, q, out),
+                        (_, 3) => tile::<1, 3, MIN>(w, sc, r, a, q, out),
+                        (_, 2) => tile::<1, 2, MIN>(w, sc, r, a, q, out),
+                        (_, _) => tile::<1, 1, MIN>(w, sc, r, a, q, out),
                     }
                     q += nq;
                 }
@@ -76,8 +93,8 @@ pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, 
 }
 
 /// Row `r`'s pairs widened into `dst`: unsigned i16 in the Q8 pair order (Q4 nibbles split, Q5
-/// with their high bits added, Q8 as stored `q + 128`; Q8G16 as `q·s`), scales and minimums in
-/// their lanes.
+/// with their high bits added, Q8 as stored `q + 128`; Q8G16 as `q·s`; symmetric types less
+/// their [`QMatrix::offset`], signed), scales and minimums in their lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
 unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
@@ -107,7 +124,8 @@ unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
                 _mm512_cvtepu8_epi16(_mm256_loadu_si256(at.add(32) as *const __m256i)),
             ),
             QFormat::Q8G16 => {
-                // Signed values times their groups' sub-scales (see `g16_subscales`).
+                // Signed values times their groups' sub-scales (see `g16_subscales`); no
+                // offset to take off after.
                 let (slo, shi) = g16_subscales(w, r, p);
                 let bias = _mm512_set1_epi16(128);
                 let lo = _mm512_cvtepu8_epi16(_mm256_loadu_si256(at as *const __m256i));
@@ -117,6 +135,14 @@ unsafe fn widen_row(w: &QMatrix, r: usize, dst: &mut [WidePair]) {
                     _mm512_mullo_epi16(_mm512_sub_epi16(hi, bias), _mm512_broadcast_i32x4(shi)),
                 )
             }
+        };
+        let (lo, hi) = match w.offset {
+            // Symmetric types signed: no minimum term.
+            Some(z) if w.format != QFormat::Q8G16 => {
+                let z = _mm512_set1_epi16(z as i16);
+                (_mm512_sub_epi16(lo, z), _mm512_sub_epi16(hi, z))
+            }
+            _ => (lo, hi),
         };
         _mm512_storeu_si512(d.q.as_mut_ptr() as *mut _, lo);
         _mm512_storeu_si512(d.q.as_mut_ptr().add(32) as *mut _, hi);
@@ -145,7 +171,7 @@ unsafe fn dpwssd(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile<const R: usize, const Q: usize>(
+unsafe fn tile<const R: usize, const Q: usize, const MIN: bool>(
     w: &QMatrix,
     sc: *const WidePair,
     r0: usize,
@@ -180,19 +206,25 @@ unsafe fn tile<const R: usize, const Q: usize>(
         for q in 0..Q {
             let at = ((q0 + q) * np + p) * 16;
             da[q] = _mm512_loadu_ps(a.d_quad.as_ptr().add(at));
-            sa[q] = _mm512_loadu_ps(a.s_quad.as_ptr().add(at));
+            if MIN {
+                sa[q] = _mm512_loadu_ps(a.s_quad.as_ptr().add(at));
+            }
         }
         for i in 0..R {
             let pair = &*sc.add(i * np + p);
             let dw = _mm512_broadcast_f32x4(_mm_loadu_ps(pair.dw.as_ptr()));
-            let mw = _mm512_broadcast_f32x4(_mm_loadu_ps(pair.mw.as_ptr()));
             for q in 0..Q {
-                let v = _mm512_fmadd_ps(
+                acc[i][q] = _mm512_fmadd_ps(
                     _mm512_cvtepi32_ps(isum[i][q]),
                     _mm512_mul_ps(dw, da[q]),
                     acc[i][q],
                 );
-                acc[i][q] = _mm512_fmadd_ps(mw, sa[q], v);
+            }
+            if MIN {
+                let mw = _mm512_broadcast_f32x4(_mm_loadu_ps(pair.mw.as_ptr()));
+                for q in 0..Q {
+                    acc[i][q] = _mm512_fmadd_ps(mw, sa[q], acc[i][q]);
+                }
             }
         }
     }
