@@ -86,7 +86,7 @@ fn coarse_on_every_kernel(w: &QMatrix, k: usize) {
                         wr[e].abs() as f64 * d / 2.0
                     })
                     .sum();
-                let full = scalar::dot(&w, r, &a, ti) as f64;
+                let full = scalar::dot(w, r, &a, ti) as f64;
                 assert!((got - full).abs() <= bound * 1.01 + 1e-4 * mass, "{got} vs {full}");
             }
         }
