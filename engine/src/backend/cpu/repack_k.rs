@@ -7,8 +7,8 @@
 //! - Q5_K: groups of 32 with scale and minimum, five-bit values → [`QFormat::Q5`] blocks.
 //! - Q6_K, Q3_K: groups of 16 with a signed integer sub-scale each and a super-block `d`, no
 //!   minimum → [`QFormat::Q8G16`] (values in bytes, the sub-scales and `d` kept exactly).
-//! - Q2_K (groups of 16 with a minimum each) has no lossless place: the minimum of a 32-wide
-//!   block covers all 32 activations, so a half-zero block cannot carry it. It stays f32.
+//! - Q2_K (groups of 16 with a minimum each) has no place yet: its minimums would need the
+//!   activations' sum per group of 16, which the kernels do not keep. It stays f32.
 
 use super::quant::{f16le, q4_pos, q8_pos, set_q5, QFormat, QMatrix};
 use crate::model_files::dtype::{kquant, GgmlType, QK_K};
