@@ -385,7 +385,10 @@ impl EngineArgs {
         use tandem_cuda::{CudaBackend, CudaBackendOptions};
         let tp = self.tensor_parallel_size.max(1);
         // A block's bytes on each GPU of the group.
-        let per_block = CudaBackend::kv_bytes_per_block(config, opts.block_size) as u64 / tp as u64;
+        // Tensor-parallel ranks keep every layer in one page (no KV groups).
+        let hybrid = opts.hybrid_kv && tp == 1;
+        let per_block =
+            CudaBackend::kv_bytes_per_block(config, opts.block_size, hybrid) as u64 / tp as u64;
         let num_blocks = match (self.kv_cache_memory.is_some(), opts.kv_cache) {
             (true, KvCacheSize::Bytes(b)) => Some((b / per_block) as usize),
             _ => None,
@@ -398,6 +401,7 @@ impl EngineArgs {
             max_num_batched_tokens: self.max_num_batched_tokens().max(1),
             max_model_len: config.max_position_embeddings,
             max_graph_batch: self.max_num_seqs().clamp(1, 512),
+            hybrid_kv: hybrid,
             ..Default::default()
         };
         let bar = indicatif::ProgressBar::new(0);

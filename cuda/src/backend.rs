@@ -10,7 +10,9 @@
 use std::collections::HashMap;
 
 use cudarc::driver::{sys as dsys, CudaGraph, CudaSlice, LaunchConfig};
-use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBackend, RowSampling};
+use tandem_engine::backend::{
+    BackendError, ForwardBatch, KvCacheSpec, KvGroups, ModelBackend, RowSampling, NO_PAGE,
+};
 use tandem_engine::model_files::config::{Activation, ModelConfig, RopeStyle};
 use tandem_engine::sampling::sampler::TokenLogprob;
 
@@ -51,6 +53,9 @@ pub struct CudaBackendOptions {
     pub max_graph_batch: usize,
     /// Prompt chunks of at least this many tokens attend through cuBLAS GEMMs.
     pub long_prompt_min_tokens: usize,
+    /// Group sliding-window layers into KV pages of their own ([`KvGroups`]), so that pages
+    /// their window has passed go back to the pool; off: one page holds every layer.
+    pub hybrid_kv: bool,
 }
 
 impl Default for CudaBackendOptions {
@@ -64,6 +69,7 @@ impl Default for CudaBackendOptions {
             max_model_len: 4096,
             max_graph_batch: 256,
             long_prompt_min_tokens: 64,
+            hybrid_kv: true,
         }
     }
 }
@@ -124,8 +130,15 @@ pub struct CudaBackend {
     gpu: Gpu,
     cfg: ModelConfig,
     w: DeviceWeights,
-    /// `[layer][K|V][slot][kv_size]`, 16-bit.
+    /// `[page layer][K|V][slot][kv_size]`, 16-bit: a page holds `kv_groups.layers_per_page`
+    /// layers of one KV group.
     kv: CudaSlice<u16>,
+    /// How the layers share pages (one group of every layer unless sliding-window layers get
+    /// their own).
+    kv_groups: KvGroups,
+    /// Entries per KV group in the uploaded plan's slots and block tables
+    /// ([`BatchPlan::slot_stride`], [`BatchPlan::bt_stride`]).
+    sections: (usize, usize),
     pub(crate) num_blocks: usize,
     block_size: usize,
     /// Host swap space in page-locked memory (DMA both ways), `[block][2·layers·block_size·kv_size]`, 16-bit.
@@ -186,6 +199,8 @@ impl CudaBackend {
             ));
         }
         let t = opts.max_num_batched_tokens.max(opts.max_graph_batch);
+        let kv_groups = KvGroups::for_model(cfg, opts.hybrid_kv);
+        let (groups, page_layers) = (kv_groups.num_groups(), kv_groups.layers_per_page);
         let (h, q, kvs, ff, v) =
             (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size, cfg.vocab_size);
         let max_blocks_per_seq = opts.max_model_len.div_ceil(opts.block_size);
@@ -212,16 +227,16 @@ impl CudaBackend {
             part_ml: gpu.zeros(MAX_SPLITS * SPLIT_ROWS * cfg.num_heads * 2)?,
             tokens: gpu.zeros(t)?,
             positions: gpu.zeros(t)?,
-            slots: gpu.zeros(t)?,
+            slots: gpu.zeros(groups * t)?,
             tiles: gpu.zeros(t * TILE_INTS)?,
-            block_tables: gpu.zeros(t.max(1) * max_blocks_per_seq)?,
+            block_tables: gpu.zeros(groups * t.max(1) * max_blocks_per_seq)?,
             row_valid: gpu.zeros(t)?,
             logits_rows: gpu.zeros(t)?,
             sample_args: gpu.zeros(7 * logits_cap)?,
             sample_out: gpu.zeros(2 * logits_cap)?,
         };
         gpu.sync()?;
-        let per_block = Self::kv_bytes_per_block(cfg, opts.block_size) as u64;
+        let per_block = Self::kv_bytes_per_block(cfg, opts.block_size, opts.hybrid_kv) as u64;
         let num_blocks = match opts.num_blocks {
             Some(n) => n,
             None => {
@@ -243,8 +258,8 @@ impl CudaBackend {
                 "no room for a KV block of {per_block} bytes after the weights and activations"
             )));
         }
-        let kv = gpu.zeros::<u16>(num_blocks * opts.block_size * kvs * 2 * cfg.num_layers)?;
-        let page = 2 * cfg.num_layers * opts.block_size * kvs;
+        let kv = gpu.zeros::<u16>(num_blocks * opts.block_size * kvs * 2 * page_layers)?;
+        let page = 2 * page_layers * opts.block_size * kvs;
         let graph_sizes = match gemm_attention {
             true => Vec::new(),
             false => plan::graph_batch_sizes(opts.max_graph_batch),
@@ -263,6 +278,8 @@ impl CudaBackend {
             cfg: cfg.clone(),
             w,
             kv,
+            kv_groups,
+            sections: (0, 0),
             num_blocks,
             block_size: opts.block_size,
             host,
@@ -282,9 +299,15 @@ impl CudaBackend {
         })
     }
 
-    /// KV bytes of one block on this backend (16-bit K and V of every layer).
-    pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize) -> usize {
-        2 * 2 * cfg.num_layers * block_size * cfg.kv_size()
+    /// KV bytes of one block (page) on this backend: 16-bit K and V of every layer, or of one
+    /// KV group's layers when `hybrid` groups sliding-window layers ([`KvGroups::for_model`]).
+    pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize, hybrid: bool) -> usize {
+        2 * 2 * KvGroups::for_model(cfg, hybrid).layers_per_page * block_size * cfg.kv_size()
+    }
+
+    /// Layers one page holds.
+    fn page_layers(&self) -> usize {
+        self.kv_groups.layers_per_page
     }
 
     /// The device.
@@ -346,7 +369,8 @@ impl CudaBackend {
         self.num_blocks * self.block_size
     }
 
-    /// Offset (elements) of layer `l`'s K (`which` 0) or V (1) cache.
+    /// Offset (elements) of the K (`which` 0) or V (1) cache of page layer `l` (the layers at
+    /// index `l` of their KV group share it, each in its group's pages).
     fn kv_offset(&self, l: usize, which: usize) -> usize {
         (2 * l + which) * self.num_slots() * self.cfg.kv_size()
     }
@@ -360,9 +384,16 @@ impl CudaBackend {
                 self.opts.max_num_batched_tokens
             ));
         }
-        if b.positions.len() != t || b.slot_mapping.len() != t {
+        let groups = self.kv_groups.num_groups();
+        if b.kv_groups != groups {
             return bad(format!(
-                "{t} tokens but {} positions and {} slots",
+                "batch laid out for {} KV groups, the cache has {groups}",
+                b.kv_groups
+            ));
+        }
+        if b.positions.len() != t || b.slot_mapping.len() != t * groups {
+            return bad(format!(
+                "{t} tokens of {groups} KV groups but {} positions and {} slots",
                 b.positions.len(),
                 b.slot_mapping.len()
             ));
@@ -391,14 +422,17 @@ impl CudaBackend {
                     s.context_len, self.opts.max_model_len
                 ));
             }
-            if s.context_len.div_ceil(self.block_size) > s.block_table.len() {
+            if s.context_len.div_ceil(self.block_size) * groups > s.block_table.len()
+                || !s.block_table.len().is_multiple_of(groups)
+            {
                 return bad(format!(
-                    "context of {} tokens needs more than {} blocks",
+                    "context of {} tokens needs more than {} pages of {groups} groups",
                     s.context_len,
                     s.block_table.len()
                 ));
             }
-            if let Some(&blk) = s.block_table.iter().find(|&&x| x as usize >= self.num_blocks) {
+            let outside = |&&x: &&u32| x != NO_PAGE && x as usize >= self.num_blocks;
+            if let Some(&blk) = s.block_table.iter().find(outside) {
                 return bad(format!("block {blk} outside the pool of {}", self.num_blocks));
             }
             covered += s.query_len;
@@ -472,6 +506,7 @@ impl CudaBackend {
         g.write(&mut self.a.slots, &p.slots)?;
         g.write(&mut self.a.tiles, &p.tiles)?;
         g.write(&mut self.a.block_tables, &p.block_tables)?;
+        self.sections = (p.slot_stride, p.bt_stride);
         g.write(&mut self.a.row_valid, &p.row_valid)?;
         g.write(&mut self.a.logits_rows, &p.logits_rows)
     }
@@ -518,6 +553,10 @@ impl CudaBackend {
         let scale = 1.0 / c.query_pre_attn_scalar.unwrap_or(c.head_dim as f32).sqrt();
         let (kv_base, bs) = (ptr(&self.kv), self.block_size as i32);
         for (li, l) in w.layers.iter().enumerate().take(num_layers) {
+            // The layer's KV group: its slots, block tables and page layer.
+            let (kg, page_layer) = self.kv_groups.layer_slot[li];
+            let slot = slot + 4 * (kg * self.sections.0) as u64;
+            let bt = bt + 4 * (kg * self.sections.1) as u64;
             self.mark("rmsnorm")?;
             unsafe {
                 g.launch(
@@ -529,8 +568,8 @@ impl CudaBackend {
             self.mark("gemm qkv")?;
             g.gemm(t, qs + 2 * kvs, h, hb, ptr(&l.qkv), qkv, true, false)?;
             self.mark("qk norm, rope, kv store")?;
-            let kc = kv_base + 2 * self.kv_offset(li, 0) as u64;
-            let vc = kv_base + 2 * self.kv_offset(li, 1) as u64;
+            let kc = kv_base + 2 * self.kv_offset(page_layer, 0) as u64;
+            let vc = kv_base + 2 * self.kv_offset(page_layer, 1) as u64;
             let (qn, kn) = (l.q_norm.as_ref().map_or(0, ptr), l.k_norm.as_ref().map_or(0, ptr));
             let cfg = LaunchConfig {
                 grid_dim: (t as u32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1),
@@ -605,7 +644,7 @@ impl CudaBackend {
             }
             for s in long {
                 self.mark("attention (GEMM path)")?;
-                self.attend_long(s, kc, vc, scale, window)?;
+                self.attend_long(s, (kc, vc, bt), scale, window)?;
             }
             if num_tiles > 0 && splits > 1 {
                 let cfg = LaunchConfig {
@@ -703,11 +742,11 @@ impl CudaBackend {
     /// Attention of one long chunk through cuBLAS: gather the sequence's K/V per query head,
     /// S = Q·Kᵀ·scale (f32), causal softmax to 16-bit P, O = P·V written into the chunk's rows of
     /// the attention output. Rows are processed in chunks that fit the score buffer.
+    /// `cache`: the layer's K and V caches and its KV group's block tables.
     fn attend_long(
         &self,
         s: &LongSeq,
-        kc: u64,
-        vc: u64,
+        cache: (u64, u64, u64),
         scale: f32,
         window: i32,
     ) -> Result<(), CudaError> {
@@ -715,7 +754,8 @@ impl CudaBackend {
         let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
         let ctx = s.pos0 + s.len;
         let (kg, vg) = (ptr(&a.kg), ptr(&a.vg));
-        let bt = ptr(&a.block_tables) + 4 * s.bt_off as u64;
+        let (kc, vc, bt) = cache;
+        let bt = bt + 4 * s.bt_off as u64;
         let cfg = LaunchConfig {
             grid_dim: (ctx as u32, nh as u32, 1),
             block_dim: ((hd / 8) as u32, 1, 1),
@@ -901,6 +941,8 @@ impl CudaBackend {
         let start = std::time::Instant::now();
         let splits = self.splits(size, size, self.opts.max_model_len);
         let layers = self.cfg.num_layers;
+        // Where `BatchPlan::padded_decode` puts each group's slots and tables for this size.
+        self.sections = (size, size * self.max_blocks_per_seq);
         // One eager run first: loads every kernel and lets cuBLAS pick its algorithms.
         self.enqueue(size, (size, self.group() <= 8), splits, &[], layers, size, 0)?;
         self.gpu.sync()?;
@@ -940,15 +982,8 @@ impl CudaBackend {
         // Inert inputs: padding rows only, so the eager warm-up run stores nothing.
         let Some(&max) = self.graph_sizes.last() else { return Ok(()) };
         let p = BatchPlan {
-            tokens: vec![0; max],
-            positions: vec![0; max],
-            slots: vec![-1; max],
-            tiles: vec![0; max * TILE_INTS],
-            block_tables: vec![0; max * self.max_blocks_per_seq],
-            row_valid: vec![0; max],
             logits_rows: (0..max as i32).collect(),
-            max_context: 0,
-            long: Vec::new(),
+            ..BatchPlan::inert(max, self.max_blocks_per_seq, self.kv_groups.num_groups())
         };
         self.upload_plan(&p)?;
         let sizes = self.graph_sizes.clone();
@@ -976,8 +1011,12 @@ impl ModelBackend for CudaBackend {
         KvCacheSpec {
             num_blocks: self.num_blocks,
             block_size: self.block_size,
-            bytes_per_block: 2 * 4 * self.cfg.num_layers * self.block_elems(),
+            bytes_per_block: 2 * 4 * self.page_layers() * self.block_elems(),
         }
+    }
+
+    fn kv_groups(&self) -> KvGroups {
+        self.kv_groups.clone()
     }
 
     fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
@@ -1014,7 +1053,7 @@ impl ModelBackend for CudaBackend {
         self.gpu.bind().map_err(dev)?;
         let e = self.block_elems();
         for &(s, d) in pairs {
-            for i in 0..2 * self.cfg.num_layers {
+            for i in 0..2 * self.page_layers() {
                 let base = self.kv_offset(i / 2, i % 2);
                 let (so, d_o) = (base + s as usize * e, base + d as usize * e);
                 let bytes = 2 * e;

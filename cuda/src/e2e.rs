@@ -102,6 +102,9 @@ pub fn run(
         max_num_batched_tokens: 1024,
         max_model_len: 1024,
         max_graph_batch: 8,
+        // Pages laid out as the CPU's here: every layer in one (`windows.rs` checks the KV
+        // groups of sliding-window models).
+        hybrid_kv: false,
         ..Default::default()
     };
     let mut gpu: CudaBackend =

@@ -15,6 +15,7 @@ pub mod nccl;
 pub mod plan;
 pub mod tensor_parallel;
 pub mod weights;
+pub mod windows;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! rules of the backend (how many attention splits, which batch sizes get a CUDA graph, how many
 //! KV blocks fit). Pure Rust, so it is tested without a GPU.
 
-use tandem_engine::backend::ForwardBatch;
+use tandem_engine::backend::{ForwardBatch, NO_PAGE};
 
 /// Query rows (tokens × query heads of one KV head) one attention CTA holds; matches
 /// `ATT_MAX_ROWS` in kernels.cu.
@@ -42,13 +42,21 @@ pub struct BatchPlan {
     pub tokens: Vec<i32>,
     /// Position of each row.
     pub positions: Vec<i32>,
-    /// KV slot each row's K and V go to (-1: not stored).
+    /// KV slot each row's K and V go to (-1: not stored), one section of [`BatchPlan::slot_stride`]
+    /// rows per KV group (the layers of group `g` store at section `g`).
     pub slots: Vec<i32>,
     /// Attention tiles, [`TILE_INTS`] ints each: first row, rows, first position, block-table
-    /// offset, 0.
+    /// offset (within a group's section), 0.
     pub tiles: Vec<i32>,
-    /// Every sequence's block table, one after another (or at fixed strides for a graph).
+    /// Every sequence's block table, one after another (or at fixed strides for a graph), one
+    /// section of [`BatchPlan::bt_stride`] entries per KV group. A page the block manager gave
+    /// back ([`NO_PAGE`]: before its group's window) reads as page 0: the kernels mask those
+    /// positions, and every page holds finite values.
     pub block_tables: Vec<i32>,
+    /// Entries of one KV group's section of `slots`.
+    pub slot_stride: usize,
+    /// Entries of one KV group's section of `block_tables`.
+    pub bt_stride: usize,
     /// 1 for rows that belong to a sequence, 0 for padding.
     pub row_valid: Vec<i32>,
     /// Rows whose logits are wanted.
@@ -65,17 +73,27 @@ impl BatchPlan {
     /// `long_min` tokens go to the GEMM attention path.
     pub fn new(b: &ForwardBatch, group: usize, long_min: usize) -> BatchPlan {
         let per_tile = (ATT_MAX_ROWS / group.max(1)).max(1);
+        let (t, groups) = (b.token_ids.len(), b.kv_groups.max(1));
         let mut p = BatchPlan {
             tokens: b.token_ids.iter().map(|&t| t as i32).collect(),
             positions: b.positions.iter().map(|&x| x as i32).collect(),
-            slots: b.slot_mapping.iter().map(|&s| s as i32).collect(),
-            row_valid: vec![1; b.token_ids.len()],
+            slots: (0..groups)
+                .flat_map(|g| (0..t).map(move |i| b.slot_mapping[i * groups + g] as i32))
+                .collect(),
+            row_valid: vec![1; t],
             logits_rows: b.logits_indices.iter().map(|&i| i as i32).collect(),
+            slot_stride: t,
+            bt_stride: b.seqs.iter().map(|s| s.block_table.len() / groups).sum(),
             ..Default::default()
         };
+        p.block_tables = vec![0; groups * p.bt_stride];
+        let mut next = 0;
         for s in &b.seqs {
-            let bt_off = p.block_tables.len() as i32;
-            p.block_tables.extend(s.block_table.iter().map(|&x| x as i32));
+            let bt_off = next as i32;
+            for (i, &blk) in s.block_table.iter().enumerate() {
+                p.block_tables[(i % groups) * p.bt_stride + next + i / groups] = page(blk);
+            }
+            next += s.block_table.len() / groups;
             let first_pos = s.context_len - s.query_len;
             p.max_context = p.max_context.max(s.context_len);
             if s.query_len >= long_min {
@@ -113,32 +131,24 @@ impl BatchPlan {
         graph_size: usize,
         max_blocks: usize,
     ) -> Option<BatchPlan> {
-        let n = b.seqs.len();
+        let (n, groups) = (b.seqs.len(), b.kv_groups.max(1));
         if n > graph_size
             || b.num_tokens() != n
-            || b.seqs.iter().any(|s| s.query_len != 1 || s.block_table.len() > max_blocks)
+            || b.seqs.iter().any(|s| s.query_len != 1 || s.block_table.len() > max_blocks * groups)
         {
             return None;
         }
-        let mut p = BatchPlan {
-            tokens: vec![0; graph_size],
-            positions: vec![0; graph_size],
-            slots: vec![-1; graph_size],
-            tiles: vec![0; graph_size * TILE_INTS],
-            block_tables: vec![0; graph_size * max_blocks],
-            row_valid: vec![0; graph_size],
-            logits_rows: Vec::new(),
-            max_context: 0,
-            long: Vec::new(),
-        };
+        let mut p = BatchPlan::inert(graph_size, max_blocks, groups);
         for (i, s) in b.seqs.iter().enumerate() {
             p.tokens[i] = b.token_ids[i] as i32;
             p.positions[i] = b.positions[i] as i32;
-            p.slots[i] = b.slot_mapping[i] as i32;
+            for g in 0..groups {
+                p.slots[g * graph_size + i] = b.slot_mapping[i * groups + g] as i32;
+            }
             p.row_valid[i] = 1;
             let off = i * max_blocks;
             for (j, &blk) in s.block_table.iter().enumerate() {
-                p.block_tables[off + j] = blk as i32;
+                p.block_tables[(j % groups) * p.bt_stride + off + j / groups] = page(blk);
             }
             p.tiles[i * TILE_INTS..(i + 1) * TILE_INTS].copy_from_slice(&[
                 i as i32,
@@ -154,6 +164,24 @@ impl BatchPlan {
         Some(p)
     }
 
+    /// A graph-shaped plan of `graph_size` padding rows (they attend nothing and store
+    /// nothing), block tables at a stride of `max_blocks`, `groups` KV groups.
+    pub fn inert(graph_size: usize, max_blocks: usize, groups: usize) -> BatchPlan {
+        BatchPlan {
+            tokens: vec![0; graph_size],
+            positions: vec![0; graph_size],
+            slots: vec![-1; groups * graph_size],
+            tiles: vec![0; graph_size * TILE_INTS],
+            block_tables: vec![0; groups * graph_size * max_blocks],
+            slot_stride: graph_size,
+            bt_stride: graph_size * max_blocks,
+            row_valid: vec![0; graph_size],
+            logits_rows: Vec::new(),
+            max_context: 0,
+            long: Vec::new(),
+        }
+    }
+
     /// Most query rows (tokens × `group`) of any tile.
     pub fn max_tile_rows(&self, group: usize) -> usize {
         self.tiles.chunks_exact(TILE_INTS).map(|t| t[1] as usize * group).max().unwrap_or(0)
@@ -162,6 +190,15 @@ impl BatchPlan {
     /// Number of attention tiles.
     pub fn num_tiles(&self) -> usize {
         self.tiles.len() / TILE_INTS
+    }
+}
+
+/// A block-table entry as the kernels read it: a given-back page as page 0.
+fn page(blk: u32) -> i32 {
+    if blk == NO_PAGE {
+        0
+    } else {
+        blk as i32
     }
 }
 
@@ -284,6 +321,33 @@ mod tests {
         assert!(BatchPlan::padded_decode(&batch(), 4, 8).is_none());
         assert!(BatchPlan::padded_decode(&b, 1, 8).is_none());
         assert!(BatchPlan::padded_decode(&b, 4, 1).is_none());
+    }
+
+    /// Two KV groups: each group's slots and block tables in a section of their own, tile
+    /// offsets valid in every section, given-back pages read as page 0.
+    #[test]
+    fn kv_groups_get_sections_of_their_own() {
+        let nb = NO_PAGE;
+        let mut b = ForwardBatch::with_kv_groups(2);
+        // 40 tokens from position 10 over blocks (3 | 4), (13 | 5), (6 | 7), (8 | 9); then a
+        // decode token at position 20 whose first block group 0 gave back.
+        let toks: Vec<u32> = (0..40).collect();
+        b.push_seq(&toks, 10, &[3, 4, 13, 5, 6, 7, 8, 9], 16, Logits::Last);
+        b.push_seq(&[7], 20, &[nb, 2, 11, 12], 16, Logits::Last);
+        let p = BatchPlan::new(&b, 1, usize::MAX);
+        assert_eq!((p.slot_stride, p.bt_stride), (41, 6));
+        assert_eq!(p.block_tables, vec![3, 13, 6, 8, 0, 11, 4, 5, 7, 9, 2, 12]);
+        assert_eq!((p.slots[0], p.slots[41]), (3 * 16 + 10, 4 * 16 + 10));
+        assert_eq!((p.slots[40], p.slots[81]), (11 * 16 + 4, 12 * 16 + 4));
+        let last = p.tiles.chunks_exact(TILE_INTS).last().unwrap();
+        assert_eq!(last[3], 4, "the second sequence's table follows the first's four blocks");
+        let mut d = ForwardBatch::with_kv_groups(2);
+        d.push_seq(&[7], 20, &[nb, 2, 11, 12], 16, Logits::Last);
+        let g = BatchPlan::padded_decode(&d, 2, 3).unwrap();
+        assert_eq!((g.slot_stride, g.bt_stride), (2, 6));
+        assert_eq!(g.slots, vec![11 * 16 + 4, -1, 12 * 16 + 4, -1]);
+        assert_eq!(g.block_tables, vec![0, 11, 0, 0, 0, 0, 2, 12, 0, 0, 0, 0]);
+        assert!(BatchPlan::padded_decode(&d, 2, 1).is_none(), "two blocks per group");
     }
 
     #[test]

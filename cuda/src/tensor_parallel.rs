@@ -100,7 +100,8 @@ pub struct TpBackend {
 impl TpBackend {
     /// Opens GPUs `first..first + size` and loads one slice of the model on each (in parallel),
     /// joined by an NCCL group. Each rank sizes its KV pool as a lone backend would from its
-    /// memory; the group uses the smallest.
+    /// memory; the group uses the smallest. Sliding-window layers share pages with the others
+    /// here (no KV groups).
     pub fn load(
         first: usize,
         size: usize,
@@ -112,6 +113,8 @@ impl TpBackend {
         if let Some(why) = Shard::refusal(cfg, size) {
             return Err(CudaError::Unsupported(why));
         }
+        // Ranks keep every layer in one page: the group's pages merge and split per layer.
+        let opts = CudaBackendOptions { hybrid_kv: false, ..opts };
         let have = cudarc::driver::CudaContext::device_count().map_err(CudaError::from)? as usize;
         if first + size > have {
             return Err(CudaError::Unsupported(format!(

@@ -151,7 +151,7 @@ impl Model {
         }
         let per_block =
             CpuBackend::kv_bytes_per_block(&config, opts.block_size, opts.hybrid_kv) as u64;
-        let groups = CpuBackend::kv_groups_for(&config, opts.hybrid_kv).num_groups();
+        let groups = crate::backend::KvGroups::for_model(&config, opts.hybrid_kv).num_groups();
         let num_blocks = match opts.kv_cache {
             // Every page of `t` tokens, as if no window had passed.
             KvCacheSize::Tokens(t) => t.div_ceil(opts.block_size) * groups,

@@ -71,6 +71,12 @@ run() {
   for arch in llama qwen2 qwen3 mistral phi3; do
     section "e2e-tiny-$arch" e2e "tests/data/tiny-$arch" f16
   done
+  # Sliding-window models through the engine, local layers' pages given back past the window
+  # against keeping every page; with torch, also a random Gemma 3 at the 270M widths (window
+  # 512; the real file cannot travel to a GPU host).
+  local shape="${TMPDIR:-/tmp}/tandem-gemma3-270m-shape"
+  [ -d "$shape" ] || python3 scripts/gpu/make_gemma3_shape.py "$shape" >/dev/null 2>&1 || rm -rf "$shape"
+  section windows windows tests/data/tiny-gemma3 tests/data/tiny-mistral $([ -d "$shape" ] && echo "$shape")
   section decode bench-decode "$bin/configs/llama-3-8b.json" 1,16,64,256 1024
   section prefill bench-prefill "$bin/configs/llama-3-8b.json" 4 2048
   section decode-qwen3 bench-decode "$bin/configs/qwen3-0.6b.json" 1,64,256 1024

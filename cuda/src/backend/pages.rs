@@ -13,7 +13,7 @@ impl CudaBackend {
     pub fn pool_view(&self) -> crate::nccl::PoolView {
         crate::nccl::PoolView {
             base: crate::device::ptr(&self.kv),
-            parts: 2 * self.cfg.num_layers,
+            parts: 2 * self.page_layers(),
             num_blocks: self.num_blocks,
             block_elems: self.block_elems(),
         }
@@ -43,7 +43,7 @@ impl CudaBackend {
         &self,
         pairs: impl Iterator<Item = (u32, u32)>,
     ) -> Vec<(usize, usize)> {
-        let (e, parts) = (self.block_elems(), 2 * self.cfg.num_layers);
+        let (e, parts) = (self.block_elems(), 2 * self.page_layers());
         pairs
             .flat_map(|(d, h)| (0..parts).map(move |i| (d as usize, h as usize, i)))
             .map(|(d, h, i)| (self.kv_offset(i / 2, i % 2) + d * e, (h * parts + i) * e))

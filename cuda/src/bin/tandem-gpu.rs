@@ -5,6 +5,8 @@
 //! tandem-gpu info
 //! tandem-gpu check [bf16|f16]             every kernel against the CPU exact path
 //! tandem-gpu e2e MODEL.gguf [f16|bf16] [TOL_NATS]   the real model against the CPU exact path
+//! tandem-gpu windows MODEL...             sliding-window models through the engine, with and
+//!                                         without KV groups (pages given back past the window)
 //! tandem-gpu bench-decode CONFIG.json [BATCHES] [CONTEXT] [TP]   e.g. 1,16,64,256 1024 (TP: GPUs 0..TP)
 //! tandem-gpu bench-prefill CONFIG.json [PROMPTS] [LEN] [TP]      e.g. 4 2048
 //! tandem-gpu tp-check MODEL|CONFIG.json [TP] [PROMPTS] [STEPS]  TP GPUs against one, greedy (bf16)
@@ -69,6 +71,16 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             let name = Gpu::open(0, d)?.name;
             let (rs, _) = e2e::run(Path::new(path), 0, d, tol)?;
             Ok(report(&name, &rs))
+        }
+        "windows" => {
+            // Each model with sliding-window layers, through the engine with and without KV
+            // groups.
+            let name = Gpu::open(0, Dtype::F16)?.name;
+            let mut ok = args.len() > 1;
+            for path in &args[1..] {
+                ok &= report(&name, &tandem_cuda::windows::check(Path::new(path), 0)?);
+            }
+            Ok(ok)
         }
         "bench-decode" => {
             let cfg = tandem_cuda::dummy_config(Path::new(

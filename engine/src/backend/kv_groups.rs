@@ -80,6 +80,16 @@ impl KvGroups {
         }
     }
 
+    /// How a backend groups `cfg`'s layers into KV pages: by attention kind when `hybrid` and
+    /// the model has sliding-window layers, else one group of every layer.
+    pub fn for_model(cfg: &crate::model_files::config::ModelConfig, hybrid: bool) -> Self {
+        if hybrid {
+            Self::for_layers(&(0..cfg.num_layers).map(|l| cfg.layer_window(l)).collect::<Vec<_>>())
+        } else {
+            Self::single(cfg.num_layers)
+        }
+    }
+
     /// Groups for layers whose windows are `layer_windows` (`None`: global). Each kind's
     /// layers are split, in layer order, into groups of the smallest kind's size; global
     /// groups come first (so group 0 is global whenever the model has a global layer).

@@ -307,7 +307,7 @@ impl CpuBackend {
             (true, Some(head)) => head,
             _ => load_fused(files, &[("output.weight".to_string(), cfg.vocab_size)], h, kp)?,
         };
-        let kv_groups = Self::kv_groups_for(cfg, opts.hybrid_kv);
+        let kv_groups = KvGroups::for_model(cfg, opts.hybrid_kv);
         Ok(CpuBackend {
             kernel: kp,
             cfg: cfg.clone(),
@@ -343,22 +343,10 @@ impl CpuBackend {
         })
     }
 
-    /// How this backend groups `cfg`'s layers into KV pages: by attention kind when `hybrid`
-    /// and the model has sliding-window layers, else one group of every layer.
-    pub fn kv_groups_for(cfg: &ModelConfig, hybrid: bool) -> KvGroups {
-        if hybrid {
-            KvGroups::for_layers(
-                &(0..cfg.num_layers).map(|l| cfg.layer_window(l)).collect::<Vec<_>>(),
-            )
-        } else {
-            KvGroups::single(cfg.num_layers)
-        }
-    }
-
     /// Bytes of memory one block (page) takes in this backend's pool for `cfg` (f32 K and V,
     /// and the spare row of interleaved groups' blocks).
     pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize, hybrid: bool) -> usize {
-        let groups = Self::kv_groups_for(cfg, hybrid);
+        let groups = KvGroups::for_model(cfg, hybrid);
         let rows = block_size + usize::from(pads_blocks(&groups));
         CpuKvCache::block_bytes(groups.layers_per_page, rows, cfg.kv_size())
     }
