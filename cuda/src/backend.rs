@@ -11,17 +11,20 @@ use std::collections::HashMap;
 
 use cudarc::driver::{sys as dsys, CudaGraph, CudaSlice, LaunchConfig};
 use tandem_engine::backend::{
-    BackendError, ForwardBatch, KvCacheSpec, KvGroups, ModelBackend, RowSampling, NO_PAGE,
+    BackendError, ForwardBatch, KvCacheSpec, KvGroups, ModelBackend, RowSampling,
 };
 use tandem_engine::model_files::config::{Activation, ModelConfig, RopeStyle};
 use tandem_engine::sampling::sampler::TokenLogprob;
 
-use crate::device::{ptr, Dtype, Gpu, Operand};
+use crate::device::{ptr, Dtype, Gpu};
 use crate::plan::{self, BatchPlan, LongSeq, ATT_MAX_HEAD_DIM, TILE_INTS};
 use crate::weights::DeviceWeights;
 use crate::CudaError;
 
+mod attention;
+mod batch;
 mod collective;
+mod graphs;
 mod pages;
 mod sampling;
 
@@ -375,93 +378,6 @@ impl CudaBackend {
         (2 * l + which) * self.num_slots() * self.cfg.kv_size()
     }
 
-    pub(crate) fn validate(&self, b: &ForwardBatch) -> Result<(), BackendError> {
-        let t = b.num_tokens();
-        let bad = |m: String| Err(BackendError::InvalidBatch(m));
-        if t > self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch) {
-            return bad(format!(
-                "{t} tokens exceed max_num_batched_tokens {}",
-                self.opts.max_num_batched_tokens
-            ));
-        }
-        let groups = self.kv_groups.num_groups();
-        if b.kv_groups != groups {
-            return bad(format!(
-                "batch laid out for {} KV groups, the cache has {groups}",
-                b.kv_groups
-            ));
-        }
-        if b.positions.len() != t || b.slot_mapping.len() != t * groups {
-            return bad(format!(
-                "{t} tokens of {groups} KV groups but {} positions and {} slots",
-                b.positions.len(),
-                b.slot_mapping.len()
-            ));
-        }
-        if let Some(&tok) = b.token_ids.iter().find(|&&x| x as usize >= self.cfg.vocab_size) {
-            return bad(format!(
-                "token id {tok} outside the vocabulary of {}",
-                self.cfg.vocab_size
-            ));
-        }
-        if let Some(&s) = b.slot_mapping.iter().find(|&&s| s as usize >= self.num_slots()) {
-            return bad(format!("slot {s} outside the KV cache of {} slots", self.num_slots()));
-        }
-        if let Some(&i) = b.logits_indices.iter().find(|&&i| i >= t) {
-            return bad(format!("logits index {i} outside the batch of {t} tokens"));
-        }
-        let mut covered = 0;
-        let mut bt_total = 0;
-        for s in &b.seqs {
-            if s.query_start != covered || s.query_len == 0 || s.query_len > s.context_len {
-                return bad(format!("sequence slice {s:?} does not tile the batch"));
-            }
-            if s.context_len > self.opts.max_model_len {
-                return bad(format!(
-                    "context of {} tokens exceeds max_model_len {}",
-                    s.context_len, self.opts.max_model_len
-                ));
-            }
-            if s.context_len.div_ceil(self.block_size) * groups > s.block_table.len()
-                || !s.block_table.len().is_multiple_of(groups)
-            {
-                return bad(format!(
-                    "context of {} tokens needs more than {} pages of {groups} groups",
-                    s.context_len,
-                    s.block_table.len()
-                ));
-            }
-            let outside = |&&x: &&u32| x != NO_PAGE && x as usize >= self.num_blocks;
-            if let Some(&blk) = s.block_table.iter().find(outside) {
-                return bad(format!("block {blk} outside the pool of {}", self.num_blocks));
-            }
-            covered += s.query_len;
-            bt_total += s.block_table.len();
-        }
-        if covered != t {
-            return bad(format!("sequences cover {covered} of {t} tokens"));
-        }
-        if bt_total > self.a.block_tables.len() {
-            return bad(format!("block tables of {bt_total} entries exceed the device buffer"));
-        }
-        Ok(())
-    }
-
-    /// One sampling row per logits row of the batch.
-    pub(crate) fn check_sampling_rows(
-        b: &ForwardBatch,
-        rows: &[RowSampling],
-    ) -> Result<(), BackendError> {
-        if rows.len() != b.logits_indices.len() {
-            return Err(BackendError::InvalidBatch(format!(
-                "{} sampling rows for {} logits rows",
-                rows.len(),
-                b.logits_indices.len()
-            )));
-        }
-        Ok(())
-    }
-
     /// Records the start of stage `name` when profiling (eager runs only).
     fn mark(&self, name: &'static str) -> Result<(), CudaError> {
         if let Some(marks) = self.marks.borrow_mut().as_mut() {
@@ -497,18 +413,6 @@ impl CudaBackend {
             }
         }
         Ok(out)
-    }
-
-    fn upload_plan(&mut self, p: &BatchPlan) -> Result<(), CudaError> {
-        let g = &self.gpu;
-        g.write(&mut self.a.tokens, &p.tokens)?;
-        g.write(&mut self.a.positions, &p.positions)?;
-        g.write(&mut self.a.slots, &p.slots)?;
-        g.write(&mut self.a.tiles, &p.tiles)?;
-        g.write(&mut self.a.block_tables, &p.block_tables)?;
-        self.sections = (p.slot_stride, p.bt_stride);
-        g.write(&mut self.a.row_valid, &p.row_valid)?;
-        g.write(&mut self.a.logits_rows, &p.logits_rows)
     }
 
     /// Enqueues the decoder over `t` rows described by the uploaded plan (no host sync, so it
@@ -739,100 +643,6 @@ impl CudaBackend {
         unsafe { g.launch(&g.k.rmsnorm_add, cfg, &[&ptr(&self.a.x), &proj, &ptr(norm), &hi, &eps]) }
     }
 
-    /// Attention of one long chunk through cuBLAS: gather the sequence's K/V per query head,
-    /// S = Q·Kᵀ·scale (f32), causal softmax to 16-bit P, O = P·V written into the chunk's rows of
-    /// the attention output. Rows are processed in chunks that fit the score buffer.
-    /// `cache`: the layer's K and V caches and its KV group's block tables.
-    fn attend_long(
-        &self,
-        s: &LongSeq,
-        cache: (u64, u64, u64),
-        scale: f32,
-        window: i32,
-    ) -> Result<(), CudaError> {
-        let (g, c, a) = (&self.gpu, &self.cfg, &self.a);
-        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
-        let ctx = s.pos0 + s.len;
-        let (kg, vg) = (ptr(&a.kg), ptr(&a.vg));
-        let (kc, vc, bt) = cache;
-        let bt = bt + 4 * s.bt_off as u64;
-        let cfg = LaunchConfig {
-            grid_dim: (ctx as u32, nh as u32, 1),
-            block_dim: ((hd / 8) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (ci, nhi, nkvi, hdi, bsi) =
-            (ctx as i32, nh as i32, nkv as i32, hd as i32, self.block_size as i32);
-        // SAFETY: gather_kv's parameters; kg/vg hold nh × max_model_len × hd ≥ nh × ctx × hd.
-        unsafe {
-            g.launch(&g.k.gather_kv, cfg, &[&kc, &vc, &bt, &kg, &vg, &ci, &nhi, &nkvi, &hdi, &bsi])?
-        };
-        let rows_cap = (a.scores.len() / (nh * ctx)).max(1);
-        let mut r0 = 0;
-        while r0 < s.len {
-            let n = (s.len - r0).min(rows_cap);
-            // Positions this chunk of rows can see.
-            let cctx = s.pos0 + r0 + n;
-            let qrow = (s.row0 + r0) * nh * hd;
-            let k = Operand { ptr: kg, ld: hd, stride: ctx * hd, trans: true };
-            let sc = Operand { ptr: ptr(&a.scores), ld: cctx, stride: n * cctx, trans: false };
-            let q = Operand {
-                ptr: ptr(&a.q16) + 2 * qrow as u64,
-                ld: nh * hd,
-                stride: hd,
-                trans: false,
-            };
-            g.gemm_batched(Dtype::F16, cctx, n, hd, scale, k, q, 0.0, sc, true, nh)?;
-            let (ni, cci, p0) = (n as i32, cctx as i32, (s.pos0 + r0) as i32);
-            let cfg = LaunchConfig {
-                grid_dim: (n as u32, nh as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: softmax_causal over nh × n × cctx scores (≤ the buffer by rows_cap).
-            unsafe {
-                g.launch(
-                    &g.k.softmax_causal,
-                    cfg,
-                    &[&ptr(&a.scores), &ptr(&a.probs), &ni, &cci, &p0, &window],
-                )?
-            };
-            let v = Operand { ptr: vg, ld: hd, stride: ctx * hd, trans: false };
-            let p = Operand { ptr: ptr(&a.probs), ld: cctx, stride: n * cctx, trans: false };
-            if g.dtype == Dtype::F16 {
-                let o = Operand {
-                    ptr: ptr(&a.att) + 2 * qrow as u64,
-                    ld: nh * hd,
-                    stride: hd,
-                    trans: false,
-                };
-                g.gemm_batched(Dtype::F16, hd, n, cctx, 1.0, v, p, 0.0, o, false, nh)?;
-            } else {
-                let o = Operand {
-                    ptr: ptr(&a.o32) + 4 * qrow as u64,
-                    ld: nh * hd,
-                    stride: hd,
-                    trans: false,
-                };
-                g.gemm_batched(Dtype::F16, hd, n, cctx, 1.0, v, p, 0.0, o, true, nh)?;
-                let (src, dst, cnt) = (
-                    ptr(&a.o32) + 4 * qrow as u64,
-                    ptr(&a.att) + 2 * qrow as u64,
-                    (n * nh * hd) as i64,
-                );
-                let cfg = LaunchConfig {
-                    grid_dim: ((g.num_sms * 4) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: to_model(const float*, h16*, long long) over the chunk's rows.
-                unsafe { g.launch(&g.k.to_model, cfg, &[&src, &dst, &cnt])? };
-            }
-            r0 += n;
-        }
-        Ok(())
-    }
-
     /// Runs a pass, through a graph when one fits, leaving logits on the device: a graph's row
     /// `i` is token `i`'s; an eager pass holds the first `Eager(k)` rows of `b.logits_indices`
     /// in order (the rest come from [`CudaBackend::head_only`] in chunks).
@@ -927,74 +737,6 @@ impl CudaBackend {
             false,
         )
     }
-
-    /// Replays (capturing first if needed) the decode graph of `size` sequences over the
-    /// uploaded padded plan.
-    fn replay(&mut self, size: usize) -> Result<(), CudaError> {
-        if !self.graphs.contains_key(&size) {
-            self.capture(size)?;
-        }
-        self.graphs[&size].0.launch().map_err(CudaError::from)
-    }
-
-    fn capture(&mut self, size: usize) -> Result<(), CudaError> {
-        let start = std::time::Instant::now();
-        let splits = self.splits(size, size, self.opts.max_model_len);
-        let layers = self.cfg.num_layers;
-        // Where `BatchPlan::padded_decode` puts each group's slots and tables for this size.
-        self.sections = (size, size * self.max_blocks_per_seq);
-        // One eager run first: loads every kernel and lets cuBLAS pick its algorithms.
-        self.enqueue(size, (size, self.group() <= 8), splits, &[], layers, size, 0)?;
-        self.gpu.sync()?;
-        let s = self.gpu.stream.clone();
-        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(CudaError::from)?;
-        let r = self.enqueue(size, (size, self.group() <= 8), splits, &[], layers, size, 0);
-        let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
-        r?;
-        let graph =
-            graph.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
-        graph.upload().map_err(CudaError::from)?;
-        self.graphs.insert(size, DecodeGraph(graph));
-        self.capture_seconds += start.elapsed().as_secs_f64();
-        Ok(())
-    }
-
-    /// GPU time of one replay of the decode graph that serves `b` (a decode step), median of
-    /// `reps` replays in ms; captures the graph if needed. Logits stay on the device.
-    pub fn replay_ms(&mut self, b: &ForwardBatch, reps: usize) -> Result<f64, CudaError> {
-        self.validate(b).map_err(|e| CudaError::Unsupported(e.to_string()))?;
-        let size = plan::graph_size_for(&self.graph_sizes, b.num_tokens())
-            .ok_or_else(|| CudaError::Unsupported("batch larger than every graph".into()))?;
-        let p = BatchPlan::padded_decode(b, size, self.max_blocks_per_seq)
-            .ok_or_else(|| CudaError::Unsupported("not a decode step".into()))?;
-        self.gpu.bind()?;
-        self.upload_plan(&p)?;
-        if !self.graphs.contains_key(&size) {
-            self.capture(size)?;
-        }
-        let g = &self.graphs[&size].0;
-        crate::device::time_ms(&self.gpu, 3, reps, || g.launch().map_err(CudaError::from))
-    }
-
-    /// Captures the decode graphs of every size up front (`progress` is told each size).
-    pub fn capture_all(&mut self, mut progress: impl FnMut(usize, usize)) -> Result<(), CudaError> {
-        // Inert inputs: padding rows only, so the eager warm-up run stores nothing.
-        let Some(&max) = self.graph_sizes.last() else { return Ok(()) };
-        let p = BatchPlan {
-            logits_rows: (0..max as i32).collect(),
-            ..BatchPlan::inert(max, self.max_blocks_per_seq, self.kv_groups.num_groups())
-        };
-        self.upload_plan(&p)?;
-        let sizes = self.graph_sizes.clone();
-        for (i, &s) in sizes.iter().enumerate().rev() {
-            if !self.graphs.contains_key(&s) {
-                self.capture(s)?;
-            }
-            progress(sizes.len() - i, sizes.len());
-        }
-        Ok(())
-    }
 }
 
 impl ModelBackend for CudaBackend {
@@ -1049,55 +791,15 @@ impl ModelBackend for CudaBackend {
     }
 
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
-        self.check_pairs(pairs, self.num_blocks, self.num_blocks)?;
-        self.gpu.bind().map_err(dev)?;
-        let e = self.block_elems();
-        for &(s, d) in pairs {
-            for i in 0..2 * self.page_layers() {
-                let base = self.kv_offset(i / 2, i % 2);
-                let (so, d_o) = (base + s as usize * e, base + d as usize * e);
-                let bytes = 2 * e;
-                let (sp, dp) = (ptr(&self.kv) + 2 * so as u64, ptr(&self.kv) + 2 * d_o as u64);
-                // SAFETY: both ranges lie inside the KV allocation (pairs checked) and differ.
-                let r = unsafe {
-                    dsys::cuMemcpyDtoDAsync_v2(dp, sp, bytes, self.gpu.stream.cu_stream())
-                };
-                if r != dsys::CUresult::CUDA_SUCCESS {
-                    return Err(BackendError::Device(format!("block copy: {r:?}")));
-                }
-            }
-        }
-        self.gpu.sync().map_err(dev)
+        self.copy_pages(pairs)
     }
 
     fn swap_out(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
-        self.check_pairs(pairs, self.num_blocks, self.num_host_blocks)?;
-        self.gpu.bind().map_err(dev)?;
-        let spans = self.swap_spans(pairs.iter().map(|&(d, h)| (d, h)));
-        let e = self.block_elems();
-        let Some(host) = self.host.as_mut() else { return Ok(()) };
-        let host = host.as_mut_slice().map_err(|e| dev(e.into()))?;
-        for (d, h) in spans {
-            self.gpu
-                .stream
-                .memcpy_dtoh(&self.kv.slice(d..d + e), &mut host[h..h + e])
-                .map_err(|e| dev(e.into()))?;
-        }
-        self.gpu.sync().map_err(dev)
+        self.swap_pages_out(pairs)
     }
 
     fn swap_in(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
-        self.check_pairs(pairs, self.num_host_blocks, self.num_blocks)?;
-        self.gpu.bind().map_err(dev)?;
-        let spans = self.swap_spans(pairs.iter().map(|&(h, d)| (d, h)));
-        let e = self.block_elems();
-        let Some(host) = self.host.as_ref() else { return Ok(()) };
-        let host = host.as_slice().map_err(|e| dev(e.into()))?;
-        for (d, h) in spans {
-            let mut view = self.kv.slice_mut(d..d + e);
-            self.gpu.stream.memcpy_htod(&host[h..h + e], &mut view).map_err(|e| dev(e.into()))?;
-        }
-        self.gpu.sync().map_err(dev)
+        self.swap_pages_in(pairs)
     }
 
     fn num_host_blocks(&self) -> usize {
@@ -1105,40 +807,10 @@ impl ModelBackend for CudaBackend {
     }
 
     fn read_block(&self, block: u32) -> Result<Vec<u8>, BackendError> {
-        if block as usize >= self.num_blocks {
-            return Err(BackendError::InvalidBatch(format!(
-                "block {block} outside the pool of {}",
-                self.num_blocks
-            )));
-        }
-        let bits = self.read_page_bits(block as usize).map_err(dev)?;
-        let bits: Vec<u16> =
-            bits.chunks_exact(self.block_elems()).flat_map(|p| self.reorder(p, true)).collect();
-        let d = self.gpu.dtype;
-        Ok(bits.iter().flat_map(|&b| d.to_f32(b).to_le_bytes()).collect())
+        self.read_page(block)
     }
 
     fn write_block(&mut self, block: u32, page: &[u8]) -> Result<(), BackendError> {
-        if block as usize >= self.num_blocks {
-            return Err(BackendError::InvalidBatch(format!(
-                "block {block} outside the pool of {}",
-                self.num_blocks
-            )));
-        }
-        let want = self.kv_cache_spec().bytes_per_block;
-        if page.len() != want {
-            return Err(BackendError::InvalidBatch(format!(
-                "page of {} bytes, blocks hold {want}",
-                page.len()
-            )));
-        }
-        let d = self.gpu.dtype;
-        let bits: Vec<u16> = page
-            .chunks_exact(4)
-            .map(|c| d.from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-            .collect();
-        let bits: Vec<u16> =
-            bits.chunks_exact(self.block_elems()).flat_map(|p| self.reorder(p, false)).collect();
-        self.write_page_bits(block as usize, &bits).map_err(dev)
+        self.write_page(block, page)
     }
 }

@@ -1,0 +1,108 @@
+//! A forward batch checked against the backend's limits and uploaded as the kernels' plan.
+
+use tandem_engine::backend::{BackendError, ForwardBatch, RowSampling, NO_PAGE};
+
+use super::CudaBackend;
+use crate::plan::BatchPlan;
+use crate::CudaError;
+
+impl CudaBackend {
+    pub(crate) fn validate(&self, b: &ForwardBatch) -> Result<(), BackendError> {
+        let t = b.num_tokens();
+        let bad = |m: String| Err(BackendError::InvalidBatch(m));
+        if t > self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch) {
+            return bad(format!(
+                "{t} tokens exceed max_num_batched_tokens {}",
+                self.opts.max_num_batched_tokens
+            ));
+        }
+        let groups = self.kv_groups.num_groups();
+        if b.kv_groups != groups {
+            return bad(format!(
+                "batch laid out for {} KV groups, the cache has {groups}",
+                b.kv_groups
+            ));
+        }
+        if b.positions.len() != t || b.slot_mapping.len() != t * groups {
+            return bad(format!(
+                "{t} tokens of {groups} KV groups but {} positions and {} slots",
+                b.positions.len(),
+                b.slot_mapping.len()
+            ));
+        }
+        if let Some(&tok) = b.token_ids.iter().find(|&&x| x as usize >= self.cfg.vocab_size) {
+            return bad(format!(
+                "token id {tok} outside the vocabulary of {}",
+                self.cfg.vocab_size
+            ));
+        }
+        if let Some(&s) = b.slot_mapping.iter().find(|&&s| s as usize >= self.num_slots()) {
+            return bad(format!("slot {s} outside the KV cache of {} slots", self.num_slots()));
+        }
+        if let Some(&i) = b.logits_indices.iter().find(|&&i| i >= t) {
+            return bad(format!("logits index {i} outside the batch of {t} tokens"));
+        }
+        let mut covered = 0;
+        let mut bt_total = 0;
+        for s in &b.seqs {
+            if s.query_start != covered || s.query_len == 0 || s.query_len > s.context_len {
+                return bad(format!("sequence slice {s:?} does not tile the batch"));
+            }
+            if s.context_len > self.opts.max_model_len {
+                return bad(format!(
+                    "context of {} tokens exceeds max_model_len {}",
+                    s.context_len, self.opts.max_model_len
+                ));
+            }
+            if s.context_len.div_ceil(self.block_size) * groups > s.block_table.len()
+                || !s.block_table.len().is_multiple_of(groups)
+            {
+                return bad(format!(
+                    "context of {} tokens needs more than {} pages of {groups} groups",
+                    s.context_len,
+                    s.block_table.len()
+                ));
+            }
+            let outside = |&&x: &&u32| x != NO_PAGE && x as usize >= self.num_blocks;
+            if let Some(&blk) = s.block_table.iter().find(outside) {
+                return bad(format!("block {blk} outside the pool of {}", self.num_blocks));
+            }
+            covered += s.query_len;
+            bt_total += s.block_table.len();
+        }
+        if covered != t {
+            return bad(format!("sequences cover {covered} of {t} tokens"));
+        }
+        if bt_total > self.a.block_tables.len() {
+            return bad(format!("block tables of {bt_total} entries exceed the device buffer"));
+        }
+        Ok(())
+    }
+
+    /// One sampling row per logits row of the batch.
+    pub(crate) fn check_sampling_rows(
+        b: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<(), BackendError> {
+        if rows.len() != b.logits_indices.len() {
+            return Err(BackendError::InvalidBatch(format!(
+                "{} sampling rows for {} logits rows",
+                rows.len(),
+                b.logits_indices.len()
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) fn upload_plan(&mut self, p: &BatchPlan) -> Result<(), CudaError> {
+        let g = &self.gpu;
+        g.write(&mut self.a.tokens, &p.tokens)?;
+        g.write(&mut self.a.positions, &p.positions)?;
+        g.write(&mut self.a.slots, &p.slots)?;
+        g.write(&mut self.a.tiles, &p.tiles)?;
+        g.write(&mut self.a.block_tables, &p.block_tables)?;
+        self.sections = (p.slot_stride, p.bt_stride);
+        g.write(&mut self.a.row_valid, &p.row_valid)?;
+        g.write(&mut self.a.logits_rows, &p.logits_rows)
+    }
+}

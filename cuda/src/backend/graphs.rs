@@ -1,0 +1,79 @@
+//! Decode steps through CUDA graphs: one graph per captured batch size, replayed with the
+//! uploaded plan's inputs (`BatchPlan::padded_decode` puts them at fixed places).
+
+use cudarc::driver::sys as dsys;
+use tandem_engine::backend::ForwardBatch;
+
+use super::{CudaBackend, DecodeGraph};
+use crate::plan::{self, BatchPlan};
+use crate::CudaError;
+
+impl CudaBackend {
+    /// Replays (capturing first if needed) the decode graph of `size` sequences over the
+    /// uploaded padded plan.
+    pub(super) fn replay(&mut self, size: usize) -> Result<(), CudaError> {
+        if !self.graphs.contains_key(&size) {
+            self.capture(size)?;
+        }
+        self.graphs[&size].0.launch().map_err(CudaError::from)
+    }
+
+    pub(super) fn capture(&mut self, size: usize) -> Result<(), CudaError> {
+        let start = std::time::Instant::now();
+        let splits = self.splits(size, size, self.opts.max_model_len);
+        let layers = self.cfg.num_layers;
+        // Where `BatchPlan::padded_decode` puts each group's slots and tables for this size.
+        self.sections = (size, size * self.max_blocks_per_seq);
+        // One eager run first: loads every kernel and lets cuBLAS pick its algorithms.
+        self.enqueue(size, (size, self.group() <= 8), splits, &[], layers, size, 0)?;
+        self.gpu.sync()?;
+        let s = self.gpu.stream.clone();
+        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(CudaError::from)?;
+        let r = self.enqueue(size, (size, self.group() <= 8), splits, &[], layers, size, 0);
+        let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
+        r?;
+        let graph =
+            graph.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
+        graph.upload().map_err(CudaError::from)?;
+        self.graphs.insert(size, DecodeGraph(graph));
+        self.capture_seconds += start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// GPU time of one replay of the decode graph that serves `b` (a decode step), median of
+    /// `reps` replays in ms; captures the graph if needed. Logits stay on the device.
+    pub fn replay_ms(&mut self, b: &ForwardBatch, reps: usize) -> Result<f64, CudaError> {
+        self.validate(b).map_err(|e| CudaError::Unsupported(e.to_string()))?;
+        let size = plan::graph_size_for(&self.graph_sizes, b.num_tokens())
+            .ok_or_else(|| CudaError::Unsupported("batch larger than every graph".into()))?;
+        let p = BatchPlan::padded_decode(b, size, self.max_blocks_per_seq)
+            .ok_or_else(|| CudaError::Unsupported("not a decode step".into()))?;
+        self.gpu.bind()?;
+        self.upload_plan(&p)?;
+        if !self.graphs.contains_key(&size) {
+            self.capture(size)?;
+        }
+        let g = &self.graphs[&size].0;
+        crate::device::time_ms(&self.gpu, 3, reps, || g.launch().map_err(CudaError::from))
+    }
+
+    /// Captures the decode graphs of every size up front (`progress` is told each size).
+    pub fn capture_all(&mut self, mut progress: impl FnMut(usize, usize)) -> Result<(), CudaError> {
+        // Inert inputs: padding rows only, so the eager warm-up run stores nothing.
+        let Some(&max) = self.graph_sizes.last() else { return Ok(()) };
+        let p = BatchPlan {
+            logits_rows: (0..max as i32).collect(),
+            ..BatchPlan::inert(max, self.max_blocks_per_seq, self.kv_groups.num_groups())
+        };
+        self.upload_plan(&p)?;
+        let sizes = self.graph_sizes.clone();
+        for (i, &s) in sizes.iter().enumerate().rev() {
+            if !self.graphs.contains_key(&s) {
+                self.capture(s)?;
+            }
+            progress(sizes.len() - i, sizes.len());
+        }
+        Ok(())
+    }
+}
