@@ -17,25 +17,7 @@ impl CudaBackend {
             ));
         }
         let groups = self.kv_groups.num_groups();
-        if b.kv_groups != groups {
-            return bad(format!(
-                "batch laid out for {} KV groups, the cache has {groups}",
-                b.kv_groups
-            ));
-        }
-        if b.positions.len() != t || b.slot_mapping.len() != t * groups {
-            return bad(format!(
-                "{t} tokens of {groups} KV groups but {} positions and {} slots",
-                b.positions.len(),
-                b.slot_mapping.len()
-            ));
-        }
-        if let Some(&tok) = b.token_ids.iter().find(|&&x| x as usize >= self.cfg.vocab_size) {
-            return bad(format!(
-                "token id {tok} outside the vocabulary of {}",
-                self.cfg.vocab_size
-            ));
-        }
+        b.check_layout(groups, self.cfg.vocab_size)?;
         if let Some(&s) = b.slot_mapping.iter().find(|&&s| s as usize >= self.num_slots()) {
             return bad(format!("slot {s} outside the KV cache of {} slots", self.num_slots()));
         }

@@ -72,6 +72,30 @@ impl Default for ForwardBatch {
 }
 
 impl ForwardBatch {
+    /// What every backend checks of a batch's layout: laid out for its `groups` KV groups, a
+    /// position for each token and a slot for each token and group, token ids below `vocab`.
+    pub fn check_layout(&self, groups: usize, vocab: usize) -> Result<(), BackendError> {
+        let bad = |m: String| Err(BackendError::InvalidBatch(m));
+        let t = self.token_ids.len();
+        if self.kv_groups != groups {
+            return bad(format!(
+                "batch laid out for {} KV groups, the cache has {groups}",
+                self.kv_groups
+            ));
+        }
+        if self.positions.len() != t || self.slot_mapping.len() != t * groups {
+            return bad(format!(
+                "{t} tokens but {} positions and {} slots ({groups} per token)",
+                self.positions.len(),
+                self.slot_mapping.len()
+            ));
+        }
+        if let Some(&tok) = self.token_ids.iter().find(|&&x| x as usize >= vocab) {
+            return bad(format!("token id {tok} outside the vocabulary of {vocab}"));
+        }
+        Ok(())
+    }
+
     /// An empty batch for a cache of `kv_groups` groups.
     pub fn with_kv_groups(kv_groups: usize) -> Self {
         assert!(kv_groups > 0, "a KV cache has at least one group");

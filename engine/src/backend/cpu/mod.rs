@@ -355,25 +355,7 @@ impl CpuBackend {
         let bad = |m: String| Err(BackendError::InvalidBatch(m));
         let t = b.token_ids.len();
         let groups = self.kv_groups.num_groups();
-        if b.kv_groups != groups {
-            return bad(format!(
-                "batch laid out for {} KV groups, the cache has {groups}",
-                b.kv_groups
-            ));
-        }
-        if b.positions.len() != t || b.slot_mapping.len() != t * groups {
-            return bad(format!(
-                "{t} tokens but {} positions and {} slots ({groups} per token)",
-                b.positions.len(),
-                b.slot_mapping.len()
-            ));
-        }
-        if let Some(&tok) = b.token_ids.iter().find(|&&x| x as usize >= self.cfg.vocab_size) {
-            return bad(format!(
-                "token id {tok} outside the vocabulary of {}",
-                self.cfg.vocab_size
-            ));
-        }
+        b.check_layout(groups, self.cfg.vocab_size)?;
         if let Some(&s) = b.slot_mapping.iter().find(|&&s| s as usize >= self.kv.num_slots()) {
             return bad(format!("slot {s} outside the KV cache of {} slots", self.kv.num_slots()));
         }
