@@ -397,6 +397,58 @@ unsafe fn scale_halves(
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(dhi, da), acc)
 }
 
+/// A pair's integer sums as the tiles carry them: the pair's sum and zero, or for
+/// [`QFormat::Q8G16`] its low and high halves' sums ([`scale_sums`] scales either).
+type PairSums = (__m256i, __m256i);
+
+/// [`pair_vnni`], or [`pair_vnni_g16`] for [`QFormat::Q8G16`], as [`PairSums`].
+#[inline]
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn pair_vnni_sums<const F: u8, const L2: bool>(
+    wlo: __m256i,
+    whi: __m256i,
+    a1: *const i8,
+    a2: *const i8,
+) -> PairSums {
+    if F == F_G16 {
+        pair_vnni_g16::<L2>(wlo, whi, a1, a2)
+    } else {
+        (pair_vnni::<L2>(wlo, whi, a1, a2), _mm256_setzero_si256())
+    }
+}
+
+/// Four tokens' (or rows') [`PairSums`] reduced by [`reduce_quad`] (the high halves only for
+/// [`QFormat::Q8G16`]).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn reduce_sums<const F: u8>(s: &[PairSums; 4]) -> PairSums {
+    let lo = reduce_quad(&[s[0].0, s[1].0, s[2].0, s[3].0]);
+    if F != F_G16 {
+        return (lo, _mm256_setzero_si256());
+    }
+    (lo, reduce_quad(&[s[0].1, s[1].1, s[2].1, s[3].1]))
+}
+
+/// `acc` plus a pair's scaled sums: [`scale_pair`], or for [`QFormat::Q8G16`]
+/// [`scale_halves`] with `dw` and `mw` holding the low and high halves' group scales (as
+/// [`pair_scales`] gives them) and no minimum term (`sa` unused).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scale_sums<const F: u8>(
+    acc: __m256,
+    s: PairSums,
+    dw: __m256,
+    mw: __m256,
+    da: __m256,
+    sa: __m256,
+) -> __m256 {
+    if F == F_G16 {
+        scale_halves(acc, s.0, s.1, dw, mw, da)
+    } else {
+        scale_pair(acc, s.0, dw, da, mw, sa)
+    }
+}
+
 /// Four tokens' pair sums (i32 lanes alternating block 0, block 1) reduced into one vector
 /// `(t₀b₀, t₀b₁, t₁b₀, t₁b₁, t₂b₀, t₂b₁, t₃b₀, t₃b₁)`: in-lane 64-bit unpacks pair tokens,
 /// a cross-lane permute sums the halves.

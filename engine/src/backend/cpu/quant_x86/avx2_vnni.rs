@@ -54,29 +54,18 @@ unsafe fn tile_quads<const Q: usize, const F: u8, const L2: bool>(
         let (dw, mw) = pair_scales(w, r, p);
         for (q, acc_q) in acc.iter_mut().enumerate() {
             let tq = t0 + 4 * q;
-            let mut isum = [_mm256_setzero_si256(); 4];
-            let mut ihi = [_mm256_setzero_si256(); 4];
-            for t in 0..4 {
+            let mut sums = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
+            for (t, s) in sums.iter_mut().enumerate() {
                 let off = ((tq + t) * np + p) * 64;
                 let (a1, a2) = (a.qs.as_ptr().add(off), a.qs2.as_ptr().add(off));
-                if F == F_G16 {
-                    (isum[t], ihi[t]) = pair_vnni_g16::<L2>(wlo, whi, a1, a2);
-                } else {
-                    isum[t] = pair_vnni::<L2>(wlo, whi, a1, a2);
-                }
+                *s = pair_vnni_sums::<F, L2>(wlo, whi, a1, a2);
             }
             let quad = (tq / 4) * np * 8 + p * 8;
-            if F == F_G16 {
-                let da = _mm256_loadu_ps(a.d4.as_ptr().add(quad));
-                let (lo, hi) = (reduce_quad(&isum), reduce_quad(&ihi));
-                *acc_q = scale_halves(*acc_q, lo, hi, dw, mw, da);
-                continue;
-            }
             let (da, sa) = (
                 _mm256_loadu_ps(a.d4.as_ptr().add(quad)),
                 _mm256_loadu_ps(a.s4.as_ptr().add(quad)),
             );
-            *acc_q = scale_pair(*acc_q, reduce_quad(&isum), dw, da, mw, sa);
+            *acc_q = scale_sums::<F>(*acc_q, reduce_sums::<F>(&sums), dw, mw, da, sa);
         }
     }
     for (q, acc_q) in acc.iter().enumerate() {
@@ -94,26 +83,17 @@ unsafe fn rows_quad<const F: u8, const L2: bool>(w: &QMatrix, r0: usize, a: &QAc
     let mut acc = _mm256_setzero_ps();
     for p in 0..np {
         let (a1, a2) = (a.qs.as_ptr().add(p * 64), a.qs2.as_ptr().add(p * 64));
-        let mut isum = [_mm256_setzero_si256(); 4];
-        let mut ihi = [_mm256_setzero_si256(); 4];
-        for i in 0..4 {
+        let mut sums = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
+        for (i, s) in sums.iter_mut().enumerate() {
             prefetch_pair(w, r0 + DECODE_PREFETCH_ROWS + i, p);
             let wq = w.qs.as_ptr().add(((r0 + i) * np + p) * pb);
             let (wlo, whi) = pair_weights::<F>(wq);
-            if F == F_G16 {
-                (isum[i], ihi[i]) = pair_vnni_g16::<L2>(wlo, whi, a1, a2);
-            } else {
-                isum[i] = pair_vnni::<L2>(wlo, whi, a1, a2);
-            }
+            *s = pair_vnni_sums::<F, L2>(wlo, whi, a1, a2);
         }
         let (dw, mw) = rows4_scales(w, r0, p);
         let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(p * 2))));
-        if F == F_G16 {
-            acc = scale_halves(acc, reduce_quad(&isum), reduce_quad(&ihi), dw, mw, da);
-            continue;
-        }
         let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s.as_ptr().add(p * 2))));
-        acc = scale_pair(acc, reduce_quad(&isum), dw, da, mw, sa);
+        acc = scale_sums::<F>(acc, reduce_sums::<F>(&sums), dw, mw, da, sa);
     }
     store4(acc, out.add(r0), 1);
 }
@@ -136,21 +116,14 @@ unsafe fn tile<const T: usize, const F: u8, const L2: bool>(
     for p in 0..np {
         let (wlo, whi) = pair_weights::<F>(w.qs.as_ptr().add((r * np + p) * pb));
         let (dw, mw) = pair_scales(w, r, p);
-        if F == F_G16 {
-            for (t, acc_t) in acc.iter_mut().enumerate() {
-                let at = (t0 + t) * np + p;
-                let (a1, a2) = (a.qs.as_ptr().add(at * 64), a.qs2.as_ptr().add(at * 64));
-                let (lo, hi) = pair_vnni_g16::<L2>(wlo, whi, a1, a2);
-                *acc_t = scale_halves(*acc_t, lo, hi, dw, mw, single_scales(a, at).0);
-            }
-            continue;
-        }
-        let mw = _mm256_add_ps(mw, mw);
+        // Q8G16's `mw` is its high halves' scales, not a minimum.
+        let mw = if F == F_G16 { mw } else { _mm256_add_ps(mw, mw) };
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let at = (t0 + t) * np + p;
             let (a1, a2) = (a.qs.as_ptr().add(at * 64), a.qs2.as_ptr().add(at * 64));
             let (da, sa) = single_scales(a, at);
-            *acc_t = scale_pair(*acc_t, pair_vnni::<L2>(wlo, whi, a1, a2), dw, da, mw, sa);
+            let sums = pair_vnni_sums::<F, L2>(wlo, whi, a1, a2);
+            *acc_t = scale_sums::<F>(*acc_t, sums, dw, mw, da, sa);
         }
     }
     for (t, acc_t) in acc.iter().enumerate() {

@@ -55,11 +55,14 @@ unsafe fn widen<const F: u8>(wq: *const u8) -> [__m256i; 4] {
     }
 }
 
-/// [`dot`] with the low half's sums (`w[0]`, `w[1]`: elements 0..16 of both blocks) apart
-/// from the high half's, for [`QFormat::Q8G16`]'s group scales.
+/// [`dot`] as [`PairSums`]: for [`QFormat::Q8G16`] the low half's sums (`w[0]`, `w[1]`:
+/// elements 0..16 of both blocks) apart from the high half's, for its group scales.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn dot_halves(w: &[__m256i; 4], a: *const i16) -> (__m256i, __m256i) {
+unsafe fn dot_sums<const F: u8>(w: &[__m256i; 4], a: *const i16) -> PairSums {
+    if F != F_G16 {
+        return (dot(w, a), _mm256_setzero_si256());
+    }
     let a = a as *const __m256i;
     let (a0, a1) = (_mm256_loadu_si256(a), _mm256_loadu_si256(a.add(1)));
     let (a2, a3) = (_mm256_loadu_si256(a.add(2)), _mm256_loadu_si256(a.add(3)));
@@ -131,27 +134,16 @@ unsafe fn tile_quads<const Q: usize, const F: u8>(
         let (dw, mw) = pair_scales(w, r, p);
         for (q, acc_q) in acc.iter_mut().enumerate() {
             let tq = t0 + 4 * q;
-            let mut isum = [_mm256_setzero_si256(); 4];
-            let mut ihi = [_mm256_setzero_si256(); 4];
-            for t in 0..4 {
-                if F == F_G16 {
-                    (isum[t], ihi[t]) = dot_halves(&wv, acts(a, tq + t, p));
-                } else {
-                    isum[t] = dot(&wv, acts(a, tq + t, p));
-                }
+            let mut sums = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
+            for (t, s) in sums.iter_mut().enumerate() {
+                *s = dot_sums::<F>(&wv, acts(a, tq + t, p));
             }
             let quad = (tq / 4) * np * 8 + p * 8;
-            if F == F_G16 {
-                let da = _mm256_loadu_ps(a.d4.as_ptr().add(quad));
-                let (lo, hi) = (reduce_quad(&isum), reduce_quad(&ihi));
-                *acc_q = scale_halves(*acc_q, lo, hi, dw, mw, da);
-                continue;
-            }
             let (da, sa) = (
                 _mm256_loadu_ps(a.d4.as_ptr().add(quad)),
                 _mm256_loadu_ps(a.s4.as_ptr().add(quad)),
             );
-            *acc_q = scale_pair(*acc_q, reduce_quad(&isum), dw, da, mw, sa);
+            *acc_q = scale_sums::<F>(*acc_q, reduce_sums::<F>(&sums), dw, mw, da, sa);
         }
     }
     for (q, acc_q) in acc.iter().enumerate() {
@@ -167,25 +159,16 @@ unsafe fn rows_quad<const F: u8>(w: &QMatrix, r0: usize, a: &QActs, out: *mut f3
     let pb = w.format.pair_bytes();
     let mut acc = _mm256_setzero_ps();
     for p in 0..np {
-        let mut isum = [_mm256_setzero_si256(); 4];
-        let mut ihi = [_mm256_setzero_si256(); 4];
-        for i in 0..4 {
+        let mut sums = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
+        for (i, s) in sums.iter_mut().enumerate() {
             prefetch_pair(w, r0 + DECODE_PREFETCH_ROWS + i, p);
             let wv = widen::<F>(w.qs.as_ptr().add(((r0 + i) * np + p) * pb));
-            if F == F_G16 {
-                (isum[i], ihi[i]) = dot_halves(&wv, acts(a, 0, p));
-            } else {
-                isum[i] = dot(&wv, acts(a, 0, p));
-            }
+            *s = dot_sums::<F>(&wv, acts(a, 0, p));
         }
         let (dw, mw) = rows4_scales(w, r0, p);
         let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(p * 2))));
-        if F == F_G16 {
-            acc = scale_halves(acc, reduce_quad(&isum), reduce_quad(&ihi), dw, mw, da);
-            continue;
-        }
         let sa = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.s.as_ptr().add(p * 2))));
-        acc = scale_pair(acc, reduce_quad(&isum), dw, da, mw, sa);
+        acc = scale_sums::<F>(acc, reduce_sums::<F>(&sums), dw, mw, da, sa);
     }
     store4(acc, out.add(r0), 1);
 }
@@ -207,18 +190,12 @@ unsafe fn tile<const T: usize, const F: u8>(
     for p in 0..np {
         let wv = widen::<F>(w.qs.as_ptr().add((r * np + p) * pb));
         let (dw, mw) = pair_scales(w, r, p);
-        if F == F_G16 {
-            for (t, acc_t) in acc.iter_mut().enumerate() {
-                let (lo, hi) = dot_halves(&wv, acts(a, t0 + t, p));
-                let da = single_scales(a, (t0 + t) * np + p).0;
-                *acc_t = scale_halves(*acc_t, lo, hi, dw, mw, da);
-            }
-            continue;
-        }
-        let mw = _mm256_add_ps(mw, mw);
+        // Q8G16's `mw` is its high halves' scales, not a minimum.
+        let mw = if F == F_G16 { mw } else { _mm256_add_ps(mw, mw) };
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let (da, sa) = single_scales(a, (t0 + t) * np + p);
-            *acc_t = scale_pair(*acc_t, dot(&wv, acts(a, t0 + t, p)), dw, da, mw, sa);
+            let sums = dot_sums::<F>(&wv, acts(a, t0 + t, p));
+            *acc_t = scale_sums::<F>(*acc_t, sums, dw, mw, da, sa);
         }
     }
     for (t, acc_t) in acc.iter().enumerate() {

@@ -107,7 +107,7 @@ macro_rules! kernel {
                 rows: std::ops::Range<usize>,
                 out: *mut f32,
             ) {
-                if w.offset.is_some() || w.format == QFormat::Q8G16 {
+                if w.offset.is_some() {
                     rows_of::<false>(w, a, rows, out)
                 } else {
                     rows_of::<true>(w, a, rows, out)

@@ -25,7 +25,7 @@ const QT: usize = 3;
 /// Rows `rows` of `out = a · wᵀ` for batches; `a` must carry [`QActs::q16_quad`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn rows(w: &QMatrix, a: &QActs, rows: std::ops::Range<usize>, out: *mut f32) {
-    if w.offset.is_some() || w.format == QFormat::Q8G16 {
+    if w.offset.is_some() {
         rows_of::<false>(w, a, rows, out)
     } else {
         rows_of::<true>(w, a, rows, out)
