@@ -5,7 +5,9 @@
 //!
 //! Only the engine's functions are checked: the release binary also holds 8 out-of-line
 //! `_mm256_loadu_si256` calls, from aho-corasick 1.1.5's Teddy searcher set-up (reached through
-//! `tokenizers` → `regex`), which are third-party and run when a pattern is built, not per token.
+//! `tokenizers` → `regex`), which are third-party and run when a pattern is built, not per token
+//! (upstream: BurntSushi/aho-corasick#140, open; its vector helpers carry `#[inline(always)]`
+//! without `#[target_feature]`, and the mask set-up maps arrays through a closure).
 //!
 //! The check disassembles this test executable (the engine is built at opt-level 3 in every
 //! profile) and fails when a function of the engine calls into `core::core_arch`. It needs
