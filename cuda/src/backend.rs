@@ -139,9 +139,6 @@ pub struct CudaBackend {
     /// How the layers share pages (one group of every layer unless sliding-window layers get
     /// their own).
     kv_groups: KvGroups,
-    /// Entries per KV group in the uploaded plan's slots and block tables
-    /// ([`BatchPlan::slot_stride`], [`BatchPlan::bt_stride`]).
-    sections: (usize, usize),
     pub(crate) num_blocks: usize,
     block_size: usize,
     /// Host swap space in page-locked memory (DMA both ways), `[block][2·layers·block_size·kv_size]`, 16-bit.
@@ -282,7 +279,6 @@ impl CudaBackend {
             w,
             kv,
             kv_groups,
-            sections: (0, 0),
             num_blocks,
             block_size: opts.block_size,
             host,
@@ -417,7 +413,8 @@ impl CudaBackend {
 
     /// Enqueues the decoder over `t` rows described by the uploaded plan (no host sync, so it
     /// can be captured): `num_layers` layers, then the final norm and LM head for
-    /// `logit_rows` rows starting at `logits_rows[row_off]`.
+    /// `logit_rows` rows starting at `logits_rows[row_off]`. `sections`: entries per KV group
+    /// in the plan's slots and block tables ([`BatchPlan::slot_stride`], [`BatchPlan::bt_stride`]).
     #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &self,
@@ -425,6 +422,7 @@ impl CudaBackend {
         tiling: (usize, bool),
         splits: usize,
         long: &[LongSeq],
+        sections: (usize, usize),
         num_layers: usize,
         logit_rows: usize,
         row_off: usize,
@@ -459,8 +457,8 @@ impl CudaBackend {
         for (li, l) in w.layers.iter().enumerate().take(num_layers) {
             // The layer's KV group: its slots, block tables and page layer.
             let (kg, page_layer) = self.kv_groups.layer_slot[li];
-            let slot = slot + 4 * (kg * self.sections.0) as u64;
-            let bt = bt + 4 * (kg * self.sections.1) as u64;
+            let slot = slot + 4 * (kg * sections.0) as u64;
+            let bt = bt + 4 * (kg * sections.1) as u64;
             self.mark("rmsnorm")?;
             unsafe {
                 g.launch(
@@ -669,6 +667,7 @@ impl CudaBackend {
             (p.num_tiles(), p.max_tile_rows(self.group()) <= 8),
             splits,
             &p.long,
+            (p.slot_stride, p.bt_stride),
             num_layers,
             first,
             0,

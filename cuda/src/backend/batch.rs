@@ -83,7 +83,6 @@ impl CudaBackend {
         g.write(&mut self.a.slots, &p.slots)?;
         g.write(&mut self.a.tiles, &p.tiles)?;
         g.write(&mut self.a.block_tables, &p.block_tables)?;
-        self.sections = (p.slot_stride, p.bt_stride);
         g.write(&mut self.a.row_valid, &p.row_valid)?;
         g.write(&mut self.a.logits_rows, &p.logits_rows)
     }
