@@ -348,37 +348,31 @@ unsafe fn pair_vnni<const L2: bool>(
     _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(s, wlo, load256(a2)), whi, load256(a2.add(32)))
 }
 
-/// A [`QFormat::Q8G16`] pair against one activation row with AVX-VNNI: the integer sums of
-/// its low and high halves (elements 0..16 and 16..32 of both blocks, lanes alternating blocks),
-/// both levels combined as in [`pair_vnni`], less what the weights' bias of 128 adds (128 times
-/// the activations' sums, by `vpdpbusd` on bytes of 128).
+/// One half of a pair against one activation row with AVX-VNNI: `(Σ w·q₁ << 8) + Σ w·q₂` over
+/// the 32 bytes at `a1` (and `a2`), lanes alternating blocks.
 #[inline]
 #[target_feature(enable = "avx2,avxvnni")]
-unsafe fn pair_vnni_g16<const L2: bool>(
-    wlo: __m256i,
-    whi: __m256i,
-    a1: *const i8,
-    a2: *const i8,
-) -> (__m256i, __m256i) {
-    (half_vnni_g16::<L2>(wlo, a1, a2), half_vnni_g16::<L2>(whi, a1.add(32), a2.add(32)))
-}
-
-/// One half of [`pair_vnni_g16`]: weights `w` against the 32 bytes at `a1` (and `a2`).
-#[inline]
-#[target_feature(enable = "avx2,avxvnni")]
-unsafe fn half_vnni_g16<const L2: bool>(w: __m256i, a1: *const i8, a2: *const i8) -> __m256i {
-    let (zero, c) = (_mm256_setzero_si256(), _mm256_set1_epi8(-128));
-    let x = load256(a1);
-    let s =
-        _mm256_sub_epi32(_mm256_dpbusd_avx_epi32(zero, w, x), _mm256_dpbusd_avx_epi32(zero, c, x));
-    let s = _mm256_slli_epi32(s, 8);
+unsafe fn half_vnni<const L2: bool>(w: __m256i, a1: *const i8, a2: *const i8) -> __m256i {
+    let s = _mm256_slli_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, load256(a1)), 8);
     if !L2 {
         return s;
     }
-    let x = load256(a2);
-    let s2 =
-        _mm256_sub_epi32(_mm256_dpbusd_avx_epi32(zero, w, x), _mm256_dpbusd_avx_epi32(zero, c, x));
-    _mm256_add_epi32(s, s2)
+    _mm256_dpbusd_avx_epi32(s, w, load256(a2))
+}
+
+/// What the weights' bias of 128 adds to a [`QFormat::Q8G16`] pair's half sums against one
+/// activation row ([`half_vnni`] of bytes of 128: 128 times the activations' sums); zero for
+/// the other formats, whose minimum term takes the bias off. It depends on the activations
+/// alone, so tiles of several rows compute it once.
+#[inline]
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn g16_bias<const F: u8, const L2: bool>(a1: *const i8, a2: *const i8) -> PairSums {
+    let zero = _mm256_setzero_si256();
+    if F != F_G16 {
+        return (zero, zero);
+    }
+    let c = _mm256_set1_epi8(-128);
+    (half_vnni::<L2>(c, a1, a2), half_vnni::<L2>(c, a1.add(32), a2.add(32)))
 }
 
 /// `acc + cvt(lo)·dlo·da + cvt(hi)·dhi·da`: a [`QFormat::Q8G16`] pair's half sums scaled by
@@ -401,7 +395,8 @@ unsafe fn scale_halves(
 /// [`QFormat::Q8G16`] its low and high halves' sums ([`scale_sums`] scales either).
 type PairSums = (__m256i, __m256i);
 
-/// [`pair_vnni`], or [`pair_vnni_g16`] for [`QFormat::Q8G16`], as [`PairSums`].
+/// A pair against one activation row as [`PairSums`]: [`pair_vnni`], or for
+/// [`QFormat::Q8G16`] its halves' sums ([`half_vnni`]) less `bias` ([`g16_bias`]).
 #[inline]
 #[target_feature(enable = "avx2,avxvnni")]
 unsafe fn pair_vnni_sums<const F: u8, const L2: bool>(
@@ -409,12 +404,14 @@ unsafe fn pair_vnni_sums<const F: u8, const L2: bool>(
     whi: __m256i,
     a1: *const i8,
     a2: *const i8,
+    bias: PairSums,
 ) -> PairSums {
-    if F == F_G16 {
-        pair_vnni_g16::<L2>(wlo, whi, a1, a2)
-    } else {
-        (pair_vnni::<L2>(wlo, whi, a1, a2), _mm256_setzero_si256())
+    if F != F_G16 {
+        return (pair_vnni::<L2>(wlo, whi, a1, a2), _mm256_setzero_si256());
     }
+    let lo = half_vnni::<L2>(wlo, a1, a2);
+    let hi = half_vnni::<L2>(whi, a1.add(32), a2.add(32));
+    (_mm256_sub_epi32(lo, bias.0), _mm256_sub_epi32(hi, bias.1))
 }
 
 /// Four tokens' (or rows') [`PairSums`] reduced by [`reduce_quad`] (the high halves only for

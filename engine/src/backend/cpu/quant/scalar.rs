@@ -34,7 +34,8 @@ pub fn dot(w: &QMatrix, r: usize, a: &QActs, t: usize) -> f32 {
                         part[b] += lo * aq[i] as i32 + hi * aq[32 + i] as i32;
                     }
                 }
-                QFormat::Q8_0 | QFormat::Q8G16 => {
+                QFormat::Q8G16 => unreachable!("dot_g16 takes Q8G16"),
+                QFormat::Q8_0 => {
                     for i in 0..64 {
                         part[(i / 4) % 2] += wq[i] as i32 * aq[i] as i32;
                     }

@@ -58,7 +58,8 @@ unsafe fn tile_quads<const Q: usize, const F: u8, const L2: bool>(
             for (t, s) in sums.iter_mut().enumerate() {
                 let off = ((tq + t) * np + p) * 64;
                 let (a1, a2) = (a.qs.as_ptr().add(off), a.qs2.as_ptr().add(off));
-                *s = pair_vnni_sums::<F, L2>(wlo, whi, a1, a2);
+                let bias = g16_bias::<F, L2>(a1, a2);
+                *s = pair_vnni_sums::<F, L2>(wlo, whi, a1, a2, bias);
             }
             let quad = (tq / 4) * np * 8 + p * 8;
             let (da, sa) = (
@@ -83,12 +84,14 @@ unsafe fn rows_quad<const F: u8, const L2: bool>(w: &QMatrix, r0: usize, a: &QAc
     let mut acc = _mm256_setzero_ps();
     for p in 0..np {
         let (a1, a2) = (a.qs.as_ptr().add(p * 64), a.qs2.as_ptr().add(p * 64));
+        // The four rows share the token: its bias once.
+        let bias = g16_bias::<F, L2>(a1, a2);
         let mut sums = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
         for (i, s) in sums.iter_mut().enumerate() {
             prefetch_pair(w, r0 + DECODE_PREFETCH_ROWS + i, p);
             let wq = w.qs.as_ptr().add(((r0 + i) * np + p) * pb);
             let (wlo, whi) = pair_weights::<F>(wq);
-            *s = pair_vnni_sums::<F, L2>(wlo, whi, a1, a2);
+            *s = pair_vnni_sums::<F, L2>(wlo, whi, a1, a2, bias);
         }
         let (dw, mw) = rows4_scales(w, r0, p);
         let da = _mm256_castpd_ps(_mm256_set1_pd(pair_f64(a.d.as_ptr().add(p * 2))));
@@ -122,7 +125,7 @@ unsafe fn tile<const T: usize, const F: u8, const L2: bool>(
             let at = (t0 + t) * np + p;
             let (a1, a2) = (a.qs.as_ptr().add(at * 64), a.qs2.as_ptr().add(at * 64));
             let (da, sa) = single_scales(a, at);
-            let sums = pair_vnni_sums::<F, L2>(wlo, whi, a1, a2);
+            let sums = pair_vnni_sums::<F, L2>(wlo, whi, a1, a2, g16_bias::<F, L2>(a1, a2));
             *acc_t = scale_sums::<F>(*acc_t, sums, dw, mw, da, sa);
         }
     }
