@@ -289,28 +289,31 @@ pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) {
 pub(crate) mod kquant {
     use super::f16_at;
 
-    /// Block layout: 16 group bytes (scale in the low nibble, min in the high), 64 bytes of
-    /// 2-bit values, then `d` and `dmin`. Each 32-byte run of values holds four 32-weight
-    /// slices, two bits each; a slice's first and second 16 weights have their own group.
-    pub fn q2_k(b: &[u8], o: &mut [f32]) {
-        let (scales, qs) = (&b[0..16], &b[16..80]);
-        let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
-        let mut g = 0;
+    /// The 256 two-bit values (0..3) of a Q2_K block in element order (element `e` is in
+    /// group `e / 16`). Block layout: 16 group bytes (scale in the low nibble, minimum in the
+    /// high), 64 bytes of 2-bit values, then `d` and `dmin`. Each 32-byte run of values holds
+    /// four 32-weight slices, two bits each; a slice's first and second 16 weights have their
+    /// own group. A weight is `d · scale · value − dmin · minimum`.
+    pub(crate) fn q2_k_values(b: &[u8]) -> [u8; 256] {
+        let qs = &b[16..80];
+        let mut v = [0u8; 256];
         for half in 0..2 {
             let q = &qs[32 * half..32 * half + 32];
             for j in 0..4 {
-                let shift = 2 * j;
-                for part in 0..2 {
-                    let sc = scales[g];
-                    g += 1;
-                    let (dl, ml) = (d * (sc & 0xF) as f32, dmin * (sc >> 4) as f32);
-                    let base = half * 128 + j * 32 + part * 16;
-                    for l in 0..16 {
-                        let v = (q[part * 16 + l] >> shift) & 3;
-                        o[base + l] = dl * v as f32 - ml;
-                    }
+                for (i, &byte) in q.iter().enumerate() {
+                    v[half * 128 + j * 32 + i] = (byte >> (2 * j)) & 3;
                 }
             }
+        }
+        v
+    }
+
+    /// `d · scale · value − dmin · minimum` per element ([`q2_k_values`]).
+    pub fn q2_k(b: &[u8], o: &mut [f32]) {
+        let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+        for (e, (y, q)) in o.iter_mut().zip(q2_k_values(b)).enumerate() {
+            let sc = b[e / 16];
+            *y = d * (sc & 0xF) as f32 * q as f32 - dmin * (sc >> 4) as f32;
         }
     }
 

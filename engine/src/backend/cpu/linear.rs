@@ -290,6 +290,61 @@ impl Linear for QuantLinear {
     }
 }
 
+/// Weights whose groups of 16 each have a minimum (Q2_K: `w = d·s·q − dmin·m`). The scaled
+/// values are a [`super::quant::QFormat::Q8G16`] matrix on the integer kernels; the minimum is
+/// constant over its group, so its share of `x · wᵀ` is the `[n, k / 16]` matrix of minimums
+/// times the activations' sums over each group of 16, in f32 (a sixteenth of the work).
+pub struct GroupMinLinear {
+    values: QuantLinear,
+    mins: ExactLinear,
+}
+
+thread_local! {
+    static GROUP_SUMS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+impl GroupMinLinear {
+    /// Wraps the values' matrix `[n, k]` and the groups' minimums (`n × k / 16`, row-major).
+    pub fn new(
+        values: Arc<super::quant::QMatrix>,
+        mins: Vec<f32>,
+        kernel: super::quant::QKernel,
+    ) -> Self {
+        let (n, k) = (values.n, values.k);
+        assert!(k.is_multiple_of(16) && mins.len() == n * k / 16, "GroupMinLinear shapes");
+        GroupMinLinear {
+            values: QuantLinear::new(values, kernel),
+            mins: ExactLinear::new(mins.into(), n, k / 16),
+        }
+    }
+}
+
+impl Linear for GroupMinLinear {
+    fn in_features(&self) -> usize {
+        self.values.in_features()
+    }
+    fn out_features(&self) -> usize {
+        self.values.out_features()
+    }
+    fn forward(&self, x: &[f32], t: usize, out: &mut [f32]) {
+        if t == 0 {
+            return;
+        }
+        self.values.forward(x, t, out);
+        GROUP_SUMS.with(|cell| {
+            let (sums, y) = &mut *cell.borrow_mut();
+            sums.clear();
+            sums.extend(x.chunks_exact(16).map(|g| g.iter().sum::<f32>()));
+            y.clear();
+            y.resize(out.len(), 0.0);
+            self.mins.forward(sums, t, y);
+            for (o, m) in out.iter_mut().zip(y.iter()) {
+                *o += m;
+            }
+        });
+    }
+}
+
 #[cfg(test)]
 mod quant_tests {
     use super::super::quant::{scalar, QActs, QKernel, QMatrix};
@@ -406,6 +461,39 @@ mod quant_tests {
                         assert!(
                             (got - want).abs() <= 1e-4 * want.abs(),
                             "{kernel:?} t{t}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Q2_K on every kernel against the f32 product with the dequantised weights: the values
+    /// on the integer kernels plus the minimums on the activations' group sums.
+    #[test]
+    fn q2_k_group_minimums_match_the_dequantised_product() {
+        use super::super::quant::tests_support::random_k;
+        for (n, k, t) in [(37, 256, 1), (20, 512, 5), (9, 768, 11)] {
+            let data = random_k(GgmlType::Q2_K, n, k, (n + t) as u64);
+            let mut w = vec![0f32; n * k];
+            crate::model_files::dtype::dequantize(GgmlType::Q2_K, &data, &mut w);
+            let mut rng = crate::sampling::sampler::Rng::new(3);
+            let x: Vec<f32> = (0..t * k).map(|_| rng.next_f64() as f32 * 2.0 - 0.7).collect();
+            for &kernel in &QKernel::available() {
+                let (m, mins) = QMatrix::from_q2_k(&data, n, k).unwrap();
+                let lin = GroupMinLinear::new(Arc::new(m), mins, kernel);
+                assert_eq!((lin.in_features(), lin.out_features()), (k, n));
+                let mut out = vec![0f32; t * n];
+                lin.forward(&x, t, &mut out);
+                for ti in 0..t {
+                    for r in 0..n {
+                        let (xr, wr) = (&x[ti * k..(ti + 1) * k], &w[r * k..(r + 1) * k]);
+                        let want: f32 = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
+                        let mass: f32 = xr.iter().zip(wr).map(|(a, b)| (a * b).abs()).sum();
+                        let got = out[ti * n + r];
+                        assert!(
+                            (got - want).abs() <= 1e-3 * mass,
+                            "{kernel:?} {n}x{k} t{t} [{ti},{r}]: {got} vs {want}"
                         );
                     }
                 }

@@ -28,10 +28,11 @@ use crate::backend::{
 };
 use crate::model_files::config::{Activation, Arch, ModelConfig, RopeStyle};
 
+use crate::model_files::dtype::GgmlType;
 use crate::model_files::weights::ModelFiles;
 use crate::LoadError;
 use kv_cache::CpuKvCache;
-use linear::{ExactLinear, Linear, QuantLinear, StackedLinear};
+use linear::{ExactLinear, GroupMinLinear, Linear, QuantLinear, StackedLinear};
 use ops::Rope;
 use profile::{timed, Op};
 use quant::{QKernel, QMatrix};
@@ -54,8 +55,9 @@ pub struct CpuBackendOptions {
 
 /// Loads one or more weight matrices with the same input width as one fused linear layer
 /// (rows stacked in order). The fast path keeps weights quantised: one matrix when every part
-/// has the same quantised format, else a [`StackedLinear`] of the parts; types without an
-/// integer format (and the exact path) are dequantised to f32.
+/// has the same quantised format, else a [`StackedLinear`] of the parts; a lone Q2_K matrix as a
+/// [`GroupMinLinear`]; types without an integer format (and the exact path) are dequantised to
+/// f32.
 fn load_fused(
     files: &ModelFiles,
     parts: &[(String, usize)],
@@ -68,6 +70,13 @@ fn load_fused(
         .collect::<Result<Vec<_>, _>>()?;
     let n_total: usize = parts.iter().map(|p| p.1).sum();
     if kernel == KernelPath::Fast {
+        if let [t] = &tensors[..] {
+            let q2_k =
+                (t.dtype == GgmlType::Q2_K).then(|| QMatrix::from_q2_k(t.bytes, t.shape[0], k));
+            if let Some(Some((m, mins))) = q2_k {
+                return Ok(Arc::new(GroupMinLinear::new(Arc::new(m), mins, QKernel::detect())));
+            }
+        }
         let mats: Option<Vec<QMatrix>> =
             tensors.iter().map(|t| QMatrix::from_gguf(t.dtype, t.bytes, t.shape[0], k)).collect();
         if let Some(mats) = mats {

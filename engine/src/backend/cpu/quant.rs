@@ -771,6 +771,7 @@ pub(crate) mod tests_support {
                 GgmlType::Q4_K | GgmlType::Q5_K => {
                     out.extend([&d[..], &dmin[..], &bytes[4..]].concat())
                 }
+                GgmlType::Q2_K => out.extend([&bytes[..80], &d[..], &dmin[..]].concat()),
                 _ => out.extend([&bytes[..ty.block_bytes() - 2], &d[..]].concat()),
             }
         }

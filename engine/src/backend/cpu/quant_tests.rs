@@ -124,6 +124,27 @@ fn k_quant_repacks_round_only_the_group_scales() {
     assert!(QMatrix::from_gguf(GgmlType::Q6_K, &q6k, 1, 256).is_none());
 }
 
+/// Q2_K's two parts, the [`QFormat::Q8G16`] values and the minimums per group of 16, add up
+/// to the reference dequantiser's weights exactly.
+#[test]
+fn q2_k_splits_into_values_and_group_minimums_without_loss() {
+    let (n, k) = (3, 768);
+    let data = random_k(GgmlType::Q2_K, n, k, 4);
+    let mut want = vec![0f32; n * k];
+    crate::model_files::dtype::dequantize(GgmlType::Q2_K, &data, &mut want);
+    let (m, mins) = QMatrix::from_q2_k(&data, n, k).unwrap();
+    assert_eq!((m.format, m.n, m.k, mins.len()), (QFormat::Q8G16, n, k, n * k / 16));
+    assert!(mins.iter().any(|&v| v < 0.0) && want.iter().any(|&v| v > 0.0));
+    let mut row = vec![0f32; k];
+    for r in 0..n {
+        m.row_f32(r, &mut row);
+        for (i, w) in want[r * k..(r + 1) * k].iter().enumerate() {
+            assert_eq!(row[i] + mins[r * k / 16 + i / 16], *w, "row {r} [{i}]");
+        }
+    }
+    assert!(QMatrix::from_q2_k(&data, n, 512).is_none(), "a size that does not match");
+}
+
 #[test]
 fn scalar_dot_matches_dequantised_dot() {
     let types = [GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0];

@@ -7,8 +7,9 @@
 //! - Q5_K: groups of 32 with scale and minimum, five-bit values → [`QFormat::Q5`] blocks.
 //! - Q6_K, Q3_K: groups of 16 with a signed integer sub-scale each and a super-block `d`, no
 //!   minimum → [`QFormat::Q8G16`] (values in bytes, the sub-scales and `d` kept exactly).
-//! - Q2_K (groups of 16 with a minimum each) has no place yet: its minimums would need the
-//!   activations' sum per group of 16, which the kernels do not keep. It stays f32.
+//! - Q2_K: groups of 16 with an unsigned sub-scale and a minimum each → the values and
+//!   sub-scales as [`QFormat::Q8G16`], the minimums apart as `[n, k / 16]` f32
+//!   (`linear::GroupMinLinear` applies them to the activations' sums per group of 16). Exact.
 
 use super::quant::{f16le, q4_pos, q8_pos, set_q5, QFormat, QMatrix};
 use crate::model_files::dtype::{kquant, GgmlType, QK_K};
@@ -31,33 +32,60 @@ impl QMatrix {
         }
         let (nsb, bb) = superblocks(ty, data, n, k)?;
         let mut m = QMatrix::zeroed(QFormat::Q8G16, n, k);
-        let npairs = m.npairs;
         for r in 0..n {
             for sb in 0..nsb {
                 let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
-                let (q, d, sub): ([i8; 256], f32, [i8; 16]) = if ty == GgmlType::Q6_K {
+                if ty == GgmlType::Q6_K {
                     let sub = std::array::from_fn(|g| src[192 + g] as i8);
-                    (kquant::q6_k_values(src), f16le(&src[208..210]), sub)
+                    m.set_g16(r, sb, &kquant::q6_k_values(src), f16le(&src[208..210]), &sub);
                 } else {
                     let (q, sc) = kquant::q3_k_values(src);
-                    (q, f16le(&src[108..110]), std::array::from_fn(|g| sc[g] as i8))
-                };
-                // A super-block is four pairs: group g is half g % 2 of block g / 2.
-                for p in sb * 4..sb * 4 + 4 {
-                    m.dk[r * npairs + p] = half::f16::from_f32(d);
-                }
-                for (g, &s) in sub.iter().enumerate() {
-                    let blk = sb * 8 + g / 2;
-                    let (p, b, h) = (blk / 2, blk % 2, g % 2);
-                    m.dm[(r * npairs + p) * 4 + 2 * h + b] = half::f16::from_f32(s as f32);
-                    let base = (r * npairs + p) * 64;
-                    for e in 0..16 {
-                        m.qs[base + q8_pos(b, 16 * h + e)] = (q[g * 16 + e] as i16 + 128) as u8;
-                    }
+                    let sub = std::array::from_fn(|g| sc[g] as i8);
+                    m.set_g16(r, sb, &q, f16le(&src[108..110]), &sub);
                 }
             }
         }
         Some(m)
+    }
+
+    /// Repacks Q2_K super-blocks as the [`QFormat::Q8G16`] matrix of `d · scale · value` and the
+    /// `[n, k / 16]` row-major minimums `−dmin · minimum` of its groups of 16, both exactly the
+    /// file's: a weight is the matrix's entry plus its group's minimum.
+    pub(super) fn from_q2_k(data: &[u8], n: usize, k: usize) -> Option<(QMatrix, Vec<f32>)> {
+        let (nsb, bb) = superblocks(GgmlType::Q2_K, data, n, k)?;
+        let mut m = QMatrix::zeroed(QFormat::Q8G16, n, k);
+        let mut mins = vec![0f32; n * k / 16];
+        for r in 0..n {
+            for sb in 0..nsb {
+                let src = &data[(r * nsb + sb) * bb..(r * nsb + sb + 1) * bb];
+                let (d, dmin) = (f16le(&src[80..82]), f16le(&src[82..84]));
+                let q = kquant::q2_k_values(src).map(|v| v as i8);
+                m.set_g16(r, sb, &q, d, &std::array::from_fn(|g| (src[g] & 0xF) as i8));
+                for g in 0..16 {
+                    mins[(r * nsb + sb) * 16 + g] = -dmin * (src[g] >> 4) as f32;
+                }
+            }
+        }
+        Some((m, mins))
+    }
+
+    /// Sets super-block `sb` of row `r` of a [`QFormat::Q8G16`] matrix: values `q` in element
+    /// order, scale `d`, integer sub-scales `sub` of its groups of 16.
+    fn set_g16(&mut self, r: usize, sb: usize, q: &[i8; 256], d: f32, sub: &[i8; 16]) {
+        let npairs = self.npairs;
+        // A super-block is four pairs: group g is half g % 2 of block g / 2.
+        for p in sb * 4..sb * 4 + 4 {
+            self.dk[r * npairs + p] = half::f16::from_f32(d);
+        }
+        for (g, &s) in sub.iter().enumerate() {
+            let blk = sb * 8 + g / 2;
+            let (p, b, h) = (blk / 2, blk % 2, g % 2);
+            self.dm[(r * npairs + p) * 4 + 2 * h + b] = half::f16::from_f32(s as f32);
+            let base = (r * npairs + p) * 64;
+            for e in 0..16 {
+                self.qs[base + q8_pos(b, 16 * h + e)] = (q[g * 16 + e] as i16 + 128) as u8;
+            }
+        }
     }
 
     /// Repacks Q4_K super-blocks as eight 4-bit blocks of 32 each, with scale `d·sc` and minimum
