@@ -293,14 +293,15 @@ impl Linear for QuantLinear {
 /// Weights whose groups of 16 each have a minimum (Q2_K: `w = d·s·q − dmin·m`). The scaled
 /// values are a [`super::quant::QFormat::Q8G16`] matrix on the integer kernels; the minimum is
 /// constant over its group, so its share of `x · wᵀ` is the `[n, k / 16]` matrix of minimums
-/// times the activations' sums over each group of 16, in f32 (a sixteenth of the work).
+/// times the activations' f32 sums over each group of 16 (a sixteenth of the work). Each
+/// parallel task adds the minimums' share to the rows it has just computed.
 pub struct GroupMinLinear {
     values: QuantLinear,
-    mins: ExactLinear,
+    mins: Arc<[f32]>,
 }
 
 thread_local! {
-    static GROUP_SUMS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    static GROUP_SUMS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl GroupMinLinear {
@@ -312,11 +313,44 @@ impl GroupMinLinear {
     ) -> Self {
         let (n, k) = (values.n, values.k);
         assert!(k.is_multiple_of(16) && mins.len() == n * k / 16, "GroupMinLinear shapes");
-        GroupMinLinear {
-            values: QuantLinear::new(values, kernel),
-            mins: ExactLinear::new(mins.into(), n, k / 16),
+        GroupMinLinear { values: QuantLinear::new(values, kernel), mins: mins.into() }
+    }
+}
+
+/// `out[t][r] += mins[r] · sums[t]` for rows `rows` (`g` groups per row, `n` outputs per token).
+#[inline(always)]
+fn add_group_mins_body(
+    mins: &[f32],
+    sums: &[f32],
+    g: usize,
+    n: usize,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+) {
+    for r in rows {
+        let m = &mins[r * g..(r + 1) * g];
+        for (t, s) in sums.chunks_exact(g).enumerate() {
+            // SAFETY (caller): `out` holds t × n floats and this task owns row r.
+            unsafe { *out.add(t * n + r) += dot(m, s) };
         }
     }
+}
+
+/// [`add_group_mins_body`] compiled for AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; as [`add_group_mins_body`] for `out`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn add_group_mins_avx2(
+    mins: &[f32],
+    sums: &[f32],
+    g: usize,
+    n: usize,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+) {
+    add_group_mins_body(mins, sums, g, n, rows, out)
 }
 
 impl Linear for GroupMinLinear {
@@ -330,17 +364,34 @@ impl Linear for GroupMinLinear {
         if t == 0 {
             return;
         }
-        self.values.forward(x, t, out);
-        GROUP_SUMS.with(|cell| {
-            let (sums, y) = &mut *cell.borrow_mut();
-            sums.clear();
-            sums.extend(x.chunks_exact(16).map(|g| g.iter().sum::<f32>()));
-            y.clear();
-            y.resize(out.len(), 0.0);
-            self.mins.forward(sums, t, y);
-            for (o, m) in out.iter_mut().zip(y.iter()) {
-                *o += m;
-            }
+        let (w, kernel) = (&*self.values.w, self.values.kernel);
+        let (n, g) = (w.n, w.k / 16);
+        debug_assert_eq!(out.len(), t * n);
+        ACTS.with(|acts| {
+            GROUP_SUMS.with(|cell| {
+                let (mut a, mut sums) = (acts.borrow_mut(), cell.borrow_mut());
+                a.quantize_for(x, t, w.k, kernel);
+                sums.clear();
+                sums.extend(x.chunks_exact(16).map(|v| v.iter().sum::<f32>()));
+                let (a, sums, mins) = (&*a, &sums[..], &self.mins[..]);
+                let ptr = super::pool::OutPtr(out.as_mut_ptr());
+                let pool = super::pool::ThreadPool::global();
+                let chunk = row_chunk(n, w.k, t, pool.num_threads());
+                pool.run(n.div_ceil(chunk), &|c| {
+                    let rows = c * chunk..((c + 1) * chunk).min(n);
+                    // SAFETY: tasks cover disjoint row ranges of a buffer of t × n floats; the
+                    // SIMD body runs only where the kernel's detection found AVX2 and FMA.
+                    unsafe {
+                        matmul_rows(kernel, w, a, rows.clone(), ptr.get());
+                        #[cfg(target_arch = "x86_64")]
+                        if kernel != super::quant::QKernel::Scalar {
+                            add_group_mins_avx2(mins, sums, g, n, rows, ptr.get());
+                            return;
+                        }
+                        add_group_mins_body(mins, sums, g, n, rows, ptr.get());
+                    }
+                });
+            })
         });
     }
 }
