@@ -8,9 +8,11 @@ use tandem_engine::backend::{BackendError, ForwardBatch, Logits};
 use tandem_engine::model_files::gguf::GgufWriter;
 use tandem_engine::{ChatMessage, LoadError, LoadOptions, Model, TemplateError};
 
+mod common;
+use common::VOCAB;
+
 const H: u64 = 32; // hidden
 const FF: u64 = 64;
-const VOCAB: u64 = 40;
 
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tandem-errors-{}", std::process::id()));
@@ -18,51 +20,12 @@ fn tmp(name: &str) -> PathBuf {
     d.join(name)
 }
 
-/// A tiny but complete Llama GGUF; `edit` may change it before it is written.
+/// A tiny but complete Llama GGUF with f32 weights; `edit` may change it before it is written.
 fn tiny_gguf(name: &str, edit: impl FnOnce(&mut GgufWriter)) -> PathBuf {
-    let mut w = GgufWriter::new();
-    w.str("general.architecture", "llama")
-        .u32("llama.block_count", 1)
-        .u32("llama.embedding_length", H as u32)
-        .u32("llama.feed_forward_length", FF as u32)
-        .u32("llama.attention.head_count", 4)
-        .u32("llama.attention.head_count_kv", 2)
-        .u32("llama.context_length", 128)
-        .f32("llama.rope.freq_base", 10000.0)
-        .f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-        .str("tokenizer.ggml.model", "gpt2")
-        .str("tokenizer.ggml.pre", "smollm")
-        .u32("tokenizer.ggml.bos_token_id", 0)
-        .u32("tokenizer.ggml.eos_token_id", 1)
-        .str("tokenizer.chat_template", "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}");
-    let mut tokens: Vec<String> = vec!["<|im_start|>".into(), "<|im_end|>".into()];
-    tokens.extend(
-        (0..VOCAB - 2)
-            .map(|i| ((b'a' + (i % 26) as u8) as char).to_string().repeat(1 + i as usize / 26)),
-    );
-    let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
-    w.str_array("tokenizer.ggml.tokens", &refs);
-    w.i32_array(
-        "tokenizer.ggml.token_type",
-        &[3, 3]
-            .iter()
-            .copied()
-            .chain(std::iter::repeat_n(1, VOCAB as usize - 2))
-            .collect::<Vec<_>>(),
-    );
-    w.str_array("tokenizer.ggml.merges", &["a a"]);
-    let f = |n: u64| (0..n).map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.01).collect::<Vec<f32>>();
-    w.tensor_f32("token_embd.weight", &[H, VOCAB], &f(H * VOCAB));
-    w.tensor_f32("output_norm.weight", &[H], &vec![1.0; H as usize]);
-    w.tensor_f32("blk.0.attn_norm.weight", &[H], &vec![1.0; H as usize]);
-    w.tensor_f32("blk.0.ffn_norm.weight", &[H], &vec![1.0; H as usize]);
-    w.tensor_f32("blk.0.attn_q.weight", &[H, H], &f(H * H));
-    w.tensor_f32("blk.0.attn_k.weight", &[H, H / 2], &f(H * H / 2));
-    w.tensor_f32("blk.0.attn_v.weight", &[H, H / 2], &f(H * H / 2));
-    w.tensor_f32("blk.0.attn_output.weight", &[H, H], &f(H * H));
-    w.tensor_f32("blk.0.ffn_gate.weight", &[H, FF], &f(H * FF));
-    w.tensor_f32("blk.0.ffn_up.weight", &[H, FF], &f(H * FF));
-    w.tensor_f32("blk.0.ffn_down.weight", &[FF, H], &f(H * FF));
+    let mut w = common::tiny_llama(H, FF, |_, n, k| {
+        let v = common::small_f32(n * k);
+        (0, v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    });
     edit(&mut w);
     let p = tmp(name);
     std::fs::write(&p, w.build()).unwrap();
