@@ -149,8 +149,11 @@ impl Model {
         if opts.block_size == 0 {
             return Err(LoadError::Config("block size must be positive".into()));
         }
+        // The fast path keeps K and V in IEEE half, the exact path in f32.
+        let half_kv = opts.kernel == KernelPath::Fast;
         let per_block =
-            CpuBackend::kv_bytes_per_block(&config, opts.block_size, opts.hybrid_kv) as u64;
+            CpuBackend::kv_bytes_per_block(&config, opts.block_size, opts.hybrid_kv, half_kv)
+                as u64;
         let groups = crate::backend::KvGroups::for_model(&config, opts.hybrid_kv).num_groups();
         let num_blocks = match opts.kv_cache {
             // Every page of `t` tokens, as if no window had passed.
@@ -182,6 +185,7 @@ impl Model {
                 num_blocks,
                 num_host_blocks,
                 hybrid_kv: opts.hybrid_kv,
+                half_kv,
             },
         )?;
         Ok(Model { config, tokenizer, chat_template, backend: Box::new(backend) })

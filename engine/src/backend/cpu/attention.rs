@@ -3,19 +3,24 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::attention_x86;
-use super::kv_cache::CpuKvCache;
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) use super::kv_cache::KvElem as KvRead;
+use super::kv_cache::{CpuKvCache, KvElem};
 use super::{linear, ops, pool};
 use crate::backend::ForwardBatch;
 use crate::model_files::config::ModelConfig;
+/// What attention needs of a KV element type: the x86 kernels' vector loads where they exist.
+#[cfg(target_arch = "x86_64")]
+pub(super) use attention_x86::KvLoad as KvRead;
 
 /// Attention of every batch token over its sequence's cached context, into `out` (`t × q_size`).
 /// Work items are (token, KV head): the query heads sharing a KV head are computed together,
 /// so each cached K and V row is read once per group. `kv_slot` is `(KV group, number of KV
 /// groups, layer index in the group's page)` of the layer ([`crate::backend::KvGroups`]).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn attend(
+pub(super) fn attend<E: KvRead>(
     cfg: &ModelConfig,
-    kv: &CpuKvCache,
+    kv: &CpuKvCache<E>,
     window: Option<usize>,
     simd: bool,
     kv_slot: (usize, usize, usize),
@@ -112,8 +117,8 @@ thread_local! {
 /// whose cache rows ([`CpuKvCache::row`]) are `slots`: softmax(q·Kᵀ·scale)·V per head, in f32. The portable reference of
 /// `attention_x86::attend_group`; `scores` is scratch of `group × slots.len()` floats.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_group(
-    kv: &CpuKvCache,
+pub(crate) fn attend_group<E: KvElem>(
+    kv: &CpuKvCache<E>,
     layer: usize,
     qg: &[f32],
     kvh: usize,
@@ -125,10 +130,13 @@ pub(crate) fn attend_group(
 ) {
     let group = qg.len() / hd;
     let ctx = slots.len();
+    let mut k = vec![0f32; hd];
     for (p, &slot) in slots.iter().enumerate() {
-        let k = &kv.k(layer, slot)[kvh * hd..(kvh + 1) * hd];
+        for (a, x) in k.iter_mut().zip(&kv.k(layer, slot)[kvh * hd..(kvh + 1) * hd]) {
+            *a = x.to_f32();
+        }
         for g in 0..group {
-            scores[g * ctx + p] = linear::dot(&qg[g * hd..(g + 1) * hd], k) * scale;
+            scores[g * ctx + p] = linear::dot(&qg[g * hd..(g + 1) * hd], &k) * scale;
         }
     }
     for g in 0..group {
@@ -140,7 +148,7 @@ pub(crate) fn attend_group(
         for g in 0..group {
             let w = scores[g * ctx + p];
             for (a, &x) in o[g * hd..(g + 1) * hd].iter_mut().zip(v) {
-                *a += w * x;
+                *a += w * x.to_f32();
             }
         }
     }

@@ -7,7 +7,43 @@
 
 use std::arch::x86_64::*;
 
-use super::kv_cache::CpuKvCache;
+use super::kv_cache::{CpuKvCache, KvElem};
+
+/// A KV element type the kernels load as f32 vectors (IEEE half through F16C's conversion).
+pub trait KvLoad: KvElem {
+    /// Eight values at `p` as f32. Inlined into kernels compiled with AVX2 and F16C.
+    ///
+    /// # Safety
+    /// Eight elements must be readable at `p`; the CPU must have AVX2 and F16C.
+    unsafe fn load8(p: *const Self) -> __m256;
+    /// Sixteen values at `p` as f32. Inlined into kernels compiled with AVX-512F.
+    ///
+    /// # Safety
+    /// Sixteen elements must be readable at `p`; the CPU must have AVX-512F.
+    unsafe fn load16(p: *const Self) -> __m512;
+}
+
+impl KvLoad for f32 {
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+}
+
+impl KvLoad for half::f16 {
+    #[inline(always)]
+    unsafe fn load8(p: *const half::f16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn load16(p: *const half::f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+}
 
 /// Sums each of eight vectors into one lane of the result.
 #[inline(always)]
@@ -26,10 +62,10 @@ unsafe fn transpose_sum8(a: &[__m256; 8]) -> __m256 {
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA; `hd % 8 == 0`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn attend_group(
-    kv: &CpuKvCache,
+pub unsafe fn attend_group<E: KvLoad>(
+    kv: &CpuKvCache<E>,
     layer: usize,
     qg: &[f32],
     kvh: usize,
@@ -47,7 +83,7 @@ pub unsafe fn attend_group(
     // read from memory once and from L1 by the other heads (a prefill's context outgrows L2).
     let mut p = 0;
     while p + 8 <= ctx {
-        let ks: [*const f32; 8] = std::array::from_fn(|i| kptr(p + i));
+        let ks: [*const E; 8] = std::array::from_fn(|i| kptr(p + i));
         for g in 0..group {
             let q = qg.as_ptr().add(g * hd);
             let mut acc = [_mm256_setzero_ps(); 8];
@@ -55,7 +91,7 @@ pub unsafe fn attend_group(
             while d < hd {
                 let qv = _mm256_loadu_ps(q.add(d));
                 for i in 0..8 {
-                    acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(ks[i].add(d)), acc[i]);
+                    acc[i] = _mm256_fmadd_ps(qv, E::load8(ks[i].add(d)), acc[i]);
                 }
                 d += 8;
             }
@@ -74,7 +110,7 @@ pub unsafe fn attend_group(
             let mut acc = _mm256_setzero_ps();
             let mut d = 0;
             while d < hd {
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), _mm256_loadu_ps(k.add(d)), acc);
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(d)), E::load8(k.add(d)), acc);
                 d += 8;
             }
             let mut lanes = [0f32; 8];
@@ -89,10 +125,10 @@ pub unsafe fn attend_group(
     let mut g0 = 0;
     while g0 < group {
         match group - g0 {
-            1 => pv_heads::<1>(kv, layer, kvh, hd, slots, scores, g0, o),
-            2 => pv_heads::<2>(kv, layer, kvh, hd, slots, scores, g0, o),
-            3 => pv_heads::<3>(kv, layer, kvh, hd, slots, scores, g0, o),
-            _ => pv_heads::<4>(kv, layer, kvh, hd, slots, scores, g0, o),
+            1 => pv_heads::<E, 1>(kv, layer, kvh, hd, slots, scores, g0, o),
+            2 => pv_heads::<E, 2>(kv, layer, kvh, hd, slots, scores, g0, o),
+            3 => pv_heads::<E, 3>(kv, layer, kvh, hd, slots, scores, g0, o),
+            _ => pv_heads::<E, 4>(kv, layer, kvh, hd, slots, scores, g0, o),
         }
         g0 += 4;
     }
@@ -101,10 +137,10 @@ pub unsafe fn attend_group(
 /// `o[g] = Σ_p scores[g][p]·V[p]` for heads `g0..g0 + G`, 16 columns at a time (eight of the
 /// last chunk when `hd` is not a multiple of 16).
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pv_heads<const G: usize>(
-    kv: &CpuKvCache,
+unsafe fn pv_heads<E: KvLoad, const G: usize>(
+    kv: &CpuKvCache<E>,
     layer: usize,
     kvh: usize,
     hd: usize,
@@ -120,8 +156,8 @@ unsafe fn pv_heads<const G: usize>(
         let mut acc = [[_mm256_setzero_ps(); 2]; G];
         for (p, &slot) in slots.iter().enumerate() {
             let v = kv.v(layer, slot).as_ptr().add(kvh * hd + d);
-            let v0 = _mm256_loadu_ps(v);
-            let v1 = if two { _mm256_loadu_ps(v.add(8)) } else { _mm256_setzero_ps() };
+            let v0 = E::load8(v);
+            let v1 = if two { E::load8(v.add(8)) } else { _mm256_setzero_ps() };
             for (g, a) in acc.iter_mut().enumerate() {
                 let w = _mm256_set1_ps(*scores.get_unchecked((g0 + g) * ctx + p));
                 a[0] = _mm256_fmadd_ps(w, v0, a[0]);
@@ -147,10 +183,10 @@ unsafe fn pv_heads<const G: usize>(
 ///
 /// # Safety
 /// The CPU must have AVX-512F, AVX2 and FMA; `hd % 16 == 0`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn attend_group_512(
-    kv: &CpuKvCache,
+pub unsafe fn attend_group_512<E: KvLoad>(
+    kv: &CpuKvCache<E>,
     layer: usize,
     qg: &[f32],
     kvh: usize,
@@ -166,7 +202,7 @@ pub unsafe fn attend_group_512(
     let vscale = _mm256_set1_ps(scale);
     let mut p = 0;
     while p + 8 <= ctx {
-        let ks: [*const f32; 8] = std::array::from_fn(|i| kptr(p + i));
+        let ks: [*const E; 8] = std::array::from_fn(|i| kptr(p + i));
         for g in 0..group {
             let q = qg.as_ptr().add(g * hd);
             let mut acc = [_mm512_setzero_ps(); 8];
@@ -174,7 +210,7 @@ pub unsafe fn attend_group_512(
             while d < hd {
                 let qv = _mm512_loadu_ps(q.add(d));
                 for i in 0..8 {
-                    acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(ks[i].add(d)), acc[i]);
+                    acc[i] = _mm512_fmadd_ps(qv, E::load16(ks[i].add(d)), acc[i]);
                 }
                 d += 16;
             }
@@ -199,7 +235,7 @@ pub unsafe fn attend_group_512(
             let mut acc = _mm512_setzero_ps();
             let mut d = 0;
             while d < hd {
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(d)), _mm512_loadu_ps(k.add(d)), acc);
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(d)), E::load16(k.add(d)), acc);
                 d += 16;
             }
             *r = _mm512_reduce_add_ps(acc) * scale;
@@ -209,10 +245,10 @@ pub unsafe fn attend_group_512(
     let mut g0 = 0;
     while g0 < group {
         match group - g0 {
-            1 => pv_heads_512::<1>(kv, layer, kvh, hd, slots, scores, g0, o),
-            2 => pv_heads_512::<2>(kv, layer, kvh, hd, slots, scores, g0, o),
-            3 => pv_heads_512::<3>(kv, layer, kvh, hd, slots, scores, g0, o),
-            _ => pv_heads_512::<4>(kv, layer, kvh, hd, slots, scores, g0, o),
+            1 => pv_heads_512::<E, 1>(kv, layer, kvh, hd, slots, scores, g0, o),
+            2 => pv_heads_512::<E, 2>(kv, layer, kvh, hd, slots, scores, g0, o),
+            3 => pv_heads_512::<E, 3>(kv, layer, kvh, hd, slots, scores, g0, o),
+            _ => pv_heads_512::<E, 4>(kv, layer, kvh, hd, slots, scores, g0, o),
         }
         g0 += 4;
     }
@@ -221,10 +257,10 @@ pub unsafe fn attend_group_512(
 /// [`pv_heads`] on 512-bit vectors: 32 columns at a time (16 for the last chunk when `hd` is
 /// not a multiple of 32).
 #[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pv_heads_512<const G: usize>(
-    kv: &CpuKvCache,
+unsafe fn pv_heads_512<E: KvLoad, const G: usize>(
+    kv: &CpuKvCache<E>,
     layer: usize,
     kvh: usize,
     hd: usize,
@@ -240,8 +276,8 @@ unsafe fn pv_heads_512<const G: usize>(
         let mut acc = [[_mm512_setzero_ps(); 2]; G];
         for (p, &slot) in slots.iter().enumerate() {
             let v = kv.v(layer, slot).as_ptr().add(kvh * hd + d);
-            let v0 = _mm512_loadu_ps(v);
-            let v1 = if two { _mm512_loadu_ps(v.add(16)) } else { _mm512_setzero_ps() };
+            let v0 = E::load16(v);
+            let v1 = if two { E::load16(v.add(16)) } else { _mm512_setzero_ps() };
             for (g, a) in acc.iter_mut().enumerate() {
                 let w = _mm512_set1_ps(*scores.get_unchecked((g0 + g) * ctx + p));
                 a[0] = _mm512_fmadd_ps(w, v0, a[0]);
@@ -272,15 +308,17 @@ mod tests {
         }
         // Head sizes a multiple of 32, of 16 and of 8 only; groups within and beyond four
         // heads; Gemma 3's 256-wide heads.
+        // Both element types of the pool.
         for (hd, group) in [(64, 3), (40, 5), (16, 4), (48, 6), (256, 4)] {
-            check_shape(hd, group);
+            check_shape::<f32>(hd, group);
+            check_shape::<half::f16>(hd, group);
         }
     }
 
-    fn check_shape(hd: usize, group: usize) {
+    fn check_shape<E: KvLoad>(hd: usize, group: usize) {
         let (layers, blocks, bs, kvh) = (2, 6, 16, 2);
         // Padded blocks: rows are not slots.
-        let mut kv = CpuKvCache::new(layers, blocks, bs, kvh * hd, true);
+        let mut kv = CpuKvCache::<E>::new(layers, blocks, bs, kvh * hd, true);
         let mut rng = crate::sampling::sampler::Rng::new(3);
         let mut r = || rng.next_f64() as f32 * 2.0 - 1.0;
         for l in 0..layers {
@@ -321,15 +359,18 @@ mod tests {
                 // The textbook formula, head by head.
                 let s0: Vec<f32> = (0..ctx)
                     .map(|p| {
-                        (0..hd).map(|d| qg[g * hd + d] * kv.k(1, slots[p])[hd + d]).sum::<f32>()
+                        (0..hd)
+                            .map(|d| qg[g * hd + d] * kv.k(1, slots[p])[hd + d].to_f32())
+                            .sum::<f32>()
                             * scale
                     })
                     .collect();
                 let m = s0.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let z: f32 = s0.iter().map(|x| (x - m).exp()).sum();
                 for d in 0..hd {
-                    let naive: f32 =
-                        (0..ctx).map(|p| (s0[p] - m).exp() / z * kv.v(1, slots[p])[hd + d]).sum();
+                    let naive: f32 = (0..ctx)
+                        .map(|p| (s0[p] - m).exp() / z * kv.v(1, slots[p])[hd + d].to_f32())
+                        .sum();
                     let i = g * hd + d;
                     assert!(
                         (want[i] - naive).abs() < 1e-5,

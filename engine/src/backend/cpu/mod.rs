@@ -31,7 +31,7 @@ use crate::model_files::config::{Activation, Arch, ModelConfig, RopeStyle};
 use crate::model_files::dtype::GgmlType;
 use crate::model_files::weights::ModelFiles;
 use crate::LoadError;
-use kv_cache::CpuKvCache;
+use kv_cache::{on_pool, KvPool};
 use linear::{ExactLinear, GroupMinLinear, Linear, QuantLinear, StackedLinear};
 use ops::Rope;
 use profile::{timed, Op};
@@ -51,6 +51,8 @@ pub struct CpuBackendOptions {
     /// Group sliding-window layers into KV pages of their own, so that the pages their window
     /// has passed are given back ([`KvGroups`]); off: one page holds every layer.
     pub hybrid_kv: bool,
+    /// K and V in IEEE half (half the memory and the bandwidth attention reads); off: f32.
+    pub half_kv: bool,
 }
 
 /// Loads one or more weight matrices with the same input width as one fused linear layer
@@ -178,7 +180,7 @@ pub struct CpuBackend {
     rope: Rope,
     /// RoPE of the sliding-window layers, only when their base differs from `rope`'s (Gemma 3).
     rope_local: Option<Rope>,
-    kv: CpuKvCache,
+    kv: KvPool,
     /// How layers share the cache's pages.
     kv_groups: KvGroups,
     simd: bool,
@@ -335,14 +337,15 @@ impl CpuBackend {
             ),
             layers,
             kv: {
-                let mut pool = CpuKvCache::new(
+                let mut pool = KvPool::new(
+                    opts.half_kv,
                     kv_groups.layers_per_page,
                     opts.num_blocks,
                     opts.block_size,
                     kv,
                     pads_blocks(&kv_groups),
-                )
-                .with_host_blocks(opts.num_host_blocks);
+                    opts.num_host_blocks,
+                );
                 pool.prefault(pool::ThreadPool::global());
                 pool
             },
@@ -352,12 +355,17 @@ impl CpuBackend {
         })
     }
 
-    /// Bytes of memory one block (page) takes in this backend's pool for `cfg` (f32 K and V,
-    /// and the spare row of interleaved groups' blocks).
-    pub fn kv_bytes_per_block(cfg: &ModelConfig, block_size: usize, hybrid: bool) -> usize {
+    /// Bytes of memory one block (page) takes in this backend's pool for `cfg` (K and V in
+    /// IEEE half where `half_kv`, else f32, and the spare row of interleaved groups' blocks).
+    pub fn kv_bytes_per_block(
+        cfg: &ModelConfig,
+        block_size: usize,
+        hybrid: bool,
+        half_kv: bool,
+    ) -> usize {
         let groups = KvGroups::for_model(cfg, hybrid);
         let rows = block_size + usize::from(pads_blocks(&groups));
-        CpuKvCache::block_bytes(groups.layers_per_page, rows, cfg.kv_size())
+        KvPool::block_bytes(half_kv, groups.layers_per_page, rows, cfg.kv_size())
     }
 
     fn validate(&self, b: &ForwardBatch) -> Result<(), BackendError> {
@@ -480,7 +488,9 @@ fn pads_blocks(groups: &KvGroups) -> bool {
 fn simd_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -707,9 +717,9 @@ impl ModelBackend for CpuBackend {
                 });
             });
             timed(Op::Attention, || {
-                attention::attend(
+                on_pool!(&self.kv, kv => attention::attend(
                     &self.cfg,
-                    &self.kv,
+                    kv,
                     self.layers[li].window,
                     self.simd,
                     (kv_group, groups, kv_layer),
@@ -717,7 +727,7 @@ impl ModelBackend for CpuBackend {
                     b,
                     tok_seq,
                     att,
-                );
+                ));
             });
             let layer = &self.layers[li];
             timed(Op::OProj, || {

@@ -114,18 +114,24 @@ impl Shared {
 }
 
 /// Raw output pointer shared by the threads of one parallel region; each writes a disjoint part.
-#[derive(Clone, Copy)]
-pub(crate) struct OutPtr(pub(crate) *mut f32);
+pub(crate) struct OutPtr<T = f32>(pub(crate) *mut T);
 
-impl OutPtr {
+impl<T> Clone for OutPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for OutPtr<T> {}
+
+impl<T> OutPtr<T> {
     /// The pointer (a method, so closures capture the `Sync` wrapper, not the raw pointer).
-    pub(crate) fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }
 // SAFETY: the tasks of a region write disjoint parts (each user says which).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
+unsafe impl<T> Send for OutPtr<T> {}
+unsafe impl<T> Sync for OutPtr<T> {}
 
 /// Persistent worker threads.
 pub struct ThreadPool {
