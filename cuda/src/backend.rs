@@ -352,6 +352,15 @@ impl CudaBackend {
         }
     }
 
+    /// The flash-attention prefill kernel for long chunks, where the tensor-core kernel applies.
+    fn prefill_kernel(&self) -> Option<&cudarc::driver::CudaFunction> {
+        self.mma_kernel()?;
+        match self.cfg.head_dim {
+            64 => Some(&self.gpu.k.attention_prefill64),
+            _ => Some(&self.gpu.k.attention_prefill128),
+        }
+    }
+
     /// Uses the tensor-core attention kernel where it applies (on by default), or the CUDA-core
     /// tile kernels everywhere (for comparisons). Graphs captured before keep their kernel.
     pub fn set_mma_attention(&mut self, on: bool) {
@@ -544,9 +553,34 @@ impl CudaBackend {
                     )?
                 };
             }
-            for s in long {
-                self.mark("attention (GEMM path)")?;
-                self.attend_long(s, (kc, vc, bt), scale, window)?;
+            if let (Some(f), false) = (self.prefill_kernel(), long.is_empty()) {
+                // The long chunks' tiles follow the others in the uploaded tiles.
+                self.mark("attention (prefill kernel)")?;
+                let per = (plan::PREFILL_ROWS / self.group()).max(1);
+                let n: usize = long.iter().map(|s| s.len.div_ceil(per)).sum();
+                let lt = tiles + (num_tiles * TILE_INTS * size_of::<i32>()) as u64;
+                let cfg = LaunchConfig {
+                    grid_dim: (n as u32, nkv as u32, 1),
+                    block_dim: (plan::PREFILL_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let (pa, pm) = (ptr(&a.part_acc), ptr(&a.part_ml));
+                // SAFETY: the paged-attention parameters; `lt` holds `n` tiles of long rows.
+                unsafe {
+                    g.launch(
+                        f,
+                        cfg,
+                        &[
+                            &q, &kc, &vc, &lt, &bt, &att, &pa, &pm, &ti, &nh, &nkv, &hd, &bsz,
+                            &scale, &window,
+                        ],
+                    )?
+                };
+            } else {
+                for s in long {
+                    self.mark("attention (GEMM path)")?;
+                    self.attend_long(s, (kc, vc, bt), scale, window)?;
+                }
             }
             if num_tiles > 0 && splits > 1 {
                 let cfg = LaunchConfig {

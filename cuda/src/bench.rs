@@ -252,12 +252,14 @@ pub fn prefill_flops(c: &ModelConfig, prompts: usize, len: usize) -> f64 {
 }
 
 /// A prefill of `prompts` prompts of `len` tokens in one pass, on one GPU or (`tp` > 1) split
-/// across GPUs `0..tp`.
+/// across GPUs `0..tp`; `mma`: attention on the tensor-core kernels (the flash-attention prefill
+/// kernel for these long chunks), else on the CUDA-core tile kernel and cuBLAS GEMMs.
 pub fn prefill(
     cfg: &ModelConfig,
     prompts: usize,
     len: usize,
     tp: usize,
+    mma: bool,
 ) -> Result<PrefillRow, CudaError> {
     let bs = 16;
     let per = len.div_ceil(bs);
@@ -269,6 +271,7 @@ pub fn prefill(
         ..Default::default()
     };
     let mut be = Under::open(cfg, tp, 2, opts)?;
+    be.set_mma_attention(mma)?;
     let mut b = ForwardBatch::default();
     for p in 0..prompts {
         let toks: Vec<u32> = (0..len as u32).map(|i| (i * 7 + p as u32 * 13) % 1000 + 1).collect();

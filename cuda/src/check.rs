@@ -106,6 +106,7 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
                 for splits in [1, 3] {
                     out.push(attention(g, u, nh, nkv, hd, splits, AttKernel::Mma, window)?);
                 }
+                out.push(attention(g, u, nh, nkv, hd, 1, AttKernel::Prefill, window)?);
             }
         }
     }
@@ -436,6 +437,8 @@ enum AttKernel {
     Decode,
     /// Tensor cores.
     Mma,
+    /// Tensor cores, 64-row tiles of long chunks (flash-attention prefill).
+    Prefill,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -463,7 +466,13 @@ fn attention(
     let table = |start: u32, n: usize| -> Vec<u32> {
         (0..n as u32).map(|i| (start + i * 7) % num_blocks as u32).collect()
     };
-    if decode_only {
+    let prefill = kernel == AttKernel::Prefill;
+    if prefill {
+        // A 200-token chunk after 260 cached tokens (a prefix-cache hit) and a fresh 150-token
+        // prompt: long chunks, as the prefill kernel gets them.
+        b.push_seq(&[0; 200], 260, &table(3, 29), bs, Logits::None);
+        b.push_seq(&[0; 150], 0, &table(150, 10), bs, Logits::None);
+    } else if decode_only {
         b.push_seq(&[0], 999, &table(11, 63), bs, Logits::None);
         b.push_seq(&[0], 17, &table(5, 2), bs, Logits::None);
         b.push_seq(&[0], 0, &table(150, 1), bs, Logits::None);
@@ -474,17 +483,24 @@ fn attention(
     }
     let t = b.num_tokens();
     let q = r.vec(t * nh * hd, 1.0);
-    let p = BatchPlan::new(&b, nh / nkv, usize::MAX);
+    let p = BatchPlan::new(&b, nh / nkv, if prefill { 64 } else { usize::MAX });
+    let (tiles, num_tiles) =
+        if prefill { (&p.long_tiles, p.num_long_tiles()) } else { (&p.tiles, p.num_tiles()) };
     let (dq, dk, dv) = (g.upload(&q)?, g.upload(&bf(&kc))?, g.upload(&bf(&vc))?);
-    let (dt, dbt, drv) = (g.upload(&p.tiles)?, g.upload(&p.block_tables)?, g.upload(&p.row_valid)?);
+    let (dt, dbt, drv) = (g.upload(tiles)?, g.upload(&p.block_tables)?, g.upload(&p.row_valid)?);
     let out = g.zeros::<u16>(t * nh * hd)?;
     let (pa, pm) = (g.zeros::<f32>(splits * t * nh * hd)?, g.zeros::<f32>(splits * t * nh * 2)?);
     let (ti, nhi, nkvi, hdi, bsi, scale) =
         (t as i32, nh as i32, nkv as i32, hd as i32, bs as i32, 1.0 / (hd as f32).sqrt());
-    let threads = if kernel == AttKernel::Mma { 64 } else { 128 };
+    let threads = match kernel {
+        AttKernel::Mma => 64,
+        AttKernel::Prefill => crate::plan::PREFILL_THREADS,
+        _ => 128,
+    };
+    assert!(!prefill || (splits == 1 && num_tiles > 0), "the prefill kernel takes one split");
     let wi = window.map_or(i32::MAX, |w| w as i32);
     let cfg = LaunchConfig {
-        grid_dim: (p.num_tiles() as u32, nkv as u32, splits as u32),
+        grid_dim: (num_tiles as u32, nkv as u32, splits as u32),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -495,6 +511,8 @@ fn attention(
             AttKernel::Decode => &g.k.attention_decode,
             AttKernel::Mma if hd == 64 => &g.k.attention_mma64,
             AttKernel::Mma => &g.k.attention_mma128,
+            AttKernel::Prefill if hd == 64 => &g.k.attention_prefill64,
+            AttKernel::Prefill => &g.k.attention_prefill128,
         };
         g.launch(
             f,
@@ -550,6 +568,7 @@ fn attention(
         AttKernel::Decode => "decode steps at 1000, 18, 1 (small-tile kernel)",
         AttKernel::Tile => "prefill+prefix, decode 1000, fresh prompt",
         AttKernel::Mma => "prefill+prefix, decode 1000, fresh prompt (tensor cores)",
+        AttKernel::Prefill => "200 after 260 cached, fresh 150 (prefill kernel)",
     };
     let seen = window.map_or(String::new(), |w| format!(", window {w}"));
     Ok(result(

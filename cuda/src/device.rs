@@ -94,6 +94,10 @@ pub struct Kernels {
     pub attention_mma64: CudaFunction,
     /// Tensor-core paged attention, head width 128 (sm_80 and later).
     pub attention_mma128: CudaFunction,
+    /// Flash-attention prefill on tensor cores (64-row tiles), head width 64.
+    pub attention_prefill64: CudaFunction,
+    /// The same, head width 128.
+    pub attention_prefill128: CudaFunction,
     /// Combines attention splits.
     pub attention_reduce: CudaFunction,
     /// SwiGLU (or GeGLU) activation.
@@ -197,6 +201,8 @@ impl Gpu {
             attention_decode: f("attention_decode")?,
             attention_mma64: f("attention_mma64")?,
             attention_mma128: f("attention_mma128")?,
+            attention_prefill64: f("attention_prefill64")?,
+            attention_prefill128: f("attention_prefill128")?,
             attention_reduce: f("attention_reduce")?,
             silu_mul: f("silu_mul")?,
             rmsnorm_add: f("rmsnorm_add")?,

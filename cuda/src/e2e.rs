@@ -211,8 +211,10 @@ pub fn run(
         reports.push(GreedyReport { agreed, tie_margin });
     }
     // A long prompt (all four, twice) teacher-forced at every position: on the CPU in one pass;
-    // on the GPU as a 60-token chunk (tile kernel) then the rest after that cached prefix
-    // (cuBLAS attention), and again with the tile kernel only.
+    // on the GPU as a 60-token chunk (tile kernel) then the rest after that cached prefix (the
+    // long-chunk path: the flash-attention prefill kernel where the tensor-core kernels apply,
+    // else cuBLAS attention), again with the tile kernel only, and again with the tensor-core
+    // kernels off (CUDA-core tiles, cuBLAS attention).
     let long: Vec<u32> = encoded.iter().chain(encoded.iter()).flatten().copied().collect();
     let lblocks: Vec<u32> = (100..100 + long.len().div_ceil(16) as u32).collect();
     let split = 60;
@@ -220,27 +222,36 @@ pub fn run(
         .backend
         .forward(&batch(&long, 0, &lblocks, Logits::All))
         .map_err(|e| err(e.to_string()))?;
-    let mut lg = gpu
-        .forward(&batch(&long[..split], 0, &lblocks, Logits::All))
-        .map_err(|e| err(e.to_string()))?;
-    lg.extend(
-        gpu.forward(&batch(&long[split..], split, &lblocks, Logits::All))
-            .map_err(|e| err(e.to_string()))?,
-    );
+    let chunked = |gpu: &mut CudaBackend| -> Result<Vec<f32>, CudaError> {
+        let mut out = gpu
+            .forward(&batch(&long[..split], 0, &lblocks, Logits::All))
+            .map_err(|e| err(e.to_string()))?;
+        out.extend(
+            gpu.forward(&batch(&long[split..], split, &lblocks, Logits::All))
+                .map_err(|e| err(e.to_string()))?,
+        );
+        Ok(out)
+    };
+    let lg = chunked(&mut gpu)?;
+    gpu.set_mma_attention(false);
+    let lgemm = chunked(&mut gpu)?;
+    gpu.set_mma_attention(true);
     gpu.set_long_prompt_min(usize::MAX);
     let lt =
         gpu.forward(&batch(&long, 0, &lblocks, Logits::All)).map_err(|e| err(e.to_string()))?;
     gpu.set_long_prompt_min(64);
-    let (mut worst, mut paths) = (0f64, 0f64);
+    let (mut worst, mut paths, mut kernels) = (0f64, 0f64, 0f64);
     for p in 0..long.len() {
         let a = log_softmax(&lc[p * vocab..(p + 1) * vocab]);
-        let (g, t) = (
+        let (g, t, c) = (
             log_softmax(&lg[p * vocab..(p + 1) * vocab]),
             log_softmax(&lt[p * vocab..(p + 1) * vocab]),
+            log_softmax(&lgemm[p * vocab..(p + 1) * vocab]),
         );
         for i in top_k(&a, 5) {
             worst = worst.max((a[i] - g[i]).abs());
             paths = paths.max((g[i] - t[i]).abs());
+            kernels = kernels.max((g[i] - c[i]).abs());
         }
     }
     // bf16 keeps 8 significant bits against f16's 11: its rounding noise, amplified through the
@@ -248,16 +259,24 @@ pub fn run(
     // paths) what f16 is.
     let noise = if dtype == Dtype::Bf16 { 8.0 } else { 1.0 };
     results.push(CheckResult {
-        name: format!("{}: {}-token prompt, chunk of {split} then GEMM-attention chunk, top-5 log-probs at every position (nats)", dtype.name(), long.len()),
+        name: format!("{}: {}-token prompt, chunk of {split} then a long chunk, top-5 log-probs at every position (nats)", dtype.name(), long.len()),
         max_err: worst,
         tol: if dtype == Dtype::Bf16 { 3.0 * tol } else { tol },
     });
     results.push(CheckResult {
         name: format!(
-            "{}: same prompt, GEMM attention path vs tile kernel, top-5 log-probs (nats)",
+            "{}: same prompt, long-chunk path vs tile kernel, top-5 log-probs (nats)",
             dtype.name()
         ),
         max_err: paths,
+        tol: 0.05 * noise,
+    });
+    results.push(CheckResult {
+        name: format!(
+            "{}: same chunks, tensor-core kernels vs CUDA-core tiles and cuBLAS attention, top-5 log-probs (nats)",
+            dtype.name()
+        ),
+        max_err: kernels,
         tol: 0.05 * noise,
     });
     // The four prompts in one batch (different block ranges) against each alone.

@@ -350,11 +350,22 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
 
 __device__ __forceinline__ unsigned pack2(h16 lo, h16 hi) { return (unsigned)lo | ((unsigned)hi << 16); }
 
+// x (low half) and y (high half) rounded to the model's 16-bit type in one conversion
+// instruction (round to nearest even, as f2h).
+__device__ __forceinline__ unsigned cvt2(float x, float y) {
+  unsigned r;
+#ifdef TANDEM_F16
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+#else
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+#endif
+  return r;
+}
+
 // x as a 16-bit pair (high part, remainder) packed with its neighbour y.
 __device__ __forceinline__ void split2(float x, float y, unsigned& hi, unsigned& lo) {
-  h16 xh = f2h(x), yh = f2h(y);
-  hi = pack2(xh, yh);
-  lo = pack2(f2h(x - h2f(xh)), f2h(y - h2f(yh)));
+  hi = cvt2(x, y);
+  lo = cvt2(x - h2f((h16)(hi & 0xffffu)), y - h2f((h16)(hi >> 16)));
 }
 
 template <int HD>
@@ -567,6 +578,231 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
   }
 }
 
+
+// Flash-attention prefill on tensor cores, for long chunks (prefill, prefix-cache hits): the
+// tiles are up to PF_ROWS rows (tokens × the group's query heads), each of PF_WARPS warps owns
+// 16 of them, and all warps walk the same stages of PF_STAGE positions, which the CTA's
+// threads copy into shared memory by cp.async one stage ahead of use. A stage's keys and values
+// serve every row of the tile, not 16, and no score leaves registers. The arithmetic is
+// `attention_mma_impl`'s, with the high parts' and remainders' products of S in accumulators of
+// their own so that eight independent chains of mma keep the tensor cores busy. One split (a
+// tile's rows see at most their chunk's context); a warp skips the stages none of its rows can
+// see (past the causal edge or before the window).
+#define PF_WARPS 8
+#define PF_ROWS (16 * PF_WARPS)
+#define PF_STAGE 32
+template <int HD>
+__device__ __forceinline__ void attention_prefill_impl(ATTENTION_ARGS) {
+  constexpr int LD = HD + 8;
+  constexpr int SPAN = PF_STAGE * LD;  // one stage of K or V
+  constexpr int KS = HD / 16;
+  constexpr int NT = HD / 8;
+  constexpr int COPIES = MMA_PAGE * HD / 8;  // 16-byte copies per page of K (or V)
+  constexpr int CHUNKS = (COPIES + 32 * PF_WARPS - 1) / (32 * PF_WARPS);  // per thread
+  __shared__ __align__(16) h16 stage[2][2][SPAN];
+  const int* tile = tiles + blockIdx.x * 5;
+  const int row0 = tile[0], ntok = tile[1], pos0 = tile[2];
+  const int* bt = block_tables + tile[3];
+  if (ntok == 0) return;
+  const int kvh = blockIdx.y, group = nh / nkv, nrows = ntok * group;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int rows[2] = {warp * 16 + g, warp * 16 + g + 8};
+  // Scores in base-2 units (scale · log₂e folded into Q): the softmax takes exp2 directly.
+  const float qscale = scale * 1.4426950408889634f;
+  unsigned qh[KS][4], ql[KS][4];
+#pragma unroll
+  for (int s = 0; s < KS; s++) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+#pragma unroll
+      for (int ri = 0; ri < 2; ri++) {
+        int r = rows[ri], d = s * 16 + half * 8 + 2 * t;
+        float x = 0.f, y = 0.f;
+        if (r < nrows) {
+          const float* src = q + ((size_t)(row0 + r / group) * nh + kvh * group + r % group) * hd + d;
+          x = src[0] * qscale;
+          y = src[1] * qscale;
+        }
+        split2(x, y, qh[s][half * 2 + ri], ql[s][half * 2 + ri]);
+      }
+    }
+  }
+  int qpos[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ri++) qpos[ri] = rows[ri] < nrows ? pos0 + rows[ri] / group : -1;
+  // Positions of the warp's first and last rows (-1: the warp has none).
+  const bool has_rows = warp * 16 < nrows;
+  const int wfirst = has_rows ? pos0 + (warp * 16) / group : -1;
+  const int wlast = has_rows ? pos0 + min(nrows - 1, warp * 16 + 15) / group : -1;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  // Stages from the first position the tile's first row sees (window), aligned, to the end.
+  const int c0 = max(0, pos0 - window + 1) / PF_STAGE * PF_STAGE, c1 = pos0 + ntok;
+  const int nstages = (c1 - c0 + PF_STAGE - 1) / PF_STAGE;
+  // Copies stage i into buffer b: two 16-position pages (each within one block); a page past the
+  // context is zero-filled (its block-table entry may not exist).
+  auto issue = [&](int i, int b) {
+#pragma unroll
+    for (int pg = 0; pg < PF_STAGE / MMA_PAGE; pg++) {
+      int p0 = c0 + i * PF_STAGE + pg * MMA_PAGE;
+      int bytes = p0 < c1 ? 16 : 0;
+      size_t base = 0;
+      if (bytes) {
+        int blk = bt[p0 / block_size], off = p0 % block_size;
+        base = ((size_t)(blk * nkv + kvh) * block_size + off) * hd;
+      }
+#pragma unroll
+      for (int c = 0; c < CHUNKS; c++) {
+        int e = threadIdx.x + c * 32 * PF_WARPS, r = pg * MMA_PAGE + e / (HD / 8), col = (e % (HD / 8)) * 8;
+        if (COPIES % (32 * PF_WARPS) != 0 && e >= COPIES) continue;
+        size_t src = base + (e / (HD / 8)) * HD + col;
+        unsigned ks = smem_addr(&stage[b][0][r * LD + col]), vs = smem_addr(&stage[b][1][r * LD + col]);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(ks), "l"(k_cache + src), "r"(bytes));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(vs), "l"(v_cache + src), "r"(bytes));
+      }
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  const unsigned sbase = smem_addr(&stage[0][0][0]);
+  const unsigned klane = (unsigned)(((lane & 7) * LD + (lane >> 3) * 8) * 2);
+  const unsigned vlane = (unsigned)(((((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8) * 2);
+  if (nstages > 0) issue(0, 0);
+  for (int i = 0; i < nstages; i++) {
+    const int buf = i & 1;
+    if (i + 1 < nstages) {
+      issue(i + 1, buf ^ 1);
+      asm volatile("cp.async.wait_group 1;");
+    } else {
+      asm volatile("cp.async.wait_group 0;");
+    }
+    __syncthreads();
+    const int p0 = c0 + i * PF_STAGE;
+    if (p0 <= wlast && p0 + PF_STAGE - 1 > wfirst - window) {
+      // Every position of the stage seen by every row of the warp: no masks to apply.
+      const bool inside = p0 + PF_STAGE - 1 <= wfirst && p0 > wlast - window;
+      // Shared addresses of this lane's ldmatrix rows in the stage's K and V (bytes).
+      const unsigned ks = sbase + (unsigned)(buf * 2 * SPAN * 2) + klane;
+      const unsigned vs = sbase + (unsigned)((buf * 2 + 1) * SPAN * 2) + vlane;
+      // S = Q·Kᵀ over the stage's 32 positions: four n-tiles of 8, high parts and remainders
+      // apart.
+      float sc[4][4], sl[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+        sl[j][0] = sl[j][1] = sl[j][2] = sl[j][3] = 0.f;
+      }
+      // Keys 8j..8j+7 × dims 16s + {0, 8, 16, 24} as four matrices, each step's loaded while
+      // the previous step's multiply (the asm keeps program order: the loads run ahead).
+      auto kfrag = [&](unsigned (&b)[4], int it) {
+        int s = (it / 4) * 2, j = it % 4;
+        ldsm_x4(b, ks + (unsigned)((8 * j * LD + s * 16) * 2));
+      };
+      unsigned bk[2][4];
+      kfrag(bk[0], 0);
+#pragma unroll
+      for (int it = 0; it < KS * 2; it++) {
+        const int s = (it / 4) * 2, j = it % 4;
+        if (it + 1 < KS * 2) kfrag(bk[(it + 1) & 1], it + 1);
+        const unsigned* b = bk[it & 1];
+        mma16816(sc[j], qh[s][0], qh[s][1], qh[s][2], qh[s][3], b[0], b[1]);
+        mma16816(sl[j], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b[0], b[1]);
+        mma16816(sc[j], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], b[2], b[3]);
+        mma16816(sl[j], ql[s + 1][0], ql[s + 1][1], ql[s + 1][2], ql[s + 1][3], b[2], b[3]);
+      }
+      float corr[2];
+#pragma unroll
+      for (int ri = 0; ri < 2; ri++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            int p = p0 + 8 * j + 2 * t + e;
+            bool valid = inside || (p < c1 && p <= qpos[ri] && p > qpos[ri] - window);
+            float& v = sc[j][2 * ri + e];
+            v = valid ? v + sl[j][2 * ri + e] : -INFINITY;
+            mx = fmaxf(mx, v);
+          }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float mn = fmaxf(m[ri], mx);
+        corr[ri] = mn == -INFINITY ? 1.f : exp2f(m[ri] - mn);
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            float& v = sc[j][2 * ri + e];
+            v = v == -INFINITY ? 0.f : exp2f(v - mn);
+            sum += v;
+          }
+        }
+        l[ri] = l[ri] * corr[ri] + sum;
+        m[ri] = mn;
+      }
+      // Once no row's maximum moves (most stages), the accumulators keep their scale.
+      if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+          o[n][0] *= corr[0]; o[n][1] *= corr[0];
+          o[n][2] *= corr[1]; o[n][3] *= corr[1];
+        }
+      }
+      // P as the A operand of two k-steps of 16 positions (rows g, g + 8).
+      unsigned ph[2][4], pl[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        split2(sc[2 * h][0], sc[2 * h][1], ph[h][0], pl[h][0]);
+        split2(sc[2 * h][2], sc[2 * h][3], ph[h][1], pl[h][1]);
+        split2(sc[2 * h + 1][0], sc[2 * h + 1][1], ph[h][2], pl[h][2]);
+        split2(sc[2 * h + 1][2], sc[2 * h + 1][3], ph[h][3], pl[h][3]);
+      }
+      // O += P·V: V's matrices transposed by ldmatrix (16 dims × 16 positions per step), each
+      // step's loaded during the previous step's multiply.
+      auto vfrag = [&](unsigned (&b)[4], int it) {
+        int n = (it / 2) * 2, h = it % 2;
+        ldsm_x4_t(b, vs + (unsigned)((16 * h * LD + n * 8) * 2));
+      };
+      unsigned bv[2][4];
+      vfrag(bv[0], 0);
+#pragma unroll
+      for (int it = 0; it < NT; it++) {
+        const int n = (it / 2) * 2, h = it % 2;
+        if (it + 1 < NT) vfrag(bv[(it + 1) & 1], it + 1);
+        const unsigned* b = bv[it & 1];
+        mma16816(o[n], ph[h][0], ph[h][1], ph[h][2], ph[h][3], b[0], b[1]);
+        mma16816(o[n + 1], ph[h][0], ph[h][1], ph[h][2], ph[h][3], b[2], b[3]);
+#ifdef MMA_SPLIT_P
+        mma16816(o[n], pl[h][0], pl[h][1], pl[h][2], pl[h][3], b[0], b[1]);
+        mma16816(o[n + 1], pl[h][0], pl[h][1], pl[h][2], pl[h][3], b[2], b[3]);
+#endif
+      }
+    }
+    // Every warp is done with this buffer before the next iteration copies into it.
+    __syncthreads();
+  }
+#pragma unroll
+  for (int ri = 0; ri < 2; ri++) {
+    l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
+    l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
+    int r = rows[ri];
+    if (r >= nrows) continue;
+    int tok = row0 + r / group, h = kvh * group + r % group;
+    float inv = l[ri] > 0.f ? 1.f / l[ri] : 0.f;
+    h16* dst = out + ((size_t)tok * nh + h) * hd;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      int d = n * 8 + 2 * t;
+      dst[d] = f2h(o[n][2 * ri] * inv);
+      dst[d + 1] = f2h(o[n][2 * ri + 1] * inv);
+    }
+  }
+}
+
 #endif
 
 // Entry points (empty below sm_80, where the host never launches them).
@@ -579,6 +815,18 @@ extern "C" __global__ void __launch_bounds__(64) attention_mma64(ATTENTION_ARGS)
 extern "C" __global__ void __launch_bounds__(64) attention_mma128(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
   attention_mma_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(32 * PF_WARPS) attention_prefill64(ATTENTION_ARGS) {
+#if __CUDA_ARCH__ >= 800
+  attention_prefill_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(32 * PF_WARPS) attention_prefill128(ATTENTION_ARGS) {
+#if __CUDA_ARCH__ >= 800
+  attention_prefill_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 

@@ -8,6 +8,10 @@ use tandem_engine::backend::{ForwardBatch, NO_PAGE};
 /// Query rows (tokens × query heads of one KV head) one attention CTA holds; matches
 /// `ATT_MAX_ROWS` in kernels.cu.
 pub const ATT_MAX_ROWS: usize = 16;
+/// Query rows of one tile of the flash-attention prefill kernel; matches `PF_ROWS`.
+pub const PREFILL_ROWS: usize = 128;
+/// Threads of the prefill kernel's CTA: a warp per 16 rows.
+pub const PREFILL_THREADS: u32 = (PREFILL_ROWS / 16 * 32) as u32;
 /// Largest head width the attention kernel supports; matches `ATT_MAX_HD`.
 pub const ATT_MAX_HEAD_DIM: usize = 128;
 /// Ints per tile descriptor.
@@ -63,9 +67,12 @@ pub struct BatchPlan {
     pub logits_rows: Vec<i32>,
     /// Longest context of any sequence.
     pub max_context: usize,
-    /// Sequences left to the GEMM attention path (no tiles; their rows are not "valid" for the
-    /// split reduction).
+    /// Sequences left to the long-chunk attention paths (no tiles; their rows are not "valid"
+    /// for the split reduction).
     pub long: Vec<LongSeq>,
+    /// The long sequences' rows as tiles of the prefill kernel (up to [`PREFILL_ROWS`] query
+    /// rows each), in the layout of [`BatchPlan::tiles`]; uploaded after them.
+    pub long_tiles: Vec<i32>,
 }
 
 impl BatchPlan {
@@ -73,6 +80,7 @@ impl BatchPlan {
     /// `long_min` tokens go to the GEMM attention path.
     pub fn new(b: &ForwardBatch, group: usize, long_min: usize) -> BatchPlan {
         let per_tile = (ATT_MAX_ROWS / group.max(1)).max(1);
+        let per_long_tile = (PREFILL_ROWS / group.max(1)).max(1);
         let (t, groups) = (b.token_ids.len(), b.kv_groups.max(1));
         let mut p = BatchPlan {
             tokens: b.token_ids.iter().map(|&t| t as i32).collect(),
@@ -104,22 +112,24 @@ impl BatchPlan {
                     bt_off: bt_off as usize,
                 });
                 p.row_valid[s.query_start..s.query_start + s.query_len].fill(0);
+                push_tiles(
+                    &mut p.long_tiles,
+                    s.query_start,
+                    s.query_len,
+                    first_pos,
+                    bt_off,
+                    per_long_tile,
+                );
                 continue;
             }
-            let mut done = 0;
-            while done < s.query_len {
-                let n = per_tile.min(s.query_len - done);
-                p.tiles.extend_from_slice(&[
-                    (s.query_start + done) as i32,
-                    n as i32,
-                    (first_pos + done) as i32,
-                    bt_off,
-                    0,
-                ]);
-                done += n;
-            }
+            push_tiles(&mut p.tiles, s.query_start, s.query_len, first_pos, bt_off, per_tile);
         }
         p
+    }
+
+    /// Number of prefill-kernel tiles.
+    pub fn num_long_tiles(&self) -> usize {
+        self.long_tiles.len() / TILE_INTS
     }
 
     /// A decode batch padded to `graph_size` sequences with block tables at a fixed stride of
@@ -179,6 +189,7 @@ impl BatchPlan {
             logits_rows: Vec::new(),
             max_context: 0,
             long: Vec::new(),
+            long_tiles: Vec::new(),
         }
     }
 
@@ -190,6 +201,17 @@ impl BatchPlan {
     /// Number of attention tiles.
     pub fn num_tiles(&self) -> usize {
         self.tiles.len() / TILE_INTS
+    }
+}
+
+/// Appends the tiles of `len` rows from batch row `row0` (positions from `pos0`), `per` tokens
+/// at most each.
+fn push_tiles(tiles: &mut Vec<i32>, row0: usize, len: usize, pos0: usize, bt_off: i32, per: usize) {
+    let mut done = 0;
+    while done < len {
+        let n = per.min(len - done);
+        tiles.extend_from_slice(&[(row0 + done) as i32, n as i32, (pos0 + done) as i32, bt_off, 0]);
+        done += n;
     }
 }
 
@@ -303,6 +325,12 @@ mod tests {
         assert_eq!(&p.tiles[..4], &[40, 1, 20, 4]);
         assert!(p.row_valid[..40].iter().all(|&v| v == 0) && p.row_valid[40] == 1);
         assert_eq!(p.max_context, 50);
+        // The long chunk as prefill tiles of 128 / 3 = 42 tokens: one tile of all 40.
+        assert_eq!(p.long_tiles, vec![0, 40, 10, 0, 0]);
+        let p = BatchPlan::new(&b, 8, 32);
+        // 128 / 8 = 16 tokens: rows 0..16, 16..32, 32..40.
+        assert_eq!(p.num_long_tiles(), 3);
+        assert_eq!(p.long_tiles[10..15], [32, 8, 42, 0, 0]);
     }
 
     #[test]

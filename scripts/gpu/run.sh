@@ -71,6 +71,15 @@ run() {
   for arch in llama qwen2 qwen3 mistral phi3; do
     section "e2e-tiny-$arch" e2e "tests/data/tiny-$arch" f16
   done
+  # The tiny models' 16-wide heads take the CUDA-core kernels only; with torch, random Llamas
+  # with 64- and 128-wide heads check the tensor-core ones (decode tiles, prefill kernel), in
+  # f16: in bf16 their peaked random logits move by more than the default model's tolerances
+  # on short prompts (0.12-0.14 nats against 0.1 at width 128, H200, 2026-11-27).
+  for hd in 64 128; do
+    local shape_hd="${TMPDIR:-/tmp}/tandem-llama-hd$hd"
+    [ -d "$shape_hd" ] || python3 scripts/gpu/make_llama_shape.py "$shape_hd" "$hd" >/dev/null 2>&1 || rm -rf "$shape_hd"
+    [ -d "$shape_hd" ] && section "e2e-llama-hd$hd" e2e "$shape_hd" f16
+  done
   # Sliding-window models through the engine, local layers' pages given back past the window
   # against keeping every page; with torch, also a random Gemma 3 at the 270M widths (window
   # 512; the real file cannot travel to a GPU host).

@@ -163,19 +163,22 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             let tp: usize = arg(4).and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
             let (name, lim) = bench::group_limits(tp)?;
             println!("[{name}] limit: cuBLAS bf16 GEMM {:.0} TFLOP/s (every GPU's together)", lim.gemm_flops / 1e12);
-            let r = bench::prefill(&cfg, prompts, len, tp)?;
-            let achieved = r.flops / (r.ms / 1e3);
-            println!(
-                "[{name}] prefill {} TP={tp} {}x{} tokens: {:.1} ms, {:.0} tok/s, {:.0} TFLOP/s = {:.1}% of GEMM peak",
-                cfg.name,
-                r.prompts,
-                r.len,
-                r.ms,
-                (r.prompts * r.len) as f64 / (r.ms / 1e3),
-                achieved / 1e12,
-                100.0 * achieved / lim.gemm_flops
-            );
-            print_profile(&name, &r.profile);
+            // Attention on the flash-attention prefill kernel, then on cuBLAS GEMMs.
+            for (mma, what) in [(true, "prefill kernel"), (false, "GEMM attention")] {
+                let r = bench::prefill(&cfg, prompts, len, tp, mma)?;
+                let achieved = r.flops / (r.ms / 1e3);
+                println!(
+                    "[{name}] prefill {} TP={tp} {}x{} tokens ({what}): {:.1} ms, {:.0} tok/s, {:.0} TFLOP/s = {:.1}% of GEMM peak",
+                    cfg.name,
+                    r.prompts,
+                    r.len,
+                    r.ms,
+                    (r.prompts * r.len) as f64 / (r.ms / 1e3),
+                    achieved / 1e12,
+                    100.0 * achieved / lim.gemm_flops
+                );
+                print_profile(&name, &r.profile);
+            }
             Ok(true)
         }
         "tp-check" => {

@@ -1,0 +1,43 @@
+"""A random Llama with heads of width 64 or 128 — the widths the CUDA backend's tensor-core
+attention kernels (decode tiles and the flash-attention prefill kernel) take — two layers,
+tests/data/tiny-llama's tokenizer, f32 safetensors. The committed tiny models have 16-wide heads,
+which only the CUDA-core kernels take; `tandem-gpu e2e DIR` checks the tensor-core paths on this
+one against the CPU exact path on a GPU host.
+
+    python3 scripts/gpu/make_llama_shape.py OUT_DIR HEAD_DIM
+"""
+import os
+import sys
+
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def main():
+    out, hd = sys.argv[1], int(sys.argv[2])
+    tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "tests", "data", "tiny-llama"))
+    # Four query heads; two KV heads at width 64 (groups of 2), one at 128 (a group of 4).
+    kv = 2 if hd == 64 else 1
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=4 * hd, intermediate_size=8 * hd, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=kv, head_dim=hd, max_position_embeddings=2048,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0, eos_token_id=2)
+    torch.manual_seed(2027 + hd)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.1)
+            else:
+                # Wide enough apart that greedy choices are rarely ties.
+                p.normal_(0.0, 0.08)
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    print(f"{out}: Llama, head width {hd}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
