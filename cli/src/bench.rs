@@ -366,7 +366,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     let mut started = std::collections::HashSet::new();
     // When every request has its first token: the end of the prefill phase.
     let mut prefill_done: Option<(f64, usize)> = None;
-    let page_bytes = engine.kv_cache_spec().bytes_per_block;
+    let page_bytes = engine.kv_cache_spec().pool_bytes_per_block;
     let mut peak_pages = 0;
     while engine.has_unfinished_requests() {
         for out in engine.step()? {

@@ -787,6 +787,7 @@ impl ModelBackend for CudaBackend {
             num_blocks: self.num_blocks,
             block_size: self.block_size,
             bytes_per_block: 2 * 4 * self.page_layers() * self.block_elems(),
+            pool_bytes_per_block: 2 * 2 * self.page_layers() * self.block_elems(),
         }
     }
 

@@ -368,6 +368,83 @@ __device__ __forceinline__ void split2(float x, float y, unsigned& hi, unsigned&
   lo = cvt2(x - h2f((h16)(hi & 0xffffu)), y - h2f((h16)(hi >> 16)));
 }
 
+// A warp's Q fragments (rows g and g + 8 of its 16, columns 2t.. and 2t + 8.. of each k-step),
+// scaled, as 16-bit high parts and remainders: rows[ri] of the tile's nrows, row r being query
+// head r % group of token row0 + r / group.
+template <int KS>
+__device__ __forceinline__ void load_q_frags(unsigned (&qh)[KS][4], unsigned (&ql)[KS][4], const float* __restrict__ q,
+                                             const int (&rows)[2], int nrows, int row0, int group, int nh, int kvh,
+                                             int hd, float scale, int t) {
+#pragma unroll
+  for (int s = 0; s < KS; s++) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {    // columns 2t.. (regs 0, 1) and 2t + 8.. (regs 2, 3)
+#pragma unroll
+      for (int ri = 0; ri < 2; ri++) {
+        int r = rows[ri], d = s * 16 + half * 8 + 2 * t;
+        float x = 0.f, y = 0.f;
+        if (r < nrows) {
+          const float* src = q + ((size_t)(row0 + r / group) * nh + kvh * group + r % group) * hd + d;
+          x = src[0] * scale;
+          y = src[1] * scale;
+        }
+        split2(x, y, qh[s][half * 2 + ri], ql[s][half * 2 + ri]);
+      }
+    }
+  }
+}
+
+// The online softmax of one block of scores: NJ n-tiles of 8 positions from p0, row ri's in
+// sc[j][2ri], sc[j][2ri + 1] (positions 8j + 2t, +1). Positions row ri cannot see (past c1 or
+// qpos[ri], or before its window) are masked unless `inside` says none is; m and l (running
+// maximum and sum) are updated, sc left holding the weights e^(s - m) (2^(s - m) with BASE2)
+// and corr the factor the output accumulators must be scaled by.
+template <int NJ, bool BASE2>
+__device__ __forceinline__ void online_softmax(float (&sc)[NJ][4], int p0, int c1, const int (&qpos)[2], int window,
+                                               bool inside, int t, float (&m)[2], float (&l)[2], float (&corr)[2]) {
+#pragma unroll
+  for (int ri = 0; ri < 2; ri++) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        int p = p0 + 8 * j + 2 * t + e;
+        bool valid = inside || (p < c1 && p <= qpos[ri] && p > qpos[ri] - window);
+        float& v = sc[j][2 * ri + e];
+        v = valid ? v : -INFINITY;
+        mx = fmaxf(mx, v);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    float mn = fmaxf(m[ri], mx);
+    corr[ri] = mn == -INFINITY ? 1.f : (BASE2 ? exp2f(m[ri] - mn) : __expf(m[ri] - mn));
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        float& v = sc[j][2 * ri + e];
+        v = v == -INFINITY ? 0.f : (BASE2 ? exp2f(v - mn) : __expf(v - mn));
+        sum += v;
+      }
+    }
+    l[ri] = l[ri] * corr[ri] + sum;
+    m[ri] = mn;
+  }
+}
+
+// Scores of n-tiles 2h and 2h + 1 as the A operand of a k-step of 16 positions (rows g, g + 8),
+// as high parts and remainders.
+template <int NJ>
+__device__ __forceinline__ void p_frags(const float (&sc)[NJ][4], int h, unsigned (&ph)[4], unsigned (&pl)[4]) {
+  split2(sc[2 * h][0], sc[2 * h][1], ph[0], pl[0]);
+  split2(sc[2 * h][2], sc[2 * h][3], ph[1], pl[1]);
+  split2(sc[2 * h + 1][0], sc[2 * h + 1][1], ph[2], pl[2]);
+  split2(sc[2 * h + 1][2], sc[2 * h + 1][3], ph[3], pl[3]);
+}
+
 template <int HD>
 __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
   constexpr int LD = HD + 8;           // padded shared row (16-bit elements): conflict-free ldmatrix
@@ -389,23 +466,7 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
   // Q fragments (rows g and g + 8), scaled, as high parts and remainders.
   unsigned qh[KS][4], ql[KS][4];
   const int rows[2] = {g, g + 8};
-#pragma unroll
-  for (int s = 0; s < KS; s++) {
-#pragma unroll
-    for (int half = 0; half < 2; half++) {    // columns 2t.. (regs 0, 1) and 2t + 8.. (regs 2, 3)
-#pragma unroll
-      for (int ri = 0; ri < 2; ri++) {
-        int r = rows[ri], d = s * 16 + half * 8 + 2 * t;
-        float x = 0.f, y = 0.f;
-        if (r < nrows) {
-          const float* src = q + ((size_t)(row0 + r / group) * nh + kvh * group + r % group) * hd + d;
-          x = src[0] * scale;
-          y = src[1] * scale;
-        }
-        split2(x, y, qh[s][half * 2 + ri], ql[s][half * 2 + ri]);
-      }
-    }
-  }
+  load_q_frags<KS>(qh, ql, q, rows, nrows, row0, group, nh, kvh, hd, scale, t);
   int qpos[2];
 #pragma unroll
   for (int ri = 0; ri < 2; ri++) qpos[ri] = rows[ri] < nrows ? pos0 + rows[ri] / group : -1;
@@ -460,37 +521,7 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
     // Online softmax: row ri's scores sit in sc[j][2ri], sc[j][2ri + 1] (positions 8j + 2t, +1).
     const int p0 = c0 + i * MMA_PAGE;
     float corr[2];
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 2; j++) {
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          int p = p0 + 8 * j + 2 * t + e;
-          bool valid = p < c1 && p <= qpos[ri] && p > qpos[ri] - window;
-          float& v = sc[j][2 * ri + e];
-          v = valid ? v : -INFINITY;
-          mx = fmaxf(mx, v);
-        }
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      float mn = fmaxf(m[ri], mx);
-      corr[ri] = mn == -INFINITY ? 1.f : __expf(m[ri] - mn);
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 2; j++) {
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          float& v = sc[j][2 * ri + e];
-          v = v == -INFINITY ? 0.f : __expf(v - mn);
-          sum += v;
-        }
-      }
-      l[ri] = l[ri] * corr[ri] + sum;
-      m[ri] = mn;
-    }
+    online_softmax<2, false>(sc, p0, c1, qpos, window, false, t, m, l, corr);
 #pragma unroll
     for (int n = 0; n < NT; n++) {
       o[n][0] *= corr[0]; o[n][1] *= corr[0];
@@ -498,10 +529,7 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
     }
     // P as the A operand (rows g, g + 8; positions 2t.. and 8 + 2t..).
     unsigned ph[4], pl[4];
-    split2(sc[0][0], sc[0][1], ph[0], pl[0]);
-    split2(sc[0][2], sc[0][3], ph[1], pl[1]);
-    split2(sc[1][0], sc[1][1], ph[2], pl[2]);
-    split2(sc[1][2], sc[1][3], ph[3], pl[3]);
+    p_frags<2>(sc, 0, ph, pl);
     // O += P·V: V's matrices transposed by ldmatrix, two n-tiles (16 dims) per load.
 #pragma unroll
     for (int n = 0; n < NT; n += 2) {
@@ -611,23 +639,7 @@ __device__ __forceinline__ void attention_prefill_impl(ATTENTION_ARGS) {
   // Scores in base-2 units (scale · log₂e folded into Q): the softmax takes exp2 directly.
   const float qscale = scale * 1.4426950408889634f;
   unsigned qh[KS][4], ql[KS][4];
-#pragma unroll
-  for (int s = 0; s < KS; s++) {
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-#pragma unroll
-      for (int ri = 0; ri < 2; ri++) {
-        int r = rows[ri], d = s * 16 + half * 8 + 2 * t;
-        float x = 0.f, y = 0.f;
-        if (r < nrows) {
-          const float* src = q + ((size_t)(row0 + r / group) * nh + kvh * group + r % group) * hd + d;
-          x = src[0] * qscale;
-          y = src[1] * qscale;
-        }
-        split2(x, y, qh[s][half * 2 + ri], ql[s][half * 2 + ri]);
-      }
-    }
-  }
+  load_q_frags<KS>(qh, ql, q, rows, nrows, row0, group, nh, kvh, hd, qscale, t);
   int qpos[2];
 #pragma unroll
   for (int ri = 0; ri < 2; ri++) qpos[ri] = rows[ri] < nrows ? pos0 + rows[ri] / group : -1;
@@ -712,38 +724,12 @@ __device__ __forceinline__ void attention_prefill_impl(ATTENTION_ARGS) {
         mma16816(sc[j], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], b[2], b[3]);
         mma16816(sl[j], ql[s + 1][0], ql[s + 1][1], ql[s + 1][2], ql[s + 1][3], b[2], b[3]);
       }
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[j][e] += sl[j][e];
       float corr[2];
-#pragma unroll
-      for (int ri = 0; ri < 2; ri++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            int p = p0 + 8 * j + 2 * t + e;
-            bool valid = inside || (p < c1 && p <= qpos[ri] && p > qpos[ri] - window);
-            float& v = sc[j][2 * ri + e];
-            v = valid ? v + sl[j][2 * ri + e] : -INFINITY;
-            mx = fmaxf(mx, v);
-          }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float mn = fmaxf(m[ri], mx);
-        corr[ri] = mn == -INFINITY ? 1.f : exp2f(m[ri] - mn);
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            float& v = sc[j][2 * ri + e];
-            v = v == -INFINITY ? 0.f : exp2f(v - mn);
-            sum += v;
-          }
-        }
-        l[ri] = l[ri] * corr[ri] + sum;
-        m[ri] = mn;
-      }
+      online_softmax<4, true>(sc, p0, c1, qpos, window, inside, t, m, l, corr);
       // Once no row's maximum moves (most stages), the accumulators keep their scale.
       if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
@@ -754,13 +740,8 @@ __device__ __forceinline__ void attention_prefill_impl(ATTENTION_ARGS) {
       }
       // P as the A operand of two k-steps of 16 positions (rows g, g + 8).
       unsigned ph[2][4], pl[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        split2(sc[2 * h][0], sc[2 * h][1], ph[h][0], pl[h][0]);
-        split2(sc[2 * h][2], sc[2 * h][3], ph[h][1], pl[h][1]);
-        split2(sc[2 * h + 1][0], sc[2 * h + 1][1], ph[h][2], pl[h][2]);
-        split2(sc[2 * h + 1][2], sc[2 * h + 1][3], ph[h][3], pl[h][3]);
-      }
+      p_frags<4>(sc, 0, ph[0], pl[0]);
+      p_frags<4>(sc, 1, ph[1], pl[1]);
       // O += P·V: V's matrices transposed by ldmatrix (16 dims × 16 positions per step), each
       // step's loaded during the previous step's multiply.
       auto vfrag = [&](unsigned (&b)[4], int it) {

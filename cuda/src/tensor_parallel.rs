@@ -382,6 +382,7 @@ impl ModelBackend for TpBackend {
             num_blocks: self.num_blocks,
             block_size: one.block_size,
             bytes_per_block: one.bytes_per_block * self.size(),
+            pool_bytes_per_block: one.pool_bytes_per_block * self.size(),
         }
     }
 

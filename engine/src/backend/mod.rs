@@ -167,9 +167,12 @@ pub struct KvCacheSpec {
     pub num_blocks: usize,
     /// Tokens per block.
     pub block_size: usize,
-    /// Bytes one block (page) occupies: K and V of the layers of one KV group (all layers when
-    /// the cache has a single group).
+    /// Bytes of one block's page as it travels (`read_block` / `write_block`): K and V of the
+    /// layers of one KV group (all layers when the cache has a single group), in f32.
     pub bytes_per_block: usize,
+    /// Bytes one block takes in the backend's own pool (its element type: IEEE half on the CPU
+    /// fast path, the model's 16-bit type on CUDA, f32 on the CPU exact path).
+    pub pool_bytes_per_block: usize,
 }
 
 /// Which CPU kernels run the linear layers.

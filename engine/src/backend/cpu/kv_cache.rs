@@ -171,6 +171,11 @@ impl<E: KvElem> CpuKvCache<E> {
         2 * self.num_layers * self.block_size * self.token_width * size_of::<f32>()
     }
 
+    /// Bytes one block takes in this pool (spare row included).
+    pub fn pool_bytes_per_block(&self) -> usize {
+        Self::block_bytes(self.num_layers, self.block_rows, self.token_width)
+    }
+
     /// Bytes one block takes in a pool of this shape (`rows` per block, spare row included),
     /// before one exists, to size it.
     pub fn block_bytes(num_layers: usize, rows: usize, token_width: usize) -> usize {
@@ -333,6 +338,11 @@ impl KvPool {
     /// Bytes of a page as it travels (f32).
     pub fn bytes_per_block(&self) -> usize {
         on_pool!(self, p => p.bytes_per_block())
+    }
+
+    /// Bytes one block takes in the pool.
+    pub fn pool_bytes_per_block(&self) -> usize {
+        on_pool!(self, p => p.pool_bytes_per_block())
     }
 
     /// [`CpuKvCache::read_page`].

@@ -592,6 +592,7 @@ impl ModelBackend for CpuBackend {
             num_blocks: self.kv.num_blocks(),
             block_size: self.kv.block_size(),
             bytes_per_block: self.kv.bytes_per_block(),
+            pool_bytes_per_block: self.kv.pool_bytes_per_block(),
         }
     }
 
