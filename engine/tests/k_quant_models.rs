@@ -1,6 +1,7 @@
-//! A model whose weight matrices are all of one K-quant type loads on the CPU fast path with
-//! that type's integer kernels (Q2_K: the values on the integer kernels plus the minimums of
-//! its groups of 16 on the activations' group sums) and gives the exact path's logits.
+//! A model whose weight matrices are all of one K-quant type gives the exact path's logits on
+//! the CPU fast path (its fused q|k|v and gate|up of one type, so Q2_K's values and group
+//! minimums stacked as one layer). That each type reaches its integer kernel is checked by the
+//! kernel tests (`linear.rs`): an f32 fallback would pass here too.
 
 use tandem_engine::backend::{ForwardBatch, KernelPath, Logits};
 use tandem_engine::{LoadOptions, Model};

@@ -130,13 +130,10 @@ pub(crate) fn attend_group<E: KvElem>(
 ) {
     let group = qg.len() / hd;
     let ctx = slots.len();
-    let mut k = vec![0f32; hd];
     for (p, &slot) in slots.iter().enumerate() {
-        for (a, x) in k.iter_mut().zip(&kv.k(layer, slot)[kvh * hd..(kvh + 1) * hd]) {
-            *a = x.to_f32();
-        }
+        let k = &kv.k(layer, slot)[kvh * hd..(kvh + 1) * hd];
         for g in 0..group {
-            scores[g * ctx + p] = linear::dot(&qg[g * hd..(g + 1) * hd], &k) * scale;
+            scores[g * ctx + p] = linear::dot(&qg[g * hd..(g + 1) * hd], k) * scale;
         }
     }
     for g in 0..group {

@@ -297,8 +297,7 @@ impl KvPool {
         pad: bool,
         host_blocks: usize,
     ) -> Self {
-        let shape = (num_layers, num_blocks, block_size, token_width, pad);
-        let (l, n, b, w, pad) = shape;
+        let (l, n, b, w) = (num_layers, num_blocks, block_size, token_width);
         if half {
             KvPool::F16(CpuKvCache::new(l, n, b, w, pad).with_host_blocks(host_blocks))
         } else {

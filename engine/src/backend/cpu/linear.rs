@@ -46,20 +46,21 @@ impl ExactLinear {
     }
 }
 
-/// f32 dot product with eight independent partial sums (vectorisable, deterministic order).
+/// f32 dot product with eight independent partial sums (vectorisable, deterministic order);
+/// `b` may hold any KV element type, widened to f32 as it is read.
 #[inline(always)]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot<E: super::kv_cache::KvElem>(a: &[f32], b: &[E]) -> f32 {
     let mut acc = [0f32; 8];
     let chunks = a.len() / 8;
     for c in 0..chunks {
         let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
         for j in 0..8 {
-            acc[j] += x[j] * y[j];
+            acc[j] += x[j] * y[j].to_f32();
         }
     }
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
+        s += a[i] * b[i].to_f32();
     }
     s
 }

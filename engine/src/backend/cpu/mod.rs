@@ -57,7 +57,7 @@ pub struct CpuBackendOptions {
 
 /// Loads one or more weight matrices with the same input width as one fused linear layer
 /// (rows stacked in order). The fast path keeps weights quantised: one matrix when every part
-/// has the same quantised format, else a [`StackedLinear`] of the parts; a lone Q2_K matrix as a
+/// has the same quantised format, else a [`StackedLinear`] of the parts; Q2_K parts as one
 /// [`GroupMinLinear`]; types without an integer format (and the exact path) are dequantised to
 /// f32.
 fn load_fused(
@@ -72,10 +72,18 @@ fn load_fused(
         .collect::<Result<Vec<_>, _>>()?;
     let n_total: usize = parts.iter().map(|p| p.1).sum();
     if kernel == KernelPath::Fast {
-        if let [t] = &tensors[..] {
-            let q2_k =
-                (t.dtype == GgmlType::Q2_K).then(|| QMatrix::from_q2_k(t.bytes, t.shape[0], k));
-            if let Some(Some((m, mins))) = q2_k {
+        if tensors.iter().all(|t| t.dtype == GgmlType::Q2_K) {
+            // Parts stacked as one matrix of values and one of group minimums (rows in order).
+            let q2: Option<Vec<(QMatrix, Vec<f32>)>> =
+                tensors.iter().map(|t| QMatrix::from_q2_k(t.bytes, t.shape[0], k)).collect();
+            if let Some(q2) = q2 {
+                let (mats, mins): (Vec<QMatrix>, Vec<Vec<f32>>) = q2.into_iter().unzip();
+                let m = if mats.len() == 1 {
+                    mats.into_iter().next().expect("one part")
+                } else {
+                    QMatrix::concat(&mats)
+                };
+                let mins = mins.concat();
                 return Ok(Arc::new(GroupMinLinear::new(Arc::new(m), mins, QKernel::detect())));
             }
         }
