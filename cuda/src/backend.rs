@@ -424,13 +424,15 @@ impl CudaBackend {
     /// can be captured): `num_layers` layers, then the final norm and LM head for
     /// `logit_rows` rows starting at `logits_rows[row_off]`. `sections`: entries per KV group
     /// in the plan's slots and block tables ([`BatchPlan::slot_stride`], [`BatchPlan::bt_stride`]).
+    /// `long`: the plan's long chunks and how many prefill-kernel tiles they make
+    /// ([`BatchPlan::long`], [`BatchPlan::num_long_tiles`]).
     #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &self,
         t: usize,
         tiling: (usize, bool),
         splits: usize,
-        long: &[LongSeq],
+        long: (&[LongSeq], usize),
         sections: (usize, usize),
         num_layers: usize,
         logit_rows: usize,
@@ -438,6 +440,8 @@ impl CudaBackend {
     ) -> Result<(), CudaError> {
         // Number of tiles, and whether every tile has at most 8 query rows.
         let (num_tiles, small_tiles) = tiling;
+        // Chunks for the long-chunk paths, and their tiles for the prefill kernel.
+        let (long, num_long_tiles) = long;
         let (g, c, a, w) = (&self.gpu, &self.cfg, &self.a, &self.w);
         let (h, qs, kvs, ff) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
         let (nh, nkv, hd) = (c.num_heads as i32, c.num_kv_heads as i32, c.head_dim as i32);
@@ -556,11 +560,9 @@ impl CudaBackend {
             if let (Some(f), false) = (self.prefill_kernel(), long.is_empty()) {
                 // The long chunks' tiles follow the others in the uploaded tiles.
                 self.mark("attention (prefill kernel)")?;
-                let per = (plan::PREFILL_ROWS / self.group()).max(1);
-                let n: usize = long.iter().map(|s| s.len.div_ceil(per)).sum();
                 let lt = tiles + (num_tiles * TILE_INTS * size_of::<i32>()) as u64;
                 let cfg = LaunchConfig {
-                    grid_dim: (n as u32, nkv as u32, 1),
+                    grid_dim: (num_long_tiles as u32, nkv as u32, 1),
                     block_dim: (plan::PREFILL_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 };
@@ -700,7 +702,7 @@ impl CudaBackend {
             n,
             (p.num_tiles(), p.max_tile_rows(self.group()) <= 8),
             splits,
-            &p.long,
+            (&p.long, p.num_long_tiles()),
             (p.slot_stride, p.bt_stride),
             num_layers,
             first,

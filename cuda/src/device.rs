@@ -281,10 +281,20 @@ impl Gpu {
         dst: &mut CudaSlice<T>,
         data: &[T],
     ) -> Result<(), CudaError> {
+        self.write_at(dst, 0, data)
+    }
+
+    /// Copies `data` into `dst` from element `at` on.
+    pub fn write_at<T: DeviceRepr>(
+        &self,
+        dst: &mut CudaSlice<T>,
+        at: usize,
+        data: &[T],
+    ) -> Result<(), CudaError> {
         if data.is_empty() {
             return Ok(());
         }
-        let mut view = dst.slice_mut(..data.len());
+        let mut view = dst.slice_mut(at..at + data.len());
         self.stream.memcpy_htod(data, &mut view).map_err(CudaError::from)
     }
 

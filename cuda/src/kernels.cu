@@ -445,6 +445,18 @@ __device__ __forceinline__ void p_frags(const float (&sc)[NJ][4], int h, unsigne
   split2(sc[2 * h + 1][2], sc[2 * h + 1][3], ph[3], pl[3]);
 }
 
+// O's n-tiles n and n + 1 += P·V over one k-step of 16 positions: b holds V's fragments for the
+// two n-tiles, P enters as high parts and (bf16) remainders.
+__device__ __forceinline__ void pv_mma(float (&o0)[4], float (&o1)[4], const unsigned (&ph)[4], const unsigned (&pl)[4],
+                                       const unsigned (&b)[4]) {
+  mma16816(o0, ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
+  mma16816(o1, ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
+#ifdef MMA_SPLIT_P
+  mma16816(o0, pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
+  mma16816(o1, pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
+#endif
+}
+
 template <int HD>
 __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
   constexpr int LD = HD + 8;           // padded shared row (16-bit elements): conflict-free ldmatrix
@@ -535,12 +547,7 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
     for (int n = 0; n < NT; n += 2) {
       unsigned b[4];
       ldsm_x4_t(b, smem_addr(vs + ((lane >> 3) & 1) * 8 * LD + (lane & 7) * LD + n * 8 + (lane >> 4) * 8));
-      mma16816(o[n], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
-      mma16816(o[n + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
-#ifdef MMA_SPLIT_P
-      mma16816(o[n], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
-      mma16816(o[n + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
-#endif
+      pv_mma(o[n], o[n + 1], ph, pl, b);
     }
     __syncwarp();
     buf ^= 1;
@@ -754,13 +761,7 @@ __device__ __forceinline__ void attention_prefill_impl(ATTENTION_ARGS) {
       for (int it = 0; it < NT; it++) {
         const int n = (it / 2) * 2, h = it % 2;
         if (it + 1 < NT) vfrag(bv[(it + 1) & 1], it + 1);
-        const unsigned* b = bv[it & 1];
-        mma16816(o[n], ph[h][0], ph[h][1], ph[h][2], ph[h][3], b[0], b[1]);
-        mma16816(o[n + 1], ph[h][0], ph[h][1], ph[h][2], ph[h][3], b[2], b[3]);
-#ifdef MMA_SPLIT_P
-        mma16816(o[n], pl[h][0], pl[h][1], pl[h][2], pl[h][3], b[0], b[1]);
-        mma16816(o[n + 1], pl[h][0], pl[h][1], pl[h][2], pl[h][3], b[2], b[3]);
-#endif
+        pv_mma(o[n], o[n + 1], ph[h], pl[h], bv[it & 1]);
       }
     }
     // Every warp is done with this buffer before the next iteration copies into it.

@@ -6,18 +6,17 @@ checked on it against the CPU exact path (`tandem-gpu e2e DIR`) on a GPU host, w
 
     python3 scripts/gpu/make_gemma3_shape.py OUT_DIR
 """
-import os
 import sys
 
 import torch
-from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+from random_shape import randomise_and_save, tokenizer
 
 
 def main():
     out = sys.argv[1]
-    tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "tests", "data", "tiny-llama"))
+    tok = tokenizer()
     cfg = Gemma3TextConfig(
         vocab_size=len(tok), hidden_size=640, intermediate_size=2048, num_hidden_layers=6,
         num_attention_heads=4, num_key_value_heads=1, head_dim=256, max_position_embeddings=2048,
@@ -26,15 +25,8 @@ def main():
         bos_token_id=0, eos_token_id=2, pad_token_id=1)
     torch.manual_seed(2026)
     model = Gemma3ForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            # Norms stored as w for (1 + w); weights wide enough apart that greedy choices are
-            # rarely ties.
-            p.normal_(0.0, 0.1 if "norm" in name else 0.06)
-    os.makedirs(out, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    print(f"{out}: Gemma 3, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", file=sys.stderr)
+    # Norms stored as w for (1 + w): drawn around 0.
+    randomise_and_save(model, tok, out, "Gemma 3", 0.0, 0.1, 0.06)
 
 
 if __name__ == "__main__":

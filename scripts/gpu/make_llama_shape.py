@@ -6,18 +6,17 @@ one against the CPU exact path on a GPU host.
 
     python3 scripts/gpu/make_llama_shape.py OUT_DIR HEAD_DIM
 """
-import os
 import sys
 
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+from random_shape import randomise_and_save, tokenizer
 
 
 def main():
     out, hd = sys.argv[1], int(sys.argv[2])
-    tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "tests", "data", "tiny-llama"))
+    tok = tokenizer()
     # Four query heads; two KV heads at width 64 (groups of 2), one at 128 (a group of 4).
     kv = 2 if hd == 64 else 1
     cfg = LlamaConfig(
@@ -26,17 +25,7 @@ def main():
         rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0, eos_token_id=2)
     torch.manual_seed(2027 + hd)
     model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(1.0, 0.1)
-            else:
-                # Wide enough apart that greedy choices are rarely ties.
-                p.normal_(0.0, 0.08)
-    os.makedirs(out, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    print(f"{out}: Llama, head width {hd}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", file=sys.stderr)
+    randomise_and_save(model, tok, out, f"Llama, head width {hd}", 1.0, 0.1, 0.08)
 
 
 if __name__ == "__main__":

@@ -82,7 +82,8 @@ impl CudaBackend {
         g.write(&mut self.a.positions, &p.positions)?;
         g.write(&mut self.a.slots, &p.slots)?;
         // The prefill kernel's tiles after the others (at most one tile per row in all).
-        g.write(&mut self.a.tiles, &[&p.tiles[..], &p.long_tiles[..]].concat())?;
+        g.write(&mut self.a.tiles, &p.tiles)?;
+        g.write_at(&mut self.a.tiles, p.tiles.len(), &p.long_tiles)?;
         g.write(&mut self.a.block_tables, &p.block_tables)?;
         g.write(&mut self.a.row_valid, &p.row_valid)?;
         g.write(&mut self.a.logits_rows, &p.logits_rows)

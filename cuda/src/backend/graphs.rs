@@ -25,13 +25,21 @@ impl CudaBackend {
         // Where `BatchPlan::padded_decode` puts each group's slots and tables for this size.
         let sections = (size, size * self.max_blocks_per_seq);
         // One eager run first: loads every kernel and lets cuBLAS pick its algorithms.
-        self.enqueue(size, (size, self.group() <= 8), splits, &[], sections, layers, size, 0)?;
+        self.enqueue(size, (size, self.group() <= 8), splits, (&[], 0), sections, layers, size, 0)?;
         self.gpu.sync()?;
         let s = self.gpu.stream.clone();
         s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(CudaError::from)?;
-        let r =
-            self.enqueue(size, (size, self.group() <= 8), splits, &[], sections, layers, size, 0);
+        let r = self.enqueue(
+            size,
+            (size, self.group() <= 8),
+            splits,
+            (&[], 0),
+            sections,
+            layers,
+            size,
+            0,
+        );
         let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
         r?;
         let graph =
