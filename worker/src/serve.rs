@@ -160,11 +160,20 @@ pub struct ConnLimits {
     /// HTTP/2 connections are pinged this often and closed when a ping is not answered within
     /// the same time (a peer that vanished without closing).
     pub h2_keep_alive: Duration,
+    /// Streams one HTTP/2 connection may have open at once. A router sends every request for a
+    /// worker over one connection, so this bounds the requests a worker can hold from one
+    /// router: it must exceed any engine's `--max-num-seqs` plus its queue. (hyper's default,
+    /// 200, held the 201st and later streams in the router until earlier ones finished: a
+    /// 256-sequence GPU engine ran at most 200, and status checks queued behind them.)
+    pub h2_max_streams: u32,
 }
 
 /// The limits every Tandem listener uses (the router also refuses a request body that stalls).
-pub const CONN_LIMITS: ConnLimits =
-    ConnLimits { header_read: Duration::from_secs(10), h2_keep_alive: Duration::from_secs(20) };
+pub const CONN_LIMITS: ConnLimits = ConnLimits {
+    header_read: Duration::from_secs(10),
+    h2_keep_alive: Duration::from_secs(20),
+    h2_max_streams: 8192,
+};
 
 /// Serves `app` on `listener` (HTTP/1.1 and HTTP/2, upgrades included) with `limits` until
 /// `shutdown` resolves; then stops accepting and waits for the open connections to finish
@@ -189,6 +198,7 @@ where
         .timer(TokioTimer::new())
         .keep_alive_interval(limits.h2_keep_alive)
         .keep_alive_timeout(limits.h2_keep_alive)
+        .max_concurrent_streams(limits.h2_max_streams)
         .enable_connect_protocol();
     tokio::pin!(shutdown);
     loop {
@@ -236,5 +246,71 @@ mod nodelay_tests {
         let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (io, _) = l.accept().await;
         assert!(io.nodelay().unwrap(), "Nagle's algorithm is still on for an accepted connection");
+    }
+}
+
+#[cfg(test)]
+mod stream_limit_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// One HTTP/2 connection (as a router holds to each worker) carries more than hyper's
+    /// default 200 concurrent streams: every one of 300 held requests reaches the handler
+    /// before any is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_connection_holds_more_than_two_hundred_streams() {
+        const STREAMS: usize = 300;
+        let arrived = Arc::new(AtomicUsize::new(0));
+        let (release, released) = tokio::sync::watch::channel(false);
+        let (a, r) = (arrived.clone(), released.clone());
+        let app = axum::Router::new().route(
+            "/hold",
+            axum::routing::get(move || {
+                let (a, mut r) = (a.clone(), r.clone());
+                async move {
+                    a.fetch_add(1, Ordering::SeqCst);
+                    let _ = r.wait_for(|&go| go).await;
+                    "done"
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_http(listener, app, CONN_LIMITS, async move {
+            let _ = stopped.await;
+        }));
+
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        let mut requests = Vec::new();
+        for _ in 0..STREAMS {
+            let mut c = client.clone();
+            requests.push(tokio::spawn(async move {
+                c = c.ready().await.unwrap();
+                let req = http::Request::get(format!("http://{addr}/hold")).body(()).unwrap();
+                let (resp, _) = c.send_request(req, true).unwrap();
+                resp.await.unwrap().status()
+            }));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while arrived.load(Ordering::SeqCst) < STREAMS {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {STREAMS} streams reached the server on one connection",
+                arrived.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        release.send(true).unwrap();
+        for r in requests {
+            assert_eq!(r.await.unwrap(), 200);
+        }
+        let _ = stop.send(());
+        let _ = server.await;
     }
 }
