@@ -15,12 +15,18 @@ use tandem_proto::v1::worker_client::WorkerClient;
 use tandem_worker::auth::{authed, AuthChannel};
 use tonic::transport::{Channel, Endpoint};
 
+/// Status checks in a row a worker may leave unanswered (each bounded by its timeout) before
+/// it counts as unhealthy.
+pub const MISSED_CHECKS: u32 = 3;
+
 /// One worker as the router sees it.
 pub struct Worker {
     /// "host:port" of its gRPC listener.
     pub addr: String,
     channel: Channel,
     healthy: AtomicBool,
+    /// Status checks in a row that got no answer in time.
+    missed: AtomicU32,
     max_model_len: AtomicU32,
     block_size: AtomicU32,
     waiting: AtomicU32,
@@ -39,6 +45,7 @@ impl Worker {
             addr: addr.to_string(),
             channel,
             healthy: AtomicBool::new(true),
+            missed: AtomicU32::new(0),
             max_model_len: AtomicU32::new(0),
             block_size: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
@@ -86,7 +93,11 @@ impl Worker {
         let mut client = WorkerClient::new(authed(self.channel.clone()));
         let mut req = tonic::Request::new(pb::StatusRequest { include_block_hashes: hashes });
         req.set_timeout(timeout);
-        let res = match tokio::time::timeout(timeout, client.status(req)).await {
+        let answer = tokio::time::timeout(timeout, client.status(req)).await;
+        // tonic reports its own deadline (the request's timeout) as Cancelled.
+        let late = matches!(&answer, Err(_))
+            || matches!(&answer, Ok(Err(e)) if matches!(e.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled));
+        let res = match answer {
             Ok(Ok(r)) => {
                 let s = r.into_inner();
                 if s.healthy {
@@ -98,7 +109,20 @@ impl Worker {
             Ok(Err(e)) => Err(format!("worker {}: {}", self.addr, e.message())),
             Err(_) => Err(format!("worker {} did not answer within {timeout:?}", self.addr)),
         };
-        self.healthy.store(res.is_ok(), Ordering::Relaxed);
+        // A refused connection or an unhealthy report takes the worker out at once. A late
+        // answer alone does not until MISSED_CHECKS in a row: under a burst of load the status
+        // answer can queue behind the streams' frames on the same connection, and one slow
+        // check must not turn every new request away (with one worker: every request).
+        let missed = if late { self.missed.fetch_add(1, Ordering::Relaxed) + 1 } else { 0 };
+        if !late {
+            self.missed.store(0, Ordering::Relaxed);
+        }
+        let healthy = match &res {
+            Ok(_) => true,
+            Err(_) if late && missed < MISSED_CHECKS => self.healthy(),
+            Err(_) => false,
+        };
+        self.healthy.store(healthy, Ordering::Relaxed);
         if let Ok(s) = &res {
             self.max_model_len.store(s.max_model_len, Ordering::Relaxed);
             self.block_size.store(s.block_size, Ordering::Relaxed);
@@ -331,5 +355,34 @@ mod tests {
         w.refresh().await;
         assert!(Arc::ptr_eq(&before, &w.current().decode[1]));
         assert!(!Workers::new(&["127.0.0.1:1".into()], &[]).unwrap().dynamic());
+    }
+
+    /// A worker whose status answers come late stays in service until MISSED_CHECKS checks
+    /// in a row went unanswered; one that refuses connections is out at the first check.
+    #[tokio::test]
+    async fn late_status_answers_take_a_worker_out_only_after_several_in_a_row() {
+        // Accepts connections and never speaks HTTP/2: every check runs into its timeout.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let w = Worker::new(&addr).unwrap();
+        for i in 1..MISSED_CHECKS {
+            let err = w.check(Duration::from_millis(100)).await.unwrap_err();
+            assert!(w.healthy(), "still healthy after {i} late answer(s): {err}");
+        }
+        assert!(w.check(Duration::from_millis(100)).await.is_err());
+        assert!(!w.healthy(), "out after {MISSED_CHECKS} late answers in a row");
+
+        // Nothing listens: refused at once.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let gone = Worker::new(&format!("127.0.0.1:{port}")).unwrap();
+        assert!(gone.healthy());
+        assert!(gone.check(Duration::from_millis(500)).await.is_err());
+        assert!(!gone.healthy(), "a refused connection takes the worker out at once");
     }
 }
