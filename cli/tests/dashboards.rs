@@ -213,6 +213,7 @@ fn every_dashboard_query_returns_data() {
         "vllm:generation_tokens_total",
         "histogram_quantile(0.9, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[1m])))",
         "vllm:e2e_request_latency_seconds_count",
+        "histogram_quantile(0.5, sum by (le) (rate(vllm:iteration_tokens_total_bucket[1m])))",
         "process_resident_memory_bytes",
         "process_cpu_seconds_total",
         "process_open_fds",

@@ -69,6 +69,8 @@ fn dashboards() -> Vec<(&'static str, &'static str, &'static str, Vec<Panel>)> {
                 p("Tokens per second", "short", "Generated tokens and computed prompt tokens per second, all workers.", &[("sum(rate(tandem_generation_tokens_total[2m]))", "generated"), ("sum by (role) (rate(tandem_prompt_tokens_total[2m]))", "prompt {{role}}")]),
                 p("Queue depth by role", "short", "Sequences waiting for and running on the engines, by worker role.", &[("sum by (role) (tandem_num_requests_waiting)", "waiting {{role}}"), ("sum by (role) (tandem_num_requests_running)", "running {{role}}")]),
                 p("Queued prefill tokens", "short", "Prompt tokens admitted but not yet computed, per worker.", &[("sum by (worker) (tandem_queued_prefill_tokens)", "{{worker}}")]),
+                p("Engine busy", "percentunit", "Share of wall time each worker's engine thread spent in steps that ran the model. Under load, what is short of 1 went to work between steps (streaming outputs, admitting requests) or to waiting for requests.", &[("sum by (worker) (rate(tandem_engine_step_seconds_sum[2m]))", "{{worker}}")]),
+                pq("Tokens per step", "short", "Tokens (prompt and generated) computed by each engine step, on the workers.", quantiles("tandem_iteration_tokens", "", "")),
             ],
         ),
         (

@@ -354,6 +354,10 @@ fn run(
         match stepped {
             Ok(outs) => {
                 let idle = outs.is_empty() && state.engine.last_schedule().is_empty();
+                let tokens = state.engine.last_schedule().num_batched_tokens;
+                if state.gauges && tokens > 0 {
+                    m::observe_step(tokens, step_started.elapsed().as_secs_f64());
+                }
                 failed = false;
                 state.dispatch(outs);
                 publish(state, snap, failed);

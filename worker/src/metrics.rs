@@ -76,6 +76,10 @@ struct Aliased {
     ttft: Both<Histogram>,
     queue_time: Both<Histogram>,
     e2e: Both<Histogram>,
+    /// Tokens computed by each engine step (`vllm:iteration_tokens_total`).
+    iteration_tokens: Both<Histogram>,
+    /// Wall time of each engine step (schedule, forward pass, sampling, outputs).
+    step_seconds: Histogram,
     model: String,
 }
 
@@ -162,6 +166,12 @@ impl Aliased {
                 "vllm:e2e_request_latency_seconds",
                 model,
             ),
+            iteration_tokens: Both::<Histogram>::new(
+                "tandem_iteration_tokens",
+                "vllm:iteration_tokens_total",
+                model,
+            ),
+            step_seconds: histogram!("tandem_engine_step_seconds"),
             model: model.to_string(),
         }
     }
@@ -188,6 +198,16 @@ const LATENCY_BUCKETS: [f64; 20] = [
 const TOKEN_BUCKETS: [f64; 12] =
     [1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0];
 
+/// Tokens-per-step buckets (vLLM's for `iteration_tokens_total`, and 16384).
+const ITERATION_BUCKETS: [f64; 14] = [
+    1.0, 8.0, 16.0, 24.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+/// Engine-step buckets in seconds (0.5 ms to 2.5 s: a GPU decode step takes a few ms).
+const STEP_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.012, 0.016, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5,
+];
+
 /// Installs the process-wide recorder with the process's labels; returns the handle that
 /// renders `/metrics`. Calling it twice in one process fails.
 pub fn install(model: &str, role: &str, worker: &str) -> anyhow::Result<PrometheusHandle> {
@@ -195,6 +215,12 @@ pub fn install(model: &str, role: &str, worker: &str) -> anyhow::Result<Promethe
         .add_global_label("model", model)
         .add_global_label("role", role)
         .add_global_label("worker", worker)
+        .set_buckets_for_metric(Matcher::Full("tandem_engine_step_seconds".into()), &STEP_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full("tandem_iteration_tokens".into()), &ITERATION_BUCKETS)?
+        .set_buckets_for_metric(
+            Matcher::Full("vllm:iteration_tokens_total".into()),
+            &ITERATION_BUCKETS,
+        )?
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)?
         .set_buckets_for_metric(Matcher::Suffix("_tokens".into()), &TOKEN_BUCKETS)?
         .set_buckets_for_metric(Matcher::Suffix("_blocks".into()), &TOKEN_BUCKETS)?
@@ -261,6 +287,16 @@ fn describe() {
         "tandem_request_prompt_tokens",
         Unit::Count,
         "Prompt length of finished requests."
+    );
+    describe_histogram!(
+        "tandem_iteration_tokens",
+        Unit::Count,
+        "Tokens computed by each engine step (prompt and generated)."
+    );
+    describe_histogram!(
+        "tandem_engine_step_seconds",
+        Unit::Seconds,
+        "Wall time of each engine step that ran the model; its sum against wall time is how busy the engine thread was."
     );
     describe_counter!(
         "tandem_kv_transfer_bytes_total",
@@ -346,6 +382,14 @@ pub(crate) fn count_generation_tokens(n: u64) {
 pub(crate) fn observe_inter_token(seconds: f64) {
     if let Some(m) = aliased() {
         m.inter_token.record(seconds);
+    }
+}
+
+/// One engine step that computed `tokens` tokens in `seconds`.
+pub(crate) fn observe_step(tokens: usize, seconds: f64) {
+    if let Some(m) = aliased() {
+        m.iteration_tokens.record(tokens as f64);
+        m.step_seconds.record(seconds);
     }
 }
 
