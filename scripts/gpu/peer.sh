@@ -44,16 +44,18 @@ B=.gpu/tandem/tandem; port=18000; name=smollm2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$o/device.txt"
 echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" | tee -a "$o/device.txt"
 
-# llama.cpp with CUDA, from the staged sdist.
+# llama.cpp with CUDA, from the staged sdist (LLAMA=0: Tandem alone, on the Q8_0 file).
 L=/tmp/llama-build
-mkdir -p /tmp/llama.cpp && tar -xJf $stage/llama.cpp-src.tar.xz -C /tmp/llama.cpp
-t0=$(date +%s)
-cmake -S /tmp/llama.cpp -B $L -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DGGML_NATIVE=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-  -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF > "$o/llama-cmake.log" 2>&1
-timeout "${BUILD_LIMIT:-400}" cmake --build $L -j "$(nproc)" --target llama-server llama-batched-bench llama-quantize \
-  > "$o/llama-build.log" 2>&1
-echo "llama.cpp build: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$o/device.txt"
+if [ "${LLAMA:-1}" = 1 ]; then
+  mkdir -p /tmp/llama.cpp && tar -xJf $stage/llama.cpp-src.tar.xz -C /tmp/llama.cpp
+  t0=$(date +%s)
+  cmake -S /tmp/llama.cpp -B $L -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DGGML_NATIVE=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF > "$o/llama-cmake.log" 2>&1
+  timeout "${BUILD_LIMIT:-400}" cmake --build $L -j "$(nproc)" --target llama-server llama-batched-bench llama-quantize \
+    > "$o/llama-build.log" 2>&1
+  echo "llama.cpp build: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$o/device.txt"
+fi
 
 python3 scripts/gpu/random_gguf.py $stage/smollm2-meta.gguf /tmp/random-q8_0.gguf
 model=/tmp/random-q8_0.gguf
@@ -87,9 +89,12 @@ for mode in colocated disaggregated; do
   pid=$!
   if wait_http $pid; then
     workload "tandem-$mode"
-    serve "tandem-$mode-n1024" 256 1024 108 128
+    # The decode worker's steps during the 1,024-request run: how many, how long, how full.
     worker=$(grep -a -o 'decode worker serving.*' "$o/up-$mode.log" | grep -o '127.0.0.1:[0-9]*' | head -1)
-    curl -s "http://$worker/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds)_(sum|count|bucket)' > "$o/worker-metrics-$mode.txt"
+    scrape() { curl -s "http://$worker/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds)_(sum|count|bucket)' > "$1"; }
+    scrape "$o/worker-metrics-$mode-before.txt"
+    serve "tandem-$mode-n1024" 256 1024 108 128
+    scrape "$o/worker-metrics-$mode-after.txt"
   else
     tail -5 "$o/up-$mode.log"
   fi
@@ -97,7 +102,9 @@ for mode in colocated disaggregated; do
 done
 
 if [ -x $L/bin/llama-server ]; then
-  LD_LIBRARY_PATH=$L/bin $L/bin/llama-server -m $model --alias $name -ngl 99 -fa on -np 256 -c 65536 \
+  # A unified KV buffer (-kvu): any slot may take a long prompt (without it each of the 256
+  # slots gets 65536/256 tokens and a 1,550-token prompt is refused).
+  LD_LIBRARY_PATH=$L/bin $L/bin/llama-server -m $model --alias $name -ngl 99 -fa on -np 256 -c 65536 -kvu \
     --host 127.0.0.1 --port $port > "$o/llama-server.log" 2>&1 &
   pid=$!
   wait_http $pid && workload llama-server
@@ -123,10 +130,27 @@ for label, k in rows:
 for n in (256, 1024):
     t = open(os.path.join(d, f"engine-{n}.txt")).read() if os.path.exists(os.path.join(d, f"engine-{n}.txt")) else ""
     m = re.search(r"throughput\s+([\d.]+) output tok/s", t)
-    print(f"bench engine n={n}: {m.group(1) if m else '?'} output tok/s")
+    st, tm = re.search(r"steps\s+(\d+)", t), re.search(r"time\s+([\d.]+) s", t)
+    print(f"bench engine n={n}: {m.group(1) if m else '?'} output tok/s, {st.group(1) if st else '?'} steps in {tm.group(1) if tm else '?'} s")
+def sums(path):
+    v = {}
+    for line in open(path):
+        if "_bucket" not in line:
+            name, val = line.split()[0].split("{")[0], float(line.split()[-1])
+            v[name] = val
+    return v
 for mode in ("colocated", "disaggregated"):
     r = load(f"tandem-{mode}-n1024")
-    if r: print(f"tandem up {mode}, 1024 requests at 256: {cell(r)}")
+    if not r: continue
+    print(f"tandem up {mode}, 1024 requests at 256: {cell(r)}")
+    try:
+        a, b = sums(os.path.join(d, f"worker-metrics-{mode}-before.txt")), sums(os.path.join(d, f"worker-metrics-{mode}-after.txt"))
+        steps = b["tandem_engine_step_seconds_count"] - a["tandem_engine_step_seconds_count"]
+        busy = b["tandem_engine_step_seconds_sum"] - a["tandem_engine_step_seconds_sum"]
+        toks = b["tandem_iteration_tokens_sum"] - a["tandem_iteration_tokens_sum"]
+        print(f"  decode worker during it: {steps:.0f} steps, {toks / steps:.0f} tokens a step, {busy:.3f} s stepping of {r['duration_s']:.3f} s ({busy / r['duration_s']:.0%})")
+    except (OSError, KeyError, ZeroDivisionError) as e:
+        print(f"  decode worker metrics: {e}")
 s = load("stub-c256")
 if s: print(f"client ceiling (stub, 1024 at 256): {s['output_throughput']:,.0f} tok/s")
 for s in servers[1:]:
