@@ -406,6 +406,8 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         "spec_accepted_tokens": stats.spec_accepted_tokens,
         "spec_acceptance_rate": if stats.spec_draft_tokens > 0 { stats.spec_accepted_tokens as f64 / stats.spec_draft_tokens as f64 } else { 0.0 },
         "spec_accepted_per_position": stats.spec_accepted_per_position,
+        "phase_seconds": { "schedule": stats.phase_seconds.schedule, "forward": stats.phase_seconds.forward,
+            "update": stats.phase_seconds.update, "outputs": stats.phase_seconds.outputs },
         "generated_tokens": generated, "json_schema": a.json_schema.as_ref().map(|p| p.display().to_string()),
     });
     if a.json {
@@ -424,6 +426,12 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         println!("prefill phase    {pf_s:.2} s ({:.1} prompt tok/s)", total_in as f64 / pf_s);
         println!("decode phase     {:.2} s ({decode_tps:.1} tok/s)", secs - pf_s);
         println!("steps            {} ({} preemptions)", stats.steps, stats.num_preemptions);
+        let (p, n) = (stats.phase_seconds, stats.steps.max(1) as f64);
+        let us = |s: f64| s / n * 1e6;
+        println!(
+            "per step         schedule {:.0} µs, forward and sampling {:.0} µs, update {:.0} µs, outputs {:.0} µs",
+            us(p.schedule), us(p.forward), us(p.update), us(p.outputs)
+        );
         println!("peak RSS         {rss:.0} MiB");
         println!(
             "peak KV held     {peak_kv:.1} MiB of a {pool_kv:.0} MiB pool ({} KV groups)",
@@ -549,5 +557,6 @@ fn since(now: EngineStats, base: EngineStats) -> EngineStats {
         spec_draft_tokens: now.spec_draft_tokens - base.spec_draft_tokens,
         spec_accepted_tokens: now.spec_accepted_tokens - base.spec_accepted_tokens,
         spec_accepted_per_position: per_position,
+        phase_seconds: now.phase_seconds.since(&base.phase_seconds),
     }
 }

@@ -130,3 +130,64 @@ fn no_text_packs_more_bytes_per_token_than_the_bound() {
         );
     }
 }
+
+/// Streaming through the byte table gives what decoding windows of tokens gives, never later
+/// (it may emit the complete characters of a token whose last character is cut, where windows
+/// hold the whole token back): the default model's byte-level BPE, Gemma 3's SentencePiece
+/// (both from GGUF) and the tiny Hugging Face tokenizers, on texts in several scripts and on
+/// random token runs.
+#[test]
+fn byte_table_streaming_matches_window_decoding() {
+    let gemma = GgufFile::open(&model_fetch::GEMMA3_270M.path().unwrap()).unwrap();
+    let mut tokenizers =
+        vec![("smollm2", tokenizer()), ("gemma3", Tokenizer::from_gguf(&gemma).unwrap())];
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data");
+    for dir in
+        ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-phi3", "tiny-gemma3"]
+    {
+        tokenizers.push((dir, Tokenizer::from_hf_dir(&data.join(dir)).unwrap()));
+    }
+    let texts = [
+        " héllo 日本語 🎉🚀 naïve café — “quotes” ⟨math⟩ ∑ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+        "\n  Ünïcödé: 東京の人口は約1400万人です。👩‍👩‍👧‍👦 family\t\tend",
+        " def f(x):\n    return x ** 2  # 二乗",
+    ];
+    let mut state = 12345u64;
+    let mut rand = move |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as u32
+    };
+    for (name, t) in &tokenizers {
+        if matches!(*name, "smollm2" | "gemma3") {
+            assert!(t.pieces().is_some(), "{name}: the byte table should match its decoding");
+        }
+        let Some(pieces) = t.pieces() else {
+            eprintln!("{name}: no byte table (its decoding is not a concatenation); windows only");
+            continue;
+        };
+        let prompt = t.encode("Say it:", false).unwrap();
+        let mut runs: Vec<Vec<u32>> = texts.iter().map(|x| t.encode(x, false).unwrap()).collect();
+        // Random runs of tokens that are whole characters, special tokens included.
+        let whole: Vec<u32> = (0..t.vocab_size() as u32)
+            .filter(|&i| t.is_special(i) || std::str::from_utf8(pieces.get(i)).is_ok())
+            .collect();
+        for _ in 0..50 {
+            runs.push((0..40).map(|_| whole[rand(whole.len()) as usize]).collect());
+        }
+        for run in &runs {
+            let mut fast = IncrementalDetokenizer::new(&prompt, true);
+            let mut windows = IncrementalDetokenizer::windowed(&prompt, true);
+            let (mut a, mut b) = (String::new(), String::new());
+            for (i, &id) in run.iter().enumerate() {
+                a.push_str(&fast.push(t, id).unwrap());
+                b.push_str(&windows.push(t, id).unwrap());
+                assert!(a.starts_with(&b), "{name}: token {i} ({id}) of {run:?}: {a:?} / {b:?}");
+            }
+            a.push_str(&fast.flush(t).unwrap());
+            b.push_str(&windows.flush(t).unwrap());
+            assert_eq!(a, b, "{name}: {run:?}");
+        }
+    }
+}

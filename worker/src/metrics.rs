@@ -216,7 +216,10 @@ pub fn install(model: &str, role: &str, worker: &str) -> anyhow::Result<Promethe
         .add_global_label("role", role)
         .add_global_label("worker", worker)
         .set_buckets_for_metric(Matcher::Full("tandem_engine_step_seconds".into()), &STEP_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full("tandem_iteration_tokens".into()), &ITERATION_BUCKETS)?
+        .set_buckets_for_metric(
+            Matcher::Full("tandem_iteration_tokens".into()),
+            &ITERATION_BUCKETS,
+        )?
         .set_buckets_for_metric(
             Matcher::Full("vllm:iteration_tokens_total".into()),
             &ITERATION_BUCKETS,

@@ -105,4 +105,34 @@ pub struct EngineStats {
     /// Accepted drafts by position in the draft (0 = first proposed token); the last entry
     /// counts every later position.
     pub spec_accepted_per_position: [u64; 8],
+    /// Wall time of the steps' phases, in seconds: where a step's time goes on the host.
+    pub phase_seconds: PhaseSeconds,
+}
+
+/// Wall time spent in each phase of [`LLMEngine::step`](crate::LLMEngine::step), summed over
+/// steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PhaseSeconds {
+    /// Scheduling (and speculative drafting).
+    pub schedule: f64,
+    /// The forward pass and sampling: building the batch, the device's work and the wait for
+    /// its tokens.
+    pub forward: f64,
+    /// Appending the sampled tokens to their sequences: detokenizing, stop checks, freeing the
+    /// blocks of finished sequences.
+    pub update: f64,
+    /// Building each changed request's output.
+    pub outputs: f64,
+}
+
+impl PhaseSeconds {
+    /// `self − base`, phase by phase.
+    pub fn since(&self, base: &PhaseSeconds) -> PhaseSeconds {
+        PhaseSeconds {
+            schedule: self.schedule - base.schedule,
+            forward: self.forward - base.forward,
+            update: self.update - base.update,
+            outputs: self.outputs - base.outputs,
+        }
+    }
 }

@@ -10,7 +10,7 @@ pub mod remote_prefill;
 mod sample_step;
 mod spec_decoder;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::backend::longest_sequence;
@@ -30,7 +30,7 @@ use crate::scheduling::sequence::{SeqId, Sequence, SequenceStatus};
 use crate::ModelConfig;
 use spec_decoder::SpecDecoder;
 
-pub use api::{EngineConfig, EngineError, EngineStats, Prompt, RequestOptions};
+pub use api::{EngineConfig, EngineError, EngineStats, PhaseSeconds, Prompt, RequestOptions};
 
 struct RequestState {
     seq_ids: Vec<SeqId>,
@@ -551,20 +551,30 @@ impl LLMEngine {
     /// Runs one scheduler iteration and returns the news of every request that changed:
     /// schedule (with speculative drafts), execute, sample, update (seed 002's flow).
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        let mut clock = std::time::Instant::now();
+        let mut lap = |phase: &mut f64| {
+            let now = std::time::Instant::now();
+            *phase += now.duration_since(clock).as_secs_f64();
+            clock = now;
+        };
         let plan = self.schedule()?;
         self.stats.steps += 1;
+        lap(&mut self.stats.phase_seconds.schedule);
         let mut grammars = self.step_grammars(&plan);
         let rows = self.runner.execute(&plan, &self.scheduler.seqs, &mut grammars);
         grammars.restore(&mut self.scheduler.seqs);
         let rows = rows?;
         let sampled = self.sample(rows);
         self.feed_grammars(&sampled);
+        lap(&mut self.stats.phase_seconds.forward);
         let update =
             self.scheduler.update_from_output(&plan, sampled, &self.tokenizer, now_secs())?;
+        lap(&mut self.stats.phase_seconds.update);
         let mut outputs = self.outputs(update);
         outputs.extend(self.advance_beams());
         self.wipe_freed();
         self.last_schedule = plan;
+        lap(&mut self.stats.phase_seconds.outputs);
         Ok(outputs)
     }
 
@@ -645,7 +655,9 @@ impl LLMEngine {
             }
         }
         let mut results = std::mem::take(&mut self.pending);
-        let mut touched: Vec<String> = Vec::new();
+        // Each changed request once, in the order of its first changed sequence.
+        let mut touched: Vec<String> = Vec::with_capacity(update.updated.len());
+        let mut seen: HashSet<&str> = HashSet::with_capacity(update.updated.len());
         for id in &update.updated {
             let rid = match self.scheduler.seqs.get(id) {
                 Some(s) => &s.request_id,
@@ -654,10 +666,11 @@ impl LLMEngine {
                     None => continue,
                 },
             };
-            if !touched.contains(rid) {
+            if seen.insert(rid) {
                 touched.push(rid.clone());
             }
         }
+        drop(seen);
         for rid in touched {
             results.extend(self.request_output(&rid, &mut update.finished, false));
         }
