@@ -14,8 +14,9 @@
 #                               --disaggregated) with `tandem bench serve`: 1, 32 and 256 streams
 #                               of 108 + 128 tokens (ignore_eos), one stream of a 1,550-token
 #                               prompt; `tandem bench engine` on the same requests, the client's
-#                               own ceiling (--stub) and llama-batched-bench. Logs and JSON in
-#                               $OUT/peer; a summary table at the end.
+#                               own ceiling (--stub) and llama-batched-bench; ROUNDS=N adds N
+#                               rounds of bench engine against tandem up on the same 1,024
+#                               requests. Logs and JSON in $OUT/peer; a summary at the end.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 stage=.gpu/peer
@@ -101,6 +102,29 @@ for mode in colocated disaggregated; do
   kill -INT $pid; wait $pid 2>/dev/null
 done
 
+# ROUNDS=N: the served/engine ratio, N rounds, each `bench engine`, then a fresh `tandem up`
+# (colocated defaults) on the same 1,024 requests with the client sharing every core, then one
+# with the server on the first half of the cores and the client on the other half (the server
+# holds the GPU's memory while up, so the engine and the server take turns).
+half=$(( $(nproc) / 2 ))
+for r in $(seq 1 "${ROUNDS:-0}"); do
+  timeout 120 $B bench engine --device cuda --model $model --num-prompts 1024 --input-len 108 --min-input-len 108 \
+    --output-len 128 --min-output-len 128 --max-num-seqs 256 --max-num-batched-tokens 8192 > "$o/round$r-engine.txt" 2>&1
+  for placement in shared split; do
+    pin_server=(); pin_client=()
+    [ $placement = split ] && pin_server=(taskset -c 0-$((half - 1))) && pin_client=(taskset -c $half-$(( $(nproc) - 1 )))
+    "${pin_server[@]}" $B up --device cuda --model $model --served-model-name $name --port $port > /dev/null 2> "$o/round$r-up-$placement.log" &
+    pid=$!
+    if wait_http $pid; then
+      serve "round$r-warm-$placement" 256 256 108 128
+      "${pin_client[@]}" timeout 120 $B bench serve --base-url http://127.0.0.1:$port/v1 --model $name --seed $RANDOM \
+        --num-prompts 1024 --concurrency 256 --input-len 108 --output-len 128 --ignore-eos --quiet \
+        --json "$o/round$r-served-$placement.json" > /dev/null 2>&1
+    fi
+    kill -INT $pid; wait $pid 2>/dev/null
+  done
+done
+
 if [ -x $L/bin/llama-server ]; then
   # A unified KV buffer (-kvu): any slot may take a long prompt (without it each of the 256
   # slots gets 65536/256 tokens and a 1,550-token prompt is refused).
@@ -121,7 +145,7 @@ def load(n):
     return json.load(open(p))["result"] if os.path.exists(p) else None
 def cell(r):
     if not r: return "—"
-    return f"{r['output_throughput']:,.0f} tok/s, TTFT p50 {r['ttft']['median_ms']:.1f} / p99 {r['ttft']['p99_ms']:.1f} ms" + (f", {r['failed']} failed" if r['failed'] else "")
+    return f"{r['output_throughput']:,.0f} tok/s, TTFT p50 {r['ttft']['median_ms']:.1f} / p99 {r['ttft']['p99_ms']:.1f} ms" + (f", {r['failed']} failed {r['errors']}" if r['failed'] else "")
 rows = [("1 stream", "c1"), ("32 streams", "c32"), ("256 streams", "c256"), ("1 stream, 1,550-token prompt", "long")]
 servers = ["llama-server", "tandem-colocated", "tandem-disaggregated"]
 print("| | " + " | ".join(servers) + " |"); print("|---" * (len(servers) + 1) + "|")
@@ -151,6 +175,16 @@ for mode in ("colocated", "disaggregated"):
         print(f"  decode worker during it: {steps:.0f} steps, {toks / steps:.0f} tokens a step, {busy:.3f} s stepping of {r['duration_s']:.3f} s ({busy / r['duration_s']:.0%})")
     except (OSError, KeyError, ZeroDivisionError) as e:
         print(f"  decode worker metrics: {e}")
+for r in range(1, 10):
+    e = os.path.join(d, f"round{r}-engine.txt")
+    if not os.path.exists(e): continue
+    m = re.search(r"throughput\s+([\d.]+) output tok/s", open(e).read())
+    ph = re.search(r"per step\s+(.*)", open(e).read())
+    if not m: continue
+    print(f"round {r}: bench engine {float(m.group(1)):,.0f} tok/s (per step: {ph.group(1) if ph else '?'})")
+    for placement in ("shared", "split"):
+        v = load(f"round{r}-served-{placement}")
+        if v: print(f"  tandem up, client on {'every core' if placement == 'shared' else 'its own half of the cores'}: {v['output_throughput']:,.0f} tok/s = {v['output_throughput'] / float(m.group(1)):.0%} of the engine (TTFT p99 {v['ttft']['p99_ms']:.0f} ms, {v['failed']} failed {v['errors'] if v['failed'] else ''})")
 s = load("stub-c256")
 if s: print(f"client ceiling (stub, 1024 at 256): {s['output_throughput']:,.0f} tok/s")
 for s in servers[1:]:

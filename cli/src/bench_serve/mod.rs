@@ -220,7 +220,9 @@ impl Client {
                         .as_deref()
                         .or_else(|| c.delta.as_ref().and_then(|d| d.content.as_deref()))
                 });
-                if let Some(piece) = piece.filter(|p| !p.is_empty()) {
+                // A token's event counts even when its text is empty (a special token skipped,
+                // a character not yet complete): the token reached the client then.
+                if let Some(piece) = piece {
                     t.chunk_times.push(start.elapsed().as_secs_f64());
                     text.push_str(piece);
                     chunks += 1;
