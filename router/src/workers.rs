@@ -95,7 +95,7 @@ impl Worker {
         req.set_timeout(timeout);
         let answer = tokio::time::timeout(timeout, client.status(req)).await;
         // tonic reports its own deadline (the request's timeout) as Cancelled.
-        let late = matches!(&answer, Err(_))
+        let late = answer.is_err()
             || matches!(&answer, Ok(Err(e)) if matches!(e.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled));
         let res = match answer {
             Ok(Ok(r)) => {

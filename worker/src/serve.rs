@@ -268,7 +268,7 @@ mod stream_limit_tests {
         let (a, r) = (arrived.clone(), released.clone());
         let app = axum::Router::new().route(
             "/hold",
-            axum::routing::get(move || {
+            get(move || {
                 let (a, mut r) = (a.clone(), r.clone());
                 async move {
                     a.fetch_add(1, Ordering::SeqCst);
@@ -277,7 +277,7 @@ mod stream_limit_tests {
                 }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve_http(listener, app, CONN_LIMITS, async move {
@@ -292,7 +292,7 @@ mod stream_limit_tests {
             let mut c = client.clone();
             requests.push(tokio::spawn(async move {
                 c = c.ready().await.unwrap();
-                let req = http::Request::get(format!("http://{addr}/hold")).body(()).unwrap();
+                let req = axum::http::Request::get(format!("http://{addr}/hold")).body(()).unwrap();
                 let (resp, _) = c.send_request(req, true).unwrap();
                 resp.await.unwrap().status()
             }));
