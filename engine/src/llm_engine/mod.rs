@@ -103,6 +103,9 @@ impl LLMEngine {
         let max_prefill_only_len = max_pos.min(spec.num_blocks / bm.num_groups() * spec.block_size);
         let mut sched_cfg = config.scheduler;
         sched_cfg.max_model_len = max_model_len;
+        // Streaming detokenization's byte table is built and checked now, not on the engine
+        // thread during the first request.
+        let _ = model.tokenizer.pieces();
         LLMEngine {
             model_config: model.config,
             tokenizer: model.tokenizer,
