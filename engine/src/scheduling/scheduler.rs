@@ -468,14 +468,24 @@ impl Scheduler {
                 0
             }
         };
-        self.waiting
-            .iter()
-            .enumerate()
-            .min_by_key(|&(pos, id)| {
-                let s = &self.seqs[id];
-                (prio(s), served.get(&s.group).copied().unwrap_or(0), pos)
-            })
-            .map(|(pos, _)| pos)
+        // The queue's front holds the lowest priority value (every priority is 0 under FCFS;
+        // under the priority policy `admit_waiting` sorts the queue first): a sequence with that
+        // priority whose group holds no slot has the smallest key there can be, and every later
+        // one only a larger position, so the scan stops there instead of reading a deep queue
+        // once per admission.
+        let floor = self.waiting.front().map(|id| prio(&self.seqs[id]))?;
+        let mut best: Option<((i32, usize, usize), usize)> = None;
+        for (pos, id) in self.waiting.iter().enumerate() {
+            let s = &self.seqs[id];
+            let key = (prio(s), served.get(&s.group).copied().unwrap_or(0), pos);
+            if best.is_none_or(|(b, _)| key < b) {
+                best = Some((key, pos));
+            }
+            if key.0 == floor && key.1 == 0 {
+                break;
+            }
+        }
+        best.map(|(_, pos)| pos)
     }
 
     fn admit_waiting(&mut self, budget: &mut usize, now: f64, out: &mut SchedulerOutput) {
