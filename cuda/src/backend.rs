@@ -155,6 +155,8 @@ pub struct CudaBackend {
     pub capture_seconds: f64,
     use_graphs: bool,
     use_mma: bool,
+    /// Attention tiles in the order of their contexts, longest first (`plan::longest_first`).
+    longest_first: bool,
     /// Stage boundaries recorded while profiling: (stage that starts, event).
     marks: std::cell::RefCell<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
     /// The tensor-parallel group this backend is one rank of (`None`: the whole model).
@@ -293,6 +295,7 @@ impl CudaBackend {
             use_graphs: opts.max_graph_batch > 0 && !gemm_attention,
             gemm_attention,
             use_mma: true,
+            longest_first: true,
             marks: std::cell::RefCell::new(None),
             tp: None,
         })
@@ -366,6 +369,13 @@ impl CudaBackend {
     pub fn set_mma_attention(&mut self, on: bool) {
         self.use_mma = on;
         self.graphs.clear();
+    }
+
+    /// Starts the attention tiles longest context first (the default), or in the batch's
+    /// order: for measuring what the order gains (`tandem-gpu bench-decode` with a spread of
+    /// contexts).
+    pub fn set_longest_first(&mut self, on: bool) {
+        self.longest_first = on;
     }
 
     /// Query heads per KV head.
@@ -491,7 +501,11 @@ impl CudaBackend {
                 block_dim: (hd as u32, 1, 1),
                 shared_mem_bytes: hd as u32 * 4,
             };
-            let q16 = ptr(&a.q16);
+            // Half-precision queries only for long chunks that attend through cuBLAS.
+            let q16 = match long.is_empty() || self.prefill_kernel().is_some() {
+                true => 0,
+                false => ptr(&a.q16),
+            };
             let bias = l.qkv_bias.as_ref().map_or(0, ptr);
             unsafe {
                 g.launch(
@@ -522,7 +536,7 @@ impl CudaBackend {
             // A sliding-window layer sees the last `window` positions (i32::MAX: all).
             let window = c.layer_window(li).map_or(i32::MAX, |w| w.min(i32::MAX as usize) as i32);
             let cfg = LaunchConfig {
-                grid_dim: (num_tiles as u32, nkv as u32, splits as u32),
+                grid_dim: (nkv as u32, num_tiles as u32, splits as u32),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -562,7 +576,7 @@ impl CudaBackend {
                 self.mark("attention (prefill kernel)")?;
                 let lt = tiles + (num_tiles * TILE_INTS * size_of::<i32>()) as u64;
                 let cfg = LaunchConfig {
-                    grid_dim: (num_long_tiles as u32, nkv as u32, 1),
+                    grid_dim: (nkv as u32, num_long_tiles as u32, 1),
                     block_dim: (plan::PREFILL_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 };

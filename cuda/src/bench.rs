@@ -54,6 +54,16 @@ impl Under {
         }
     }
 
+    fn set_longest_first(&mut self, on: bool) -> Result<(), CudaError> {
+        match self {
+            Under::One(be) => {
+                be.set_longest_first(on);
+                Ok(())
+            }
+            Under::Group(g) => g.set_longest_first(on),
+        }
+    }
+
     fn profile(&mut self, b: &ForwardBatch) -> Result<Vec<(&'static str, f64)>, CudaError> {
         match self {
             Under::One(be) => be.profile(b),
@@ -141,12 +151,15 @@ pub fn linear_params(c: &ModelConfig) -> u64 {
 pub struct DecodeRow {
     /// Sequences in the step.
     pub batch: usize,
-    /// Context of each.
-    pub context: usize,
+    /// Shortest and longest context (spread evenly between them).
+    pub context: (usize, usize),
     /// GPU time of one step (graph replay), ms.
     pub step_ms: f64,
     /// The same step with the CUDA-core attention kernel instead of the tensor-core one, ms.
     pub tile_step_ms: f64,
+    /// Contexts of different lengths: the same step with the attention tiles started in the
+    /// batch's order instead of longest first, ms.
+    pub batch_order_step_ms: Option<f64>,
     /// Bytes a step must read: weights plus every sequence's KV (every GPU's together).
     pub bytes: f64,
     /// Time the HBM roofline allows for those bytes, ms (on a tensor-parallel group: for each
@@ -159,33 +172,41 @@ pub struct DecodeRow {
     pub all_reduce: Option<(f64, &'static str)>,
 }
 
-/// A decode step of `batch` sequences at `context` tokens each, with blocks of its own.
-fn decode_batch(batch: usize, context: usize, block_size: usize) -> ForwardBatch {
-    let per = (context + 1).div_ceil(block_size);
+/// A decode step of `batch` sequences with contexts spread evenly over `lo..=hi` tokens (each
+/// `lo` when they are equal) in a shuffled order, with blocks of their own.
+fn decode_batch(batch: usize, (lo, hi): (usize, usize), block_size: usize) -> ForwardBatch {
+    let per = (hi + 1).div_ceil(block_size);
     let mut b = ForwardBatch::default();
     for s in 0..batch {
-        let blocks: Vec<u32> = (0..per as u32).map(|i| (s * per) as u32 + i).collect();
+        // 7919 is prime, so s ↦ 7919·s mod batch is a permutation (batch < 7919).
+        let rank = (s * 7919) % batch;
+        let context = lo + (hi - lo) * rank / (batch - 1).max(1);
+        let blocks: Vec<u32> =
+            (0..(context + 1).div_ceil(block_size) as u32).map(|i| (s * per) as u32 + i).collect();
         b.push_seq(&[(s % 1000) as u32 + 1], context, &blocks, block_size, Logits::Last);
     }
     b
 }
 
-/// Decode steps of the model `cfg` (random weights) at each batch size, context `context`, on
-/// one GPU or (`tp` > 1) split across GPUs `0..tp`; `lim` from [`group_limits`].
+/// Decode steps of the model `cfg` (random weights) at each batch size, contexts spread over
+/// `context` (`(lo, hi)`; equal for one length), on one GPU or (`tp` > 1) split across GPUs
+/// `0..tp`; `lim` from [`group_limits`].
 pub fn decode(
     cfg: &ModelConfig,
     batches: &[usize],
-    context: usize,
+    context: (usize, usize),
     lim: &Limits,
     tp: usize,
 ) -> Result<Vec<DecodeRow>, CudaError> {
     let max_b = batches.iter().copied().max().unwrap_or(1);
     let bs = 16;
-    let blocks = max_b * (context + 1).div_ceil(bs);
+    let hi = context.1.max(context.0);
+    let context = (context.0, hi);
+    let blocks = max_b * (hi + 1).div_ceil(bs);
     let opts = CudaBackendOptions {
         num_blocks: Some(blocks),
         max_num_batched_tokens: 2048,
-        max_model_len: context + bs,
+        max_model_len: hi + bs,
         max_graph_batch: max_b,
         ..Default::default()
     };
@@ -202,6 +223,16 @@ pub fn decode(
         be.set_mma_attention(false)?;
         let tile_step_ms = be.replay_ms(&b, 20)?;
         be.set_mma_attention(true)?;
+        // Contexts of different lengths: the same step with the tiles in the batch's order.
+        let batch_order_step_ms = match context.0 == context.1 {
+            true => None,
+            false => {
+                be.set_longest_first(false)?;
+                let ms = be.replay_ms(&b, 20)?;
+                be.set_longest_first(true)?;
+                Some(ms)
+            }
+        };
         let all_reduce = match &mut be {
             Under::One(_) => None,
             Under::Group(g) => {
@@ -210,13 +241,14 @@ pub fn decode(
                 Some((worst, g.all_reduce_path()))
             }
         };
-        let per_gpu =
-            2.0 * linear_params(&local) as f64 + kv_per_token * (batch * (context + 1)) as f64;
+        let positions: usize = b.seqs.iter().map(|s| s.context_len).sum();
+        let per_gpu = 2.0 * linear_params(&local) as f64 + kv_per_token * positions as f64;
         rows.push(DecodeRow {
             batch,
             context,
             step_ms,
             tile_step_ms,
+            batch_order_step_ms,
             bytes: per_gpu * tp.max(1) as f64,
             roofline_ms: per_gpu / lim.hbm_bytes_per_s * 1e3,
             profile,
@@ -235,6 +267,9 @@ pub struct PrefillRow {
     pub len: usize,
     /// Wall time of the forward pass, ms (median of 5).
     pub ms: f64,
+    /// Attention on the prefill kernel: the same with its tiles started in the batch's order
+    /// instead of longest context first, ms.
+    pub batch_order_ms: Option<f64>,
     /// FLOPs of the pass (linear layers, causal attention, LM head of the last rows).
     pub flops: f64,
     /// GPU time per stage, ms.
@@ -278,20 +313,35 @@ pub fn prefill(
         let blocks: Vec<u32> = (0..per as u32).map(|i| (p * per) as u32 + i).collect();
         b.push_seq(&toks, 0, &blocks, bs, Logits::Last);
     }
-    let mut ts = Vec::new();
-    for i in 0..7 {
-        let t = Instant::now();
-        be.backend().forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
-        if i >= 2 {
-            ts.push(t.elapsed().as_secs_f64() * 1e3);
+    // Median of five passes after two untimed ones, ms.
+    let median = |be: &mut Under| -> Result<f64, CudaError> {
+        let mut ts = Vec::new();
+        for i in 0..7 {
+            let t = Instant::now();
+            be.backend().forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
+            if i >= 2 {
+                ts.push(t.elapsed().as_secs_f64() * 1e3);
+            }
         }
-    }
-    ts.sort_by(f64::total_cmp);
+        ts.sort_by(f64::total_cmp);
+        Ok(ts[ts.len() / 2])
+    };
+    let ms = median(&mut be)?;
+    let batch_order_ms = match mma {
+        true => {
+            be.set_longest_first(false)?;
+            let ms = median(&mut be)?;
+            be.set_longest_first(true)?;
+            Some(ms)
+        }
+        false => None,
+    };
     let profile = be.profile(&b)?;
     Ok(PrefillRow {
         prompts,
         len,
-        ms: ts[ts.len() / 2],
+        ms,
+        batch_order_ms,
         flops: prefill_flops(cfg, prompts, len),
         profile,
     })
@@ -471,9 +521,15 @@ mod tests {
             32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336) + 128_256 * 4096
         );
         assert!((7.4e9..7.6e9).contains(&(p as f64)), "{p}");
-        let b = decode_batch(3, 1024, 16);
+        let b = decode_batch(3, (1024, 1024), 16);
         assert_eq!(b.seqs.len(), 3);
         assert_eq!(b.seqs[2].block_table[0], 2 * 65);
+        // A spread: every context between the ends once, each with the blocks it needs.
+        let b = decode_batch(5, (100, 500), 16);
+        let mut ctx: Vec<usize> = b.seqs.iter().map(|s| s.context_len - 1).collect();
+        ctx.sort();
+        assert_eq!(ctx, vec![100, 200, 300, 400, 500]);
+        assert!(b.seqs.iter().all(|s| s.block_table.len() == s.context_len.div_ceil(16)));
         assert!(prefill_flops(&c, 4, 2048) > 2.0 * 8192.0 * 6.9e9);
     }
 

@@ -217,7 +217,14 @@ fn rmsnorm_add(g: &Gpu) -> Result<CheckResult, CudaError> {
 }
 
 fn rmsnorm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
-    let (rows, h, eps) = (13, 576, 1e-5f32);
+    // A width of a multiple of 4 (16-byte loads) and one that is not (scalar loads).
+    let mut out = rmsnorm_at(g, u, 576)?;
+    out.extend(rmsnorm_at(g, u, 574)?);
+    Ok(out)
+}
+
+fn rmsnorm_at(g: &Gpu, u: f64, h: usize) -> Result<Vec<CheckResult>, CudaError> {
+    let (rows, eps) = (13, 1e-5f32);
     let mut r = Rng::new(3);
     let x = r.vec(rows * h, 3.0);
     let w = r.vec(h, 1.0);
@@ -250,8 +257,16 @@ fn rmsnorm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
         sel.iter().flat_map(|&i| want[i as usize * h..(i as usize + 1) * h].to_vec()).collect();
     Ok(vec![
         // Output rounded to 16 bits: within u relative (plus a floor for values near zero).
-        result("rmsnorm f32→16-bit (tol 1.05u)", rel_err(&got, &want, 1e-2), 1.05 * u),
-        result("rmsnorm with row gather (tol 1.05u)", rel_err(&got_sel, &want_sel, 1e-2), 1.05 * u),
+        result(
+            &format!("rmsnorm f32→16-bit, width {h} (tol 1.05u)"),
+            rel_err(&got, &want, 1e-2),
+            1.05 * u,
+        ),
+        result(
+            &format!("rmsnorm with row gather, width {h} (tol 1.05u)"),
+            rel_err(&got_sel, &want_sel, 1e-2),
+            1.05 * u,
+        ),
     ])
 }
 
@@ -500,7 +515,7 @@ fn attention(
     assert!(!prefill || (splits == 1 && num_tiles > 0), "the prefill kernel takes one split");
     let wi = window.map_or(i32::MAX, |w| w as i32);
     let cfg = LaunchConfig {
-        grid_dim: (num_tiles as u32, nkv as u32, splits as u32),
+        grid_dim: (nkv as u32, num_tiles as u32, splits as u32),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -581,11 +596,12 @@ fn attention(
 }
 
 fn silu_mul(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
-    let (t, f) = (7, 1536);
-    let mut r = Rng::new(9);
-    let gu = r.vec(t * 2 * f, 4.0);
     let mut out = Vec::new();
-    for gelu in [0i32, 1] {
+    // A width of a multiple of 4 (16-byte loads) and one that is not (scalar loads).
+    for (f, gelu) in [(1536, 0i32), (1536, 1), (1534, 0)] {
+        let t = 7;
+        let mut r = Rng::new(9);
+        let gu = r.vec(t * 2 * f, 4.0);
         let mut want = Vec::new();
         for row in gu.chunks_exact(2 * f) {
             let mut a = row[..f].to_vec();
@@ -608,7 +624,7 @@ fn silu_mul(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
         let got = unbf(&g.read(&dout, t * f)?);
         let name = if gelu == 1 { "gelu(tanh)·mul" } else { "silu·mul" };
         out.push(result(
-            &format!("{name} f32→16-bit (tol 2u)"),
+            &format!("{name} f32→16-bit, width {f} (tol 2u)"),
             rel_err(&got, &want, 1e-2),
             2.0 * u,
         ));

@@ -69,12 +69,31 @@ extern "C" __global__ void embed(const int* __restrict__ tok, const h16* __restr
 
 // y[r, :] = x[src, :] * rsqrt(mean(x[src]^2) + eps) * w, src = rows ? rows[r] : r. f32 in, 16-bit out.
 // Grid: output rows.
+// Rows whose width is a multiple of 4 travel 16 bytes (4 floats in, 4 outputs) at a time.
 extern "C" __global__ void rmsnorm(const float* __restrict__ x, const int* __restrict__ rows,
                                    const float* __restrict__ w, h16* __restrict__ y, int H, float eps) {
   int src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + (size_t)src * H;
   h16* yr = y + (size_t)blockIdx.x * H;
   float ss = 0.f;
+  if ((H & 3) == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    uint2* y4 = reinterpret_cast<uint2*>(yr);
+    for (int i = threadIdx.x; i < H / 4; i += blockDim.x) {
+      float4 v = x4[i];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    float inv = rsqrtf(block_sum(ss) / (float)H + eps);
+    for (int i = threadIdx.x; i < H / 4; i += blockDim.x) {
+      float4 v = x4[i], g = w4[i];
+      uint2 o;
+      o.x = (unsigned)f2h(v.x * inv * g.x) | ((unsigned)f2h(v.y * inv * g.y) << 16);
+      o.y = (unsigned)f2h(v.z * inv * g.z) | ((unsigned)f2h(v.w * inv * g.w) << 16);
+      y4[i] = o;
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
   float inv = rsqrtf(block_sum(ss) / (float)H + eps);
   for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = f2h(xr[i] * inv * w[i]);
@@ -82,7 +101,7 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, const int* __res
 
 // One head of one token from the fused q|k|v projection (f32): optional bias (Qwen2, [q|k|v]),
 // optional per-head RMSNorm (Qwen3), rotary embedding, then q to `q_out` (f32, [T, nh, hd]) and, for the GEMM attention path, to
-// `q16` (IEEE half, same layout), and k, v into the paged cache at the
+// `q16` (IEEE half, same layout; null: not wanted), and k, v into the paged cache at the
 // token's slot (16-bit, blocks of [nkv][block_size][hd]; slot < 0 skips the store). Grid: (T, nh + 2 * nkv);
 // block: hd threads.
 extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const int* __restrict__ pos,
@@ -122,9 +141,11 @@ extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const i
       float* qo = q_out + ((size_t)t * nh + h) * hd;
       qo[a] = r0;
       qo[b] = r1;
-      size_t o = ((size_t)t * nh + h) * hd;
-      q16[o + a] = to_f16(r0);
-      q16[o + b] = to_f16(r1);
+      if (q16) {
+        size_t o = ((size_t)t * nh + h) * hd;
+        q16[o + a] = to_f16(r0);
+        q16[o + b] = to_f16(r1);
+      }
     } else if (s >= 0) {
       h16* ko = k_cache + kv_index(s, h - nh, nkv, hd, block_size);
       ko[a] = f2h(r0);
@@ -144,7 +165,8 @@ extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const i
 //
 // With one split the result is written to `out` (16-bit, [T, nh * hd]); with several, each split
 // writes its unnormalised accumulator and (max, sum) to `part_acc`/`part_ml` for
-// `attention_reduce`. Grid: (tiles, nkv, splits); block: 128 threads.
+// `attention_reduce`. Grid: (nkv, tiles, splits), so the CTAs of a tile's KV heads start together
+// and tiles start in the order the host lists them (longest context first); block: 128 threads.
 #define ATT_BK 32
 #define ATT_WARPS 4
 #define ATT_MAX_ROWS 16
@@ -191,11 +213,11 @@ __device__ __forceinline__ void attention_impl(ATTENTION_ARGS) {
   __shared__ __align__(16) float ks[ATT_BK][ATT_KS];
   __shared__ __align__(16) float vs[ATT_BK][ATT_MAX_HD];
   __shared__ __align__(16) float qs[RPW * ATT_WARPS][ATT_MAX_HD];
-  const int* tile = tiles + blockIdx.x * 5;
+  const int* tile = tiles + blockIdx.y * 5;
   int row0 = tile[0], ntok = tile[1], pos0 = tile[2];
   const int* bt = block_tables + tile[3];
   if (ntok == 0) return;
-  int kvh = blockIdx.y, group = nh / nkv;
+  int kvh = blockIdx.x, group = nh / nkv;
   int nrows = ntok * group;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int ctx = pos0 + ntok;  // positions attended by the tile's last token
@@ -465,11 +487,11 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
   constexpr int NT = HD / 8;           // n-tiles of the output
   constexpr int CHUNKS = MMA_PAGE * HD / 8 / 32;  // 16-byte copies per lane per page of K (or V)
   __shared__ __align__(16) h16 stage[MMA_WARPS][2][2][PAGE];
-  const int* tile = tiles + blockIdx.x * 5;
+  const int* tile = tiles + blockIdx.y * 5;
   const int row0 = tile[0], ntok = tile[1], pos0 = tile[2];
   const int* bt = block_tables + tile[3];
   if (ntok == 0) return;
-  const int kvh = blockIdx.y, group = nh / nkv, nrows = ntok * group;
+  const int kvh = blockIdx.x, group = nh / nkv, nrows = ntok * group;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int ctx = pos0 + ntok, splits = gridDim.z;
@@ -615,7 +637,7 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
 
 
 // Flash-attention prefill on tensor cores, for long chunks (prefill, prefix-cache hits): the
-// tiles are up to PF_ROWS rows (tokens × the group's query heads), each of PF_WARPS warps owns
+// tiles (grid (nkv, tiles), as `attention`) are up to PF_ROWS rows (tokens × the group's query heads), each of PF_WARPS warps owns
 // 16 of them, and all warps walk the same stages of PF_STAGE positions, which the CTA's
 // threads copy into shared memory by cp.async one stage ahead of use. A stage's keys and values
 // serve every row of the tile, not 16, and no score leaves registers. The arithmetic is
@@ -635,11 +657,11 @@ __device__ __forceinline__ void attention_prefill_impl(ATTENTION_ARGS) {
   constexpr int COPIES = MMA_PAGE * HD / 8;  // 16-byte copies per page of K (or V)
   constexpr int CHUNKS = (COPIES + 32 * PF_WARPS - 1) / (32 * PF_WARPS);  // per thread
   __shared__ __align__(16) h16 stage[2][2][SPAN];
-  const int* tile = tiles + blockIdx.x * 5;
+  const int* tile = tiles + blockIdx.y * 5;
   const int row0 = tile[0], ntok = tile[1], pos0 = tile[2];
   const int* bt = block_tables + tile[3];
   if (ntok == 0) return;
-  const int kvh = blockIdx.y, group = nh / nkv, nrows = ntok * group;
+  const int kvh = blockIdx.x, group = nh / nkv, nrows = ntok * group;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int rows[2] = {warp * 16 + g, warp * 16 + g + 8};
@@ -887,13 +909,29 @@ extern "C" __global__ void to_model(const float* __restrict__ in, h16* __restric
 // Grid: (chunks of a row, T).
 // act(gate) · up; act is SiLU, or GELU's tanh approximation (Gemma) when `gelu` is set, written
 // as x·σ(2·√(2/π)·(x + 0.044715·x³)), the CPU path's form.
+__device__ __forceinline__ float gate_act(float x, int gelu) {
+  float z = gelu ? 1.5957691f * (x + 0.044715f * x * x * x) : x;
+  return x / (1.f + __expf(-z));
+}
 extern "C" __global__ void silu_mul(const float* __restrict__ gu, h16* __restrict__ out, int F, int gelu) {
   const float* g = gu + (size_t)blockIdx.y * 2 * F;
   h16* o = out + (size_t)blockIdx.y * F;
+  if ((F & 3) == 0) {
+    // 16 bytes of gate and of up per thread and 8 bytes out (rows stay 16-byte aligned).
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    const float4* u4 = reinterpret_cast<const float4*>(g + F);
+    uint2* o4 = reinterpret_cast<uint2*>(o);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < F / 4; i += gridDim.x * blockDim.x) {
+      float4 a = g4[i], u = u4[i];
+      uint2 r;
+      r.x = (unsigned)f2h(gate_act(a.x, gelu) * u.x) | ((unsigned)f2h(gate_act(a.y, gelu) * u.y) << 16);
+      r.y = (unsigned)f2h(gate_act(a.z, gelu) * u.z) | ((unsigned)f2h(gate_act(a.w, gelu) * u.w) << 16);
+      o4[i] = r;
+    }
+    return;
+  }
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < F; i += gridDim.x * blockDim.x) {
-    float x = g[i];
-    float z = gelu ? 1.5957691f * (x + 0.044715f * x * x * x) : x;
-    o[i] = f2h(x / (1.f + __expf(-z)) * g[F + i]);
+    o[i] = f2h(gate_act(g[i], gelu) * g[F + i]);
   }
 }
 

@@ -11,6 +11,7 @@ pub mod bench;
 pub mod check;
 pub mod device;
 pub mod e2e;
+pub mod gemm_tune;
 pub mod nccl;
 pub mod plan;
 pub mod tensor_parallel;

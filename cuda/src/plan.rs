@@ -124,6 +124,8 @@ impl BatchPlan {
             }
             push_tiles(&mut p.tiles, s.query_start, s.query_len, first_pos, bt_off, per_tile);
         }
+        longest_first(&mut p.tiles);
+        longest_first(&mut p.long_tiles);
         p
     }
 
@@ -149,7 +151,11 @@ impl BatchPlan {
             return None;
         }
         let mut p = BatchPlan::inert(graph_size, max_blocks, groups);
-        for (i, s) in b.seqs.iter().enumerate() {
+        // Tile k is the k-th longest context's (see `longest_first`); row i stays sequence i's.
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(b.seqs[i].context_len));
+        for (k, i) in order.into_iter().enumerate() {
+            let s = &b.seqs[i];
             p.tokens[i] = b.token_ids[i] as i32;
             p.positions[i] = b.positions[i] as i32;
             for g in 0..groups {
@@ -160,7 +166,7 @@ impl BatchPlan {
             for (j, &blk) in s.block_table.iter().enumerate() {
                 p.block_tables[(j % groups) * p.bt_stride + off + j / groups] = page(blk);
             }
-            p.tiles[i * TILE_INTS..(i + 1) * TILE_INTS].copy_from_slice(&[
+            p.tiles[k * TILE_INTS..(k + 1) * TILE_INTS].copy_from_slice(&[
                 i as i32,
                 1,
                 (s.context_len - 1) as i32,
@@ -212,6 +218,33 @@ fn push_tiles(tiles: &mut Vec<i32>, row0: usize, len: usize, pos0: usize, bt_off
         let n = per.min(len - done);
         tiles.extend_from_slice(&[(row0 + done) as i32, n as i32, (pos0 + done) as i32, bt_off, 0]);
         done += n;
+    }
+}
+
+/// Orders tiles by the context they attend, longest first. The GPU starts an attention
+/// launch's CTAs in grid order, a tile's KV heads together (grid `(nkv, tiles, splits)`), and
+/// hands the next CTA to whichever SM frees first: started longest first, the long contexts
+/// of a batch of mixed lengths (a few thousand positions beside a few hundred) are not the
+/// last CTAs left running on a few SMs while the others idle (longest-processing-time-first
+/// scheduling). Sorting only reorders work: each tile names its own rows and block table.
+pub fn longest_first(tiles: &mut [i32]) {
+    let mut v: Vec<[i32; TILE_INTS]> =
+        tiles.chunks_exact(TILE_INTS).map(|t| t.try_into().expect("a tile")).collect();
+    // Stable, so equal contexts keep the batch's order.
+    v.sort_by_key(|t| std::cmp::Reverse(t[1] + t[2]));
+    for (dst, t) in tiles.chunks_exact_mut(TILE_INTS).zip(v) {
+        dst.copy_from_slice(&t);
+    }
+}
+
+/// Puts tiles back in the batch's order (padding tiles last): the order before
+/// [`longest_first`], kept for measuring what that order gains.
+pub fn batch_order(tiles: &mut [i32]) {
+    let mut v: Vec<[i32; TILE_INTS]> =
+        tiles.chunks_exact(TILE_INTS).map(|t| t.try_into().expect("a tile")).collect();
+    v.sort_by_key(|t| (t[1] == 0, t[0]));
+    for (dst, t) in tiles.chunks_exact_mut(TILE_INTS).zip(v) {
+        dst.copy_from_slice(&t);
     }
 }
 
@@ -330,7 +363,9 @@ mod tests {
         let p = BatchPlan::new(&b, 8, 32);
         // 128 / 8 = 16 tokens: rows 0..16, 16..32, 32..40.
         assert_eq!(p.num_long_tiles(), 3);
-        assert_eq!(p.long_tiles[10..15], [32, 8, 42, 0, 0]);
+        // Longest context first: rows 32..40 (positions up to 50) lead.
+        assert_eq!(p.long_tiles[..5], [32, 8, 42, 0, 0]);
+        assert_eq!(p.long_tiles[10..15], [0, 16, 10, 0, 0]);
     }
 
     #[test]
@@ -349,6 +384,38 @@ mod tests {
         assert!(BatchPlan::padded_decode(&batch(), 4, 8).is_none());
         assert!(BatchPlan::padded_decode(&b, 1, 8).is_none());
         assert!(BatchPlan::padded_decode(&b, 4, 1).is_none());
+    }
+
+    /// Tiles start longest context first, in graph-shaped plans and eager ones alike; each
+    /// still names its own rows and block table, and `batch_order` undoes the order.
+    #[test]
+    fn tiles_start_longest_context_first() {
+        let mut b = ForwardBatch::default();
+        for (i, ctx) in [3usize, 40, 17, 40, 9].into_iter().enumerate() {
+            let blocks: Vec<u32> =
+                (0..(ctx + 1).div_ceil(16) as u32).map(|j| 10 * i as u32 + j).collect();
+            b.push_seq(&[i as u32], ctx, &blocks, 16, Logits::Last);
+        }
+        let g = BatchPlan::padded_decode(&b, 8, 4).unwrap();
+        let rows: Vec<i32> = g.tiles.chunks_exact(TILE_INTS).map(|t| t[0]).collect();
+        let ctx: Vec<i32> = g.tiles.chunks_exact(TILE_INTS).map(|t| t[1] + t[2]).collect();
+        // Ties keep the batch's order; padding (no rows) last.
+        assert_eq!(&rows[..5], &[1, 3, 2, 4, 0]);
+        assert_eq!(&ctx[..5], &[41, 41, 18, 10, 4]);
+        assert!(g.tiles[5 * TILE_INTS..].iter().all(|&x| x == 0));
+        for t in g.tiles.chunks_exact(TILE_INTS).take(5) {
+            assert_eq!(t[3], t[0] * 4, "row i keeps sequence i's block table");
+            assert_eq!(g.block_tables[t[3] as usize], 10 * t[0]);
+        }
+        let e = BatchPlan::new(&b, 1, usize::MAX);
+        let eager: Vec<(i32, i32)> =
+            e.tiles.chunks_exact(TILE_INTS).map(|t| (t[0], t[1] + t[2])).collect();
+        assert_eq!(eager, vec![(1, 41), (3, 41), (2, 18), (4, 10), (0, 4)]);
+        let mut undone = g.tiles.clone();
+        batch_order(&mut undone);
+        let rows: Vec<i32> = undone.chunks_exact(TILE_INTS).take(5).map(|t| t[0]).collect();
+        assert_eq!(rows, vec![0, 1, 2, 3, 4]);
+        assert!(undone[5 * TILE_INTS..].iter().all(|&x| x == 0));
     }
 
     /// Two KV groups: each group's slots and block tables in a section of their own, tile

@@ -339,6 +339,20 @@ impl TpBackend {
         .map(|_| ())
     }
 
+    /// Orders every rank's attention tiles longest context first, or in the batch's order
+    /// ([`CudaBackend::set_longest_first`]).
+    pub fn set_longest_first(&mut self, on: bool) -> Result<(), CudaError> {
+        let each = move |be: &mut CudaBackend| {
+            be.set_longest_first(on);
+            Ok(Reply::Done)
+        };
+        self.together(each, |be| {
+            be.set_longest_first(on);
+            Ok(())
+        })
+        .map(|_| ())
+    }
+
     /// Captures every rank's decode graphs up front (`progress` is told rank 0's progress).
     pub fn capture_all(&mut self, progress: impl FnMut(usize, usize)) -> Result<(), CudaError> {
         let each = |be: &mut CudaBackend| be.capture_all(|_, _| {}).map(|_| Reply::Done);

@@ -3,7 +3,7 @@
 use tandem_engine::backend::{BackendError, ForwardBatch, RowSampling, NO_PAGE};
 
 use super::CudaBackend;
-use crate::plan::BatchPlan;
+use crate::plan::{self, BatchPlan};
 use crate::CudaError;
 
 impl CudaBackend {
@@ -82,8 +82,16 @@ impl CudaBackend {
         g.write(&mut self.a.positions, &p.positions)?;
         g.write(&mut self.a.slots, &p.slots)?;
         // The prefill kernel's tiles after the others (at most one tile per row in all).
-        g.write(&mut self.a.tiles, &p.tiles)?;
-        g.write_at(&mut self.a.tiles, p.tiles.len(), &p.long_tiles)?;
+        if self.longest_first {
+            g.write(&mut self.a.tiles, &p.tiles)?;
+            g.write_at(&mut self.a.tiles, p.tiles.len(), &p.long_tiles)?;
+        } else {
+            let (mut tiles, mut long) = (p.tiles.clone(), p.long_tiles.clone());
+            plan::batch_order(&mut tiles);
+            plan::batch_order(&mut long);
+            g.write(&mut self.a.tiles, &tiles)?;
+            g.write_at(&mut self.a.tiles, tiles.len(), &long)?;
+        }
         g.write(&mut self.a.block_tables, &p.block_tables)?;
         g.write(&mut self.a.row_valid, &p.row_valid)?;
         g.write(&mut self.a.logits_rows, &p.logits_rows)

@@ -88,7 +88,15 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             ))?;
             let batches: Vec<usize> =
                 arg(2).unwrap_or("1,16,64,256").split(',').filter_map(|s| s.parse().ok()).collect();
-            let context: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(1024);
+            // One context ("1024") or a spread of them ("100-2048").
+            let context = match arg(3).unwrap_or("1024").split_once('-') {
+                Some((lo, hi)) => (lo.parse().ok(), hi.parse().ok()),
+                None => (arg(3).unwrap_or("1024").parse().ok(), None),
+            };
+            let context = match context {
+                (Some(lo), hi) => (lo, hi.unwrap_or(lo)),
+                _ => return Err(CudaError::Unsupported("context: N or LO-HI".into())),
+            };
             let tp: usize = arg(4).and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
             let (name, lim) = bench::group_limits(tp)?;
             println!("[{name}] limit: device copy {:.0} GB/s (read+write; the slowest GPU), cuBLAS bf16 GEMM {:.0} TFLOP/s", lim.hbm_bytes_per_s / 1e9, lim.gemm_flops / 1e12);
@@ -96,11 +104,14 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                 if let Some((ms, path)) = r.all_reduce {
                     println!("[{name}] TP={tp} batch {:>3}: the step's {} all-reduces ({path}) alone in a graph: {ms:.3} ms = {:.1}% of the step", r.batch, 2 * cfg.num_layers, 100.0 * ms / r.step_ms);
                 }
+                let ctx = match r.context {
+                    (lo, hi) if lo == hi => format!("context {lo}"),
+                    (lo, hi) => format!("contexts {lo}-{hi}"),
+                };
                 println!(
-                    "[{name}] decode {} TP={tp} batch {:>3} context {}: step {:.3} ms, {:.2} GB read, roofline {:.3} ms -> {:.1}% of HBM roofline, {:.0} tok/s (CUDA-core attention: {:.3} ms, {:.1}%)",
+                    "[{name}] decode {} TP={tp} batch {:>3} {ctx}: step {:.3} ms, {:.2} GB read, roofline {:.3} ms -> {:.1}% of HBM roofline, {:.0} tok/s (CUDA-core attention: {:.3} ms, {:.1}%)",
                     cfg.name,
                     r.batch,
-                    r.context,
                     r.step_ms,
                     r.bytes / 1e9,
                     r.roofline_ms,
@@ -109,8 +120,38 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                     r.tile_step_ms,
                     100.0 * r.roofline_ms / r.tile_step_ms
                 );
+                if let Some(ms) = r.batch_order_step_ms {
+                    println!("[{name}]   attention tiles in the batch's order instead of longest context first: {ms:.3} ms, {:.1}%", 100.0 * r.roofline_ms / ms);
+                }
                 print_profile(&name, &r.profile);
             }
+            Ok(true)
+        }
+        "bench-gemm" => {
+            // The model's decode-step GEMMs at each batch size: cuBLAS's choice against the
+            // fastest cuBLASLt candidate.
+            let cfg = tandem_cuda::dummy_config(Path::new(
+                arg(1).unwrap_or("cuda/configs/qwen3-0.6b.json"),
+            ))?;
+            let batches: Vec<usize> =
+                arg(2).unwrap_or("1,32,64,128,256").split(',').filter_map(|s| s.parse().ok()).collect();
+            let g = Gpu::open(0, Dtype::Bf16)?;
+            let (h, q, kv, f) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
+            let mut shapes = Vec::new();
+            for &m in &batches {
+                // q|k|v and gate|up to f32; o and down accumulate into the f32 residual.
+                shapes.extend([(m, q + 2 * kv, h, true), (m, h, q, true), (m, 2 * f, h, true), (m, h, f, true)]);
+            }
+            let mut total = (0.0, 0.0);
+            for t in tandem_cuda::gemm_tune::run(&g, &shapes, 20)? {
+                total.0 += t.default_us;
+                total.1 += t.best_us.min(t.default_us);
+                println!(
+                    "[{}] gemm {} m={:>3} n={:>5} k={:>5}: cuBLAS {:.2} us, cuBLASLt first {:.2} us, best {:.2} us (candidate {} of {}) -> {:.2}x",
+                    g.name, cfg.name, t.m, t.n, t.k, t.default_us, t.first_us, t.best_us, t.best_index, t.candidates, t.default_us / t.best_us
+                );
+            }
+            println!("[{}] all shapes: cuBLAS {:.1} us, best of both {:.1} us", g.name, total.0, total.1);
             Ok(true)
         }
         "bench-pages" => {
@@ -177,6 +218,10 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                     achieved / 1e12,
                     100.0 * achieved / lim.gemm_flops
                 );
+                if let Some(ms) = r.batch_order_ms {
+                    let achieved = r.flops / (ms / 1e3);
+                    println!("[{name}]   prefill-kernel tiles in the batch's order instead of longest context first: {ms:.1} ms, {:.1}% of GEMM peak", 100.0 * achieved / lim.gemm_flops);
+                }
                 print_profile(&name, &r.profile);
             }
             Ok(true)

@@ -1,0 +1,217 @@
+//! What choosing a GEMM's algorithm by measurement would gain: each of a model's decode-step
+//! GEMMs (`Gpu::gemm`'s layout: row-major `C = A·Wᵀ`, 16-bit inputs, f32 or 16-bit out), run
+//! through `cublasGemmEx` with cuBLAS's own choice, against every algorithm cuBLASLt's
+//! heuristic offers for the same operation. Each side is timed as 20 calls captured in one
+//! CUDA graph (as decode steps run), so launch costs are the graph's, not the host's.
+
+use std::ffi::c_void;
+
+use cudarc::cublaslt::sys as lsys;
+use cudarc::driver::sys as dsys;
+
+use crate::device::{ptr, time_ms, Dtype, Gpu};
+use crate::CudaError;
+
+/// Calls per captured graph.
+const CALLS: usize = 20;
+/// Candidates asked of the heuristic.
+const CANDIDATES: usize = 24;
+/// Workspace the candidates may use, bytes.
+const WORKSPACE: usize = 32 << 20;
+
+/// One GEMM shape, timed both ways.
+#[derive(Debug, Clone)]
+pub struct GemmTiming {
+    /// Rows (tokens).
+    pub m: usize,
+    /// Output columns.
+    pub n: usize,
+    /// Inner dimension.
+    pub k: usize,
+    /// f32 output (else the model's 16-bit type).
+    pub c_f32: bool,
+    /// cuBLAS's own choice (`cublasGemmEx`), µs per call.
+    pub default_us: f64,
+    /// The fastest cuBLASLt candidate, µs per call.
+    pub best_us: f64,
+    /// Its index in the heuristic's list.
+    pub best_index: usize,
+    /// The heuristic's first candidate, µs per call.
+    pub first_us: f64,
+    /// Candidates that ran.
+    pub candidates: usize,
+}
+
+fn lt(st: lsys::cublasStatus_t, what: &str) -> Result<(), CudaError> {
+    match st {
+        lsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
+        _ => Err(CudaError::Blas(format!("{what}: {st:?}"))),
+    }
+}
+
+/// GPU time per call of `f` run CALLS times inside one captured graph, µs (median of `reps`).
+fn graph_us(
+    g: &Gpu,
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    f()?;
+    g.sync()?;
+    let s = g.stream.clone();
+    s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(CudaError::from)?;
+    let mut r = Ok(());
+    for _ in 0..CALLS {
+        r = r.and_then(|_| f());
+    }
+    let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
+    r?;
+    let graph = graph.ok_or_else(|| CudaError::Driver("empty capture".into()))?;
+    let ms = time_ms(g, 3, reps, || graph.launch().map_err(CudaError::from))?;
+    Ok(ms * 1e3 / CALLS as f64)
+}
+
+/// Times each `(m, n, k, c_f32)` both ways on scratch buffers.
+pub fn run(
+    g: &Gpu,
+    shapes: &[(usize, usize, usize, bool)],
+    reps: usize,
+) -> Result<Vec<GemmTiming>, CudaError> {
+    let handle = unsafe {
+        let mut h = std::mem::MaybeUninit::uninit();
+        lt(lsys::cublasLtCreate(h.as_mut_ptr()), "cublasLtCreate")?;
+        h.assume_init()
+    };
+    let ws = g.zeros::<u8>(WORKSPACE)?;
+    let wsp = ptr(&ws);
+    let mut out = Vec::new();
+    for &(m, n, k, c_f32) in shapes {
+        let a = g.zeros::<u16>(m * k)?;
+        let w = g.zeros::<u16>(n * k)?;
+        let c = g.zeros::<f32>(m * n)?;
+        let (ap, wp, cp) = (ptr(&a), ptr(&w), ptr(&c));
+        let default_us = graph_us(g, reps, || g.gemm(m, n, k, ap, wp, cp, c_f32, false))?;
+        let ab = match g.dtype {
+            Dtype::Bf16 => lsys::cudaDataType_t::CUDA_R_16BF,
+            Dtype::F16 => lsys::cudaDataType_t::CUDA_R_16F,
+        };
+        let ct = if c_f32 { lsys::cudaDataType_t::CUDA_R_32F } else { ab };
+        // Column-major Cᵀ (n×m) = W (k×n stored, transposed) · Aᵀ (k×m).
+        let (desc, wl, al, cl, pref) = unsafe {
+            let mut desc = std::mem::MaybeUninit::uninit();
+            lsys::cublasLtMatmulDescCreate(
+                desc.as_mut_ptr(),
+                lsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                lsys::cudaDataType_t::CUDA_R_32F,
+            );
+            let desc = desc.assume_init();
+            let t = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32;
+            lsys::cublasLtMatmulDescSetAttribute(
+                desc,
+                lsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                &t as *const _ as *const c_void,
+                size_of::<i32>(),
+            );
+            let layout = |ty, rows: usize, cols: usize, ld: usize| {
+                let mut l = std::mem::MaybeUninit::uninit();
+                lsys::cublasLtMatrixLayoutCreate(
+                    l.as_mut_ptr(),
+                    ty,
+                    rows as u64,
+                    cols as u64,
+                    ld as i64,
+                );
+                l.assume_init()
+            };
+            let wl = layout(ab, k, n, k);
+            let al = layout(ab, k, m, k);
+            let cl = layout(ct, n, m, n);
+            let mut pref = std::mem::MaybeUninit::uninit();
+            lsys::cublasLtMatmulPreferenceCreate(pref.as_mut_ptr());
+            let pref = pref.assume_init();
+            let wsz = WORKSPACE as u64;
+            lsys::cublasLtMatmulPreferenceSetAttribute(pref, lsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz as *const _ as *const c_void, 8);
+            (desc, wl, al, cl, pref)
+        };
+        let mut results: Vec<lsys::cublasLtMatmulHeuristicResult_t> =
+            vec![unsafe { std::mem::zeroed() }; CANDIDATES];
+        let mut found = 0i32;
+        unsafe {
+            lsys::cublasLtMatmulAlgoGetHeuristic(
+                handle,
+                desc,
+                wl,
+                al,
+                cl,
+                cl,
+                pref,
+                CANDIDATES as i32,
+                results.as_mut_ptr(),
+                &mut found,
+            );
+        }
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let stream = g.stream.cu_stream() as lsys::cudaStream_t;
+        let mut times = Vec::new();
+        for r in results.iter().take(found.max(0) as usize) {
+            if r.state != lsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || r.workspaceSize > WORKSPACE
+            {
+                continue;
+            }
+            let algo = r.algo;
+            let call = || {
+                let st = unsafe {
+                    lsys::cublasLtMatmul(
+                        handle,
+                        desc,
+                        &alpha as *const f32 as *const c_void,
+                        wp as *const c_void,
+                        wl,
+                        ap as *const c_void,
+                        al,
+                        &beta as *const f32 as *const c_void,
+                        cp as *const c_void,
+                        cl,
+                        cp as *mut c_void,
+                        cl,
+                        &algo,
+                        wsp as *mut c_void,
+                        WORKSPACE,
+                        stream,
+                    )
+                };
+                lt(st, "cublasLtMatmul")
+            };
+            match graph_us(g, reps, call) {
+                Ok(us) => times.push(us),
+                Err(_) => times.push(f64::INFINITY),
+            }
+        }
+        let (best_index, best_us) = times
+            .iter()
+            .copied()
+            .enumerate()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or((0, f64::INFINITY));
+        out.push(GemmTiming {
+            m,
+            n,
+            k,
+            c_f32,
+            default_us,
+            best_us,
+            best_index,
+            first_us: times.first().copied().unwrap_or(f64::INFINITY),
+            candidates: times.len(),
+        });
+        unsafe {
+            lsys::cublasLtMatmulPreferenceDestroy(pref);
+            lsys::cublasLtMatrixLayoutDestroy(wl);
+            lsys::cublasLtMatrixLayoutDestroy(al);
+            lsys::cublasLtMatrixLayoutDestroy(cl);
+            lsys::cublasLtMatmulDescDestroy(desc);
+        }
+    }
+    unsafe { lsys::cublasLtDestroy(handle) };
+    Ok(out)
+}
