@@ -135,6 +135,9 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             ))?;
             let batches: Vec<usize> =
                 arg(2).unwrap_or("1,32,64,128,256").split(',').filter_map(|s| s.parse().ok()).collect();
+            // With a tensor-parallel size: one rank's shapes.
+            let tp: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
+            let cfg = tandem_cuda::tensor_parallel::shard::Shard { rank: 0, size: tp }.local_config(&cfg);
             let g = Gpu::open(0, Dtype::Bf16)?;
             let (h, q, kv, f) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
             let mut shapes = Vec::new();
@@ -147,7 +150,7 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                 total.0 += t.default_us;
                 total.1 += t.best_us.min(t.default_us);
                 println!(
-                    "[{}] gemm {} m={:>3} n={:>5} k={:>5}: cuBLAS {:.2} us, cuBLASLt first {:.2} us, best {:.2} us (candidate {} of {}) -> {:.2}x",
+                    "[{}] gemm {} TP={tp} m={:>4} n={:>5} k={:>5}: cuBLAS {:.2} us, cuBLASLt first {:.2} us, best {:.2} us (candidate {} of {}) -> {:.2}x",
                     g.name, cfg.name, t.m, t.n, t.k, t.default_us, t.first_us, t.best_us, t.best_index, t.candidates, t.default_us / t.best_us
                 );
             }
