@@ -71,6 +71,7 @@ fn dashboards() -> Vec<(&'static str, &'static str, &'static str, Vec<Panel>)> {
                 p("Queued prefill tokens", "short", "Prompt tokens admitted but not yet computed, per worker.", &[("sum by (worker) (tandem_queued_prefill_tokens)", "{{worker}}")]),
                 p("Engine busy", "percentunit", "Share of wall time each worker's engine thread spent in steps that ran the model. Under load, what is short of 1 went to work between steps (streaming outputs, admitting requests) or to waiting for requests.", &[("sum by (worker) (rate(tandem_engine_step_seconds_sum[2m]))", "{{worker}}")]),
                 pq("Tokens per step", "short", "Tokens (prompt and generated) computed by each engine step, on the workers.", quantiles("tandem_iteration_tokens", "", "")),
+                p("Engine step phases", "percentunit", "Share of wall time each worker's engine thread spent in each phase of its steps: schedule, forward (the model pass and sampling, including the wait for the device), update (appending tokens, detokenizing, stop checks) and outputs (building each request's news). On a GPU, the three host phases are time the device waits for the next pass.", &[("sum by (worker, phase) (rate(tandem_engine_phase_seconds_sum[2m]))", "{{worker}} {{phase}}")]),
             ],
         ),
         (

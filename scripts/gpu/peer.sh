@@ -84,18 +84,22 @@ for n in 256 1024; do
     --output-len 128 --min-output-len 128 --max-num-seqs 256 --max-num-batched-tokens 8192 > "$o/engine-$n.txt" 2>&1
 done
 
-for mode in colocated disaggregated; do
+# The decode worker's step metrics (steps, tokens, time, the host phases of each step).
+scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds)_(sum|count)' > "$2"; }
+worker_of() { grep -a -o 'decode worker serving.*' "$1" | grep -o '127.0.0.1:[0-9]*' | head -1; }
+
+# TABLE=0 leaves out the table's concurrencies (the rounds below alone).
+for mode in $([ "${TABLE:-1}" = 1 ] && echo colocated disaggregated); do
   flags=(); [ $mode = disaggregated ] && flags=(--disaggregated --gpu-memory-utilization 0.4)
   $B up --device cuda --model $model --served-model-name $name --port $port "${flags[@]}" > "$o/up-$mode.out" 2> "$o/up-$mode.log" &
   pid=$!
   if wait_http $pid; then
     workload "tandem-$mode"
     # The decode worker's steps during the 1,024-request run: how many, how long, how full.
-    worker=$(grep -a -o 'decode worker serving.*' "$o/up-$mode.log" | grep -o '127.0.0.1:[0-9]*' | head -1)
-    scrape() { curl -s "http://$worker/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds)_(sum|count|bucket)' > "$1"; }
-    scrape "$o/worker-metrics-$mode-before.txt"
+    worker=$(worker_of "$o/up-$mode.log")
+    scrape "$worker" "$o/worker-metrics-$mode-before.txt"
     serve "tandem-$mode-n1024" 256 1024 108 128
-    scrape "$o/worker-metrics-$mode-after.txt"
+    scrape "$worker" "$o/worker-metrics-$mode-after.txt"
   else
     tail -5 "$o/up-$mode.log"
   fi
@@ -117,9 +121,12 @@ for r in $(seq 1 "${ROUNDS:-0}"); do
     pid=$!
     if wait_http $pid; then
       serve "round$r-warm-$placement" 256 256 108 128
+      worker=$(worker_of "$o/round$r-up-$placement.log")
+      scrape "$worker" "$o/round$r-metrics-$placement-before.txt"
       "${pin_client[@]}" timeout 120 $B bench serve --base-url http://127.0.0.1:$port/v1 --model $name --seed $RANDOM \
         --num-prompts 1024 --concurrency 256 --input-len 108 --output-len 128 --ignore-eos --quiet \
         --json "$o/round$r-served-$placement.json" > /dev/null 2>&1
+      scrape "$worker" "$o/round$r-metrics-$placement-after.txt"
     fi
     kill -INT $pid; wait $pid 2>/dev/null
   done
@@ -157,12 +164,24 @@ for n in (256, 1024):
     st, tm = re.search(r"steps\s+(\d+)", t), re.search(r"time\s+([\d.]+) s", t)
     print(f"bench engine n={n}: {m.group(1) if m else '?'} output tok/s, {st.group(1) if st else '?'} steps in {tm.group(1) if tm else '?'} s")
 def sums(path):
+    # name (with its phase, for the phase series) -> value
     v = {}
     for line in open(path):
         if "_bucket" not in line:
             name, val = line.split()[0].split("{")[0], float(line.split()[-1])
-            v[name] = val
+            ph = re.search(r'phase="(\w+)"', line)
+            v[name + (":" + ph.group(1) if ph else "")] = val
     return v
+def phases(prefix):
+    # Per-step means of the worker's step and its host phases during a served run, µs.
+    try:
+        a, b = sums(prefix + "-before.txt"), sums(prefix + "-after.txt")
+        steps = b["tandem_engine_step_seconds_count"] - a["tandem_engine_step_seconds_count"]
+        us = lambda k: 1e6 * (b[k] - a.get(k, 0.0)) / steps
+        split = ", ".join(f"{p} {us('tandem_engine_phase_seconds_sum:' + p):.0f} µs" for p in ("schedule", "forward", "update", "outputs"))
+        return f"{steps:.0f} steps of {us('tandem_engine_step_seconds_sum'):.0f} µs: {split}"
+    except (OSError, KeyError, ZeroDivisionError) as e:
+        return f"worker metrics: {e}"
 for mode in ("colocated", "disaggregated"):
     r = load(f"tandem-{mode}-n1024")
     if not r: continue
@@ -185,6 +204,7 @@ for r in range(1, 10):
     for placement in ("shared", "split"):
         v = load(f"round{r}-served-{placement}")
         if v: print(f"  tandem up, client on {'every core' if placement == 'shared' else 'its own half of the cores'}: {v['output_throughput']:,.0f} tok/s = {v['output_throughput'] / float(m.group(1)):.0%} of the engine (TTFT p99 {v['ttft']['p99_ms']:.0f} ms, {v['failed']} failed {v['errors'] if v['failed'] else ''})")
+        if v: print(f"    decode worker: {phases(os.path.join(d, f'round{r}-metrics-{placement}'))}")
 s = load("stub-c256")
 if s: print(f"client ceiling (stub, 1024 at 256): {s['output_throughput']:,.0f} tok/s")
 for s in servers[1:]:

@@ -293,6 +293,8 @@ fn run(
     mut share: Option<CoreShare>,
 ) {
     let mut failed = false;
+    // The engine's phase totals at the last step recorded in the metrics.
+    let mut phases = state.engine.phase_seconds();
     loop {
         let busy = state.engine.has_unfinished_requests() || state.engine.has_pending_outputs();
         if !busy {
@@ -357,6 +359,9 @@ fn run(
                 let tokens = state.engine.last_schedule().num_batched_tokens;
                 if state.gauges && tokens > 0 {
                     m::observe_step(tokens, step_started.elapsed().as_secs_f64());
+                    let now = state.engine.phase_seconds();
+                    m::observe_step_phases(&now.since(&phases));
+                    phases = now;
                 }
                 failed = false;
                 state.dispatch(outs);

@@ -202,6 +202,11 @@ const TOKEN_BUCKETS: [f64; 12] =
 const ITERATION_BUCKETS: [f64; 14] = [
     1.0, 8.0, 16.0, 24.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
 ];
+/// Buckets of one phase of an engine step, seconds (10 µs to 2.5 s).
+const PHASE_BUCKETS: [f64; 16] = [
+    0.00001, 0.00003, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064,
+    0.125, 0.25, 0.5, 2.5,
+];
 /// Engine-step buckets in seconds (0.5 ms to 2.5 s: a GPU decode step takes a few ms).
 const STEP_BUCKETS: [f64; 16] = [
     0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.012, 0.016, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -216,6 +221,10 @@ pub fn install(model: &str, role: &str, worker: &str) -> anyhow::Result<Promethe
         .add_global_label("role", role)
         .add_global_label("worker", worker)
         .set_buckets_for_metric(Matcher::Full("tandem_engine_step_seconds".into()), &STEP_BUCKETS)?
+        .set_buckets_for_metric(
+            Matcher::Full("tandem_engine_phase_seconds".into()),
+            &PHASE_BUCKETS,
+        )?
         .set_buckets_for_metric(
             Matcher::Full("tandem_iteration_tokens".into()),
             &ITERATION_BUCKETS,
@@ -300,6 +309,11 @@ fn describe() {
         "tandem_engine_step_seconds",
         Unit::Seconds,
         "Wall time of each engine step that ran the model; its sum against wall time is how busy the engine thread was."
+    );
+    describe_histogram!(
+        "tandem_engine_phase_seconds",
+        Unit::Seconds,
+        "Wall time of each phase of an engine step (schedule, forward, update, outputs); the forward phase includes the device's work and the wait for its tokens, the others are host work between device passes."
     );
     describe_counter!(
         "tandem_kv_transfer_bytes_total",
@@ -393,6 +407,22 @@ pub(crate) fn observe_step(tokens: usize, seconds: f64) {
     if let Some(m) = aliased() {
         m.iteration_tokens.record(tokens as f64);
         m.step_seconds.record(seconds);
+    }
+}
+
+/// The host-side split of the engine steps since the last one recorded (every phase of
+/// `LLMEngine::step`: schedule, forward pass and sampling, update, outputs).
+pub(crate) fn observe_step_phases(p: &tandem_engine::llm_engine::PhaseSeconds) {
+    if aliased().is_none() {
+        return;
+    }
+    for (phase, s) in [
+        ("schedule", p.schedule),
+        ("forward", p.forward),
+        ("update", p.update),
+        ("outputs", p.outputs),
+    ] {
+        histogram!("tandem_engine_phase_seconds", "phase" => phase).record(s.max(0.0));
     }
 }
 

@@ -466,6 +466,11 @@ impl LLMEngine {
         }
     }
 
+    /// Wall time spent in each phase of [`LLMEngine::step`] since start.
+    pub fn phase_seconds(&self) -> PhaseSeconds {
+        self.stats.phase_seconds
+    }
+
     /// The plan of the last step (for tests and metrics).
     pub fn last_schedule(&self) -> &SchedulerOutput {
         &self.last_schedule
