@@ -16,7 +16,10 @@
 #                               prompt; `tandem bench engine` on the same requests, the client's
 #                               own ceiling (--stub) and llama-batched-bench; ROUNDS=N adds N
 #                               rounds of bench engine against tandem up on the same 1,024
-#                               requests. Logs and JSON in $OUT/peer; a summary at the end.
+#                               requests (with the decode worker's per-step split of its host
+#                               phases during each served run). LLAMA=0: no llama.cpp build (the
+#                               model stays Q8_0); TABLE=0: the rounds alone. Logs and JSON in
+#                               $OUT/peer; a summary at the end.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 stage=.gpu/peer
@@ -88,7 +91,7 @@ done
 scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds)_(sum|count)' > "$2"; }
 worker_of() { grep -a -o 'decode worker serving.*' "$1" | grep -o '127.0.0.1:[0-9]*' | head -1; }
 
-# TABLE=0 leaves out the table's concurrencies (the rounds below alone).
+# TABLE=0 leaves out the table (both servers' concurrencies): the rounds below alone.
 for mode in $([ "${TABLE:-1}" = 1 ] && echo colocated disaggregated); do
   flags=(); [ $mode = disaggregated ] && flags=(--disaggregated --gpu-memory-utilization 0.4)
   $B up --device cuda --model $model --served-model-name $name --port $port "${flags[@]}" > "$o/up-$mode.out" 2> "$o/up-$mode.log" &
@@ -132,7 +135,7 @@ for r in $(seq 1 "${ROUNDS:-0}"); do
   done
 done
 
-if [ -x $L/bin/llama-server ]; then
+if [ -x $L/bin/llama-server ] && [ "${TABLE:-1}" = 1 ]; then
   # A unified KV buffer (-kvu): any slot may take a long prompt (without it each of the 256
   # slots gets 65536/256 tokens and a 1,550-token prompt is refused).
   LD_LIBRARY_PATH=$L/bin $L/bin/llama-server -m $model --alias $name -ngl 99 -fa on -np 256 -c 65536 -kvu \
