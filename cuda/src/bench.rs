@@ -55,12 +55,22 @@ impl Under {
     }
 
     fn set_longest_first(&mut self, on: bool) -> Result<(), CudaError> {
+        self.switch(CudaBackend::set_longest_first, TpBackend::set_longest_first, on)
+    }
+
+    /// Flips a switch on the one backend or every rank of the group.
+    fn switch(
+        &mut self,
+        one: fn(&mut CudaBackend, bool),
+        group: fn(&mut TpBackend, bool) -> Result<(), CudaError>,
+        on: bool,
+    ) -> Result<(), CudaError> {
         match self {
             Under::One(be) => {
-                be.set_longest_first(on);
+                one(be, on);
                 Ok(())
             }
-            Under::Group(g) => g.set_longest_first(on),
+            Under::Group(g) => group(g, on),
         }
     }
 
@@ -72,13 +82,7 @@ impl Under {
     }
 
     fn set_mma_attention(&mut self, on: bool) -> Result<(), CudaError> {
-        match self {
-            Under::One(be) => {
-                be.set_mma_attention(on);
-                Ok(())
-            }
-            Under::Group(g) => g.set_mma_attention(on),
-        }
+        self.switch(CudaBackend::set_mma_attention, TpBackend::set_mma_attention, on)
     }
 }
 

@@ -326,31 +326,28 @@ impl TpBackend {
         Ok((ms, slowest(ms, &replies)))
     }
 
-    /// Uses the tensor-core attention kernel where it applies, or not, on every rank.
-    pub fn set_mma_attention(&mut self, on: bool) -> Result<(), CudaError> {
+    /// Flips one of the backend's switches on every rank.
+    fn switch(&mut self, set: fn(&mut CudaBackend, bool), on: bool) -> Result<(), CudaError> {
         let each = move |be: &mut CudaBackend| {
-            be.set_mma_attention(on);
+            set(be, on);
             Ok(Reply::Done)
         };
         self.together(each, |be| {
-            be.set_mma_attention(on);
+            set(be, on);
             Ok(())
         })
         .map(|_| ())
     }
 
+    /// Uses the tensor-core attention kernel where it applies, or not, on every rank.
+    pub fn set_mma_attention(&mut self, on: bool) -> Result<(), CudaError> {
+        self.switch(CudaBackend::set_mma_attention, on)
+    }
+
     /// Orders every rank's attention tiles longest context first, or in the batch's order
     /// ([`CudaBackend::set_longest_first`]).
     pub fn set_longest_first(&mut self, on: bool) -> Result<(), CudaError> {
-        let each = move |be: &mut CudaBackend| {
-            be.set_longest_first(on);
-            Ok(Reply::Done)
-        };
-        self.together(each, |be| {
-            be.set_longest_first(on);
-            Ok(())
-        })
-        .map(|_| ())
+        self.switch(CudaBackend::set_longest_first, on)
     }
 
     /// Captures every rank's decode graphs up front (`progress` is told rank 0's progress).

@@ -43,6 +43,18 @@ fn dtype(s: Option<&str>, default: Dtype) -> Result<Dtype, CudaError> {
     })
 }
 
+/// The random-weight shape named by argument 1 (default `cfg`) and the batch sizes of
+/// argument 2 (default `batches`, comma-separated).
+fn shape_and_batches(
+    args: &[String],
+    cfg: &str,
+    batches: &str,
+) -> Result<(tandem_engine::ModelConfig, Vec<usize>), CudaError> {
+    let c = tandem_cuda::dummy_config(Path::new(args.get(1).map_or(cfg, String::as_str)))?;
+    let b = args.get(2).map_or(batches, String::as_str);
+    Ok((c, b.split(',').filter_map(|s| s.parse().ok()).collect()))
+}
+
 fn run(args: &[String]) -> Result<bool, CudaError> {
     let cmd = args.first().map(String::as_str).unwrap_or("info");
     let arg = |i: usize| args.get(i).map(String::as_str);
@@ -83,11 +95,7 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             Ok(ok)
         }
         "bench-decode" => {
-            let cfg = tandem_cuda::dummy_config(Path::new(
-                arg(1).unwrap_or("cuda/configs/llama-3-8b.json"),
-            ))?;
-            let batches: Vec<usize> =
-                arg(2).unwrap_or("1,16,64,256").split(',').filter_map(|s| s.parse().ok()).collect();
+            let (cfg, batches) = shape_and_batches(args, "cuda/configs/llama-3-8b.json", "1,16,64,256")?;
             // One context ("1024") or a spread of them ("100-2048").
             let context = match arg(3).unwrap_or("1024").split_once('-') {
                 Some((lo, hi)) => (lo.parse().ok(), hi.parse().ok()),
@@ -130,11 +138,8 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
         "bench-gemm" => {
             // The model's decode-step GEMMs at each batch size: cuBLAS's choice against the
             // fastest cuBLASLt candidate.
-            let cfg = tandem_cuda::dummy_config(Path::new(
-                arg(1).unwrap_or("cuda/configs/qwen3-0.6b.json"),
-            ))?;
-            let batches: Vec<usize> =
-                arg(2).unwrap_or("1,32,64,128,256").split(',').filter_map(|s| s.parse().ok()).collect();
+            let (cfg, batches) =
+                shape_and_batches(args, "cuda/configs/qwen3-0.6b.json", "1,32,64,128,256")?;
             // With a tensor-parallel size: one rank's shapes.
             let tp: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
             let cfg = tandem_cuda::tensor_parallel::shard::Shard { rank: 0, size: tp }.local_config(&cfg);
