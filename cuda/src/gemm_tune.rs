@@ -6,7 +6,7 @@
 
 use std::ffi::c_void;
 
-use cudarc::cublaslt::sys as lsys;
+use cudarc::cublaslt::{result as lr, sys as lsys};
 use cudarc::driver::sys as dsys;
 
 use crate::device::{ptr, time_ms, Dtype, Gpu};
@@ -77,11 +77,8 @@ pub fn run(
     shapes: &[(usize, usize, usize, bool)],
     reps: usize,
 ) -> Result<Vec<GemmTiming>, CudaError> {
-    let handle = unsafe {
-        let mut h = std::mem::MaybeUninit::uninit();
-        lt(lsys::cublasLtCreate(h.as_mut_ptr()), "cublasLtCreate")?;
-        h.assume_init()
-    };
+    let handle =
+        lr::create_handle().map_err(|e| CudaError::Blas(format!("cublasLtCreate: {e:?}")))?;
     let ws = g.zeros::<u8>(WORKSPACE)?;
     let wsp = ptr(&ws);
     let mut out = Vec::new();
@@ -97,59 +94,59 @@ pub fn run(
         };
         let ct = if c_f32 { lsys::cudaDataType_t::CUDA_R_32F } else { ab };
         // Column-major Cᵀ (n×m) = W (k×n stored, transposed) · Aᵀ (k×m).
-        let (desc, wl, al, cl, pref) = unsafe {
-            let mut desc = std::mem::MaybeUninit::uninit();
-            lsys::cublasLtMatmulDescCreate(
-                desc.as_mut_ptr(),
+        let (desc, wl, al, cl, pref) = {
+            let blas = |e: cudarc::cublaslt::result::CublasError| CudaError::Blas(format!("{e:?}"));
+            let desc = lr::create_matmul_desc(
                 lsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 lsys::cudaDataType_t::CUDA_R_32F,
-            );
-            let desc = desc.assume_init();
+            )
+            .map_err(blas)?;
             let t = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32;
-            lsys::cublasLtMatmulDescSetAttribute(
-                desc,
-                lsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                &t as *const _ as *const c_void,
-                size_of::<i32>(),
-            );
-            let layout = |ty, rows: usize, cols: usize, ld: usize| {
-                let mut l = std::mem::MaybeUninit::uninit();
-                lsys::cublasLtMatrixLayoutCreate(
-                    l.as_mut_ptr(),
-                    ty,
-                    rows as u64,
-                    cols as u64,
-                    ld as i64,
-                );
-                l.assume_init()
-            };
-            let wl = layout(ab, k, n, k);
-            let al = layout(ab, k, m, k);
-            let cl = layout(ct, n, m, n);
-            let mut pref = std::mem::MaybeUninit::uninit();
-            lsys::cublasLtMatmulPreferenceCreate(pref.as_mut_ptr());
-            let pref = pref.assume_init();
             let wsz = WORKSPACE as u64;
-            lsys::cublasLtMatmulPreferenceSetAttribute(pref, lsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz as *const _ as *const c_void, 8);
-            (desc, wl, al, cl, pref)
+            let pref = lr::create_matmul_pref().map_err(blas)?;
+            // SAFETY: each attribute gets a value of its documented type and size.
+            unsafe {
+                lr::set_matmul_desc_attribute(
+                    desc,
+                    lsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                    &t as *const i32 as *const c_void,
+                    size_of::<i32>(),
+                )
+                .map_err(blas)?;
+                lr::set_matmul_pref_attribute(
+                    pref,
+                    lsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &wsz as *const u64 as *const c_void,
+                    size_of::<u64>(),
+                )
+                .map_err(blas)?;
+            }
+            let layout = |ty, rows: usize, cols: usize, ld: usize| {
+                lr::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64).map_err(blas)
+            };
+            (desc, layout(ab, k, n, k)?, layout(ab, k, m, k)?, layout(ct, n, m, n)?, pref)
         };
         let mut results: Vec<lsys::cublasLtMatmulHeuristicResult_t> =
             vec![unsafe { std::mem::zeroed() }; CANDIDATES];
         let mut found = 0i32;
-        unsafe {
-            lsys::cublasLtMatmulAlgoGetHeuristic(
-                handle,
-                desc,
-                wl,
-                al,
-                cl,
-                cl,
-                pref,
-                CANDIDATES as i32,
-                results.as_mut_ptr(),
-                &mut found,
-            );
-        }
+        // SAFETY: the descriptors above; `results` holds CANDIDATES entries.
+        lt(
+            unsafe {
+                lsys::cublasLtMatmulAlgoGetHeuristic(
+                    handle,
+                    desc,
+                    wl,
+                    al,
+                    cl,
+                    cl,
+                    pref,
+                    CANDIDATES as i32,
+                    results.as_mut_ptr(),
+                    &mut found,
+                )
+            },
+            "cublasLtMatmulAlgoGetHeuristic",
+        )?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let stream = g.stream.cu_stream() as lsys::cudaStream_t;
         let mut times = Vec::new();

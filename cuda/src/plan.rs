@@ -151,11 +151,7 @@ impl BatchPlan {
             return None;
         }
         let mut p = BatchPlan::inert(graph_size, max_blocks, groups);
-        // Tile k is the k-th longest context's (see `longest_first`); row i stays sequence i's.
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(b.seqs[i].context_len));
-        for (k, i) in order.into_iter().enumerate() {
-            let s = &b.seqs[i];
+        for (i, s) in b.seqs.iter().enumerate() {
             p.tokens[i] = b.token_ids[i] as i32;
             p.positions[i] = b.positions[i] as i32;
             for g in 0..groups {
@@ -166,7 +162,7 @@ impl BatchPlan {
             for (j, &blk) in s.block_table.iter().enumerate() {
                 p.block_tables[(j % groups) * p.bt_stride + off + j / groups] = page(blk);
             }
-            p.tiles[k * TILE_INTS..(k + 1) * TILE_INTS].copy_from_slice(&[
+            p.tiles[i * TILE_INTS..(i + 1) * TILE_INTS].copy_from_slice(&[
                 i as i32,
                 1,
                 (s.context_len - 1) as i32,
@@ -175,6 +171,8 @@ impl BatchPlan {
             ]);
             p.max_context = p.max_context.max(s.context_len);
         }
+        // Padding tiles attend nothing and stay last.
+        longest_first(&mut p.tiles);
         // Every row's logits; padding rows' are ignored.
         p.logits_rows = (0..graph_size as i32).collect();
         Some(p)
@@ -228,24 +226,14 @@ fn push_tiles(tiles: &mut Vec<i32>, row0: usize, len: usize, pos0: usize, bt_off
 /// last CTAs left running on a few SMs while the others idle (longest-processing-time-first
 /// scheduling). Sorting only reorders work: each tile names its own rows and block table.
 pub fn longest_first(tiles: &mut [i32]) {
-    let mut v: Vec<[i32; TILE_INTS]> =
-        tiles.chunks_exact(TILE_INTS).map(|t| t.try_into().expect("a tile")).collect();
     // Stable, so equal contexts keep the batch's order.
-    v.sort_by_key(|t| std::cmp::Reverse(t[1] + t[2]));
-    for (dst, t) in tiles.chunks_exact_mut(TILE_INTS).zip(v) {
-        dst.copy_from_slice(&t);
-    }
+    tiles.as_chunks_mut::<TILE_INTS>().0.sort_by_key(|t| std::cmp::Reverse(t[1] + t[2]));
 }
 
 /// Puts tiles back in the batch's order (padding tiles last): the order before
 /// [`longest_first`], kept for measuring what that order gains.
 pub fn batch_order(tiles: &mut [i32]) {
-    let mut v: Vec<[i32; TILE_INTS]> =
-        tiles.chunks_exact(TILE_INTS).map(|t| t.try_into().expect("a tile")).collect();
-    v.sort_by_key(|t| (t[1] == 0, t[0]));
-    for (dst, t) in tiles.chunks_exact_mut(TILE_INTS).zip(v) {
-        dst.copy_from_slice(&t);
-    }
+    tiles.as_chunks_mut::<TILE_INTS>().0.sort_by_key(|t| (t[1] == 0, t[0]));
 }
 
 /// A block-table entry as the kernels read it: a given-back page as page 0.

@@ -80,6 +80,8 @@ struct Aliased {
     iteration_tokens: Both<Histogram>,
     /// Wall time of each engine step (schedule, forward pass, sampling, outputs).
     step_seconds: Histogram,
+    /// Each step's phases, by [`PHASES`].
+    phase_seconds: [Histogram; 4],
     model: String,
 }
 
@@ -172,6 +174,7 @@ impl Aliased {
                 model,
             ),
             step_seconds: histogram!("tandem_engine_step_seconds"),
+            phase_seconds: PHASES.map(|p| histogram!("tandem_engine_phase_seconds", "phase" => p)),
             model: model.to_string(),
         }
     }
@@ -410,19 +413,15 @@ pub(crate) fn observe_step(tokens: usize, seconds: f64) {
     }
 }
 
-/// The host-side split of the engine steps since the last one recorded (every phase of
-/// `LLMEngine::step`: schedule, forward pass and sampling, update, outputs).
+/// The phases of `LLMEngine::step`, as the `phase` label names them.
+const PHASES: [&str; 4] = ["schedule", "forward", "update", "outputs"];
+
+/// The split of the engine steps since the last one recorded, by [`PHASES`].
 pub(crate) fn observe_step_phases(p: &tandem_engine::llm_engine::PhaseSeconds) {
-    if aliased().is_none() {
-        return;
-    }
-    for (phase, s) in [
-        ("schedule", p.schedule),
-        ("forward", p.forward),
-        ("update", p.update),
-        ("outputs", p.outputs),
-    ] {
-        histogram!("tandem_engine_phase_seconds", "phase" => phase).record(s.max(0.0));
+    if let Some(m) = aliased() {
+        for (h, s) in m.phase_seconds.iter().zip([p.schedule, p.forward, p.update, p.outputs]) {
+            h.record(s.max(0.0));
+        }
     }
 }
 
