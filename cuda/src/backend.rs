@@ -404,11 +404,7 @@ impl CudaBackend {
             let kc = kv_base + 2 * self.kv_offset(page_layer, 0) as u64;
             let vc = kv_base + 2 * self.kv_offset(page_layer, 1) as u64;
             let (qn, kn) = (l.q_norm.as_ref().map_or(0, ptr), l.k_norm.as_ref().map_or(0, ptr));
-            let cfg = LaunchConfig {
-                grid_dim: (t as u32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1),
-                block_dim: (hd as u32, 1, 1),
-                shared_mem_bytes: hd as u32 * 4,
-            };
+            let cfg = crate::device::rope_config(t, c.head_dim);
             // Half-precision queries only for long chunks that attend through cuBLAS.
             let q16 = match long.is_empty() || self.prefill_kernel().is_some() {
                 true => 0,
@@ -485,7 +481,7 @@ impl CudaBackend {
                 let lt = tiles + (num_tiles * TILE_INTS * size_of::<i32>()) as u64;
                 let cfg = LaunchConfig {
                     grid_dim: (nkv as u32, num_long_tiles as u32, 1),
-                    block_dim: (plan::PREFILL_THREADS, 1, 1),
+                    block_dim: (plan::prefill_threads(), 1, 1),
                     shared_mem_bytes: 0,
                 };
                 let (pa, pm) = (ptr(&a.part_acc), ptr(&a.part_ml));

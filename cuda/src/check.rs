@@ -341,11 +341,7 @@ fn qkv_rope_store(
     let db = g.upload(&qkv_bias)?;
     let bp = if bias { ptr(&db) } else { 0 };
     let (nhi, nkvi, hdi, il, bsi) = (nh as i32, nkv as i32, hd as i32, (!qwen) as i32, BS as i32);
-    let cfg = LaunchConfig {
-        grid_dim: (t as u32, (nh + 2 * nkv) as u32, 1),
-        block_dim: (hd as u32, 1, 1),
-        shared_mem_bytes: hd as u32 * 4,
-    };
+    let cfg = crate::device::rope_config(t, hd);
     // SAFETY: qkv_rope_store's parameter list, buffers sized for t tokens and 64 slots.
     unsafe {
         g.launch(
@@ -509,7 +505,7 @@ fn attention(
         (t as i32, nh as i32, nkv as i32, hd as i32, bs as i32, 1.0 / (hd as f32).sqrt());
     let threads = match kernel {
         AttKernel::Mma => 64,
-        AttKernel::Prefill => crate::plan::PREFILL_THREADS,
+        AttKernel::Prefill => crate::plan::prefill_threads(),
         _ => 128,
     };
     assert!(!prefill || (splits == 1 && num_tiles > 0), "the prefill kernel takes one split");

@@ -190,6 +190,12 @@ impl Gpu {
         if dtype == Dtype::F16 {
             opts.push("-DTANDEM_F16".into());
         }
+        opts.push(format!("-DPF_WARPS={}", crate::plan::prefill_warps()));
+        // Kernel variants kept for comparison (kernels.cu names them), e.g.
+        // TANDEM_CUDA_DEFINES="TANDEM_PF_SPLIT_P".
+        if let Ok(defs) = std::env::var("TANDEM_CUDA_DEFINES") {
+            opts.extend(defs.split_whitespace().map(|d| format!("-D{d}")));
+        }
         let cubin = nvrtc_cubin(KERNEL_SOURCE, &opts)?;
         let m = ctx.load_module(Ptx::from_binary(cubin)).map_err(CudaError::from)?;
         let f = |name: &str| m.load_function(name).map_err(CudaError::from);
@@ -483,6 +489,18 @@ pub trait KernelArg {
 impl<T: DeviceRepr> KernelArg for T {
     fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
         b.arg(self);
+    }
+}
+
+/// Warps of a `qkv_rope_store` block (one token per block, one head per warp at a time).
+const ROPE_WARPS: u32 = 8;
+
+/// The launch of `qkv_rope_store` over `tokens` tokens of heads `head_dim` wide.
+pub fn rope_config(tokens: usize, head_dim: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (tokens as u32, 1, 1),
+        block_dim: (32 * ROPE_WARPS, 1, 1),
+        shared_mem_bytes: (head_dim as u32) * (1 + ROPE_WARPS) * 4,
     }
 }
 

@@ -99,11 +99,14 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, const int* __res
   for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = f2h(xr[i] * inv * w[i]);
 }
 
-// One head of one token from the fused q|k|v projection (f32): optional bias (Qwen2, [q|k|v]),
-// optional per-head RMSNorm (Qwen3), rotary embedding, then q to `q_out` (f32, [T, nh, hd]) and, for the GEMM attention path, to
-// `q16` (IEEE half, same layout; null: not wanted), and k, v into the paged cache at the
-// token's slot (16-bit, blocks of [nkv][block_size][hd]; slot < 0 skips the store). Grid: (T, nh + 2 * nkv);
-// block: hd threads.
+// One token's heads from the fused q|k|v projection (f32): optional bias (Qwen2, [q|k|v]),
+// optional per-head RMSNorm (Qwen3), rotary embedding, then q to `q_out` (f32, [T, nh, hd]) and, for
+// the GEMM attention path, to `q16` (IEEE half, same layout; null: not wanted), and k, v into the
+// paged cache at the token's slot (16-bit, blocks of [nkv][block_size][hd]; slot < 0 skips the
+// store). A block takes one token: the cosines and sines of its rotation angles are computed once
+// into shared memory for all its heads, and each warp takes every (blockDim.x / 32)-th of the
+// nh + 2·nkv heads, staging it in a shared row of its own. Grid: T; block: a multiple of 32
+// threads; shared: hd · (1 + warps) floats.
 extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const int* __restrict__ pos,
                                           const int* __restrict__ slot, const float* __restrict__ inv_freq,
                                           const float* __restrict__ q_norm, const float* __restrict__ k_norm,
@@ -111,46 +114,62 @@ extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const i
                                           h16* __restrict__ v_cache, int nh, int nkv, int hd,
                                           int interleaved, float eps, int block_size,
                                           const float* __restrict__ qkv_bias) {
-  extern __shared__ float head[];
-  int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
-  int width = (nh + 2 * nkv) * hd;
-  float v = qkv[(size_t)t * width + (size_t)h * hd + i];
-  if (qkv_bias) v += qkv_bias[h * hd + i];
-  int s = slot[t];
-  if (h >= nh + nkv) {  // a value head: stored as is
-    if (s >= 0) v_cache[kv_index(s, h - nh - nkv, nkv, hd, block_size) + i] = f2h(v);
-    return;
-  }
-  bool is_q = h < nh;
-  const float* norm = is_q ? q_norm : k_norm;
-  if (norm) {
-    float inv = rsqrtf(block_sum(v * v) / (float)hd + eps);
-    v = v * inv * norm[i];
-  }
-  head[i] = v;
+  extern __shared__ float rope_smem[];
+  const int half = hd / 2, t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  float* cs = rope_smem;         // cos, [half]
+  float* sn = rope_smem + half;  // sin, [half]
+  float* head = rope_smem + hd + warp * hd;
+  const float p = (float)pos[t];
+  for (int i = threadIdx.x; i < half; i += blockDim.x) sincosf(p * inv_freq[i], &sn[i], &cs[i]);
   __syncthreads();
-  int half = hd / 2;
-  if (i < half) {
-    int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
-    float ang = (float)pos[t] * inv_freq[i];
-    float sn, cs;
-    sincosf(ang, &sn, &cs);
-    float x0 = head[a], x1 = head[b];
-    float r0 = x0 * cs - x1 * sn, r1 = x0 * sn + x1 * cs;
-    if (is_q) {
-      float* qo = q_out + ((size_t)t * nh + h) * hd;
-      qo[a] = r0;
-      qo[b] = r1;
-      if (q16) {
-        size_t o = ((size_t)t * nh + h) * hd;
-        q16[o + a] = to_f16(r0);
-        q16[o + b] = to_f16(r1);
-      }
-    } else if (s >= 0) {
-      h16* ko = k_cache + kv_index(s, h - nh, nkv, hd, block_size);
-      ko[a] = f2h(r0);
-      ko[b] = f2h(r1);
+  const int s = slot[t], heads = nh + 2 * nkv;
+  const float* row = qkv + (size_t)t * heads * hd;
+  for (int h = warp; h < heads; h += warps) {
+    if (h >= nh && s < 0) continue;  // k or v without a slot: nothing to store
+    const float* src = row + (size_t)h * hd;
+    const float* bias = qkv_bias ? qkv_bias + h * hd : nullptr;
+    if (h >= nh + nkv) {  // a value head: stored as is
+      h16* dst = v_cache + kv_index(s, h - nh - nkv, nkv, hd, block_size);
+#pragma unroll 4
+      for (int i = lane; i < hd; i += 32) dst[i] = f2h(bias ? src[i] + bias[i] : src[i]);
+      continue;
     }
+    const bool is_q = h < nh;
+    const float* norm = is_q ? q_norm : k_norm;
+    float ss = 0.f;
+#pragma unroll 4
+    for (int i = lane; i < hd; i += 32) {
+      float v = bias ? src[i] + bias[i] : src[i];
+      head[i] = v;
+      ss += v * v;
+    }
+    const float inv = norm ? rsqrtf(warp_sum(ss) / (float)hd + eps) : 1.f;
+    __syncwarp();
+    float* qo = is_q ? q_out + ((size_t)t * nh + h) * hd : nullptr;
+    h16* ko = is_q ? nullptr : k_cache + kv_index(s, h - nh, nkv, hd, block_size);
+    for (int i = lane; i < half; i += 32) {
+      const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+      float x0 = head[a], x1 = head[b];
+      if (norm) {
+        x0 = x0 * inv * norm[a];
+        x1 = x1 * inv * norm[b];
+      }
+      const float r0 = x0 * cs[i] - x1 * sn[i], r1 = x0 * sn[i] + x1 * cs[i];
+      if (is_q) {
+        qo[a] = r0;
+        qo[b] = r1;
+        if (q16) {
+          size_t o = ((size_t)t * nh + h) * hd;
+          q16[o + a] = to_f16(r0);
+          q16[o + b] = to_f16(r1);
+        }
+      } else {
+        ko[a] = f2h(r0);
+        ko[b] = f2h(r1);
+      }
+    }
+    __syncwarp();  // the row is rewritten by the warp's next head
   }
 }
 
@@ -344,9 +363,26 @@ extern "C" __global__ void __launch_bounds__(128) attention_decode(ATTENTION_ARG
 #define MMA_PAGE 16
 #ifdef TANDEM_F16
 #define MMA_TYPE "f16"
+#define MMA_SPLIT_P false
 #else
 #define MMA_TYPE "bf16"
-#define MMA_SPLIT_P
+#define MMA_SPLIT_P true
+#endif
+// The prefill kernel rounds Q and P to the model's type once, as flash attention does: its
+// products on tensor cores are compute-bound where the decode kernels' are not, and without the
+// remainders' registers three CTAs fit on an SM (on an H100 the Llama-3-8B 4 x 2048 prefill's
+// attention took 38 ms against 57 ms with both split; the check's worst error at width 128
+// went from 2.0e-3 to 3.2e-3 of its 5.1e-3). TANDEM_PF_SPLIT_P and TANDEM_PF_SPLIT_Q keep the
+// remainders, for comparison.
+#if defined(TANDEM_PF_SPLIT_P) && !defined(TANDEM_F16)
+#define PF_SPLIT_P true
+#else
+#define PF_SPLIT_P false
+#endif
+#ifdef TANDEM_PF_SPLIT_Q
+#define PF_SPLIT_Q true
+#else
+#define PF_SPLIT_Q false
 #endif
 
 #if __CUDA_ARCH__ >= 800
@@ -468,15 +504,16 @@ __device__ __forceinline__ void p_frags(const float (&sc)[NJ][4], int h, unsigne
 }
 
 // O's n-tiles n and n + 1 += P·V over one k-step of 16 positions: b holds V's fragments for the
-// two n-tiles, P enters as high parts and (bf16) remainders.
+// two n-tiles, P enters as high parts and, with SPLIT, remainders.
+template <bool SPLIT>
 __device__ __forceinline__ void pv_mma(float (&o0)[4], float (&o1)[4], const unsigned (&ph)[4], const unsigned (&pl)[4],
                                        const unsigned (&b)[4]) {
   mma16816(o0, ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
   mma16816(o1, ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
-#ifdef MMA_SPLIT_P
-  mma16816(o0, pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
-  mma16816(o1, pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
-#endif
+  if (SPLIT) {
+    mma16816(o0, pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
+    mma16816(o1, pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
+  }
 }
 
 template <int HD>
@@ -569,7 +606,7 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
     for (int n = 0; n < NT; n += 2) {
       unsigned b[4];
       ldsm_x4_t(b, smem_addr(vs + ((lane >> 3) & 1) * 8 * LD + (lane & 7) * LD + n * 8 + (lane >> 4) * 8));
-      pv_mma(o[n], o[n + 1], ph, pl, b);
+      pv_mma<MMA_SPLIT_P>(o[n], o[n + 1], ph, pl, b);
     }
     __syncwarp();
     buf ^= 1;
@@ -637,15 +674,24 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
 
 
 // Flash-attention prefill on tensor cores, for long chunks (prefill, prefix-cache hits): the
-// tiles (grid (nkv, tiles), as `attention`) are up to PF_ROWS rows (tokens × the group's query heads), each of PF_WARPS warps owns
-// 16 of them, and all warps walk the same stages of PF_STAGE positions, which the CTA's
-// threads copy into shared memory by cp.async one stage ahead of use. A stage's keys and values
-// serve every row of the tile, not 16, and no score leaves registers. The arithmetic is
-// `attention_mma_impl`'s, with the high parts' and remainders' products of S in accumulators of
-// their own so that eight independent chains of mma keep the tensor cores busy. One split (a
-// tile's rows see at most their chunk's context); a warp skips the stages none of its rows can
-// see (past the causal edge or before the window).
-#define PF_WARPS 8
+// tiles (grid (nkv, tiles), as `attention`) are up to PF_ROWS rows (tokens × the group's query
+// heads), each of PF_WARPS warps owns 16 of them, and all warps walk the same stages of PF_STAGE
+// positions, which the CTA's threads copy into shared memory by cp.async one stage ahead of use.
+// A stage's keys and values serve every row of the tile, not 16, and no score leaves registers.
+// The arithmetic is `attention_mma_impl`'s with Q and P rounded once (PF_SPLIT_Q, PF_SPLIT_P);
+// the even and odd k-steps' products of S go to accumulators of their own, so that eight
+// independent chains of mma keep the tensor cores busy. PF_WARPS (the host passes it: 4) and
+// PF_MIN_BLOCKS (3) set the CTA's size and how many share an SM: latency, not the tensor cores,
+// bounds this kernel, so more warps per SM beat bigger CTAs (the host's `TANDEM_PF_WARPS` and
+// `TANDEM_CUDA_DEFINES` change them for comparison). One split (a tile's rows see at most their
+// chunk's context); a warp skips the stages none of its rows can see (past the causal edge or
+// before the window).
+#ifndef PF_WARPS
+#define PF_WARPS 4
+#endif
+#ifndef PF_MIN_BLOCKS
+#define PF_MIN_BLOCKS 3
+#endif
 #define PF_ROWS (16 * PF_WARPS)
 #define PF_STAGE 32
 template <int HD>
@@ -749,9 +795,13 @@ __device__ __forceinline__ void attention_prefill_impl(ATTENTION_ARGS) {
         if (it + 1 < KS * 2) kfrag(bk[(it + 1) & 1], it + 1);
         const unsigned* b = bk[it & 1];
         mma16816(sc[j], qh[s][0], qh[s][1], qh[s][2], qh[s][3], b[0], b[1]);
-        mma16816(sl[j], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b[0], b[1]);
-        mma16816(sc[j], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], b[2], b[3]);
-        mma16816(sl[j], ql[s + 1][0], ql[s + 1][1], ql[s + 1][2], ql[s + 1][3], b[2], b[3]);
+        if (PF_SPLIT_Q) {
+          mma16816(sl[j], ql[s][0], ql[s][1], ql[s][2], ql[s][3], b[0], b[1]);
+          mma16816(sc[j], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], b[2], b[3]);
+          mma16816(sl[j], ql[s + 1][0], ql[s + 1][1], ql[s + 1][2], ql[s + 1][3], b[2], b[3]);
+        } else {  // odd k-steps into the second accumulators: still eight chains
+          mma16816(sl[j], qh[s + 1][0], qh[s + 1][1], qh[s + 1][2], qh[s + 1][3], b[2], b[3]);
+        }
       }
 #pragma unroll
       for (int j = 0; j < 4; j++)
@@ -783,7 +833,7 @@ __device__ __forceinline__ void attention_prefill_impl(ATTENTION_ARGS) {
       for (int it = 0; it < NT; it++) {
         const int n = (it / 2) * 2, h = it % 2;
         if (it + 1 < NT) vfrag(bv[(it + 1) & 1], it + 1);
-        pv_mma(o[n], o[n + 1], ph[h], pl[h], bv[it & 1]);
+        pv_mma<PF_SPLIT_P>(o[n], o[n + 1], ph[h], pl[h], bv[it & 1]);
       }
     }
     // Every warp is done with this buffer before the next iteration copies into it.
@@ -822,13 +872,13 @@ extern "C" __global__ void __launch_bounds__(64) attention_mma128(ATTENTION_ARGS
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(32 * PF_WARPS) attention_prefill64(ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(32 * PF_WARPS, PF_MIN_BLOCKS) attention_prefill64(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
   attention_prefill_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(32 * PF_WARPS) attention_prefill128(ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(32 * PF_WARPS, PF_MIN_BLOCKS) attention_prefill128(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
   attention_prefill_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif

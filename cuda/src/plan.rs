@@ -8,10 +8,27 @@ use tandem_engine::backend::{ForwardBatch, NO_PAGE};
 /// Query rows (tokens × query heads of one KV head) one attention CTA holds; matches
 /// `ATT_MAX_ROWS` in kernels.cu.
 pub const ATT_MAX_ROWS: usize = 16;
-/// Query rows of one tile of the flash-attention prefill kernel; matches `PF_ROWS`.
-pub const PREFILL_ROWS: usize = 128;
-/// Threads of the prefill kernel's CTA: a warp per 16 rows.
-pub const PREFILL_THREADS: u32 = (PREFILL_ROWS / 16 * 32) as u32;
+/// Warps of the flash-attention prefill kernel's CTA (`PF_WARPS`, which the host passes to
+/// the kernels' compiler), each owning 16 query rows of the tile; `TANDEM_PF_WARPS` (2, 4 or 8)
+/// overrides it for comparison.
+pub fn prefill_warps() -> usize {
+    static WARPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *WARPS.get_or_init(|| {
+        std::env::var("TANDEM_PF_WARPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|w| matches!(w, 2 | 4 | 8))
+            .unwrap_or(4)
+    })
+}
+/// Query rows of one tile of the prefill kernel.
+pub fn prefill_rows() -> usize {
+    16 * prefill_warps()
+}
+/// Threads of the prefill kernel's CTA.
+pub fn prefill_threads() -> u32 {
+    32 * prefill_warps() as u32
+}
 /// Largest head width the attention kernel supports; matches `ATT_MAX_HD`.
 pub const ATT_MAX_HEAD_DIM: usize = 128;
 /// Ints per tile descriptor.
@@ -70,7 +87,7 @@ pub struct BatchPlan {
     /// Sequences left to the long-chunk attention paths (no tiles; their rows are not "valid"
     /// for the split reduction).
     pub long: Vec<LongSeq>,
-    /// The long sequences' rows as tiles of the prefill kernel (up to [`PREFILL_ROWS`] query
+    /// The long sequences' rows as tiles of the prefill kernel (up to [`prefill_rows`] query
     /// rows each), in the layout of [`BatchPlan::tiles`]; uploaded after them.
     pub long_tiles: Vec<i32>,
 }
@@ -80,7 +97,7 @@ impl BatchPlan {
     /// `long_min` tokens go to the GEMM attention path.
     pub fn new(b: &ForwardBatch, group: usize, long_min: usize) -> BatchPlan {
         let per_tile = (ATT_MAX_ROWS / group.max(1)).max(1);
-        let per_long_tile = (PREFILL_ROWS / group.max(1)).max(1);
+        let per_long_tile = (prefill_rows() / group.max(1)).max(1);
         let (t, groups) = (b.token_ids.len(), b.kv_groups.max(1));
         let mut p = BatchPlan {
             tokens: b.token_ids.iter().map(|&t| t as i32).collect(),
@@ -346,14 +363,16 @@ mod tests {
         assert_eq!(&p.tiles[..4], &[40, 1, 20, 4]);
         assert!(p.row_valid[..40].iter().all(|&v| v == 0) && p.row_valid[40] == 1);
         assert_eq!(p.max_context, 50);
-        // The long chunk as prefill tiles of 128 / 3 = 42 tokens: one tile of all 40.
-        assert_eq!(p.long_tiles, vec![0, 40, 10, 0, 0]);
+        assert_eq!(prefill_rows(), 64, "the default prefill tile (TANDEM_PF_WARPS unset)");
+        // The long chunk as prefill tiles of 64 / 3 = 21 tokens: rows 0..21 and 21..40, the
+        // longer context (positions up to 50) first.
+        assert_eq!(p.long_tiles, vec![21, 19, 31, 0, 0, 0, 21, 10, 0, 0]);
         let p = BatchPlan::new(&b, 8, 32);
-        // 128 / 8 = 16 tokens: rows 0..16, 16..32, 32..40.
-        assert_eq!(p.num_long_tiles(), 3);
+        // 64 / 8 = 8 tokens: rows 0..8, .., 32..40.
+        assert_eq!(p.num_long_tiles(), 5);
         // Longest context first: rows 32..40 (positions up to 50) lead.
         assert_eq!(p.long_tiles[..5], [32, 8, 42, 0, 0]);
-        assert_eq!(p.long_tiles[10..15], [0, 16, 10, 0, 0]);
+        assert_eq!(p.long_tiles[20..25], [0, 8, 10, 0, 0]);
     }
 
     #[test]
