@@ -385,19 +385,23 @@ impl CudaBackend {
         // Gemma scales scores by 1/√query_pre_attn_scalar, everyone else by 1/√head_dim.
         let scale = 1.0 / c.query_pre_attn_scalar.unwrap_or(c.head_dim as f32).sqrt();
         let (kv_base, bs) = (ptr(&self.kv), self.block_size as i32);
+        // Whether the previous layer's all-reduce already normed this layer's input into hb.
+        let mut normed = false;
         for (li, l) in w.layers.iter().enumerate().take(num_layers) {
             // The layer's KV group: its slots, block tables and page layer.
             let (kg, page_layer) = self.kv_groups.layer_slot[li];
             let slot = slot + 4 * (kg * sections.0) as u64;
             let bt = bt + 4 * (kg * sections.1) as u64;
-            self.mark("rmsnorm")?;
-            unsafe {
-                g.launch(
-                    &g.k.rmsnorm,
-                    rows_cfg(t, 256),
-                    &[&x, &null, &ptr(&l.attn_norm), &hb, &hi, &eps],
-                )?
-            };
+            if !normed {
+                self.mark("rmsnorm")?;
+                unsafe {
+                    g.launch(
+                        &g.k.rmsnorm,
+                        rows_cfg(t, 256),
+                        &[&x, &null, &ptr(&l.attn_norm), &hb, &hi, &eps],
+                    )?
+                };
+            }
             self.mark("gemm qkv")?;
             g.gemm(t, qs + 2 * kvs, h, hb, ptr(&l.qkv), qkv, true, false)?;
             self.mark("qk norm, rope, kv store")?;
@@ -527,15 +531,18 @@ impl CudaBackend {
                 };
             }
             self.mark("gemm o")?;
-            self.project_into_residual(t, qs, att, ptr(&l.o), l.post_attn_norm.as_ref(), 0)?;
-            self.mark("rmsnorm")?;
-            unsafe {
-                g.launch(
-                    &g.k.rmsnorm,
-                    rows_cfg(t, 256),
-                    &[&x, &null, &ptr(&l.ffn_norm), &hb, &hi, &eps],
-                )?
-            };
+            let ffn_norm = Some(ptr(&l.ffn_norm));
+            let post = l.post_attn_norm.as_ref();
+            if !self.project_into_residual(t, qs, att, ptr(&l.o), post, 0, ffn_norm)? {
+                self.mark("rmsnorm")?;
+                unsafe {
+                    g.launch(
+                        &g.k.rmsnorm,
+                        rows_cfg(t, 256),
+                        &[&x, &null, &ptr(&l.ffn_norm), &hb, &hi, &eps],
+                    )?
+                };
+            }
             self.mark("gemm gate_up")?;
             g.gemm(t, 2 * ff, h, hb, ptr(&l.gate_up), gu, true, false)?;
             self.mark("silu_mul")?;
@@ -547,7 +554,12 @@ impl CudaBackend {
             };
             unsafe { g.launch(&g.k.silu_mul, cfg, &[&gu, &act, &fi, &gelu])? };
             self.mark("gemm down")?;
-            self.project_into_residual(t, ff, act, ptr(&l.down), l.post_ffn_norm.as_ref(), 1)?;
+            // The next layer's input norm rides on this all-reduce (not the final norm's,
+            // which takes only the logits rows).
+            let next_norm = w.layers.get(li + 1).filter(|_| li + 1 < num_layers);
+            let post = l.post_ffn_norm.as_ref();
+            let next_norm = next_norm.map(|n| ptr(&n.attn_norm));
+            normed = self.project_into_residual(t, ff, act, ptr(&l.down), post, 1, next_norm)?;
         }
         self.mark("final norm, lm head")?;
         if logit_rows > 0 {
@@ -566,7 +578,10 @@ impl CudaBackend {
 
     /// Projection `which` (0: attention output, 1: down) of `t` rows of width `k` into the
     /// residual stream: accumulated into it (summed across a tensor-parallel group), or, with a
-    /// post-norm (Gemma), written aside, normed and then added.
+    /// post-norm (Gemma), written aside, normed and then added. True when the group's
+    /// all-reduce also applied `next_norm` (the RMSNorm that reads the sum) into the 16-bit
+    /// activations.
+    #[allow(clippy::too_many_arguments)]
     fn project_into_residual(
         &self,
         t: usize,
@@ -575,12 +590,13 @@ impl CudaBackend {
         w: u64,
         post_norm: Option<&CudaSlice<f32>>,
         which: usize,
-    ) -> Result<(), CudaError> {
+        next_norm: Option<u64>,
+    ) -> Result<bool, CudaError> {
         let (g, h) = (&self.gpu, self.cfg.hidden_size);
         let Some(norm) = post_norm else {
             let (dst, add) = self.reduce_target(which, t * h);
             g.gemm(t, h, k, a, w, dst, true, add)?;
-            return self.all_reduce(which, t * h);
+            return self.all_reduce(which, t, next_norm);
         };
         let proj = ptr(&self.a.proj);
         g.gemm(t, h, k, a, w, proj, true, false)?;
@@ -592,7 +608,10 @@ impl CudaBackend {
         };
         // SAFETY: rmsnorm_add(float* x, const float* y, const float* w, int H, float eps) over t
         // rows of the residual and of `proj` (sized for the post-norm models' t × h).
-        unsafe { g.launch(&g.k.rmsnorm_add, cfg, &[&ptr(&self.a.x), &proj, &ptr(norm), &hi, &eps]) }
+        unsafe {
+            g.launch(&g.k.rmsnorm_add, cfg, &[&ptr(&self.a.x), &proj, &ptr(norm), &hi, &eps])?
+        };
+        Ok(false)
     }
 
     /// Runs a pass, through a graph when one fits, leaving logits on the device: a graph's row

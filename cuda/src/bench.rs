@@ -241,7 +241,7 @@ pub fn decode(
             Under::One(_) => None,
             Under::Group(g) => {
                 let calls = 2 * cfg.num_layers;
-                let (_, worst) = g.time_all_reduces(batch * cfg.hidden_size, calls, 20)?;
+                let (_, worst) = g.time_all_reduces(batch, calls, 20)?;
                 Some((worst, g.all_reduce_path()))
             }
         };

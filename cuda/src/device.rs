@@ -110,6 +110,8 @@ pub struct Kernels {
     pub fill_random_block: CudaFunction,
     /// A tensor-parallel group's all-reduce over peer memory.
     pub tp_all_reduce: CudaFunction,
+    /// The same all-reduce with the RMSNorm that follows it.
+    pub tp_all_reduce_norm: CudaFunction,
     /// Token choice per logits row (Gumbel-max, or argmax at temperature 0).
     pub sample_rows: CudaFunction,
     /// Structured outputs: disallowed tokens of logits rows to minus infinity.
@@ -215,6 +217,7 @@ impl Gpu {
             fill_random: f("fill_random")?,
             fill_random_block: f("fill_random_block")?,
             tp_all_reduce: f("tp_all_reduce")?,
+            tp_all_reduce_norm: f("tp_all_reduce_norm")?,
             sample_rows: f("sample_rows")?,
             mask_rows: f("mask_rows")?,
             gather_kv: f("gather_kv")?,

@@ -1256,9 +1256,9 @@ __device__ __forceinline__ unsigned int ld_acquire_sys(const unsigned int* p) {
   return v;
 }
 #define TP_MAX_WORLD 8
-extern "C" __global__ void tp_all_reduce(float* __restrict__ x, const unsigned long long* __restrict__ partials,
-                                         const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
-                                         int rank, int world, long long n) {
+// Block b's barrier with block b of every peer, for this call's epoch (counter[b] + 1).
+__device__ __forceinline__ void tp_barrier(const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
+                                           int rank, int world) {
   __shared__ unsigned int epoch;
   if (threadIdx.x == 0) {
     epoch = counter[blockIdx.x] + 1;
@@ -1274,6 +1274,11 @@ extern "C" __global__ void tp_all_reduce(float* __restrict__ x, const unsigned l
     const unsigned int* mine = (const unsigned int*)flags[rank];
     while (ld_acquire_sys(mine + blockIdx.x * TP_MAX_WORLD + peer) < e) {}
   }
+}
+extern "C" __global__ void tp_all_reduce(float* __restrict__ x, const unsigned long long* __restrict__ partials,
+                                         const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
+                                         int rank, int world, long long n) {
+  tp_barrier(flags, counter, rank, world);
   __syncthreads();
   const float4* p[TP_MAX_WORLD];
   for (int r = 0; r < world; ++r) p[r] = (const float4*)partials[r];
@@ -1303,5 +1308,56 @@ extern "C" __global__ void tp_all_reduce(float* __restrict__ x, const unsigned l
     float s = __ldcg((const float*)partials[0] + i);
     for (int r = 1; r < world; ++r) s += __ldcg((const float*)partials[r] + i);
     x[i] += s;
+  }
+}
+
+// tp_all_reduce and then the RMSNorm that reads its sum, in one launch: block b (up to 1024
+// threads) takes rows b, b + gridDim.x, .. of x ([rows, H], H a multiple of 4) after the same
+// barrier, adds x[r] += P_0[r] + P_1[r] + ... in rank order, and writes y[r] = x[r] ·
+// rsqrt(mean(x[r]²) + eps) · w as `rmsnorm` does (its sum of squares taken in another order).
+// Each thread loads two 16-byte pieces of every rank's partial before it adds, so that a row
+// costs one round trip across NVLink, not one per piece.
+extern "C" __global__ void tp_all_reduce_norm(float* __restrict__ x, const unsigned long long* __restrict__ partials,
+                                              const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
+                                              int rank, int world, int rows, int H, const float* __restrict__ w,
+                                              h16* __restrict__ y, float eps) {
+  tp_barrier(flags, counter, rank, world);
+  __syncthreads();
+  const int n4 = H / 4, bd = blockDim.x;
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    float4* x4 = reinterpret_cast<float4*>(x + (size_t)r * H);
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n4; i += 2 * bd) {
+      const int j = i + bd;
+      const bool two = j < n4;
+      const float4* p0 = reinterpret_cast<const float4*>(partials[0]) + (size_t)r * n4;
+      float4 s = __ldcg(p0 + i), t = two ? __ldcg(p0 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int k = 1; k < world; ++k) {
+        const float4* pk = reinterpret_cast<const float4*>(partials[k]) + (size_t)r * n4;
+        float4 v = __ldcg(pk + i), u = two ? __ldcg(pk + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+        s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
+      }
+      float4 a = x4[i];
+      a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
+      x4[i] = a;
+      ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+      if (two) {
+        float4 b = x4[j];
+        b.x += t.x; b.y += t.y; b.z += t.z; b.w += t.w;
+        x4[j] = b;
+        ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+      }
+    }
+    float inv = rsqrtf(block_sum(ss) / (float)H + eps);
+    uint2* y4 = reinterpret_cast<uint2*>(y + (size_t)r * H);
+    for (int i = threadIdx.x; i < n4; i += bd) {
+      float4 v = x4[i], g = w4[i];
+      uint2 o;
+      o.x = (unsigned)f2h(v.x * inv * g.x) | ((unsigned)f2h(v.y * inv * g.y) << 16);
+      o.y = (unsigned)f2h(v.z * inv * g.z) | ((unsigned)f2h(v.w * inv * g.w) << 16);
+      y4[i] = o;
+    }
   }
 }

@@ -194,8 +194,10 @@ impl TpBackend {
     }
 
     /// Sets up the all-reduce over peer memory for small steps, unless `TANDEM_TP_ALL_REDUCE`
-    /// is `nccl` or some pair of GPUs cannot reach each other; whether it is on.
+    /// is `nccl` or some pair of GPUs cannot reach each other; whether it is on. It carries the
+    /// RMSNorm that follows it unless `TANDEM_TP_ALL_REDUCE` is `peer-apart` (for comparison).
     fn peer_reduce(ranks: &mut [CudaBackend]) -> Result<bool, CudaError> {
+        let fuse_norm = fuse_norm();
         // The kernel keeps flag slots and partial pointers for at most PEER_MAX_WORLD ranks.
         if std::env::var("TANDEM_TP_ALL_REDUCE").is_ok_and(|v| v == "nccl")
             || ranks.len() > PEER_MAX_WORLD
@@ -208,7 +210,7 @@ impl TpBackend {
         }
         let mut all = Vec::with_capacity(ranks.len());
         for be in ranks.iter_mut() {
-            all.push(be.alloc_peer_reduce()?);
+            all.push(be.alloc_peer_reduce(fuse_norm)?);
         }
         for be in ranks.iter_mut() {
             be.connect_peer_reduce(&all)?;
@@ -217,26 +219,28 @@ impl TpBackend {
     }
 
     /// How the group sums its partial products: `peer` (a kernel reading the other GPUs'
-    /// memory, for steps of up to 512 tokens; NCCL above) or `nccl`.
+    /// memory, for steps of up to 512 tokens, with the RMSNorm after it or without; NCCL
+    /// above) or `nccl`.
     pub fn all_reduce_path(&self) -> &'static str {
-        if self.peer {
-            "peer"
-        } else {
-            "nccl"
+        match (self.peer, fuse_norm()) {
+            (true, true) => "peer, with the RMSNorm",
+            (true, false) => "peer, RMSNorm apart",
+            (false, _) => "nccl",
         }
     }
 
-    /// GPU time of `calls` all-reduces of `count` f32 values alone in a graph on every rank,
-    /// ms: rank 0's and the slowest rank's.
+    /// GPU time of `calls` all-reduces over `rows` rows of the residual stream alone in a
+    /// graph on every rank (each with the RMSNorm it carries in a step), ms: rank 0's and the
+    /// slowest rank's.
     pub fn time_all_reduces(
         &mut self,
-        count: usize,
+        rows: usize,
         calls: usize,
         reps: usize,
     ) -> Result<(f64, f64), CudaError> {
         let each =
-            move |be: &mut CudaBackend| be.time_all_reduces(count, calls, reps).map(Reply::Ms);
-        let (ms, replies) = self.together(each, |be| be.time_all_reduces(count, calls, reps))?;
+            move |be: &mut CudaBackend| be.time_all_reduces(rows, calls, reps).map(Reply::Ms);
+        let (ms, replies) = self.together(each, |be| be.time_all_reduces(rows, calls, reps))?;
         Ok((ms, slowest(ms, &replies)))
     }
 
@@ -491,4 +495,10 @@ impl ModelBackend for TpBackend {
         self.collect().map_err(dev)?;
         own
     }
+}
+
+/// Whether the peer all-reduce carries the RMSNorm that reads its sum (`TANDEM_TP_ALL_REDUCE`
+/// `peer-apart` keeps them apart, for comparison).
+fn fuse_norm() -> bool {
+    !std::env::var("TANDEM_TP_ALL_REDUCE").is_ok_and(|v| v == "peer-apart")
 }

@@ -52,6 +52,8 @@ pub(crate) struct PeerReduce {
     flag_table: Option<CudaSlice<u64>>,
     /// Values (f32) each partial holds.
     pub(crate) capacity: usize,
+    /// Whether the all-reduce also applies the RMSNorm that reads its sum.
+    pub(crate) fuse_norm: bool,
 }
 
 fn driver(r: dsys::CUresult, what: &str) -> Result<(), CudaError> {
@@ -64,7 +66,11 @@ fn driver(r: dsys::CUresult, what: &str) -> Result<(), CudaError> {
 impl PeerReduce {
     /// Allocates one rank's buffers for partials of `capacity` f32 values on the device whose
     /// context `ctx` is (and is current on this thread).
-    pub(crate) fn alloc(ctx: &Arc<CudaContext>, capacity: usize) -> Result<PeerReduce, CudaError> {
+    pub(crate) fn alloc(
+        ctx: &Arc<CudaContext>,
+        capacity: usize,
+        fuse_norm: bool,
+    ) -> Result<PeerReduce, CudaError> {
         let mut me = PeerReduce {
             ctx: ctx.clone(),
             partials: [0; 2],
@@ -73,6 +79,7 @@ impl PeerReduce {
             partial_table: None,
             flag_table: None,
             capacity,
+            fuse_norm,
         };
         let words = PEER_BLOCKS * PEER_MAX_WORLD;
         for (slot, bytes) in
@@ -239,46 +246,78 @@ impl CudaBackend {
         }
     }
 
-    /// Sums projection `which`'s products (`count` values) across the group into the residual
-    /// stream (nothing alone).
-    pub(super) fn all_reduce(&self, which: usize, count: usize) -> Result<(), CudaError> {
-        let Some(c) = &self.tp else { return Ok(()) };
+    /// Sums projection `which`'s products over `rows` rows of the residual stream across the
+    /// group (nothing alone). With `norm` (an RMSNorm's weights) the peer all-reduce also
+    /// writes the normed rows to the 16-bit activations, in the same launch, and says so by
+    /// returning true; otherwise the caller norms.
+    pub(super) fn all_reduce(
+        &self,
+        which: usize,
+        rows: usize,
+        norm: Option<u64>,
+    ) -> Result<bool, CudaError> {
+        let Some(c) = &self.tp else { return Ok(false) };
         self.mark("all-reduce")?;
+        let h = self.cfg.hidden_size;
+        let count = rows * h;
         let x = crate::device::ptr(&self.a.x);
         let Some(p) = self.peer_for(count) else {
-            return c.all_reduce(x, count, self.gpu.stream.cu_stream());
+            c.all_reduce(x, count, self.gpu.stream.cu_stream())?;
+            return Ok(false);
         };
         let (Some(parts), Some(flags)) = (&p.partial_table, &p.flag_table) else {
             return Err(CudaError::Unsupported("peer all-reduce not connected".into()));
         };
         let world = c.shard.size;
         let g = &self.gpu;
-        let blocks = count.div_ceil(4 * 256).clamp(1, PEER_BLOCKS.min(g.num_sms));
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (256, 1, 1),
+        let table = crate::device::ptr(parts) + 8 * (which * world) as u64;
+        let flags = crate::device::ptr(flags);
+        let (ranki, worldi) = (c.shard.rank as i32, world as i32);
+        let cfg = |blocks: usize, threads: usize| LaunchConfig {
+            grid_dim: (blocks.clamp(1, PEER_BLOCKS.min(g.num_sms)) as u32, 1, 1),
+            block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let table = crate::device::ptr(parts) + 8 * (which * world) as u64;
-        let (ranki, worldi, n) = (c.shard.rank as i32, world as i32, count as i64);
+        if let Some(w) = norm.filter(|_| p.fuse_norm && h.is_multiple_of(4)) {
+            let (rowsi, hi, eps) = (rows as i32, h as i32, self.cfg.rms_norm_eps);
+            let y = crate::device::ptr(&self.a.hb);
+            // SAFETY: tp_all_reduce_norm(float* x, const u64* partials, const u64* flags,
+            // u32* counter, int rank, int world, int rows, int H, const float* w, h16* y,
+            // float eps): as below, with `w` H weights and `y` (the activations) rows × H.
+            unsafe {
+                g.launch(
+                    &g.k.tp_all_reduce_norm,
+                    // A row in one round of two pieces per thread where it fits.
+                    cfg(rows, (h / 8).next_multiple_of(32).clamp(32, 1024)),
+                    &[&x, &table, &flags, &p.counter, &ranki, &worldi, &rowsi, &hi, &w, &y, &eps],
+                )?
+            };
+            return Ok(true);
+        }
+        let n = count as i64;
         // SAFETY: tp_all_reduce(float* x, const u64* partials, const u64* flags, u32* counter,
         // int rank, int world, long long n): `table` holds `world` partial buffers of at least
         // `count` f32 values, `flags` every rank's slots, `counter` PEER_BLOCKS words.
         unsafe {
             g.launch(
                 &g.k.tp_all_reduce,
-                cfg,
-                &[&x, &table, &crate::device::ptr(flags), &p.counter, &ranki, &worldi, &n],
-            )
-        }
+                cfg(count.div_ceil(4 * 256), 256),
+                &[&x, &table, &flags, &p.counter, &ranki, &worldi, &n],
+            )?
+        };
+        Ok(false)
     }
 
-    /// Sets up the peer all-reduce's buffers on this rank (peer access must be on): returns
-    /// its partial buffers and flag slots for the others.
-    pub(crate) fn alloc_peer_reduce(&mut self) -> Result<([u64; 2], u64), CudaError> {
+    /// Sets up the peer all-reduce's buffers on this rank (peer access must be on), the
+    /// all-reduce carrying the following RMSNorm when `fuse_norm`: returns its partial buffers
+    /// and flag slots for the others.
+    pub(crate) fn alloc_peer_reduce(
+        &mut self,
+        fuse_norm: bool,
+    ) -> Result<([u64; 2], u64), CudaError> {
         self.gpu.bind()?;
         let rows = PEER_ROWS.min(self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch));
-        let p = PeerReduce::alloc(&self.gpu.ctx, rows * self.cfg.hidden_size)?;
+        let p = PeerReduce::alloc(&self.gpu.ctx, rows * self.cfg.hidden_size, fuse_norm)?;
         let out = (p.partials, p.flags());
         match self.tp.as_mut() {
             Some(c) => c.peer = Some(p),
@@ -298,18 +337,20 @@ impl CudaBackend {
         }
     }
 
-    /// GPU time of `calls` all-reduces of `count` values each, alone in a graph, ms (median of
-    /// `reps` replays): what the all-reduces of a step cost. Every rank must run it at once.
+    /// GPU time of `calls` all-reduces over `rows` rows each, alone in a graph, ms (median of
+    /// `reps` replays): what the all-reduces of a step cost, each with the RMSNorm it carries
+    /// in the step (all but the last). Every rank must run it at once.
     pub(crate) fn time_all_reduces(
         &mut self,
-        count: usize,
+        rows: usize,
         calls: usize,
         reps: usize,
     ) -> Result<f64, CudaError> {
         self.gpu.bind()?;
+        let norm = self.w.layers.first().map(|l| crate::device::ptr(&l.ffn_norm));
         let run = |be: &CudaBackend| -> Result<(), CudaError> {
             for i in 0..calls {
-                be.all_reduce(i % 2, count)?;
+                be.all_reduce(i % 2, rows, norm.filter(|_| i + 1 < calls))?;
             }
             Ok(())
         };
