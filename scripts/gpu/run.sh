@@ -88,6 +88,9 @@ run() {
   section windows windows tests/data/tiny-gemma3 tests/data/tiny-mistral $([ -d "$shape" ] && echo "$shape")
   section decode bench-decode "$bin/configs/llama-3-8b.json" 1,16,64,256 1024
   section prefill bench-prefill "$bin/configs/llama-3-8b.json" 4 2048
+  # The prefill kernel's previous shape (8 warps, one CTA per SM, Q and P split) for comparison.
+  TANDEM_PF_WARPS=8 TANDEM_CUDA_DEFINES="PF_MIN_BLOCKS=1 TANDEM_PF_SPLIT_Q TANDEM_PF_SPLIT_P" \
+    section prefill-8-warps-split bench-prefill "$bin/configs/llama-3-8b.json" 4 2048
   section decode-qwen3 bench-decode "$bin/configs/qwen3-0.6b.json" 1,64,256 1024
   if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
     # KV pages GPU 0 -> GPU 1 over NCCL against raw NCCL (NVLS multicast stays off).

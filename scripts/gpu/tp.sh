@@ -9,8 +9,9 @@
 #         the peer-memory all-reduce and again with NCCL's (TANDEM_TP_ALL_REDUCE=nccl).
 # bench   the Llama-3-70B shape (random weights) split over GPUs 0 and 1: decode steps at batch
 #         1, 64 and 256 (context 1024) against the two-GPU HBM roofline measured in the same run,
-#         the step's all-reduces alone in a graph; with the peer-memory all-reduce and with
-#         NCCL's; prefill 4 x 2048 against both GPUs' GEMM peak.
+#         the step's all-reduces alone in a graph; with the peer-memory all-reduce carrying
+#         the RMSNorm after it, with the two apart, and with NCCL's; prefill 4 x 2048 against
+#         both GPUs' GEMM peak.
 # disagg  a TP=1 prefill worker feeding a TP=2 decode worker against the TP=2 worker colocated
 #         (scripts/gpu/disagg.sh tp).
 #
@@ -42,6 +43,7 @@ for s in $sections; do
       ;;
     bench)
       section decode-llama-3-70b 540 bench-decode "$bin/configs/llama-3-70b.json" 1,64,256 1024 2
+      TANDEM_TP_ALL_REDUCE=peer-apart section decode-llama-3-70b-norm-apart 540 bench-decode "$bin/configs/llama-3-70b.json" 1,64,256 1024 2
       TANDEM_TP_ALL_REDUCE=nccl section decode-llama-3-70b-nccl 540 bench-decode "$bin/configs/llama-3-70b.json" 1,64,256 1024 2
       section prefill-llama-3-70b 300 bench-prefill "$bin/configs/llama-3-70b.json" 4 2048 2
       ;;
