@@ -681,16 +681,22 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
 // The arithmetic is `attention_mma_impl`'s with Q and P rounded once (PF_SPLIT_Q, PF_SPLIT_P);
 // the even and odd k-steps' products of S go to accumulators of their own, so that eight
 // independent chains of mma keep the tensor cores busy. PF_WARPS (the host passes it: 4) and
-// PF_MIN_BLOCKS (3) set the CTA's size and how many share an SM: latency, not the tensor cores,
-// bounds this kernel, so more warps per SM beat bigger CTAs (the host's `TANDEM_PF_WARPS` and
-// `TANDEM_CUDA_DEFINES` change them for comparison). One split (a tile's rows see at most their
-// chunk's context); a warp skips the stages none of its rows can see (past the causal edge or
-// before the window).
+// PF_MIN_BLOCKS_64/_128 (4, 3) set the CTA's size and how many share an SM: latency, not the
+// tensor cores, bounds this kernel, so more warps per SM beat bigger CTAs (the host's
+// `TANDEM_PF_WARPS` and `TANDEM_CUDA_DEFINES` change them for comparison). One split (a tile's
+// rows see at most their chunk's context); a warp skips the stages none of its rows can see (past
+// the causal edge or before the window).
 #ifndef PF_WARPS
 #define PF_WARPS 4
 #endif
-#ifndef PF_MIN_BLOCKS
-#define PF_MIN_BLOCKS 3
+// CTAs per SM the register allocation aims at, per head width (H100: 64-wide heads ran 9 %
+// faster at four than at three, 128-wide ones need three); PF_MIN_BLOCKS overrides both.
+#ifdef PF_MIN_BLOCKS
+#define PF_MIN_BLOCKS_64 PF_MIN_BLOCKS
+#define PF_MIN_BLOCKS_128 PF_MIN_BLOCKS
+#else
+#define PF_MIN_BLOCKS_64 4
+#define PF_MIN_BLOCKS_128 3
 #endif
 #define PF_ROWS (16 * PF_WARPS)
 #define PF_STAGE 32
@@ -872,13 +878,13 @@ extern "C" __global__ void __launch_bounds__(64) attention_mma128(ATTENTION_ARGS
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(32 * PF_WARPS, PF_MIN_BLOCKS) attention_prefill64(ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(32 * PF_WARPS, PF_MIN_BLOCKS_64) attention_prefill64(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
   attention_prefill_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(32 * PF_WARPS, PF_MIN_BLOCKS) attention_prefill128(ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(32 * PF_WARPS, PF_MIN_BLOCKS_128) attention_prefill128(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
   attention_prefill_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
