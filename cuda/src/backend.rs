@@ -385,6 +385,13 @@ impl CudaBackend {
         // Gemma scales scores by 1/√query_pre_attn_scalar, everyone else by 1/√head_dim.
         let scale = 1.0 / c.query_pre_attn_scalar.unwrap_or(c.head_dim as f32).sqrt();
         let (kv_base, bs) = (ptr(&self.kv), self.block_size as i32);
+        // RMSNorm of the residual stream's t rows into the 16-bit activations.
+        let norm_rows = |weights: u64| -> Result<(), CudaError> {
+            self.mark("rmsnorm")?;
+            unsafe {
+                g.launch(&g.k.rmsnorm, rows_cfg(t, 256), &[&x, &null, &weights, &hb, &hi, &eps])
+            }
+        };
         // Whether the previous layer's all-reduce already normed this layer's input into hb.
         let mut normed = false;
         for (li, l) in w.layers.iter().enumerate().take(num_layers) {
@@ -393,14 +400,7 @@ impl CudaBackend {
             let slot = slot + 4 * (kg * sections.0) as u64;
             let bt = bt + 4 * (kg * sections.1) as u64;
             if !normed {
-                self.mark("rmsnorm")?;
-                unsafe {
-                    g.launch(
-                        &g.k.rmsnorm,
-                        rows_cfg(t, 256),
-                        &[&x, &null, &ptr(&l.attn_norm), &hb, &hi, &eps],
-                    )?
-                };
+                norm_rows(ptr(&l.attn_norm))?;
             }
             self.mark("gemm qkv")?;
             g.gemm(t, qs + 2 * kvs, h, hb, ptr(&l.qkv), qkv, true, false)?;
@@ -534,14 +534,7 @@ impl CudaBackend {
             let ffn_norm = Some(ptr(&l.ffn_norm));
             let post = l.post_attn_norm.as_ref();
             if !self.project_into_residual(t, qs, att, ptr(&l.o), post, 0, ffn_norm)? {
-                self.mark("rmsnorm")?;
-                unsafe {
-                    g.launch(
-                        &g.k.rmsnorm,
-                        rows_cfg(t, 256),
-                        &[&x, &null, &ptr(&l.ffn_norm), &hb, &hi, &eps],
-                    )?
-                };
+                norm_rows(ptr(&l.ffn_norm))?;
             }
             self.mark("gemm gate_up")?;
             g.gemm(t, 2 * ff, h, hb, ptr(&l.gate_up), gu, true, false)?;
