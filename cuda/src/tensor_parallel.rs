@@ -93,8 +93,8 @@ pub struct TpBackend {
     followers: Vec<Follower>,
     /// KV blocks every rank holds.
     num_blocks: usize,
-    /// Whether small steps sum over peer memory (else NCCL throughout).
-    peer: bool,
+    /// How the group sums its partial products (`all_reduce_path`).
+    path: &'static str,
 }
 
 impl TpBackend {
@@ -179,7 +179,7 @@ impl TpBackend {
         for b in built {
             ranks.push(b?);
         }
-        let peer = Self::peer_reduce(&mut ranks)?;
+        let path = Self::peer_reduce(&mut ranks)?;
         let num_blocks = ranks.iter().map(|b| b.num_blocks).min().unwrap_or(0);
         let mut ranks = ranks.into_iter();
         let lead = ranks.next().ok_or_else(|| CudaError::Unsupported("an empty group".into()))?;
@@ -189,25 +189,25 @@ impl TpBackend {
             lead,
             followers: ranks.map(Follower::spawn).collect(),
             num_blocks,
-            peer,
+            path,
         })
     }
 
     /// Sets up the all-reduce over peer memory for small steps, unless `TANDEM_TP_ALL_REDUCE`
-    /// is `nccl` or some pair of GPUs cannot reach each other; whether it is on. It carries the
-    /// RMSNorm that follows it unless `TANDEM_TP_ALL_REDUCE` is `peer-apart` (for comparison).
-    fn peer_reduce(ranks: &mut [CudaBackend]) -> Result<bool, CudaError> {
-        let fuse_norm = fuse_norm();
+    /// is `nccl` or some pair of GPUs cannot reach each other. It carries the RMSNorm that
+    /// follows it unless `TANDEM_TP_ALL_REDUCE` is `peer-apart` (for comparison). Returns the
+    /// path taken, as [`TpBackend::all_reduce_path`] names it.
+    fn peer_reduce(ranks: &mut [CudaBackend]) -> Result<&'static str, CudaError> {
+        let choice = std::env::var("TANDEM_TP_ALL_REDUCE").unwrap_or_default();
         // The kernel keeps flag slots and partial pointers for at most PEER_MAX_WORLD ranks.
-        if std::env::var("TANDEM_TP_ALL_REDUCE").is_ok_and(|v| v == "nccl")
-            || ranks.len() > PEER_MAX_WORLD
-        {
-            return Ok(false);
+        if choice == "nccl" || ranks.len() > PEER_MAX_WORLD {
+            return Ok("nccl");
         }
         let ctxs: Vec<_> = ranks.iter().map(|b| b.gpu().ctx.clone()).collect();
         if !enable_peer_access(&ctxs)? {
-            return Ok(false);
+            return Ok("nccl");
         }
+        let fuse_norm = choice != "peer-apart";
         let mut all = Vec::with_capacity(ranks.len());
         for be in ranks.iter_mut() {
             all.push(be.alloc_peer_reduce(fuse_norm)?);
@@ -215,18 +215,14 @@ impl TpBackend {
         for be in ranks.iter_mut() {
             be.connect_peer_reduce(&all)?;
         }
-        Ok(true)
+        Ok(if fuse_norm { "peer, with the RMSNorm" } else { "peer, RMSNorm apart" })
     }
 
     /// How the group sums its partial products: `peer` (a kernel reading the other GPUs'
     /// memory, for steps of up to 512 tokens, with the RMSNorm after it or without; NCCL
     /// above) or `nccl`.
     pub fn all_reduce_path(&self) -> &'static str {
-        match (self.peer, fuse_norm()) {
-            (true, true) => "peer, with the RMSNorm",
-            (true, false) => "peer, RMSNorm apart",
-            (false, _) => "nccl",
-        }
+        self.path
     }
 
     /// GPU time of `calls` all-reduces over `rows` rows of the residual stream alone in a
@@ -495,10 +491,4 @@ impl ModelBackend for TpBackend {
         self.collect().map_err(dev)?;
         own
     }
-}
-
-/// Whether the peer all-reduce carries the RMSNorm that reads its sum (`TANDEM_TP_ALL_REDUCE`
-/// `peer-apart` keeps them apart, for comparison).
-fn fuse_norm() -> bool {
-    !std::env::var("TANDEM_TP_ALL_REDUCE").is_ok_and(|v| v == "peer-apart")
 }
