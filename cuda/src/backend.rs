@@ -106,7 +106,9 @@ struct Activations {
     slots: CudaSlice<i32>,
     tiles: CudaSlice<i32>,
     block_tables: CudaSlice<i32>,
-    row_valid: CudaSlice<i32>,
+    /// Per tile (its first row) and KV head: splits finished so far in the running attention
+    /// launch (the kernels' `merge_splits`; zero between launches).
+    split_count: CudaSlice<i32>,
     logits_rows: CudaSlice<i32>,
     /// Device sampling: the kernel's per-row arguments ([`sampling::sampling_args`]); tokens
     /// then log-probability bits out.
@@ -208,6 +210,9 @@ impl CudaBackend {
             (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size, cfg.vocab_size);
         let max_blocks_per_seq = opts.max_model_len.div_ceil(opts.block_size);
         let logits_cap = 1024.max(opts.max_graph_batch);
+        // Tile entries: a tile per row, each cut into at most MAX_SPLITS (for at most
+        // SPLIT_ROWS rows); the prefill kernel's tiles after them.
+        let entries = t + (MAX_SPLITS - 1) * t.min(SPLIT_ROWS);
         // Scores of the GEMM attention path: at most 128M per pass (512 MiB), chunked by rows.
         let score_cap = (cfg.num_heads * t * opts.max_model_len).min(128 << 20);
         let a = Activations {
@@ -231,9 +236,9 @@ impl CudaBackend {
             tokens: gpu.zeros(t)?,
             positions: gpu.zeros(t)?,
             slots: gpu.zeros(groups * t)?,
-            tiles: gpu.zeros(t * TILE_INTS)?,
+            tiles: gpu.zeros(entries * TILE_INTS)?,
             block_tables: gpu.zeros(groups * t.max(1) * max_blocks_per_seq)?,
-            row_valid: gpu.zeros(t)?,
+            split_count: gpu.zeros(t * cfg.num_kv_heads)?,
             logits_rows: gpu.zeros(t)?,
             sample_args: gpu.zeros(7 * logits_cap)?,
             sample_out: gpu.zeros(2 * logits_cap)?,
@@ -349,14 +354,13 @@ impl CudaBackend {
         &self,
         t: usize,
         tiling: (usize, bool),
-        splits: usize,
         long: (&[LongSeq], usize),
         sections: (usize, usize),
         num_layers: usize,
         logit_rows: usize,
         row_off: usize,
     ) -> Result<(), CudaError> {
-        // Number of tiles, and whether every tile has at most 8 query rows.
+        // Number of tile entries, and whether every tile has at most 8 query rows.
         let (num_tiles, small_tiles) = tiling;
         // Chunks for the long-chunk paths, and their tiles for the prefill kernel.
         let (long, num_long_tiles) = long;
@@ -444,7 +448,7 @@ impl CudaBackend {
             // A sliding-window layer sees the last `window` positions (i32::MAX: all).
             let window = c.layer_window(li).map_or(i32::MAX, |w| w.min(i32::MAX as usize) as i32);
             let cfg = LaunchConfig {
-                grid_dim: (nkv as u32, num_tiles as u32, splits as u32),
+                grid_dim: (nkv as u32, num_tiles as u32, 1),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -468,6 +472,7 @@ impl CudaBackend {
                             &att,
                             &ptr(&a.part_acc),
                             &ptr(&a.part_ml),
+                            &ptr(&a.split_count),
                             &ti,
                             &nh,
                             &nkv,
@@ -488,14 +493,14 @@ impl CudaBackend {
                     block_dim: (plan::prefill_threads(), 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let (pa, pm) = (ptr(&a.part_acc), ptr(&a.part_ml));
+                let (pa, pm, pc) = (ptr(&a.part_acc), ptr(&a.part_ml), ptr(&a.split_count));
                 // SAFETY: the paged-attention parameters; `lt` holds `n` tiles of long rows.
                 unsafe {
                     g.launch(
                         f,
                         cfg,
                         &[
-                            &q, &kc, &vc, &lt, &bt, &att, &pa, &pm, &ti, &nh, &nkv, &hd, &bsz,
+                            &q, &kc, &vc, &lt, &bt, &att, &pa, &pm, &pc, &ti, &nh, &nkv, &hd, &bsz,
                             &scale, &window,
                         ],
                     )?
@@ -505,30 +510,6 @@ impl CudaBackend {
                     self.mark("attention (GEMM path)")?;
                     self.attend_long(s, (kc, vc, bt), scale, window)?;
                 }
-            }
-            if num_tiles > 0 && splits > 1 {
-                let cfg = LaunchConfig {
-                    grid_dim: (t as u32, nh as u32, 1),
-                    block_dim: (hd as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let sp = splits as i32;
-                unsafe {
-                    g.launch(
-                        &g.k.attention_reduce,
-                        cfg,
-                        &[
-                            &ptr(&a.part_acc),
-                            &ptr(&a.part_ml),
-                            &ptr(&a.row_valid),
-                            &att,
-                            &ti,
-                            &nh,
-                            &hd,
-                            &sp,
-                        ],
-                    )?
-                };
             }
             self.mark("gemm o")?;
             let ffn_norm = Some(ptr(&l.ffn_norm));
@@ -616,7 +597,7 @@ impl CudaBackend {
         let full = num_layers >= self.cfg.num_layers;
         if full && self.use_graphs && b.logits_indices.len() == n {
             if let Some(size) = plan::graph_size_for(&self.graph_sizes, n) {
-                if let Some(p) = BatchPlan::padded_decode(b, size, self.max_blocks_per_seq) {
+                if let Some(p) = self.graph_plan(b, size) {
                     self.upload_plan(&p)?;
                     self.replay(size)?;
                     return Ok(Pass::Graph);
@@ -624,14 +605,16 @@ impl CudaBackend {
             }
         }
         let long_min = if self.gemm_attention { 1 } else { self.opts.long_prompt_min_tokens };
-        let p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads, long_min);
-        self.upload_plan(&p)?;
+        let mut p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads, long_min);
         let splits = self.splits(n, p.num_tiles(), p.max_context);
+        if splits > 1 {
+            p.split_contexts(splits, None);
+        }
+        self.upload_plan(&p)?;
         let first = p.logits_rows.len().min(self.logits_cap);
         self.enqueue(
             n,
             (p.num_tiles(), p.max_tile_rows(self.group()) <= 8),
-            splits,
             (&p.long, p.num_long_tiles()),
             (p.slot_stride, p.bt_stride),
             num_layers,

@@ -494,11 +494,16 @@ fn attention(
     }
     let t = b.num_tokens();
     let q = r.vec(t * nh * hd, 1.0);
-    let p = BatchPlan::new(&b, nh / nkv, if prefill { 64 } else { usize::MAX });
+    let mut p = BatchPlan::new(&b, nh / nkv, if prefill { 64 } else { usize::MAX });
+    if splits > 1 {
+        p.split_contexts(splits, None);
+    }
     let (tiles, num_tiles) =
         if prefill { (&p.long_tiles, p.num_long_tiles()) } else { (&p.tiles, p.num_tiles()) };
     let (dq, dk, dv) = (g.upload(&q)?, g.upload(&bf(&kc))?, g.upload(&bf(&vc))?);
-    let (dt, dbt, drv) = (g.upload(tiles)?, g.upload(&p.block_tables)?, g.upload(&p.row_valid)?);
+    let (dt, dbt) = (g.upload(tiles)?, g.upload(&p.block_tables)?);
+    // The kernels' per-(tile, KV head) split counters: zero before, re-armed to zero after.
+    let count = g.zeros::<i32>(t * nkv)?;
     let out = g.zeros::<u16>(t * nh * hd)?;
     let (pa, pm) = (g.zeros::<f32>(splits * t * nh * hd)?, g.zeros::<f32>(splits * t * nh * 2)?);
     let (ti, nhi, nkvi, hdi, bsi, scale) =
@@ -511,12 +516,13 @@ fn attention(
     assert!(!prefill || (splits == 1 && num_tiles > 0), "the prefill kernel takes one split");
     let wi = window.map_or(i32::MAX, |w| w as i32);
     let cfg = LaunchConfig {
-        grid_dim: (nkv as u32, num_tiles as u32, splits as u32),
+        grid_dim: (nkv as u32, num_tiles as u32, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: attention's parameter list over buffers sized for this batch and these splits.
-    unsafe {
+    // Twice: the second launch finds the counters the first left (zero, if they re-arm).
+    for _ in 0..2 {
         let f = match kernel {
             AttKernel::Tile => &g.k.attention,
             AttKernel::Decode => &g.k.attention_decode,
@@ -525,40 +531,18 @@ fn attention(
             AttKernel::Prefill if hd == 64 => &g.k.attention_prefill64,
             AttKernel::Prefill => &g.k.attention_prefill128,
         };
-        g.launch(
-            f,
-            cfg,
-            &[
-                &ptr(&dq),
-                &ptr(&dk),
-                &ptr(&dv),
-                &ptr(&dt),
-                &ptr(&dbt),
-                &ptr(&out),
-                &ptr(&pa),
-                &ptr(&pm),
-                &ti,
-                &nhi,
-                &nkvi,
-                &hdi,
-                &bsi,
-                &scale,
-                &wi,
-            ],
-        )?;
-        if splits > 1 {
-            let sp = splits as i32;
-            let cfg = LaunchConfig {
-                grid_dim: (t as u32, nh as u32, 1),
-                block_dim: (hd as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            g.launch(
-                &g.k.attention_reduce,
-                cfg,
-                &[&ptr(&pa), &ptr(&pm), &ptr(&drv), &ptr(&out), &ti, &nhi, &hdi, &sp],
-            )?;
-        }
+        let (qp, kp, vp, tp, bp, op) =
+            (ptr(&dq), ptr(&dk), ptr(&dv), ptr(&dt), ptr(&dbt), ptr(&out));
+        let (pap, pmp, cp) = (ptr(&pa), ptr(&pm), ptr(&count));
+        let args: [&dyn crate::device::KernelArg; 16] = [
+            &qp, &kp, &vp, &tp, &bp, &op, &pap, &pmp, &cp, &ti, &nhi, &nkvi, &hdi, &bsi, &scale,
+            &wi,
+        ];
+        unsafe { g.launch(f, cfg, &args)? };
+    }
+    let left = g.read(&count, t * nkv)?;
+    if left.iter().any(|&c| c != 0) {
+        return Err(CudaError::Driver(format!("split counters left at {left:?}")));
     }
     let got = unbf(&g.read(&out, t * nh * hd)?);
     let mut err = 0f64;

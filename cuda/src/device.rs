@@ -98,8 +98,6 @@ pub struct Kernels {
     pub attention_prefill64: CudaFunction,
     /// The same, head width 128.
     pub attention_prefill128: CudaFunction,
-    /// Combines attention splits.
-    pub attention_reduce: CudaFunction,
     /// SwiGLU (or GeGLU) activation.
     pub silu_mul: CudaFunction,
     /// RMSNorm of a sub-layer's output added to the residual (Gemma's post-norms).
@@ -211,7 +209,6 @@ impl Gpu {
             attention_mma128: f("attention_mma128")?,
             attention_prefill64: f("attention_prefill64")?,
             attention_prefill128: f("attention_prefill128")?,
-            attention_reduce: f("attention_reduce")?,
             silu_mul: f("silu_mul")?,
             rmsnorm_add: f("rmsnorm_add")?,
             fill_random: f("fill_random")?,

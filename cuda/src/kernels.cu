@@ -177,20 +177,33 @@ extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const i
 //
 // Work is split into query tiles: each tile is up to `rows / group` consecutive tokens of one
 // sequence, described by five ints: first batch row, number of tokens, position of the first
-// token, offset of the sequence's block table in `block_tables`, and unused. A CTA takes one tile,
-// one KV head (the `group` query heads sharing it) and one split of the context; keys and values
+// token, offset of the sequence's block table in `block_tables`, and which split of the context
+// it is (`split << 8 | splits`, 0 for the whole context: `tile_range`); the host lists a tile
+// once per split. A CTA takes one tile entry and one KV head (the `group` query heads sharing
+// it); keys and values
 // are staged in shared memory 32 positions at a time, each warp owns some (token, head) rows and
 // keeps an online softmax (flash-attention style), lane j scoring position j of the tile.
 //
 // With one split the result is written to `out` (16-bit, [T, nh * hd]); with several, each split
-// writes its unnormalised accumulator and (max, sum) to `part_acc`/`part_ml` for
-// `attention_reduce`. Grid: (nkv, tiles, splits), so the CTAs of a tile's KV heads start together
-// and tiles start in the order the host lists them (longest context first); block: 128 threads.
+// writes its unnormalised accumulator and (max, sum) to `part_acc`/`part_ml`, and the CTA that
+// finishes a tile's last split combines them (`merge_splits`). Grid: (nkv, tile entries), so the
+// CTAs of a tile's KV heads start together and entries start in the order the host lists them
+// (longest context first); block: 128 threads.
 #define ATT_BK 32
 #define ATT_WARPS 4
 #define ATT_MAX_ROWS 16
 #define ATT_MAX_HD 128
 #define ATT_LOADS (ATT_BK * ATT_MAX_HD / 8 / 128)
+
+// The positions [c0, c1) a tile entry attends (`plan::split_range` on the host), its split and
+// how many its context was cut into.
+__device__ __forceinline__ void tile_range(const int* tile, int ctx, int& c0, int& c1, int& split, int& splits) {
+  splits = max(tile[4] & 255, 1);
+  split = tile[4] >> 8;
+  int chunk = ((ctx + splits - 1) / splits + ATT_BK - 1) / ATT_BK * ATT_BK;
+  c0 = min(ctx, split * chunk);
+  c1 = min(ctx, c0 + chunk);
+}
 
 // This thread's share of the keys and values at positions kt..kt+ATT_BK (zeros past c1).
 __device__ __forceinline__ void att_load(uint4 (&kr)[ATT_LOADS], uint4 (&vr)[ATT_LOADS], const h16* __restrict__ k_cache,
@@ -216,6 +229,40 @@ __device__ __forceinline__ void att_load(uint4 (&kr)[ATT_LOADS], uint4 (&vr)[ATT
   }
 }
 
+// After a split's CTA has written its partial results (every thread calls this): the CTA that
+// finishes a tile's last split combines them all into `out`, out = sum_s e^(m_s - M) acc_s /
+// sum_s e^(m_s - M) l_s, and re-arms the tile's counter (`count`: one per tile and KV head,
+// zero between launches). No reduction kernel follows the attention launch.
+__device__ void merge_splits(int* count, int splits, const float* part_acc, const float* part_ml, h16* out,
+                             int row0, int nrows, int group, int kvh, int num_tokens, int nh, int hd) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(count, 1) == splits - 1;
+    if (last) *count = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int e = threadIdx.x; e < nrows * hd; e += blockDim.x) {
+    int r = e / hd, d = e - r * hd;
+    int tok = row0 + r / group, h = kvh * group + r % group;
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; s++) mx = fmaxf(mx, __ldcg(part_ml + (((size_t)s * num_tokens + tok) * nh + h) * 2));
+    float num = 0.f, den = 0.f;
+    for (int s = 0; s < splits; s++) {
+      size_t base = ((size_t)s * num_tokens + tok) * nh + h;
+      float ms = __ldcg(part_ml + base * 2);
+      if (ms == -INFINITY) continue;
+      float w = __expf(ms - mx);
+      num += w * __ldcg(part_acc + base * hd + d);
+      den += w * __ldcg(part_ml + base * 2 + 1);
+    }
+    out[((size_t)tok * nh + h) * hd + d] = f2h(den > 0.f ? num / den : 0.f);
+  }
+}
+
 // RPW: rows per warp (the CTA holds 4 × RPW query rows). Keys and values sit in shared memory
 // as f32 so both products read 16 bytes at a time: lane j scores position j of the tile against
 // the row's query (K rows padded to 132 floats: conflict-free), then lane j accumulates output
@@ -225,7 +272,8 @@ __device__ __forceinline__ void att_load(uint4 (&kr)[ATT_LOADS], uint4 (&vr)[ATT
 #define ATTENTION_ARGS                                                                                      \
   const float* __restrict__ q, const h16* __restrict__ k_cache, const h16* __restrict__ v_cache,            \
       const int* __restrict__ tiles, const int* __restrict__ block_tables, h16* __restrict__ out,           \
-      float* __restrict__ part_acc, float* __restrict__ part_ml, int num_tokens, int nh, int nkv, int hd, \
+      float* __restrict__ part_acc, float* __restrict__ part_ml, int* __restrict__ split_count,             \
+      int num_tokens, int nh, int nkv, int hd,                                                              \
       int block_size, float scale, int window
 template <int RPW>
 __device__ __forceinline__ void attention_impl(ATTENTION_ARGS) {
@@ -240,9 +288,8 @@ __device__ __forceinline__ void attention_impl(ATTENTION_ARGS) {
   int nrows = ntok * group;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int ctx = pos0 + ntok;  // positions attended by the tile's last token
-  int splits = gridDim.z;
-  int chunk = ((ctx + splits - 1) / splits + ATT_BK - 1) / ATT_BK * ATT_BK;
-  int c0 = blockIdx.z * chunk, c1 = min(ctx, c0 + chunk);
+  int c0, c1, split, splits;
+  tile_range(tile, ctx, c0, c1, split, splits);
   // Rows: r = token * group + g, query head kvh * group + g.
   for (int e = threadIdx.x; e < nrows * hd; e += blockDim.x) {
     int r = e / hd, d = e % hd;
@@ -332,7 +379,7 @@ __device__ __forceinline__ void attention_impl(ATTENTION_ARGS) {
 #pragma unroll
       for (int d = 0; d < 4; d++) dst[d] = f2h(o[d] * inv);
     } else {
-      size_t base = ((size_t)blockIdx.z * num_tokens + tok) * nh + h;
+      size_t base = ((size_t)split * num_tokens + tok) * nh + h;
       *reinterpret_cast<float4*>(part_acc + base * hd + lane * 4) = acc[j];
       if (lane == 0) {
         part_ml[base * 2] = m[j];
@@ -340,16 +387,18 @@ __device__ __forceinline__ void attention_impl(ATTENTION_ARGS) {
       }
     }
   }
+  if (splits > 1)
+    merge_splits(split_count + row0 * nkv + kvh, splits, part_acc, part_ml, out, row0, nrows, group, kvh, num_tokens, nh, hd);
 }
 
 extern "C" __global__ void __launch_bounds__(128) attention(ATTENTION_ARGS) {
-  attention_impl<ATT_MAX_ROWS / ATT_WARPS>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
+  attention_impl<ATT_MAX_ROWS / ATT_WARPS>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 }
 
 // The same for tiles of at most 8 rows (decode steps): fewer registers and less shared memory,
 // so more CTAs per SM keep more loads in flight.
 extern "C" __global__ void __launch_bounds__(128) attention_decode(ATTENTION_ARGS) {
-  attention_impl<2>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
+  attention_impl<2>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 }
 
 // Tensor-core paged attention (mma.sync m16n8k16, 16-bit in, f32 accumulate) for head widths 64
@@ -531,9 +580,9 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
   const int kvh = blockIdx.x, group = nh / nkv, nrows = ntok * group;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int ctx = pos0 + ntok, splits = gridDim.z;
-  const int chunk = ((ctx + splits - 1) / splits + ATT_BK - 1) / ATT_BK * ATT_BK;
-  const int c0 = blockIdx.z * chunk, c1 = min(ctx, c0 + chunk);
+  const int ctx = pos0 + ntok;
+  int c0, c1, split, splits;
+  tile_range(tile, ctx, c0, c1, split, splits);
   // Q fragments (rows g and g + 8), scaled, as high parts and remainders.
   unsigned qh[KS][4], ql[KS][4];
   const int rows[2] = {g, g + 8};
@@ -637,11 +686,12 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
     }
   }
   __syncthreads();
-  if (warp != 0) return;
+  // Warp 0 writes the tile's rows (or this split's partial results); with several splits
+  // every thread then takes part in `merge_splits`.
 #pragma unroll
   for (int ri = 0; ri < 2; ri++) {
     int r = rows[ri];
-    if (r >= nrows) continue;
+    if (warp != 0 || r >= nrows) continue;
     float m1 = xml[r * 2], l1 = xml[r * 2 + 1];
     float mm = fmaxf(m[ri], m1);
     float a0 = mm == -INFINITY ? 0.f : __expf(m[ri] - mm), a1 = mm == -INFINITY ? 0.f : __expf(m1 - mm);
@@ -657,7 +707,7 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
         dst[d + 1] = f2h((o[n][2 * ri + 1] * a0 + xo[r * HD + d + 1] * a1) * inv);
       }
     } else {
-      size_t base = ((size_t)blockIdx.z * num_tokens + tok) * nh + h;
+      size_t base = ((size_t)split * num_tokens + tok) * nh + h;
 #pragma unroll
       for (int n = 0; n < NT; n++) {
         int d = n * 8 + 2 * t;
@@ -670,6 +720,8 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
       }
     }
   }
+  if (splits > 1)
+    merge_splits(split_count + row0 * nkv + kvh, splits, part_acc, part_ml, out, row0, nrows, group, kvh, num_tokens, nh, hd);
 }
 
 
@@ -868,47 +920,26 @@ __device__ __forceinline__ void attention_prefill_impl(ATTENTION_ARGS) {
 // Entry points (empty below sm_80, where the host never launches them).
 extern "C" __global__ void __launch_bounds__(64) attention_mma64(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
-  attention_mma_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
+  attention_mma_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(64) attention_mma128(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
-  attention_mma_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
+  attention_mma_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(32 * PF_WARPS, PF_MIN_BLOCKS_64) attention_prefill64(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
-  attention_prefill_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
+  attention_prefill_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(32 * PF_WARPS, PF_MIN_BLOCKS_128) attention_prefill128(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
-  attention_prefill_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, num_tokens, nh, nkv, hd, block_size, scale, window);
+  attention_prefill_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
-}
-
-// Combines the splits of `attention`: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
-// Grid: (T, nh); block: hd threads. Rows of tokens no tile covered are left alone.
-extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                            const int* __restrict__ row_valid, h16* __restrict__ out,
-                                            int num_tokens, int nh, int hd, int splits) {
-  int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-  if (!row_valid[t]) return;
-  float mx = -INFINITY;
-  for (int s = 0; s < splits; s++) mx = fmaxf(mx, part_ml[(((size_t)s * num_tokens + t) * nh + h) * 2]);
-  float num = 0.f, den = 0.f;
-  for (int s = 0; s < splits; s++) {
-    size_t base = ((size_t)s * num_tokens + t) * nh + h;
-    float ms = part_ml[base * 2];
-    if (ms == -INFINITY) continue;
-    float w = __expf(ms - mx);
-    num += w * part_acc[base * hd + d];
-    den += w * part_ml[base * 2 + 1];
-  }
-  out[((size_t)t * nh + h) * hd + d] = f2h(den > 0.f ? num / den : 0.f);
 }
 
 // Long prompts attend through cuBLAS instead (S = Q·Kᵀ, causal softmax, O = P·V, batched over

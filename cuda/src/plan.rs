@@ -67,7 +67,9 @@ pub struct BatchPlan {
     /// rows per KV group (the layers of group `g` store at section `g`).
     pub slots: Vec<i32>,
     /// Attention tiles, [`TILE_INTS`] ints each: first row, rows, first position, block-table
-    /// offset (within a group's section), 0.
+    /// offset (within a group's section), and which split of the tile's context the entry is
+    /// (`split << 8 | splits`; 0 for a tile in one piece). [`BatchPlan::split_contexts`] cuts
+    /// tiles into one entry per split.
     pub tiles: Vec<i32>,
     /// Every sequence's block table, one after another (or at fixed strides for a graph), one
     /// section of [`BatchPlan::bt_stride`] entries per KV group. A page the block manager gave
@@ -78,8 +80,6 @@ pub struct BatchPlan {
     pub slot_stride: usize,
     /// Entries of one KV group's section of `block_tables`.
     pub bt_stride: usize,
-    /// 1 for rows that belong to a sequence, 0 for padding.
-    pub row_valid: Vec<i32>,
     /// Rows whose logits are wanted.
     pub logits_rows: Vec<i32>,
     /// Longest context of any sequence.
@@ -105,7 +105,6 @@ impl BatchPlan {
             slots: (0..groups)
                 .flat_map(|g| (0..t).map(move |i| b.slot_mapping[i * groups + g] as i32))
                 .collect(),
-            row_valid: vec![1; t],
             logits_rows: b.logits_indices.iter().map(|&i| i as i32).collect(),
             slot_stride: t,
             bt_stride: b.seqs.iter().map(|s| s.block_table.len() / groups).sum(),
@@ -128,7 +127,6 @@ impl BatchPlan {
                     pos0: first_pos,
                     bt_off: bt_off as usize,
                 });
-                p.row_valid[s.query_start..s.query_start + s.query_len].fill(0);
                 push_tiles(
                     &mut p.long_tiles,
                     s.query_start,
@@ -144,6 +142,25 @@ impl BatchPlan {
         longest_first(&mut p.tiles);
         longest_first(&mut p.long_tiles);
         p
+    }
+
+    /// Cuts each tile's context into `n` splits: an entry per split, in the tiles' order
+    /// (longest context first). With `pad_to`, empty entries follow up to that many (a
+    /// graph's fixed grid).
+    pub fn split_contexts(&mut self, n: usize, pad_to: Option<usize>) {
+        let n = n.clamp(1, 255);
+        let mut out = Vec::with_capacity(self.tiles.len() * n);
+        for t in self.tiles.as_chunks::<TILE_INTS>().0.iter().filter(|t| t[1] > 0) {
+            for s in 0..n {
+                let part = if n > 1 { (s << 8 | n) as i32 } else { 0 };
+                out.extend_from_slice(&[t[0], t[1], t[2], t[3], part]);
+            }
+        }
+        if let Some(m) = pad_to {
+            assert!(out.len() <= m * TILE_INTS, "more splits than the graph's grid holds");
+            out.resize(m * TILE_INTS, 0);
+        }
+        self.tiles = out;
     }
 
     /// Number of prefill-kernel tiles.
@@ -174,7 +191,6 @@ impl BatchPlan {
             for g in 0..groups {
                 p.slots[g * graph_size + i] = b.slot_mapping[i * groups + g] as i32;
             }
-            p.row_valid[i] = 1;
             let off = i * max_blocks;
             for (j, &blk) in s.block_table.iter().enumerate() {
                 p.block_tables[(j % groups) * p.bt_stride + off + j / groups] = page(blk);
@@ -206,7 +222,6 @@ impl BatchPlan {
             block_tables: vec![0; groups * graph_size * max_blocks],
             slot_stride: graph_size,
             bt_stride: graph_size * max_blocks,
-            row_valid: vec![0; graph_size],
             logits_rows: Vec::new(),
             max_context: 0,
             long: Vec::new(),
@@ -262,8 +277,10 @@ fn page(blk: u32) -> i32 {
     }
 }
 
-/// How many ways the attention kernel splits each context: enough CTAs to fill the GPU
-/// (about two per SM), never a split shorter than 128 positions, at most 16.
+/// How many ways the attention kernels split each context of a pass: enough CTAs to fill the
+/// GPU (about two per SM), never a split shorter than 128 positions, at most 16. (Cutting long
+/// contexts into more splits than short ones, for CTAs of equal length, measured slower on an
+/// H100: docs/gpu-runs/h100-2026-11-27-split-merge/.)
 pub fn attention_splits(
     num_tiles: usize,
     num_kv_heads: usize,
@@ -274,6 +291,17 @@ pub fn attention_splits(
     let want = (2 * num_sms).div_ceil(ctas);
     let by_len = max_context.div_ceil(128).max(1);
     want.min(by_len).clamp(1, 16)
+}
+
+/// Positions per shared-memory stage of the CUDA-core attention kernel (`ATT_BK`): split
+/// lengths are multiples of it.
+const ATT_BK: usize = 32;
+
+/// Positions `[c0, c1)` that split `s` of `n` attends in a context of `ctx` positions, as the
+/// kernels' `tile_range` computes them (the last splits may be empty).
+pub fn split_range(ctx: usize, s: usize, n: usize) -> (usize, usize) {
+    let chunk = ctx.div_ceil(n.max(1)).next_multiple_of(ATT_BK);
+    ((s * chunk).min(ctx), ((s + 1) * chunk).min(ctx))
 }
 
 /// The batch sizes that get a captured decode graph: 1, 2, 4, 8, then every 16 up to `max`.
@@ -361,7 +389,7 @@ mod tests {
         assert_eq!(p.long, vec![LongSeq { row0: 0, len: 40, pos0: 10, bt_off: 0 }]);
         assert_eq!(p.num_tiles(), 1, "only the decode step is tiled");
         assert_eq!(&p.tiles[..4], &[40, 1, 20, 4]);
-        assert!(p.row_valid[..40].iter().all(|&v| v == 0) && p.row_valid[40] == 1);
+        assert!(p.tiles.as_chunks::<TILE_INTS>().0.iter().all(|t| t[4] == 0), "one piece");
         assert_eq!(p.max_context, 50);
         assert_eq!(prefill_rows(), 64, "the default prefill tile (TANDEM_PF_WARPS unset)");
         // The long chunk as prefill tiles of 64 / 3 = 21 tokens: rows 0..21 and 21..40, the
@@ -383,7 +411,6 @@ mod tests {
         let p = BatchPlan::padded_decode(&b, 4, 8).unwrap();
         assert_eq!(p.tokens, vec![5, 6, 0, 0]);
         assert_eq!(p.slots, vec![7 * 16, 16 + 3, -1, -1]);
-        assert_eq!(p.row_valid, vec![1, 1, 0, 0]);
         assert_eq!(&p.tiles[..10], &[0, 1, 16, 0, 0, 1, 1, 3, 8, 0]);
         assert_eq!(&p.tiles[10..], &[0; 10], "padding tiles have no rows");
         assert_eq!(&p.block_tables[8..9], &[1]);
@@ -464,6 +491,65 @@ mod tests {
             (0..8).flat_map(|s| (0..nkv).map(move |h| kv_index(s, h, nkv, hd, bs))).collect();
         all.sort();
         assert!(all.windows(2).all(|w| w[1] - w[0] == hd));
+    }
+
+    /// A decode batch of one token per context.
+    fn decode_batch(contexts: &[usize]) -> ForwardBatch {
+        let mut b = ForwardBatch::default();
+        for (i, &c) in contexts.iter().enumerate() {
+            let blocks: Vec<u32> = (0..c.div_ceil(16) as u32).collect();
+            b.push_seq(&[i as u32], c - 1, &blocks, 16, Logits::Last);
+        }
+        b
+    }
+
+    /// Every tile's context is covered once by its entries' ranges, and the entries of one
+    /// tile agree on their count.
+    fn assert_covers(p: &BatchPlan, contexts: &[usize]) {
+        let mut seen = vec![Vec::new(); contexts.len()];
+        for t in p.tiles.as_chunks::<TILE_INTS>().0.iter().filter(|t| t[1] > 0) {
+            let (n, s) = (((t[4] & 255).max(1)) as usize, (t[4] >> 8) as usize);
+            assert_eq!((t[1] + t[2]) as usize, contexts[t[0] as usize]);
+            seen[t[0] as usize].push((split_range(contexts[t[0] as usize], s, n), n));
+        }
+        for (i, pieces) in seen.iter_mut().enumerate() {
+            pieces.sort();
+            assert!(pieces.iter().all(|&(_, n)| n == pieces.len()), "context {i}: {pieces:?}");
+            let ranges: Vec<(usize, usize)> = pieces.iter().map(|&(r, _)| r).collect();
+            let mut at = 0;
+            for &(c0, c1) in ranges.iter() {
+                assert_eq!(c0, at.min(contexts[i]), "context {i}: ranges {ranges:?}");
+                at = at.max(c1);
+            }
+            assert_eq!(at, contexts[i], "context {i} covered to its end");
+        }
+    }
+
+    /// Split entries cover each context once, in the tiles' order, and fit the grid of the
+    /// graph they were sized for: a replay's contexts are never longer than the capture's.
+    #[test]
+    fn split_entries_cover_each_context_once_and_fit_the_graph() {
+        let contexts = [40, 1000, 17, 300];
+        let mut p = BatchPlan::new(&decode_batch(&contexts), 2, usize::MAX);
+        p.split_contexts(3, None);
+        assert_eq!(p.num_tiles(), 12);
+        assert_covers(&p, &contexts);
+        let rows: Vec<i32> = p.tiles.as_chunks::<TILE_INTS>().0.iter().map(|t| t[0]).collect();
+        assert_eq!(rows, vec![1, 1, 1, 3, 3, 3, 0, 0, 0, 2, 2, 2], "longest context first");
+        assert_eq!(split_range(40, 2, 3), (40, 40), "a short context's last split is empty");
+        p.split_contexts(1, None);
+        assert!(p.tiles.as_chunks::<TILE_INTS>().0.iter().all(|t| t[4] == 0), "one piece");
+        let (size, max_len) = (16, 4096);
+        let cap = size * attention_splits(size, 8, max_len, 132);
+        for ctx in [[1usize; 9], [4096; 9], [130; 9]] {
+            let mut g = BatchPlan::padded_decode(&decode_batch(&ctx), size, 256).unwrap();
+            let n = attention_splits(size, 8, g.max_context, 132);
+            g.split_contexts(n, Some(cap));
+            assert_eq!(g.num_tiles(), cap);
+            assert_covers(&g, &ctx);
+            let live = g.tiles.as_chunks::<TILE_INTS>().0.iter().filter(|t| t[1] > 0).count();
+            assert_eq!(live, 9 * n);
+        }
     }
 
     #[test]

@@ -93,7 +93,6 @@ impl CudaBackend {
             g.write_at(&mut self.a.tiles, tiles.len(), &long)?;
         }
         g.write(&mut self.a.block_tables, &p.block_tables)?;
-        g.write(&mut self.a.row_valid, &p.row_valid)?;
         g.write(&mut self.a.logits_rows, &p.logits_rows)
     }
 }

@@ -30,6 +30,12 @@ impl CudaBackend {
             .min(MAX_SPLITS)
     }
 
+    /// Tile entries of the decode graph of `size` sequences: the splits of the longest context
+    /// it may see (the grid is fixed at capture; a replay's shorter contexts take fewer).
+    pub(super) fn graph_entries(&self, size: usize) -> usize {
+        size * self.splits(size, size, self.opts.max_model_len)
+    }
+
     /// The tensor-core attention kernel for this model, when the device, head width and block
     /// size allow it and it is not switched off.
     pub(super) fn mma_kernel(&self) -> Option<&cudarc::driver::CudaFunction> {
