@@ -35,7 +35,7 @@ pub(crate) use sampling::sampling_args;
 
 /// Rows of attention output the split-context path keeps partial results for.
 const SPLIT_ROWS: usize = 512;
-/// Most splits of one context.
+/// Most splits of one context (`ATT_MAX_SPLITS` in kernels.cu).
 const MAX_SPLITS: usize = 16;
 
 /// How to build a [`CudaBackend`].

@@ -229,13 +229,20 @@ __device__ __forceinline__ void att_load(uint4 (&kr)[ATT_LOADS], uint4 (&vr)[ATT
   }
 }
 
+// Most splits of one context (the host's MAX_SPLITS).
+#define ATT_MAX_SPLITS 16
+
 // After a split's CTA has written its partial results (every thread calls this): the CTA that
 // finishes a tile's last split combines them all into `out`, out = sum_s e^(m_s - M) acc_s /
 // sum_s e^(m_s - M) l_s, and re-arms the tile's counter (`count`: one per tile and KV head,
-// zero between launches). No reduction kernel follows the attention launch.
+// zero between launches). No reduction kernel follows the attention launch. The splits'
+// (max, sum) pairs are read once into shared memory and turned into one weight per row and
+// split, then each thread sums 4 output dims at a time over the splits.
 __device__ void merge_splits(int* count, int splits, const float* part_acc, const float* part_ml, h16* out,
                              int row0, int nrows, int group, int kvh, int num_tokens, int nh, int hd) {
   __shared__ int last;
+  __shared__ float wgt[ATT_MAX_ROWS][ATT_MAX_SPLITS];
+  __shared__ float lsum[ATT_MAX_ROWS][ATT_MAX_SPLITS];
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -245,21 +252,39 @@ __device__ void merge_splits(int* count, int splits, const float* part_acc, cons
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int e = threadIdx.x; e < nrows * hd; e += blockDim.x) {
-    int r = e / hd, d = e - r * hd;
+  for (int e = threadIdx.x; e < nrows * splits; e += blockDim.x) {
+    int r = e / splits, sp = e - r * splits;
     int tok = row0 + r / group, h = kvh * group + r % group;
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; s++) mx = fmaxf(mx, __ldcg(part_ml + (((size_t)s * num_tokens + tok) * nh + h) * 2));
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < splits; s++) {
-      size_t base = ((size_t)s * num_tokens + tok) * nh + h;
-      float ms = __ldcg(part_ml + base * 2);
-      if (ms == -INFINITY) continue;
-      float w = __expf(ms - mx);
-      num += w * __ldcg(part_acc + base * hd + d);
-      den += w * __ldcg(part_ml + base * 2 + 1);
+    float2 ml = __ldcg(reinterpret_cast<const float2*>(part_ml) + ((size_t)sp * num_tokens + tok) * nh + h);
+    wgt[r][sp] = ml.x;
+    lsum[r][sp] = ml.y;
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < nrows; r += blockDim.x) {
+    float mx = -INFINITY, den = 0.f;
+    for (int sp = 0; sp < splits; sp++) mx = fmaxf(mx, wgt[r][sp]);
+    for (int sp = 0; sp < splits; sp++) {
+      float w = wgt[r][sp] == -INFINITY ? 0.f : __expf(wgt[r][sp] - mx);
+      wgt[r][sp] = w;
+      den += w * lsum[r][sp];
     }
-    out[((size_t)tok * nh + h) * hd + d] = f2h(den > 0.f ? num / den : 0.f);
+    float inv = den > 0.f ? 1.f / den : 0.f;
+    for (int sp = 0; sp < splits; sp++) wgt[r][sp] *= inv;
+  }
+  __syncthreads();
+  const int vec = hd / 4;
+  for (int e = threadIdx.x; e < nrows * vec; e += blockDim.x) {
+    int r = e / vec, d = (e - r * vec) * 4;
+    int tok = row0 + r / group, h = kvh * group + r % group;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int sp = 0; sp < splits; sp++) {
+      float w = wgt[r][sp];
+      if (w == 0.f) continue;
+      float4 v = __ldcg(reinterpret_cast<const float4*>(part_acc + (((size_t)sp * num_tokens + tok) * nh + h) * hd + d));
+      a.x += w * v.x; a.y += w * v.y; a.z += w * v.z; a.w += w * v.w;
+    }
+    h16* dst = out + ((size_t)tok * nh + h) * hd + d;
+    dst[0] = f2h(a.x); dst[1] = f2h(a.y); dst[2] = f2h(a.z); dst[3] = f2h(a.w);
   }
 }
 

@@ -84,8 +84,7 @@ pub struct BatchPlan {
     pub logits_rows: Vec<i32>,
     /// Longest context of any sequence.
     pub max_context: usize,
-    /// Sequences left to the long-chunk attention paths (no tiles; their rows are not "valid"
-    /// for the split reduction).
+    /// Sequences left to the long-chunk attention paths (no tiles of their own in `tiles`).
     pub long: Vec<LongSeq>,
     /// The long sequences' rows as tiles of the prefill kernel (up to [`prefill_rows`] query
     /// rows each), in the layout of [`BatchPlan::tiles`]; uploaded after them.
@@ -252,7 +251,7 @@ fn push_tiles(tiles: &mut Vec<i32>, row0: usize, len: usize, pos0: usize, bt_off
 }
 
 /// Orders tiles by the context they attend, longest first. The GPU starts an attention
-/// launch's CTAs in grid order, a tile's KV heads together (grid `(nkv, tiles, splits)`), and
+/// launch's CTAs in grid order, a tile's KV heads together (grid `(nkv, tile entries)`), and
 /// hands the next CTA to whichever SM frees first: started longest first, the long contexts
 /// of a batch of mixed lengths (a few thousand positions beside a few hundred) are not the
 /// last CTAs left running on a few SMs while the others idle (longest-processing-time-first
