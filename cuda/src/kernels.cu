@@ -243,9 +243,11 @@ __device__ void merge_splits(int* count, int splits, const float* part_acc, cons
   __shared__ int last;
   __shared__ float wgt[ATT_MAX_ROWS][ATT_MAX_SPLITS];
   __shared__ float lsum[ATT_MAX_ROWS][ATT_MAX_SPLITS];
-  __threadfence();
+  // The CTA's writes, ordered by the barrier, then released at GPU scope by the thread that
+  // counts (as CUTLASS's semaphore does).
   __syncthreads();
   if (threadIdx.x == 0) {
+    __threadfence();
     last = atomicAdd(count, 1) == splits - 1;
     if (last) *count = 0;
   }
@@ -276,11 +278,15 @@ __device__ void merge_splits(int* count, int splits, const float* part_acc, cons
   for (int e = threadIdx.x; e < nrows * vec; e += blockDim.x) {
     int r = e / vec, d = (e - r * vec) * 4;
     int tok = row0 + r / group, h = kvh * group + r % group;
+    // Every split wrote its rows (zeros where it saw nothing), so the loads need no test and
+    // four of them go out together.
+    const float4* src = reinterpret_cast<const float4*>(part_acc + ((size_t)tok * nh + h) * hd + d);
+    const size_t next = (size_t)num_tokens * nh * hd / 4;
     float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
     for (int sp = 0; sp < splits; sp++) {
       float w = wgt[r][sp];
-      if (w == 0.f) continue;
-      float4 v = __ldcg(reinterpret_cast<const float4*>(part_acc + (((size_t)sp * num_tokens + tok) * nh + h) * hd + d));
+      float4 v = __ldcg(src + sp * next);
       a.x += w * v.x; a.y += w * v.y; a.z += w * v.z; a.w += w * v.w;
     }
     h16* dst = out + ((size_t)tok * nh + h) * hd + d;
