@@ -279,7 +279,7 @@ fn page(blk: u32) -> i32 {
 /// How many ways the attention kernels split each context of a pass: enough CTAs to fill the
 /// GPU (about two per SM), never a split shorter than 128 positions, at most 16. (Cutting long
 /// contexts into more splits than short ones, for CTAs of equal length, measured slower on an
-/// H100: docs/gpu-runs/h100-2026-11-27-split-merge/.)
+/// H100: docs/gpu-runs/2026-11-27-split-merge/.)
 pub fn attention_splits(
     num_tiles: usize,
     num_kv_heads: usize,
