@@ -195,7 +195,7 @@ extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const i
 #define ATT_MAX_HD 128
 #define ATT_LOADS (ATT_BK * ATT_MAX_HD / 8 / 128)
 
-// The positions [c0, c1) a tile entry attends (`plan::split_range` on the host), its split and
+// The positions [c0, c1) a tile entry attends (the plan tests' `split_range` mirrors it), its split and
 // how many its context was cut into.
 __device__ __forceinline__ void tile_range(const int* tile, int ctx, int& c0, int& c1, int& split, int& splits) {
   splits = max(tile[4] & 255, 1);

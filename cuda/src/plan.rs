@@ -292,17 +292,6 @@ pub fn attention_splits(
     want.min(by_len).clamp(1, 16)
 }
 
-/// Positions per shared-memory stage of the CUDA-core attention kernel (`ATT_BK`): split
-/// lengths are multiples of it.
-const ATT_BK: usize = 32;
-
-/// Positions `[c0, c1)` that split `s` of `n` attends in a context of `ctx` positions, as the
-/// kernels' `tile_range` computes them (the last splits may be empty).
-pub fn split_range(ctx: usize, s: usize, n: usize) -> (usize, usize) {
-    let chunk = ctx.div_ceil(n.max(1)).next_multiple_of(ATT_BK);
-    ((s * chunk).min(ctx), ((s + 1) * chunk).min(ctx))
-}
-
 /// The batch sizes that get a captured decode graph: 1, 2, 4, 8, then every 16 up to `max`.
 pub fn graph_batch_sizes(max: usize) -> Vec<usize> {
     let mut v: Vec<usize> = [1, 2, 4, 8].into_iter().filter(|&s| s <= max).collect();
@@ -490,6 +479,13 @@ mod tests {
             (0..8).flat_map(|s| (0..nkv).map(move |h| kv_index(s, h, nkv, hd, bs))).collect();
         all.sort();
         assert!(all.windows(2).all(|w| w[1] - w[0] == hd));
+    }
+
+    /// Positions `[c0, c1)` that split `s` of `n` attends in a context of `ctx` positions: the
+    /// kernels' `tile_range` (split lengths a multiple of `ATT_BK`, 32; the last may be empty).
+    fn split_range(ctx: usize, s: usize, n: usize) -> (usize, usize) {
+        let chunk = ctx.div_ceil(n.max(1)).next_multiple_of(32);
+        ((s * chunk).min(ctx), ((s + 1) * chunk).min(ctx))
     }
 
     /// A decode batch of one token per context.
