@@ -368,9 +368,13 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     let mut prefill_done: Option<(f64, usize)> = None;
     let page_bytes = engine.kv_cache_spec().pool_bytes_per_block;
     let mut peak_pages = 0;
+    // Every request's tokens, for the digest that tells two runs' outputs apart.
+    let mut tokens: std::collections::BTreeMap<String, Vec<u32>> = Default::default();
     while engine.has_unfinished_requests() {
         for out in engine.step()? {
             generated += out.outputs.iter().map(|o| o.token_ids.len()).sum::<usize>();
+            let ids = tokens.entry(out.request_id.clone()).or_default();
+            out.outputs.iter().for_each(|o| ids.extend_from_slice(&o.token_ids));
             if !out.outputs.is_empty() {
                 started.insert(out.request_id.clone());
             }
@@ -395,6 +399,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     let (peak_kv, pool_kv) = (mib(peak_pages), mib(engine.block_manager().num_blocks()));
     let (pf_s, pf_gen) = prefill_done.unwrap_or((secs, generated));
     let decode_tps = if secs > pf_s { (generated - pf_gen) as f64 / (secs - pf_s) } else { 0.0 };
+    let digest = outputs_digest(&tokens);
     let report = serde_json::json!({
         "prefill_seconds": pf_s, "decode_seconds": secs - pf_s, "decode_tok_per_s": decode_tps,
         "prefill_tok_per_s": total_in as f64 / pf_s,
@@ -408,7 +413,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         "spec_accepted_per_position": stats.spec_accepted_per_position,
         "phase_seconds": { "schedule": stats.phase_seconds.schedule, "forward": stats.phase_seconds.forward,
             "update": stats.phase_seconds.update, "outputs": stats.phase_seconds.outputs },
-        "generated_tokens": generated, "json_schema": a.json_schema.as_ref().map(|p| p.display().to_string()),
+        "generated_tokens": generated, "outputs_digest": format!("{digest:016x}"), "json_schema": a.json_schema.as_ref().map(|p| p.display().to_string()),
     });
     if a.json {
         println!("{report}");
@@ -426,6 +431,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         println!("prefill phase    {pf_s:.2} s ({:.1} prompt tok/s)", total_in as f64 / pf_s);
         println!("decode phase     {:.2} s ({decode_tps:.1} tok/s)", secs - pf_s);
         println!("steps            {} ({} preemptions)", stats.steps, stats.num_preemptions);
+        println!("outputs digest   {digest:016x} (FNV-1a of every request's tokens)");
         let (p, n) = (stats.phase_seconds, stats.steps.max(1) as f64);
         let us = |s: f64| s / n * 1e6;
         println!(
@@ -439,6 +445,23 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// FNV-1a over each request's id and tokens, in id order: equal digests, equal outputs (runs
+/// of the same seeded workload compare with it, e.g. with and without `--no-step-overlap`).
+fn outputs_digest(tokens: &std::collections::BTreeMap<String, Vec<u32>>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for (id, ids) in tokens {
+        eat(id.as_bytes());
+        eat(&[0]);
+        ids.iter().for_each(|t| eat(&t.to_le_bytes()));
+    }
+    h
 }
 
 /// With `TANDEM_CPU_PROFILE=1`: the CPU backend's time per operation over the last `secs`

@@ -138,6 +138,10 @@ pub struct EngineArgs {
     /// then shared only between requests running at the same time).
     #[arg(long, env = "TANDEM_ZERO_FREED_BLOCKS")]
     pub zero_freed_blocks: bool,
+    /// Wait for each step's tokens before returning its news (by default, on a GPU, a step's
+    /// news is built and sent while the device runs the next step).
+    #[arg(long)]
+    pub no_step_overlap: bool,
     /// Process prompts whole instead of in chunks.
     #[arg(long)]
     pub no_chunked_prefill: bool,
@@ -228,6 +232,9 @@ impl EngineArgs {
         }
         if self.no_prefix_caching {
             a.push("--no-prefix-caching".into());
+        }
+        if self.no_step_overlap {
+            a.push("--no-step-overlap".into());
         }
         if self.no_chunked_prefill {
             a.push("--no-chunked-prefill".into());
@@ -484,6 +491,7 @@ impl EngineArgs {
                     ..Default::default()
                 }),
             zero_freed_blocks: self.zero_freed_blocks,
+            overlap_steps: !self.no_step_overlap,
         }
     }
 }

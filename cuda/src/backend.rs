@@ -166,6 +166,8 @@ pub struct CudaBackend {
     pub(crate) tp: Option<Collective>,
     /// Every row attends through the GEMM path (heads wider than the paged kernels take).
     gemm_attention: bool,
+    /// The pass `launch_sampled` queued, until `collect_sampled`.
+    launched: Option<sampling::Launched>,
 }
 
 /// A device error as the engine's backend error.
@@ -304,6 +306,7 @@ impl CudaBackend {
             longest_first: true,
             marks: std::cell::RefCell::new(None),
             tp: None,
+            launched: None,
         })
     }
 
@@ -728,6 +731,25 @@ impl ModelBackend for CudaBackend {
         self.validate(b)?;
         Self::check_sampling_rows(b, rows)?;
         self.run_sampled(b, rows, masks).map_err(dev)
+    }
+
+    fn overlaps_steps(&self) -> bool {
+        // A tensor-parallel rank's pass waits on its group's collectives.
+        self.tp.is_none()
+    }
+
+    fn launch_sampled(
+        &mut self,
+        b: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<(), BackendError> {
+        self.validate(b)?;
+        Self::check_sampling_rows(b, rows)?;
+        self.launch_pass(b, rows).map_err(dev)
+    }
+
+    fn collect_sampled(&mut self) -> Result<Vec<TokenLogprob>, BackendError> {
+        self.collect_pass().map_err(dev)
     }
 
     fn forward_layers(

@@ -16,11 +16,32 @@ use tandem_engine::{
 };
 
 /// The CPU backend, sampling "on the device" with the reference sampler; counts the rows.
+/// With `launches`, it also overlaps steps: a launch computes the tokens and keeps them until
+/// they are collected, and any other use of the device before that fails the test.
 struct DeviceSampling {
     inner: Box<dyn ModelBackend>,
     rows: Arc<AtomicUsize>,
     /// Rows sampled under a token mask.
     masked: Arc<AtomicUsize>,
+    /// Passes launched (overlapping steps), when counted.
+    launches: Option<Arc<AtomicUsize>>,
+    /// The launched pass's tokens, until collected.
+    launched: Option<Vec<TokenLogprob>>,
+}
+
+impl DeviceSampling {
+    fn new(inner: Box<dyn ModelBackend>, rows: Arc<AtomicUsize>) -> Self {
+        let masked = Arc::new(AtomicUsize::new(0));
+        DeviceSampling { inner, rows, masked, launches: None, launched: None }
+    }
+
+    /// The device is idle: nothing launched is left uncollected.
+    fn idle(&self) {
+        assert!(
+            self.launched.is_none(),
+            "the device was used before its launched pass was collected"
+        );
+    }
 }
 
 impl ModelBackend for DeviceSampling {
@@ -34,10 +55,31 @@ impl ModelBackend for DeviceSampling {
         self.inner.kv_cache_spec()
     }
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, BackendError> {
+        self.idle();
         self.inner.forward(batch)
     }
     fn samples_on_device(&self) -> bool {
         true
+    }
+    fn overlaps_steps(&self) -> bool {
+        self.launches.is_some()
+    }
+    fn launch_sampled(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<(), BackendError> {
+        self.idle();
+        let tokens = self.forward_sampled(batch, rows, &mut Vec::new)?;
+        self.launches
+            .as_ref()
+            .expect("launched only when overlapping")
+            .fetch_add(1, Ordering::Relaxed);
+        self.launched = Some(tokens);
+        Ok(())
+    }
+    fn collect_sampled(&mut self) -> Result<Vec<TokenLogprob>, BackendError> {
+        Ok(self.launched.take().expect("a launched pass to collect"))
     }
     fn forward_sampled(
         &mut self,
@@ -46,6 +88,7 @@ impl ModelBackend for DeviceSampling {
         masks: &mut dyn FnMut() -> Vec<Option<Vec<u32>>>,
     ) -> Result<Vec<TokenLogprob>, BackendError> {
         assert_eq!(rows.len(), batch.logits_indices.len());
+        self.idle();
         let mut logits = self.inner.forward(batch)?;
         let masks = masks();
         assert!(masks.is_empty() || masks.len() == rows.len());
@@ -64,12 +107,15 @@ impl ModelBackend for DeviceSampling {
         Ok(logits.chunks_exact(vocab).zip(rows).map(|(l, r)| gumbel_max(l, r)).collect())
     }
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        self.idle();
         self.inner.copy_blocks(pairs)
     }
     fn swap_out(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        self.idle();
         self.inner.swap_out(pairs)
     }
     fn swap_in(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        self.idle();
         self.inner.swap_in(pairs)
     }
     fn num_host_blocks(&self) -> usize {
@@ -79,6 +125,7 @@ impl ModelBackend for DeviceSampling {
         self.inner.read_block(block)
     }
     fn write_block(&mut self, block: u32, page: &[u8]) -> Result<(), BackendError> {
+        self.idle();
         self.inner.write_block(block, page)
     }
 }
@@ -92,11 +139,7 @@ fn model() -> Model {
 fn device_engine() -> (LLMEngine, Arc<AtomicUsize>) {
     let mut m = model();
     let rows = Arc::new(AtomicUsize::new(0));
-    m.backend = Box::new(DeviceSampling {
-        inner: m.backend,
-        rows: rows.clone(),
-        masked: Arc::new(AtomicUsize::new(0)),
-    });
+    m.backend = Box::new(DeviceSampling::new(m.backend, rows.clone()));
     (LLMEngine::new(m, EngineConfig::default()), rows)
 }
 
@@ -127,8 +170,10 @@ fn constrained_rows_are_sampled_on_the_device_with_their_masks() {
     let host = run(&mut LLMEngine::new(model(), EngineConfig::default()), &reqs);
     let mut m = model();
     let (rows, masked) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    m.backend =
-        Box::new(DeviceSampling { inner: m.backend, rows: rows.clone(), masked: masked.clone() });
+    m.backend = Box::new(DeviceSampling {
+        masked: masked.clone(),
+        ..DeviceSampling::new(m.backend, rows.clone())
+    });
     let dev = run(&mut LLMEngine::new(m, EngineConfig::default()), &reqs);
     for id in ["greedy", "free"] {
         assert_eq!(host[id][0].token_ids, dev[id][0].token_ids, "{id}");
@@ -297,4 +342,103 @@ fn a_model_without_a_tokenizer_serves_token_ids() {
     assert_eq!(out["ids"][0].token_ids.len(), 5);
     assert_eq!(out["ids"][0].text, "");
     e.check_invariants().unwrap();
+}
+
+/// An engine whose "device" overlaps steps, and the counter of its launches.
+fn overlap_engine(cfg: EngineConfig) -> (LLMEngine, Arc<AtomicUsize>) {
+    let mut m = model();
+    let launches = Arc::new(AtomicUsize::new(0));
+    m.backend = Box::new(DeviceSampling {
+        launches: Some(launches.clone()),
+        ..DeviceSampling::new(m.backend, Arc::new(AtomicUsize::new(0)))
+    });
+    (LLMEngine::new(m, cfg), launches)
+}
+
+/// Overlapped steps choose the same tokens as steps that wait for them — greedy, seeded, with
+/// a stop string and EOS, beside a request the host samples (whose steps cannot overlap) — and
+/// give every block back.
+#[test]
+fn overlapped_steps_give_the_tokens_of_waiting_steps() {
+    let greedy = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10) };
+    let seeded = SamplingParams { temperature: 0.8, seed: Some(11), ..greedy.clone() };
+    let stop = SamplingParams { stop: vec![",".into()], ..SamplingParams::greedy(16) };
+    let eos = SamplingParams::greedy(40);
+    let reqs = [
+        ("greedy", PROMPTS[0], greedy.clone()),
+        ("seeded", PROMPTS[1], seeded),
+        ("stop", PROMPTS[3], stop),
+        ("eos", "The capital of France is Paris. The capital of Italy is", eos),
+    ];
+    let waiting = EngineConfig { overlap_steps: false, ..Default::default() };
+    let (mut e, launches) = overlap_engine(waiting);
+    let want = run(&mut e, &reqs);
+    assert_eq!(launches.load(Ordering::Relaxed), 0, "overlap off: nothing launched");
+    let (mut e, launches) = overlap_engine(EngineConfig::default());
+    let got = run(&mut e, &reqs);
+    assert!(launches.load(Ordering::Relaxed) >= 10, "the decode steps were launched");
+    for (id, _, _) in &reqs {
+        let (w, g) = (&want[*id][0], &got[*id][0]);
+        assert_eq!((&w.token_ids, &w.text), (&g.token_ids, &g.text), "{id}");
+        assert_eq!((w.finish_reason, &w.stop_reason), (g.finish_reason, &g.stop_reason), "{id}");
+    }
+    let bm = e.block_manager();
+    assert_eq!(bm.num_free_blocks(), bm.num_blocks(), "every block given back");
+    // A request with alternatives is sampled on the host: its steps wait, the others' still match.
+    let top = SamplingParams { logprobs: Some(2), ..greedy.clone() };
+    let launched = launches.load(Ordering::Relaxed);
+    let mixed = run(&mut e, &[("top", PROMPTS[2], top), ("g", PROMPTS[0], greedy)]);
+    assert_eq!(launches.load(Ordering::Relaxed), launched, "no step with a host row was launched");
+    assert_eq!(mixed["g"][0].token_ids, want["greedy"][0].token_ids);
+    assert_eq!(mixed["top"][0].logprobs.len(), 10);
+}
+
+/// With a step in flight, `step` returns the news of the step before it: the first call only
+/// launches the prompt, the last only collects, and the engine stays unfinished until then.
+#[test]
+fn a_step_returns_the_news_of_the_step_before_it() {
+    let (mut e, launches) = overlap_engine(EngineConfig::default());
+    let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
+    e.add_request("r", Prompt::TokenIds(vec![504, 3458, 282, 1141]), p, None).unwrap();
+    let mut news = Vec::new();
+    while e.has_unfinished_requests() {
+        let out = e.step().unwrap();
+        news.push(out.iter().map(|o| o.outputs[0].token_ids.len()).sum::<usize>());
+    }
+    // Prompt + 2 decodes launched; each step's token arrives one call later.
+    assert_eq!(launches.load(Ordering::Relaxed), 3);
+    assert_eq!(news, vec![0, 1, 1, 1]);
+    assert!(!e.has_model_work());
+}
+
+/// Aborting a request while its step runs: the step's tokens are taken first, the request ends
+/// with `abort`, the others go on unchanged, and no block is left held.
+#[test]
+fn abort_while_a_step_is_in_flight() {
+    let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
+    let (mut e, _) = overlap_engine(EngineConfig { zero_freed_blocks: true, ..Default::default() });
+    let alone = run(&mut e, &[("b", PROMPTS[1], p.clone())]);
+    for (id, text) in [("a", PROMPTS[0]), ("b", PROMPTS[1])] {
+        let ids = e.tokenizer.encode(text, true).unwrap();
+        e.add_request(id, Prompt::TokenIds(ids), p.clone(), None).unwrap();
+    }
+    // The prompts' step, then the first decode launched (the prompts' tokens come back).
+    let mut b_tokens = Vec::new();
+    for _ in 0..2 {
+        for o in e.step().unwrap() {
+            if o.request_id == "b" {
+                b_tokens.extend(o.outputs[0].token_ids.iter().copied());
+            }
+        }
+    }
+    assert_eq!(b_tokens.len(), 1);
+    assert!(e.abort_request("a"));
+    e.check_invariants().unwrap();
+    let out = e.run_to_completion().unwrap();
+    assert_eq!(out["a"][0].finish_reason, Some(tandem_engine::FinishReason::Abort));
+    b_tokens.extend(out["b"][0].token_ids.iter().copied());
+    assert_eq!(b_tokens, alone["b"][0].token_ids);
+    e.check_invariants().unwrap();
+    let bm = e.block_manager();
+    assert_eq!(bm.num_free_blocks(), bm.num_blocks());
 }

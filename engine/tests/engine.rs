@@ -101,6 +101,7 @@ fn preemption_case(mode: PreemptionMode, zero_freed_blocks: bool) {
         enable_prefix_caching: false,
         speculative: None,
         zero_freed_blocks,
+        ..Default::default()
     };
     let mut tight = engine_with(12 * 16, 64 * 16, cfg);
     let out = run(&mut tight, &all);

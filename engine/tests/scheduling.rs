@@ -26,6 +26,7 @@ fn tiny(kv_tokens: usize, swap_blocks: u64, sched: SchedulerConfig) -> LLMEngine
             enable_prefix_caching: false,
             speculative: None,
             zero_freed_blocks: false,
+            overlap_steps: true,
         },
     )
 }

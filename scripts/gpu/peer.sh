@@ -113,26 +113,33 @@ done
 # (colocated defaults) on the same 1,024 requests with the client sharing every core, then one
 # with the server on the first half of the cores and the client on the other half (the server
 # holds the GPU's memory while up, so the engine and the server take turns).
+# VARIANTS="default no-overlap" runs each round twice, the second with --no-step-overlap given
+# to both the engine and the server (its files named round<r>-no-overlap-*); PLACEMENTS picks
+# the client placements (default: shared split).
 half=$(( $(nproc) / 2 ))
 for r in $(seq 1 "${ROUNDS:-0}"); do
+ for v in ${VARIANTS:-default}; do
+  tag="round$r"; vflags=()
+  [ "$v" != default ] && tag="round$r-$v" && vflags=("--$( [ "$v" = no-overlap ] && echo no-step-overlap || echo "$v")")
   timeout 120 $B bench engine --device cuda --model $model --num-prompts 1024 --input-len 108 --min-input-len 108 \
-    --output-len 128 --min-output-len 128 --max-num-seqs 256 --max-num-batched-tokens 8192 > "$o/round$r-engine.txt" 2>&1
-  for placement in shared split; do
+    --output-len 128 --min-output-len 128 --max-num-seqs 256 --max-num-batched-tokens 8192 "${vflags[@]}" > "$o/$tag-engine.txt" 2>&1
+  for placement in ${PLACEMENTS:-shared split}; do
     pin_server=(); pin_client=()
     [ $placement = split ] && pin_server=(taskset -c 0-$((half - 1))) && pin_client=(taskset -c $half-$(( $(nproc) - 1 )))
-    "${pin_server[@]}" $B up --device cuda --model $model --served-model-name $name --port $port > /dev/null 2> "$o/round$r-up-$placement.log" &
+    "${pin_server[@]}" $B up --device cuda --model $model --served-model-name $name --port $port "${vflags[@]}" > /dev/null 2> "$o/$tag-up-$placement.log" &
     pid=$!
     if wait_http $pid; then
-      serve "round$r-warm-$placement" 256 256 108 128
-      worker=$(worker_of "$o/round$r-up-$placement.log")
-      scrape "$worker" "$o/round$r-metrics-$placement-before.txt"
+      serve "$tag-warm-$placement" 256 256 108 128
+      worker=$(worker_of "$o/$tag-up-$placement.log")
+      scrape "$worker" "$o/$tag-metrics-$placement-before.txt"
       "${pin_client[@]}" timeout 120 $B bench serve --base-url http://127.0.0.1:$port/v1 --model $name --seed $RANDOM \
         --num-prompts 1024 --concurrency 256 --input-len 108 --output-len 128 --ignore-eos --quiet \
-        --json "$o/round$r-served-$placement.json" > /dev/null 2>&1
-      scrape "$worker" "$o/round$r-metrics-$placement-after.txt"
+        --json "$o/$tag-served-$placement.json" > /dev/null 2>&1
+      scrape "$worker" "$o/$tag-metrics-$placement-after.txt"
     fi
     kill -INT $pid; wait $pid 2>/dev/null
   done
+ done
 done
 
 if [ -x $L/bin/llama-server ] && [ "${TABLE:-1}" = 1 ]; then
@@ -198,16 +205,17 @@ for mode in ("colocated", "disaggregated"):
     except (OSError, KeyError, ZeroDivisionError) as e:
         print(f"  decode worker metrics: {e}")
 for r in range(1, 10):
-    e = os.path.join(d, f"round{r}-engine.txt")
+  for tag in [f"round{r}"] + [f"round{r}-{v}" for v in os.environ.get("VARIANTS", "").split() if v != "default"]:
+    e = os.path.join(d, f"{tag}-engine.txt")
     if not os.path.exists(e): continue
     m = re.search(r"throughput\s+([\d.]+) output tok/s", open(e).read())
     ph = re.search(r"per step\s+(.*)", open(e).read())
     if not m: continue
-    print(f"round {r}: bench engine {float(m.group(1)):,.0f} tok/s (per step: {ph.group(1) if ph else '?'})")
+    print(f"{tag}: bench engine {float(m.group(1)):,.0f} tok/s (per step: {ph.group(1) if ph else '?'})")
     for placement in ("shared", "split"):
-        v = load(f"round{r}-served-{placement}")
+        v = load(f"{tag}-served-{placement}")
         if v: print(f"  tandem up, client on {'every core' if placement == 'shared' else 'its own half of the cores'}: {v['output_throughput']:,.0f} tok/s = {v['output_throughput'] / float(m.group(1)):.0%} of the engine (TTFT p99 {v['ttft']['p99_ms']:.0f} ms, {v['failed']} failed {v['errors'] if v['failed'] else ''})")
-        if v: print(f"    decode worker: {phases(os.path.join(d, f'round{r}-metrics-{placement}'))}")
+        if v: print(f"    decode worker: {phases(os.path.join(d, f'{tag}-metrics-{placement}'))}")
 s = load("stub-c256")
 if s: print(f"client ceiling (stub, 1024 at 256): {s['output_throughput']:,.0f} tok/s")
 for s in servers[1:]:

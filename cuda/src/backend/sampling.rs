@@ -6,6 +6,14 @@ use tandem_engine::backend::{ForwardBatch, RowSampling};
 use tandem_engine::sampling::sampler::TokenLogprob;
 
 use super::{CudaBackend, Pass};
+
+/// A pass [`CudaBackend::launch_pass`] left for [`CudaBackend::collect_pass`].
+pub(crate) enum Launched {
+    /// The sampling kernel is queued over this many rows.
+    Queued(usize),
+    /// The tokens are already on the host.
+    Ready(Vec<TokenLogprob>),
+}
 use crate::device::ptr;
 use crate::CudaError;
 
@@ -52,6 +60,45 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// Queues a full pass and its sampling (no token masks) and returns without waiting;
+    /// [`CudaBackend::collect_pass`] reads the tokens. Everything the host copies up (plan,
+    /// sampling arguments) is copied before the pass's first kernel is queued, so no copy
+    /// waits for the device.
+    pub(crate) fn launch_pass(
+        &mut self,
+        b: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<(), CudaError> {
+        if self.launched.is_some() {
+            return Err(CudaError::Unsupported("the launched pass was not collected".into()));
+        }
+        let n = rows.len();
+        // A runner's batch asks for rows 0..n in order; an eager pass leaves them there, and a
+        // decode graph leaves token i's in row i.
+        let in_order = b.logits_indices.iter().enumerate().all(|(i, &r)| i == r);
+        if n > self.logits_cap || !in_order {
+            // Rows beyond the logits buffer are sampled chunk by chunk: all at once, now.
+            let tokens = self.run_sampled(b, rows, &mut Vec::new)?;
+            self.launched = Some(Launched::Ready(tokens));
+            return Ok(());
+        }
+        let idx: Vec<u32> = (0..n as u32).collect();
+        self.gpu.write(&mut self.a.sample_args, &sampling_args(&idx, rows))?;
+        self.pass(b, self.cfg.num_layers)?;
+        self.queue_sample_rows(n)?;
+        self.launched = Some(Launched::Queued(n));
+        Ok(())
+    }
+
+    /// The tokens of the pass [`CudaBackend::launch_pass`] queued (waits for the device).
+    pub(crate) fn collect_pass(&mut self) -> Result<Vec<TokenLogprob>, CudaError> {
+        match self.launched.take() {
+            Some(Launched::Ready(tokens)) => Ok(tokens),
+            Some(Launched::Queued(n)) => self.read_samples(n),
+            None => Err(CudaError::Unsupported("no pass was launched".into())),
+        }
+    }
+
     /// Samples `rows[i]` from row `buf_rows[i]` of the logits buffer (at most `logits_cap`).
     fn sample(
         &mut self,
@@ -90,6 +137,14 @@ impl CudaBackend {
             };
         }
         g.write(&mut self.a.sample_args, &sampling_args(buf_rows, rows))?;
+        self.queue_sample_rows(n)?;
+        self.read_samples(n)
+    }
+
+    /// Queues the `sample_rows` kernel over the first `n` entries of the uploaded sampling
+    /// arguments.
+    fn queue_sample_rows(&self, n: usize) -> Result<(), CudaError> {
+        let g = &self.gpu;
         let (ni, vi) = (n as i32, self.cfg.vocab_size as i32);
         let cfg = LaunchConfig {
             grid_dim: (n as u32, 1, 1),
@@ -109,9 +164,14 @@ impl CudaBackend {
                     &ni,
                     &vi,
                 ],
-            )?
-        };
-        let out = g.read(&self.a.sample_out, 2 * n)?;
+            )
+        }
+    }
+
+    /// The `n` tokens the last `sample_rows` kernel chose, with their log-probabilities
+    /// (waits for the device).
+    fn read_samples(&self, n: usize) -> Result<Vec<TokenLogprob>, CudaError> {
+        let out = self.gpu.read(&self.a.sample_out, 2 * n)?;
         Ok((0..n)
             .map(|i| TokenLogprob {
                 token_id: out[i] as u32,

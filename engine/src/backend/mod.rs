@@ -252,6 +252,31 @@ pub trait ModelBackend: Send {
         let _ = (batch, rows, masks);
         Err(BackendError::InvalidBatch("this backend does not sample on the device".into()))
     }
+    /// Whether [`ModelBackend::launch_sampled`] returns once the pass is queued, before the
+    /// device is done: the engine then does its host work (the previous step's outputs, the
+    /// server's between-step jobs) while the device runs the step.
+    fn overlaps_steps(&self) -> bool {
+        false
+    }
+    /// Queues what [`ModelBackend::forward_sampled`] does for `batch` (no token masks) and
+    /// returns without waiting for it; [`ModelBackend::collect_sampled`] then gives the
+    /// tokens. One launch at a time: every launch is collected before the next call that
+    /// touches the device.
+    fn launch_sampled(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<(), BackendError> {
+        let _ = (batch, rows);
+        Err(BackendError::InvalidBatch("this backend does not overlap steps".into()))
+    }
+    /// Waits for the pass [`ModelBackend::launch_sampled`] queued and returns its tokens, one
+    /// per row, as [`ModelBackend::forward_sampled`] would.
+    fn collect_sampled(
+        &mut self,
+    ) -> Result<Vec<crate::sampling::sampler::TokenLogprob>, BackendError> {
+        Err(BackendError::InvalidBatch("no pass was launched".into()))
+    }
     /// Copies whole blocks `(src, dst)` within the device pool (copy-on-write).
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError>;
     /// Copies device blocks to host swap blocks `(device, host)`.

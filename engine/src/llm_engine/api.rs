@@ -45,6 +45,10 @@ pub struct EngineConfig {
     pub speculative: Option<crate::speculative::spec_decode::SpeculativeConfig>,
     /// Secure mode: zero every KV block when its last user lets go (no prefix reuse after).
     pub zero_freed_blocks: bool,
+    /// On a backend that overlaps steps ([`crate::backend::ModelBackend::overlaps_steps`]):
+    /// return a step's news while the device runs the next step, so the host's work between
+    /// steps does not idle the device.
+    pub overlap_steps: bool,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +58,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             speculative: None,
             zero_freed_blocks: false,
+            overlap_steps: true,
         }
     }
 }

@@ -6,6 +6,7 @@ mod api;
 mod beam_search;
 pub mod generate;
 pub mod model_runner;
+mod overlap;
 pub mod remote_prefill;
 mod sample_step;
 mod spec_decoder;
@@ -68,6 +69,13 @@ pub struct LLMEngine {
     spec: Option<SpecDecoder>,
     /// Compiles structured-output constraints (built on the first request that has one).
     grammars: Option<Arc<GrammarCompiler>>,
+    /// Whether steps may overlap ([`EngineConfig::overlap_steps`]).
+    overlap_steps: bool,
+    /// The step launched on the device and not yet collected: the sequences it samples (its
+    /// plan is `last_schedule`).
+    in_flight: Option<Vec<SeqId>>,
+    /// A failure of the step in flight met outside `step` (it is returned by the next one).
+    deferred_error: Option<EngineError>,
 }
 
 fn now_secs() -> f64 {
@@ -123,6 +131,9 @@ impl LLMEngine {
             last_schedule: SchedulerOutput::default(),
             spec: config.speculative.map(SpecDecoder::new),
             grammars: None,
+            overlap_steps: config.overlap_steps,
+            in_flight: None,
+            deferred_error: None,
         }
     }
 
@@ -346,6 +357,8 @@ impl LLMEngine {
     /// Aborts a request in any state, freeing everything it holds. Its final output (finish
     /// reason `abort`) comes with the next `step`. Returns whether the request was known.
     pub fn abort_request(&mut self, request_id: &str) -> bool {
+        // The step in flight may sample the request's sequences: its tokens first.
+        self.settle();
         let Some(req) = self.requests.get(request_id) else { return false };
         let mut ended = Vec::new();
         for &id in &req.seq_ids {
@@ -441,13 +454,13 @@ impl LLMEngine {
 
     /// Whether any request is unfinished.
     pub fn has_unfinished_requests(&self) -> bool {
-        !self.requests.is_empty()
+        !self.requests.is_empty() || self.in_flight.is_some()
     }
 
     /// Whether the next step may run the model: some sequence waits, runs or is swapped out
     /// (not only ones parked for remote KV).
     pub fn has_model_work(&self) -> bool {
-        self.scheduler.has_runnable()
+        self.scheduler.has_runnable() || self.in_flight.is_some()
     }
 
     /// Number of unfinished requests.
@@ -558,7 +571,16 @@ impl LLMEngine {
 
     /// Runs one scheduler iteration and returns the news of every request that changed:
     /// schedule (with speculative drafts), execute, sample, update (seed 002's flow).
+    ///
+    /// On a backend that overlaps steps, a step whose tokens are all chosen on the device is
+    /// launched and left running: this call returns the news of the step before it (collected
+    /// at its start), and the next call collects this one. The caller's work between calls —
+    /// sending the news, taking new requests — then runs while the device computes.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        if let Some(e) = self.deferred_error.take() {
+            return Err(e);
+        }
+        let done = self.complete_in_flight()?;
         let mut clock = std::time::Instant::now();
         let mut lap = |phase: &mut f64| {
             let now = std::time::Instant::now();
@@ -568,6 +590,24 @@ impl LLMEngine {
         let plan = self.schedule()?;
         self.stats.steps += 1;
         lap(&mut self.stats.phase_seconds.schedule);
+        if self.overlap_steps && self.spec.is_none() {
+            if let Some(sampled) = self.runner.launch(&plan, &self.scheduler.seqs)? {
+                lap(&mut self.stats.phase_seconds.forward);
+                self.last_schedule = plan;
+                self.in_flight = Some(sampled);
+                let outputs = match done {
+                    Some(update) => self.outputs(update),
+                    None => std::mem::take(&mut self.pending),
+                };
+                lap(&mut self.stats.phase_seconds.outputs);
+                return Ok(outputs);
+            }
+        }
+        if let Some(update) = done {
+            // Its news goes first, with this step's.
+            self.pending = self.outputs(update);
+            lap(&mut self.stats.phase_seconds.outputs);
+        }
         let mut grammars = self.step_grammars(&plan);
         let rows = self.runner.execute(&plan, &self.scheduler.seqs, &mut grammars);
         grammars.restore(&mut self.scheduler.seqs);

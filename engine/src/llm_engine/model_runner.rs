@@ -52,6 +52,18 @@ pub trait DeviceMasks {
     fn compute(&mut self) -> HashMap<SeqId, Vec<u32>>;
 }
 
+/// No sequence has a token mask at hand (a launched step samples unconstrained rows only).
+struct NoMasks;
+
+impl DeviceMasks for NoMasks {
+    fn covers(&self, _: SeqId) -> bool {
+        false
+    }
+    fn compute(&mut self) -> HashMap<SeqId, Vec<u32>> {
+        HashMap::new()
+    }
+}
+
 /// Whether this step computes prompt tokens of `seq` whose log-probabilities are asked for
 /// (then every token of its chunk gets a logits row).
 fn wants_prompt_rows(seq: &Sequence) -> bool {
@@ -123,6 +135,74 @@ impl ModelRunner {
         (batch, sampled)
     }
 
+    /// Launches the step without waiting for the device when the backend overlaps steps and
+    /// the backend chooses every token it samples (no row needs its logits on the host or a
+    /// token mask): block moves, then the pass and its sampling queued. Returns the sequences
+    /// whose tokens [`ModelRunner::collect`] then gives, or `None` when the step must run
+    /// through [`ModelRunner::execute`] (nothing was done).
+    pub fn launch(
+        &mut self,
+        out: &SchedulerOutput,
+        seqs: &HashMap<SeqId, Sequence>,
+    ) -> Result<Option<Vec<SeqId>>, BackendError> {
+        if !self.backend.overlaps_steps() || out.scheduled.is_empty() {
+            return Ok(None);
+        }
+        let mut any = false;
+        for s in &out.scheduled {
+            let seq = &seqs[&s.seq_id];
+            let completes = seq.num_computed_tokens + s.num_tokens == seq.len();
+            if !seq.drafts().is_empty() || wants_prompt_rows(seq) {
+                return Ok(None);
+            }
+            if completes && !device_samplable(seq, &NoMasks) {
+                return Ok(None);
+            }
+            any |= completes;
+        }
+        if !any {
+            return Ok(None);
+        }
+        self.move_blocks(out)?;
+        let (batch, sampled) = self.prepare(out, seqs);
+        let rows: Vec<RowSampling> = sampled.iter().map(|id| row_sampling(&seqs[id])).collect();
+        self.backend.launch_sampled(&batch, &rows)?;
+        Ok(Some(sampled))
+    }
+
+    /// The tokens of the step [`ModelRunner::launch`] queued, for its `sampled` sequences (waits
+    /// for the device).
+    pub fn collect(
+        &mut self,
+        sampled: Vec<SeqId>,
+    ) -> Result<Vec<(SeqId, RowOutput)>, BackendError> {
+        let tokens = self.backend.collect_sampled()?;
+        Self::pair(sampled, tokens)
+    }
+
+    fn pair(
+        sampled: Vec<SeqId>,
+        tokens: Vec<TokenLogprob>,
+    ) -> Result<Vec<(SeqId, RowOutput)>, BackendError> {
+        if tokens.len() != sampled.len() {
+            return Err(BackendError::Device(format!(
+                "{} tokens sampled for {} rows",
+                tokens.len(),
+                sampled.len()
+            )));
+        }
+        Ok(sampled.into_iter().zip(tokens).map(|(id, t)| (id, RowOutput::Sampled(t))).collect())
+    }
+
+    /// Swap-outs, copy-on-write copies, swap-ins (in that order, so no block is overwritten
+    /// before it is read), and the zeroing of blocks freed by the schedule.
+    fn move_blocks(&mut self, out: &SchedulerOutput) -> Result<(), BackendError> {
+        self.backend.swap_out(&out.blocks_to_swap_out)?;
+        self.backend.zero_blocks(&out.blocks_to_zero)?;
+        self.backend.copy_blocks(&out.blocks_to_copy)?;
+        self.backend.swap_in(&out.blocks_to_swap_in)
+    }
+
     /// Executes a step: swap-outs, copy-on-write copies, swap-ins (in that order, so no block is
     /// overwritten before it is read), then the forward pass. Returns, for every sequence ready
     /// to sample, its logits — or, when the backend samples on the device and every such
@@ -133,10 +213,7 @@ impl ModelRunner {
         seqs: &HashMap<SeqId, Sequence>,
         masks: &mut dyn DeviceMasks,
     ) -> Result<Vec<(SeqId, RowOutput)>, BackendError> {
-        self.backend.swap_out(&out.blocks_to_swap_out)?;
-        self.backend.zero_blocks(&out.blocks_to_zero)?;
-        self.backend.copy_blocks(&out.blocks_to_copy)?;
-        self.backend.swap_in(&out.blocks_to_swap_in)?;
+        self.move_blocks(out)?;
         if out.scheduled.is_empty() {
             return Ok(Vec::new());
         }
@@ -155,18 +232,7 @@ impl ModelRunner {
                 sampled.iter().map(|id| m.remove(id)).collect()
             };
             let tokens = self.backend.forward_sampled(&batch, &rows, &mut row_masks)?;
-            if tokens.len() != sampled.len() {
-                return Err(BackendError::Device(format!(
-                    "{} tokens sampled for {} rows",
-                    tokens.len(),
-                    sampled.len()
-                )));
-            }
-            return Ok(sampled
-                .into_iter()
-                .zip(tokens)
-                .map(|(id, t)| (id, RowOutput::Sampled(t)))
-                .collect());
+            return Self::pair(sampled, tokens);
         }
         let logits = self.backend.forward(&batch)?;
         let vocab = self.backend.config().vocab_size;
