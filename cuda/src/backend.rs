@@ -458,7 +458,10 @@ impl CudaBackend {
             let (ti, bsz) = (t as i32, bs);
             if num_tiles > 0 {
                 let (f, cfg) = match self.mma_kernel() {
-                    Some(f) => (f, LaunchConfig { block_dim: (64, 1, 1), ..cfg }),
+                    Some(f) => {
+                        let shared_mem_bytes = plan::decode_smem_bytes(c.head_dim);
+                        (f, LaunchConfig { block_dim: (64, 1, 1), shared_mem_bytes, ..cfg })
+                    }
                     None if small_tiles => (&g.k.attention_decode, cfg),
                     None => (&g.k.attention, cfg),
                 };

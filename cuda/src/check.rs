@@ -518,7 +518,10 @@ fn attention(
     let cfg = LaunchConfig {
         grid_dim: (nkv as u32, num_tiles as u32, 1),
         block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: match kernel {
+            AttKernel::Mma => crate::plan::decode_smem_bytes(hd),
+            _ => 0,
+        },
     };
     // SAFETY: attention's parameter list over buffers sized for this batch and these splits.
     // Twice: the second launch finds the counters the first left (zero, if they re-arm).

@@ -191,6 +191,7 @@ impl Gpu {
             opts.push("-DTANDEM_F16".into());
         }
         opts.push(format!("-DPF_WARPS={}", crate::plan::prefill_warps()));
+        opts.push(format!("-DMMA_STAGES={}", crate::plan::decode_stages()));
         // Kernel variants kept for comparison (kernels.cu names them), e.g.
         // TANDEM_CUDA_DEFINES="TANDEM_PF_SPLIT_P".
         if let Ok(defs) = std::env::var("TANDEM_CUDA_DEFINES") {
@@ -223,6 +224,12 @@ impl Gpu {
             gather_pages: f("gather_pages")?,
             scatter_pages: f("scatter_pages")?,
         };
+        // The decode kernels' shared memory is dynamic: allow what their stages take.
+        for (f, hd) in [(&k.attention_mma64, 64), (&k.attention_mma128, 128)] {
+            let bytes = crate::plan::decode_smem_bytes(hd) as i32;
+            let attr = dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            f.set_attribute(attr, bytes).map_err(CudaError::from)?;
+        }
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas(format!("{e:?}")))?;
         let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE).map_err(CudaError::from)?;
         {

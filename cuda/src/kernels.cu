@@ -436,11 +436,16 @@ extern "C" __global__ void __launch_bounds__(128) attention_decode(ATTENTION_ARG
 // and 128 and blocks of a multiple of 16 positions: the same tiles, grid and split outputs as
 // `attention`, with 2 warps per CTA. A tile's rows (at most 16: tokens × the group's query heads)
 // are the mma's M; each warp walks every other 16-position page of the split, its K and V copied
-// to shared memory by cp.async two pages ahead of use, S = Q·Kᵀ and O += P·V on tensor cores,
+// to shared memory by cp.async MMA_STAGES - 1 of its pages ahead of use, S = Q·Kᵀ and O += P·V on tensor cores,
 // the online softmax on the accumulator fragments. Q and, for bf16, P enter the products as a
 // 16-bit high part plus a 16-bit remainder, so neither is rounded to the model's type.
 #define MMA_WARPS 2
 #define MMA_PAGE 16
+// Pages each warp of the decode kernel keeps in shared memory: the one it works on and
+// MMA_STAGES - 1 being copied ahead.
+#ifndef MMA_STAGES
+#define MMA_STAGES 2
+#endif
 #ifdef TANDEM_F16
 #define MMA_TYPE "f16"
 #define MMA_SPLIT_P false
@@ -603,7 +608,9 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
   constexpr int KS = HD / 16;          // k-steps of Q·Kᵀ
   constexpr int NT = HD / 8;           // n-tiles of the output
   constexpr int CHUNKS = MMA_PAGE * HD / 8 / 32;  // 16-byte copies per lane per page of K (or V)
-  __shared__ __align__(16) h16 stage[MMA_WARPS][2][2][PAGE];
+  // Dynamic shared memory (`plan::decode_smem_bytes`): beyond 48 KiB with three stages.
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  auto stage = reinterpret_cast<h16 (*)[MMA_STAGES][2][PAGE]>(mma_smem);
   const int* tile = tiles + blockIdx.y * 5;
   const int row0 = tile[0], ntok = tile[1], pos0 = tile[2];
   const int* bt = block_tables + tile[3];
@@ -641,15 +648,20 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
     }
     asm volatile("cp.async.commit_group;");
   };
+  // The warp's pages are warp, warp + MMA_WARPS, ...: its j-th goes to buffer j % MMA_STAGES,
+  // copied MMA_STAGES - 1 pages ahead of use (one commit group per page; an empty group where
+  // no page is left keeps the count of groups in flight fixed).
   int buf = 0;
-  if (warp < npages) issue(warp, 0);
+#pragma unroll
+  for (int j = 0; j < MMA_STAGES - 1; j++) {
+    if (warp + j * MMA_WARPS < npages) issue(warp + j * MMA_WARPS, j);
+    else asm volatile("cp.async.commit_group;");
+  }
   for (int i = warp; i < npages; i += MMA_WARPS) {
-    if (i + MMA_WARPS < npages) {
-      issue(i + MMA_WARPS, buf ^ 1);
-      asm volatile("cp.async.wait_group 1;");
-    } else {
-      asm volatile("cp.async.wait_group 0;");
-    }
+    const int ahead = i + (MMA_STAGES - 1) * MMA_WARPS;
+    if (ahead < npages) issue(ahead, (buf + MMA_STAGES - 1) % MMA_STAGES);
+    else asm volatile("cp.async.commit_group;");
+    asm volatile("cp.async.wait_group %0;" ::"n"(MMA_STAGES - 1));
     __syncwarp();
     const h16* ks = stage[warp][buf][0];
     const h16* vs = stage[warp][buf][1];
@@ -689,7 +701,7 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
       pv_mma<MMA_SPLIT_P>(o[n], o[n + 1], ph, pl, b);
     }
     __syncwarp();
-    buf ^= 1;
+    buf = (buf + 1) % MMA_STAGES;
   }
   // Row sums: each lane holds a quarter of its rows' positions.
 #pragma unroll

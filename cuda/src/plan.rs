@@ -21,6 +21,24 @@ pub fn prefill_warps() -> usize {
             .unwrap_or(4)
     })
 }
+/// Pages each warp of the tensor-core decode kernel holds in shared memory (`MMA_STAGES`, which
+/// the host passes to the kernels' compiler): the one it works on and the rest copied ahead;
+/// `TANDEM_MMA_STAGES` (2, 3 or 4) overrides the default of 2 for comparison.
+pub fn decode_stages() -> usize {
+    static STAGES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *STAGES.get_or_init(|| {
+        std::env::var("TANDEM_MMA_STAGES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|s| matches!(s, 2..=4))
+            .unwrap_or(2)
+    })
+}
+/// Dynamic shared memory of the tensor-core decode kernel for heads of width `hd`: two warps'
+/// stages of K and V pages of 16 rows, each row padded by 8 elements (kernels.cu's `LD`).
+pub fn decode_smem_bytes(hd: usize) -> u32 {
+    (2 * decode_stages() * 2 * 16 * (hd + 8) * 2) as u32
+}
 /// Query rows of one tile of the prefill kernel.
 pub fn prefill_rows() -> usize {
     16 * prefill_warps()

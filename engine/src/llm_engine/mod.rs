@@ -27,7 +27,7 @@ use crate::scheduling::request_output::{
     CompletionOutput, FinishReason, RequestMetrics, RequestOutput,
 };
 use crate::scheduling::scheduler::{SampledSeq, Scheduler, SchedulerOutput, StepUpdate};
-use crate::scheduling::sequence::{SeqId, Sequence, SequenceStatus};
+use crate::scheduling::sequence::{SeqId, SeqMap, Sequence, SequenceStatus};
 use crate::ModelConfig;
 use spec_decoder::SpecDecoder;
 
@@ -54,7 +54,8 @@ pub struct LLMEngine {
     pub chat_template: Option<crate::ChatTemplate>,
     runner: ModelRunner,
     scheduler: Scheduler,
-    requests: HashMap<String, RequestState>,
+    /// Unfinished requests by id (foldhash: each step looks up every request it touched).
+    requests: HashMap<String, RequestState, foldhash::fast::RandomState>,
     pending: Vec<RequestOutput>,
     next_seq_id: SeqId,
     next_arrival: u64,
@@ -120,7 +121,7 @@ impl LLMEngine {
             chat_template: model.chat_template,
             runner: ModelRunner::new(model.backend),
             scheduler: Scheduler::new(sched_cfg, bm),
-            requests: HashMap::new(),
+            requests: HashMap::default(),
             pending: Vec::new(),
             next_seq_id: 0,
             next_arrival: 0,
@@ -765,7 +766,7 @@ struct StepGrammars {
 
 impl StepGrammars {
     /// Gives every matcher back to its sequence.
-    fn restore(self, seqs: &mut HashMap<SeqId, Sequence>) {
+    fn restore(self, seqs: &mut SeqMap) {
         for (id, m) in self.rows {
             if let Some(seq) = seqs.get_mut(&id) {
                 seq.grammar = Some(m);

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use crate::backend::{BackendError, ForwardBatch, Logits, ModelBackend, RowSampling};
 use crate::sampling::sampler::TokenLogprob;
 use crate::scheduling::scheduler::SchedulerOutput;
-use crate::scheduling::sequence::{SeqId, Sequence};
+use crate::scheduling::sequence::{SeqId, SeqMap, Sequence};
 
 /// What a step produced for one sequence ready to sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,11 +96,7 @@ impl ModelRunner {
 
     /// Builds the batch of a step: each scheduled sequence's next tokens with their positions and
     /// slots; logits are asked for the sequences whose tokens are then all computed.
-    pub fn prepare(
-        &self,
-        out: &SchedulerOutput,
-        seqs: &HashMap<SeqId, Sequence>,
-    ) -> (ForwardBatch, Vec<SeqId>) {
+    pub fn prepare(&self, out: &SchedulerOutput, seqs: &SeqMap) -> (ForwardBatch, Vec<SeqId>) {
         let bs = self.backend.kv_cache_spec().block_size;
         let mut batch = ForwardBatch::with_kv_groups(self.kv_groups);
         let mut sampled = Vec::new();
@@ -143,7 +139,7 @@ impl ModelRunner {
     pub fn launch(
         &mut self,
         out: &SchedulerOutput,
-        seqs: &HashMap<SeqId, Sequence>,
+        seqs: &SeqMap,
     ) -> Result<Option<Vec<SeqId>>, BackendError> {
         if !self.backend.overlaps_steps() || out.scheduled.is_empty() {
             return Ok(None);
@@ -210,7 +206,7 @@ impl ModelRunner {
     pub fn execute(
         &mut self,
         out: &SchedulerOutput,
-        seqs: &HashMap<SeqId, Sequence>,
+        seqs: &SeqMap,
         masks: &mut dyn DeviceMasks,
     ) -> Result<Vec<(SeqId, RowOutput)>, BackendError> {
         self.move_blocks(out)?;

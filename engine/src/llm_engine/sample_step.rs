@@ -4,7 +4,6 @@
 //! every sequence's sample; the rest (verification, prompt log-probabilities, forks, grammar
 //! masks) stays on the engine's thread, in row order.
 
-use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use super::model_runner::RowOutput;
@@ -13,7 +12,7 @@ use super::{child_rng, LLMEngine};
 use crate::backend::cpu::pool::ThreadPool;
 use crate::sampling::sampler::{sample_token, scored_ranked, Rng, SampledToken};
 use crate::scheduling::scheduler::{ForkedSeq, SampledSeq};
-use crate::scheduling::sequence::{SeqId, Sequence};
+use crate::scheduling::sequence::{SeqId, SeqMap};
 
 /// A row still to be sampled: its sequence, its (masked) logits, and, when completions fork
 /// off it this step, the draw their random streams derive from.
@@ -116,11 +115,7 @@ impl LLMEngine {
 
 /// Each pending row's token and its sequence's random stream after the draw, in order; on
 /// the CPU pool when there is more than one row.
-fn draw_rows(
-    seqs: &HashMap<SeqId, Sequence>,
-    eos: &[u32],
-    pending: &[Pending],
-) -> Vec<(SampledToken, Rng)> {
+fn draw_rows(seqs: &SeqMap, eos: &[u32], pending: &[Pending]) -> Vec<(SampledToken, Rng)> {
     let draw = |p: &Pending| {
         let seq = &seqs[&p.seq_id];
         let ctx = seq.sampling_context(eos);

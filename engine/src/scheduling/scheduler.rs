@@ -20,7 +20,7 @@ use crate::model_files::tokenizer::{TokenizeError, Tokenizer};
 use crate::sampling::sampler::{Rng, SampledToken};
 use crate::scheduling::block_manager::BlockManager;
 use crate::scheduling::request_output::FinishReason;
-use crate::scheduling::sequence::{SeqId, Sequence, SequenceStatus};
+use crate::scheduling::sequence::{SeqId, SeqMap, Sequence, SequenceStatus};
 
 /// How preempted sequences give their blocks back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -172,7 +172,7 @@ pub struct Scheduler {
     /// Block ownership.
     pub block_manager: BlockManager,
     /// Every live sequence.
-    pub seqs: HashMap<SeqId, Sequence>,
+    pub seqs: SeqMap,
     waiting: VecDeque<SeqId>,
     running: Vec<SeqId>,
     swapped: VecDeque<SeqId>,
@@ -189,7 +189,7 @@ impl Scheduler {
         Scheduler {
             config,
             block_manager,
-            seqs: HashMap::new(),
+            seqs: SeqMap::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             swapped: VecDeque::new(),

@@ -22,6 +22,10 @@ pub const PROMPT_LOGPROBS_CHUNK: usize = 256;
 /// Engine-wide identifier of a sequence.
 pub type SeqId = u64;
 
+/// Sequences by id. Foldhash, not the standard SipHash: every step looks each running sequence
+/// up several times (schedule, batch, sample, update, outputs), and the ids are the engine's own.
+pub type SeqMap = std::collections::HashMap<SeqId, Sequence, foldhash::fast::RandomState>;
+
 /// States of seed 000's request state machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SequenceStatus {
