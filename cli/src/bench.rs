@@ -373,8 +373,11 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     while engine.has_unfinished_requests() {
         for out in engine.step()? {
             generated += out.outputs.iter().map(|o| o.token_ids.len()).sum::<usize>();
-            let ids = tokens.entry(out.request_id.clone()).or_default();
-            out.outputs.iter().for_each(|o| ids.extend_from_slice(&o.token_ids));
+            let new = out.outputs.iter().flat_map(|o| o.token_ids.iter().copied());
+            match tokens.get_mut(&out.request_id) {
+                Some(ids) => ids.extend(new),
+                None => drop(tokens.insert(out.request_id.clone(), new.collect())),
+            }
             if !out.outputs.is_empty() {
                 started.insert(out.request_id.clone());
             }
@@ -431,7 +434,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         println!("prefill phase    {pf_s:.2} s ({:.1} prompt tok/s)", total_in as f64 / pf_s);
         println!("decode phase     {:.2} s ({decode_tps:.1} tok/s)", secs - pf_s);
         println!("steps            {} ({} preemptions)", stats.steps, stats.num_preemptions);
-        println!("outputs digest   {digest:016x} (FNV-1a of every request's tokens)");
+        println!("outputs digest   {digest:016x} (of every request's tokens)");
         let (p, n) = (stats.phase_seconds, stats.steps.max(1) as f64);
         let us = |s: f64| s / n * 1e6;
         println!(
@@ -447,21 +450,14 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// FNV-1a over each request's id and tokens, in id order: equal digests, equal outputs (runs
-/// of the same seeded workload compare with it, e.g. with and without `--no-step-overlap`).
+/// The standard hasher's digest of every request's id and tokens, in id order: equal digests,
+/// equal outputs (runs of one binary on the same seeded workload compare with it, e.g. with and
+/// without `--no-step-overlap`).
 fn outputs_digest(tokens: &std::collections::BTreeMap<String, Vec<u32>>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes {
-            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-    };
-    for (id, ids) in tokens {
-        eat(id.as_bytes());
-        eat(&[0]);
-        ids.iter().for_each(|t| eat(&t.to_le_bytes()));
-    }
-    h
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    tokens.hash(&mut h);
+    h.finish()
 }
 
 /// With `TANDEM_CPU_PROFILE=1`: the CPU backend's time per operation over the last `secs`

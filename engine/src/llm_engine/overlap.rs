@@ -7,9 +7,9 @@ use crate::llm_engine::api::EngineError;
 use crate::scheduling::scheduler::StepUpdate;
 
 impl LLMEngine {
-    /// Collects the step in flight, if any: waits for its tokens, samples nothing more on the
-    /// host, applies them to their sequences and wipes what that freed (secure mode), before
-    /// anything is scheduled that could take those blocks. Its news is left to the caller.
+    /// Collects the step in flight, if any: waits for the tokens the device chose, applies them
+    /// to their sequences and wipes what that freed (secure mode), before anything is scheduled
+    /// that could take those blocks. Its news is left to the caller.
     pub(super) fn complete_in_flight(&mut self) -> Result<Option<StepUpdate>, EngineError> {
         let Some(sampled) = self.in_flight.take() else { return Ok(None) };
         let start = std::time::Instant::now();
@@ -17,10 +17,10 @@ impl LLMEngine {
         let sampled = self.sample(rows);
         let collected = std::time::Instant::now();
         self.stats.phase_seconds.forward += collected.duration_since(start).as_secs_f64();
-        let plan = std::mem::take(&mut self.last_schedule);
-        let update = self.scheduler.update_from_output(&plan, sampled, &self.tokenizer, now_secs());
-        self.last_schedule = plan;
-        let update = update?;
+        // The launched step's plan is `last_schedule`.
+        let plan = &self.last_schedule;
+        let update =
+            self.scheduler.update_from_output(plan, sampled, &self.tokenizer, now_secs())?;
         self.wipe_freed();
         self.stats.phase_seconds.update += collected.elapsed().as_secs_f64();
         Ok(Some(update))
