@@ -158,6 +158,8 @@ pub struct CudaBackend {
     pub capture_seconds: f64,
     use_graphs: bool,
     use_mma: bool,
+    /// Decode tiles on the small-tile tensor-core kernel (`attention_dec*`).
+    use_dec: bool,
     /// Attention tiles in the order of their contexts, longest first (`plan::longest_first`).
     longest_first: bool,
     /// Stage boundaries recorded while profiling: (stage that starts, event).
@@ -303,6 +305,7 @@ impl CudaBackend {
             use_graphs: opts.max_graph_batch > 0 && !gemm_attention,
             gemm_attention,
             use_mma: true,
+            use_dec: true,
             longest_first: true,
             marks: std::cell::RefCell::new(None),
             tp: None,
@@ -457,13 +460,18 @@ impl CudaBackend {
             };
             let (ti, bsz) = (t as i32, bs);
             if num_tiles > 0 {
-                let (f, cfg) = match self.mma_kernel() {
-                    Some(f) => {
+                let (f, cfg) = match (self.dec_kernel(), self.mma_kernel()) {
+                    (Some(f), _) if small_tiles => {
+                        let shared_mem_bytes = plan::dec_smem_bytes(c.head_dim);
+                        let threads = 32 * plan::dec_warps() as u32;
+                        (f, LaunchConfig { block_dim: (threads, 1, 1), shared_mem_bytes, ..cfg })
+                    }
+                    (_, Some(f)) => {
                         let shared_mem_bytes = plan::decode_smem_bytes(c.head_dim);
                         (f, LaunchConfig { block_dim: (64, 1, 1), shared_mem_bytes, ..cfg })
                     }
-                    None if small_tiles => (&g.k.attention_decode, cfg),
-                    None => (&g.k.attention, cfg),
+                    (_, None) if small_tiles => (&g.k.attention_decode, cfg),
+                    (_, None) => (&g.k.attention, cfg),
                 };
                 unsafe {
                     g.launch(

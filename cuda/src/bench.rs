@@ -84,6 +84,10 @@ impl Under {
     fn set_mma_attention(&mut self, on: bool) -> Result<(), CudaError> {
         self.switch(CudaBackend::set_mma_attention, TpBackend::set_mma_attention, on)
     }
+
+    fn set_dec_attention(&mut self, on: bool) -> Result<(), CudaError> {
+        self.switch(CudaBackend::set_dec_attention, TpBackend::set_dec_attention, on)
+    }
 }
 
 /// The limits of this GPU, measured.
@@ -161,6 +165,9 @@ pub struct DecodeRow {
     pub step_ms: f64,
     /// The same step with the CUDA-core attention kernel instead of the tensor-core one, ms.
     pub tile_step_ms: f64,
+    /// The same step with the 16-row tensor-core kernel on the decode tiles instead of the
+    /// small-tile one, ms, and that eager step's GPU time per stage.
+    pub rows16: (f64, Vec<(&'static str, f64)>),
     /// Contexts of different lengths: the same step with the attention tiles started in the
     /// batch's order instead of longest first, ms.
     pub batch_order_step_ms: Option<f64>,
@@ -227,6 +234,11 @@ pub fn decode(
         be.set_mma_attention(false)?;
         let tile_step_ms = be.replay_ms(&b, 20)?;
         be.set_mma_attention(true)?;
+        // The 16-row tensor-core kernel on the decode tiles, for comparison.
+        be.set_dec_attention(false)?;
+        let rows16_step_ms = be.replay_ms(&b, 20)?;
+        let rows16_profile = be.profile(&b)?;
+        be.set_dec_attention(true)?;
         // Contexts of different lengths: the same step with the tiles in the batch's order.
         let batch_order_step_ms = match context.0 == context.1 {
             true => None,
@@ -252,6 +264,7 @@ pub fn decode(
             context,
             step_ms,
             tile_step_ms,
+            rows16: (rows16_step_ms, rows16_profile),
             batch_order_step_ms,
             bytes: per_gpu * tp.max(1) as f64,
             roofline_ms: per_gpu / lim.hbm_bytes_per_s * 1e3,

@@ -94,7 +94,7 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     out.extend(qkv_rope_store(g, u, false, false, 9, 3, 64)?);
     out.extend(qkv_rope_store(g, u, true, false, 16, 8, 128)?);
     out.extend(qkv_rope_store(g, u, false, true, 14, 2, 64)?);
-    for (nh, nkv, hd) in [(9, 3, 64), (32, 8, 128), (16, 8, 128)] {
+    for (nh, nkv, hd) in [(9, 3, 64), (32, 8, 128), (16, 8, 128), (64, 8, 128)] {
         // Full causal attention, and a sliding window of 100 positions (Mistral's layers).
         for window in [None, Some(100)] {
             for splits in [1, 4] {
@@ -105,6 +105,7 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
             if g.sm >= 80 {
                 for splits in [1, 3] {
                     out.push(attention(g, u, nh, nkv, hd, splits, AttKernel::Mma, window)?);
+                    out.push(attention(g, u, nh, nkv, hd, splits, AttKernel::Dec, window)?);
                 }
                 out.push(attention(g, u, nh, nkv, hd, 1, AttKernel::Prefill, window)?);
             }
@@ -448,6 +449,8 @@ enum AttKernel {
     Decode,
     /// Tensor cores.
     Mma,
+    /// Tensor cores, small tiles (decode steps only), positions on the mma's M.
+    Dec,
     /// Tensor cores, 64-row tiles of long chunks (flash-attention prefill).
     Prefill,
 }
@@ -463,7 +466,7 @@ fn attention(
     kernel: AttKernel,
     window: Option<usize>,
 ) -> Result<CheckResult, CudaError> {
-    let decode_only = kernel == AttKernel::Decode;
+    let decode_only = matches!(kernel, AttKernel::Decode | AttKernel::Dec);
     use crate::plan::BatchPlan;
     use tandem_engine::backend::{ForwardBatch, Logits};
     let bs = 16;
@@ -510,6 +513,7 @@ fn attention(
         (t as i32, nh as i32, nkv as i32, hd as i32, bs as i32, 1.0 / (hd as f32).sqrt());
     let threads = match kernel {
         AttKernel::Mma => 64,
+        AttKernel::Dec => 32 * crate::plan::dec_warps() as u32,
         AttKernel::Prefill => crate::plan::prefill_threads(),
         _ => 128,
     };
@@ -520,6 +524,7 @@ fn attention(
         block_dim: (threads, 1, 1),
         shared_mem_bytes: match kernel {
             AttKernel::Mma => crate::plan::decode_smem_bytes(hd),
+            AttKernel::Dec => crate::plan::dec_smem_bytes(hd),
             _ => 0,
         },
     };
@@ -531,6 +536,8 @@ fn attention(
             AttKernel::Decode => &g.k.attention_decode,
             AttKernel::Mma if hd == 64 => &g.k.attention_mma64,
             AttKernel::Mma => &g.k.attention_mma128,
+            AttKernel::Dec if hd == 64 => &g.k.attention_dec64,
+            AttKernel::Dec => &g.k.attention_dec128,
             AttKernel::Prefill if hd == 64 => &g.k.attention_prefill64,
             AttKernel::Prefill => &g.k.attention_prefill128,
         };
@@ -566,6 +573,7 @@ fn attention(
         AttKernel::Decode => "decode steps at 1000, 18, 1 (small-tile kernel)",
         AttKernel::Tile => "prefill+prefix, decode 1000, fresh prompt",
         AttKernel::Mma => "prefill+prefix, decode 1000, fresh prompt (tensor cores)",
+        AttKernel::Dec => "decode steps at 1000, 18, 1 (tensor cores, small tiles)",
         AttKernel::Prefill => "200 after 260 cached, fresh 150 (prefill kernel)",
     };
     let seen = window.map_or(String::new(), |w| format!(", window {w}"));

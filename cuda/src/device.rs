@@ -19,7 +19,8 @@ use cudarc::nvrtc::{sys as nsys, Ptx};
 use crate::CudaError;
 
 /// The kernel source, compiled at run time.
-pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
+pub const KERNEL_SOURCE: &str =
+    concat!(include_str!("kernels.cu"), include_str!("attention_decode.cu"));
 
 /// Bytes of cuBLAS workspace (fixed, so GEMMs can be captured).
 const BLAS_WORKSPACE: usize = 32 << 20;
@@ -78,6 +79,23 @@ impl Dtype {
     }
 }
 
+/// The attention kernels with the CTA size and dynamic shared memory the backend launches them
+/// with (for `tandem-gpu info`'s occupancy report).
+pub fn attention_kernels(g: &Gpu) -> Vec<(&'static str, &CudaFunction, u32, u32)> {
+    let k = &g.k;
+    let dec = 32 * crate::plan::dec_warps() as u32;
+    vec![
+        ("attention", &k.attention, 128, 0),
+        ("attention_decode", &k.attention_decode, 128, 0),
+        ("attention_mma64", &k.attention_mma64, 64, crate::plan::decode_smem_bytes(64)),
+        ("attention_mma128", &k.attention_mma128, 64, crate::plan::decode_smem_bytes(128)),
+        ("attention_dec64", &k.attention_dec64, dec, crate::plan::dec_smem_bytes(64)),
+        ("attention_dec128", &k.attention_dec128, dec, crate::plan::dec_smem_bytes(128)),
+        ("attention_prefill64", &k.attention_prefill64, crate::plan::prefill_threads(), 0),
+        ("attention_prefill128", &k.attention_prefill128, crate::plan::prefill_threads(), 0),
+    ]
+}
+
 /// Handles to every kernel of `kernels.cu`.
 pub struct Kernels {
     /// Embedding lookup.
@@ -94,6 +112,11 @@ pub struct Kernels {
     pub attention_mma64: CudaFunction,
     /// Tensor-core paged attention, head width 128 (sm_80 and later).
     pub attention_mma128: CudaFunction,
+    /// Tensor-core paged attention for tiles of at most 8 query rows (positions on the mma's M),
+    /// head width 64 (sm_80 and later).
+    pub attention_dec64: CudaFunction,
+    /// The same, head width 128.
+    pub attention_dec128: CudaFunction,
     /// Flash-attention prefill on tensor cores (64-row tiles), head width 64.
     pub attention_prefill64: CudaFunction,
     /// The same, head width 128.
@@ -192,6 +215,7 @@ impl Gpu {
         }
         opts.push(format!("-DPF_WARPS={}", crate::plan::prefill_warps()));
         opts.push(format!("-DMMA_STAGES={}", crate::plan::decode_stages()));
+        opts.push(format!("-DDEC_WARPS={}", crate::plan::dec_warps()));
         // Kernel variants kept for comparison (kernels.cu names them), e.g.
         // TANDEM_CUDA_DEFINES="TANDEM_PF_SPLIT_P".
         if let Ok(defs) = std::env::var("TANDEM_CUDA_DEFINES") {
@@ -208,6 +232,8 @@ impl Gpu {
             attention_decode: f("attention_decode")?,
             attention_mma64: f("attention_mma64")?,
             attention_mma128: f("attention_mma128")?,
+            attention_dec64: f("attention_dec64")?,
+            attention_dec128: f("attention_dec128")?,
             attention_prefill64: f("attention_prefill64")?,
             attention_prefill128: f("attention_prefill128")?,
             silu_mul: f("silu_mul")?,
@@ -225,8 +251,14 @@ impl Gpu {
             scatter_pages: f("scatter_pages")?,
         };
         // The decode kernels' shared memory is dynamic: allow what their stages take.
-        for (f, hd) in [(&k.attention_mma64, 64), (&k.attention_mma128, 128)] {
-            let bytes = crate::plan::decode_smem_bytes(hd) as i32;
+        let decode_kernels = [
+            (&k.attention_mma64, crate::plan::decode_smem_bytes(64)),
+            (&k.attention_mma128, crate::plan::decode_smem_bytes(128)),
+            (&k.attention_dec64, crate::plan::dec_smem_bytes(64)),
+            (&k.attention_dec128, crate::plan::dec_smem_bytes(128)),
+        ];
+        for (f, bytes) in decode_kernels {
+            let bytes = bytes as i32;
             let attr = dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             f.set_attribute(attr, bytes).map_err(CudaError::from)?;
         }

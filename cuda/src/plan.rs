@@ -39,6 +39,24 @@ pub fn decode_stages() -> usize {
 pub fn decode_smem_bytes(hd: usize) -> u32 {
     (2 * decode_stages() * 2 * 16 * (hd + 8) * 2) as u32
 }
+/// Warps of the small-tile tensor-core decode kernel's CTA (`DEC_WARPS`, passed to the kernels'
+/// compiler); `TANDEM_DEC_WARPS` (2 or 4) overrides the default of 2 for comparison.
+pub fn dec_warps() -> usize {
+    static WARPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *WARPS.get_or_init(|| {
+        std::env::var("TANDEM_DEC_WARPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|w| matches!(w, 2 | 4))
+            .unwrap_or(2)
+    })
+}
+/// Dynamic shared memory of the small-tile decode kernel (`attention_dec*`): each warp's
+/// stages of K and V pages, as [`decode_smem_bytes`] per warp (its end-of-kernel exchange of
+/// per-warp results, at most 8 rows of f32 per warp, fits in the same bytes).
+pub fn dec_smem_bytes(hd: usize) -> u32 {
+    (dec_warps() * decode_stages() * 2 * 16 * (hd + 8) * 2) as u32
+}
 /// Query rows of one tile of the prefill kernel.
 pub fn prefill_rows() -> usize {
     16 * prefill_warps()

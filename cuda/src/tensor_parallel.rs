@@ -344,6 +344,11 @@ impl TpBackend {
         self.switch(CudaBackend::set_mma_attention, on)
     }
 
+    /// Uses the small-tile tensor-core kernel for decode tiles, or not, on every rank.
+    pub fn set_dec_attention(&mut self, on: bool) -> Result<(), CudaError> {
+        self.switch(CudaBackend::set_dec_attention, on)
+    }
+
     /// Orders every rank's attention tiles longest context first, or in the batch's order
     /// ([`CudaBackend::set_longest_first`]).
     pub fn set_longest_first(&mut self, on: bool) -> Result<(), CudaError> {

@@ -49,6 +49,26 @@ impl CudaBackend {
         }
     }
 
+    /// The tensor-core kernel for tiles of at most 8 query rows (positions on the mma's M), where
+    /// the tensor-core kernel applies and this one is not switched off.
+    pub(super) fn dec_kernel(&self) -> Option<&cudarc::driver::CudaFunction> {
+        self.mma_kernel()?;
+        if !self.use_dec {
+            return None;
+        }
+        match self.cfg.head_dim {
+            64 => Some(&self.gpu.k.attention_dec64),
+            _ => Some(&self.gpu.k.attention_dec128),
+        }
+    }
+
+    /// Uses the small-tile tensor-core kernel for decode tiles (on by default), or the 16-row
+    /// one for every tile (for comparisons). Graphs captured before keep their kernel.
+    pub fn set_dec_attention(&mut self, on: bool) {
+        self.use_dec = on;
+        self.graphs.clear();
+    }
+
     /// The flash-attention prefill kernel for long chunks, where the tensor-core kernel applies.
     pub(super) fn prefill_kernel(&self) -> Option<&cudarc::driver::CudaFunction> {
         self.mma_kernel()?;

@@ -69,6 +69,14 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                 free as f64 / (1u64 << 30) as f64,
                 total as f64 / (1u64 << 30) as f64
             );
+            // The attention kernels' registers and how many CTAs fit on an SM.
+            for (name, f, threads, smem) in tandem_cuda::device::attention_kernels(&g) {
+                let regs = f.num_regs().map_err(CudaError::from)?;
+                let fit = f
+                    .occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None)
+                    .map_err(CudaError::from)?;
+                println!("[{}] {name}: {regs} registers/thread, {threads} threads, {smem} B dynamic shared memory, {fit} CTAs/SM", g.name);
+            }
             Ok(true)
         }
         "check" => {
@@ -128,10 +136,12 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                     r.tile_step_ms,
                     100.0 * r.roofline_ms / r.tile_step_ms
                 );
+                print_profile(&name, &r.profile);
+                println!("[{name}]   the 16-row tensor-core attention kernel on the decode tiles: step {:.3} ms, {:.1}%", r.rows16.0, 100.0 * r.roofline_ms / r.rows16.0);
+                print_profile(&name, &r.rows16.1);
                 if let Some(ms) = r.batch_order_step_ms {
                     println!("[{name}]   attention tiles in the batch's order instead of longest context first: {ms:.3} ms, {:.1}%", 100.0 * r.roofline_ms / ms);
                 }
-                print_profile(&name, &r.profile);
             }
             Ok(true)
         }

@@ -1,0 +1,238 @@
+// Tensor-core paged attention for tiles of at most 8 query rows (decode steps: one token of a
+// sequence × the query heads of one KV head), compiled after kernels.cu, whose helpers it uses.
+//
+// The products run transposed: Sᵀ = K·Qᵀ puts a page's 16 positions on the mma's M and the
+// tile's query rows on its N (8), and Oᵀ += Vᵀ·Pᵀ puts 16 head dims on M, again the query rows
+// on N. `attention_mma_impl` puts the query rows on M (16), so a decode tile of 2 to 8 rows
+// leaves most of each product idle: this kernel issues a quarter of its tensor-core
+// instructions per page (head width 128: 8 for S and 8 for O, 16 each with the remainders of Q
+// and P), and a warp's output accumulators are 32 registers instead of 64.
+//
+// Grid (nkv, tile entries) and split outputs as `attention`; DEC_WARPS warps per CTA, each
+// walking every DEC_WARPS-th 16-position page of the split with MMA_STAGES - 1 pages copied
+// ahead by cp.async (K and V to shared memory, rows padded for conflict-free ldmatrix). The
+// weights P pass from the Sᵀ accumulators (a lane holds positions g, g + 8 of rows 2t, 2t + 1)
+// to the B operand (positions 2t.., 2t + 8.. of row g) through 256 bytes of shared memory per
+// warp and one transposing ldmatrix. Scores are in base-2 units (scale · log₂e folded into Q).
+// With several warps, their (max, sum, accumulator) per row meet in shared memory at the end
+// and the CTA's threads combine them, writing whole rows.
+#ifndef DEC_WARPS
+#define DEC_WARPS 2
+#endif
+// Q and P as 16-bit high parts plus remainders (as `attention_mma_impl`); TANDEM_DEC_ROUND
+// rounds them once to the model's type instead (for comparison).
+#ifdef TANDEM_DEC_ROUND
+#define DEC_SPLIT_Q false
+#define DEC_SPLIT_P false
+#else
+#define DEC_SPLIT_Q true
+#define DEC_SPLIT_P MMA_SPLIT_P
+#endif
+
+#if __CUDA_ARCH__ >= 800
+template <int HD>
+__device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
+  constexpr int LD = HD + 8;
+  constexpr int PAGE = MMA_PAGE * LD;
+  constexpr int KS = HD / 16;  // k-steps of Sᵀ, m-tiles of Oᵀ
+  constexpr int CHUNKS = MMA_PAGE * HD / 8 / 32;
+  // Dynamic shared memory (`plan::dec_smem_bytes`): each warp's stages of K and V.
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  auto stage = reinterpret_cast<h16 (*)[MMA_STAGES][2][PAGE]>(mma_smem);
+  // Pᵀ per warp: [high part, remainder][position][8 rows as 4 words].
+  __shared__ __align__(16) unsigned pbuf[DEC_WARPS][2][MMA_PAGE][4];
+  const int* tile = tiles + blockIdx.y * 5;
+  const int row0 = tile[0], ntok = tile[1], pos0 = tile[2];
+  const int* bt = block_tables + tile[3];
+  if (ntok == 0) return;
+  const int kvh = blockIdx.x, group = nh / nkv, nrows = ntok * group;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  int c0, c1, split, splits;
+  tile_range(tile, pos0 + ntok, c0, c1, split, splits);
+  // Q as the B operand: row g, dims 16s + 2t.. (b0) and 16s + 8 + 2t.. (b1) of each k-step.
+  const float qscale = scale * 1.4426950408889634f;
+  unsigned qh[KS][2], ql[KS][2];
+#pragma unroll
+  for (int s = 0; s < KS; s++) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      float x = 0.f, y = 0.f;
+      if (g < nrows) {
+        const float* src = q + ((size_t)(row0 + g / group) * nh + kvh * group + g % group) * hd + s * 16 + half * 8 + 2 * t;
+        x = src[0] * qscale;
+        y = src[1] * qscale;
+      }
+      split2(x, y, qh[s][half], ql[s][half]);
+    }
+  }
+  // The lane's two columns: query rows 2t and 2t + 1, and the last position each may see.
+  int qpos[2];
+#pragma unroll
+  for (int c = 0; c < 2; c++) qpos[c] = 2 * t + c < nrows ? pos0 + (2 * t + c) / group : -1;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[KS][4];
+#pragma unroll
+  for (int mt = 0; mt < KS; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+
+  const int npages = (c1 - c0 + MMA_PAGE - 1) / MMA_PAGE;
+  auto issue = [&](int i, int b) {
+    int p0 = c0 + i * MMA_PAGE;
+    int blk = bt[p0 / block_size], off = p0 % block_size;
+    size_t base = ((size_t)(blk * nkv + kvh) * block_size + off) * hd;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; c++) {
+      int e = lane + c * 32, r = e / (HD / 8), col = (e % (HD / 8)) * 8;
+      unsigned ks = smem_addr(&stage[warp][b][0][r * LD + col]), vs = smem_addr(&stage[warp][b][1][r * LD + col]);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ks), "l"(k_cache + base + r * HD + col));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(vs), "l"(v_cache + base + r * HD + col));
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  int buf = 0;
+#pragma unroll
+  for (int j = 0; j < MMA_STAGES - 1; j++) {
+    if (warp + j * DEC_WARPS < npages) issue(warp + j * DEC_WARPS, j);
+    else asm volatile("cp.async.commit_group;");
+  }
+  // This lane's ldmatrix rows: K as A (positions lane & 15, dims + 8 for lanes 16..31), Vᵀ as A
+  // (positions lane & 7 (+ 8 for lanes 16..31), dims + 8 for lanes 8..15 and 24..31), Pᵀ as B
+  // (position lane & 15 of the high parts, or of the remainders for lanes 16..31).
+  const unsigned krow = (unsigned)(((lane & 15) * LD + (lane >> 4) * 8) * 2);
+  const unsigned vrow = (unsigned)((((lane & 7) + ((lane >> 4) & 1) * 8) * LD + ((lane >> 3) & 1) * 8) * 2);
+  const unsigned prow = smem_addr(&pbuf[warp][(lane >> 4) & 1][lane & 15][0]);
+  for (int i = warp; i < npages; i += DEC_WARPS) {
+    const int ahead = i + (MMA_STAGES - 1) * DEC_WARPS;
+    if (ahead < npages) issue(ahead, (buf + MMA_STAGES - 1) % MMA_STAGES);
+    else asm volatile("cp.async.commit_group;");
+    asm volatile("cp.async.wait_group %0;" ::"n"(MMA_STAGES - 1));
+    __syncwarp();
+    const unsigned ks = smem_addr(stage[warp][buf][0]) + krow;
+    const unsigned vs = smem_addr(stage[warp][buf][1]) + vrow;
+    // Sᵀ = K·Qᵀ: even and odd k-steps into accumulators of their own (two chains of mma).
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int k = 0; k < KS; k++) {
+      unsigned a[4];
+      ldsm_x4(a, ks + (unsigned)(k * 16 * 2));
+      mma16816(s[k & 1], a[0], a[1], a[2], a[3], qh[k][0], qh[k][1]);
+      if (DEC_SPLIT_Q) mma16816(s[k & 1], a[0], a[1], a[2], a[3], ql[k][0], ql[k][1]);
+    }
+    // Online softmax per column: s[.][c] at position g, s[.][2 + c] at g + 8.
+    const int p0 = c0 + i * MMA_PAGE;
+    float corr[2], w[4];
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+      float v0 = s[0][c] + s[1][c], v1 = s[0][2 + c] + s[1][2 + c];
+      const int pa = p0 + g, pb = pa + 8;
+      v0 = (pa < c1 && pa <= qpos[c] && pa > qpos[c] - window) ? v0 : -INFINITY;
+      v1 = (pb < c1 && pb <= qpos[c] && pb > qpos[c] - window) ? v1 : -INFINITY;
+      float mx = fmaxf(v0, v1);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float mn = fmaxf(m[c], mx);
+      corr[c] = mn == -INFINITY ? 1.f : exp2f(m[c] - mn);
+      w[c] = v0 == -INFINITY ? 0.f : exp2f(v0 - mn);
+      w[2 + c] = v1 == -INFINITY ? 0.f : exp2f(v1 - mn);
+      l[c] = l[c] * corr[c] + w[c] + w[2 + c];
+      m[c] = mn;
+    }
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) {
+      o[mt][0] *= corr[0]; o[mt][1] *= corr[1];
+      o[mt][2] *= corr[0]; o[mt][3] *= corr[1];
+    }
+    // Pᵀ through shared memory into the B operand's layout.
+    unsigned hi0, lo0, hi1, lo1;
+    split2(w[0], w[1], hi0, lo0);
+    split2(w[2], w[3], hi1, lo1);
+    pbuf[warp][0][g][t] = hi0;
+    pbuf[warp][0][g + 8][t] = hi1;
+    if (DEC_SPLIT_P) {
+      pbuf[warp][1][g][t] = lo0;
+      pbuf[warp][1][g + 8][t] = lo1;
+    }
+    __syncwarp();
+    unsigned pb[4];
+    ldsm_x4_t(pb, prow);
+    // Oᵀ += Vᵀ·Pᵀ, 16 head dims per mma.
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) {
+      unsigned a[4];
+      ldsm_x4_t(a, vs + (unsigned)(mt * 16 * 2));
+      mma16816(o[mt], a[0], a[1], a[2], a[3], pb[0], pb[1]);
+      if (DEC_SPLIT_P) mma16816(o[mt], a[0], a[1], a[2], a[3], pb[2], pb[3]);
+    }
+    __syncwarp();
+    buf = (buf + 1) % MMA_STAGES;
+  }
+  // Each column's sum over the warp's positions (lanes of one t hold a column).
+#pragma unroll
+  for (int c = 0; c < 2; c++) {
+    l[c] += __shfl_xor_sync(0xffffffffu, l[c], 4);
+    l[c] += __shfl_xor_sync(0xffffffffu, l[c], 8);
+    l[c] += __shfl_xor_sync(0xffffffffu, l[c], 16);
+  }
+  // Every warp's state to shared memory (the stages are free once all warps are past them).
+  asm volatile("cp.async.wait_group 0;");
+  __syncthreads();
+  float* xo = reinterpret_cast<float*>(mma_smem);  // [DEC_WARPS][8][HD]
+  float* xml = xo + DEC_WARPS * 8 * HD;            // [DEC_WARPS][8][2]
+#pragma unroll
+  for (int c = 0; c < 2; c++) {
+    float* row = xo + (warp * 8 + 2 * t + c) * HD;
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) {
+      row[mt * 16 + g] = o[mt][c];
+      row[mt * 16 + g + 8] = o[mt][2 + c];
+    }
+    if (g == 0) {
+      xml[(warp * 8 + 2 * t + c) * 2] = m[c];
+      xml[(warp * 8 + 2 * t + c) * 2 + 1] = l[c];
+    }
+  }
+  __syncthreads();
+  // The CTA's threads combine the warps, a row's dims at a time: normalised rows to `out`, or
+  // this split's accumulator and (max in natural-log units, sum) for `merge_splits`.
+  for (int e = threadIdx.x; e < nrows * HD; e += DEC_WARPS * 32) {
+    const int r = e / HD, d = e % HD;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int wi = 0; wi < DEC_WARPS; wi++) mm = fmaxf(mm, xml[(wi * 8 + r) * 2]);
+    float acc = 0.f, lt = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < DEC_WARPS; wi++) {
+      const float mw = xml[(wi * 8 + r) * 2];
+      const float a = mw == -INFINITY ? 0.f : exp2f(mw - mm);
+      acc += a * xo[(wi * 8 + r) * HD + d];
+      lt += a * xml[(wi * 8 + r) * 2 + 1];
+    }
+    const int tok = row0 + r / group, h = kvh * group + r % group;
+    if (splits == 1) {
+      out[((size_t)tok * nh + h) * hd + d] = f2h(lt > 0.f ? acc / lt : 0.f);
+    } else {
+      const size_t base = ((size_t)split * num_tokens + tok) * nh + h;
+      part_acc[base * hd + d] = acc;
+      if (d == 0) {
+        part_ml[base * 2] = mm * 0.6931471805599453f;
+        part_ml[base * 2 + 1] = lt;
+      }
+    }
+  }
+  if (splits > 1)
+    merge_splits(split_count + row0 * nkv + kvh, splits, part_acc, part_ml, out, row0, nrows, group, kvh, num_tokens, nh, hd);
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) attention_dec64(ATTENTION_ARGS) {
+#if __CUDA_ARCH__ >= 800
+  attention_dec_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) attention_dec128(ATTENTION_ARGS) {
+#if __CUDA_ARCH__ >= 800
+  attention_dec_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
+#endif
+}
