@@ -10,7 +10,8 @@
 //
 // Grid (nkv, tile entries) and split outputs as `attention`; DEC_WARPS warps per CTA, each
 // walking every DEC_WARPS-th 16-position page of the split with MMA_STAGES - 1 pages copied
-// ahead by cp.async (K and V to shared memory, rows padded for conflict-free ldmatrix). The
+// ahead by cp.async (K and V to shared memory, rows padded for conflict-free ldmatrix), the
+// pages' block-table entries loaded 32 at a time ahead of the copies that need them. The
 // weights P pass from the Sᵀ accumulators (a lane holds positions g, g + 8 of rows 2t, 2t + 1)
 // to the B operand (positions 2t.., 2t + 8.. of row g) through 256 bytes of shared memory per
 // warp and one transposing ldmatrix. Scores are in base-2 units (scale · log₂e folded into Q).
@@ -19,6 +20,7 @@
 #ifndef DEC_WARPS
 #define DEC_WARPS 2
 #endif
+// TANDEM_DEC_COPY_ONLY measures the page copies alone (no arithmetic, wrong results).
 // Q and P as 16-bit high parts plus remainders (as `attention_mma_impl`); TANDEM_DEC_ROUND
 // rounds them once to the model's type instead (for comparison).
 #ifdef TANDEM_DEC_ROUND
@@ -35,7 +37,6 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   constexpr int LD = HD + 8;
   constexpr int PAGE = MMA_PAGE * LD;
   constexpr int KS = HD / 16;  // k-steps of Sᵀ, m-tiles of Oᵀ
-  constexpr int CHUNKS = MMA_PAGE * HD / 8 / 32;
   // Dynamic shared memory (`plan::dec_smem_bytes`): each warp's stages of K and V.
   extern __shared__ __align__(16) unsigned char mma_smem[];
   auto stage = reinterpret_cast<h16 (*)[MMA_STAGES][2][PAGE]>(mma_smem);
@@ -76,10 +77,25 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   for (int mt = 0; mt < KS; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
 
   const int npages = (c1 - c0 + MMA_PAGE - 1) / MMA_PAGE;
-  auto issue = [&](int i, int b) {
-    int p0 = c0 + i * MMA_PAGE;
-    int blk = bt[p0 / block_size], off = p0 % block_size;
-    size_t base = ((size_t)(blk * nkv + kvh) * block_size + off) * hd;
+  // The warp's j-th page is warp + j·DEC_WARPS. Lane l holds the block of its page jb + l and
+  // of page jb + 32 + l, loaded ahead, so a copy finds its address by a shuffle instead of
+  // waiting for a global load.
+  auto page_block = [&](int j) -> int {
+    const int i = warp + j * DEC_WARPS;
+    return i < npages ? bt[(c0 + i * MMA_PAGE) / block_size] : 0;
+  };
+  int jb = 0, blk_now = page_block(lane), blk_next = page_block(32 + lane);
+  constexpr int CHUNKS = MMA_PAGE * HD / 8 / 32;  // 16-byte copies per lane per page of K (or V)
+  // Copies the warp's j-th page (K and V of this KV head) into buffer b (j ascending).
+  auto issue = [&](int j, int b) {
+    if (j - jb >= 32) {
+      jb += 32;
+      blk_now = blk_next;
+      blk_next = page_block(jb + 32 + lane);
+    }
+    const int blk = __shfl_sync(0xffffffffu, blk_now, j - jb);
+    const int p0 = c0 + (warp + j * DEC_WARPS) * MMA_PAGE, off = p0 % block_size;
+    const size_t base = ((size_t)(blk * nkv + kvh) * block_size + off) * hd;
 #pragma unroll
     for (int c = 0; c < CHUNKS; c++) {
       int e = lane + c * 32, r = e / (HD / 8), col = (e % (HD / 8)) * 8;
@@ -92,7 +108,7 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   int buf = 0;
 #pragma unroll
   for (int j = 0; j < MMA_STAGES - 1; j++) {
-    if (warp + j * DEC_WARPS < npages) issue(warp + j * DEC_WARPS, j);
+    if (warp + j * DEC_WARPS < npages) issue(j, j);
     else asm volatile("cp.async.commit_group;");
   }
   // This lane's ldmatrix rows: K as A (positions lane & 15, dims + 8 for lanes 16..31), Vᵀ as A
@@ -101,12 +117,15 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   const unsigned krow = (unsigned)(((lane & 15) * LD + (lane >> 4) * 8) * 2);
   const unsigned vrow = (unsigned)((((lane & 7) + ((lane >> 4) & 1) * 8) * LD + ((lane >> 3) & 1) * 8) * 2);
   const unsigned prow = smem_addr(&pbuf[warp][(lane >> 4) & 1][lane & 15][0]);
-  for (int i = warp; i < npages; i += DEC_WARPS) {
-    const int ahead = i + (MMA_STAGES - 1) * DEC_WARPS;
-    if (ahead < npages) issue(ahead, (buf + MMA_STAGES - 1) % MMA_STAGES);
+  for (int i = warp, j = 0; i < npages; i += DEC_WARPS, j++) {
+    if (i + (MMA_STAGES - 1) * DEC_WARPS < npages) issue(j + MMA_STAGES - 1, (buf + MMA_STAGES - 1) % MMA_STAGES);
     else asm volatile("cp.async.commit_group;");
     asm volatile("cp.async.wait_group %0;" ::"n"(MMA_STAGES - 1));
     __syncwarp();
+#ifdef TANDEM_DEC_COPY_ONLY  // the copies alone, no arithmetic (a measurement; wrong results)
+    buf = (buf + 1) % MMA_STAGES;
+    continue;
+#endif
     const unsigned ks = smem_addr(stage[warp][buf][0]) + krow;
     const unsigned vs = smem_addr(stage[warp][buf][1]) + vrow;
     // Sᵀ = K·Qᵀ: even and odd k-steps into accumulators of their own (two chains of mma).

@@ -305,7 +305,8 @@ impl CudaBackend {
             use_graphs: opts.max_graph_batch > 0 && !gemm_attention,
             gemm_attention,
             use_mma: true,
-            use_dec: true,
+            // TANDEM_DEC_KERNEL=off keeps decode tiles on the 16-row kernel (for comparison).
+            use_dec: std::env::var("TANDEM_DEC_KERNEL").as_deref() != Ok("off"),
             longest_first: true,
             marks: std::cell::RefCell::new(None),
             tp: None,

@@ -40,14 +40,14 @@ pub fn decode_smem_bytes(hd: usize) -> u32 {
     (2 * decode_stages() * 2 * 16 * (hd + 8) * 2) as u32
 }
 /// Warps of the small-tile tensor-core decode kernel's CTA (`DEC_WARPS`, passed to the kernels'
-/// compiler); `TANDEM_DEC_WARPS` (2 or 4) overrides the default of 2 for comparison.
+/// compiler); `TANDEM_DEC_WARPS` (1, 2 or 4) overrides the default of 2 for comparison.
 pub fn dec_warps() -> usize {
     static WARPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *WARPS.get_or_init(|| {
         std::env::var("TANDEM_DEC_WARPS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .filter(|w| matches!(w, 2 | 4))
+            .filter(|w| matches!(w, 1 | 2 | 4))
             .unwrap_or(2)
     })
 }
