@@ -323,9 +323,22 @@ pub fn attention_splits(
     num_sms: usize,
 ) -> usize {
     let ctas = (num_tiles * num_kv_heads).max(1);
-    let want = (2 * num_sms).div_ceil(ctas);
+    let want = (split_ctas_per_sm() * num_sms).div_ceil(ctas);
     let by_len = max_context.div_ceil(128).max(1);
     want.min(by_len).clamp(1, 16)
+}
+
+/// CTAs per SM [`attention_splits`] aims at: 2, or `TANDEM_SPLIT_CTAS_PER_SM` (1 to 8) for
+/// comparison.
+fn split_ctas_per_sm() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TANDEM_SPLIT_CTAS_PER_SM")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (1..=8).contains(n))
+            .unwrap_or(2)
+    })
 }
 
 /// The batch sizes that get a captured decode graph: 1, 2, 4, 8, then every 16 up to `max`.
