@@ -35,7 +35,7 @@ pub(crate) use sampling::sampling_args;
 
 /// Rows of attention output the split-context path keeps partial results for.
 const SPLIT_ROWS: usize = 512;
-/// Most splits of one context (`ATT_MAX_SPLITS` in kernels.cu).
+/// Most splits of one context (`ATT_MAX_SPLITS` in kernels/attention.cu).
 const MAX_SPLITS: usize = 16;
 
 /// How to build a [`CudaBackend`].
@@ -385,7 +385,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let (hi, null) = (h as i32, 0u64);
-        // SAFETY (every launch below): argument lists match kernels.cu, and every buffer was
+        // SAFETY (every launch below): argument lists match kernels/*.cu, and every buffer was
         // sized in `new` for at least `t` rows (validate checks the batch against it).
         self.mark("embed")?;
         let escale = c.embedding_scale;

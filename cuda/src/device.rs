@@ -1,6 +1,6 @@
 //! `Gpu`: one CUDA device as the backend uses it — a context with one explicit stream (no
 //! per-buffer event tracking, so the stream can be captured into graphs), the kernels of
-//! `kernels.cu` compiled by NVRTC to a CUBIN for the device's own architecture, and a cuBLAS
+//! `kernels/*.cu` compiled by NVRTC to a CUBIN for the device's own architecture, and a cuBLAS
 //! handle with a fixed workspace (required for GEMMs inside a CUDA graph).
 //!
 //! Every CUDA library is loaded at run time, so this compiles and links on machines without
@@ -18,9 +18,18 @@ use cudarc::nvrtc::{sys as nsys, Ptx};
 
 use crate::CudaError;
 
-/// The kernel source, compiled at run time.
-pub const KERNEL_SOURCE: &str =
-    concat!(include_str!("kernels.cu"), include_str!("attention_decode.cu"));
+/// The kernel source, compiled at run time: the files of `kernels/` in this order (each uses
+/// what the ones before it define). `scripts/gpu/nvrtc_check.py` lists the same files.
+pub const KERNEL_SOURCE: &str = concat!(
+    include_str!("kernels/common.cu"),
+    include_str!("kernels/layers.cu"),
+    include_str!("kernels/attention.cu"),
+    include_str!("kernels/attention_mma.cu"),
+    include_str!("kernels/attention_decode.cu"),
+    include_str!("kernels/elementwise.cu"),
+    include_str!("kernels/sampling.cu"),
+    include_str!("kernels/collective.cu"),
+);
 
 /// Bytes of cuBLAS workspace (fixed, so GEMMs can be captured).
 const BLAS_WORKSPACE: usize = 32 << 20;
@@ -96,7 +105,7 @@ pub fn attention_kernels(g: &Gpu) -> Vec<(&'static str, &CudaFunction, u32, u32)
     ]
 }
 
-/// Handles to every kernel of `kernels.cu`.
+/// Handles to every kernel of `kernels/*.cu`.
 pub struct Kernels {
     /// Embedding lookup.
     pub embed: CudaFunction,
@@ -216,7 +225,7 @@ impl Gpu {
         opts.push(format!("-DPF_WARPS={}", crate::plan::prefill_warps()));
         opts.push(format!("-DMMA_STAGES={}", crate::plan::decode_stages()));
         opts.push(format!("-DDEC_WARPS={}", crate::plan::dec_warps()));
-        // Kernel variants kept for comparison (kernels.cu names them), e.g.
+        // Kernel variants kept for comparison (the kernel files name them), e.g.
         // TANDEM_CUDA_DEFINES="TANDEM_PF_SPLIT_P".
         if let Ok(defs) = std::env::var("TANDEM_CUDA_DEFINES") {
             opts.extend(defs.split_whitespace().map(|d| format!("-D{d}")));

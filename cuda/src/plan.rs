@@ -6,7 +6,7 @@
 use tandem_engine::backend::{ForwardBatch, NO_PAGE};
 
 /// Query rows (tokens × query heads of one KV head) one attention CTA holds; matches
-/// `ATT_MAX_ROWS` in kernels.cu.
+/// `ATT_MAX_ROWS` in kernels/attention.cu.
 pub const ATT_MAX_ROWS: usize = 16;
 /// Warps of the flash-attention prefill kernel's CTA (`PF_WARPS`, which the host passes to
 /// the kernels' compiler), each owning 16 query rows of the tile; `TANDEM_PF_WARPS` (2, 4 or 8)
@@ -35,7 +35,7 @@ pub fn decode_stages() -> usize {
     })
 }
 /// Dynamic shared memory of the tensor-core decode kernel for heads of width `hd`: two warps'
-/// stages of K and V pages of 16 rows, each row padded by 8 elements (kernels.cu's `LD`).
+/// stages of K and V pages of 16 rows, each row padded by 8 elements (kernels/attention_mma.cu's `LD`).
 pub fn decode_smem_bytes(hd: usize) -> u32 {
     (2 * decode_stages() * 2 * 16 * (hd + 8) * 2) as u32
 }

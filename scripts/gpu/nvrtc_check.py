@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Compiles the CUDA backend's kernels (cuda/src/kernels.cu + attention_decode.cu, as
-`device.rs` concatenates them) with NVRTC for a GPU architecture on a machine without a GPU,
+"""Compiles the CUDA backend's kernels (cuda/src/kernels/*.cu, concatenated as `device.rs`'s
+KERNEL_SOURCE does) with NVRTC for a GPU architecture on a machine without a GPU,
 and prints ptxas's report of each kernel's registers, spills and shared memory.
 
 NVRTC comes from the PyPI wheel `nvidia-cuda-nvrtc` (no driver needed to compile):
@@ -16,7 +16,8 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SOURCES = ["cuda/src/kernels.cu", "cuda/src/attention_decode.cu"]
+SOURCES = [f"cuda/src/kernels/{n}.cu" for n in
+           ["common", "layers", "attention", "attention_mma", "attention_decode", "elementwise", "sampling", "collective"]]
 
 
 def main() -> int:
@@ -29,7 +30,7 @@ def main() -> int:
     nv = ctypes.CDLL(a.lib)
     src = "".join((ROOT / s).read_text() for s in SOURCES).encode()
     prog = ctypes.c_void_p()
-    if nv.nvrtcCreateProgram(ctypes.byref(prog), src, b"kernels.cu", 0, None, None) != 0:
+    if nv.nvrtcCreateProgram(ctypes.byref(prog), src, b"tandem_kernels.cu", 0, None, None) != 0:
         print("nvrtcCreateProgram failed")
         return 1
     # The options device.rs passes (defaults of PF_WARPS, MMA_STAGES, DEC_WARPS), plus ptxas's report.

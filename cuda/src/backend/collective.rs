@@ -6,7 +6,7 @@
 //! replace it), or — for steps of up to [`PEER_ROWS`] tokens when the GPUs reach each other's
 //! memory — [`PeerReduce`]: every rank's GEMM writes its partial product to a buffer of its own
 //! and one kernel per rank adds all partials to the residual, reading the peers' buffers across
-//! NVLink after a flag barrier (`tp_all_reduce` in kernels.cu).
+//! NVLink after a flag barrier (`tp_all_reduce` in kernels/collective.cu).
 
 use std::sync::Arc;
 
@@ -23,7 +23,7 @@ use crate::CudaError;
 pub const PEER_ROWS: usize = 512;
 /// Most blocks of the peer all-reduce kernel (flag slots per rank: this × PEER_MAX_WORLD).
 const PEER_BLOCKS: usize = 128;
-/// Most ranks the peer all-reduce kernel takes (`TP_MAX_WORLD` in kernels.cu); larger groups
+/// Most ranks the peer all-reduce kernel takes (`TP_MAX_WORLD` in kernels/collective.cu); larger groups
 /// sum through NCCL.
 pub const PEER_MAX_WORLD: usize = 8;
 

@@ -1,5 +1,5 @@
 // Tensor-core paged attention for tiles of at most 8 query rows (decode steps: one token of a
-// sequence × the query heads of one KV head), compiled after kernels.cu, whose helpers it uses.
+// sequence × the query heads of one KV head), compiled after attention_mma.cu, whose helpers it uses.
 //
 // The products run transposed: Sᵀ = K·Qᵀ puts a page's 16 positions on the mma's M and the
 // tile's query rows on its N (8), and Oᵀ += Vᵀ·Pᵀ puts 16 head dims on M, again the query rows

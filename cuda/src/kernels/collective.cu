@@ -1,0 +1,144 @@
+// KV pages in and out of the pool, and a tensor-parallel group's all-reduce over peer memory.
+
+// Pages (block ids in `blocks`) from the pool into `out`, `parts` pieces of `chunk` uint4s per
+// page, page-major; sums[page] accumulates each page's checksum (zeroed by the caller).
+extern "C" __global__ void gather_pages(const uint4* __restrict__ pool, const int* __restrict__ blocks, uint4* __restrict__ out,
+                                        int pieces, int parts, long long part_stride, int chunk, unsigned* __restrict__ sums) {
+  for (int w = blockIdx.x; w < pieces; w += gridDim.x) {
+    const int page = w / parts, part = w % parts;
+    copy_piece(pool + part * part_stride + (long long)blocks[page] * chunk, out + (long long)w * chunk, chunk, (unsigned)(part * chunk), sums + page);
+  }
+}
+
+// The inverse of gather_pages; a page whose block id is negative is checksummed, not stored.
+extern "C" __global__ void scatter_pages(const uint4* __restrict__ in, const int* __restrict__ blocks, uint4* __restrict__ pool,
+                                         int pieces, int parts, long long part_stride, int chunk, unsigned* __restrict__ sums) {
+  for (int w = blockIdx.x; w < pieces; w += gridDim.x) {
+    const int page = w / parts, part = w % parts;
+    const int b = blocks[page];
+    copy_piece(in + (long long)w * chunk, b < 0 ? nullptr : pool + part * part_stride + (long long)b * chunk, chunk, (unsigned)(part * chunk), sums + page);
+  }
+}
+
+// ---- Tensor parallelism: the all-reduce of a group's partial products over peer memory ----
+// One launch per all-reduce on every rank of a group (GPUs of one process with peer access).
+// Block b of each rank first tells every peer that its partial is complete (the release store
+// of epoch e into flags[peer][b][rank]) and waits until every peer's block b has told it the
+// same; then each rank adds x += P_0 + P_1 + ... (rank order, so every rank gets the same
+// bits) over a grid-stride slice, reading the peers' partials across NVLink. Epochs count calls
+// per block (counter[b]); a peer's partial is only rewritten two calls later (o and down
+// alternate buffers), after this rank's next barrier, so no end barrier is needed.
+__device__ __forceinline__ void st_release_sys(unsigned int* p, unsigned int v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned int ld_acquire_sys(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+#define TP_MAX_WORLD 8
+// Block b's barrier with block b of every peer, for this call's epoch (counter[b] + 1).
+__device__ __forceinline__ void tp_barrier(const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
+                                           int rank, int world) {
+  __shared__ unsigned int epoch;
+  if (threadIdx.x == 0) {
+    epoch = counter[blockIdx.x] + 1;
+    counter[blockIdx.x] = epoch;
+  }
+  __syncthreads();
+  unsigned int e = epoch;
+  int peer = threadIdx.x;
+  if (peer < world && peer != rank) {
+    __threadfence_system();
+    unsigned int* theirs = (unsigned int*)flags[peer];
+    st_release_sys(theirs + blockIdx.x * TP_MAX_WORLD + rank, e);
+    const unsigned int* mine = (const unsigned int*)flags[rank];
+    while (ld_acquire_sys(mine + blockIdx.x * TP_MAX_WORLD + peer) < e) {}
+  }
+}
+extern "C" __global__ void tp_all_reduce(float* __restrict__ x, const unsigned long long* __restrict__ partials,
+                                         const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
+                                         int rank, int world, long long n) {
+  tp_barrier(flags, counter, rank, world);
+  __syncthreads();
+  const float4* p[TP_MAX_WORLD];
+  for (int r = 0; r < world; ++r) p[r] = (const float4*)partials[r];
+  float4* x4 = (float4*)x;
+  long long n4 = n >> 2, stride = (long long)gridDim.x * blockDim.x;
+  // Two float4 per thread per round: more loads across NVLink in flight.
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += 2 * stride) {
+    long long j = i + stride;
+    bool two = j < n4;
+    float4 s = __ldcg(p[0] + i), t = two ? __ldcg(p[0] + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int r = 1; r < world; ++r) {
+      float4 v = __ldcg(p[r] + i);
+      float4 w = two ? __ldcg(p[r] + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+      t.x += w.x; t.y += w.y; t.z += w.z; t.w += w.w;
+    }
+    float4 a = x4[i];
+    a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
+    x4[i] = a;
+    if (two) {
+      float4 b = x4[j];
+      b.x += t.x; b.y += t.y; b.z += t.z; b.w += t.w;
+      x4[j] = b;
+    }
+  }
+  for (long long i = (n4 << 2) + blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) {
+    float s = __ldcg((const float*)partials[0] + i);
+    for (int r = 1; r < world; ++r) s += __ldcg((const float*)partials[r] + i);
+    x[i] += s;
+  }
+}
+
+// tp_all_reduce and then the RMSNorm that reads its sum, in one launch: block b (up to 1024
+// threads) takes rows b, b + gridDim.x, .. of x ([rows, H], H a multiple of 4) after the same
+// barrier, adds x[r] += P_0[r] + P_1[r] + ... in rank order, and writes y[r] = x[r] ·
+// rsqrt(mean(x[r]²) + eps) · w as `rmsnorm` does (its sum of squares taken in another order).
+// Each thread loads two 16-byte pieces of every rank's partial before it adds, so that a row
+// costs one round trip across NVLink, not one per piece.
+extern "C" __global__ void tp_all_reduce_norm(float* __restrict__ x, const unsigned long long* __restrict__ partials,
+                                              const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
+                                              int rank, int world, int rows, int H, const float* __restrict__ w,
+                                              h16* __restrict__ y, float eps) {
+  tp_barrier(flags, counter, rank, world);
+  __syncthreads();
+  const int n4 = H / 4, bd = blockDim.x;
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    float4* x4 = reinterpret_cast<float4*>(x + (size_t)r * H);
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n4; i += 2 * bd) {
+      const int j = i + bd;
+      const bool two = j < n4;
+      const float4* p0 = reinterpret_cast<const float4*>(partials[0]) + (size_t)r * n4;
+      float4 s = __ldcg(p0 + i), t = two ? __ldcg(p0 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int k = 1; k < world; ++k) {
+        const float4* pk = reinterpret_cast<const float4*>(partials[k]) + (size_t)r * n4;
+        float4 v = __ldcg(pk + i), u = two ? __ldcg(pk + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+        s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
+      }
+      float4 a = x4[i];
+      a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
+      x4[i] = a;
+      ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+      if (two) {
+        float4 b = x4[j];
+        b.x += t.x; b.y += t.y; b.z += t.z; b.w += t.w;
+        x4[j] = b;
+        ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+      }
+    }
+    float inv = rsqrtf(block_sum(ss) / (float)H + eps);
+    uint2* y4 = reinterpret_cast<uint2*>(y + (size_t)r * H);
+    for (int i = threadIdx.x; i < n4; i += bd) {
+      float4 v = x4[i], g = w4[i];
+      uint2 o;
+      o.x = (unsigned)f2h(v.x * inv * g.x) | ((unsigned)f2h(v.y * inv * g.y) << 16);
+      o.y = (unsigned)f2h(v.z * inv * g.z) | ((unsigned)f2h(v.w * inv * g.w) << 16);
+      y4[i] = o;
+    }
+  }
+}
