@@ -218,19 +218,7 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(CudaError::from)?;
         let (maj, min) = ctx.compute_capability().map_err(CudaError::from)?;
-        let mut opts = vec![format!("--gpu-architecture=sm_{maj}{min}"), "-default-device".into()];
-        if dtype == Dtype::F16 {
-            opts.push("-DTANDEM_F16".into());
-        }
-        opts.push(format!("-DPF_WARPS={}", crate::plan::prefill_warps()));
-        opts.push(format!("-DMMA_STAGES={}", crate::plan::decode_stages()));
-        opts.push(format!("-DDEC_WARPS={}", crate::plan::dec_warps()));
-        // Kernel variants kept for comparison (the kernel files name them), e.g.
-        // TANDEM_CUDA_DEFINES="TANDEM_PF_SPLIT_P".
-        if let Ok(defs) = std::env::var("TANDEM_CUDA_DEFINES") {
-            opts.extend(defs.split_whitespace().map(|d| format!("-D{d}")));
-        }
-        let cubin = nvrtc_cubin(KERNEL_SOURCE, &opts)?;
+        let cubin = nvrtc_cubin(KERNEL_SOURCE, &kernel_options(&format!("sm_{maj}{min}"), dtype))?;
         let m = ctx.load_module(Ptx::from_binary(cubin)).map_err(CudaError::from)?;
         let f = |name: &str| m.load_function(name).map_err(CudaError::from);
         let k = Kernels {
@@ -550,6 +538,23 @@ pub fn rope_config(tokens: usize, head_dim: usize) -> LaunchConfig {
         block_dim: (32 * ROPE_WARPS, 1, 1),
         shared_mem_bytes: (head_dim as u32) * (1 + ROPE_WARPS) * 4,
     }
+}
+
+/// NVRTC's options for [`KERNEL_SOURCE`] on GPU architecture `arch` (e.g. `sm_90`) for models
+/// in `dtype`: the kernels' sizes the host plans with, and the variants `TANDEM_CUDA_DEFINES`
+/// names for comparison (e.g. `TANDEM_CUDA_DEFINES="TANDEM_PF_SPLIT_P"`).
+pub fn kernel_options(arch: &str, dtype: Dtype) -> Vec<String> {
+    let mut opts = vec![format!("--gpu-architecture={arch}"), "-default-device".into()];
+    if dtype == Dtype::F16 {
+        opts.push("-DTANDEM_F16".into());
+    }
+    opts.push(format!("-DPF_WARPS={}", crate::plan::prefill_warps()));
+    opts.push(format!("-DMMA_STAGES={}", crate::plan::decode_stages()));
+    opts.push(format!("-DDEC_WARPS={}", crate::plan::dec_warps()));
+    if let Ok(defs) = std::env::var("TANDEM_CUDA_DEFINES") {
+        opts.extend(defs.split_whitespace().map(|d| format!("-D{d}")));
+    }
+    opts
 }
 
 /// Compiles CUDA C++ to a CUBIN for one real architecture (no driver JIT at load time).

@@ -3,10 +3,13 @@
 KERNEL_SOURCE does) with NVRTC for a GPU architecture on a machine without a GPU,
 and prints ptxas's report of each kernel's registers, spills and shared memory.
 
-NVRTC comes from the PyPI wheel `nvidia-cuda-nvrtc` (no driver needed to compile):
+NVRTC comes from the PyPI wheel `nvidia-cuda-nvrtc` (no driver needed to compile; `.ci/run`
+fetches 13.0.88, the GPU hosts' version, into $TMPDIR/tandem-nvrtc-13.0.88 for the
+`kernels_compile` test):
 
-    pip download nvidia-cuda-nvrtc --no-deps -d /tmp/nvrtc && (cd /tmp/nvrtc && unzip -q -o *.whl)
-    python3 scripts/gpu/nvrtc_check.py --lib /tmp/nvrtc/nvidia/cu13/lib/libnvrtc.so.13 [-D DEF ...] [--arch sm_90]
+    python3 scripts/gpu/nvrtc_check.py --lib /tmp/tandem-nvrtc-13.0.88/nvidia/cu13/lib/libnvrtc.so.13 [-D DEF ...] [--arch sm_90]
+
+The options are `device.rs`'s `kernel_options` with its defaults.
 
 Exit status 1 when the source does not compile.
 """
