@@ -8,31 +8,23 @@ use tandem_engine::backend::{ForwardBatch, NO_PAGE};
 /// Query rows (tokens × query heads of one KV head) one attention CTA holds; matches
 /// `ATT_MAX_ROWS` in kernels/attention.cu.
 pub const ATT_MAX_ROWS: usize = 16;
+/// `var` as a count when `ok` accepts it, else `default` (the comparison switches below).
+fn env_count(var: &str, ok: impl Fn(&usize) -> bool, default: usize) -> usize {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).filter(ok).unwrap_or(default)
+}
 /// Warps of the flash-attention prefill kernel's CTA (`PF_WARPS`, which the host passes to
 /// the kernels' compiler), each owning 16 query rows of the tile; `TANDEM_PF_WARPS` (2, 4 or 8)
 /// overrides it for comparison.
 pub fn prefill_warps() -> usize {
     static WARPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *WARPS.get_or_init(|| {
-        std::env::var("TANDEM_PF_WARPS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|w| matches!(w, 2 | 4 | 8))
-            .unwrap_or(4)
-    })
+    *WARPS.get_or_init(|| env_count("TANDEM_PF_WARPS", |w| matches!(w, 2 | 4 | 8), 4))
 }
 /// Pages each warp of the tensor-core decode kernel holds in shared memory (`MMA_STAGES`, which
 /// the host passes to the kernels' compiler): the one it works on and the rest copied ahead;
 /// `TANDEM_MMA_STAGES` (2, 3 or 4) overrides the default of 2 for comparison.
 pub fn decode_stages() -> usize {
     static STAGES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *STAGES.get_or_init(|| {
-        std::env::var("TANDEM_MMA_STAGES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|s| matches!(s, 2..=4))
-            .unwrap_or(2)
-    })
+    *STAGES.get_or_init(|| env_count("TANDEM_MMA_STAGES", |s| matches!(s, 2..=4), 2))
 }
 /// Dynamic shared memory of the tensor-core decode kernel for heads of width `hd`: two warps'
 /// stages of K and V pages of 16 rows, each row padded by 8 elements (kernels/attention_mma.cu's `LD`).
@@ -43,13 +35,7 @@ pub fn decode_smem_bytes(hd: usize) -> u32 {
 /// compiler); `TANDEM_DEC_WARPS` (1, 2 or 4) overrides the default of 2 for comparison.
 pub fn dec_warps() -> usize {
     static WARPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *WARPS.get_or_init(|| {
-        std::env::var("TANDEM_DEC_WARPS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|w| matches!(w, 1 | 2 | 4))
-            .unwrap_or(2)
-    })
+    *WARPS.get_or_init(|| env_count("TANDEM_DEC_WARPS", |w| matches!(w, 1 | 2 | 4), 2))
 }
 /// Dynamic shared memory of the small-tile decode kernel (`attention_dec*`): each warp's
 /// stages of K and V pages, as [`decode_smem_bytes`] per warp (its end-of-kernel exchange of
@@ -332,13 +318,7 @@ pub fn attention_splits(
 /// comparison.
 fn split_ctas_per_sm() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("TANDEM_SPLIT_CTAS_PER_SM")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|n| (1..=8).contains(n))
-            .unwrap_or(2)
-    })
+    *N.get_or_init(|| env_count("TANDEM_SPLIT_CTAS_PER_SM", |n| (1..=8).contains(n), 2))
 }
 
 /// The batch sizes that get a captured decode graph: 1, 2, 4, 8, then every 16 up to `max`.

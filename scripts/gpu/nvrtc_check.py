@@ -7,7 +7,10 @@ NVRTC comes from the PyPI wheel `nvidia-cuda-nvrtc` (no driver needed to compile
 fetches 13.0.88, the GPU hosts' version, into $TMPDIR/tandem-nvrtc-13.0.88 for the
 `kernels_compile` test):
 
-    python3 scripts/gpu/nvrtc_check.py --lib /tmp/tandem-nvrtc-13.0.88/nvidia/cu13/lib/libnvrtc.so.13 [-D DEF ...] [--arch sm_90]
+    L=/tmp/tandem-nvrtc-13.0.88/nvidia/cu13/lib
+    LD_LIBRARY_PATH=$L python3 scripts/gpu/nvrtc_check.py --lib $L/libnvrtc.so.13 [-D DEF ...] [--arch sm_90]
+
+(its builtins library is found through LD_LIBRARY_PATH).
 
 The options are `device.rs`'s `kernel_options` with its defaults.
 

@@ -85,7 +85,6 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
     return i < npages ? bt[(c0 + i * MMA_PAGE) / block_size] : 0;
   };
   int jb = 0, blk_now = page_block(lane), blk_next = page_block(32 + lane);
-  constexpr int CHUNKS = MMA_PAGE * HD / 8 / 32;  // 16-byte copies per lane per page of K (or V)
   // Copies the warp's j-th page (K and V of this KV head) into buffer b (j ascending).
   auto issue = [&](int j, int b) {
     if (j - jb >= 32) {
@@ -96,14 +95,7 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
     const int blk = __shfl_sync(0xffffffffu, blk_now, j - jb);
     const int p0 = c0 + (warp + j * DEC_WARPS) * MMA_PAGE, off = p0 % block_size;
     const size_t base = ((size_t)(blk * nkv + kvh) * block_size + off) * hd;
-#pragma unroll
-    for (int c = 0; c < CHUNKS; c++) {
-      int e = lane + c * 32, r = e / (HD / 8), col = (e % (HD / 8)) * 8;
-      unsigned ks = smem_addr(&stage[warp][b][0][r * LD + col]), vs = smem_addr(&stage[warp][b][1][r * LD + col]);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ks), "l"(k_cache + base + r * HD + col));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(vs), "l"(v_cache + base + r * HD + col));
-    }
-    asm volatile("cp.async.commit_group;");
+    copy_page_async<HD, LD>(stage[warp][b][0], stage[warp][b][1], k_cache, v_cache, base, lane);
   };
   int buf = 0;
 #pragma unroll

@@ -170,13 +170,27 @@ __device__ __forceinline__ void pv_mma(float (&o0)[4], float (&o1)[4], const uns
   }
 }
 
+// One 16-position page of a KV head's K and V (`base`: its first element in either cache) into
+// a warp's shared rows of LD elements (`ks`, `vs`), by cp.async, 16 bytes per copy, then one
+// commit group: the decode kernels' page copy.
+template <int HD, int LD>
+__device__ __forceinline__ void copy_page_async(h16* ks, h16* vs, const h16* __restrict__ k_cache,
+                                                const h16* __restrict__ v_cache, size_t base, int lane) {
+#pragma unroll
+  for (int c = 0; c < MMA_PAGE * HD / 8 / 32; c++) {
+    int e = lane + c * 32, r = e / (HD / 8), col = (e % (HD / 8)) * 8;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(ks + r * LD + col)), "l"(k_cache + base + r * HD + col));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(vs + r * LD + col)), "l"(v_cache + base + r * HD + col));
+  }
+  asm volatile("cp.async.commit_group;");
+}
+
 template <int HD>
 __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
   constexpr int LD = HD + 8;           // padded shared row (16-bit elements): conflict-free ldmatrix
   constexpr int PAGE = MMA_PAGE * LD;  // one page of K or V
   constexpr int KS = HD / 16;          // k-steps of Q·Kᵀ
   constexpr int NT = HD / 8;           // n-tiles of the output
-  constexpr int CHUNKS = MMA_PAGE * HD / 8 / 32;  // 16-byte copies per lane per page of K (or V)
   // Dynamic shared memory (`plan::decode_smem_bytes`): beyond 48 KiB with three stages.
   extern __shared__ __align__(16) unsigned char mma_smem[];
   auto stage = reinterpret_cast<h16 (*)[MMA_STAGES][2][PAGE]>(mma_smem);
@@ -208,14 +222,7 @@ __device__ __forceinline__ void attention_mma_impl(ATTENTION_ARGS) {
     int p0 = c0 + i * MMA_PAGE;
     int blk = bt[p0 / block_size], off = p0 % block_size;
     size_t base = ((size_t)(blk * nkv + kvh) * block_size + off) * hd;
-#pragma unroll
-    for (int c = 0; c < CHUNKS; c++) {
-      int e = lane + c * 32, r = e / (HD / 8), col = (e % (HD / 8)) * 8;
-      unsigned ks = smem_addr(&stage[warp][b][0][r * LD + col]), vs = smem_addr(&stage[warp][b][1][r * LD + col]);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ks), "l"(k_cache + base + r * HD + col));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(vs), "l"(v_cache + base + r * HD + col));
-    }
-    asm volatile("cp.async.commit_group;");
+    copy_page_async<HD, LD>(stage[warp][b][0], stage[warp][b][1], k_cache, v_cache, base, lane);
   };
   // The warp's pages are warp, warp + MMA_WARPS, ...: its j-th goes to buffer j % MMA_STAGES,
   // copied MMA_STAGES - 1 pages ahead of use (one commit group per page; an empty group where
