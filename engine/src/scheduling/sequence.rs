@@ -286,7 +286,9 @@ impl Sequence {
         if self.params.logprobs.is_some() {
             self.output.logprobs.push(s);
         }
-        let p = self.params.clone();
+        // The parameters are read in place: this runs for every token of every sequence.
+        let p = &self.params;
+        let (detokenize, max_tokens) = (p.detokenize, p.max_tokens);
         let n_out = self.num_output_tokens();
         let may_stop = n_out >= p.min_tokens;
         // A requested stop token is the stop reason; end-of-sequence has none (as in vLLM).
@@ -305,10 +307,11 @@ impl Sequence {
             g.is_complete()
         });
         let prev_len = self.output.text.len();
-        if p.detokenize {
+        if detokenize {
             let piece = self.output.detok.push(tok, id)?;
             self.output.text.push_str(&piece);
         }
+        let p = &self.params;
         if may_stop && !p.stop.is_empty() {
             if let Some((at, stop)) = find_stop(&self.output.text, prev_len, &p.stop) {
                 let end = if p.include_stop_str_in_output { at + stop.len() } else { at };
@@ -319,15 +322,15 @@ impl Sequence {
         }
         if grammar_done {
             // The constrained text is complete: nothing may follow it.
-            if p.detokenize {
+            if detokenize {
                 let tail = self.output.detok.flush(tok)?;
                 self.output.text.push_str(&tail);
             }
             self.finish(FinishReason::Stop, None);
             return Ok(true);
         }
-        if n_out >= p.max_tokens || self.token_ids.len() >= max_model_len {
-            if p.detokenize {
+        if n_out >= max_tokens || self.token_ids.len() >= max_model_len {
+            if detokenize {
                 let tail = self.output.detok.flush(tok)?;
                 self.output.text.push_str(&tail);
             }
