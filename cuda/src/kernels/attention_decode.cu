@@ -10,8 +10,7 @@
 //
 // Grid (nkv, tile entries) and split outputs as `attention`; DEC_WARPS warps per CTA, each
 // walking every DEC_WARPS-th 16-position page of the split with MMA_STAGES - 1 pages copied
-// ahead by cp.async (K and V to shared memory, rows padded for conflict-free ldmatrix), the
-// pages' block-table entries loaded 32 at a time ahead of the copies that need them. The
+// ahead by cp.async (K and V to shared memory, rows padded for conflict-free ldmatrix). The
 // weights P pass from the Sᵀ accumulators (a lane holds positions g, g + 8 of rows 2t, 2t + 1)
 // to the B operand (positions 2t.., 2t + 8.. of row g) through 256 bytes of shared memory per
 // warp and one transposing ldmatrix. Scores are in base-2 units (scale · log₂e folded into Q).
@@ -77,23 +76,11 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   for (int mt = 0; mt < KS; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
 
   const int npages = (c1 - c0 + MMA_PAGE - 1) / MMA_PAGE;
-  // The warp's j-th page is warp + j·DEC_WARPS. Lane l holds the block of its page jb + l and
-  // of page jb + 32 + l, loaded ahead, so a copy finds its address by a shuffle instead of
-  // waiting for a global load.
-  auto page_block = [&](int j) -> int {
-    const int i = warp + j * DEC_WARPS;
-    return i < npages ? bt[(c0 + i * MMA_PAGE) / block_size] : 0;
-  };
-  int jb = 0, blk_now = page_block(lane), blk_next = page_block(32 + lane);
-  // Copies the warp's j-th page (K and V of this KV head) into buffer b (j ascending).
+  // Copies the warp's j-th page (warp + j·DEC_WARPS of the split: K and V of this KV head)
+  // into buffer b.
   auto issue = [&](int j, int b) {
-    if (j - jb >= 32) {
-      jb += 32;
-      blk_now = blk_next;
-      blk_next = page_block(jb + 32 + lane);
-    }
-    const int blk = __shfl_sync(0xffffffffu, blk_now, j - jb);
-    const int p0 = c0 + (warp + j * DEC_WARPS) * MMA_PAGE, off = p0 % block_size;
+    const int p0 = c0 + (warp + j * DEC_WARPS) * MMA_PAGE;
+    const int blk = bt[p0 / block_size], off = p0 % block_size;
     const size_t base = ((size_t)(blk * nkv + kvh) * block_size + off) * hd;
     copy_page_async<HD, LD>(stage[warp][b][0], stage[warp][b][1], k_cache, v_cache, base, lane);
   };
