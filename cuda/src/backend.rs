@@ -26,6 +26,7 @@ mod batch;
 mod collective;
 mod graphs;
 mod pages;
+mod residual;
 mod sampling;
 mod switches;
 
@@ -419,7 +420,7 @@ impl CudaBackend {
             let kc = kv_base + 2 * self.kv_offset(page_layer, 0) as u64;
             let vc = kv_base + 2 * self.kv_offset(page_layer, 1) as u64;
             let (qn, kn) = (l.q_norm.as_ref().map_or(0, ptr), l.k_norm.as_ref().map_or(0, ptr));
-            let cfg = crate::device::rope_config(t, c.head_dim);
+            let cfg = crate::device::rope_config(t, c.num_heads + 2 * c.num_kv_heads);
             // Half-precision queries only for long chunks that attend through cuBLAS.
             let q16 = match long.is_empty() || self.prefill_kernel().is_some() {
                 true => 0,
@@ -563,44 +564,6 @@ impl CudaBackend {
             g.gemm(logit_rows, c.vocab_size, h, hb, ptr(w.head()), ptr(&a.logits), true, false)?;
         }
         Ok(())
-    }
-
-    /// Projection `which` (0: attention output, 1: down) of `t` rows of width `k` into the
-    /// residual stream: accumulated into it (summed across a tensor-parallel group), or, with a
-    /// post-norm (Gemma), written aside, normed and then added. True when the group's
-    /// all-reduce also applied `next_norm` (the RMSNorm that reads the sum) into the 16-bit
-    /// activations.
-    #[allow(clippy::too_many_arguments)]
-    fn project_into_residual(
-        &self,
-        t: usize,
-        k: usize,
-        a: u64,
-        w: u64,
-        post_norm: Option<&CudaSlice<f32>>,
-        which: usize,
-        next_norm: Option<u64>,
-    ) -> Result<bool, CudaError> {
-        let (g, h) = (&self.gpu, self.cfg.hidden_size);
-        let Some(norm) = post_norm else {
-            let (dst, add) = self.reduce_target(which, t * h);
-            g.gemm(t, h, k, a, w, dst, true, add)?;
-            return self.all_reduce(which, t, next_norm);
-        };
-        let proj = ptr(&self.a.proj);
-        g.gemm(t, h, k, a, w, proj, true, false)?;
-        let (hi, eps) = (h as i32, self.cfg.rms_norm_eps);
-        let cfg = LaunchConfig {
-            grid_dim: (t as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: rmsnorm_add(float* x, const float* y, const float* w, int H, float eps) over t
-        // rows of the residual and of `proj` (sized for the post-norm models' t × h).
-        unsafe {
-            g.launch(&g.k.rmsnorm_add, cfg, &[&ptr(&self.a.x), &proj, &ptr(norm), &hi, &eps])?
-        };
-        Ok(false)
     }
 
     /// Runs a pass, through a graph when one fits, leaving logits on the device: a graph's row

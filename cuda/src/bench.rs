@@ -275,6 +275,39 @@ pub fn decode(
     Ok(rows)
 }
 
+/// One decode step of `batch` sequences (contexts over `context`, as [`decode`]) replayed from
+/// its graph on GPU 0: the median of 20 replays, ms, then one more replay between
+/// `cuProfilerStart` and `cuProfilerStop`, so a profiler started with its collection off
+/// (`ncu --profile-from-start off`) sees exactly one step's kernels.
+pub fn step_for_profiler(
+    cfg: &ModelConfig,
+    batch: usize,
+    context: (usize, usize),
+) -> Result<f64, CudaError> {
+    let bs = 16;
+    let hi = context.1.max(context.0);
+    let opts = CudaBackendOptions {
+        num_blocks: Some(batch * (hi + 1).div_ceil(bs)),
+        max_num_batched_tokens: 2048,
+        max_model_len: hi + bs,
+        max_graph_batch: batch,
+        ..Default::default()
+    };
+    let mut be = crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(1), opts)?;
+    let b = decode_batch(batch, (context.0, hi), bs);
+    be.forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
+    let ms = be.replay_ms(&b, 20)?;
+    // SAFETY: the profiler calls take no arguments and only mark a collection range.
+    unsafe {
+        cudarc::driver::sys::cuProfilerStart().result().map_err(CudaError::from)?;
+    }
+    be.replay_ms(&b, 1)?;
+    unsafe {
+        cudarc::driver::sys::cuProfilerStop().result().map_err(CudaError::from)?;
+    }
+    Ok(ms)
+}
+
 /// One prefill measurement.
 #[derive(Debug, Clone)]
 pub struct PrefillRow {

@@ -528,15 +528,15 @@ impl<T: DeviceRepr> KernelArg for T {
     }
 }
 
-/// Warps of a `qkv_rope_store` block (one token per block, one head per warp at a time).
-const ROPE_WARPS: u32 = 8;
+/// Warps of a `qkv_rope_store` block (one head per warp).
+const ROPE_WARPS: u32 = 4;
 
-/// The launch of `qkv_rope_store` over `tokens` tokens of heads `head_dim` wide.
-pub fn rope_config(tokens: usize, head_dim: usize) -> LaunchConfig {
+/// The launch of `qkv_rope_store` over `tokens` tokens of `heads` heads (q, k and v together).
+pub fn rope_config(tokens: usize, heads: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (tokens as u32, 1, 1),
+        grid_dim: (tokens as u32, (heads as u32).div_ceil(ROPE_WARPS), 1),
         block_dim: (32 * ROPE_WARPS, 1, 1),
-        shared_mem_bytes: (head_dim as u32) * (1 + ROPE_WARPS) * 4,
+        shared_mem_bytes: 0,
     }
 }
 

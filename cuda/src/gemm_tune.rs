@@ -1,15 +1,18 @@
 //! What choosing a GEMM's algorithm by measurement would gain: each of a model's decode-step
 //! GEMMs (`Gpu::gemm`'s layout: row-major `C = A·Wᵀ`, 16-bit inputs, f32 or 16-bit out), run
 //! through `cublasGemmEx` with cuBLAS's own choice, against every algorithm cuBLASLt's
-//! heuristic offers for the same operation. Each side is timed as 20 calls captured in one
-//! CUDA graph (as decode steps run), so launch costs are the graph's, not the host's.
+//! heuristic offers for the same operation, and against the same product cut along `k` into
+//! 2, 4 or 8 slices run as one strided-batched call (each slice's partial sum written apart,
+//! for a following kernel to add up). Each is timed as 20 calls captured in one CUDA graph (as
+//! decode steps run), so launch costs are the graph's, not the host's; the split calls read 20
+//! different weight matrices, as a step's layers do (from DRAM, not from the L2 cache).
 
 use std::ffi::c_void;
 
 use cudarc::cublaslt::{result as lr, sys as lsys};
 use cudarc::driver::sys as dsys;
 
-use crate::device::{ptr, time_ms, Dtype, Gpu};
+use crate::device::{ptr, time_ms, Dtype, Gpu, Operand};
 use crate::CudaError;
 
 /// Calls per captured graph.
@@ -40,6 +43,37 @@ pub struct GemmTiming {
     pub first_us: f64,
     /// Candidates that ran.
     pub candidates: usize,
+    /// cuBLAS's choice on 20 different weight matrices, µs per call.
+    pub cold_us: f64,
+    /// The product cut into `s` slices of `k` (strided-batched, partial sums apart), on 20
+    /// different weight matrices: `(s, µs per call)` for each `s` that divides `k` into
+    /// multiples of 64.
+    pub split_us: Vec<(usize, f64)>,
+}
+
+/// Split-K variants timed by [`run`].
+pub const SPLITS: [usize; 3] = [2, 4, 8];
+
+/// `C_s = A[:, s·kc..(s+1)·kc] · W[:, s·kc..(s+1)·kc]ᵀ` for `s < splits`, `kc = k / splits`:
+/// the product of [`Gpu::gemm`]'s layout cut along k, each slice's partial sum written apart
+/// (row-major `m×n` f32 at `c + s·m·n`), in one strided-batched call.
+#[allow(clippy::too_many_arguments)]
+fn gemm_split_k(
+    g: &Gpu,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: u64,
+    w: u64,
+    c: u64,
+    splits: usize,
+) -> Result<(), CudaError> {
+    let kc = k / splits;
+    // Column-major Cᵀ_s (n×m) = W_s (k×n stored, transposed) · A_sᵀ (k×m), slices kc apart.
+    let wo = Operand { ptr: w, ld: k, stride: kc, trans: true };
+    let ao = Operand { ptr: a, ld: k, stride: kc, trans: false };
+    let co = Operand { ptr: c, ld: n, stride: m * n, trans: false };
+    g.gemm_batched(g.dtype, n, m, kc, 1.0, wo, ao, 0.0, co, true, splits)
 }
 
 fn lt(st: lsys::cublasStatus_t, what: &str) -> Result<(), CudaError> {
@@ -88,6 +122,22 @@ pub fn run(
         let c = g.zeros::<f32>(m * n)?;
         let (ap, wp, cp) = (ptr(&a), ptr(&w), ptr(&c));
         let default_us = graph_us(g, reps, || g.gemm(m, n, k, ap, wp, cp, c_f32, false))?;
+        // The same on CALLS different weight matrices (a step's layers), then cut along k.
+        let ws_cold = g.zeros::<u16>(CALLS * n * k)?;
+        let parts = g.zeros::<f32>(SPLITS[SPLITS.len() - 1] * m * n)?;
+        let (wc, pp) = (ptr(&ws_cold), ptr(&parts));
+        let mut i = 0usize;
+        let mut next_w = || {
+            i = (i + 1) % CALLS;
+            wc + (2 * i * n * k) as u64
+        };
+        let cold_us = graph_us(g, reps, || g.gemm(m, n, k, ap, next_w(), cp, c_f32, false))?;
+        let mut split_us = Vec::new();
+        for s in SPLITS.into_iter().filter(|&s| k % (64 * s) == 0) {
+            let us = graph_us(g, reps, || gemm_split_k(g, m, n, k, ap, next_w(), pp, s))?;
+            split_us.push((s, us));
+        }
+        drop((ws_cold, parts));
         let ab = match g.dtype {
             Dtype::Bf16 => lsys::cudaDataType_t::CUDA_R_16BF,
             Dtype::F16 => lsys::cudaDataType_t::CUDA_R_16F,
@@ -200,6 +250,8 @@ pub fn run(
             best_index,
             first_us: times.first().copied().unwrap_or(f64::INFINITY),
             candidates: times.len(),
+            cold_us,
+            split_us,
         });
         unsafe {
             lsys::cublasLtMatmulPreferenceDestroy(pref);

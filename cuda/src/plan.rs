@@ -32,10 +32,13 @@ pub fn decode_smem_bytes(hd: usize) -> u32 {
     (2 * decode_stages() * 2 * 16 * (hd + 8) * 2) as u32
 }
 /// Warps of the small-tile tensor-core decode kernel's CTA (`DEC_WARPS`, passed to the kernels'
-/// compiler); `TANDEM_DEC_WARPS` (1, 2 or 4) overrides the default of 2 for comparison.
+/// compiler); `TANDEM_DEC_WARPS` (1, 2 or 4) overrides the default of 4 for comparison. Four
+/// warps keep twice the pages of a long context in flight as two: on an H100, Qwen3-0.6B's
+/// steps over contexts of 100–2,048 positions took 1–4 % less at batch 1–256 and the 8B
+/// shape's within 0.8 % either way (docs/gpu-runs/h100-2026-11-28-step-kernels/).
 pub fn dec_warps() -> usize {
     static WARPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *WARPS.get_or_init(|| env_count("TANDEM_DEC_WARPS", |w| matches!(w, 1 | 2 | 4), 2))
+    *WARPS.get_or_init(|| env_count("TANDEM_DEC_WARPS", |w| matches!(w, 1 | 2 | 4), 4))
 }
 /// Dynamic shared memory of the small-tile decode kernel (`attention_dec*`): each warp's
 /// stages of K and V pages, as [`decode_smem_bytes`] per warp (its end-of-kernel exchange of

@@ -41,7 +41,7 @@ def main() -> int:
         return 1
     # The options device.rs passes (defaults of PF_WARPS, MMA_STAGES, DEC_WARPS), plus ptxas's report.
     opts = [f"--gpu-architecture={a.arch}", "-default-device", "-DPF_WARPS=4", "-DMMA_STAGES=2",
-            "-DDEC_WARPS=2", "--ptxas-options=--verbose"]
+            "-DDEC_WARPS=4", "--ptxas-options=--verbose"]
     opts += ["-DTANDEM_F16"] if a.f16 else []
     opts += [f"-D{d}" for d in a.D]
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])

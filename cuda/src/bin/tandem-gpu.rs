@@ -9,6 +9,8 @@
 //!                                         without KV groups (pages given back past the window)
 //! tandem-gpu bench-decode CONFIG.json [BATCHES] [CONTEXT] [TP]   e.g. 1,16,64,256 1024 (TP: GPUs 0..TP)
 //! tandem-gpu bench-prefill CONFIG.json [PROMPTS] [LEN] [TP]      e.g. 4 2048
+//! tandem-gpu step CONFIG.json BATCH [CONTEXT]   one decode step's graph, for a profiler
+//!                                         (scripts/gpu/step_kernels.py: time per kernel)
 //! tandem-gpu tp-check MODEL|CONFIG.json [TP] [PROMPTS] [STEPS]  TP GPUs against one, greedy (bf16)
 //! tandem-gpu bench-pages CONFIG.json [COUNTS] [CHUNK] [CTAS] [STAGES]  e.g. 1,16,256,4096 64 96 3 (two GPUs)
 //! ```
@@ -53,6 +55,19 @@ fn shape_and_batches(
     let c = tandem_cuda::dummy_config(Path::new(args.get(1).map_or(cfg, String::as_str)))?;
     let b = args.get(2).map_or(batches, String::as_str);
     Ok((c, b.split(',').filter_map(|s| s.parse().ok()).collect()))
+}
+
+/// One context ("1024", the default) or a spread of them ("100-2048").
+fn parse_context(arg: Option<&str>) -> Result<(usize, usize), CudaError> {
+    let s = arg.unwrap_or("1024");
+    let (lo, hi) = match s.split_once('-') {
+        Some((lo, hi)) => (lo.parse().ok(), hi.parse().ok()),
+        None => (s.parse().ok(), None),
+    };
+    match (lo, hi) {
+        (Some(lo), hi) => Ok((lo, hi.unwrap_or(lo))),
+        _ => Err(CudaError::Unsupported("context: N or LO-HI".into())),
+    }
 }
 
 fn run(args: &[String]) -> Result<bool, CudaError> {
@@ -104,15 +119,7 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
         }
         "bench-decode" => {
             let (cfg, batches) = shape_and_batches(args, "cuda/configs/llama-3-8b.json", "1,16,64,256")?;
-            // One context ("1024") or a spread of them ("100-2048").
-            let context = match arg(3).unwrap_or("1024").split_once('-') {
-                Some((lo, hi)) => (lo.parse().ok(), hi.parse().ok()),
-                None => (arg(3).unwrap_or("1024").parse().ok(), None),
-            };
-            let context = match context {
-                (Some(lo), hi) => (lo, hi.unwrap_or(lo)),
-                _ => return Err(CudaError::Unsupported("context: N or LO-HI".into())),
-            };
+            let context = parse_context(arg(3))?;
             let tp: usize = arg(4).and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
             let (name, lim) = bench::group_limits(tp)?;
             println!("[{name}] limit: device copy {:.0} GB/s (read+write; the slowest GPU), cuBLAS bf16 GEMM {:.0} TFLOP/s", lim.hbm_bytes_per_s / 1e9, lim.gemm_flops / 1e12);
@@ -145,6 +152,15 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             }
             Ok(true)
         }
+        "step" => {
+            let (cfg, batches) = shape_and_batches(args, "cuda/configs/llama-3-8b.json", "64")?;
+            let batch = batches.first().copied().unwrap_or(64).max(1);
+            let context = parse_context(arg(3))?;
+            let name = Gpu::open(0, Dtype::Bf16)?.name;
+            let ms = bench::step_for_profiler(&cfg, batch, context)?;
+            println!("[{name}] decode {} batch {batch} contexts {}-{}: step {ms:.3} ms (graph replay, median of 20); then 4 replays inside the profiler's range", cfg.name, context.0, context.1);
+            Ok(true)
+        }
         "bench-gemm" => {
             // The model's decode-step GEMMs at each batch size: cuBLAS's choice against the
             // fastest cuBLASLt candidate.
@@ -168,6 +184,8 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                     "[{}] gemm {} TP={tp} m={:>4} n={:>5} k={:>5}: cuBLAS {:.2} us, cuBLASLt first {:.2} us, best {:.2} us (candidate {} of {}) -> {:.2}x",
                     g.name, cfg.name, t.m, t.n, t.k, t.default_us, t.first_us, t.best_us, t.best_index, t.candidates, t.default_us / t.best_us
                 );
+                let splits: Vec<String> = t.split_us.iter().map(|(s, us)| format!("{s} slices {us:.2} us")).collect();
+                println!("[{}]   20 different weight matrices: cuBLAS {:.2} us; cut along k (partial sums apart): {}", g.name, t.cold_us, splits.join(", "));
             }
             println!("[{}] all shapes: cuBLAS {:.1} us, best of both {:.1} us", g.name, total.0, total.1);
             Ok(true)

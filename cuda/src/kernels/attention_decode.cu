@@ -17,7 +17,7 @@
 // With several warps, their (max, sum, accumulator) per row meet in shared memory at the end
 // and the CTA's threads combine them, writing whole rows.
 #ifndef DEC_WARPS
-#define DEC_WARPS 2
+#define DEC_WARPS 4
 #endif
 // TANDEM_DEC_COPY_ONLY measures the page copies alone (no arithmetic, wrong results).
 // Q and P as 16-bit high parts plus remainders (as `attention_mma_impl`); TANDEM_DEC_ROUND

@@ -11,13 +11,43 @@ extern "C" __global__ void embed(const int* __restrict__ tok, const h16* __restr
 
 // y[r, :] = x[src, :] * rsqrt(mean(x[src]^2) + eps) * w, src = rows ? rows[r] : r. f32 in, 16-bit out.
 // Grid: output rows.
-// Rows whose width is a multiple of 4 travel 16 bytes (4 floats in, 4 outputs) at a time.
+// Rows whose width is a multiple of 4 travel 16 bytes (4 floats in, 4 outputs) at a time; rows of
+// at most NORM_VECS such vectors per thread stay in registers between the sum and the scaling.
+#define NORM_VECS 8
 extern "C" __global__ void rmsnorm(const float* __restrict__ x, const int* __restrict__ rows,
                                    const float* __restrict__ w, h16* __restrict__ y, int H, float eps) {
   int src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + (size_t)src * H;
   h16* yr = y + (size_t)blockIdx.x * H;
   float ss = 0.f;
+  if ((H & 3) == 0 && H / 4 <= NORM_VECS * (int)blockDim.x) {
+    // The row and the weights held in registers from one round of loads.
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    uint2* y4 = reinterpret_cast<uint2*>(yr);
+    float4 v[NORM_VECS], g[NORM_VECS];
+#pragma unroll
+    for (int j = 0; j < NORM_VECS; j++) {
+      const int i = threadIdx.x + j * blockDim.x;
+      if (i < H / 4) {
+        v[j] = x4[i];
+        g[j] = w4[i];
+        ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+      }
+    }
+    float inv = rsqrtf(block_sum(ss) / (float)H + eps);
+#pragma unroll
+    for (int j = 0; j < NORM_VECS; j++) {
+      const int i = threadIdx.x + j * blockDim.x;
+      if (i < H / 4) {
+        uint2 o;
+        o.x = (unsigned)f2h(v[j].x * inv * g[j].x) | ((unsigned)f2h(v[j].y * inv * g[j].y) << 16);
+        o.y = (unsigned)f2h(v[j].z * inv * g[j].z) | ((unsigned)f2h(v[j].w * inv * g[j].w) << 16);
+        y4[i] = o;
+      }
+    }
+    return;
+  }
   if ((H & 3) == 0) {
     const float4* x4 = reinterpret_cast<const float4*>(xr);
     const float4* w4 = reinterpret_cast<const float4*>(w);
@@ -45,10 +75,13 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, const int* __res
 // optional per-head RMSNorm (Qwen3), rotary embedding, then q to `q_out` (f32, [T, nh, hd]) and, for
 // the GEMM attention path, to `q16` (IEEE half, same layout; null: not wanted), and k, v into the
 // paged cache at the token's slot (16-bit, blocks of [nkv][block_size][hd]; slot < 0 skips the
-// store). A block takes one token: the cosines and sines of its rotation angles are computed once
-// into shared memory for all its heads, and each warp takes every (blockDim.x / 32)-th of the
-// nh + 2·nkv heads, staging it in a shared row of its own. Grid: T; block: a multiple of 32
-// threads; shared: hd · (1 + warps) floats.
+// store). One warp per head, every head of every token at once: the kernel's time is one
+// round trip to memory, not one per head. A lane holds the rotation pairs (a, b) of indices
+// i = lane, lane + 32, … < hd/2 in registers (hd at most 64 · ROPE_PAIRS, the backend's 1024) and computes their
+// angles itself; a norm's sum of squares adds the pairs' first elements, then their second
+// (for hd/2 a multiple of 32 that is the order i = lane, lane + 32, … over the whole head).
+// Grid: (T, ⌈(nh + 2·nkv) / warps⌉); block: warps · 32 threads.
+#define ROPE_PAIRS 16
 extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const int* __restrict__ pos,
                                           const int* __restrict__ slot, const float* __restrict__ inv_freq,
                                           const float* __restrict__ q_norm, const float* __restrict__ k_norm,
@@ -56,62 +89,77 @@ extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const i
                                           h16* __restrict__ v_cache, int nh, int nkv, int hd,
                                           int interleaved, float eps, int block_size,
                                           const float* __restrict__ qkv_bias) {
-  extern __shared__ float rope_smem[];
-  const int half = hd / 2, t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warps = blockDim.x >> 5;
-  float* cs = rope_smem;         // cos, [half]
-  float* sn = rope_smem + half;  // sin, [half]
-  float* head = rope_smem + hd + warp * hd;
+  const int half = hd / 2, t = blockIdx.x, lane = threadIdx.x & 31;
+  const int h = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int heads = nh + 2 * nkv;
+  if (h >= heads) return;
+  // Every load is issued before any result is needed (one round trip to memory): the token's
+  // slot only decides what is stored.
+  const int s = slot[t];
   const float p = (float)pos[t];
-  for (int i = threadIdx.x; i < half; i += blockDim.x) sincosf(p * inv_freq[i], &sn[i], &cs[i]);
-  __syncthreads();
-  const int s = slot[t], heads = nh + 2 * nkv;
-  const float* row = qkv + (size_t)t * heads * hd;
-  for (int h = warp; h < heads; h += warps) {
-    if (h >= nh && s < 0) continue;  // k or v without a slot: nothing to store
-    const float* src = row + (size_t)h * hd;
-    const float* bias = qkv_bias ? qkv_bias + h * hd : nullptr;
-    if (h >= nh + nkv) {  // a value head: stored as is
-      h16* dst = v_cache + kv_index(s, h - nh - nkv, nkv, hd, block_size);
+  const float* src = qkv + ((size_t)t * heads + h) * hd;
+  const float* bias = qkv_bias ? qkv_bias + h * hd : nullptr;
+  if (h >= nh + nkv) {  // a value head: stored as is
+    if (s < 0) return;
+    h16* dst = v_cache + kv_index(s, h - nh - nkv, nkv, hd, block_size);
 #pragma unroll 4
-      for (int i = lane; i < hd; i += 32) dst[i] = f2h(bias ? src[i] + bias[i] : src[i]);
-      continue;
-    }
-    const bool is_q = h < nh;
-    const float* norm = is_q ? q_norm : k_norm;
-    float ss = 0.f;
-#pragma unroll 4
-    for (int i = lane; i < hd; i += 32) {
-      float v = bias ? src[i] + bias[i] : src[i];
-      head[i] = v;
-      ss += v * v;
-    }
-    const float inv = norm ? rsqrtf(warp_sum(ss) / (float)hd + eps) : 1.f;
-    __syncwarp();
-    float* qo = is_q ? q_out + ((size_t)t * nh + h) * hd : nullptr;
-    h16* ko = is_q ? nullptr : k_cache + kv_index(s, h - nh, nkv, hd, block_size);
-    for (int i = lane; i < half; i += 32) {
+    for (int i = lane; i < hd; i += 32) dst[i] = f2h(bias ? src[i] + bias[i] : src[i]);
+    return;
+  }
+  const bool is_q = h < nh;
+  const float* norm = is_q ? q_norm : k_norm;
+  float x0[ROPE_PAIRS], x1[ROPE_PAIRS], g0[ROPE_PAIRS], g1[ROPE_PAIRS], fr[ROPE_PAIRS];
+#pragma unroll
+  for (int j = 0; j < ROPE_PAIRS; j++) {
+    const int i = lane + 32 * j;
+    x0[j] = x1[j] = 0.f;
+    g0[j] = g1[j] = fr[j] = 0.f;
+    if (i < half) {
       const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
-      float x0 = head[a], x1 = head[b];
+      x0[j] = bias ? src[a] + bias[a] : src[a];
+      x1[j] = bias ? src[b] + bias[b] : src[b];
+      fr[j] = inv_freq[i];
       if (norm) {
-        x0 = x0 * inv * norm[a];
-        x1 = x1 * inv * norm[b];
-      }
-      const float r0 = x0 * cs[i] - x1 * sn[i], r1 = x0 * sn[i] + x1 * cs[i];
-      if (is_q) {
-        qo[a] = r0;
-        qo[b] = r1;
-        if (q16) {
-          size_t o = ((size_t)t * nh + h) * hd;
-          q16[o + a] = to_f16(r0);
-          q16[o + b] = to_f16(r1);
-        }
-      } else {
-        ko[a] = f2h(r0);
-        ko[b] = f2h(r1);
+        g0[j] = norm[a];
+        g1[j] = norm[b];
       }
     }
-    __syncwarp();  // the row is rewritten by the warp's next head
+  }
+  if (!is_q && s < 0) return;  // a key without a slot: nothing to store
+  float inv = 1.f;
+  if (norm) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < ROPE_PAIRS; j++) ss += x0[j] * x0[j];
+#pragma unroll
+    for (int j = 0; j < ROPE_PAIRS; j++) ss += x1[j] * x1[j];
+    inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
+  }
+  float* qo = is_q ? q_out + ((size_t)t * nh + h) * hd : nullptr;
+  h16* ko = is_q ? nullptr : k_cache + kv_index(s, h - nh, nkv, hd, block_size);
+#pragma unroll
+  for (int j = 0; j < ROPE_PAIRS; j++) {
+    const int i = lane + 32 * j;
+    if (i >= half) break;
+    const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+    float c, sn, u0 = x0[j], u1 = x1[j];
+    sincosf(p * fr[j], &sn, &c);
+    if (norm) {
+      u0 = u0 * inv * g0[j];
+      u1 = u1 * inv * g1[j];
+    }
+    const float r0 = u0 * c - u1 * sn, r1 = u0 * sn + u1 * c;
+    if (is_q) {
+      qo[a] = r0;
+      qo[b] = r1;
+      if (q16) {
+        size_t o = ((size_t)t * nh + h) * hd;
+        q16[o + a] = to_f16(r0);
+        q16[o + b] = to_f16(r1);
+      }
+    } else {
+      ko[a] = f2h(r0);
+      ko[b] = f2h(r1);
+    }
   }
 }
-

@@ -1,0 +1,89 @@
+//! Checks of the norm kernels: RMSNorm (with and without a row gather, at widths taking each
+//! load path) and Gemma's post-norm add.
+
+use cudarc::driver::LaunchConfig;
+use tandem_engine::backend::cpu::ops;
+
+use super::{rel_err, result, unbf, CheckResult, Rng};
+use crate::device::{ptr, Gpu};
+use crate::CudaError;
+
+/// Gemma's norm of a sub-layer's output added to the residual, against the CPU formula.
+pub(super) fn rmsnorm_add(g: &Gpu) -> Result<CheckResult, CudaError> {
+    let (rows, h, eps) = (5, 640, 1e-6f32);
+    let mut r = Rng::new(12);
+    let (x, y, w) = (r.vec(rows * h, 2.0), r.vec(rows * h, 30.0), r.vec(h, 1.5));
+    let mut want = x.clone();
+    for (xr, yr) in want.chunks_exact_mut(h).zip(y.chunks_exact(h)) {
+        let ms = yr.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / h as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        for ((a, b), c) in xr.iter_mut().zip(yr).zip(&w) {
+            *a += (*b as f64 * inv * *c as f64) as f32;
+        }
+    }
+    let (dx, dy, dw) = (g.upload(&x)?, g.upload(&y)?, g.upload(&w)?);
+    let hi = h as i32;
+    let cfg =
+        LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: rmsnorm_add(float*, const float*, const float*, int, float) over rows × h.
+    unsafe { g.launch(&g.k.rmsnorm_add, cfg, &[&ptr(&dx), &ptr(&dy), &ptr(&dw), &hi, &eps])? };
+    let got = g.read(&dx, rows * h)?;
+    Ok(result("post-norm add f32 (tol 1e-5 rel)", rel_err(&got, &want, 1.0), 1e-5))
+}
+
+pub(super) fn rmsnorm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
+    // A width of a multiple of 4 (16-byte loads) and one that is not (scalar loads).
+    // Widths held in registers (576, 4096), past them (8200), and not a multiple of 4 (574).
+    let mut out = rmsnorm_at(g, u, 576)?;
+    for h in [4096, 8200, 574] {
+        out.extend(rmsnorm_at(g, u, h)?);
+    }
+    Ok(out)
+}
+
+fn rmsnorm_at(g: &Gpu, u: f64, h: usize) -> Result<Vec<CheckResult>, CudaError> {
+    let (rows, eps) = (13, 1e-5f32);
+    let mut r = Rng::new(3);
+    let x = r.vec(rows * h, 3.0);
+    let w = r.vec(h, 1.0);
+    let mut want = vec![0f32; rows * h];
+    ops::rms_norm(&x, &w, eps, &mut want);
+    let (dx, dw, dy) = (g.upload(&x)?, g.upload(&w)?, g.zeros::<u16>(rows * h)?);
+    let hi = h as i32;
+    let cfg = |n: usize| LaunchConfig {
+        grid_dim: (n as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: rmsnorm(const float*, const int*, const float*, h16*, int, float).
+    unsafe {
+        g.launch(&g.k.rmsnorm, cfg(rows), &[&ptr(&dx), &0u64, &ptr(&dw), &ptr(&dy), &hi, &eps])?
+    };
+    let got = unbf(&g.read(&dy, rows * h)?);
+    let sel = [12i32, 0, 5];
+    let dsel = g.upload(&sel)?;
+    // SAFETY: as above, gathering rows `sel`.
+    unsafe {
+        g.launch(
+            &g.k.rmsnorm,
+            cfg(sel.len()),
+            &[&ptr(&dx), &ptr(&dsel), &ptr(&dw), &ptr(&dy), &hi, &eps],
+        )?
+    };
+    let got_sel = unbf(&g.read(&dy, sel.len() * h)?);
+    let want_sel: Vec<f32> =
+        sel.iter().flat_map(|&i| want[i as usize * h..(i as usize + 1) * h].to_vec()).collect();
+    Ok(vec![
+        // Output rounded to 16 bits: within u relative (plus a floor for values near zero).
+        result(
+            &format!("rmsnorm f32→16-bit, width {h} (tol 1.05u)"),
+            rel_err(&got, &want, 1e-2),
+            1.05 * u,
+        ),
+        result(
+            &format!("rmsnorm with row gather, width {h} (tol 1.05u)"),
+            rel_err(&got_sel, &want_sel, 1e-2),
+            1.05 * u,
+        ),
+    ])
+}
