@@ -465,7 +465,7 @@ impl CudaBackend {
                 let (f, cfg) = match (self.dec_kernel(), self.mma_kernel()) {
                     (Some(f), _) if small_tiles => {
                         let shared_mem_bytes = plan::dec_smem_bytes(c.head_dim);
-                        let threads = 32 * plan::dec_warps() as u32;
+                        let threads = 32 * plan::dec_warps(c.head_dim) as u32;
                         (f, LaunchConfig { block_dim: (threads, 1, 1), shared_mem_bytes, ..cfg })
                     }
                     (_, Some(f)) => {

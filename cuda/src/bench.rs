@@ -171,6 +171,9 @@ pub struct DecodeRow {
     /// Contexts of different lengths: the same step with the attention tiles started in the
     /// batch's order instead of longest first, ms.
     pub batch_order_step_ms: Option<f64>,
+    /// On one GPU, one sequence: the same step with every product on cuBLAS instead of the
+    /// `gemv` kernel, ms.
+    pub cublas_step_ms: Option<f64>,
     /// Bytes a step must read: weights plus every sequence's KV (every GPU's together).
     pub bytes: f64,
     /// Time the HBM roofline allows for those bytes, ms (on a tensor-parallel group: for each
@@ -249,6 +252,15 @@ pub fn decode(
                 Some(ms)
             }
         };
+        let cublas_step_ms = match &mut be {
+            Under::One(one) if batch == 1 && one.gpu().gemv_on() => {
+                one.set_gemv(false);
+                let ms = one.replay_ms(&b, 20);
+                one.set_gemv(true);
+                Some(ms?)
+            }
+            _ => None,
+        };
         let all_reduce = match &mut be {
             Under::One(_) => None,
             Under::Group(g) => {
@@ -266,6 +278,7 @@ pub fn decode(
             tile_step_ms,
             rows16: (rows16_step_ms, rows16_profile),
             batch_order_step_ms,
+            cublas_step_ms,
             bytes: per_gpu * tp.max(1) as f64,
             roofline_ms: per_gpu / lim.hbm_bytes_per_s * 1e3,
             profile,

@@ -124,10 +124,18 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
 
 fn gemm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
     let mut out = gemm_shape(g, u, 37, 300, 576)?;
-    // Decode-sized (one to eight rows), as decode steps run them.
+    // Decode-sized (one to eight rows), as decode steps run them: one row on the gemv kernel
+    // (one row of w per warp; two, an odd count of them, with k not a multiple of its 256-wide
+    // step), more on cuBLAS; one row on cuBLAS too.
     for m in [1, 5, 8] {
         out.extend(gemm_shape(g, u, m, 1000, 4096)?);
     }
+    out.extend(gemm_shape(g, u, 1, 16 * g.num_sms + 1, 1000)?);
+    let was = g.gemv_on();
+    g.set_gemv(false);
+    let cublas = gemm_shape(g, u, 1, 1000, 4096);
+    g.set_gemv(was);
+    out.extend(cublas?);
     Ok(out)
 }
 
@@ -154,14 +162,26 @@ fn gemm_shape(
     g.gemm(m, n, k, ptr(&da), ptr(&dw), ptr(&cf), true, true)?;
     let got = g.read(&cf, m * n)?;
     let acc_ref: Vec<f32> = reference.iter().zip(&c0).map(|(x, y)| x + y).collect();
+    let cf2 = g.upload(&c0)?;
+    g.gemm(m, n, k, ptr(&da), ptr(&dw), ptr(&cf2), true, false)?;
+    let got_set = g.read(&cf2, m * n)?;
     let cb = g.zeros::<u16>(m * n)?;
     g.gemm(m, n, k, ptr(&da), ptr(&dw), ptr(&cb), false, false)?;
     let got_b = unbf(&g.read(&cb, m * n)?);
+    let path = match m == 1 && g.gemv_on() {
+        true => "gemv",
+        false => "cuBLAS",
+    };
     Ok(vec![
-        // f32 accumulation over 576 products of ±1 values: relative to the sum's scale (√k).
+        // f32 accumulation over k products of ±1 values: relative to the sum's scale (√k).
         result(
-            &format!("gemm {m}x{n}x{k} 16-bit→f32, accumulate"),
+            &format!("gemm {m}x{n}x{k} 16-bit→f32 ({path}), accumulate"),
             abs_err(&got, &acc_ref) / (k as f64).sqrt(),
+            1e-4,
+        ),
+        result(
+            &format!("gemm {m}x{n}x{k} 16-bit→f32 ({path}), overwrite"),
+            abs_err(&got_set, &reference) / (k as f64).sqrt(),
             1e-4,
         ),
         // 16-bit output: one rounding.
@@ -440,7 +460,7 @@ fn attention(
         (t as i32, nh as i32, nkv as i32, hd as i32, bs as i32, 1.0 / (hd as f32).sqrt());
     let threads = match kernel {
         AttKernel::Mma => 64,
-        AttKernel::Dec => 32 * crate::plan::dec_warps() as u32,
+        AttKernel::Dec => 32 * crate::plan::dec_warps(hd) as u32,
         AttKernel::Prefill => crate::plan::prefill_threads(),
         _ => 128,
     };

@@ -29,6 +29,7 @@ pub const KERNEL_SOURCE: &str = concat!(
     include_str!("kernels/elementwise.cu"),
     include_str!("kernels/sampling.cu"),
     include_str!("kernels/collective.cu"),
+    include_str!("kernels/gemv.cu"),
 );
 
 /// Bytes of cuBLAS workspace (fixed, so GEMMs can be captured).
@@ -92,14 +93,14 @@ impl Dtype {
 /// with (for `tandem-gpu info`'s occupancy report).
 pub fn attention_kernels(g: &Gpu) -> Vec<(&'static str, &CudaFunction, u32, u32)> {
     let k = &g.k;
-    let dec = 32 * crate::plan::dec_warps() as u32;
+    let dec = |hd: usize| 32 * crate::plan::dec_warps(hd) as u32;
     vec![
         ("attention", &k.attention, 128, 0),
         ("attention_decode", &k.attention_decode, 128, 0),
         ("attention_mma64", &k.attention_mma64, 64, crate::plan::decode_smem_bytes(64)),
         ("attention_mma128", &k.attention_mma128, 64, crate::plan::decode_smem_bytes(128)),
-        ("attention_dec64", &k.attention_dec64, dec, crate::plan::dec_smem_bytes(64)),
-        ("attention_dec128", &k.attention_dec128, dec, crate::plan::dec_smem_bytes(128)),
+        ("attention_dec64", &k.attention_dec64, dec(64), crate::plan::dec_smem_bytes(64)),
+        ("attention_dec128", &k.attention_dec128, dec(128), crate::plan::dec_smem_bytes(128)),
         ("attention_prefill64", &k.attention_prefill64, crate::plan::prefill_threads(), 0),
         ("attention_prefill128", &k.attention_prefill128, crate::plan::prefill_threads(), 0),
     ]
@@ -134,6 +135,8 @@ pub struct Kernels {
     pub silu_mul: CudaFunction,
     /// RMSNorm of a sub-layer's output added to the residual (Gemma's post-norms).
     pub rmsnorm_add: CudaFunction,
+    /// Products of one row (decode steps of one sequence), f32 out.
+    pub gemv: CudaFunction,
     /// Dummy weights.
     pub fill_random: CudaFunction,
     /// A block of a dummy weight (a tensor-parallel rank's slice).
@@ -180,6 +183,9 @@ pub struct Gpu {
     /// Free device memory when the device was opened (what this process uses is measured
     /// against it).
     pub free_at_open: usize,
+    /// Products of one row into f32 go to the `gemv` kernel (default; `TANDEM_GEMV=off` or
+    /// [`Gpu::set_gemv`] keeps every product on cuBLAS, for comparison).
+    use_gemv: std::sync::atomic::AtomicBool,
 }
 
 /// Whether the CUDA driver library can be loaded on this machine.
@@ -235,6 +241,7 @@ impl Gpu {
             attention_prefill128: f("attention_prefill128")?,
             silu_mul: f("silu_mul")?,
             rmsnorm_add: f("rmsnorm_add")?,
+            gemv: f("gemv")?,
             fill_random: f("fill_random")?,
             fill_random_block: f("fill_random_block")?,
             tp_all_reduce: f("tp_all_reduce")?,
@@ -286,6 +293,9 @@ impl Gpu {
             sm: (maj * 10 + min) as u32,
             dtype,
             free_at_open,
+            use_gemv: std::sync::atomic::AtomicBool::new(
+                std::env::var("TANDEM_GEMV").as_deref() != Ok("off"),
+            ),
         })
     }
 
@@ -396,6 +406,9 @@ impl Gpu {
         if m == 0 {
             return Ok(());
         }
+        if c_f32 && m == 1 && k.is_multiple_of(8) && self.gemv_on() {
+            return self.gemv(n, k, a, w, c, accumulate);
+        }
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
         let ctype = if c_f32 { bsys::cudaDataType_t::CUDA_R_32F } else { self.dtype.cuda() };
         // Row-major C = A·Wᵀ is column-major Cᵀ(n×m) = W(n×k, stored k-major) · Aᵀ.
@@ -427,6 +440,46 @@ impl Gpu {
             return Err(CudaError::Blas(format!("cublasGemmEx {m}x{n}x{k}: {st:?}")));
         }
         Ok(())
+    }
+}
+
+impl Gpu {
+    /// Whether products of one row take the `gemv` kernel.
+    pub fn gemv_on(&self) -> bool {
+        self.use_gemv.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Products of one row on the `gemv` kernel (on) or cuBLAS (off) from now on; graphs
+    /// captured before keep what they captured.
+    pub fn set_gemv(&self, on: bool) {
+        self.use_gemv.store(on, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// [`Gpu::gemm`] of one row into f32 on the `gemv` kernel: one warp per row of `w` over
+    /// the whole of `k`, or per two rows where that still leaves 8 warps per SM; no split of
+    /// k. On an H100 it beat cuBLAS for one row (the SmolLM2-135M shape's step 13 % faster)
+    /// and lost from two on (docs/gpu-runs/h100-2026-11-28-step-kernels/5-gemv/).
+    fn gemv(
+        &self,
+        n: usize,
+        k: usize,
+        a: u64,
+        w: u64,
+        c: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        const WARPS: usize = 4;
+        let r = if n / 2 >= 8 * self.num_sms { 2 } else { 1 };
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(r * WARPS) as u32, 1, 1),
+            block_dim: (32 * WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ni, ki, ri, acc) = (n as i32, k as i32, r as i32, accumulate as i32);
+        // SAFETY: gemv(const h16* a, const h16* w, float* y, int N, int K, int R,
+        // int accumulate): the caller's a (1×k), w (n×k) and c (1×n f32); k a multiple of 8,
+        // so every row starts 16-byte aligned.
+        unsafe { self.launch(&self.k.gemv, cfg, &[&a, &w, &c, &ni, &ki, &ri, &acc]) }
     }
 }
 
@@ -550,7 +603,8 @@ pub fn kernel_options(arch: &str, dtype: Dtype) -> Vec<String> {
     }
     opts.push(format!("-DPF_WARPS={}", crate::plan::prefill_warps()));
     opts.push(format!("-DMMA_STAGES={}", crate::plan::decode_stages()));
-    opts.push(format!("-DDEC_WARPS={}", crate::plan::dec_warps()));
+    opts.push(format!("-DDEC_WARPS64={}", crate::plan::dec_warps(64)));
+    opts.push(format!("-DDEC_WARPS128={}", crate::plan::dec_warps(128)));
     if let Ok(defs) = std::env::var("TANDEM_CUDA_DEFINES") {
         opts.extend(defs.split_whitespace().map(|d| format!("-D{d}")));
     }

@@ -31,20 +31,28 @@ pub fn decode_stages() -> usize {
 pub fn decode_smem_bytes(hd: usize) -> u32 {
     (2 * decode_stages() * 2 * 16 * (hd + 8) * 2) as u32
 }
-/// Warps of the small-tile tensor-core decode kernel's CTA (`DEC_WARPS`, passed to the kernels'
-/// compiler); `TANDEM_DEC_WARPS` (1, 2 or 4) overrides the default of 4 for comparison. Four
-/// warps keep twice the pages of a long context in flight as two: on an H100, Qwen3-0.6B's
-/// steps over contexts of 100–2,048 positions took 1–4 % less at batch 1–256 and the 8B
-/// shape's within 0.8 % either way (docs/gpu-runs/h100-2026-11-28-step-kernels/).
-pub fn dec_warps() -> usize {
-    static WARPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *WARPS.get_or_init(|| env_count("TANDEM_DEC_WARPS", |w| matches!(w, 1 | 2 | 4), 4))
+/// Warps of the small-tile tensor-core decode kernel's CTA for heads `hd` wide (`DEC_WARPS64`,
+/// `DEC_WARPS128`, passed to the kernels' compiler): 4 for heads 128 wide, 2 for 64;
+/// `TANDEM_DEC_WARPS` (1, 2 or 4) sets both for comparison. Four warps keep twice the pages
+/// of a long context in flight as two: on an H100, Qwen3-0.6B's steps over contexts of
+/// 100–2,048 positions took 1–4 % less at batch 1–256 and the 8B shape's stayed within 0.8 %;
+/// the SmolLM2-135M shape's (heads 64 wide, contexts 100–300) took 5 % more at batch 256
+/// (docs/gpu-runs/h100-2026-11-28-step-kernels/).
+pub fn dec_warps(hd: usize) -> usize {
+    static WARPS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let set = *WARPS.get_or_init(|| {
+        std::env::var("TANDEM_DEC_WARPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|w| matches!(w, 1 | 2 | 4))
+    });
+    set.unwrap_or(if hd <= 64 { 2 } else { 4 })
 }
 /// Dynamic shared memory of the small-tile decode kernel (`attention_dec*`): each warp's
 /// stages of K and V pages, as [`decode_smem_bytes`] per warp (its end-of-kernel exchange of
 /// per-warp results, at most 8 rows of f32 per warp, fits in the same bytes).
 pub fn dec_smem_bytes(hd: usize) -> u32 {
-    (dec_warps() * decode_stages() * 2 * 16 * (hd + 8) * 2) as u32
+    (dec_warps(hd) * decode_stages() * 2 * 16 * (hd + 8) * 2) as u32
 }
 /// Query rows of one tile of the prefill kernel.
 pub fn prefill_rows() -> usize {

@@ -23,7 +23,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCES = [f"cuda/src/kernels/{n}.cu" for n in
-           ["common", "layers", "attention", "attention_mma", "attention_decode", "elementwise", "sampling", "collective"]]
+           ["common", "layers", "attention", "attention_mma", "attention_decode", "elementwise", "sampling", "collective", "gemv"]]
 
 
 def main() -> int:
@@ -39,9 +39,9 @@ def main() -> int:
     if nv.nvrtcCreateProgram(ctypes.byref(prog), src, b"tandem_kernels.cu", 0, None, None) != 0:
         print("nvrtcCreateProgram failed")
         return 1
-    # The options device.rs passes (defaults of PF_WARPS, MMA_STAGES, DEC_WARPS), plus ptxas's report.
+    # The options device.rs passes (defaults of PF_WARPS, MMA_STAGES, DEC_WARPS64/128), plus ptxas's report.
     opts = [f"--gpu-architecture={a.arch}", "-default-device", "-DPF_WARPS=4", "-DMMA_STAGES=2",
-            "-DDEC_WARPS=4", "--ptxas-options=--verbose"]
+            "-DDEC_WARPS64=2", "-DDEC_WARPS128=4", "--ptxas-options=--verbose"]
     opts += ["-DTANDEM_F16"] if a.f16 else []
     opts += [f"-D{d}" for d in a.D]
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])

@@ -62,6 +62,13 @@ impl CudaBackend {
         }
     }
 
+    /// Products of one row on the `gemv` kernel (on, the default) or cuBLAS (off), for
+    /// comparison; drops the captured graphs.
+    pub fn set_gemv(&mut self, on: bool) {
+        self.gpu.set_gemv(on);
+        self.graphs.clear();
+    }
+
     /// Uses the small-tile tensor-core kernel for decode tiles (on by default), or the 16-row
     /// one for every tile (for comparisons). Graphs captured before keep their kernel.
     pub fn set_dec_attention(&mut self, on: bool) {

@@ -8,16 +8,19 @@
 // instructions per page (head width 128: 8 for S and 8 for O, 16 each with the remainders of Q
 // and P), and a warp's output accumulators are 32 registers instead of 64.
 //
-// Grid (nkv, tile entries) and split outputs as `attention`; DEC_WARPS warps per CTA, each
-// walking every DEC_WARPS-th 16-position page of the split with MMA_STAGES - 1 pages copied
+// Grid (nkv, tile entries) and split outputs as `attention`; WARPS warps per CTA (DEC_WARPS64
+// for heads 64 wide, DEC_WARPS128 for 128), each walking every WARPS-th 16-position page of the split with MMA_STAGES - 1 pages copied
 // ahead by cp.async (K and V to shared memory, rows padded for conflict-free ldmatrix). The
 // weights P pass from the Sᵀ accumulators (a lane holds positions g, g + 8 of rows 2t, 2t + 1)
 // to the B operand (positions 2t.., 2t + 8.. of row g) through 256 bytes of shared memory per
 // warp and one transposing ldmatrix. Scores are in base-2 units (scale · log₂e folded into Q).
 // With several warps, their (max, sum, accumulator) per row meet in shared memory at the end
 // and the CTA's threads combine them, writing whole rows.
-#ifndef DEC_WARPS
-#define DEC_WARPS 4
+#ifndef DEC_WARPS64
+#define DEC_WARPS64 2
+#endif
+#ifndef DEC_WARPS128
+#define DEC_WARPS128 4
 #endif
 // TANDEM_DEC_COPY_ONLY measures the page copies alone (no arithmetic, wrong results).
 // Q and P as 16-bit high parts plus remainders (as `attention_mma_impl`); TANDEM_DEC_ROUND
@@ -31,7 +34,7 @@
 #endif
 
 #if __CUDA_ARCH__ >= 800
-template <int HD>
+template <int HD, int WARPS>
 __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   constexpr int LD = HD + 8;
   constexpr int PAGE = MMA_PAGE * LD;
@@ -40,7 +43,7 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   extern __shared__ __align__(16) unsigned char mma_smem[];
   auto stage = reinterpret_cast<h16 (*)[MMA_STAGES][2][PAGE]>(mma_smem);
   // Pᵀ per warp: [high part, remainder][position][8 rows as 4 words].
-  __shared__ __align__(16) unsigned pbuf[DEC_WARPS][2][MMA_PAGE][4];
+  __shared__ __align__(16) unsigned pbuf[WARPS][2][MMA_PAGE][4];
   const int* tile = tiles + blockIdx.y * 5;
   const int row0 = tile[0], ntok = tile[1], pos0 = tile[2];
   const int* bt = block_tables + tile[3];
@@ -76,10 +79,10 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   for (int mt = 0; mt < KS; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
 
   const int npages = (c1 - c0 + MMA_PAGE - 1) / MMA_PAGE;
-  // Copies the warp's j-th page (warp + j·DEC_WARPS of the split: K and V of this KV head)
+  // Copies the warp's j-th page (warp + j·WARPS of the split: K and V of this KV head)
   // into buffer b.
   auto issue = [&](int j, int b) {
-    const int p0 = c0 + (warp + j * DEC_WARPS) * MMA_PAGE;
+    const int p0 = c0 + (warp + j * WARPS) * MMA_PAGE;
     const int blk = bt[p0 / block_size], off = p0 % block_size;
     const size_t base = ((size_t)(blk * nkv + kvh) * block_size + off) * hd;
     copy_page_async<HD, LD>(stage[warp][b][0], stage[warp][b][1], k_cache, v_cache, base, lane);
@@ -87,7 +90,7 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   int buf = 0;
 #pragma unroll
   for (int j = 0; j < MMA_STAGES - 1; j++) {
-    if (warp + j * DEC_WARPS < npages) issue(j, j);
+    if (warp + j * WARPS < npages) issue(j, j);
     else asm volatile("cp.async.commit_group;");
   }
   // This lane's ldmatrix rows: K as A (positions lane & 15, dims + 8 for lanes 16..31), Vᵀ as A
@@ -96,8 +99,8 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   const unsigned krow = (unsigned)(((lane & 15) * LD + (lane >> 4) * 8) * 2);
   const unsigned vrow = (unsigned)((((lane & 7) + ((lane >> 4) & 1) * 8) * LD + ((lane >> 3) & 1) * 8) * 2);
   const unsigned prow = smem_addr(&pbuf[warp][(lane >> 4) & 1][lane & 15][0]);
-  for (int i = warp, j = 0; i < npages; i += DEC_WARPS, j++) {
-    if (i + (MMA_STAGES - 1) * DEC_WARPS < npages) issue(j + MMA_STAGES - 1, (buf + MMA_STAGES - 1) % MMA_STAGES);
+  for (int i = warp, j = 0; i < npages; i += WARPS, j++) {
+    if (i + (MMA_STAGES - 1) * WARPS < npages) issue(j + MMA_STAGES - 1, (buf + MMA_STAGES - 1) % MMA_STAGES);
     else asm volatile("cp.async.commit_group;");
     asm volatile("cp.async.wait_group %0;" ::"n"(MMA_STAGES - 1));
     __syncwarp();
@@ -175,8 +178,8 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   // Every warp's state to shared memory (the stages are free once all warps are past them).
   asm volatile("cp.async.wait_group 0;");
   __syncthreads();
-  float* xo = reinterpret_cast<float*>(mma_smem);  // [DEC_WARPS][8][HD]
-  float* xml = xo + DEC_WARPS * 8 * HD;            // [DEC_WARPS][8][2]
+  float* xo = reinterpret_cast<float*>(mma_smem);  // [WARPS][8][HD]
+  float* xml = xo + WARPS * 8 * HD;            // [WARPS][8][2]
 #pragma unroll
   for (int c = 0; c < 2; c++) {
     float* row = xo + (warp * 8 + 2 * t + c) * HD;
@@ -193,14 +196,14 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   __syncthreads();
   // The CTA's threads combine the warps, a row's dims at a time: normalised rows to `out`, or
   // this split's accumulator and (max in natural-log units, sum) for `merge_splits`.
-  for (int e = threadIdx.x; e < nrows * HD; e += DEC_WARPS * 32) {
+  for (int e = threadIdx.x; e < nrows * HD; e += WARPS * 32) {
     const int r = e / HD, d = e % HD;
     float mm = -INFINITY;
 #pragma unroll
-    for (int wi = 0; wi < DEC_WARPS; wi++) mm = fmaxf(mm, xml[(wi * 8 + r) * 2]);
+    for (int wi = 0; wi < WARPS; wi++) mm = fmaxf(mm, xml[(wi * 8 + r) * 2]);
     float acc = 0.f, lt = 0.f;
 #pragma unroll
-    for (int wi = 0; wi < DEC_WARPS; wi++) {
+    for (int wi = 0; wi < WARPS; wi++) {
       const float mw = xml[(wi * 8 + r) * 2];
       const float a = mw == -INFINITY ? 0.f : exp2f(mw - mm);
       acc += a * xo[(wi * 8 + r) * HD + d];
@@ -223,14 +226,14 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) attention_dec64(ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS64) attention_dec64(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
-  attention_dec_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
+  attention_dec_impl<64, DEC_WARPS64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS) attention_dec128(ATTENTION_ARGS) {
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS128) attention_dec128(ATTENTION_ARGS) {
 #if __CUDA_ARCH__ >= 800
-  attention_dec_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
+  attention_dec_impl<128, DEC_WARPS128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
