@@ -15,6 +15,9 @@ pub trait KvElem: Copy + Default + PartialEq + std::fmt::Debug + Send + Sync + '
     fn from_f32(x: f32) -> Self;
     /// The value as f32 (exact).
     fn to_f32(self) -> f32;
+    /// `n` zeros from a zeroed allocation: the operating system hands over zero pages as they
+    /// are first touched, so a pool costs memory and start-up time only for the blocks used.
+    fn zeroed(n: usize) -> Vec<Self>;
 }
 
 impl KvElem for f32 {
@@ -26,6 +29,9 @@ impl KvElem for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    fn zeroed(n: usize) -> Vec<Self> {
+        vec![0.0; n]
+    }
 }
 
 impl KvElem for half::f16 {
@@ -36,6 +42,12 @@ impl KvElem for half::f16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         half::f16::to_f32(self)
+    }
+    fn zeroed(n: usize) -> Vec<Self> {
+        // Zero bits are +0.0; `vec![f16::ZERO; n]` would write every element (f16 is not one of
+        // the types the standard library knows to allocate zeroed).
+        use half::vec::HalfBitsVecExt;
+        vec![0u16; n].reinterpret_into()
     }
 }
 
@@ -66,8 +78,8 @@ impl<E: KvElem> CpuKvCache<E> {
         let block_rows = block_size + usize::from(pad);
         let n = num_layers * num_blocks * block_rows * token_width;
         CpuKvCache {
-            k: vec![E::default(); n],
-            v: vec![E::default(); n],
+            k: E::zeroed(n),
+            v: E::zeroed(n),
             num_layers,
             num_blocks,
             block_size,
@@ -450,6 +462,16 @@ mod tests {
             check_writes::<f32>(pad);
             check_writes::<half::f16>(pad);
         }
+    }
+
+    /// A pool large enough to come from fresh pages reads +0.0 everywhere before prefaulting.
+    #[test]
+    fn a_pool_starts_as_positive_zeros() {
+        let a = CpuKvCache::<half::f16>::new(2, 64, 16, 512, true);
+        assert_eq!(a.k.len(), 2 * 64 * 17 * 512);
+        assert!(a.k.iter().chain(&a.v).all(|x| x.to_bits() == 0));
+        let b = CpuKvCache::<f32>::new(2, 64, 16, 512, false);
+        assert!(b.k.iter().chain(&b.v).all(|x| x.to_bits() == 0));
     }
 
     fn check_writes<E: KvElem>(pad: bool) {
