@@ -186,6 +186,21 @@ pub struct DecodeRow {
     pub all_reduce: Option<(f64, &'static str)>,
 }
 
+/// Tokens per KV block of the decode benchmarks.
+const DECODE_BLOCK: usize = 16;
+
+/// A backend for decode steps of up to `max_batch` sequences of at most `longest` positions,
+/// each with blocks of its own, graphs captured up to `max_batch`.
+fn decode_options(max_batch: usize, longest: usize) -> CudaBackendOptions {
+    CudaBackendOptions {
+        num_blocks: Some(max_batch * (longest + 1).div_ceil(DECODE_BLOCK)),
+        max_num_batched_tokens: 2048,
+        max_model_len: longest + DECODE_BLOCK,
+        max_graph_batch: max_batch,
+        ..Default::default()
+    }
+}
+
 /// A decode step of `batch` sequences with contexts spread evenly over `lo..=hi` tokens (each
 /// `lo` when they are equal) in a shuffled order, with blocks of their own.
 fn decode_batch(batch: usize, (lo, hi): (usize, usize), block_size: usize) -> ForwardBatch {
@@ -213,24 +228,16 @@ pub fn decode(
     tp: usize,
 ) -> Result<Vec<DecodeRow>, CudaError> {
     let max_b = batches.iter().copied().max().unwrap_or(1);
-    let bs = 16;
     let hi = context.1.max(context.0);
     let context = (context.0, hi);
-    let blocks = max_b * (hi + 1).div_ceil(bs);
-    let opts = CudaBackendOptions {
-        num_blocks: Some(blocks),
-        max_num_batched_tokens: 2048,
-        max_model_len: hi + bs,
-        max_graph_batch: max_b,
-        ..Default::default()
-    };
+    let opts = decode_options(max_b, hi);
     let mut be = Under::open(cfg, tp, 1, opts)?;
     // What each GPU reads: its slice of the layers and of every KV block, and the whole head.
     let local = Shard { rank: 0, size: tp.max(1) }.local_config(cfg);
     let kv_per_token = 2.0 * 2.0 * (local.num_layers * local.kv_size()) as f64;
     let mut rows = Vec::new();
     for &batch in batches {
-        let b = decode_batch(batch, context, bs);
+        let b = decode_batch(batch, context, DECODE_BLOCK);
         be.backend().forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
         let step_ms = be.replay_ms(&b, 20)?;
         let profile = be.profile(&b)?;
@@ -297,17 +304,10 @@ pub fn step_for_profiler(
     batch: usize,
     context: (usize, usize),
 ) -> Result<f64, CudaError> {
-    let bs = 16;
     let hi = context.1.max(context.0);
-    let opts = CudaBackendOptions {
-        num_blocks: Some(batch * (hi + 1).div_ceil(bs)),
-        max_num_batched_tokens: 2048,
-        max_model_len: hi + bs,
-        max_graph_batch: batch,
-        ..Default::default()
-    };
+    let opts = decode_options(batch, hi);
     let mut be = crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(1), opts)?;
-    let b = decode_batch(batch, (context.0, hi), bs);
+    let b = decode_batch(batch, (context.0, hi), DECODE_BLOCK);
     be.forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
     let ms = be.replay_ms(&b, 20)?;
     // SAFETY: the profiler calls take no arguments and only mark a collection range.

@@ -39,14 +39,13 @@ pub fn decode_smem_bytes(hd: usize) -> u32 {
 /// the SmolLM2-135M shape's (heads 64 wide, contexts 100–300) took 5 % more at batch 256
 /// (docs/gpu-runs/h100-2026-11-28-step-kernels/).
 pub fn dec_warps(hd: usize) -> usize {
-    static WARPS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let set = *WARPS.get_or_init(|| {
-        std::env::var("TANDEM_DEC_WARPS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|w| matches!(w, 1 | 2 | 4))
-    });
-    set.unwrap_or(if hd <= 64 { 2 } else { 4 })
+    static WARPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // 0: not set.
+    match *WARPS.get_or_init(|| env_count("TANDEM_DEC_WARPS", |w| matches!(w, 1 | 2 | 4), 0)) {
+        0 if hd <= 64 => 2,
+        0 => 4,
+        w => w,
+    }
 }
 /// Dynamic shared memory of the small-tile decode kernel (`attention_dec*`): each warp's
 /// stages of K and V pages, as [`decode_smem_bytes`] per warp (its end-of-kernel exchange of

@@ -77,9 +77,11 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, const int* __res
 // paged cache at the token's slot (16-bit, blocks of [nkv][block_size][hd]; slot < 0 skips the
 // store). One warp per head, every head of every token at once: the kernel's time is one
 // round trip to memory, not one per head. A lane holds the rotation pairs (a, b) of indices
-// i = lane, lane + 32, … < hd/2 in registers (hd at most 64 · ROPE_PAIRS, the backend's 1024) and computes their
-// angles itself; a norm's sum of squares adds the pairs' first elements, then their second
-// (for hd/2 a multiple of 32 that is the order i = lane, lane + 32, … over the whole head).
+// i = lane, lane + 32, … < hd/2 in registers (hd at most 64 · ROPE_PAIRS, the backend's 1024)
+// and computes their angles itself: every head of a token computes the same angles, a few
+// instructions in place of a shared-memory exchange and a barrier. A norm's sum of squares
+// adds the pairs' first elements, then their second (for hd/2 a multiple of 32 that is the
+// order i = lane, lane + 32, … over the whole head).
 // Grid: (T, ⌈(nh + 2·nkv) / warps⌉); block: warps · 32 threads.
 #define ROPE_PAIRS 16
 extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const int* __restrict__ pos,
