@@ -155,6 +155,10 @@ pub struct CudaBackend {
     max_blocks_per_seq: usize,
     graph_sizes: Vec<usize>,
     graphs: HashMap<usize, DecodeGraph>,
+    /// Each captured graph's nodes by kernel name (`graphs::census`).
+    census: HashMap<usize, Vec<(String, usize)>>,
+    /// Replays [`CudaBackend::replay_ms`] times back to back (0: each alone).
+    chain: usize,
     /// Wall time spent capturing graphs, seconds.
     pub capture_seconds: f64,
     use_graphs: bool,
@@ -302,6 +306,8 @@ impl CudaBackend {
             max_blocks_per_seq,
             graph_sizes,
             graphs: HashMap::new(),
+            census: HashMap::new(),
+            chain: 0,
             capture_seconds: 0.0,
             use_graphs: opts.max_graph_batch > 0 && !gemm_attention,
             gemm_attention,

@@ -174,6 +174,11 @@ pub struct DecodeRow {
     /// On one GPU, one sequence: the same step with every product on cuBLAS instead of the
     /// `gemv` kernel, ms.
     pub cublas_step_ms: Option<f64>,
+    /// On one GPU: the step's graph replayed 10 times back to back, ms per replay (the first
+    /// replay's launch latency shared by ten).
+    pub chained_ms: Option<f64>,
+    /// On one GPU: the step's graph, its nodes counted by kernel name.
+    pub census: Option<Vec<(String, usize)>>,
     /// Bytes a step must read: weights plus every sequence's KV (every GPU's together).
     pub bytes: f64,
     /// Time the HBM roofline allows for those bytes, ms (on a tensor-parallel group: for each
@@ -240,6 +245,16 @@ pub fn decode(
         let b = decode_batch(batch, context, DECODE_BLOCK);
         be.backend().forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
         let step_ms = be.replay_ms(&b, 20)?;
+        let (census, chained_ms) = match &mut be {
+            Under::One(one) => {
+                let census = one.graph_census(batch).map(|c| c.to_vec());
+                one.set_replay_chain(10);
+                let ms = one.replay_ms(&b, 10);
+                one.set_replay_chain(0);
+                (census, Some(ms?))
+            }
+            Under::Group(_) => (None, None),
+        };
         let profile = be.profile(&b)?;
         be.set_mma_attention(false)?;
         let tile_step_ms = be.replay_ms(&b, 20)?;
@@ -286,6 +301,8 @@ pub fn decode(
             rows16: (rows16_step_ms, rows16_profile),
             batch_order_step_ms,
             cublas_step_ms,
+            census,
+            chained_ms,
             bytes: per_gpu * tp.max(1) as f64,
             roofline_ms: per_gpu / lim.hbm_bytes_per_s * 1e3,
             profile,

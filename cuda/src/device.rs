@@ -159,6 +159,8 @@ pub struct Kernels {
     pub gather_pages: CudaFunction,
     /// KV pages from a staging buffer into the pool.
     pub scatter_pages: CudaFunction,
+    /// An empty kernel (graph node costs).
+    pub noop: CudaFunction,
 }
 
 /// A CUDA device ready for the backend.
@@ -253,6 +255,7 @@ impl Gpu {
             to_model: f("to_model")?,
             gather_pages: f("gather_pages")?,
             scatter_pages: f("scatter_pages")?,
+            noop: f("noop")?,
         };
         // The decode kernels' shared memory is dynamic: allow what their stages take.
         let decode_kernels = [

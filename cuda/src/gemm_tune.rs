@@ -105,6 +105,21 @@ fn graph_us(
     Ok(ms * 1e3 / CALLS as f64)
 }
 
+/// GPU time per node of a graph of `nodes` empty kernels of `ctas` CTAs of 128 threads, µs:
+/// what a kernel node costs a captured step beyond its own work.
+pub fn node_us(g: &Gpu, nodes: usize, ctas: usize) -> Result<f64, CudaError> {
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (ctas as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (x, per) = (0i32, nodes.div_ceil(CALLS).max(1));
+    // SAFETY: noop(int) takes one int and touches no memory.
+    let us =
+        graph_us(g, 20, || (0..per).try_for_each(|_| unsafe { g.launch(&g.k.noop, cfg, &[&x]) }))?;
+    Ok(us / per as f64)
+}
+
 /// Times each `(m, n, k, c_f32)` both ways on scratch buffers.
 pub fn run(
     g: &Gpu,

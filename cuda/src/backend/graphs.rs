@@ -44,6 +44,9 @@ impl CudaBackend {
         s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(CudaError::from)?;
         let r = self.enqueue(size, tiling, (&[], 0), sections, layers, size, 0);
+        if r.is_ok() {
+            self.census.insert(size, census(s.cu_stream())?);
+        }
         let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
         r?;
         let graph =
@@ -55,7 +58,9 @@ impl CudaBackend {
     }
 
     /// GPU time of one replay of the decode graph that serves `b` (a decode step), median of
-    /// `reps` replays in ms; captures the graph if needed. Logits stay on the device.
+    /// `reps` replays in ms; captures the graph if needed. Logits stay on the device. Each
+    /// replay is timed alone (launched on an idle stream), or, after
+    /// [`CudaBackend::set_replay_chain`], as `n` replays launched back to back.
     pub fn replay_ms(&mut self, b: &ForwardBatch, reps: usize) -> Result<f64, CudaError> {
         self.validate(b).map_err(|e| CudaError::Unsupported(e.to_string()))?;
         let size = plan::graph_size_for(&self.graph_sizes, b.num_tokens())
@@ -69,7 +74,27 @@ impl CudaBackend {
             self.capture(size)?;
         }
         let g = &self.graphs[&size].0;
-        crate::device::time_ms(&self.gpu, 3, reps, || g.launch().map_err(CudaError::from))
+        match self.chain {
+            0 | 1 => {
+                crate::device::time_ms(&self.gpu, 3, reps, || g.launch().map_err(CudaError::from))
+            }
+            n => {
+                let launch_all = || (0..n).try_for_each(|_| g.launch().map_err(CudaError::from));
+                Ok(crate::device::time_ms(&self.gpu, 1, reps, launch_all)? / n as f64)
+            }
+        }
+    }
+
+    /// The nodes of the decode graph that serves `n` sequences (once captured), counted by
+    /// kernel name (`memset`, `memcpy` and other node types by their type), most frequent first.
+    pub fn graph_census(&self, n: usize) -> Option<&[(String, usize)]> {
+        let size = plan::graph_size_for(&self.graph_sizes, n)?;
+        self.census.get(&size).map(|v| v.as_slice())
+    }
+
+    /// Times [`CudaBackend::replay_ms`] over `n` back-to-back replays (0 or 1: each alone).
+    pub fn set_replay_chain(&mut self, n: usize) {
+        self.chain = n;
     }
 
     /// Captures the decode graphs of every size up front (`progress` is told each size).
@@ -92,4 +117,73 @@ impl CudaBackend {
         }
         Ok(())
     }
+}
+
+/// The nodes captured so far on `stream` (inside a capture), counted by kernel name.
+fn census(stream: dsys::CUstream) -> Result<Vec<(String, usize)>, CudaError> {
+    use std::ffi::{c_char, CStr};
+    let check = |r: dsys::CUresult, what: &str| match r {
+        dsys::CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(CudaError::Driver(format!("{what}: {e:?}"))),
+    };
+    let mut status = dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let (mut id, mut graph) = (0u64, std::ptr::null_mut());
+    let (mut deps, mut edges, mut ndeps) = (std::ptr::null(), std::ptr::null(), 0usize);
+    // SAFETY: out-pointers to locals; the graph stays owned by the capture.
+    check(
+        unsafe {
+            dsys::cuStreamGetCaptureInfo_v3(
+                stream,
+                &mut status,
+                &mut id,
+                &mut graph,
+                &mut deps,
+                &mut edges,
+                &mut ndeps,
+            )
+        },
+        "cuStreamGetCaptureInfo",
+    )?;
+    let mut n = 0usize;
+    // SAFETY: counting pass (null node array), then a pass into a buffer of that size.
+    check(
+        unsafe { dsys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) },
+        "cuGraphGetNodes",
+    )?;
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    check(unsafe { dsys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }, "cuGraphGetNodes")?;
+    let mut counts: std::collections::HashMap<String, usize> = Default::default();
+    for &node in &nodes[..n] {
+        let mut ty = dsys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        // SAFETY: a node of the capture's graph.
+        check(unsafe { dsys::cuGraphNodeGetType(node, &mut ty) }, "cuGraphNodeGetType")?;
+        let name = match ty {
+            dsys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => {
+                // SAFETY: a kernel node's parameters; the names are static strings of the
+                // loaded modules.
+                let mut p: dsys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                check(
+                    unsafe { dsys::cuGraphKernelNodeGetParams_v2(node, &mut p) },
+                    "cuGraphKernelNodeGetParams",
+                )?;
+                let mut c: *const c_char = std::ptr::null();
+                let r = if !p.func.is_null() {
+                    unsafe { dsys::cuFuncGetName(&mut c, p.func) }
+                } else {
+                    unsafe { dsys::cuKernelGetName(&mut c, p.kern) }
+                };
+                match (r, c.is_null()) {
+                    (dsys::CUresult::CUDA_SUCCESS, false) => {
+                        unsafe { CStr::from_ptr(c) }.to_string_lossy().into_owned()
+                    }
+                    _ => "kernel (unnamed)".to_string(),
+                }
+            }
+            other => format!("{other:?}").replace("CU_GRAPH_NODE_TYPE_", "").to_lowercase(),
+        };
+        *counts.entry(name).or_default() += 1;
+    }
+    let mut v: Vec<(String, usize)> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok(v)
 }

@@ -13,6 +13,8 @@
 //!                                         (scripts/gpu/step_kernels.py: time per kernel)
 //! tandem-gpu tp-check MODEL|CONFIG.json [TP] [PROMPTS] [STEPS]  TP GPUs against one, greedy (bf16)
 //! tandem-gpu bench-pages CONFIG.json [COUNTS] [CHUNK] [CTAS] [STAGES]  e.g. 1,16,256,4096 64 96 3 (two GPUs)
+//! tandem-gpu bench-gemm CONFIG.json [BATCHES] [TP]   a step's GEMMs: cuBLAS, cuBLASLt, cut along k
+//! tandem-gpu bench-nodes                  what a kernel node costs a graph (empty kernels)
 //! ```
 //! Every figure line names the device. Exit status 1 when a check fails.
 
@@ -149,6 +151,14 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                 if let Some(ms) = r.cublas_step_ms {
                     println!("[{name}]   every product on cuBLAS instead of the gemv kernel: step {ms:.3} ms, {:.1}%", 100.0 * r.roofline_ms / ms);
                 }
+                if let Some(ms) = r.chained_ms {
+                    println!("[{name}]   10 replays back to back: {ms:.3} ms per step, {:.1}%", 100.0 * r.roofline_ms / ms);
+                }
+                if let Some(c) = &r.census {
+                    let total: usize = c.iter().map(|x| x.1).sum();
+                    let names: Vec<String> = c.iter().map(|(n, k)| format!("{k} {}", n.chars().take(60).collect::<String>())).collect();
+                    println!("[{name}]   graph: {total} nodes: {}", names.join(", "));
+                }
                 if let Some(ms) = r.batch_order_step_ms {
                     println!("[{name}]   attention tiles in the batch's order instead of longest context first: {ms:.3} ms, {:.1}%", 100.0 * r.roofline_ms / ms);
                 }
@@ -191,6 +201,17 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                 println!("[{}]   20 different weight matrices: cuBLAS {:.2} us; cut along k (partial sums apart): {}", g.name, t.cold_us, splits.join(", "));
             }
             println!("[{}] all shapes: cuBLAS {:.1} us, best of both {:.1} us", g.name, total.0, total.1);
+            Ok(true)
+        }
+        "bench-nodes" => {
+            // What a kernel node costs a captured graph: graphs of empty kernels.
+            let g = Gpu::open(0, Dtype::Bf16)?;
+            for ctas in [1, g.num_sms, 4 * g.num_sms] {
+                for nodes in [20, 300] {
+                    let us = tandem_cuda::gemm_tune::node_us(&g, nodes, ctas)?;
+                    println!("[{}] graph of {nodes} empty kernels of {ctas} CTAs x 128 threads: {us:.2} us per node", g.name);
+                }
+            }
             Ok(true)
         }
         "bench-pages" => {
@@ -299,7 +320,7 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             Ok(ok)
         }
         other => Err(CudaError::Unsupported(format!(
-            "unknown command '{other}' (info, check, e2e, bench-decode, bench-prefill, bench-pages, tp-check)"
+            "unknown command '{other}' (info, check, e2e, windows, bench-decode, bench-prefill, bench-gemm, bench-nodes, bench-pages, step, tp-check)"
         ))),
     }
 }
