@@ -191,17 +191,24 @@ pub struct DecodeRow {
     pub all_reduce: Option<(f64, &'static str)>,
 }
 
-/// Tokens per KV block of the decode benchmarks.
-const DECODE_BLOCK: usize = 16;
+/// Tokens per KV block of the decode benchmarks: 16, or `TANDEM_BLOCK_SIZE` (a multiple of 16,
+/// for comparison).
+fn decode_block() -> usize {
+    match std::env::var("TANDEM_BLOCK_SIZE").ok().and_then(|v| v.parse::<usize>().ok()) {
+        Some(b) if b > 0 && b.is_multiple_of(16) => b,
+        _ => 16,
+    }
+}
 
 /// A backend for decode steps of up to `max_batch` sequences of at most `longest` positions,
 /// each with blocks of its own, graphs captured up to `max_batch`.
 fn decode_options(max_batch: usize, longest: usize) -> CudaBackendOptions {
     CudaBackendOptions {
-        num_blocks: Some(max_batch * (longest + 1).div_ceil(DECODE_BLOCK)),
+        num_blocks: Some(max_batch * (longest + 1).div_ceil(decode_block())),
         max_num_batched_tokens: 2048,
-        max_model_len: longest + DECODE_BLOCK,
+        max_model_len: longest + decode_block(),
         max_graph_batch: max_batch,
+        block_size: decode_block(),
         ..Default::default()
     }
 }
@@ -242,7 +249,7 @@ pub fn decode(
     let kv_per_token = 2.0 * 2.0 * (local.num_layers * local.kv_size()) as f64;
     let mut rows = Vec::new();
     for &batch in batches {
-        let b = decode_batch(batch, context, DECODE_BLOCK);
+        let b = decode_batch(batch, context, decode_block());
         be.backend().forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
         let step_ms = be.replay_ms(&b, 20)?;
         let (census, chained_ms) = match &mut be {
@@ -324,7 +331,7 @@ pub fn step_for_profiler(
     let hi = context.1.max(context.0);
     let opts = decode_options(batch, hi);
     let mut be = crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(1), opts)?;
-    let b = decode_batch(batch, (context.0, hi), DECODE_BLOCK);
+    let b = decode_batch(batch, (context.0, hi), decode_block());
     be.forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
     let ms = be.replay_ms(&b, 20)?;
     // SAFETY: the profiler calls take no arguments and only mark a collection range.

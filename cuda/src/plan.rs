@@ -199,10 +199,14 @@ impl BatchPlan {
         self.long_tiles.len() / TILE_INTS
     }
 
-    /// A decode batch padded to `graph_size` sequences with block tables at a fixed stride of
-    /// `max_blocks`, so a CUDA graph captured for that size reads every input from the same
-    /// places. Padding rows attend nothing and store nothing. `None` when the batch is not a
-    /// pure decode step or does not fit.
+    /// A decode batch padded to `graph_size` sequences, so a CUDA graph captured for that size
+    /// reads every input from the same places. Padding rows attend nothing and store nothing.
+    /// `None` when the batch is not a pure decode step or does not fit. The kernels find a
+    /// sequence's block table through its tile, so with one KV group the tables sit at the
+    /// stride of the batch's longest one and only those entries travel each step (a model's
+    /// `max_model_len` of 40,960 positions made it 2.6 MB a step at 256 sequences); with
+    /// several, each group's section starts at the fixed place a graph captured (`graph_size`
+    /// sequences of `max_blocks`).
     pub fn padded_decode(
         b: &ForwardBatch,
         graph_size: usize,
@@ -215,6 +219,8 @@ impl BatchPlan {
         {
             return None;
         }
+        let longest = b.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0).max(1);
+        let max_blocks = if groups == 1 { longest } else { max_blocks };
         let mut p = BatchPlan::inert(graph_size, max_blocks, groups);
         for (i, s) in b.seqs.iter().enumerate() {
             p.tokens[i] = b.token_ids[i] as i32;
@@ -438,9 +444,11 @@ mod tests {
         let p = BatchPlan::padded_decode(&b, 4, 8).unwrap();
         assert_eq!(p.tokens, vec![5, 6, 0, 0]);
         assert_eq!(p.slots, vec![7 * 16, 16 + 3, -1, -1]);
-        assert_eq!(&p.tiles[..10], &[0, 1, 16, 0, 0, 1, 1, 3, 8, 0]);
+        // One KV group: tables at the stride of the longest (2 blocks), not of `max_blocks`.
+        assert_eq!(&p.tiles[..10], &[0, 1, 16, 0, 0, 1, 1, 3, 2, 0]);
         assert_eq!(&p.tiles[10..], &[0; 10], "padding tiles have no rows");
-        assert_eq!(&p.block_tables[8..9], &[1]);
+        assert_eq!(p.block_tables, vec![2, 7, 1, 0, 0, 0, 0, 0]);
+        assert_eq!(p.bt_stride, 4 * 2);
         // Not a decode step, too many sequences, or a table too long: no graph.
         assert!(BatchPlan::padded_decode(&batch(), 4, 8).is_none());
         assert!(BatchPlan::padded_decode(&b, 1, 8).is_none());
@@ -465,7 +473,7 @@ mod tests {
         assert_eq!(&ctx[..5], &[41, 41, 18, 10, 4]);
         assert!(g.tiles[5 * TILE_INTS..].iter().all(|&x| x == 0));
         for t in g.tiles.chunks_exact(TILE_INTS).take(5) {
-            assert_eq!(t[3], t[0] * 4, "row i keeps sequence i's block table");
+            assert_eq!(t[3], t[0] * 3, "row i keeps sequence i's block table");
             assert_eq!(g.block_tables[t[3] as usize], 10 * t[0]);
         }
         let e = BatchPlan::new(&b, 1, usize::MAX);
