@@ -407,7 +407,7 @@ impl CudaBackend {
         let norm_rows = |weights: u64| -> Result<(), CudaError> {
             self.mark("rmsnorm")?;
             unsafe {
-                g.launch(&g.k.rmsnorm, rows_cfg(t, 256), &[&x, &null, &weights, &hb, &hi, &eps])
+                g.launch(g.rmsnorm_for(h), rows_cfg(t, 256), &[&x, &null, &weights, &hb, &hi, &eps])
             }
         };
         // Whether the previous layer's all-reduce already normed this layer's input into hb.
@@ -435,7 +435,7 @@ impl CudaBackend {
             let bias = l.qkv_bias.as_ref().map_or(0, ptr);
             unsafe {
                 g.launch(
-                    &g.k.qkv_rope_store,
+                    g.rope_for(c.head_dim),
                     cfg,
                     &[
                         &qkv,
@@ -562,7 +562,7 @@ impl CudaBackend {
             let rows = ptr(&a.logits_rows) + 4 * row_off as u64;
             unsafe {
                 g.launch(
-                    &g.k.rmsnorm,
+                    g.rmsnorm_for(h),
                     rows_cfg(logit_rows, 256),
                     &[&x, &rows, &ptr(&w.norm), &hb, &hi, &eps],
                 )?
@@ -656,7 +656,8 @@ impl CudaBackend {
         let rp = ptr(&a.logits_rows) + 4 * row_off as u64;
         // SAFETY: rmsnorm's arguments; `rows` ≤ logits_cap rows of hb and logits.
         unsafe {
-            g.launch(&g.k.rmsnorm, cfg, &[&ptr(&a.x), &rp, &ptr(&w.norm), &ptr(&a.hb), &hi, &eps])?
+            let f = g.rmsnorm_for(c.hidden_size);
+            g.launch(f, cfg, &[&ptr(&a.x), &rp, &ptr(&w.norm), &ptr(&a.hb), &hi, &eps])?
         };
         g.gemm(
             rows,

@@ -94,10 +94,12 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     out.extend(gemm(g, u)?);
     out.push(embed(g)?);
     out.extend(rmsnorm(g, u)?);
-    out.extend(qkv_rope_store(g, u, false, false, 9, 3, 64)?);
-    out.extend(qkv_rope_store(g, u, true, false, 16, 8, 128)?);
-    out.extend(qkv_rope_store(g, u, false, true, 14, 2, 64)?);
-    out.extend(qkv_rope_store(g, u, true, false, 4, 1, 256)?);
+    // Each head width's variant (64, 128, 256), and the general kernel at 128.
+    out.extend(qkv_rope_store(g, u, false, false, 9, 3, 64, false)?);
+    out.extend(qkv_rope_store(g, u, true, false, 16, 8, 128, false)?);
+    out.extend(qkv_rope_store(g, u, false, true, 14, 2, 64, false)?);
+    out.extend(qkv_rope_store(g, u, true, false, 4, 1, 256, false)?);
+    out.extend(qkv_rope_store(g, u, true, false, 16, 8, 128, true)?);
     for (nh, nkv, hd) in [(9, 3, 64), (32, 8, 128), (16, 8, 128), (64, 8, 128)] {
         // Full causal attention, and a sliding window of 100 positions (Mistral's layers).
         for window in [None, Some(100)] {
@@ -221,6 +223,7 @@ fn embed(g: &Gpu) -> Result<CheckResult, CudaError> {
 /// Tokens per block in the KV-store check.
 const BS: usize = 16;
 
+#[allow(clippy::too_many_arguments)]
 fn qkv_rope_store(
     g: &Gpu,
     u: f64,
@@ -229,7 +232,9 @@ fn qkv_rope_store(
     nh: usize,
     nkv: usize,
     hd: usize,
+    general: bool,
 ) -> Result<Vec<CheckResult>, CudaError> {
+    let kernel = if general { &g.k.qkv_rope_store } else { g.rope_for(hd) };
     let t = 11;
     let width = (nh + 2 * nkv) * hd;
     let eps = 1e-6f32;
@@ -293,7 +298,7 @@ fn qkv_rope_store(
     // SAFETY: qkv_rope_store's parameter list, buffers sized for t tokens and 64 slots.
     unsafe {
         g.launch(
-            &g.k.qkv_rope_store,
+            kernel,
             cfg,
             &[
                 &ptr(&dq),
@@ -326,6 +331,7 @@ fn qkv_rope_store(
         (false, false) => "Llama (interleaved)",
         (false, true) => "q|k|v bias (Qwen2), interleaved",
     };
+    let tag = format!("{tag}, hd {hd}{}", if general { ", general kernel" } else { "" });
     Ok(vec![
         // f32 both sides; sincosf vs the CPU's f32 sin/cos differ by an ulp or two of the angle.
         result(&format!("q norm+rope {tag}, f32"), abs_err(&got_q, &want_q), 1e-4),

@@ -110,10 +110,15 @@ pub fn attention_kernels(g: &Gpu) -> Vec<(&'static str, &CudaFunction, u32, u32)
 pub struct Kernels {
     /// Embedding lookup.
     pub embed: CudaFunction,
-    /// RMSNorm, f32 in, bf16 out, optional row gather.
+    /// RMSNorm, f32 in, bf16 out, optional row gather (any width; [`Gpu::rmsnorm_for`] picks
+    /// the variant for a width).
     pub rmsnorm: CudaFunction,
-    /// q/k norm, RoPE, KV store.
+    /// The same for rows of at most 1, 2 or 4 16-byte vectors a thread (256 threads a row).
+    pub rmsnorm_v: [CudaFunction; 3],
+    /// q/k norm, RoPE, KV store (heads up to 1,024 wide; [`Gpu::rope_for`] picks the variant).
     pub qkv_rope_store: CudaFunction,
+    /// The same for heads of at most 64, 128 or 256.
+    pub qkv_rope_store_p: [CudaFunction; 3],
     /// Paged attention.
     pub attention: CudaFunction,
     /// Paged attention for tiles of at most 8 query rows.
@@ -232,7 +237,13 @@ impl Gpu {
         let k = Kernels {
             embed: f("embed")?,
             rmsnorm: f("rmsnorm")?,
+            rmsnorm_v: [f("rmsnorm_v1")?, f("rmsnorm_v2")?, f("rmsnorm_v4")?],
             qkv_rope_store: f("qkv_rope_store")?,
+            qkv_rope_store_p: [
+                f("qkv_rope_store_p1")?,
+                f("qkv_rope_store_p2")?,
+                f("qkv_rope_store_p4")?,
+            ],
             attention: f("attention")?,
             attention_decode: f("attention_decode")?,
             attention_mma64: f("attention_mma64")?,
@@ -447,6 +458,30 @@ impl Gpu {
 }
 
 impl Gpu {
+    /// The RMSNorm kernel for rows `h` wide launched with 256 threads a row: the variant whose
+    /// threads hold the fewest registers for the row (a 1,024-wide row needs one 16-byte vector a
+    /// thread; the general kernel's eight cost a prefill's thousands of rows 2 CTAs per SM).
+    pub fn rmsnorm_for(&self, h: usize) -> &CudaFunction {
+        let vecs = h.div_ceil(4 * 256);
+        match (h.is_multiple_of(4), vecs) {
+            (true, 0..=1) => &self.k.rmsnorm_v[0],
+            (true, 2) => &self.k.rmsnorm_v[1],
+            (true, 3..=4) => &self.k.rmsnorm_v[2],
+            _ => &self.k.rmsnorm,
+        }
+    }
+
+    /// The q/k norm + RoPE + KV store kernel for heads `hd` wide: the variant that holds the
+    /// fewest rotation pairs a lane (hd ≤ 64 · pairs).
+    pub fn rope_for(&self, hd: usize) -> &CudaFunction {
+        match hd.div_ceil(64) {
+            0..=1 => &self.k.qkv_rope_store_p[0],
+            2 => &self.k.qkv_rope_store_p[1],
+            3..=4 => &self.k.qkv_rope_store_p[2],
+            _ => &self.k.qkv_rope_store,
+        }
+    }
+
     /// Whether products of one row take the `gemv` kernel.
     pub fn gemv_on(&self) -> bool {
         self.use_gemv.load(std::sync::atomic::Ordering::Relaxed)

@@ -34,14 +34,19 @@ pub(super) fn rmsnorm_add(g: &Gpu) -> Result<CheckResult, CudaError> {
 pub(super) fn rmsnorm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
     // A width of a multiple of 4 (16-byte loads) and one that is not (scalar loads).
     // Widths held in registers (576, 4096), past them (8200), and not a multiple of 4 (574).
-    let mut out = rmsnorm_at(g, u, 576)?;
-    for h in [4096, 8200, 574] {
-        out.extend(rmsnorm_at(g, u, h)?);
+    // Each register variant (576: one vector a thread, 2048: two, 4096: four), and the general
+    // kernel on a width a variant would take.
+    let mut out = rmsnorm_at(g, u, 576, false)?;
+    for h in [2048, 4096, 8200, 574] {
+        out.extend(rmsnorm_at(g, u, h, false)?);
     }
+    out.extend(rmsnorm_at(g, u, 576, true)?);
     Ok(out)
 }
 
-fn rmsnorm_at(g: &Gpu, u: f64, h: usize) -> Result<Vec<CheckResult>, CudaError> {
+fn rmsnorm_at(g: &Gpu, u: f64, h: usize, general: bool) -> Result<Vec<CheckResult>, CudaError> {
+    let f = if general { &g.k.rmsnorm } else { g.rmsnorm_for(h) };
+    let tag = if general { ", general kernel" } else { "" };
     let (rows, eps) = (13, 1e-5f32);
     let mut r = Rng::new(3);
     let x = r.vec(rows * h, 3.0);
@@ -56,19 +61,13 @@ fn rmsnorm_at(g: &Gpu, u: f64, h: usize) -> Result<Vec<CheckResult>, CudaError> 
         shared_mem_bytes: 0,
     };
     // SAFETY: rmsnorm(const float*, const int*, const float*, h16*, int, float).
-    unsafe {
-        g.launch(&g.k.rmsnorm, cfg(rows), &[&ptr(&dx), &0u64, &ptr(&dw), &ptr(&dy), &hi, &eps])?
-    };
+    unsafe { g.launch(f, cfg(rows), &[&ptr(&dx), &0u64, &ptr(&dw), &ptr(&dy), &hi, &eps])? };
     let got = unbf(&g.read(&dy, rows * h)?);
     let sel = [12i32, 0, 5];
     let dsel = g.upload(&sel)?;
     // SAFETY: as above, gathering rows `sel`.
     unsafe {
-        g.launch(
-            &g.k.rmsnorm,
-            cfg(sel.len()),
-            &[&ptr(&dx), &ptr(&dsel), &ptr(&dw), &ptr(&dy), &hi, &eps],
-        )?
+        g.launch(f, cfg(sel.len()), &[&ptr(&dx), &ptr(&dsel), &ptr(&dw), &ptr(&dy), &hi, &eps])?
     };
     let got_sel = unbf(&g.read(&dy, sel.len() * h)?);
     let want_sel: Vec<f32> =
@@ -76,12 +75,12 @@ fn rmsnorm_at(g: &Gpu, u: f64, h: usize) -> Result<Vec<CheckResult>, CudaError> 
     Ok(vec![
         // Output rounded to 16 bits: within u relative (plus a floor for values near zero).
         result(
-            &format!("rmsnorm f32→16-bit, width {h} (tol 1.05u)"),
+            &format!("rmsnorm f32→16-bit, width {h}{tag} (tol 1.05u)"),
             rel_err(&got, &want, 1e-2),
             1.05 * u,
         ),
         result(
-            &format!("rmsnorm with row gather, width {h} (tol 1.05u)"),
+            &format!("rmsnorm with row gather, width {h}{tag} (tol 1.05u)"),
             rel_err(&got_sel, &want_sel, 1e-2),
             1.05 * u,
         ),

@@ -12,22 +12,25 @@ extern "C" __global__ void embed(const int* __restrict__ tok, const h16* __restr
 // y[r, :] = x[src, :] * rsqrt(mean(x[src]^2) + eps) * w, src = rows ? rows[r] : r. f32 in, 16-bit out.
 // Grid: output rows.
 // Rows whose width is a multiple of 4 travel 16 bytes (4 floats in, 4 outputs) at a time; rows of
-// at most NORM_VECS such vectors per thread stay in registers between the sum and the scaling.
-#define NORM_VECS 8
-extern "C" __global__ void rmsnorm(const float* __restrict__ x, const int* __restrict__ rows,
-                                   const float* __restrict__ w, h16* __restrict__ y, int H, float eps) {
+// at most VECS such vectors per thread stay in registers between the sum and the scaling. Each
+// VECS is a kernel of its own (`rmsnorm_v1` .. `_v8`; the host takes the smallest that holds the
+// row): the registers of 8 vectors a thread would hold 2 CTAs per SM where a 1,024-wide row
+// needs one, and a prefill's thousands of rows are then bound by latency, not bytes.
+template <int VECS>
+__device__ __forceinline__ void rmsnorm_impl(const float* __restrict__ x, const int* __restrict__ rows,
+                                             const float* __restrict__ w, h16* __restrict__ y, int H, float eps) {
   int src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + (size_t)src * H;
   h16* yr = y + (size_t)blockIdx.x * H;
   float ss = 0.f;
-  if ((H & 3) == 0 && H / 4 <= NORM_VECS * (int)blockDim.x) {
+  if ((H & 3) == 0 && H / 4 <= VECS * (int)blockDim.x) {
     // The row and the weights held in registers from one round of loads.
     const float4* x4 = reinterpret_cast<const float4*>(xr);
     const float4* w4 = reinterpret_cast<const float4*>(w);
     uint2* y4 = reinterpret_cast<uint2*>(yr);
-    float4 v[NORM_VECS], g[NORM_VECS];
+    float4 v[VECS], g[VECS];
 #pragma unroll
-    for (int j = 0; j < NORM_VECS; j++) {
+    for (int j = 0; j < VECS; j++) {
       const int i = threadIdx.x + j * blockDim.x;
       if (i < H / 4) {
         v[j] = x4[i];
@@ -37,7 +40,7 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, const int* __res
     }
     float inv = rsqrtf(block_sum(ss) / (float)H + eps);
 #pragma unroll
-    for (int j = 0; j < NORM_VECS; j++) {
+    for (int j = 0; j < VECS; j++) {
       const int i = threadIdx.x + j * blockDim.x;
       if (i < H / 4) {
         uint2 o;
@@ -71,6 +74,16 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, const int* __res
   for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = f2h(xr[i] * inv * w[i]);
 }
 
+#define RMSNORM_KERNEL(NAME, VECS)                                                                     \
+  extern "C" __global__ void NAME(const float* __restrict__ x, const int* __restrict__ rows,          \
+                                  const float* __restrict__ w, h16* __restrict__ y, int H, float eps) { \
+    rmsnorm_impl<VECS>(x, rows, w, y, H, eps);                                                         \
+  }
+RMSNORM_KERNEL(rmsnorm_v1, 1)
+RMSNORM_KERNEL(rmsnorm_v2, 2)
+RMSNORM_KERNEL(rmsnorm_v4, 4)
+RMSNORM_KERNEL(rmsnorm, 8)
+
 // One token's heads from the fused q|k|v projection (f32): optional bias (Qwen2, [q|k|v]),
 // optional per-head RMSNorm (Qwen3), rotary embedding, then q to `q_out` (f32, [T, nh, hd]) and, for
 // the GEMM attention path, to `q16` (IEEE half, same layout; null: not wanted), and k, v into the
@@ -84,13 +97,14 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, const int* __res
 // order i = lane, lane + 32, … over the whole head).
 // Grid: (T, ⌈(nh + 2·nkv) / warps⌉); block: warps · 32 threads.
 #define ROPE_PAIRS 16
-extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const int* __restrict__ pos,
-                                          const int* __restrict__ slot, const float* __restrict__ inv_freq,
-                                          const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                                          float* __restrict__ q_out, h16* __restrict__ q16, h16* __restrict__ k_cache,
-                                          h16* __restrict__ v_cache, int nh, int nkv, int hd,
-                                          int interleaved, float eps, int block_size,
-                                          const float* __restrict__ qkv_bias) {
+template <int PAIRS>
+__device__ __forceinline__ void qkv_rope_store_impl(const float* __restrict__ qkv, const int* __restrict__ pos,
+                                                    const int* __restrict__ slot, const float* __restrict__ inv_freq,
+                                                    const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                                    float* __restrict__ q_out, h16* __restrict__ q16, h16* __restrict__ k_cache,
+                                                    h16* __restrict__ v_cache, int nh, int nkv, int hd,
+                                                    int interleaved, float eps, int block_size,
+                                                    const float* __restrict__ qkv_bias) {
   const int half = hd / 2, t = blockIdx.x, lane = threadIdx.x & 31;
   const int h = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int heads = nh + 2 * nkv;
@@ -110,9 +124,9 @@ extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const i
   }
   const bool is_q = h < nh;
   const float* norm = is_q ? q_norm : k_norm;
-  float x0[ROPE_PAIRS], x1[ROPE_PAIRS], g0[ROPE_PAIRS], g1[ROPE_PAIRS], fr[ROPE_PAIRS];
+  float x0[PAIRS], x1[PAIRS], g0[PAIRS], g1[PAIRS], fr[PAIRS];
 #pragma unroll
-  for (int j = 0; j < ROPE_PAIRS; j++) {
+  for (int j = 0; j < PAIRS; j++) {
     const int i = lane + 32 * j;
     x0[j] = x1[j] = 0.f;
     g0[j] = g1[j] = fr[j] = 0.f;
@@ -132,15 +146,15 @@ extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const i
   if (norm) {
     float ss = 0.f;
 #pragma unroll
-    for (int j = 0; j < ROPE_PAIRS; j++) ss += x0[j] * x0[j];
+    for (int j = 0; j < PAIRS; j++) ss += x0[j] * x0[j];
 #pragma unroll
-    for (int j = 0; j < ROPE_PAIRS; j++) ss += x1[j] * x1[j];
+    for (int j = 0; j < PAIRS; j++) ss += x1[j] * x1[j];
     inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
   }
   float* qo = is_q ? q_out + ((size_t)t * nh + h) * hd : nullptr;
   h16* ko = is_q ? nullptr : k_cache + kv_index(s, h - nh, nkv, hd, block_size);
 #pragma unroll
-  for (int j = 0; j < ROPE_PAIRS; j++) {
+  for (int j = 0; j < PAIRS; j++) {
     const int i = lane + 32 * j;
     if (i >= half) break;
     const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
@@ -165,3 +179,21 @@ extern "C" __global__ void qkv_rope_store(const float* __restrict__ qkv, const i
     }
   }
 }
+
+// One kernel per most rotation pairs a lane holds (hd ≤ 64 · PAIRS): sized for 1,024-wide heads,
+// a 128-wide head's warp held 114 registers for 2 pairs and 4 CTAs fitted an SM.
+#define ROPE_KERNEL(NAME, PAIRS)                                                                       \
+  extern "C" __global__ void NAME(const float* __restrict__ qkv, const int* __restrict__ pos,          \
+                                  const int* __restrict__ slot, const float* __restrict__ inv_freq,   \
+                                  const float* __restrict__ q_norm, const float* __restrict__ k_norm, \
+                                  float* __restrict__ q_out, h16* __restrict__ q16,                  \
+                                  h16* __restrict__ k_cache, h16* __restrict__ v_cache, int nh,      \
+                                  int nkv, int hd, int interleaved, float eps, int block_size,        \
+                                  const float* __restrict__ qkv_bias) {                              \
+    qkv_rope_store_impl<PAIRS>(qkv, pos, slot, inv_freq, q_norm, k_norm, q_out, q16, k_cache, v_cache, \
+                               nh, nkv, hd, interleaved, eps, block_size, qkv_bias);                 \
+  }
+ROPE_KERNEL(qkv_rope_store_p1, 1)
+ROPE_KERNEL(qkv_rope_store_p2, 2)
+ROPE_KERNEL(qkv_rope_store_p4, 4)
+ROPE_KERNEL(qkv_rope_store, ROPE_PAIRS)
