@@ -136,11 +136,13 @@ pub struct Kernels {
     pub attention_prefill64: CudaFunction,
     /// The same, head width 128.
     pub attention_prefill128: CudaFunction,
-    /// SwiGLU (or GeGLU) activation.
+    /// SwiGLU (or GeGLU) activation over f32 gate|up.
     pub silu_mul: CudaFunction,
+    /// The same over 16-bit gate|up.
+    pub silu_mul16: CudaFunction,
     /// RMSNorm of a sub-layer's output added to the residual (Gemma's post-norms).
     pub rmsnorm_add: CudaFunction,
-    /// Products of one row (decode steps of one sequence), f32 out.
+    /// Products of one row (decode steps of one sequence), f32 or 16-bit out.
     pub gemv: CudaFunction,
     /// Dummy weights.
     pub fill_random: CudaFunction,
@@ -190,7 +192,7 @@ pub struct Gpu {
     /// Free device memory when the device was opened (what this process uses is measured
     /// against it).
     pub free_at_open: usize,
-    /// Products of one row into f32 go to the `gemv` kernel (default; `TANDEM_GEMV=off` or
+    /// Products of one row go to the `gemv` kernel (default; `TANDEM_GEMV=off` or
     /// [`Gpu::set_gemv`] keeps every product on cuBLAS, for comparison).
     use_gemv: std::sync::atomic::AtomicBool,
 }
@@ -253,6 +255,7 @@ impl Gpu {
             attention_prefill64: f("attention_prefill64")?,
             attention_prefill128: f("attention_prefill128")?,
             silu_mul: f("silu_mul")?,
+            silu_mul16: f("silu_mul16")?,
             rmsnorm_add: f("rmsnorm_add")?,
             gemv: f("gemv")?,
             fill_random: f("fill_random")?,
@@ -420,8 +423,8 @@ impl Gpu {
         if m == 0 {
             return Ok(());
         }
-        if c_f32 && m == 1 && k.is_multiple_of(8) && self.gemv_on() {
-            return self.gemv(n, k, a, w, c, accumulate);
+        if m == 1 && k.is_multiple_of(8) && self.gemv_on() {
+            return self.gemv(n, k, a, w, (c, c_f32), accumulate);
         }
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
         let ctype = if c_f32 { bsys::cudaDataType_t::CUDA_R_32F } else { self.dtype.cuda() };
@@ -493,7 +496,7 @@ impl Gpu {
         self.use_gemv.store(on, std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// [`Gpu::gemm`] of one row into f32 on the `gemv` kernel: one warp per row of `w` over
+    /// [`Gpu::gemm`] of one row (f32 or 16-bit out) on the `gemv` kernel: one warp per row of `w` over
     /// the whole of `k`, or per two rows where that still leaves 8 warps per SM; no split of
     /// k. On an H100 it beat cuBLAS for one row (the SmolLM2-135M shape's step 13 % faster)
     /// and lost from two on (docs/gpu-runs/h100-2026-11-28-step-kernels/5-gemv/).
@@ -503,7 +506,7 @@ impl Gpu {
         k: usize,
         a: u64,
         w: u64,
-        c: u64,
+        (c, c_f32): (u64, bool),
         accumulate: bool,
     ) -> Result<(), CudaError> {
         const WARPS: usize = 4;
@@ -514,10 +517,11 @@ impl Gpu {
             shared_mem_bytes: 0,
         };
         let (ni, ki, ri, acc) = (n as i32, k as i32, r as i32, accumulate as i32);
-        // SAFETY: gemv(const h16* a, const h16* w, float* y, int N, int K, int R,
-        // int accumulate): the caller's a (1×k), w (n×k) and c (1×n f32); k a multiple of 8,
-        // so every row starts 16-byte aligned.
-        unsafe { self.launch(&self.k.gemv, cfg, &[&a, &w, &c, &ni, &ki, &ri, &acc]) }
+        let out16 = (!c_f32) as i32;
+        // SAFETY: gemv(const h16* a, const h16* w, void* y, int N, int K, int R,
+        // int accumulate, int out16): the caller's a (1×k), w (n×k) and c (1×n, f32 or 16-bit
+        // as `c_f32` says); k a multiple of 8, so every row starts 16-byte aligned.
+        unsafe { self.launch(&self.k.gemv, cfg, &[&a, &w, &c, &ni, &ki, &ri, &acc, &out16]) }
     }
 }
 

@@ -1,5 +1,5 @@
 // A decode step of one sequence: y[n] (+)= Σ_k a[k] · w[n, k], a and w 16-bit (w row-major),
-// y f32. A product of one row reads each weight once and is bound by how many bytes are in
+// y f32 or (out16) the model's 16-bit type. A product of one row reads each weight once and is bound by how many bytes are in
 // flight: every warp takes R rows of w over the whole of k, each lane 8-wide chunks
 // k = 8·(lane + 32·i), GEMV_UNROLL chunks of every row loaded before any is used. The lanes'
 // sums meet by shuffles and one lane per row writes: no split of k, so the result does not
@@ -24,7 +24,7 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
 
 template <int R>
 __device__ __forceinline__ void gemv_rows(const h16* __restrict__ a, const h16* __restrict__ w,
-                                          float* __restrict__ y, int N, int K, int accumulate) {
+                                          void* __restrict__ y, int N, int K, int accumulate, int out16) {
   const int lane = threadIdx.x & 31;
   const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
   if (row0 >= N) return;
@@ -56,14 +56,22 @@ __device__ __forceinline__ void gemv_rows(const h16* __restrict__ a, const h16* 
 #pragma unroll
   for (int r = 0; r < R; r++) {
     const float s = warp_sum(acc[r]);
-    if (lane == r && row0 + r < N) y[row0 + r] = accumulate ? y[row0 + r] + s : s;
+    if (lane == r && row0 + r < N) {
+      if (out16) {
+        h16* y16 = reinterpret_cast<h16*>(y) + row0 + r;
+        *y16 = f2h(accumulate ? h2f(*y16) + s : s);
+      } else {
+        float* y32 = reinterpret_cast<float*>(y) + row0 + r;
+        *y32 = accumulate ? *y32 + s : s;
+      }
+    }
   }
 }
 
 // R: rows of w per warp, 1 or 2 (the host takes 1 when 2 would leave too few warps).
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
-    gemv(const h16* __restrict__ a, const h16* __restrict__ w, float* __restrict__ y, int N, int K,
-         int R, int accumulate) {
-  if (R == 1) gemv_rows<1>(a, w, y, N, K, accumulate);
-  else gemv_rows<2>(a, w, y, N, K, accumulate);
+    gemv(const h16* __restrict__ a, const h16* __restrict__ w, void* __restrict__ y, int N, int K,
+         int R, int accumulate, int out16) {
+  if (R == 1) gemv_rows<1>(a, w, y, N, K, accumulate, out16);
+  else gemv_rows<2>(a, w, y, N, K, accumulate, out16);
 }
