@@ -155,8 +155,9 @@ pub struct CudaBackend {
     max_blocks_per_seq: usize,
     graph_sizes: Vec<usize>,
     graphs: HashMap<usize, DecodeGraph>,
-    /// Each captured graph's nodes by kernel name (`graphs::census`).
+    /// Each captured graph's nodes by kernel name (`graphs::census`), when `census_on`.
     census: HashMap<usize, Vec<(String, usize)>>,
+    census_on: bool,
     /// Replays [`CudaBackend::replay_ms`] times back to back (0: each alone).
     chain: usize,
     /// Wall time spent capturing graphs, seconds.
@@ -310,6 +311,7 @@ impl CudaBackend {
             graph_sizes,
             graphs: HashMap::new(),
             census: HashMap::new(),
+            census_on: false,
             chain: 0,
             capture_seconds: 0.0,
             use_graphs: opts.max_graph_batch > 0 && !gemm_attention,

@@ -26,7 +26,9 @@ impl Under {
         opts: CudaBackendOptions,
     ) -> Result<Under, CudaError> {
         Ok(if tp <= 1 {
-            Under::One(Box::new(crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(seed), opts)?))
+            let mut one = crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(seed), opts)?;
+            one.set_graph_census(true);
+            Under::One(Box::new(one))
         } else {
             Under::Group(Box::new(TpBackend::load(
                 0,
