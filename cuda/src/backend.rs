@@ -95,7 +95,8 @@ struct Activations {
     /// Scores (f32) and probabilities (16-bit) of the GEMM attention path.
     scores: CudaSlice<f32>,
     probs: CudaSlice<u16>,
-    gu: CudaSlice<f32>,
+    /// gate|up, 16-bit.
+    gu: CudaSlice<u16>,
     act: CudaSlice<u16>,
     /// A sub-layer's output before its post-norm (Gemma; one element otherwise).
     proj: CudaSlice<f32>,
@@ -166,9 +167,6 @@ pub struct CudaBackend {
     use_mma: bool,
     /// Decode tiles on the small-tile tensor-core kernel (`attention_dec*`).
     use_dec: bool,
-    /// gate|up written in the 16-bit type for `silu_mul16` (default), or f32
-    /// (`TANDEM_GATE_UP_F32=1`, for comparison).
-    gate_up16: bool,
     /// Attention tiles in the order of their contexts, longest first (`plan::longest_first`).
     longest_first: bool,
     /// Stage boundaries recorded while profiling: (stage that starts, event).
@@ -319,7 +317,6 @@ impl CudaBackend {
             use_mma: true,
             // TANDEM_DEC_KERNEL=off keeps decode tiles on the 16-row kernel (for comparison).
             use_dec: std::env::var("TANDEM_DEC_KERNEL").as_deref() != Ok("off"),
-            gate_up16: std::env::var("TANDEM_GATE_UP_F32").as_deref() != Ok("1"),
             longest_first: true,
             marks: std::cell::RefCell::new(None),
             tp: None,
@@ -546,7 +543,7 @@ impl CudaBackend {
                 norm_rows(ptr(&l.ffn_norm))?;
             }
             self.mark("gemm gate_up")?;
-            g.gemm(t, 2 * ff, h, hb, ptr(&l.gate_up), gu, !self.gate_up16, false)?;
+            g.gemm(t, 2 * ff, h, hb, ptr(&l.gate_up), gu, false, false)?;
             self.mark("silu_mul")?;
             let (fi, gelu) = (ff as i32, (c.hidden_act == Activation::GeluTanh) as i32);
             let cfg = LaunchConfig {
@@ -554,8 +551,7 @@ impl CudaBackend {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let f = if self.gate_up16 { &g.k.silu_mul16 } else { &g.k.silu_mul };
-            unsafe { g.launch(f, cfg, &[&gu, &act, &fi, &gelu])? };
+            unsafe { g.launch(&g.k.silu_mul, cfg, &[&gu, &act, &fi, &gelu])? };
             self.mark("gemm down")?;
             // The next layer's input norm rides on this all-reduce (not the final norm's,
             // which takes only the logits rows).

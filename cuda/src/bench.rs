@@ -205,12 +205,13 @@ fn decode_block() -> usize {
 /// A backend for decode steps of up to `max_batch` sequences of at most `longest` positions,
 /// each with blocks of its own, graphs captured up to `max_batch`.
 fn decode_options(max_batch: usize, longest: usize) -> CudaBackendOptions {
+    let bs = decode_block();
     CudaBackendOptions {
-        num_blocks: Some(max_batch * (longest + 1).div_ceil(decode_block())),
+        num_blocks: Some(max_batch * (longest + 1).div_ceil(bs)),
         max_num_batched_tokens: 2048,
-        max_model_len: longest + decode_block(),
+        max_model_len: longest + bs,
         max_graph_batch: max_batch,
-        block_size: decode_block(),
+        block_size: bs,
         ..Default::default()
     }
 }

@@ -136,10 +136,8 @@ pub struct Kernels {
     pub attention_prefill64: CudaFunction,
     /// The same, head width 128.
     pub attention_prefill128: CudaFunction,
-    /// SwiGLU (or GeGLU) activation over f32 gate|up.
+    /// SwiGLU (or GeGLU) activation over 16-bit gate|up.
     pub silu_mul: CudaFunction,
-    /// The same over 16-bit gate|up.
-    pub silu_mul16: CudaFunction,
     /// RMSNorm of a sub-layer's output added to the residual (Gemma's post-norms).
     pub rmsnorm_add: CudaFunction,
     /// Products of one row (decode steps of one sequence), f32 or 16-bit out.
@@ -255,7 +253,6 @@ impl Gpu {
             attention_prefill64: f("attention_prefill64")?,
             attention_prefill128: f("attention_prefill128")?,
             silu_mul: f("silu_mul")?,
-            silu_mul16: f("silu_mul16")?,
             rmsnorm_add: f("rmsnorm_add")?,
             gemv: f("gemv")?,
             fill_random: f("fill_random")?,

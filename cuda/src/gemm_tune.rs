@@ -5,7 +5,8 @@
 //! 2, 4 or 8 slices run as one strided-batched call (each slice's partial sum written apart,
 //! for a following kernel to add up). Each is timed as 20 calls captured in one CUDA graph (as
 //! decode steps run), so launch costs are the graph's, not the host's; the split calls read 20
-//! different weight matrices, as a step's layers do (from DRAM, not from the L2 cache).
+//! different weight matrices, as a step's layers do (from DRAM, not from the L2 cache). Beside
+//! them, [`node_us`]: what one kernel node costs such a graph beyond its work.
 
 use std::ffi::c_void;
 

@@ -186,8 +186,9 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             let (h, q, kv, f) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
             let mut shapes = Vec::new();
             for &m in &batches {
-                // q|k|v and gate|up to f32; o and down accumulate into the f32 residual.
-                shapes.extend([(m, q + 2 * kv, h, true), (m, h, q, true), (m, 2 * f, h, true), (m, h, f, true)]);
+                // q|k|v to f32, gate|up to the 16-bit type; o and down accumulate into the f32
+                // residual (as the backend runs them).
+                shapes.extend([(m, q + 2 * kv, h, true), (m, h, q, true), (m, 2 * f, h, false), (m, h, f, true)]);
             }
             let mut total = (0.0, 0.0);
             for t in tandem_cuda::gemm_tune::run(&g, &shapes, 20)? {
