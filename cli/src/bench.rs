@@ -53,9 +53,12 @@ pub struct EngineBenchArgs {
     /// both sides run the same requests).
     #[arg(long)]
     pub workload_file: Option<PathBuf>,
-    /// Sampling temperature (0 = greedy); every request ignores EOS.
+    /// Sampling temperature (0 = greedy); every request ignores EOS unless `--stop-at-eos`.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// Requests end at EOS (by default they ignore it and run their whole output length).
+    #[arg(long)]
+    pub stop_at_eos: bool,
     /// Top-p of every request (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
@@ -345,7 +348,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     };
     for (i, (ids, lo)) in reqs.into_iter().enumerate() {
         let params = SamplingParams {
-            ignore_eos: structured.is_none(),
+            ignore_eos: structured.is_none() && !a.stop_at_eos,
             structured: structured.clone(),
             temperature: a.temperature,
             top_p: a.top_p,

@@ -142,6 +142,10 @@ pub struct EngineArgs {
     /// news is built and sent while the device runs the next step).
     #[arg(long)]
     pub no_step_overlap: bool,
+    /// Collect each step's tokens before planning the next (by default, on a GPU, step N+1 is
+    /// planned and launched while step N runs, reading N's tokens on the device).
+    #[arg(long)]
+    pub no_async_scheduling: bool,
     /// Process prompts whole instead of in chunks.
     #[arg(long)]
     pub no_chunked_prefill: bool,
@@ -235,6 +239,9 @@ impl EngineArgs {
         }
         if self.no_step_overlap {
             a.push("--no-step-overlap".into());
+        }
+        if self.no_async_scheduling {
+            a.push("--no-async-scheduling".into());
         }
         if self.no_chunked_prefill {
             a.push("--no-chunked-prefill".into());
@@ -492,6 +499,7 @@ impl EngineArgs {
                 }),
             zero_freed_blocks: self.zero_freed_blocks,
             overlap_steps: !self.no_step_overlap,
+            async_scheduling: !self.no_async_scheduling,
         }
     }
 }

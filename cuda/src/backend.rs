@@ -116,6 +116,8 @@ struct Activations {
     /// then log-probability bits out.
     sample_args: CudaSlice<u32>,
     sample_out: CudaSlice<i32>,
+    /// Steps planned ahead: `(token, row)` pairs of a pass's deferred tokens.
+    take_pairs: CudaSlice<u32>,
 }
 
 /// Where a pass left its logits (see [`CudaBackend::pass`]).
@@ -175,8 +177,11 @@ pub struct CudaBackend {
     pub(crate) tp: Option<Collective>,
     /// Every row attends through the GEMM path (heads wider than the paged kernels take).
     gemm_attention: bool,
-    /// The pass `launch_sampled` queued, until `collect_sampled`.
-    launched: Option<sampling::Launched>,
+    /// The passes `launch_sampled` queued, oldest first, until `collect_sampled` (two at
+    /// most: a step planned ahead of the one in flight).
+    launched: std::collections::VecDeque<sampling::Launched>,
+    /// Where queued passes' tokens land on the host, one per pass that can be in flight.
+    samples_host: Vec<sampling::SampleSlot>,
 }
 
 /// A device error as the engine's backend error.
@@ -253,6 +258,7 @@ impl CudaBackend {
             logits_rows: gpu.zeros(t)?,
             sample_args: gpu.zeros(7 * logits_cap)?,
             sample_out: gpu.zeros(2 * logits_cap)?,
+            take_pairs: gpu.zeros(2 * logits_cap)?,
         };
         gpu.sync()?;
         let per_block = Self::kv_bytes_per_block(cfg, opts.block_size, opts.hybrid_kv) as u64;
@@ -320,7 +326,8 @@ impl CudaBackend {
             longest_first: true,
             marks: std::cell::RefCell::new(None),
             tp: None,
-            launched: None,
+            launched: Default::default(),
+            samples_host: Vec::new(),
         })
     }
 
@@ -586,6 +593,7 @@ impl CudaBackend {
             if let Some(size) = plan::graph_size_for(&self.graph_sizes, n) {
                 if let Some(p) = self.graph_plan(b, size) {
                     self.upload_plan(&p)?;
+                    self.take_deferred(b)?;
                     self.replay(size)?;
                     return Ok(Pass::Graph);
                 }
@@ -598,6 +606,7 @@ impl CudaBackend {
             p.split_contexts(splits, None);
         }
         self.upload_plan(&p)?;
+        self.take_deferred(b)?;
         let first = p.logits_rows.len().min(self.logits_cap);
         self.enqueue(
             n,
@@ -723,12 +732,16 @@ impl ModelBackend for CudaBackend {
         self.tp.is_none()
     }
 
+    fn takes_deferred_tokens(&self) -> bool {
+        self.overlaps_steps()
+    }
+
     fn launch_sampled(
         &mut self,
         b: &ForwardBatch,
         rows: &[RowSampling],
     ) -> Result<(), BackendError> {
-        self.validate(b)?;
+        self.validate_with(b, true)?;
         Self::check_sampling_rows(b, rows)?;
         self.launch_pass(b, rows).map_err(dev)
     }

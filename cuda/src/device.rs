@@ -154,6 +154,8 @@ pub struct Kernels {
     pub sample_rows: CudaFunction,
     /// Structured outputs: disallowed tokens of logits rows to minus infinity.
     pub mask_rows: CudaFunction,
+    /// Tokens of a pass taken from the previous pass's sampled tokens (steps planned ahead).
+    pub take_sampled: CudaFunction,
     /// Contiguous per-head K/V of one sequence (GEMM attention).
     pub gather_kv: CudaFunction,
     /// Causal softmax of a score matrix (GEMM attention).
@@ -261,6 +263,7 @@ impl Gpu {
             tp_all_reduce_norm: f("tp_all_reduce_norm")?,
             sample_rows: f("sample_rows")?,
             mask_rows: f("mask_rows")?,
+            take_sampled: f("take_sampled")?,
             gather_kv: f("gather_kv")?,
             softmax_causal: f("softmax_causal")?,
             to_model: f("to_model")?,

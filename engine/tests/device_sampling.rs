@@ -17,7 +17,10 @@ use tandem_engine::{
 
 /// The CPU backend, sampling "on the device" with the reference sampler; counts the rows.
 /// With `launches`, it also overlaps steps: a launch computes the tokens and keeps them until
-/// they are collected, and any other use of the device before that fails the test.
+/// they are collected, and any other use of the device before that fails the test. With
+/// `ahead` too, it takes deferred tokens: a second pass may be launched before the first is
+/// collected, its deferred tokens taken from the first's (everything runs at once, so in
+/// launch order, as on a device's stream), and counts those passes.
 struct DeviceSampling {
     inner: Box<dyn ModelBackend>,
     rows: Arc<AtomicUsize>,
@@ -25,20 +28,23 @@ struct DeviceSampling {
     masked: Arc<AtomicUsize>,
     /// Passes launched (overlapping steps), when counted.
     launches: Option<Arc<AtomicUsize>>,
-    /// The launched pass's tokens, until collected.
-    launched: Option<Vec<TokenLogprob>>,
+    /// Passes launched with deferred tokens, when the backend takes them.
+    ahead: Option<Arc<AtomicUsize>>,
+    /// The launched passes' tokens, until collected (oldest first).
+    launched: std::collections::VecDeque<Vec<TokenLogprob>>,
 }
 
 impl DeviceSampling {
     fn new(inner: Box<dyn ModelBackend>, rows: Arc<AtomicUsize>) -> Self {
         let masked = Arc::new(AtomicUsize::new(0));
-        DeviceSampling { inner, rows, masked, launches: None, launched: None }
+        DeviceSampling { inner, rows, masked, launches: None, ahead: None, launched: [].into() }
     }
 
-    /// The device is idle: nothing launched is left uncollected.
+    /// The device is idle: nothing launched is left uncollected (a backend that takes
+    /// deferred tokens queues its work after the launched passes instead).
     fn idle(&self) {
         assert!(
-            self.launched.is_none(),
+            self.ahead.is_some() || self.launched.is_empty(),
             "the device was used before its launched pass was collected"
         );
     }
@@ -64,22 +70,36 @@ impl ModelBackend for DeviceSampling {
     fn overlaps_steps(&self) -> bool {
         self.launches.is_some()
     }
+    fn takes_deferred_tokens(&self) -> bool {
+        self.ahead.is_some()
+    }
     fn launch_sampled(
         &mut self,
         batch: &ForwardBatch,
         rows: &[RowSampling],
     ) -> Result<(), BackendError> {
         self.idle();
-        let tokens = self.forward_sampled(batch, rows, &mut Vec::new)?;
+        assert!(self.launched.len() < 2, "at most two passes launched");
+        let mut batch = batch.clone();
+        if !batch.deferred.is_empty() {
+            let ahead = self.ahead.as_ref().expect("deferred tokens only when taken");
+            ahead.fetch_add(1, Ordering::Relaxed);
+            assert_eq!(self.launched.len(), 1, "deferred tokens read the one launched pass");
+            let prev = &self.launched[0];
+            for (tok, row) in std::mem::take(&mut batch.deferred) {
+                batch.token_ids[tok as usize] = prev[row as usize].token_id;
+            }
+        }
+        let tokens = self.forward_sampled(&batch, rows, &mut Vec::new)?;
         self.launches
             .as_ref()
             .expect("launched only when overlapping")
             .fetch_add(1, Ordering::Relaxed);
-        self.launched = Some(tokens);
+        self.launched.push_back(tokens);
         Ok(())
     }
     fn collect_sampled(&mut self) -> Result<Vec<TokenLogprob>, BackendError> {
-        Ok(self.launched.take().expect("a launched pass to collect"))
+        Ok(self.launched.pop_front().expect("a launched pass to collect"))
     }
     fn forward_sampled(
         &mut self,
@@ -353,6 +373,111 @@ fn overlap_engine(cfg: EngineConfig) -> (LLMEngine, Arc<AtomicUsize>) {
         ..DeviceSampling::new(m.backend, Arc::new(AtomicUsize::new(0)))
     });
     (LLMEngine::new(m, cfg), launches)
+}
+
+/// An engine whose "device" overlaps steps and takes deferred tokens (steps planned ahead),
+/// with a KV cache of `kv_tokens` (and swap space); the counters of its launches and of those planned ahead.
+fn ahead_engine(cfg: EngineConfig, kv_tokens: usize) -> (LLMEngine, [Arc<AtomicUsize>; 2]) {
+    let mut m = Model::load(
+        &model_fetch::default_model_path().unwrap(),
+        LoadOptions { swap_space_bytes: 16 << 20, ..LoadOptions::with_kv_tokens(kv_tokens) },
+    )
+    .unwrap();
+    let (launches, ahead) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    m.backend = Box::new(DeviceSampling {
+        launches: Some(launches.clone()),
+        ahead: Some(ahead.clone()),
+        ..DeviceSampling::new(m.backend, Arc::new(AtomicUsize::new(0)))
+    });
+    (LLMEngine::new(m, cfg), [launches, ahead])
+}
+
+/// Steps planned and launched before the previous step's tokens reach the host choose the same
+/// tokens as steps that wait for them: greedy and seeded rows, requests that end by
+/// `max_tokens` (1, 2, …), by a stop string and by EOS (planned one step too far, their extra
+/// row dropped), `min_tokens` (host-sampled until reached), and a request with alternatives
+/// (host-sampled: its steps run after the one in flight is collected); every block given back.
+#[test]
+fn steps_planned_ahead_give_the_tokens_of_waiting_steps() {
+    let greedy = |n| SamplingParams { ignore_eos: true, ..SamplingParams::greedy(n) };
+    let seeded = SamplingParams { temperature: 0.8, seed: Some(11), ..greedy(10) };
+    let stop = SamplingParams { stop: vec![",".into()], ..SamplingParams::greedy(16) };
+    let min = SamplingParams { min_tokens: 3, ..greedy(6) };
+    let top = SamplingParams { logprobs: Some(2), ..greedy(5) };
+    let reqs = [
+        ("one", PROMPTS[2], greedy(1)),
+        ("two", PROMPTS[2], greedy(2)),
+        ("greedy", PROMPTS[0], greedy(12)),
+        ("seeded", PROMPTS[1], seeded),
+        ("stop", PROMPTS[3], stop),
+        (
+            "eos",
+            "The capital of France is Paris. The capital of Italy is",
+            SamplingParams::greedy(40),
+        ),
+        ("min", PROMPTS[1], min),
+    ];
+    let waiting = EngineConfig { overlap_steps: false, ..Default::default() };
+    let (mut e, _) = ahead_engine(waiting, 4096);
+    let want = run(&mut e, &reqs);
+    let (mut e, [launches, ahead]) = ahead_engine(EngineConfig::default(), 4096);
+    let got = run(&mut e, &reqs);
+    assert!(ahead.load(Ordering::Relaxed) >= 8, "decode steps were planned ahead");
+    assert!(launches.load(Ordering::Relaxed) > ahead.load(Ordering::Relaxed));
+    for (id, _, _) in &reqs {
+        let (w, g) = (&want[*id][0], &got[*id][0]);
+        assert_eq!((&w.token_ids, &w.text), (&g.token_ids, &g.text), "{id}");
+        assert_eq!((w.finish_reason, &w.stop_reason), (g.finish_reason, &g.stop_reason), "{id}");
+    }
+    assert_eq!(got["eos"][0].finish_reason, Some(tandem_engine::FinishReason::Stop));
+    let bm = e.block_manager();
+    assert_eq!(bm.num_free_blocks(), bm.num_blocks(), "every block given back");
+    // A host-sampled request beside planned-ahead ones.
+    let mixed = run(&mut e, &[("top", PROMPTS[2], top), ("g", PROMPTS[0], greedy(12))]);
+    assert_eq!(mixed["g"][0].token_ids, want["greedy"][0].token_ids);
+    assert_eq!(mixed["top"][0].logprobs.len(), 5);
+    let off = EngineConfig { async_scheduling: false, ..Default::default() };
+    let (mut e, [_, ahead]) = ahead_engine(off, 4096);
+    assert_eq!(run(&mut e, &reqs[2..3])["greedy"][0].token_ids, want["greedy"][0].token_ids);
+    assert_eq!(ahead.load(Ordering::Relaxed), 0, "async scheduling off: nothing planned ahead");
+}
+
+/// Under memory pressure, steps planned ahead preempt (by recompute and by swap) sequences
+/// whose token is still on the device, and still give the tokens of waiting steps.
+#[test]
+fn steps_planned_ahead_survive_preemption() {
+    let p = |seed| SamplingParams {
+        temperature: 0.7,
+        seed: Some(seed),
+        max_tokens: 24,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let reqs: Vec<(String, &str, SamplingParams)> =
+        (0..8).map(|i| (format!("r{i}"), PROMPTS[i % 4], p(i as u64))).collect();
+    let reqs: Vec<(&str, &str, SamplingParams)> =
+        reqs.iter().map(|(id, t, p)| (id.as_str(), *t, p.clone())).collect();
+    for mode in [
+        tandem_engine::scheduling::scheduler::PreemptionMode::Recompute,
+        tandem_engine::scheduling::scheduler::PreemptionMode::Swap,
+    ] {
+        let cfg = |overlap| {
+            let mut c = EngineConfig { overlap_steps: overlap, ..Default::default() };
+            c.scheduler.preemption_mode = mode;
+            c
+        };
+        let (mut e, _) = ahead_engine(cfg(false), 160);
+        let want = run(&mut e, &reqs);
+        let (mut e, [_, ahead]) = ahead_engine(cfg(true), 160);
+        let got = run(&mut e, &reqs);
+        assert!(e.stats().num_preemptions > 0, "{mode:?}: the pool was short");
+        assert!(ahead.load(Ordering::Relaxed) > 0);
+        for (id, _, _) in &reqs {
+            assert_eq!(want[*id][0].token_ids, got[*id][0].token_ids, "{mode:?} {id}");
+        }
+        let bm = e.block_manager();
+        assert_eq!(bm.num_free_blocks(), bm.num_blocks(), "{mode:?}: every block given back");
+    }
 }
 
 /// Overlapped steps choose the same tokens as steps that wait for them — greedy, seeded, with

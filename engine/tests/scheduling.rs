@@ -27,6 +27,7 @@ fn tiny(kv_tokens: usize, swap_blocks: u64, sched: SchedulerConfig) -> LLMEngine
             speculative: None,
             zero_freed_blocks: false,
             overlap_steps: true,
+            async_scheduling: true,
         },
     )
 }

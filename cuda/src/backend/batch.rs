@@ -8,8 +8,24 @@ use crate::CudaError;
 
 impl CudaBackend {
     pub(crate) fn validate(&self, b: &ForwardBatch) -> Result<(), BackendError> {
+        self.validate_with(b, false)
+    }
+
+    /// [`CudaBackend::validate`]; deferred tokens are accepted only for a launched pass
+    /// (`launched`), one per row of the pass in flight.
+    pub(crate) fn validate_with(
+        &self,
+        b: &ForwardBatch,
+        launched: bool,
+    ) -> Result<(), BackendError> {
         let t = b.num_tokens();
         let bad = |m: String| Err(BackendError::InvalidBatch(m));
+        if !b.deferred.is_empty() && !launched {
+            return bad("deferred tokens outside a launched pass".into());
+        }
+        if b.deferred.len() > self.logits_cap {
+            return bad(format!("{} deferred tokens exceed {}", b.deferred.len(), self.logits_cap));
+        }
         if t > self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch) {
             return bad(format!(
                 "{t} tokens exceed max_num_batched_tokens {}",

@@ -7,15 +7,25 @@ use tandem_engine::sampling::sampler::TokenLogprob;
 
 use super::{CudaBackend, Pass};
 
+use cudarc::driver::{CudaEvent, PinnedHostSlice};
+
+use crate::device::ptr;
+use crate::CudaError;
+
 /// A pass [`CudaBackend::launch_pass`] left for [`CudaBackend::collect_pass`].
 pub(crate) enum Launched {
-    /// The sampling kernel is queued over this many rows.
-    Queued(usize),
+    /// The sampling kernel is queued over `rows` rows, its output copied to `samples_host[slot]`.
+    Queued { rows: usize, slot: usize },
     /// The tokens are already on the host.
     Ready(Vec<TokenLogprob>),
 }
-use crate::device::ptr;
-use crate::CudaError;
+
+/// Page-locked memory a queued pass's tokens and log-probabilities are copied to, and the event
+/// that copy completes.
+pub(crate) struct SampleSlot {
+    buf: PinnedHostSlice<i32>,
+    copied: CudaEvent,
+}
 
 impl CudaBackend {
     /// Runs a full pass and chooses each logits row's token on the device; only the tokens and
@@ -69,9 +79,38 @@ impl CudaBackend {
         b: &ForwardBatch,
         rows: &[RowSampling],
     ) -> Result<(), CudaError> {
-        if self.launched.is_some() {
-            return Err(CudaError::Unsupported("the launched pass was not collected".into()));
+        if self.launched.len() >= 2 {
+            return Err(CudaError::Unsupported("two launched passes are not collected".into()));
         }
+        let patched;
+        let b = match self.launched.back() {
+            _ if b.deferred.is_empty() => b,
+            None => {
+                return Err(CudaError::Unsupported(
+                    "deferred tokens without a launched pass".into(),
+                ))
+            }
+            Some(Launched::Ready(prev)) => {
+                // That pass's tokens are on the host already: they go up with the batch.
+                let mut c = b.clone();
+                for (tok, row) in std::mem::take(&mut c.deferred) {
+                    let t = prev.get(row as usize).ok_or_else(|| {
+                        CudaError::Unsupported(format!("deferred row {row} beyond the pass"))
+                    })?;
+                    c.token_ids[tok as usize] = t.token_id;
+                }
+                patched = c;
+                &patched
+            }
+            Some(Launched::Queued { rows, .. }) => {
+                if let Some(&(_, r)) = b.deferred.iter().find(|&&(_, r)| r as usize >= *rows) {
+                    return Err(CudaError::Unsupported(format!(
+                        "deferred row {r} beyond the pass"
+                    )));
+                }
+                b
+            }
+        };
         let n = rows.len();
         // A runner's batch asks for rows 0..n in order; an eager pass leaves them there, and a
         // decode graph leaves token i's in row i.
@@ -79,23 +118,72 @@ impl CudaBackend {
         if n > self.logits_cap || !in_order {
             // Rows beyond the logits buffer are sampled chunk by chunk: all at once, now.
             let tokens = self.run_sampled(b, rows, &mut Vec::new)?;
-            self.launched = Some(Launched::Ready(tokens));
+            self.launched.push_back(Launched::Ready(tokens));
             return Ok(());
         }
+        if self.samples_host.is_empty() {
+            for _ in 0..2 {
+                // SAFETY: page-locked memory written only by the copies below, read after
+                // their event.
+                let buf = unsafe { self.gpu.ctx.alloc_pinned::<i32>(2 * self.logits_cap) }?;
+                self.samples_host.push(SampleSlot { buf, copied: self.gpu.ctx.new_event(None)? });
+            }
+        }
+        // The slot the pass still in flight (if any) does not use.
+        let slot = match self.launched.front() {
+            Some(Launched::Queued { slot, .. }) => 1 - slot,
+            _ => 0,
+        };
         let idx: Vec<u32> = (0..n as u32).collect();
         self.gpu.write(&mut self.a.sample_args, &sampling_args(&idx, rows))?;
         self.pass(b, self.cfg.num_layers)?;
         self.queue_sample_rows(n)?;
-        self.launched = Some(Launched::Queued(n));
+        // The tokens leave for the host right away: a pass launched behind this one samples
+        // into the same device buffer.
+        let s = &mut self.samples_host[slot];
+        self.gpu.stream.memcpy_dtoh(&self.a.sample_out.slice(..2 * n), &mut s.buf)?;
+        s.copied.record(&self.gpu.stream)?;
+        self.launched.push_back(Launched::Queued { rows: n, slot });
         Ok(())
     }
 
-    /// The tokens of the pass [`CudaBackend::launch_pass`] queued (waits for the device).
+    /// The tokens of the oldest pass [`CudaBackend::launch_pass`] queued (waits for that pass
+    /// only).
     pub(crate) fn collect_pass(&mut self) -> Result<Vec<TokenLogprob>, CudaError> {
-        match self.launched.take() {
+        match self.launched.pop_front() {
             Some(Launched::Ready(tokens)) => Ok(tokens),
-            Some(Launched::Queued(n)) => self.read_samples(n),
+            Some(Launched::Queued { rows, slot }) => {
+                let s = &self.samples_host[slot];
+                s.copied.synchronize()?;
+                Ok(tokens_of(&s.buf.as_slice()?[..2 * rows]))
+            }
             None => Err(CudaError::Unsupported("no pass was launched".into())),
+        }
+    }
+
+    /// Queues the copy of a launched pass's deferred tokens from the tokens the pass before it
+    /// sampled (still in `sample_out`: this pass has not sampled yet) into the uploaded plan.
+    pub(super) fn take_deferred(&mut self, b: &ForwardBatch) -> Result<(), CudaError> {
+        if b.deferred.is_empty() {
+            return Ok(());
+        }
+        let pairs: Vec<u32> = b.deferred.iter().flat_map(|&(t, r)| [t, r]).collect();
+        self.gpu.write(&mut self.a.take_pairs, &pairs)?;
+        let g = &self.gpu;
+        let n = b.deferred.len() as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (b.deferred.len().div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: take_sampled(tokens, sampled, pairs, n): `pairs` holds n (token, row) pairs,
+        // tokens of this batch (checked by `validate`) and rows of the previous pass's samples.
+        unsafe {
+            g.launch(
+                &g.k.take_sampled,
+                cfg,
+                &[&ptr(&self.a.tokens), &ptr(&self.a.sample_out), &ptr(&self.a.take_pairs), &n],
+            )
         }
     }
 
@@ -171,14 +259,20 @@ impl CudaBackend {
     /// The `n` tokens the last `sample_rows` kernel chose, with their log-probabilities
     /// (waits for the device).
     fn read_samples(&self, n: usize) -> Result<Vec<TokenLogprob>, CudaError> {
-        let out = self.gpu.read(&self.a.sample_out, 2 * n)?;
-        Ok((0..n)
-            .map(|i| TokenLogprob {
-                token_id: out[i] as u32,
-                logprob: f32::from_bits(out[n + i] as u32),
-            })
-            .collect())
+        Ok(tokens_of(&self.gpu.read(&self.a.sample_out, 2 * n)?))
     }
+}
+
+/// `sample_rows`' output for n rows (n tokens, then the bits of their log-probabilities) as
+/// tokens.
+fn tokens_of(out: &[i32]) -> Vec<TokenLogprob> {
+    let n = out.len() / 2;
+    (0..n)
+        .map(|i| TokenLogprob {
+            token_id: out[i] as u32,
+            logprob: f32::from_bits(out[n + i] as u32),
+        })
+        .collect()
 }
 
 /// The `sample_rows` kernel's arguments, one upload: seven arrays of `rows.len()` words — the

@@ -76,6 +76,15 @@ extern "C" __global__ void mask_rows(float* __restrict__ logits, const unsigned*
   }
 }
 
+// Tokens a pass takes from the pass launched before it (steps planned ahead): pairs[2i] is a
+// token of the batch, pairs[2i + 1] the row whose token that pass's sample_rows left in
+// sampled[] (read before this pass's own sampling overwrites it: both run on one stream).
+extern "C" __global__ void take_sampled(int* __restrict__ tokens, const int* __restrict__ sampled,
+                                        const unsigned* __restrict__ pairs, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) tokens[pairs[2 * i]] = sampled[pairs[2 * i + 1]];
+}
+
 // One token per logits row (block x = row r of rows[]): Gumbel-max over l / temps[r] with the
 // row's seed among the tokens surviving min-p, then top-k, then top-p (as the engine's
 // sampler::gumbel_max; filters found by bisection on the logit value, ties at a threshold all

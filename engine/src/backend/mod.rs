@@ -62,6 +62,10 @@ pub struct ForwardBatch {
     /// For each of `logits_indices`, whether every entry must be exact ([`Logits::All`],
     /// [`Logits::LastExact`]).
     pub logits_exact: Vec<bool>,
+    /// `(token, row)`: token `token` of this batch is the one the launched, uncollected pass
+    /// samples for its logits row `row` (its entry in `token_ids` is a placeholder). Only for
+    /// [`ModelBackend::launch_sampled`] on a backend that [`ModelBackend::takes_deferred_tokens`].
+    pub deferred: Vec<(u32, u32)>,
 }
 
 impl Default for ForwardBatch {
@@ -93,6 +97,9 @@ impl ForwardBatch {
         if let Some(&tok) = self.token_ids.iter().find(|&&x| x as usize >= vocab) {
             return bad(format!("token id {tok} outside the vocabulary of {vocab}"));
         }
+        if let Some(&(tok, _)) = self.deferred.iter().find(|&&(x, _)| x as usize >= t) {
+            return bad(format!("deferred token {tok} outside the batch of {t} tokens"));
+        }
         Ok(())
     }
 
@@ -107,6 +114,7 @@ impl ForwardBatch {
             seqs: Vec::new(),
             logits_indices: Vec::new(),
             logits_exact: Vec::new(),
+            deferred: Vec::new(),
         }
     }
 
@@ -258,10 +266,19 @@ pub trait ModelBackend: Send {
     fn overlaps_steps(&self) -> bool {
         false
     }
+    /// Whether a second pass may be launched while one is uncollected, taking some of its
+    /// token ids from the tokens the first samples ([`ForwardBatch::deferred`]): the engine
+    /// then plans and launches step N+1 before step N's tokens reach the host (block moves
+    /// between the two are queued after step N on the device).
+    fn takes_deferred_tokens(&self) -> bool {
+        false
+    }
     /// Queues what [`ModelBackend::forward_sampled`] does for `batch` (no token masks) and
     /// returns without waiting for it; [`ModelBackend::collect_sampled`] then gives the
-    /// tokens. One launch at a time: every launch is collected before the next call that
-    /// touches the device.
+    /// tokens. One launch at a time — every launch is collected before the next call that
+    /// touches the device — unless the backend [`ModelBackend::takes_deferred_tokens`]: then
+    /// at most two, collected in launch order, and anything else on the device is queued
+    /// after them.
     fn launch_sampled(
         &mut self,
         batch: &ForwardBatch,

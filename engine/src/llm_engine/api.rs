@@ -49,6 +49,11 @@ pub struct EngineConfig {
     /// return a step's news while the device runs the next step, so the host's work between
     /// steps does not idle the device.
     pub overlap_steps: bool,
+    /// With overlapping steps, on a backend that takes deferred tokens
+    /// ([`crate::backend::ModelBackend::takes_deferred_tokens`]): plan and launch step N+1
+    /// before step N's tokens reach the host (vLLM's async scheduling), so the device does not
+    /// wait for the host to apply them and schedule. Outputs are unchanged.
+    pub async_scheduling: bool,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +64,7 @@ impl Default for EngineConfig {
             speculative: None,
             zero_freed_blocks: false,
             overlap_steps: true,
+            async_scheduling: true,
         }
     }
 }

@@ -72,6 +72,9 @@ pub struct LLMEngine {
     grammars: Option<Arc<GrammarCompiler>>,
     /// Whether steps may overlap ([`EngineConfig::overlap_steps`]).
     overlap_steps: bool,
+    /// Whether a step is planned before the one in flight is collected
+    /// ([`EngineConfig::async_scheduling`]).
+    async_scheduling: bool,
     /// The step launched on the device and not yet collected: the sequences it samples (its
     /// plan is `last_schedule`).
     in_flight: Option<Vec<SeqId>>,
@@ -133,6 +136,7 @@ impl LLMEngine {
             spec: config.speculative.map(SpecDecoder::new),
             grammars: None,
             overlap_steps: config.overlap_steps,
+            async_scheduling: config.overlap_steps && config.async_scheduling,
             in_flight: None,
             deferred_error: None,
         }
@@ -581,18 +585,27 @@ impl LLMEngine {
         if let Some(e) = self.deferred_error.take() {
             return Err(e);
         }
-        let done = self.complete_in_flight()?;
+        let (done, plan) = if self.plans_ahead() {
+            match self.step_ahead()? {
+                overlap::Ahead::Launched(outputs) => return Ok(outputs),
+                overlap::Ahead::Planned(update, plan) => (Some(update), plan),
+            }
+        } else {
+            let done = self.complete_in_flight()?;
+            let start = std::time::Instant::now();
+            let plan = self.schedule()?;
+            self.stats.steps += 1;
+            self.stats.phase_seconds.schedule += start.elapsed().as_secs_f64();
+            (done, plan)
+        };
         let mut clock = std::time::Instant::now();
         let mut lap = |phase: &mut f64| {
             let now = std::time::Instant::now();
             *phase += now.duration_since(clock).as_secs_f64();
             clock = now;
         };
-        let plan = self.schedule()?;
-        self.stats.steps += 1;
-        lap(&mut self.stats.phase_seconds.schedule);
         if self.overlap_steps && self.spec.is_none() {
-            if let Some(sampled) = self.runner.launch(&plan, &self.scheduler.seqs)? {
+            if let Some(sampled) = self.runner.launch(&plan, &self.scheduler.seqs, &[])? {
                 lap(&mut self.stats.phase_seconds.forward);
                 self.last_schedule = plan;
                 self.in_flight = Some(sampled);

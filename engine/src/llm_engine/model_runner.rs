@@ -75,7 +75,8 @@ fn wants_prompt_rows(seq: &Sequence) -> bool {
 fn row_sampling(seq: &Sequence) -> RowSampling {
     let base = seq.rng.clone().next_u64();
     let p = &seq.params;
-    let seed = base.wrapping_add((seq.len() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    // At the length it has when this row is sampled (a token still on the device counts).
+    let seed = base.wrapping_add((seq.next_len() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     RowSampling { temperature: p.temperature, seed, top_k: p.top_k, top_p: p.top_p, min_p: p.min_p }
 }
 
@@ -95,8 +96,15 @@ impl ModelRunner {
     }
 
     /// Builds the batch of a step: each scheduled sequence's next tokens with their positions and
-    /// slots; logits are asked for the sequences whose tokens are then all computed.
-    pub fn prepare(&self, out: &SchedulerOutput, seqs: &SeqMap) -> (ForwardBatch, Vec<SeqId>) {
+    /// slots; logits are asked for the sequences whose tokens are then all computed. A token
+    /// still on the device (planned ahead) is deferred to the launched pass's row `ahead` names
+    /// for its sequence.
+    pub fn prepare(
+        &self,
+        out: &SchedulerOutput,
+        seqs: &SeqMap,
+        ahead: &HashMap<SeqId, u32>,
+    ) -> (ForwardBatch, Vec<SeqId>) {
         let bs = self.backend.kv_cache_spec().block_size;
         let mut batch = ForwardBatch::with_kv_groups(self.kv_groups);
         let mut sampled = Vec::new();
@@ -113,7 +121,7 @@ impl ModelRunner {
                 continue;
             }
             let end = start + s.num_tokens;
-            let completes = end == seq.len();
+            let completes = end == seq.next_len();
             let logits = if wants_prompt_rows(seq) {
                 Logits::All
             } else if completes && seq.params.reads_far_logits() {
@@ -123,7 +131,17 @@ impl ModelRunner {
             } else {
                 Logits::None
             };
-            batch.push_seq(&seq.token_ids[start..end], start, &seq.block_table.blocks, bs, logits);
+            if end > seq.len() {
+                // Its last token is the one the launched pass samples for `row`.
+                let row = ahead[&s.seq_id];
+                let mut toks = seq.token_ids[start..].to_vec();
+                batch.deferred.push(((batch.num_tokens() + toks.len()) as u32, row));
+                toks.push(0);
+                batch.push_seq(&toks, start, &seq.block_table.blocks, bs, logits);
+            } else {
+                let toks = &seq.token_ids[start..end];
+                batch.push_seq(toks, start, &seq.block_table.blocks, bs, logits);
+            }
             if completes || logits == Logits::All {
                 sampled.push(s.seq_id);
             }
@@ -133,13 +151,16 @@ impl ModelRunner {
 
     /// Launches the step without waiting for the device when the backend overlaps steps and
     /// the backend chooses every token it samples (no row needs its logits on the host or a
-    /// token mask): block moves, then the pass and its sampling queued. Returns the sequences
-    /// whose tokens [`ModelRunner::collect`] then gives, or `None` when the step must run
-    /// through [`ModelRunner::execute`] (nothing was done).
+    /// token mask): block moves, then the pass and its sampling queued. `ahead` is the launched,
+    /// uncollected step's sampled sequences, when this step was planned before their tokens
+    /// arrived (their pending tokens are read on the device). Returns the sequences whose
+    /// tokens [`ModelRunner::collect`] then gives, or `None` when the step must run through
+    /// [`ModelRunner::execute`] (nothing was done).
     pub fn launch(
         &mut self,
         out: &SchedulerOutput,
         seqs: &SeqMap,
+        ahead: &[SeqId],
     ) -> Result<Option<Vec<SeqId>>, BackendError> {
         if !self.backend.overlaps_steps() || out.scheduled.is_empty() {
             return Ok(None);
@@ -147,7 +168,7 @@ impl ModelRunner {
         let mut any = false;
         for s in &out.scheduled {
             let seq = &seqs[&s.seq_id];
-            let completes = seq.num_computed_tokens + s.num_tokens == seq.len();
+            let completes = seq.num_computed_tokens + s.num_tokens == seq.next_len();
             if !seq.drafts().is_empty() || wants_prompt_rows(seq) {
                 return Ok(None);
             }
@@ -160,7 +181,9 @@ impl ModelRunner {
             return Ok(None);
         }
         self.move_blocks(out)?;
-        let (batch, sampled) = self.prepare(out, seqs);
+        let ahead: HashMap<SeqId, u32> =
+            ahead.iter().enumerate().map(|(row, &id)| (id, row as u32)).collect();
+        let (batch, sampled) = self.prepare(out, seqs, &ahead);
         let rows: Vec<RowSampling> = sampled.iter().map(|id| row_sampling(&seqs[id])).collect();
         self.backend.launch_sampled(&batch, &rows)?;
         Ok(Some(sampled))
@@ -213,7 +236,7 @@ impl ModelRunner {
         if out.scheduled.is_empty() {
             return Ok(Vec::new());
         }
-        let (batch, sampled) = self.prepare(out, seqs);
+        let (batch, sampled) = self.prepare(out, seqs, &HashMap::new());
         if self.backend.samples_on_device()
             && !sampled.is_empty()
             && sampled.iter().all(|id| device_samplable(&seqs[id], &*masks))

@@ -4,7 +4,20 @@
 
 use super::{now_secs, LLMEngine};
 use crate::llm_engine::api::EngineError;
-use crate::scheduling::scheduler::StepUpdate;
+use crate::llm_engine::model_runner::RowOutput;
+use crate::scheduling::request_output::RequestOutput;
+use crate::scheduling::scheduler::{SchedulerOutput, StepUpdate};
+use crate::scheduling::sequence::SeqId;
+
+/// What planning a step ahead of the one in flight came to ([`LLMEngine::step_ahead`]).
+pub(super) enum Ahead {
+    /// The step was launched behind the one in flight, which was then collected: its news.
+    Launched(Vec<RequestOutput>),
+    /// The step cannot be launched (a row needs the host): the step in flight was collected
+    /// and applied (its news), and the plan, without the sequences that ended meanwhile, is
+    /// left to run now.
+    Planned(StepUpdate, SchedulerOutput),
+}
 
 impl LLMEngine {
     /// Collects the step in flight, if any: waits for the tokens the device chose, applies them
@@ -14,7 +27,7 @@ impl LLMEngine {
         let Some(sampled) = self.in_flight.take() else { return Ok(None) };
         let start = std::time::Instant::now();
         let rows = self.runner.collect(sampled)?;
-        let sampled = self.sample(rows);
+        let sampled = self.sample(self.live_rows(rows));
         let collected = std::time::Instant::now();
         self.stats.phase_seconds.forward += collected.duration_since(start).as_secs_f64();
         // The launched step's plan is `last_schedule`.
@@ -34,5 +47,62 @@ impl LLMEngine {
             Ok(None) => {}
             Err(e) => self.deferred_error = Some(e),
         }
+    }
+
+    /// A collected step's rows without those of sequences that ended while it ran (it was
+    /// planned ahead of their last token, which ended them): nothing is owed for those.
+    fn live_rows(&self, rows: Vec<(SeqId, RowOutput)>) -> Vec<(SeqId, RowOutput)> {
+        rows.into_iter().filter(|(id, _)| self.scheduler.seqs.contains_key(id)).collect()
+    }
+
+    /// Whether the next step is planned before the step in flight is collected: async
+    /// scheduling on, a step in flight, no speculation, and a backend that reads the pending
+    /// tokens on the device.
+    pub(super) fn plans_ahead(&self) -> bool {
+        self.async_scheduling
+            && self.in_flight.is_some()
+            && self.spec.is_none()
+            && self.runner.backend.takes_deferred_tokens()
+    }
+
+    /// Plans step N+1 while step N runs: N's KV is recorded as computed and each of its
+    /// sampled sequences that its token cannot end counts that token as pending; the plan is
+    /// launched behind N (its pending tokens read on the device) when every row it samples can
+    /// be chosen there. Then N is collected and applied. The device runs N+1 while the host
+    /// applies N, returns its news and plans N+2; tokens and outputs are those of steps that
+    /// wait (the seeds count the pending token). A sequence that N's token ends (a stop, EOS)
+    /// was planned for nothing: its row of N+1 is dropped when collected.
+    pub(super) fn step_ahead(&mut self) -> Result<Ahead, EngineError> {
+        let flight = self.in_flight.take().expect("plans_ahead: a step in flight");
+        let launched = std::mem::take(&mut self.last_schedule);
+        let start = std::time::Instant::now();
+        let prefill_tokens = self.scheduler.mark_step_computed(&launched, &[]);
+        self.scheduler.expect_tokens(&flight);
+        let mut plan = self.schedule()?;
+        self.stats.steps += 1;
+        let planned = std::time::Instant::now();
+        self.stats.phase_seconds.schedule += planned.duration_since(start).as_secs_f64();
+        let next = self.runner.launch(&plan, &self.scheduler.seqs, &flight)?;
+        let rows = self.runner.collect(flight)?;
+        let collected = std::time::Instant::now();
+        self.stats.phase_seconds.forward += collected.duration_since(planned).as_secs_f64();
+        let rows = self.live_rows(rows);
+        let sampled = self.sample(rows);
+        let update =
+            self.scheduler.apply_sampled(sampled, &self.tokenizer, now_secs(), prefill_tokens)?;
+        self.wipe_freed();
+        self.stats.phase_seconds.update += collected.elapsed().as_secs_f64();
+        let Some(ids) = next else {
+            let seqs = &self.scheduler.seqs;
+            plan.scheduled.retain(|s| seqs.contains_key(&s.seq_id));
+            plan.num_batched_tokens = plan.scheduled.iter().map(|s| s.num_tokens).sum();
+            return Ok(Ahead::Planned(update, plan));
+        };
+        self.in_flight = Some(ids);
+        self.last_schedule = plan;
+        let outputs_start = std::time::Instant::now();
+        let outputs = self.outputs(update);
+        self.stats.phase_seconds.outputs += outputs_start.elapsed().as_secs_f64();
+        Ok(Ahead::Launched(outputs))
     }
 }

@@ -407,6 +407,10 @@ impl Scheduler {
                 continue; // preempted earlier in this step
             }
             let want = self.seqs[&id].num_uncomputed() + self.seqs[&id].drafts().len();
+            if want == 0 {
+                // Its last token is still on the device (planned ahead): it ends with it.
+                continue;
+            }
             let n = want.min(budget).min(self.seqs[&id].chunk_limit());
             if n == 0 {
                 break;
@@ -563,19 +567,58 @@ impl Scheduler {
         tokenizer: &Tokenizer,
         now: f64,
     ) -> Result<StepUpdate, TokenizeError> {
-        let mut update = StepUpdate::default();
         let verifying: Vec<SeqId> =
             sampled.iter().filter(|s| s.drafts_verified.is_some()).map(|s| s.seq_id).collect();
+        let prefill_tokens = self.mark_step_computed(plan, &verifying);
+        self.apply_sampled(sampled, tokenizer, now, prefill_tokens)
+    }
+
+    /// Records the KV a step computed for its sequences but `skip` (drafts being verified are
+    /// marked once verified); returns how many of those tokens were prompt (or recomputed)
+    /// tokens. Called before the step's tokens are known when the next step is planned ahead:
+    /// the device computes that KV before anything the next step queues.
+    pub fn mark_step_computed(&mut self, plan: &SchedulerOutput, skip: &[SeqId]) -> u64 {
+        let mut prefill_tokens = 0;
         for s in &plan.scheduled {
             let Some(seq) = self.seqs.get(&s.seq_id) else { continue };
-            if verifying.contains(&s.seq_id) {
-                continue; // marked once its drafts are verified, below
+            if skip.contains(&s.seq_id) {
+                continue;
             }
             if !seq.is_decoding() {
-                update.prefill_tokens += s.num_tokens as u64;
+                prefill_tokens += s.num_tokens as u64;
             }
             self.mark_computed(s.seq_id, s.num_tokens);
         }
+        prefill_tokens
+    }
+
+    /// The launched step samples a token for each of `ids`: those its token cannot end count
+    /// it as pending ([`Sequence::pending_tokens`]), so the next step can be planned (and
+    /// launched, reading that token on the device) before it reaches the host. Sequences whose
+    /// next token is their last are not planned again.
+    pub fn expect_tokens(&mut self, ids: &[SeqId]) {
+        let max_len = self.config.max_model_len;
+        for id in ids {
+            if let Some(seq) = self.seqs.get_mut(id) {
+                if !seq.next_token_ends(max_len) {
+                    seq.pending_tokens = 1;
+                }
+            }
+        }
+    }
+
+    /// Appends each sequence's new tokens with the stop conditions (clearing its pending
+    /// token), gives back the blocks that only held rejected drafts, and takes finished
+    /// sequences out; the step's KV was recorded by [`Scheduler::mark_step_computed`], which
+    /// counted `prefill_tokens`.
+    pub fn apply_sampled(
+        &mut self,
+        sampled: Vec<SampledSeq>,
+        tokenizer: &Tokenizer,
+        now: f64,
+        prefill_tokens: u64,
+    ) -> Result<StepUpdate, TokenizeError> {
+        let mut update = StepUpdate { prefill_tokens, ..Default::default() };
         let mut finished: Vec<SeqId> = Vec::new();
         for out in sampled {
             let id = out.seq_id;
@@ -624,6 +667,7 @@ impl Scheduler {
     ) -> Result<usize, TokenizeError> {
         let max_len = self.config.max_model_len;
         let Some(seq) = self.seqs.get_mut(&id) else { return Ok(0) };
+        seq.pending_tokens = 0;
         seq.metrics.first_token_time.get_or_insert(now);
         let mut appended = 0;
         let mut done = false;

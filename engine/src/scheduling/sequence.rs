@@ -70,6 +70,10 @@ pub struct Sequence {
     pub prompt_len: usize,
     /// Tokens whose KV is in the cache.
     pub num_computed_tokens: usize,
+    /// Tokens the device is still choosing for it (0 or 1): set while the next step is planned
+    /// before the launched step's tokens reach the host (`Scheduler::expect_tokens`); they
+    /// count as part of the sequence for scheduling but are not in `token_ids` yet.
+    pub pending_tokens: usize,
     /// State.
     pub status: SequenceStatus,
     /// Device blocks (when running).
@@ -142,6 +146,7 @@ impl Sequence {
             prompt_len: prompt.len(),
             token_ids: prompt,
             num_computed_tokens: 0,
+            pending_tokens: 0,
             status: SequenceStatus::Waiting,
             block_table: BlockTable::default(),
             host_blocks: Vec::new(),
@@ -182,6 +187,7 @@ impl Sequence {
             token_ids: self.token_ids.clone(),
             prompt_len: self.prompt_len,
             num_computed_tokens: self.num_computed_tokens,
+            pending_tokens: 0,
             status: self.status,
             block_table: BlockTable::default(),
             host_blocks: Vec::new(),
@@ -240,11 +246,23 @@ impl Sequence {
     }
     /// Whether all its tokens but the newest are computed (a decode step computes one).
     pub fn is_decoding(&self) -> bool {
-        self.num_computed_tokens + 1 == self.token_ids.len() && self.num_output_tokens() > 0
+        self.num_computed_tokens + 1 == self.next_len()
+            && self.num_output_tokens() + self.pending_tokens > 0
     }
-    /// Tokens still to compute before the next sample.
+    /// Tokens still to compute before the next sample (a pending token included).
     pub fn num_uncomputed(&self) -> usize {
-        self.token_ids.len() - self.num_computed_tokens
+        self.next_len() - self.num_computed_tokens
+    }
+    /// Its length once the tokens the device is choosing have arrived.
+    pub fn next_len(&self) -> usize {
+        self.token_ids.len() + self.pending_tokens
+    }
+    /// Whether the next token will end it whatever it is: its last by `max_tokens` or by
+    /// `max_model_len`, or the only token of a prefill worker's request.
+    pub fn next_token_ends(&self, max_model_len: usize) -> bool {
+        self.prefill_only
+            || self.num_output_tokens() + 1 >= self.params.max_tokens
+            || self.token_ids.len() + 1 >= max_model_len
     }
 
     /// Most tokens one step may compute for it: a prompt whose log-probabilities are asked for

@@ -381,6 +381,9 @@ impl CpuBackend {
         let t = b.token_ids.len();
         let groups = self.kv_groups.num_groups();
         b.check_layout(groups, self.cfg.vocab_size)?;
+        if !b.deferred.is_empty() {
+            return bad("this backend takes no deferred tokens (it does not overlap steps)".into());
+        }
         if let Some(&s) = b.slot_mapping.iter().find(|&&s| s as usize >= self.kv.num_slots()) {
             return bad(format!("slot {s} outside the KV cache of {} slots", self.kv.num_slots()));
         }
