@@ -319,13 +319,11 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     let mut rng = tandem_engine::sampling::sampler::Rng::new(a.seed);
     let mut pick = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
     let mut total_in = 0;
-    let mut total_out = 0;
     let mut reqs = Vec::new();
     if let Some(f) = &a.workload_file {
         reqs = workload_file(f, vocab)?;
         a.num_prompts = reqs.len();
         total_in = reqs.iter().map(|r| r.0.len()).sum();
-        total_out = reqs.iter().map(|r| r.1).sum();
     }
     for i in reqs.len()..a.num_prompts {
         let (li, lo) = (pick(a.min_input_len, a.input_len), pick(a.min_output_len, a.output_len));
@@ -337,7 +335,6 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         };
         let li = ids.len();
         total_in += li;
-        total_out += lo;
         reqs.push((ids, lo));
     }
     let structured = match &a.json_schema {
@@ -406,6 +403,8 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     let (pf_s, pf_gen) = prefill_done.unwrap_or((secs, generated));
     let decode_tps = if secs > pf_s { (generated - pf_gen) as f64 / (secs - pf_s) } else { 0.0 };
     let digest = outputs_digest(&tokens);
+    // Tokens generated: the requested lengths unless requests end early (EOS, a schema's end).
+    let total_out = generated;
     let report = serde_json::json!({
         "prefill_seconds": pf_s, "decode_seconds": secs - pf_s, "decode_tok_per_s": decode_tps,
         "prefill_tok_per_s": total_in as f64 / pf_s,
