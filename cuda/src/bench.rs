@@ -186,6 +186,10 @@ pub struct DecodeRow {
     /// Time the HBM roofline allows for those bytes, ms (on a tensor-parallel group: for each
     /// GPU's share, at the slowest GPU's bandwidth).
     pub roofline_ms: f64,
+    /// The bound once the GEMMs' arithmetic counts too, ms (each GPU's share): its weights read
+    /// at the copy bandwidth or multiplied at the GEMM peak, whichever is slower, then its KV
+    /// read at the copy bandwidth (the step's GEMMs and attention run one after the other).
+    pub compute_bound_ms: f64,
     /// GPU time per stage of an eager step, ms.
     pub profile: Vec<(&'static str, f64)>,
     /// On a tensor-parallel group: the step's all-reduces alone in a graph, ms (slowest rank),
@@ -302,7 +306,13 @@ pub fn decode(
             }
         };
         let positions: usize = b.seqs.iter().map(|s| s.context_len).sum();
-        let per_gpu = 2.0 * linear_params(&local) as f64 + kv_per_token * positions as f64;
+        let weights = 2.0 * linear_params(&local) as f64;
+        let kv = kv_per_token * positions as f64;
+        let per_gpu = weights + kv;
+        // Two FLOPs per weight and row, at one GPU's share of the group's measured peak.
+        let gemm_s = weights * batch as f64 / (lim.gemm_flops / tp.max(1) as f64);
+        let compute_bound_ms =
+            ((weights / lim.hbm_bytes_per_s).max(gemm_s) + kv / lim.hbm_bytes_per_s) * 1e3;
         rows.push(DecodeRow {
             batch,
             context,
@@ -315,6 +325,7 @@ pub fn decode(
             chained_ms,
             bytes: per_gpu * tp.max(1) as f64,
             roofline_ms: per_gpu / lim.hbm_bytes_per_s * 1e3,
+            compute_bound_ms,
             profile,
             all_reduce,
         });

@@ -145,6 +145,9 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                     r.tile_step_ms,
                     100.0 * r.roofline_ms / r.tile_step_ms
                 );
+                if r.compute_bound_ms > r.roofline_ms * 1.001 {
+                    println!("[{name}]   with the GEMMs' arithmetic at the measured peak (weights then KV, one after the other): bound {:.3} ms -> {:.1}% of it", r.compute_bound_ms, 100.0 * r.compute_bound_ms / r.step_ms);
+                }
                 print_profile(&name, &r.profile);
                 println!("[{name}]   the 16-row tensor-core attention kernel on the decode tiles: step {:.3} ms, {:.1}%", r.rows16.0, 100.0 * r.roofline_ms / r.rows16.0);
                 print_profile(&name, &r.rows16.1);
