@@ -588,7 +588,7 @@ impl LLMEngine {
         let (done, plan) = if self.plans_ahead() {
             match self.step_ahead()? {
                 overlap::Ahead::Launched(outputs) => return Ok(outputs),
-                overlap::Ahead::Planned(update, plan) => (Some(update), plan),
+                overlap::Ahead::Planned(update, plan) => (Some(update), *plan),
             }
         } else {
             let done = self.complete_in_flight()?;

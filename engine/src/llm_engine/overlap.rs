@@ -16,7 +16,7 @@ pub(super) enum Ahead {
     /// The step cannot be launched (a row needs the host): the step in flight was collected
     /// and applied (its news), and the plan, without the sequences that ended meanwhile, is
     /// left to run now.
-    Planned(StepUpdate, SchedulerOutput),
+    Planned(StepUpdate, Box<SchedulerOutput>),
 }
 
 impl LLMEngine {
@@ -96,7 +96,7 @@ impl LLMEngine {
             let seqs = &self.scheduler.seqs;
             plan.scheduled.retain(|s| seqs.contains_key(&s.seq_id));
             plan.num_batched_tokens = plan.scheduled.iter().map(|s| s.num_tokens).sum();
-            return Ok(Ahead::Planned(update, plan));
+            return Ok(Ahead::Planned(update, Box::new(plan)));
         };
         self.in_flight = Some(ids);
         self.last_schedule = plan;
