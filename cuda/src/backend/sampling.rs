@@ -171,11 +171,7 @@ impl CudaBackend {
         self.gpu.write(&mut self.a.take_pairs, &pairs)?;
         let g = &self.gpu;
         let n = b.deferred.len() as i32;
-        let cfg = LaunchConfig {
-            grid_dim: (b.deferred.len().div_ceil(256) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig::for_num_elems(n as u32);
         // SAFETY: take_sampled(tokens, sampled, pairs, n): `pairs` holds n (token, row) pairs,
         // tokens of this batch (checked by `validate`) and rows of the previous pass's samples.
         unsafe {
