@@ -559,10 +559,13 @@ mod tests {
             "1",
             "--max-num-seqs",
             "8",
+            "--no-async-scheduling",
         ]);
         let again = Wrap::parse_from(std::iter::once("x".to_string()).chain(w.e.to_args()));
         assert_eq!(format!("{:?}", w.e), format!("{:?}", again.e));
         assert_eq!((again.e.load_format, again.e.cuda_device), (LoadFormatArg::Dummy, 1));
+        let cfg = again.e.engine_config();
+        assert!(cfg.overlap_steps && !cfg.async_scheduling, "workers keep async scheduling off");
         assert_eq!((again.e.max_num_seqs(), again.e.max_num_batched_tokens()), (8, 8192));
     }
 

@@ -133,7 +133,8 @@ impl ModelRunner {
             };
             if end > seq.len() {
                 // Its last token is the one the launched pass samples for `row`.
-                let row = ahead[&s.seq_id];
+                let row =
+                    *ahead.get(&s.seq_id).expect("a pending token belongs to the launched pass");
                 let mut toks = seq.token_ids[start..].to_vec();
                 batch.deferred.push(((batch.num_tokens() + toks.len()) as u32, row));
                 toks.push(0);
