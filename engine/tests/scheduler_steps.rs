@@ -263,3 +263,44 @@ fn forks_share_the_prompt_blocks_and_count_against_max_num_seqs() {
     let plan = s.schedule(0.0);
     assert_eq!(planned(&plan), [(1, 1), (10, 1), (11, 1)], "seq 2 still waits for a slot");
 }
+
+/// Planning ahead (async scheduling): with a step's tokens still on the device, its KV is
+/// marked computed, each sequence counts its coming token as pending and is planned one token
+/// further; a sequence that token must end (its last by `max_tokens`) leaves the running set
+/// with its blocks at once, so its slot goes to a waiting prompt in the same plan.
+#[test]
+fn a_step_planned_ahead_counts_pending_tokens_and_frees_ending_sequences() {
+    let mut s = scheduler(32, 64, 2);
+    s.add(seq(1, 6, params(5)));
+    s.add(seq(2, 6, params(1)));
+    s.add(seq(3, 6, params(5)));
+    let plan = s.schedule(0.0);
+    assert_eq!(planned(&plan), [(1, 6), (2, 6)], "two slots: seq 3 waits");
+    let free_before = s.block_manager.num_free_blocks();
+    // The step is launched; the next is planned before its tokens arrive.
+    let prefill = s.mark_step_computed(&plan, &[]);
+    assert_eq!(prefill, 12);
+    s.expect_tokens(&[1, 2]);
+    assert_eq!((s.seqs[&1].pending_tokens, s.seqs[&1].next_len()), (1, 7));
+    assert!(s.seqs[&1].is_decoding(), "a pending first token makes it a decode");
+    assert_eq!(s.seqs[&2].pending_tokens, 0, "its coming token is its last");
+    assert!(s.seqs[&2].block_table.is_empty(), "its blocks went back at once");
+    assert!(s.block_manager.num_free_blocks() > free_before);
+    let ahead = s.schedule(0.0);
+    assert_eq!(planned(&ahead), [(1, 1), (3, 6)], "seq 1 one token on; seq 3 takes seq 2's slot");
+    // The launched step's tokens arrive: seq 2 ends, seq 1 has its token and no pending one.
+    let out = vec![SampledSeq::one(1, token(7)), SampledSeq::one(2, token(8))];
+    let up = s.apply_sampled(out, &Tokenizer::ids_only(), 1.0, prefill).unwrap();
+    check(&s);
+    assert_eq!(up.finished.iter().map(|q| q.seq_id).collect::<Vec<_>>(), [2]);
+    assert_eq!(up.prefill_tokens, 12);
+    assert_eq!((s.seqs[&1].pending_tokens, s.seqs[&1].len()), (0, 7));
+    assert_eq!(s.seqs[&1].output_ids(), [7]);
+    // The planned step runs as planned: seq 1 computes the token that arrived.
+    let out = fake_output(&s, &ahead, 9);
+    let up = s.update_from_output(&ahead, out, &Tokenizer::ids_only(), 2.0).unwrap();
+    check(&s);
+    assert_eq!(up.updated, [1, 3]);
+    assert_eq!(s.seqs[&1].num_computed_tokens, 7);
+    assert_eq!(s.seqs[&1].output_ids(), [7, 9]);
+}

@@ -54,7 +54,7 @@ pub struct EngineConfig {
     /// before step N's tokens reach the host (vLLM's async scheduling), so the device does not
     /// wait for the host to apply them and schedule. Each row's token is the one a waiting step
     /// would choose; under memory pressure preemption may fall at other steps (a sequence that
-    /// ends at step N holds its blocks while N+1 is planned).
+    /// EOS or a stop string ends at step N holds its blocks while N+1 is planned).
     pub async_scheduling: bool,
 }
 

@@ -594,15 +594,20 @@ impl Scheduler {
 
     /// The launched step samples a token for each of `ids`: those its token cannot end count
     /// it as pending ([`Sequence::pending_tokens`]), so the next step can be planned (and
-    /// launched, reading that token on the device) before it reaches the host. Sequences whose
-    /// next token is their last are not planned again.
+    /// launched, reading that token on the device) before it reaches the host. A sequence
+    /// whose next token is its last is not planned again: it leaves the running set and gives
+    /// its blocks back now, as it would once that token arrived (the device writes its KV
+    /// before anything planned next; a prefill worker's request keeps both, its pages ship
+    /// once it finishes).
     pub fn expect_tokens(&mut self, ids: &[SeqId]) {
         let max_len = self.config.max_model_len;
         for id in ids {
-            if let Some(seq) = self.seqs.get_mut(id) {
-                if !seq.next_token_ends(max_len) {
-                    seq.pending_tokens = 1;
-                }
+            let Some(seq) = self.seqs.get_mut(id) else { continue };
+            if !seq.next_token_ends(max_len) {
+                seq.pending_tokens = 1;
+            } else if !seq.prefill_only {
+                self.block_manager.free(&mut seq.block_table);
+                self.running.retain(|x| x != id);
             }
         }
     }
