@@ -585,18 +585,9 @@ impl LLMEngine {
         if let Some(e) = self.deferred_error.take() {
             return Err(e);
         }
-        let (done, plan) = if self.plans_ahead() {
-            match self.step_ahead()? {
-                overlap::Ahead::Launched(outputs) => return Ok(outputs),
-                overlap::Ahead::Planned(update, plan) => (Some(update), *plan),
-            }
-        } else {
-            let done = self.complete_in_flight()?;
-            let start = std::time::Instant::now();
-            let plan = self.schedule()?;
-            self.stats.steps += 1;
-            self.stats.phase_seconds.schedule += start.elapsed().as_secs_f64();
-            (done, plan)
+        let (done, plan) = match self.plan_step()? {
+            overlap::Ahead::Launched(outputs) => return Ok(outputs),
+            overlap::Ahead::Planned(update, plan) => (update, *plan),
         };
         let mut clock = std::time::Instant::now();
         let mut lap = |phase: &mut f64| {

@@ -9,14 +9,14 @@ use crate::scheduling::request_output::RequestOutput;
 use crate::scheduling::scheduler::{SchedulerOutput, StepUpdate};
 use crate::scheduling::sequence::SeqId;
 
-/// What planning a step ahead of the one in flight came to ([`LLMEngine::step_ahead`]).
+/// How a step was planned ([`LLMEngine::plan_step`]).
 pub(super) enum Ahead {
-    /// The step was launched behind the one in flight, which was then collected: its news.
+    /// Planned ahead and launched behind the step in flight, which was then collected: its
+    /// news.
     Launched(Vec<RequestOutput>),
-    /// The step cannot be launched (a row needs the host): the step in flight was collected
-    /// and applied (its news), and the plan, without the sequences that ended meanwhile, is
-    /// left to run now.
-    Planned(StepUpdate, Box<SchedulerOutput>),
+    /// The step in flight (if any) was collected and applied (its news), and the plan, without
+    /// the sequences that ended meanwhile, is left to run now.
+    Planned(Option<StepUpdate>, Box<SchedulerOutput>),
 }
 
 impl LLMEngine {
@@ -55,10 +55,24 @@ impl LLMEngine {
         rows.into_iter().filter(|(id, _)| self.scheduler.seqs.contains_key(id)).collect()
     }
 
+    /// Plans the step: ahead of the step in flight when [`LLMEngine::plans_ahead`], otherwise
+    /// after collecting it.
+    pub(super) fn plan_step(&mut self) -> Result<Ahead, EngineError> {
+        if self.plans_ahead() {
+            return self.step_ahead();
+        }
+        let done = self.complete_in_flight()?;
+        let start = std::time::Instant::now();
+        let plan = self.schedule()?;
+        self.stats.steps += 1;
+        self.stats.phase_seconds.schedule += start.elapsed().as_secs_f64();
+        Ok(Ahead::Planned(done, Box::new(plan)))
+    }
+
     /// Whether the next step is planned before the step in flight is collected: async
     /// scheduling on, a step in flight, no speculation, and a backend that reads the pending
     /// tokens on the device.
-    pub(super) fn plans_ahead(&self) -> bool {
+    fn plans_ahead(&self) -> bool {
         self.async_scheduling
             && self.in_flight.is_some()
             && self.spec.is_none()
@@ -72,7 +86,7 @@ impl LLMEngine {
     /// applies N, returns its news and plans N+2; tokens and outputs are those of steps that
     /// wait (the seeds count the pending token). A sequence that N's token ends (a stop, EOS)
     /// was planned for nothing: its row of N+1 is dropped when collected.
-    pub(super) fn step_ahead(&mut self) -> Result<Ahead, EngineError> {
+    fn step_ahead(&mut self) -> Result<Ahead, EngineError> {
         let flight = self.in_flight.take().expect("plans_ahead: a step in flight");
         let launched = std::mem::take(&mut self.last_schedule);
         let start = std::time::Instant::now();
@@ -96,7 +110,7 @@ impl LLMEngine {
             let seqs = &self.scheduler.seqs;
             plan.scheduled.retain(|s| seqs.contains_key(&s.seq_id));
             plan.num_batched_tokens = plan.scheduled.iter().map(|s| s.num_tokens).sum();
-            return Ok(Ahead::Planned(update, Box::new(plan)));
+            return Ok(Ahead::Planned(Some(update), Box::new(plan)));
         };
         self.in_flight = Some(ids);
         self.last_schedule = plan;
