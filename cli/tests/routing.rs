@@ -139,7 +139,9 @@ fn prefix_aware_routing_across_router_replicas() {
     // 2. One prefix dominates: 24 concurrent requests through both routers. The holder of the
     //    prefix computes only the suffix of each, so it may take more requests, but the prefill
     //    work booked per worker (uncached prompt tokens) stays balanced: the busiest worker has
-    //    at most one uncached prompt more work than the idlest, and every worker gets some.
+    //    at most one uncached prompt more work than the idlest per router replica (two replicas
+    //    deciding at the same instant each see the other's booking only once it is published,
+    //    so both may pick the same worker), and every worker gets some.
     let hot = system_prompt(0);
     let handles: Vec<_> = (0..24)
         .map(|i| {
@@ -178,9 +180,10 @@ fn prefix_aware_routing_across_router_replicas() {
     eprintln!("dominant prefix, 24 concurrent requests per worker: {requests:?}; booked prefill tokens: {work:?}");
     assert_eq!(work.len(), 3, "every worker takes part: {requests:?}");
     let (max, min) = (*work.values().max().unwrap(), *work.values().min().unwrap());
+    let slack = routers.len() as u64 * largest;
     assert!(
-        max <= min + largest,
-        "prefill work unbalanced beyond one prompt ({largest} tokens): {work:?}"
+        max <= min + slack,
+        "prefill work unbalanced beyond one prompt per replica ({largest} tokens): {work:?}"
     );
 
     // 3. Nothing leaked anywhere.
