@@ -586,8 +586,8 @@ impl LLMEngine {
             return Err(e);
         }
         let (done, plan) = match self.plan_step()? {
-            overlap::Ahead::Launched(outputs) => return Ok(outputs),
-            overlap::Ahead::Planned(update, plan) => (update, *plan),
+            overlap::PlannedStep::Launched(outputs) => return Ok(outputs),
+            overlap::PlannedStep::ToRun(update, plan) => (update, *plan),
         };
         let mut clock = std::time::Instant::now();
         let mut lap = |phase: &mut f64| {

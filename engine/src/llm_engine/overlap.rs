@@ -10,13 +10,13 @@ use crate::scheduling::scheduler::{SchedulerOutput, StepUpdate};
 use crate::scheduling::sequence::SeqId;
 
 /// How a step was planned ([`LLMEngine::plan_step`]).
-pub(super) enum Ahead {
+pub(super) enum PlannedStep {
     /// Planned ahead and launched behind the step in flight, which was then collected: its
     /// news.
     Launched(Vec<RequestOutput>),
     /// The step in flight (if any) was collected and applied (its news), and the plan, without
     /// the sequences that ended meanwhile, is left to run now.
-    Planned(Option<StepUpdate>, Box<SchedulerOutput>),
+    ToRun(Option<StepUpdate>, Box<SchedulerOutput>),
 }
 
 impl LLMEngine {
@@ -51,13 +51,14 @@ impl LLMEngine {
 
     /// A collected step's rows without those of sequences that ended while it ran (it was
     /// planned ahead of their last token, which ended them): nothing is owed for those.
-    fn live_rows(&self, rows: Vec<(SeqId, RowOutput)>) -> Vec<(SeqId, RowOutput)> {
-        rows.into_iter().filter(|(id, _)| self.scheduler.seqs.contains_key(id)).collect()
+    fn live_rows(&self, mut rows: Vec<(SeqId, RowOutput)>) -> Vec<(SeqId, RowOutput)> {
+        rows.retain(|(id, _)| self.scheduler.seqs.contains_key(id));
+        rows
     }
 
     /// Plans the step: ahead of the step in flight when [`LLMEngine::plans_ahead`], otherwise
     /// after collecting it.
-    pub(super) fn plan_step(&mut self) -> Result<Ahead, EngineError> {
+    pub(super) fn plan_step(&mut self) -> Result<PlannedStep, EngineError> {
         if self.plans_ahead() {
             return self.step_ahead();
         }
@@ -66,7 +67,7 @@ impl LLMEngine {
         let plan = self.schedule()?;
         self.stats.steps += 1;
         self.stats.phase_seconds.schedule += start.elapsed().as_secs_f64();
-        Ok(Ahead::Planned(done, Box::new(plan)))
+        Ok(PlannedStep::ToRun(done, Box::new(plan)))
     }
 
     /// Whether the next step is planned before the step in flight is collected: async
@@ -86,7 +87,7 @@ impl LLMEngine {
     /// applies N, returns its news and plans N+2; tokens and outputs are those of steps that
     /// wait (the seeds count the pending token). A sequence that N's token ends (a stop, EOS)
     /// was planned for nothing: its row of N+1 is dropped when collected.
-    fn step_ahead(&mut self) -> Result<Ahead, EngineError> {
+    fn step_ahead(&mut self) -> Result<PlannedStep, EngineError> {
         let flight = self.in_flight.take().expect("plans_ahead: a step in flight");
         let launched = std::mem::take(&mut self.last_schedule);
         let start = std::time::Instant::now();
@@ -110,13 +111,13 @@ impl LLMEngine {
             let seqs = &self.scheduler.seqs;
             plan.scheduled.retain(|s| seqs.contains_key(&s.seq_id));
             plan.num_batched_tokens = plan.scheduled.iter().map(|s| s.num_tokens).sum();
-            return Ok(Ahead::Planned(Some(update), Box::new(plan)));
+            return Ok(PlannedStep::ToRun(Some(update), Box::new(plan)));
         };
         self.in_flight = Some(ids);
         self.last_schedule = plan;
         let outputs_start = std::time::Instant::now();
         let outputs = self.outputs(update);
         self.stats.phase_seconds.outputs += outputs_start.elapsed().as_secs_f64();
-        Ok(Ahead::Launched(outputs))
+        Ok(PlannedStep::Launched(outputs))
     }
 }

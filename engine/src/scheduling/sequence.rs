@@ -260,9 +260,13 @@ impl Sequence {
     /// Whether the next token will end it whatever it is: its last by `max_tokens` or by
     /// `max_model_len`, or the only token of a prefill worker's request.
     pub fn next_token_ends(&self, max_model_len: usize) -> bool {
-        self.prefill_only
-            || self.num_output_tokens() + 1 >= self.params.max_tokens
-            || self.token_ids.len() + 1 >= max_model_len
+        self.prefill_only || self.ends_by_length(1, max_model_len)
+    }
+    /// Whether `extra` more tokens reach `max_tokens` or `max_model_len` (the length rule
+    /// [`Sequence::append_token`] ends a sequence by).
+    fn ends_by_length(&self, extra: usize, max_model_len: usize) -> bool {
+        self.num_output_tokens() + extra >= self.params.max_tokens
+            || self.token_ids.len() + extra >= max_model_len
     }
 
     /// Most tokens one step may compute for it: a prompt whose log-probabilities are asked for
@@ -306,9 +310,8 @@ impl Sequence {
         }
         // The parameters are read in place: this runs for every token of every sequence.
         let p = &self.params;
-        let (detokenize, max_tokens) = (p.detokenize, p.max_tokens);
-        let n_out = self.num_output_tokens();
-        let may_stop = n_out >= p.min_tokens;
+        let detokenize = p.detokenize;
+        let may_stop = self.num_output_tokens() >= p.min_tokens;
         // A requested stop token is the stop reason; end-of-sequence has none (as in vLLM).
         if may_stop && p.stop_token_ids.contains(&id) {
             self.finish(FinishReason::Stop, Some(StopReason::Token(id)));
@@ -347,7 +350,7 @@ impl Sequence {
             self.finish(FinishReason::Stop, None);
             return Ok(true);
         }
-        if n_out >= max_tokens || self.token_ids.len() >= max_model_len {
+        if self.ends_by_length(0, max_model_len) {
             if detokenize {
                 let tail = self.output.detok.flush(tok)?;
                 self.output.text.push_str(&tail);
