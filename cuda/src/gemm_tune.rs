@@ -46,6 +46,9 @@ pub struct GemmTiming {
     pub candidates: usize,
     /// cuBLAS's choice on 20 different weight matrices, µs per call.
     pub cold_us: f64,
+    /// Where [`Gpu::gemm`] takes Tandem's own kernel (`gemv`, one row): that kernel on the same
+    /// 20 matrices, µs per call.
+    pub own_cold_us: Option<f64>,
     /// The product cut into `s` slices of `k` (strided-batched, partial sums apart), on 20
     /// different weight matrices: `(s, µs per call)` for each `s` that divides `k` into
     /// multiples of 64.
@@ -131,8 +134,29 @@ pub fn run(
         lr::create_handle().map_err(|e| CudaError::Blas(format!("cublasLtCreate: {e:?}")))?;
     let ws = g.zeros::<u8>(WORKSPACE)?;
     let wsp = ptr(&ws);
-    let mut out = Vec::new();
-    for &(m, n, k, c_f32) in shapes {
+    // cuBLAS throughout, the gemv kernel only where timed as such.
+    let gemv = g.gemv_on();
+    g.set_gemv(false);
+    let out = shapes.iter().try_fold(Vec::new(), |mut out, &shape| {
+        out.push(time_shape(g, shape, reps, handle, wsp, gemv)?);
+        Ok(out)
+    });
+    g.set_gemv(gemv);
+    unsafe { lsys::cublasLtDestroy(handle) };
+    out
+}
+
+/// [`run`] for one shape, cuBLAS (and cuBLASLt `handle`, workspace `wsp`) against the gemv
+/// kernel where `gemv` says it was on.
+fn time_shape(
+    g: &Gpu,
+    (m, n, k, c_f32): (usize, usize, usize, bool),
+    reps: usize,
+    handle: lsys::cublasLtHandle_t,
+    wsp: u64,
+    gemv: bool,
+) -> Result<GemmTiming, CudaError> {
+    {
         let a = g.zeros::<u16>(m * k)?;
         let w = g.zeros::<u16>(n * k)?;
         let c = g.zeros::<f32>(m * n)?;
@@ -148,6 +172,15 @@ pub fn run(
             wc + (2 * i * n * k) as u64
         };
         let cold_us = graph_us(g, reps, || g.gemm(m, n, k, ap, next_w(), cp, c_f32, false))?;
+        let own_cold_us = match m == 1 && gemv {
+            true => {
+                g.set_gemv(true);
+                let us = graph_us(g, reps, || g.gemm(m, n, k, ap, next_w(), cp, c_f32, false));
+                g.set_gemv(false);
+                Some(us?)
+            }
+            false => None,
+        };
         let mut split_us = Vec::new();
         for s in SPLITS.into_iter().filter(|&s| k % (64 * s) == 0) {
             let us = graph_us(g, reps, || gemm_split_k(g, m, n, k, ap, next_w(), pp, s))?;
@@ -256,7 +289,7 @@ pub fn run(
             .enumerate()
             .min_by(|a, b| a.1.total_cmp(&b.1))
             .unwrap_or((0, f64::INFINITY));
-        out.push(GemmTiming {
+        let timing = GemmTiming {
             m,
             n,
             k,
@@ -267,8 +300,9 @@ pub fn run(
             first_us: times.first().copied().unwrap_or(f64::INFINITY),
             candidates: times.len(),
             cold_us,
+            own_cold_us,
             split_us,
-        });
+        };
         unsafe {
             lsys::cublasLtMatmulPreferenceDestroy(pref);
             lsys::cublasLtMatrixLayoutDestroy(wl);
@@ -276,7 +310,6 @@ pub fn run(
             lsys::cublasLtMatrixLayoutDestroy(cl);
             lsys::cublasLtMatmulDescDestroy(desc);
         }
+        Ok(timing)
     }
-    unsafe { lsys::cublasLtDestroy(handle) };
-    Ok(out)
 }

@@ -202,7 +202,11 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                     g.name, cfg.name, t.m, t.n, t.k, t.default_us, t.first_us, t.best_us, t.best_index, t.candidates, t.default_us / t.best_us
                 );
                 let splits: Vec<String> = t.split_us.iter().map(|(s, us)| format!("{s} slices {us:.2} us")).collect();
-                println!("[{}]   20 different weight matrices: cuBLAS {:.2} us; cut along k (partial sums apart): {}", g.name, t.cold_us, splits.join(", "));
+                let own = match t.own_cold_us {
+                    Some(own) => format!("cuBLAS {:.2} us, the gemv kernel {own:.2} us -> {:.2}x", t.cold_us, t.cold_us / own),
+                    None => format!("cuBLAS {:.2} us", t.cold_us),
+                };
+                println!("[{}]   20 different weight matrices: {own}; cut along k (partial sums apart): {}", g.name, splits.join(", "));
             }
             println!("[{}] all shapes: cuBLAS {:.1} us, best of both {:.1} us", g.name, total.0, total.1);
             Ok(true)
