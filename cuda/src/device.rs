@@ -623,7 +623,8 @@ impl<T: DeviceRepr> KernelArg for T {
     }
 }
 
-/// Warps of a `qkv_rope_store` block (one head per warp).
+/// Warps of a `qkv_rope_store` block (one head per warp; the kernels' `__launch_bounds__(128, …)`
+/// in kernels/layers.cu assume four).
 const ROPE_WARPS: u32 = 4;
 
 /// The launch of `qkv_rope_store` over `tokens` tokens of `heads` heads (q, k and v together).

@@ -181,19 +181,29 @@ __device__ __forceinline__ void qkv_rope_store_impl(const float* __restrict__ qk
 }
 
 // One kernel per most rotation pairs a lane holds (hd ≤ 64 · PAIRS): sized for 1,024-wide heads,
-// a 128-wide head's warp held 114 registers for 2 pairs and 4 CTAs fitted an SM.
-#define ROPE_KERNEL(NAME, PAIRS)                                                                       \
-  extern "C" __global__ void NAME(const float* __restrict__ qkv, const int* __restrict__ pos,          \
-                                  const int* __restrict__ slot, const float* __restrict__ inv_freq,   \
-                                  const float* __restrict__ q_norm, const float* __restrict__ k_norm, \
-                                  float* __restrict__ q_out, h16* __restrict__ q16,                  \
-                                  h16* __restrict__ k_cache, h16* __restrict__ v_cache, int nh,      \
-                                  int nkv, int hd, int interleaved, float eps, int block_size,        \
-                                  const float* __restrict__ qkv_bias) {                              \
+// a 128-wide head's warp held 114 registers for 2 pairs and 4 CTAs fitted an SM. MIN_BLOCKS: CTAs
+// of 4 warps (the host's ROPE_WARPS) the registers leave room for. Each warp has one round trip
+// of loads in flight, so warps per SM set the bandwidth: heads up to 128 wide at 16 CTAs (32
+// registers, a few bytes spilled) took the q/k norm + RoPE + KV store stage of a 16 × 1,024-token
+// Qwen3-0.6B prefill from 6.96 to 5.75 ms and of a 4 × 2,048 Llama-3-8B one from 6.19 to 5.42 ms
+// on an H200 (docs/gpu-runs/h200-2026-11-28d-small-batch/4-prefill-knobs/). ROPE_MIN_BLOCKS (a
+// define) overrides it for comparison.
+#ifdef ROPE_MIN_BLOCKS
+#define ROPE_BOUNDS(MIN_BLOCKS) __launch_bounds__(128, ROPE_MIN_BLOCKS)
+#else
+#define ROPE_BOUNDS(MIN_BLOCKS) __launch_bounds__(128, MIN_BLOCKS)
+#endif
+#define ROPE_KERNEL(NAME, PAIRS, MIN_BLOCKS)                                                           \
+  extern "C" __global__ void ROPE_BOUNDS(MIN_BLOCKS) NAME(                                            \
+      const float* __restrict__ qkv, const int* __restrict__ pos, const int* __restrict__ slot,        \
+      const float* __restrict__ inv_freq, const float* __restrict__ q_norm,                            \
+      const float* __restrict__ k_norm, float* __restrict__ q_out, h16* __restrict__ q16,              \
+      h16* __restrict__ k_cache, h16* __restrict__ v_cache, int nh, int nkv, int hd, int interleaved,  \
+      float eps, int block_size, const float* __restrict__ qkv_bias) {                                 \
     qkv_rope_store_impl<PAIRS>(qkv, pos, slot, inv_freq, q_norm, k_norm, q_out, q16, k_cache, v_cache, \
                                nh, nkv, hd, interleaved, eps, block_size, qkv_bias);                 \
   }
-ROPE_KERNEL(qkv_rope_store_p1, 1)
-ROPE_KERNEL(qkv_rope_store_p2, 2)
-ROPE_KERNEL(qkv_rope_store_p4, 4)
-ROPE_KERNEL(qkv_rope_store, ROPE_PAIRS)
+ROPE_KERNEL(qkv_rope_store_p1, 1, 16)
+ROPE_KERNEL(qkv_rope_store_p2, 2, 16)
+ROPE_KERNEL(qkv_rope_store_p4, 4, 1)
+ROPE_KERNEL(qkv_rope_store, ROPE_PAIRS, 1)
