@@ -25,7 +25,7 @@ use tandem_engine::sampling::sampler::TokenLogprob;
 use crate::backend::{dev, enable_peer_access, Collective, PEER_MAX_WORLD};
 use crate::device::{Dtype, Gpu};
 use crate::{CudaBackend, CudaBackendOptions, CudaError, DeviceWeights, WeightSource};
-use shard::{merge_pages, split_page, Shard};
+use shard::{merge_group_pages, split_group_page, Shard};
 
 /// How long a follower may take over one command before the group is reported broken.
 const FOLLOWER_DEADLINE: Duration = Duration::from_secs(600);
@@ -397,7 +397,9 @@ impl ModelBackend for TpBackend {
         KvCacheSpec {
             num_blocks: self.num_blocks,
             block_size: one.block_size,
-            bytes_per_block: one.bytes_per_block * self.size(),
+            // The whole model's page: each KV head once, however many ranks hold it.
+            bytes_per_block: one.bytes_per_block * self.size()
+                / Shard::kv_replicas(&self.cfg, self.size()),
             pool_bytes_per_block: one.pool_bytes_per_block * self.size(),
         }
     }
@@ -467,7 +469,9 @@ impl ModelBackend for TpBackend {
             Reply::Page(p) => Some(p),
             _ => None,
         }));
-        Ok(merge_pages(&pages, 2 * self.cfg.num_layers, self.kv_cache_spec().block_size))
+        let reps = Shard::kv_replicas(&self.cfg, self.size());
+        let (parts, bs) = (2 * self.cfg.num_layers, self.kv_cache_spec().block_size);
+        Ok(merge_group_pages(&pages, reps, parts, bs))
     }
 
     fn write_block(&mut self, block: u32, page: &[u8]) -> Result<(), BackendError> {
@@ -479,8 +483,9 @@ impl ModelBackend for TpBackend {
                 page.len()
             )));
         }
-        let parts =
-            split_page(page, self.size(), 2 * self.cfg.num_layers, self.kv_cache_spec().block_size);
+        let reps = Shard::kv_replicas(&self.cfg, self.size());
+        let (layer_parts, bs) = (2 * self.cfg.num_layers, self.kv_cache_spec().block_size);
+        let parts = split_group_page(page, self.size(), reps, layer_parts, bs);
         let parts: Vec<Arc<Vec<u8>>> = parts.into_iter().map(Arc::new).collect();
         let each = parts.clone();
         self.send(move |rank| {

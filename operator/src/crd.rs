@@ -389,8 +389,9 @@ pub struct WorkerSpec {
     pub autoscaling: bool,
     /// GPUs per worker (tensor parallelism, `accelerator: nvidia`): the worker splits the model's
     /// heads, MLP and KV blocks across this many GPUs of its node (`--tensor-parallel-size`),
-    /// which must divide the model's query and KV head counts. Workers of different sizes
-    /// exchange KV pages over `kvTransfer.backend: tcp` (re-sharded by KV head).
+    /// which must divide the model's query heads and divide its KV heads or be a multiple of
+    /// their count (each then replicated). Workers of different sizes exchange KV pages over
+    /// `kvTransfer.backend: tcp` (re-sharded by KV head).
     #[serde(default = "one")]
     #[schemars(range(min = 1, max = 8))]
     pub tensor_parallel: i32,

@@ -6,7 +6,8 @@
 # check   TP=2 against one GPU on the same weights, greedy token for token (tandem-gpu tp-check):
 #         the committed tiny random-weight models of each CUDA architecture (their files, so the
 #         sharded loader runs) and the Llama-3-8B shape (random weights from a fixed seed), with
-#         the peer-memory all-reduce and again with NCCL's (TANDEM_TP_ALL_REDUCE=nccl).
+#         the peer-memory all-reduce and again with NCCL's (TANDEM_TP_ALL_REDUCE=nccl); a copy of
+#         the tiny Llama with one KV head (scripts/gpu/one_kv_head.py), replicated on both GPUs.
 # bench   the Llama-3-70B shape (random weights) split over GPUs 0 and 1: decode steps at batch
 #         1, 64 and 256 (context 1024) against the two-GPU HBM roofline measured in the same run,
 #         the step's all-reduces alone in a graph; with the peer-memory all-reduce carrying
@@ -38,6 +39,9 @@ for s in $sections; do
       for arch in llama qwen2 qwen3 mistral phi3; do
         section "check-tiny-$arch" 120 tp-check "tests/data/tiny-$arch" 2 8 64
       done
+      # One KV head on two GPUs: each rank keeps a replica of it.
+      python3 scripts/gpu/one_kv_head.py tests/data/tiny-llama "$out/tiny-llama-one-kv-head" > /dev/null &&
+        section check-tiny-llama-one-kv-head 120 tp-check "$out/tiny-llama-one-kv-head" 2 8 64
       section check-llama-3-8b 300 tp-check "$bin/configs/llama-3-8b.json" 2 8 64
       TANDEM_TP_ALL_REDUCE=nccl section check-llama-3-8b-nccl 300 tp-check "$bin/configs/llama-3-8b.json" 2 8 64
       ;;

@@ -1,7 +1,9 @@
 //! How a model splits across the GPUs of a tensor-parallel group — arithmetic only, no device.
 //!
 //! Rank `r` of `n` keeps query heads `r·H/n ..` and KV heads `r·K/n ..` (so each rank's query
-//! heads read only its own KV heads), and the same slice of the MLP's hidden width. The fused
+//! heads read only its own KV heads), and the same slice of the MLP's hidden width. A group
+//! larger than the model's KV heads (`n` a multiple of `K`) replicates them: rank `r` keeps KV
+//! head `r·K/n` — the one its query heads read — and `n/K` ranks hold each. The fused
 //! q|k|v and gate|up matrices are column-parallel (a rank keeps its rows of each part), the
 //! output and down projections row-parallel (a rank keeps its columns; the partial products are
 //! summed by an all-reduce). Norms, the embedding and the LM head are whole on every rank.
@@ -29,7 +31,8 @@ impl Shard {
     pub const WHOLE: Shard = Shard { rank: 0, size: 1 };
 
     /// Why `cfg` cannot be split `size` ways, if it cannot: every rank must get whole query
-    /// heads, whole KV heads and an equal slice of the MLP.
+    /// heads, whole KV heads (or one KV head it shares with other ranks) and an equal slice of
+    /// the MLP.
     pub fn refusal(cfg: &ModelConfig, size: usize) -> Option<String> {
         if size == 0 {
             return Some("a tensor-parallel size of 0".into());
@@ -41,21 +44,41 @@ impl Shard {
                 cfg.arch.gguf_name()
             ));
         }
-        for (what, n) in [
-            ("query heads", cfg.num_heads),
-            ("KV heads", cfg.num_kv_heads),
-            ("MLP width", cfg.intermediate_size),
-        ] {
+        for (what, n) in [("query heads", cfg.num_heads), ("MLP width", cfg.intermediate_size)] {
             if !n.is_multiple_of(size) {
                 why.push(format!("{n} {what}"));
             }
         }
+        let kv = cfg.num_kv_heads;
+        if !kv.is_multiple_of(size) && (kv == 0 || !size.is_multiple_of(kv)) {
+            why.push(format!("{kv} KV heads"));
+        }
         (!why.is_empty()).then(|| {
             format!(
-                "tensor-parallel size {size} does not divide the model's {} (each GPU keeps whole heads; replicating KV heads is not supported)",
+                "tensor-parallel size {size} does not divide the model's {} (each GPU keeps whole heads; KV heads are replicated only when the size is a multiple of their count)",
                 why.join(", ")
             )
         })
+    }
+
+    /// Ranks that hold each KV head: 1, or `size / K` when the group is larger than the model's
+    /// `K` KV heads (a group [`Shard::refusal`] accepts).
+    pub fn kv_replicas(cfg: &ModelConfig, size: usize) -> usize {
+        match cfg.num_kv_heads {
+            k if k > 0 && k < size => size / k,
+            _ => 1,
+        }
+    }
+
+    /// Rows of the whole `[kv_size, …]` K (or V) part this rank keeps: its slice of the KV heads,
+    /// or the one head its query heads read where heads are replicated.
+    fn kv_part(&self, cfg: &ModelConfig) -> Range<usize> {
+        let reps = Self::kv_replicas(cfg, self.size);
+        if reps == 1 {
+            return self.part(cfg.kv_size());
+        }
+        let head = self.rank / reps;
+        head * cfg.head_dim..(head + 1) * cfg.head_dim
     }
 
     /// Whether this rank holds the whole residual stream before the all-reduce (its output
@@ -73,7 +96,7 @@ impl Shard {
     pub fn local_config(&self, cfg: &ModelConfig) -> ModelConfig {
         let mut c = cfg.clone();
         c.num_heads /= self.size;
-        c.num_kv_heads /= self.size;
+        c.num_kv_heads = (c.num_kv_heads / self.size).max(1);
         c.intermediate_size /= self.size;
         c
     }
@@ -81,7 +104,7 @@ impl Shard {
     /// Rows of the whole `[q + 2·kv, hidden]` q|k|v matrix (or bias) this rank keeps, in order.
     pub fn qkv_rows(&self, cfg: &ModelConfig) -> [Range<usize>; 3] {
         let (q, kv) = (cfg.q_size(), cfg.kv_size());
-        let (qr, kr) = (self.part(q), self.part(kv));
+        let (qr, kr) = (self.part(q), self.kv_part(cfg));
         [qr, q + kr.start..q + kr.end, q + kv + kr.start..q + kv + kr.end]
     }
 
@@ -128,6 +151,32 @@ pub fn merge_pages(pages: &[Vec<u8>], parts: usize, positions: usize) -> Vec<u8>
     out
 }
 
+/// The whole page of a block from every rank's page of a group of `size` (rank order), where
+/// `reps` ranks in a row hold the same KV heads ([`Shard::kv_replicas`]): the first of each.
+pub fn merge_group_pages(
+    pages: &[Vec<u8>],
+    reps: usize,
+    parts: usize,
+    positions: usize,
+) -> Vec<u8> {
+    let owners: Vec<Vec<u8>> = pages.iter().step_by(reps.max(1)).cloned().collect();
+    merge_pages(&owners, parts, positions)
+}
+
+/// Every rank's page of a whole page ([`merge_group_pages`] reversed): the page split among the
+/// `size / reps` holders of distinct KV heads, each part given to its `reps` ranks.
+pub fn split_group_page(
+    page: &[u8],
+    size: usize,
+    reps: usize,
+    parts: usize,
+    positions: usize,
+) -> Vec<Vec<u8>> {
+    let reps = reps.max(1);
+    let owned = split_page(page, size / reps, parts, positions);
+    (0..size).map(|r| owned[r / reps].clone()).collect()
+}
+
 /// The ranks' pages of a whole page ([`merge_pages`] reversed): `size` equal slices of each of
 /// `parts × positions` rows.
 pub fn split_page(page: &[u8], size: usize, parts: usize, positions: usize) -> Vec<Vec<u8>> {
@@ -165,13 +214,37 @@ mod tests {
     #[test]
     fn refuses_sizes_that_split_heads() {
         let c = llama70b();
-        for n in [1, 2, 4, 8] {
+        // 8 KV heads: split 1–8 ways, replicated 16 ways (two ranks a head).
+        for n in [1, 2, 4, 8, 16] {
             assert_eq!(Shard::refusal(&c, n), None, "TP={n}");
         }
-        let why = Shard::refusal(&c, 16).unwrap();
-        assert!(why.contains("8 KV heads") && !why.contains("query"), "{why}");
+        assert_eq!((Shard::kv_replicas(&c, 8), Shard::kv_replicas(&c, 16)), (1, 2));
         assert!(Shard::refusal(&c, 3).unwrap().contains("64 query heads"));
         assert!(Shard::refusal(&c, 0).is_some());
+        // 6 KV heads of 12 query heads on 4 GPUs: neither split nor replicated evenly.
+        let mut odd = c.clone();
+        (odd.num_heads, odd.num_kv_heads) = (12, 6);
+        let why = Shard::refusal(&odd, 4).unwrap();
+        assert!(why.contains("6 KV heads") && !why.contains("query"), "{why}");
+        assert!(why.contains("replicated only when"), "{why}");
+    }
+
+    #[test]
+    fn replicated_kv_heads_follow_the_ranks_query_heads() {
+        // 4 query heads, 2 KV heads of width 2, on 4 GPUs: ranks 0, 1 read KV head 0, ranks
+        // 2, 3 KV head 1.
+        let c = tiny();
+        let (q, kv) = (c.q_size(), c.kv_size());
+        for rank in 0..4 {
+            let s = Shard { rank, size: 4 };
+            let l = s.local_config(&c);
+            assert_eq!((l.num_heads, l.num_kv_heads), (1, 1));
+            let head = rank / 2;
+            let rows = s.qkv_rows(&c);
+            assert_eq!(rows[0], rank * 2..rank * 2 + 2);
+            assert_eq!(rows[1], q + head * 2..q + head * 2 + 2);
+            assert_eq!(rows[2], q + kv + head * 2..q + kv + head * 2 + 2);
+        }
     }
 
     #[test]
@@ -225,20 +298,23 @@ mod tests {
                 .collect()
         };
         let whole = matvec(&o, &attend(&matvec(&qkv, &x), c.num_heads, c.num_kv_heads));
-        let mut sum = vec![0f32; h];
-        for rank in 0..2 {
-            let s = Shard { rank, size: 2 };
-            let l = s.local_config(&c);
-            let wq = take_rows(&qkv, h, &s.qkv_rows(&c));
-            let wo = take_cols(&o, q, s.o_cols(&c));
-            assert_eq!(wq.len(), (l.q_size() + 2 * l.kv_size()) * h);
-            let part = matvec(&wo, &attend(&matvec(&wq, &x), l.num_heads, l.num_kv_heads));
-            for (a, b) in sum.iter_mut().zip(part) {
-                *a += b;
+        // KV heads split (2 GPUs) and replicated (4 GPUs, two ranks a head).
+        for n in [2, 4] {
+            let mut sum = vec![0f32; h];
+            for rank in 0..n {
+                let s = Shard { rank, size: n };
+                let l = s.local_config(&c);
+                let wq = take_rows(&qkv, h, &s.qkv_rows(&c));
+                let wo = take_cols(&o, q, s.o_cols(&c));
+                assert_eq!(wq.len(), (l.q_size() + 2 * l.kv_size()) * h);
+                let part = matvec(&wo, &attend(&matvec(&wq, &x), l.num_heads, l.num_kv_heads));
+                for (a, b) in sum.iter_mut().zip(part) {
+                    *a += b;
+                }
             }
-        }
-        for (a, b) in sum.iter().zip(&whole) {
-            assert!((a - b).abs() < 1e-5, "{sum:?} vs {whole:?}");
+            for (a, b) in sum.iter().zip(&whole) {
+                assert!((a - b).abs() < 1e-5, "TP={n}: {sum:?} vs {whole:?}");
+            }
         }
     }
 
@@ -303,5 +379,19 @@ mod tests {
             }
             assert_eq!(merge_pages(&ranks, parts, positions), whole, "TP={n}");
         }
+        // 8 GPUs on the 4 heads: two ranks a head, each with the head its query heads read.
+        let ranks = split_group_page(&whole, 8, 2, parts, positions);
+        assert_eq!(ranks.len(), 8);
+        for (r, p) in ranks.iter().enumerate() {
+            for row in 0..parts * positions {
+                let start = row * heads * hd + (r / 2) * hd;
+                assert_eq!(&p[row * hd..(row + 1) * hd], &whole[start..start + hd], "rank {r}");
+            }
+        }
+        assert_eq!(merge_group_pages(&ranks, 2, parts, positions), whole);
+        assert_eq!(
+            merge_group_pages(&split_page(&whole, 2, parts, positions), 1, parts, positions),
+            whole
+        );
     }
 }
