@@ -156,160 +156,157 @@ fn time_shape(
     wsp: u64,
     gemv: bool,
 ) -> Result<GemmTiming, CudaError> {
-    {
-        let a = g.zeros::<u16>(m * k)?;
-        let w = g.zeros::<u16>(n * k)?;
-        let c = g.zeros::<f32>(m * n)?;
-        let (ap, wp, cp) = (ptr(&a), ptr(&w), ptr(&c));
-        let default_us = graph_us(g, reps, || g.gemm(m, n, k, ap, wp, cp, c_f32, false))?;
-        // The same on CALLS different weight matrices (a step's layers), then cut along k.
-        let ws_cold = g.zeros::<u16>(CALLS * n * k)?;
-        let parts = g.zeros::<f32>(SPLITS[SPLITS.len() - 1] * m * n)?;
-        let (wc, pp) = (ptr(&ws_cold), ptr(&parts));
-        let mut i = 0usize;
-        let mut next_w = || {
-            i = (i + 1) % CALLS;
-            wc + (2 * i * n * k) as u64
-        };
-        let cold_us = graph_us(g, reps, || g.gemm(m, n, k, ap, next_w(), cp, c_f32, false))?;
-        let own_cold_us = match m == 1 && gemv {
-            true => {
-                g.set_gemv(true);
-                let us = graph_us(g, reps, || g.gemm(m, n, k, ap, next_w(), cp, c_f32, false));
-                g.set_gemv(false);
-                Some(us?)
-            }
-            false => None,
-        };
-        let mut split_us = Vec::new();
-        for s in SPLITS.into_iter().filter(|&s| k % (64 * s) == 0) {
-            let us = graph_us(g, reps, || gemm_split_k(g, m, n, k, ap, next_w(), pp, s))?;
-            split_us.push((s, us));
+    let a = g.zeros::<u16>(m * k)?;
+    let w = g.zeros::<u16>(n * k)?;
+    let c = g.zeros::<f32>(m * n)?;
+    let (ap, wp, cp) = (ptr(&a), ptr(&w), ptr(&c));
+    let default_us = graph_us(g, reps, || g.gemm(m, n, k, ap, wp, cp, c_f32, false))?;
+    // The same on CALLS different weight matrices (a step's layers), then cut along k.
+    let ws_cold = g.zeros::<u16>(CALLS * n * k)?;
+    let parts = g.zeros::<f32>(SPLITS[SPLITS.len() - 1] * m * n)?;
+    let (wc, pp) = (ptr(&ws_cold), ptr(&parts));
+    let mut i = 0usize;
+    let mut next_w = || {
+        i = (i + 1) % CALLS;
+        wc + (2 * i * n * k) as u64
+    };
+    let cold_us = graph_us(g, reps, || g.gemm(m, n, k, ap, next_w(), cp, c_f32, false))?;
+    let own_cold_us = match m == 1 && gemv {
+        true => {
+            g.set_gemv(true);
+            let us = graph_us(g, reps, || g.gemm(m, n, k, ap, next_w(), cp, c_f32, false));
+            g.set_gemv(false);
+            Some(us?)
         }
-        drop((ws_cold, parts));
-        let ab = match g.dtype {
-            Dtype::Bf16 => lsys::cudaDataType_t::CUDA_R_16BF,
-            Dtype::F16 => lsys::cudaDataType_t::CUDA_R_16F,
-        };
-        let ct = if c_f32 { lsys::cudaDataType_t::CUDA_R_32F } else { ab };
-        // Column-major Cᵀ (n×m) = W (k×n stored, transposed) · Aᵀ (k×m).
-        let (desc, wl, al, cl, pref) = {
-            let blas = |e: cudarc::cublaslt::result::CublasError| CudaError::Blas(format!("{e:?}"));
-            let desc = lr::create_matmul_desc(
-                lsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                lsys::cudaDataType_t::CUDA_R_32F,
+        false => None,
+    };
+    let mut split_us = Vec::new();
+    for s in SPLITS.into_iter().filter(|&s| k % (64 * s) == 0) {
+        let us = graph_us(g, reps, || gemm_split_k(g, m, n, k, ap, next_w(), pp, s))?;
+        split_us.push((s, us));
+    }
+    drop((ws_cold, parts));
+    let ab = match g.dtype {
+        Dtype::Bf16 => lsys::cudaDataType_t::CUDA_R_16BF,
+        Dtype::F16 => lsys::cudaDataType_t::CUDA_R_16F,
+    };
+    let ct = if c_f32 { lsys::cudaDataType_t::CUDA_R_32F } else { ab };
+    // Column-major Cᵀ (n×m) = W (k×n stored, transposed) · Aᵀ (k×m).
+    let (desc, wl, al, cl, pref) = {
+        let blas = |e: cudarc::cublaslt::result::CublasError| CudaError::Blas(format!("{e:?}"));
+        let desc = lr::create_matmul_desc(
+            lsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            lsys::cudaDataType_t::CUDA_R_32F,
+        )
+        .map_err(blas)?;
+        let t = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32;
+        let wsz = WORKSPACE as u64;
+        let pref = lr::create_matmul_pref().map_err(blas)?;
+        // SAFETY: each attribute gets a value of its documented type and size.
+        unsafe {
+            lr::set_matmul_desc_attribute(
+                desc,
+                lsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                &t as *const i32 as *const c_void,
+                size_of::<i32>(),
             )
             .map_err(blas)?;
-            let t = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32;
-            let wsz = WORKSPACE as u64;
-            let pref = lr::create_matmul_pref().map_err(blas)?;
-            // SAFETY: each attribute gets a value of its documented type and size.
-            unsafe {
-                lr::set_matmul_desc_attribute(
-                    desc,
-                    lsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                    &t as *const i32 as *const c_void,
-                    size_of::<i32>(),
-                )
-                .map_err(blas)?;
-                lr::set_matmul_pref_attribute(
+            lr::set_matmul_pref_attribute(
                     pref,
                     lsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                     &wsz as *const u64 as *const c_void,
                     size_of::<u64>(),
                 )
                 .map_err(blas)?;
-            }
-            let layout = |ty, rows: usize, cols: usize, ld: usize| {
-                lr::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64).map_err(blas)
-            };
-            (desc, layout(ab, k, n, k)?, layout(ab, k, m, k)?, layout(ct, n, m, n)?, pref)
+        }
+        let layout = |ty, rows: usize, cols: usize, ld: usize| {
+            lr::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64).map_err(blas)
         };
-        let mut results: Vec<lsys::cublasLtMatmulHeuristicResult_t> =
-            vec![unsafe { std::mem::zeroed() }; CANDIDATES];
-        let mut found = 0i32;
-        // SAFETY: the descriptors above; `results` holds CANDIDATES entries.
-        lt(
-            unsafe {
-                lsys::cublasLtMatmulAlgoGetHeuristic(
+        (desc, layout(ab, k, n, k)?, layout(ab, k, m, k)?, layout(ct, n, m, n)?, pref)
+    };
+    let mut results: Vec<lsys::cublasLtMatmulHeuristicResult_t> =
+        vec![unsafe { std::mem::zeroed() }; CANDIDATES];
+    let mut found = 0i32;
+    // SAFETY: the descriptors above; `results` holds CANDIDATES entries.
+    lt(
+        unsafe {
+            lsys::cublasLtMatmulAlgoGetHeuristic(
+                handle,
+                desc,
+                wl,
+                al,
+                cl,
+                cl,
+                pref,
+                CANDIDATES as i32,
+                results.as_mut_ptr(),
+                &mut found,
+            )
+        },
+        "cublasLtMatmulAlgoGetHeuristic",
+    )?;
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let stream = g.stream.cu_stream() as lsys::cudaStream_t;
+    let mut times = Vec::new();
+    for r in results.iter().take(found.max(0) as usize) {
+        if r.state != lsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || r.workspaceSize > WORKSPACE {
+            continue;
+        }
+        let algo = r.algo;
+        let call = || {
+            let st = unsafe {
+                lsys::cublasLtMatmul(
                     handle,
                     desc,
+                    &alpha as *const f32 as *const c_void,
+                    wp as *const c_void,
                     wl,
+                    ap as *const c_void,
                     al,
+                    &beta as *const f32 as *const c_void,
+                    cp as *const c_void,
                     cl,
+                    cp as *mut c_void,
                     cl,
-                    pref,
-                    CANDIDATES as i32,
-                    results.as_mut_ptr(),
-                    &mut found,
+                    &algo,
+                    wsp as *mut c_void,
+                    WORKSPACE,
+                    stream,
                 )
-            },
-            "cublasLtMatmulAlgoGetHeuristic",
-        )?;
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let stream = g.stream.cu_stream() as lsys::cudaStream_t;
-        let mut times = Vec::new();
-        for r in results.iter().take(found.max(0) as usize) {
-            if r.state != lsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || r.workspaceSize > WORKSPACE
-            {
-                continue;
-            }
-            let algo = r.algo;
-            let call = || {
-                let st = unsafe {
-                    lsys::cublasLtMatmul(
-                        handle,
-                        desc,
-                        &alpha as *const f32 as *const c_void,
-                        wp as *const c_void,
-                        wl,
-                        ap as *const c_void,
-                        al,
-                        &beta as *const f32 as *const c_void,
-                        cp as *const c_void,
-                        cl,
-                        cp as *mut c_void,
-                        cl,
-                        &algo,
-                        wsp as *mut c_void,
-                        WORKSPACE,
-                        stream,
-                    )
-                };
-                lt(st, "cublasLtMatmul")
             };
-            match graph_us(g, reps, call) {
-                Ok(us) => times.push(us),
-                Err(_) => times.push(f64::INFINITY),
-            }
-        }
-        let (best_index, best_us) = times
-            .iter()
-            .copied()
-            .enumerate()
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-            .unwrap_or((0, f64::INFINITY));
-        let timing = GemmTiming {
-            m,
-            n,
-            k,
-            c_f32,
-            default_us,
-            best_us,
-            best_index,
-            first_us: times.first().copied().unwrap_or(f64::INFINITY),
-            candidates: times.len(),
-            cold_us,
-            own_cold_us,
-            split_us,
+            lt(st, "cublasLtMatmul")
         };
-        unsafe {
-            lsys::cublasLtMatmulPreferenceDestroy(pref);
-            lsys::cublasLtMatrixLayoutDestroy(wl);
-            lsys::cublasLtMatrixLayoutDestroy(al);
-            lsys::cublasLtMatrixLayoutDestroy(cl);
-            lsys::cublasLtMatmulDescDestroy(desc);
+        match graph_us(g, reps, call) {
+            Ok(us) => times.push(us),
+            Err(_) => times.push(f64::INFINITY),
         }
-        Ok(timing)
     }
+    let (best_index, best_us) = times
+        .iter()
+        .copied()
+        .enumerate()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or((0, f64::INFINITY));
+    let timing = GemmTiming {
+        m,
+        n,
+        k,
+        c_f32,
+        default_us,
+        best_us,
+        best_index,
+        first_us: times.first().copied().unwrap_or(f64::INFINITY),
+        candidates: times.len(),
+        cold_us,
+        own_cold_us,
+        split_us,
+    };
+    unsafe {
+        lsys::cublasLtMatmulPreferenceDestroy(pref);
+        lsys::cublasLtMatrixLayoutDestroy(wl);
+        lsys::cublasLtMatrixLayoutDestroy(al);
+        lsys::cublasLtMatrixLayoutDestroy(cl);
+        lsys::cublasLtMatmulDescDestroy(desc);
+    }
+    Ok(timing)
 }
