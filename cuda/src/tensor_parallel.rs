@@ -25,7 +25,7 @@ use tandem_engine::sampling::sampler::TokenLogprob;
 use crate::backend::{dev, enable_peer_access, Collective, PEER_MAX_WORLD};
 use crate::device::{Dtype, Gpu};
 use crate::{CudaBackend, CudaBackendOptions, CudaError, DeviceWeights, WeightSource};
-use shard::{merge_group_pages, split_group_page, Shard};
+use shard::{merge_group_pages, split_page, Shard};
 
 /// How long a follower may take over one command before the group is reported broken.
 const FOLLOWER_DEADLINE: Duration = Duration::from_secs(600);
@@ -483,13 +483,14 @@ impl ModelBackend for TpBackend {
                 page.len()
             )));
         }
+        // Split among the holders of distinct KV heads; rank r holds part r / reps.
         let reps = Shard::kv_replicas(&self.cfg, self.size());
         let (layer_parts, bs) = (2 * self.cfg.num_layers, self.kv_cache_spec().block_size);
-        let parts = split_group_page(page, self.size(), reps, layer_parts, bs);
+        let parts = split_page(page, self.size() / reps, layer_parts, bs);
         let parts: Vec<Arc<Vec<u8>>> = parts.into_iter().map(Arc::new).collect();
         let each = parts.clone();
         self.send(move |rank| {
-            let p = each[rank].clone();
+            let p = each[rank / reps].clone();
             Box::new(move |be: &mut CudaBackend| {
                 be.write_block(block, &p)
                     .map(|_| Reply::Done)

@@ -138,12 +138,13 @@ pub fn take_cols<T: Copy>(m: &[T], cols: usize, range: Range<usize>) -> Vec<T> {
 
 /// The whole page of a block from the ranks' pages (rank order): each of `parts` layer-parts
 /// holds `positions` rows, and a rank's row is its slice of the whole row's heads.
-pub fn merge_pages(pages: &[Vec<u8>], parts: usize, positions: usize) -> Vec<u8> {
-    let total: usize = pages.iter().map(Vec::len).sum();
+pub fn merge_pages<P: AsRef<[u8]>>(pages: &[P], parts: usize, positions: usize) -> Vec<u8> {
+    let total: usize = pages.iter().map(|p| p.as_ref().len()).sum();
     let mut out = Vec::with_capacity(total);
     let rows = parts * positions;
     for row in 0..rows {
         for p in pages {
+            let p = p.as_ref();
             let w = p.len() / rows;
             out.extend_from_slice(&p[row * w..(row + 1) * w]);
         }
@@ -151,30 +152,17 @@ pub fn merge_pages(pages: &[Vec<u8>], parts: usize, positions: usize) -> Vec<u8>
     out
 }
 
-/// The whole page of a block from every rank's page of a group of `size` (rank order), where
-/// `reps` ranks in a row hold the same KV heads ([`Shard::kv_replicas`]): the first of each.
+/// The whole page of a block from every rank's page of a group (rank order), where `reps` ranks
+/// in a row hold the same KV heads ([`Shard::kv_replicas`]): the first of each, uncopied. The
+/// reverse is [`split_page`] into `size / reps` parts, part `rank / reps` going to each rank.
 pub fn merge_group_pages(
     pages: &[Vec<u8>],
     reps: usize,
     parts: usize,
     positions: usize,
 ) -> Vec<u8> {
-    let owners: Vec<Vec<u8>> = pages.iter().step_by(reps.max(1)).cloned().collect();
-    merge_pages(&owners, parts, positions)
-}
-
-/// Every rank's page of a whole page ([`merge_group_pages`] reversed): the page split among the
-/// `size / reps` holders of distinct KV heads, each part given to its `reps` ranks.
-pub fn split_group_page(
-    page: &[u8],
-    size: usize,
-    reps: usize,
-    parts: usize,
-    positions: usize,
-) -> Vec<Vec<u8>> {
-    let reps = reps.max(1);
-    let owned = split_page(page, size / reps, parts, positions);
-    (0..size).map(|r| owned[r / reps].clone()).collect()
+    let holders: Vec<&[u8]> = pages.iter().step_by(reps.max(1)).map(Vec::as_slice).collect();
+    merge_pages(&holders, parts, positions)
 }
 
 /// The ranks' pages of a whole page ([`merge_pages`] reversed): `size` equal slices of each of
@@ -379,16 +367,19 @@ mod tests {
             }
             assert_eq!(merge_pages(&ranks, parts, positions), whole, "TP={n}");
         }
-        // 8 GPUs on the 4 heads: two ranks a head, each with the head its query heads read.
-        let ranks = split_group_page(&whole, 8, 2, parts, positions);
-        assert_eq!(ranks.len(), 8);
+        // 8 GPUs on the 4 heads: two ranks a head, rank r given part r / 2 of the page split
+        // among the 4 holders (as `TpBackend::write_block` does), each the head its query heads
+        // read.
+        let reps = 2;
+        let holders = split_page(&whole, 8 / reps, parts, positions);
+        let ranks: Vec<Vec<u8>> = (0..8).map(|r| holders[r / reps].clone()).collect();
         for (r, p) in ranks.iter().enumerate() {
             for row in 0..parts * positions {
                 let start = row * heads * hd + (r / 2) * hd;
                 assert_eq!(&p[row * hd..(row + 1) * hd], &whole[start..start + hd], "rank {r}");
             }
         }
-        assert_eq!(merge_group_pages(&ranks, 2, parts, positions), whole);
+        assert_eq!(merge_group_pages(&ranks, reps, parts, positions), whole);
         assert_eq!(
             merge_group_pages(&split_page(&whole, 2, parts, positions), 1, parts, positions),
             whole
