@@ -30,7 +30,7 @@ mod residual;
 mod sampling;
 mod switches;
 
-pub(crate) use collective::{enable_peer_access, Collective, PEER_MAX_WORLD};
+pub(crate) use collective::{enable_peer_access, Collective, TwoShot, PEER_MAX_WORLD};
 
 pub(crate) use sampling::sampling_args;
 

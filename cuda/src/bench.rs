@@ -333,6 +333,35 @@ pub fn decode(
     Ok(rows)
 }
 
+/// A decode step run as two independent halves at once on one GPU: for each batch size, the
+/// whole step's graph, one half's, and two halves replayed together from two backends (each
+/// with its own stream and its own copy of the weights), ms. What splitting a step into two
+/// streams (nano-batching) would gain before any finer interleaving.
+pub fn lanes(
+    cfg: &ModelConfig,
+    batches: &[usize],
+    context: (usize, usize),
+) -> Result<Vec<(usize, f64, f64, f64)>, CudaError> {
+    let max_b = batches.iter().copied().max().unwrap_or(2).max(2);
+    let hi = context.1.max(context.0);
+    let context = (context.0, hi);
+    let mut x =
+        crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(1), decode_options(max_b, hi))?;
+    let mut y =
+        crate::load(0, Dtype::Bf16, cfg, WeightSource::Dummy(1), decode_options(max_b / 2, hi))?;
+    let mut rows = Vec::new();
+    for &batch in batches.iter().filter(|&&b| b >= 2) {
+        let whole = decode_batch(batch, context, decode_block());
+        let half = decode_batch(batch / 2, context, decode_block());
+        let whole_ms = x.replay_ms(&whole, 20)?;
+        let half_ms = x.replay_ms(&half, 20)?;
+        y.replay_ms(&half, 3)?;
+        let pair_ms = x.replay_pair_ms(&mut y, &half, &half, 20)?;
+        rows.push((batch, whole_ms, half_ms, pair_ms));
+    }
+    Ok(rows)
+}
+
 /// One decode step of `batch` sequences (contexts over `context`, as [`decode`]) replayed from
 /// its graph on GPU 0: the median of 20 replays, ms, then one more replay between
 /// `cuProfilerStart` and `cuProfilerStop`, so a profiler started with its collection off

@@ -150,6 +150,8 @@ pub struct Kernels {
     pub tp_all_reduce: CudaFunction,
     /// The same all-reduce with the RMSNorm that follows it.
     pub tp_all_reduce_norm: CudaFunction,
+    /// The all-reduce in two shots (groups of more than two), the norm optional.
+    pub tp_all_reduce_two_shot: CudaFunction,
     /// Token choice per logits row (Gumbel-max, or argmax at temperature 0).
     pub sample_rows: CudaFunction,
     /// Structured outputs: disallowed tokens of logits rows to minus infinity.
@@ -261,6 +263,7 @@ impl Gpu {
             fill_random_block: f("fill_random_block")?,
             tp_all_reduce: f("tp_all_reduce")?,
             tp_all_reduce_norm: f("tp_all_reduce_norm")?,
+            tp_all_reduce_two_shot: f("tp_all_reduce_two_shot")?,
             sample_rows: f("sample_rows")?,
             mask_rows: f("mask_rows")?,
             take_sampled: f("take_sampled")?,

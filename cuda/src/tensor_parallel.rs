@@ -22,7 +22,7 @@ use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBacke
 use tandem_engine::model_files::config::ModelConfig;
 use tandem_engine::sampling::sampler::TokenLogprob;
 
-use crate::backend::{dev, enable_peer_access, Collective, PEER_MAX_WORLD};
+use crate::backend::{dev, enable_peer_access, Collective, TwoShot, PEER_MAX_WORLD};
 use crate::device::{Dtype, Gpu};
 use crate::{CudaBackend, CudaBackendOptions, CudaError, DeviceWeights, WeightSource};
 use shard::{merge_group_pages, split_page, Shard};
@@ -195,7 +195,9 @@ impl TpBackend {
 
     /// Sets up the all-reduce over peer memory for small steps, unless `TANDEM_TP_ALL_REDUCE`
     /// is `nccl` or some pair of GPUs cannot reach each other. It carries the RMSNorm that
-    /// follows it unless `TANDEM_TP_ALL_REDUCE` is `peer-apart` (for comparison). Returns the
+    /// follows it unless `TANDEM_TP_ALL_REDUCE` is `peer-apart`, and sums in two shots in
+    /// groups of more than two (steps of `TWO_SHOT_MIN_ROWS` rows and more) unless it is
+    /// `peer-one-shot` (`peer-two-shot`: at every size; all for comparison). Returns the
     /// path taken, as [`TpBackend::all_reduce_path`] names it.
     fn peer_reduce(ranks: &mut [CudaBackend]) -> Result<&'static str, CudaError> {
         let choice = std::env::var("TANDEM_TP_ALL_REDUCE").unwrap_or_default();
@@ -208,14 +210,24 @@ impl TpBackend {
             return Ok("nccl");
         }
         let fuse_norm = choice != "peer-apart";
+        let two_shot = match choice.as_str() {
+            "peer-one-shot" => TwoShot::Never,
+            "peer-two-shot" => TwoShot::Always,
+            _ => TwoShot::Above,
+        };
         let mut all = Vec::with_capacity(ranks.len());
         for be in ranks.iter_mut() {
-            all.push(be.alloc_peer_reduce(fuse_norm)?);
+            all.push(be.alloc_peer_reduce(fuse_norm, two_shot)?);
         }
         for be in ranks.iter_mut() {
             be.connect_peer_reduce(&all)?;
         }
-        Ok(if fuse_norm { "peer, with the RMSNorm" } else { "peer, RMSNorm apart" })
+        Ok(match (fuse_norm, two_shot != TwoShot::Never && ranks.len() > 2) {
+            (true, true) => "peer, two-shot, with the RMSNorm",
+            (true, false) => "peer, with the RMSNorm",
+            (false, true) => "peer, two-shot, RMSNorm apart",
+            (false, false) => "peer, RMSNorm apart",
+        })
     }
 
     /// How the group sums its partial products: `peer` (a kernel reading the other GPUs'

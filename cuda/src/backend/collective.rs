@@ -54,6 +54,38 @@ pub(crate) struct PeerReduce {
     pub(crate) capacity: usize,
     /// Whether the all-reduce also applies the RMSNorm that reads its sum.
     pub(crate) fuse_norm: bool,
+    /// When groups of more than two ranks sum in two shots (`tp_all_reduce_two_shot`).
+    pub(crate) two_shot: TwoShot,
+}
+
+/// When a group of more than two ranks sums in two shots: each rank then reads
+/// `2 (world − 1) / world` partials' worth across NVLink instead of `world − 1`, for one more
+/// barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TwoShot {
+    /// Steps of at least [`TWO_SHOT_MIN_ROWS`] rows.
+    Above,
+    /// Never (`TANDEM_TP_ALL_REDUCE=peer-one-shot`, for comparison).
+    Never,
+    /// Every step (`TANDEM_TP_ALL_REDUCE=peer-two-shot`, for comparison).
+    Always,
+}
+
+/// Rows from which a group of more than two ranks sums in two shots by default: on four H200s
+/// the one-shot form was faster at 16 rows and the two-shot one at 32 (`tandem-gpu
+/// bench-decode llama-3-70b.json 1,4,16,32,64,256 1024 4`).
+pub const TWO_SHOT_MIN_ROWS: usize = 24;
+
+impl TwoShot {
+    /// Whether an all-reduce of `rows` rows over `world` ranks goes in two shots.
+    pub(crate) fn applies(self, world: usize, rows: usize) -> bool {
+        world > 2
+            && match self {
+                TwoShot::Above => rows >= TWO_SHOT_MIN_ROWS,
+                TwoShot::Never => false,
+                TwoShot::Always => true,
+            }
+    }
 }
 
 fn driver(r: dsys::CUresult, what: &str) -> Result<(), CudaError> {
@@ -70,6 +102,7 @@ impl PeerReduce {
         ctx: &Arc<CudaContext>,
         capacity: usize,
         fuse_norm: bool,
+        two_shot: TwoShot,
     ) -> Result<PeerReduce, CudaError> {
         let mut me = PeerReduce {
             ctx: ctx.clone(),
@@ -80,6 +113,7 @@ impl PeerReduce {
             flag_table: None,
             capacity,
             fuse_norm,
+            two_shot,
         };
         let words = PEER_BLOCKS * PEER_MAX_WORLD;
         for (slot, bytes) in
@@ -278,6 +312,24 @@ impl CudaBackend {
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: 0,
         };
+        let threads = (h / 8).next_multiple_of(32).clamp(32, 1024);
+        if p.two_shot.applies(world, rows) && h.is_multiple_of(4) {
+            let w = norm.filter(|_| p.fuse_norm);
+            let (rowsi, hi, eps) = (rows as i32, h as i32, self.cfg.rms_norm_eps);
+            let (wp, y) = (w.unwrap_or(0), crate::device::ptr(&self.a.hb));
+            // SAFETY: tp_all_reduce_two_shot(float* x, const u64* partials, const u64* flags,
+            // u32* counter, int rank, int world, int rows, int H, const float* w, h16* y,
+            // float eps): as tp_all_reduce_norm below, `w` null for no norm; every rank's
+            // partial buffer holds rows × H values and is rewritten in place on its own rows.
+            unsafe {
+                g.launch(
+                    &g.k.tp_all_reduce_two_shot,
+                    cfg(rows, threads),
+                    &[&x, &table, &flags, &p.counter, &ranki, &worldi, &rowsi, &hi, &wp, &y, &eps],
+                )?
+            };
+            return Ok(w.is_some());
+        }
         if let Some(w) = norm.filter(|_| p.fuse_norm && h.is_multiple_of(4)) {
             let (rowsi, hi, eps) = (rows as i32, h as i32, self.cfg.rms_norm_eps);
             let y = crate::device::ptr(&self.a.hb);
@@ -288,7 +340,7 @@ impl CudaBackend {
                 g.launch(
                     &g.k.tp_all_reduce_norm,
                     // A row in one round of two pieces per thread where it fits.
-                    cfg(rows, (h / 8).next_multiple_of(32).clamp(32, 1024)),
+                    cfg(rows, threads),
                     &[&x, &table, &flags, &p.counter, &ranki, &worldi, &rowsi, &hi, &w, &y, &eps],
                 )?
             };
@@ -314,10 +366,11 @@ impl CudaBackend {
     pub(crate) fn alloc_peer_reduce(
         &mut self,
         fuse_norm: bool,
+        two_shot: TwoShot,
     ) -> Result<([u64; 2], u64), CudaError> {
         self.gpu.bind()?;
         let rows = PEER_ROWS.min(self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch));
-        let p = PeerReduce::alloc(&self.gpu.ctx, rows * self.cfg.hidden_size, fuse_norm)?;
+        let p = PeerReduce::alloc(&self.gpu.ctx, rows * self.cfg.hidden_size, fuse_norm, two_shot)?;
         let out = (p.partials, p.flags());
         match self.tp.as_mut() {
             Some(c) => c.peer = Some(p),
@@ -384,5 +437,26 @@ impl CudaBackend {
         self.use_graphs = graphs;
         r?;
         self.gpu.sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_shot_only_beyond_two_ranks() {
+        // Two ranks read one partial either way: never two shots, whatever the switch says.
+        for t in [TwoShot::Above, TwoShot::Always, TwoShot::Never] {
+            assert!(!t.applies(2, 512));
+        }
+        // Four or eight ranks: one shot for a few rows (the second barrier costs more than the
+        // bytes it saves), two shots from TWO_SHOT_MIN_ROWS rows.
+        assert!(!TwoShot::Above.applies(4, 1));
+        assert!(!TwoShot::Above.applies(4, TWO_SHOT_MIN_ROWS - 1));
+        assert!(TwoShot::Above.applies(4, TWO_SHOT_MIN_ROWS));
+        assert!(TwoShot::Above.applies(8, 256));
+        assert!(TwoShot::Always.applies(4, 1));
+        assert!(!TwoShot::Never.applies(8, 256));
     }
 }

@@ -65,6 +65,21 @@ impl CudaBackend {
     /// replay is timed alone (launched on an idle stream), or, after
     /// [`CudaBackend::set_replay_chain`], as `n` replays launched back to back.
     pub fn replay_ms(&mut self, b: &ForwardBatch, reps: usize) -> Result<f64, CudaError> {
+        let size = self.ready_graph(b)?;
+        let g = &self.graphs[&size].0;
+        match self.chain {
+            0 | 1 => {
+                crate::device::time_ms(&self.gpu, 3, reps, || g.launch().map_err(CudaError::from))
+            }
+            n => {
+                let launch_all = || (0..n).try_for_each(|_| g.launch().map_err(CudaError::from));
+                Ok(crate::device::time_ms(&self.gpu, 1, reps, launch_all)? / n as f64)
+            }
+        }
+    }
+
+    /// Uploads the plan of decode step `b` and captures its graph if needed; the graph's size.
+    fn ready_graph(&mut self, b: &ForwardBatch) -> Result<usize, CudaError> {
         self.validate(b).map_err(|e| CudaError::Unsupported(e.to_string()))?;
         let size = plan::graph_size_for(&self.graph_sizes, b.num_tokens())
             .ok_or_else(|| CudaError::Unsupported("batch larger than every graph".into()))?;
@@ -76,16 +91,28 @@ impl CudaBackend {
         if !self.graphs.contains_key(&size) {
             self.capture(size)?;
         }
-        let g = &self.graphs[&size].0;
-        match self.chain {
-            0 | 1 => {
-                crate::device::time_ms(&self.gpu, 3, reps, || g.launch().map_err(CudaError::from))
-            }
-            n => {
-                let launch_all = || (0..n).try_for_each(|_| g.launch().map_err(CudaError::from));
-                Ok(crate::device::time_ms(&self.gpu, 1, reps, launch_all)? / n as f64)
-            }
-        }
+        Ok(size)
+    }
+
+    /// GPU time of this backend's decode graph for `b` and `other`'s for `ob` replayed at
+    /// once, each on its own stream (both backends on one GPU), median of `reps`, ms: what a
+    /// decode step run as two independent halves on two streams would take.
+    pub fn replay_pair_ms(
+        &mut self,
+        other: &mut CudaBackend,
+        b: &ForwardBatch,
+        ob: &ForwardBatch,
+        reps: usize,
+    ) -> Result<f64, CudaError> {
+        let (sa, sb) = (self.ready_graph(b)?, other.ready_graph(ob)?);
+        let (ga, gb) = (&self.graphs[&sa].0, &other.graphs[&sb].0);
+        let (a, o) = (&self.gpu.stream, &other.gpu.stream);
+        crate::device::time_ms(&self.gpu, 3, reps, || {
+            o.join(a)?;
+            ga.launch()?;
+            gb.launch()?;
+            a.join(o).map_err(CudaError::from)
+        })
     }
 
     /// The nodes of the decode graph that serves `n` sequences (once captured), counted by

@@ -14,6 +14,7 @@
 //! tandem-gpu tp-check MODEL|CONFIG.json [TP] [PROMPTS] [STEPS]  TP GPUs against one, greedy (bf16)
 //! tandem-gpu bench-pages CONFIG.json [COUNTS] [CHUNK] [CTAS] [STAGES]  e.g. 1,16,256,4096 64 96 3 (two GPUs)
 //! tandem-gpu bench-gemm CONFIG.json [BATCHES] [TP]   a step's GEMMs: cuBLAS, cuBLASLt, cut along k
+//! tandem-gpu bench-lanes CONFIG.json [BATCHES] [CONTEXT]   two half steps at once on two streams
 //! tandem-gpu bench-nodes                  what a kernel node costs a graph (empty kernels)
 //! ```
 //! Every figure line names the device. Exit status 1 when a check fails.
@@ -165,6 +166,15 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                 if let Some(ms) = r.batch_order_step_ms {
                     println!("[{name}]   attention tiles in the batch's order instead of longest context first: {ms:.3} ms, {:.1}%", 100.0 * r.roofline_ms / ms);
                 }
+            }
+            Ok(true)
+        }
+        "bench-lanes" => {
+            let (cfg, batches) = shape_and_batches(args, "cuda/configs/qwen3-0.6b.json", "16,64,256")?;
+            let context = parse_context(arg(3))?;
+            let name = Gpu::open(0, Dtype::Bf16)?.name;
+            for (batch, whole, half, pair) in bench::lanes(&cfg, &batches, context)? {
+                println!("[{name}] decode {} batch {batch:>3} contexts {}-{}: whole step {whole:.3} ms, half {half:.3} ms, two halves at once on two streams {pair:.3} ms -> {:.2}x the whole step", cfg.name, context.0, context.1, whole / pair);
             }
             Ok(true)
         }
@@ -328,7 +338,7 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             Ok(ok)
         }
         other => Err(CudaError::Unsupported(format!(
-            "unknown command '{other}' (info, check, e2e, windows, bench-decode, bench-prefill, bench-gemm, bench-nodes, bench-pages, step, tp-check)"
+            "unknown command '{other}' (info, check, e2e, windows, bench-decode, bench-prefill, bench-gemm, bench-lanes, bench-nodes, bench-pages, step, tp-check)"
         ))),
     }
 }

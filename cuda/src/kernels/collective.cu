@@ -142,3 +142,77 @@ extern "C" __global__ void tp_all_reduce_norm(float* __restrict__ x, const unsig
     }
   }
 }
+
+// The two-shot form of tp_all_reduce(_norm), for groups of more than two ranks: each rank reads
+// (world - 1) / world of every partial twice instead of world - 1 whole partials once. Block b
+// takes rows b, b + gridDim.x, .. in both phases, as tp_all_reduce_norm does. Columns go to
+// owners: rank k owns the k-th of `world` slices of a row (`per` float4s each). After the first
+// barrier, block b of rank k sums its rows' slice k across every rank's partial in rank order
+// into its own partial buffer (in place: no peer reads slice k of rank k's buffer); after a
+// second barrier, block b of every rank adds to x each row's slices from their owners' buffers
+// (which block b of each owner wrote, so both barriers stay per block) — the same bits on every
+// rank, and the same as the one-shot form's — and, given w, writes the RMSNorm of the new rows
+// to y. The partial buffer is rewritten two calls later, after every peer has passed this
+// rank's next first barrier, so no end barrier is needed here either.
+extern "C" __global__ void tp_all_reduce_two_shot(float* __restrict__ x, const unsigned long long* __restrict__ partials,
+                                                  const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
+                                                  int rank, int world, int rows, int H, const float* __restrict__ w,
+                                                  h16* __restrict__ y, float eps) {
+  tp_barrier(flags, counter, rank, world);
+  __syncthreads();
+  const int n4 = H / 4, bd = blockDim.x;
+  const int per = (n4 + world - 1) / world;
+  const int c0 = min(rank * per, n4), c1 = min(c0 + per, n4);
+  float4* mine = reinterpret_cast<float4*>(partials[rank]);
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    for (int i = c0 + threadIdx.x; i < c1; i += 2 * bd) {
+      const int i2 = i + bd;
+      const bool two = i2 < c1;
+      const float4* p0 = reinterpret_cast<const float4*>(partials[0]) + (size_t)r * n4;
+      float4 s = __ldcg(p0 + i), t = two ? __ldcg(p0 + i2) : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int k = 1; k < world; ++k) {
+        const float4* pk = reinterpret_cast<const float4*>(partials[k]) + (size_t)r * n4;
+        float4 v = __ldcg(pk + i), u = two ? __ldcg(pk + i2) : make_float4(0.f, 0.f, 0.f, 0.f);
+        s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
+      }
+      __stcg(mine + (size_t)r * n4 + i, s);
+      if (two) __stcg(mine + (size_t)r * n4 + i2, t);
+    }
+  }
+  __syncthreads();
+  tp_barrier(flags, counter, rank, world);
+  __syncthreads();
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    float4* x4 = reinterpret_cast<float4*>(x + (size_t)r * H);
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n4; i += 2 * bd) {
+      const int i2 = i + bd;
+      const bool two = i2 < n4;
+      const float4* pi = reinterpret_cast<const float4*>(partials[i / per]) + (size_t)r * n4;
+      float4 s = __ldcg(pi + i), t = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (two) t = __ldcg(reinterpret_cast<const float4*>(partials[i2 / per]) + (size_t)r * n4 + i2);
+      float4 a = x4[i];
+      a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
+      x4[i] = a;
+      ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+      if (two) {
+        float4 b = x4[i2];
+        b.x += t.x; b.y += t.y; b.z += t.z; b.w += t.w;
+        x4[i2] = b;
+        ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+      }
+    }
+    if (w == nullptr) continue;
+    float inv = rsqrtf(block_sum(ss) / (float)H + eps);
+    uint2* y4 = reinterpret_cast<uint2*>(y + (size_t)r * H);
+    for (int i = threadIdx.x; i < n4; i += bd) {
+      float4 v = x4[i], g = w4[i];
+      uint2 o;
+      o.x = (unsigned)f2h(v.x * inv * g.x) | ((unsigned)f2h(v.y * inv * g.y) << 16);
+      o.y = (unsigned)f2h(v.z * inv * g.z) | ((unsigned)f2h(v.w * inv * g.w) << 16);
+      y4[i] = o;
+    }
+  }
+}
