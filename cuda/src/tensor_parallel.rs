@@ -5,7 +5,9 @@
 //!
 //! One process drives every GPU, a thread per rank: rank 0 (the lead) runs on the engine's
 //! thread and returns logits or sampled tokens; each other rank (a follower) has a thread that
-//! runs the same pass on the same batch. The ranks meet only in NCCL all-reduces (two per layer,
+//! runs the same pass on the same batch. Steps overlap as on one GPU (step N+1 launched before
+//! step N is collected): every rank then samples its own copy of the logits, the same bits on
+//! each, so each finds the deferred tokens of the next step on its own device. The ranks meet only in NCCL all-reduces (two per layer,
 //! on each backend's own stream, captured in decode graphs), so no rank waits for a host
 //! round-trip inside a step. A thread per rank rather than one thread launching on every device:
 //! an eager pass issues a few hundred launches per rank, which then run in parallel, and NCCL's
@@ -446,6 +448,35 @@ impl ModelBackend for TpBackend {
         CudaBackend::check_sampling_rows(b, rows)?;
         let layers = self.cfg.num_layers;
         self.pass(b, layers, false, |be| be.run_sampled(b, rows, masks)).map_err(dev)
+    }
+
+    fn overlaps_steps(&self) -> bool {
+        true
+    }
+
+    fn takes_deferred_tokens(&self) -> bool {
+        true
+    }
+
+    fn launch_sampled(
+        &mut self,
+        b: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<(), BackendError> {
+        self.lead.validate_with(b, true)?;
+        CudaBackend::check_sampling_rows(b, rows)?;
+        // Every rank samples its own copy of the logits (the same bits on every rank: the
+        // residual is summed in rank order and the head is whole on each), so each finds a
+        // later pass's deferred tokens on its own device. Followers only queue the pass.
+        let shared = Arc::new((b.clone(), rows.to_vec()));
+        let each =
+            move |be: &mut CudaBackend| be.launch_pass(&shared.0, &shared.1).map(|_| Reply::Done);
+        self.together(each, |be| be.launch_pass(b, rows)).map(|_| ()).map_err(dev)
+    }
+
+    fn collect_sampled(&mut self) -> Result<Vec<TokenLogprob>, BackendError> {
+        let each = |be: &mut CudaBackend| be.collect_pass().map(|_| Reply::Done);
+        self.together(each, |be| be.collect_pass()).map(|(t, _)| t).map_err(dev)
     }
 
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
