@@ -233,7 +233,7 @@ impl TpBackend {
     }
 
     /// How the group sums its partial products: `peer` (a kernel reading the other GPUs'
-    /// memory, for steps of up to 512 tokens, with the RMSNorm after it or without; NCCL
+    /// memory, for steps of up to 8192 tokens, with the RMSNorm after it or without; NCCL
     /// above) or `nccl`.
     pub fn all_reduce_path(&self) -> &'static str {
         self.path
