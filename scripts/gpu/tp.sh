@@ -3,7 +3,8 @@
 #
 #   scripts/gpu/tp.sh [SECTIONS]    any of: check bench disagg (default: all three)
 #
-# check   TP=2 against one GPU on the same weights, greedy token for token (tandem-gpu tp-check):
+# check   TP=2 (and TP=4 on a host of four GPUs) against one GPU on the same weights, greedy
+#         token for token (tandem-gpu tp-check):
 #         the committed tiny random-weight models of each CUDA architecture (their files, so the
 #         sharded loader runs) and the Llama-3-8B shape (random weights from a fixed seed), with
 #         the peer-memory all-reduce and again with NCCL's (TANDEM_TP_ALL_REDUCE=nccl); a copy of
@@ -44,6 +45,13 @@ for s in $sections; do
         section check-tiny-llama-one-kv-head 120 tp-check "$out/tiny-llama-one-kv-head" 2 8 64
       section check-llama-3-8b 300 tp-check "$bin/configs/llama-3-8b.json" 2 8 64
       TANDEM_TP_ALL_REDUCE=nccl section check-llama-3-8b-nccl 300 tp-check "$bin/configs/llama-3-8b.json" 2 8 64
+      # Four GPUs when the host has them: two ranks a KV head (tiny models), four (one KV head),
+      # the two-shot all-reduce.
+      if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 4 ]; then
+        for m in tests/data/tiny-llama tests/data/tiny-qwen3 "$out/tiny-llama-one-kv-head" "$bin/configs/llama-3-8b.json"; do
+          section "check-tp4-$(basename "$m" .json)" 300 tp-check "$m" 4 8 64
+        done
+      fi
       ;;
     bench)
       section decode-llama-3-70b 540 bench-decode "$bin/configs/llama-3-70b.json" 1,64,256 1024 2
