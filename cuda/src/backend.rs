@@ -577,7 +577,7 @@ impl CudaBackend {
                     &[&x, &rows, &ptr(&w.norm), &hb, &hi, &eps],
                 )?
             };
-            g.gemm(logit_rows, c.vocab_size, h, hb, ptr(w.head()), ptr(&a.logits), true, false)?;
+            self.lm_head(logit_rows)?;
         }
         Ok(())
     }
@@ -671,16 +671,7 @@ impl CudaBackend {
             let f = g.rmsnorm_for(c.hidden_size);
             g.launch(f, cfg, &[&ptr(&a.x), &rp, &ptr(&w.norm), &ptr(&a.hb), &hi, &eps])?
         };
-        g.gemm(
-            rows,
-            c.vocab_size,
-            c.hidden_size,
-            ptr(&a.hb),
-            ptr(w.head()),
-            ptr(&a.logits),
-            true,
-            false,
-        )
+        self.lm_head(rows)
     }
 }
 

@@ -251,7 +251,8 @@ pub fn decode(
     let context = (context.0, hi);
     let opts = decode_options(max_b, hi);
     let mut be = Under::open(cfg, tp, 1, opts)?;
-    // What each GPU reads: its slice of the layers and of every KV block, and the whole head.
+    // What each GPU reads: its slice of the layers and of every KV block, and the head (whole,
+    // or its slice where the group slices it).
     let local = Shard { rank: 0, size: tp.max(1) }.local_config(cfg);
     let kv_per_token = 2.0 * 2.0 * (local.num_layers * local.kv_size()) as f64;
     let mut rows = Vec::new();
@@ -306,7 +307,13 @@ pub fn decode(
             }
         };
         let positions: usize = b.seqs.iter().map(|s| s.context_len).sum();
-        let weights = 2.0 * linear_params(&local) as f64;
+        // A group whose ranks compute slices of the LM head reads it once between them.
+        let head = (cfg.vocab_size * cfg.hidden_size) as f64;
+        let head_saved = match &be {
+            Under::Group(g) if g.head_sliced() => head * (1.0 - 1.0 / tp as f64),
+            _ => 0.0,
+        };
+        let weights = 2.0 * (linear_params(&local) as f64 - head_saved);
         let kv = kv_per_token * positions as f64;
         let per_gpu = weights + kv;
         // Two FLOPs per weight and row, at one GPU's share of the group's measured peak.

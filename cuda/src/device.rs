@@ -152,6 +152,8 @@ pub struct Kernels {
     pub tp_all_reduce_norm: CudaFunction,
     /// The all-reduce in two shots (groups of more than two), the norm optional.
     pub tp_all_reduce_two_shot: CudaFunction,
+    /// The LM head's logits gathered from the ranks' column slices.
+    pub tp_gather_columns: CudaFunction,
     /// Token choice per logits row (Gumbel-max, or argmax at temperature 0).
     pub sample_rows: CudaFunction,
     /// Structured outputs: disallowed tokens of logits rows to minus infinity.
@@ -264,6 +266,7 @@ impl Gpu {
             tp_all_reduce: f("tp_all_reduce")?,
             tp_all_reduce_norm: f("tp_all_reduce_norm")?,
             tp_all_reduce_two_shot: f("tp_all_reduce_two_shot")?,
+            tp_gather_columns: f("tp_gather_columns")?,
             sample_rows: f("sample_rows")?,
             mask_rows: f("mask_rows")?,
             take_sampled: f("take_sampled")?,

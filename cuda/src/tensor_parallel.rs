@@ -212,6 +212,8 @@ impl TpBackend {
             return Ok("nccl");
         }
         let fuse_norm = choice != "peer-apart";
+        // The LM head: each rank its slice of the vocabulary, unless TANDEM_TP_HEAD=whole.
+        let shard_head = std::env::var("TANDEM_TP_HEAD").map_or(true, |v| v != "whole");
         let two_shot = match choice.as_str() {
             "peer-one-shot" => TwoShot::Never,
             "peer-two-shot" => TwoShot::Always,
@@ -219,7 +221,7 @@ impl TpBackend {
         };
         let mut all = Vec::with_capacity(ranks.len());
         for be in ranks.iter_mut() {
-            all.push(be.alloc_peer_reduce(fuse_norm, two_shot)?);
+            all.push(be.alloc_peer_reduce(fuse_norm, two_shot, shard_head)?);
         }
         for be in ranks.iter_mut() {
             be.connect_peer_reduce(&all)?;
@@ -252,6 +254,12 @@ impl TpBackend {
             move |be: &mut CudaBackend| be.time_all_reduces(rows, calls, reps).map(Reply::Ms);
         let (ms, replies) = self.together(each, |be| be.time_all_reduces(rows, calls, reps))?;
         Ok((ms, slowest(ms, &replies)))
+    }
+
+    /// Whether each rank computes only its slice of the LM head (the peer all-reduce's
+    /// gather), rather than the whole head.
+    pub fn head_sliced(&self) -> bool {
+        self.lead.head_sliced()
     }
 
     /// GPUs in the group.
@@ -466,8 +474,9 @@ impl ModelBackend for TpBackend {
         self.lead.validate_with(b, true)?;
         CudaBackend::check_sampling_rows(b, rows)?;
         // Every rank samples its own copy of the logits (the same bits on every rank: the
-        // residual is summed in rank order and the head is whole on each), so each finds a
-        // later pass's deferred tokens on its own device. Followers only queue the pass.
+        // residual is summed in rank order, and each logit is computed by one rank and
+        // gathered, or by every rank alike when the head is whole), so each finds a later
+        // pass's deferred tokens on its own device. Followers only queue the pass.
         let shared = Arc::new((b.clone(), rows.to_vec()));
         let each =
             move |be: &mut CudaBackend| be.launch_pass(&shared.0, &shared.1).map(|_| Reply::Done);

@@ -40,6 +40,15 @@ pub(crate) struct Collective {
     pub(crate) peer: Option<PeerReduce>,
 }
 
+/// What one rank of the peer all-reduce gives the others: its partial buffers, its flag slots
+/// and its LM-head slice buffer (0 if none).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerBuffers {
+    partials: [u64; 2],
+    flags: u64,
+    head: u64,
+}
+
 /// One rank's buffers of the peer-memory all-reduce: two partial-product buffers (the output
 /// and down projections alternate, so a peer still reading one is never overwritten), flag
 /// slots the peers write, and per-block epoch counters; allocated outside the stream-ordered
@@ -54,6 +63,12 @@ pub(crate) struct PeerReduce {
     partial_table: Option<CudaSlice<u64>>,
     /// Every rank's flag slots.
     flag_table: Option<CudaSlice<u64>>,
+    /// This rank's logits of its slice of the vocabulary (f32, `head_capacity` values; 0 when
+    /// every rank computes the whole LM head).
+    pub(crate) head: u64,
+    head_capacity: usize,
+    /// Every rank's `head` buffer.
+    head_table: Option<CudaSlice<u64>>,
     /// Values (f32) each partial holds.
     pub(crate) capacity: usize,
     /// Whether the all-reduce also applies the RMSNorm that reads its sum.
@@ -107,6 +122,7 @@ impl PeerReduce {
         capacity: usize,
         fuse_norm: bool,
         two_shot: TwoShot,
+        head_capacity: usize,
     ) -> Result<PeerReduce, CudaError> {
         let mut me = PeerReduce {
             ctx: ctx.clone(),
@@ -115,21 +131,32 @@ impl PeerReduce {
             counter: 0,
             partial_table: None,
             flag_table: None,
+            head: 0,
+            head_capacity,
+            head_table: None,
             capacity,
             fuse_norm,
             two_shot,
         };
         let words = PEER_BLOCKS * PEER_MAX_WORLD;
-        for (slot, bytes) in
-            [(0usize, 4 * capacity), (1, 4 * capacity), (2, 4 * words), (3, 4 * PEER_BLOCKS)]
-        {
+        for (slot, bytes) in [
+            (0usize, 4 * capacity),
+            (1, 4 * capacity),
+            (2, 4 * words),
+            (3, 4 * PEER_BLOCKS),
+            (4, 4 * head_capacity),
+        ] {
+            if bytes == 0 {
+                continue;
+            }
             let mut p = 0;
             // SAFETY: a plain device allocation, freed in Drop.
             driver(unsafe { dsys::cuMemAlloc_v2(&mut p, bytes) }, "cuMemAlloc")?;
             match slot {
                 0 | 1 => me.partials[slot] = p,
                 2 => me.flags = p,
-                _ => me.counter = p,
+                3 => me.counter = p,
+                _ => me.head = p,
             }
             // SAFETY: zeroes the allocation just made.
             driver(unsafe { dsys::cuMemsetD8_v2(p, 0, bytes) }, "cuMemset")?;
@@ -138,31 +165,31 @@ impl PeerReduce {
     }
 
     /// Gives this rank the addresses of every rank's buffers (`all[r]` is rank `r`'s).
-    pub(crate) fn connect(
-        &mut self,
-        g: &crate::Gpu,
-        all: &[([u64; 2], u64)],
-    ) -> Result<(), CudaError> {
+    pub(crate) fn connect(&mut self, g: &crate::Gpu, all: &[PeerBuffers]) -> Result<(), CudaError> {
         let world = all.len();
         let table: Vec<u64> =
-            (0..2).flat_map(|b| all.iter().map(move |(p, _)| p[b])).collect::<Vec<_>>();
-        let flags: Vec<u64> = all.iter().map(|(_, f)| *f).collect();
+            (0..2).flat_map(|b| all.iter().map(move |p| p.partials[b])).collect::<Vec<_>>();
+        let flags: Vec<u64> = all.iter().map(|p| p.flags).collect();
         debug_assert_eq!(table.len(), 2 * world);
         self.partial_table = Some(g.upload(&table)?);
         self.flag_table = Some(g.upload(&flags)?);
+        if all.iter().all(|p| p.head != 0) {
+            let heads: Vec<u64> = all.iter().map(|p| p.head).collect();
+            self.head_table = Some(g.upload(&heads)?);
+        }
         Ok(())
     }
 
-    /// This rank's flag slots.
-    pub(crate) fn flags(&self) -> u64 {
-        self.flags
+    /// What the other ranks need of this one.
+    pub(crate) fn buffers(&self) -> PeerBuffers {
+        PeerBuffers { partials: self.partials, flags: self.flags, head: self.head }
     }
 }
 
 impl Drop for PeerReduce {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
-        for p in [self.partials[0], self.partials[1], self.flags, self.counter] {
+        for p in [self.partials[0], self.partials[1], self.flags, self.counter, self.head] {
             if p != 0 {
                 // SAFETY: allocated by cuMemAlloc in `alloc`, freed once; no kernel of this
                 // backend runs any more.
@@ -371,14 +398,21 @@ impl CudaBackend {
         &mut self,
         fuse_norm: bool,
         two_shot: TwoShot,
-    ) -> Result<([u64; 2], u64), CudaError> {
+        shard_head: bool,
+    ) -> Result<PeerBuffers, CudaError> {
         self.gpu.bind()?;
         let cap = std::env::var("TANDEM_TP_PEER_ROWS").ok().and_then(|v| v.parse().ok());
         let rows = cap
             .unwrap_or(PEER_ROWS)
             .min(self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch));
-        let p = PeerReduce::alloc(&self.gpu.ctx, rows * self.cfg.hidden_size, fuse_norm, two_shot)?;
-        let out = (p.partials, p.flags());
+        let world = self.tp.as_ref().map_or(1, |c| c.shard.size);
+        let head = match shard_head {
+            true => self.logits_cap * self.cfg.vocab_size.div_ceil(world),
+            false => 0,
+        };
+        let capacity = rows * self.cfg.hidden_size;
+        let p = PeerReduce::alloc(&self.gpu.ctx, capacity, fuse_norm, two_shot, head)?;
+        let out = p.buffers();
         match self.tp.as_mut() {
             Some(c) => c.peer = Some(p),
             None => return Err(CudaError::Unsupported("not a tensor-parallel rank".into())),
@@ -388,13 +422,69 @@ impl CudaBackend {
     }
 
     /// Gives this rank every rank's peer all-reduce buffers (`all[r]`: rank `r`'s).
-    pub(crate) fn connect_peer_reduce(&mut self, all: &[([u64; 2], u64)]) -> Result<(), CudaError> {
+    pub(crate) fn connect_peer_reduce(&mut self, all: &[PeerBuffers]) -> Result<(), CudaError> {
         self.gpu.bind()?;
         let g = &self.gpu;
         match self.tp.as_mut().and_then(|c| c.peer.as_mut()) {
             Some(p) => p.connect(g, all),
             None => Err(CudaError::Unsupported("no peer all-reduce buffers".into())),
         }
+    }
+
+    /// Whether this rank computes only its slice of the LM head ([`CudaBackend::lm_head`]).
+    pub(crate) fn head_sliced(&self) -> bool {
+        self.tp.as_ref().and_then(|c| c.peer.as_ref()).is_some_and(|p| p.head_table.is_some())
+    }
+
+    /// The LM head over the first `rows` normed rows of the 16-bit activations, into the
+    /// logits (`rows` ≤ the logits buffer's rows). A rank of a group whose peer all-reduce
+    /// carries head buffers computes only its slice of the vocabulary (`Shard::vocab_rows`)
+    /// and gathers the others' slices from their buffers (`tp_gather_columns`), so every rank
+    /// holds every logit — the same bits, each column computed once — and reads `1/N` of the
+    /// head's weights a step.
+    pub(super) fn lm_head(&self, rows: usize) -> Result<(), CudaError> {
+        use crate::device::ptr;
+        let (g, v, h) = (&self.gpu, self.cfg.vocab_size, self.cfg.hidden_size);
+        let (hb, head, logits) = (ptr(&self.a.hb), ptr(self.w.head()), ptr(&self.a.logits));
+        let sliced = self.tp.as_ref().and_then(|c| {
+            let p = c.peer.as_ref().filter(|p| p.head != 0)?;
+            Some((c, p, p.head_table.as_ref()?, p.flag_table.as_ref()?))
+        });
+        let Some((c, p, table, flags)) = sliced else {
+            return g.gemm(rows, v, h, hb, head, logits, true, false);
+        };
+        let world = c.shard.size;
+        let mine = c.shard.vocab_rows(v);
+        let per = v.div_ceil(world);
+        if rows * per > p.head_capacity {
+            return Err(CudaError::Unsupported(format!(
+                "{rows} logits rows beyond the head buffer of {} values",
+                p.head_capacity
+            )));
+        }
+        let w = head + 2 * (mine.start * h) as u64;
+        g.gemm(rows, mine.len(), h, hb, w, p.head, true, false)?;
+        let (table, flags) = (ptr(table), ptr(flags));
+        let pieces = rows * world * per.div_ceil(4096);
+        let cfg = LaunchConfig {
+            grid_dim: (pieces.clamp(1, PEER_BLOCKS.min(g.num_sms)) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ranki, worldi, rowsi, vi, peri) =
+            (c.shard.rank as i32, world as i32, rows as i32, v as i32, per as i32);
+        // SAFETY: tp_gather_columns(float* out, const u64* parts, const u64* flags, u32*
+        // counter, int rank, int world, int rows, int cols, int per): `logits` holds at least
+        // rows × v values, every rank's head buffer rows × its slice's width (checked above
+        // against the capacity all ranks share), `flags`/`counter` the all-reduce's.
+        unsafe {
+            g.launch(
+                &g.k.tp_gather_columns,
+                cfg,
+                &[&logits, &table, &flags, &p.counter, &ranki, &worldi, &rowsi, &vi, &peri],
+            )?
+        };
+        Ok(())
     }
 
     /// GPU time of `calls` all-reduces over `rows` rows each, alone in a graph, ms (median of

@@ -216,3 +216,39 @@ extern "C" __global__ void tp_all_reduce_two_shot(float* __restrict__ x, const u
     }
   }
 }
+
+// The LM head's logits gathered from the ranks that computed them: rank k wrote the columns
+// [k·per, k·per + n_k) of `rows` rows (n_k = min(per, cols − k·per)) to its buffer parts[k]
+// (row-major, n_k wide); every rank copies all of them into `out` (rows × cols). Pieces of
+// 4 × 1024 floats of one rank's slice of one row go to blocks in turn; block b's barriers pair
+// with block b of every peer. The closing barrier keeps a rank from rewriting its buffer (the
+// next chunk's head) while a peer still reads it.
+extern "C" __global__ void tp_gather_columns(float* __restrict__ out, const unsigned long long* __restrict__ parts,
+                                             const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
+                                             int rank, int world, int rows, int cols, int per) {
+  tp_barrier(flags, counter, rank, world);
+  __syncthreads();
+  const int piece = 4096;
+  const int chunks = (per + piece - 1) / piece;
+  const long long total = (long long)rows * world * chunks;
+  const bool vec = (per % 4 == 0) && (cols % 4 == 0);
+  for (long long p = blockIdx.x; p < total; p += gridDim.x) {
+    const int c = (int)(p % chunks);
+    const int k = (int)((p / chunks) % world);
+    const int r = (int)(p / ((long long)chunks * world));
+    const int c0 = min(k * per, cols);
+    const int nk = min(per, cols - c0);
+    const int from = c * piece, to = min(from + piece, nk);
+    if (from >= to) continue;
+    const float* src = reinterpret_cast<const float*>(parts[k]) + (size_t)r * nk;
+    float* dst = out + (size_t)r * cols + c0;
+    if (vec) {
+      for (int i = from + 4 * threadIdx.x; i < to; i += 4 * blockDim.x)
+        *reinterpret_cast<float4*>(dst + i) = __ldcg(reinterpret_cast<const float4*>(src + i));
+    } else {
+      for (int i = from + threadIdx.x; i < to; i += blockDim.x) dst[i] = __ldcg(src + i);
+    }
+  }
+  __syncthreads();
+  tp_barrier(flags, counter, rank, world);
+}

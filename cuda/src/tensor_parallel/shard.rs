@@ -6,7 +6,9 @@
 //! head `r·K/n` — the one its query heads read — and `n/K` ranks hold each. The fused
 //! q|k|v and gate|up matrices are column-parallel (a rank keeps its rows of each part), the
 //! output and down projections row-parallel (a rank keeps its columns; the partial products are
-//! summed by an all-reduce). Norms, the embedding and the LM head are whole on every rank.
+//! summed by an all-reduce). Norms, the embedding and the LM head's weights are whole on every
+//! rank; where the group gathers logits over peer memory, rank `r` computes only the logits of
+//! its [`Shard::vocab_rows`].
 //!
 //! KV pages leave and enter a group in the whole model's format: for each layer's K and V, each
 //! position's heads in order. A rank's page holds its heads; [`merge_pages`] and
@@ -124,6 +126,14 @@ impl Shard {
     pub fn down_cols(&self, cfg: &ModelConfig) -> Range<usize> {
         self.part(cfg.intermediate_size)
     }
+
+    /// The vocabulary rows of the LM head whose logits this rank computes: `⌈V/N⌉` a rank, the
+    /// last rank's slice shorter when `N` does not divide `V` (any vocabulary size shards).
+    pub fn vocab_rows(&self, vocab: usize) -> Range<usize> {
+        let per = vocab.div_ceil(self.size);
+        let start = (self.rank * per).min(vocab);
+        start..(start + per).min(vocab)
+    }
 }
 
 /// The rows `ranges` of a row-major matrix of `cols` columns, in order.
@@ -182,6 +192,21 @@ pub fn split_page(page: &[u8], size: usize, parts: usize, positions: usize) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vocab_rows_cover_the_vocabulary_once() {
+        for (vocab, size) in [(128_256, 2), (128_256, 4), (151_936, 8), (49_152, 3), (7, 4)] {
+            let mut next = 0;
+            for rank in 0..size {
+                let r = Shard { rank, size }.vocab_rows(vocab);
+                assert_eq!(r.start, next, "vocab {vocab}, rank {rank} of {size}");
+                assert!(r.len() <= vocab.div_ceil(size));
+                next = r.end;
+            }
+            assert_eq!(next, vocab, "vocab {vocab} over {size} ranks");
+        }
+        assert_eq!(Shard { rank: 1, size: 2 }.vocab_rows(128_256), 64_128..128_256);
+    }
 
     fn llama70b() -> ModelConfig {
         crate::dummy_config(
