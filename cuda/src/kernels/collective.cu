@@ -56,34 +56,64 @@ __device__ __forceinline__ void tp_barrier(const unsigned long long* __restrict_
     while (ld_acquire_sys(mine + blockIdx.x * TP_MAX_WORLD + peer) < e) {}
   }
 }
+// Pieces i and j (= i + blockDim.x; `two` when j is in the row) of the sum of every rank's
+// partial at float4 offset `off`, in rank order (every rank gets the same bits); each rank's two
+// loads are issued before its adds, so a row costs one round trip across NVLink, not one per
+// piece.
+__device__ __forceinline__ void sum_pieces(const unsigned long long* __restrict__ partials, int world, size_t off,
+                                           long long i, long long j, bool two, float4& s, float4& t) {
+  const float4* p0 = reinterpret_cast<const float4*>(partials[0]) + off;
+  s = __ldcg(p0 + i);
+  t = two ? __ldcg(p0 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int k = 1; k < world; ++k) {
+    const float4* pk = reinterpret_cast<const float4*>(partials[k]) + off;
+    float4 v = __ldcg(pk + i), u = two ? __ldcg(pk + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
+  }
+}
+
+// x4[i] += s and, when `two`, x4[j] += t; the new values' sum of squares.
+__device__ __forceinline__ float add_pieces(float4* __restrict__ x4, long long i, long long j, bool two, float4 s, float4 t) {
+  float4 a = x4[i];
+  a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
+  x4[i] = a;
+  float ss = a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+  if (two) {
+    float4 b = x4[j];
+    b.x += t.x; b.y += t.y; b.z += t.z; b.w += t.w;
+    x4[j] = b;
+    ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+  }
+  return ss;
+}
+
+// y4 = x4 · inv · w over a row of n4 float4s (this thread's pieces), as `rmsnorm` writes it.
+__device__ __forceinline__ void store_normed(const float4* __restrict__ x4, const float4* __restrict__ w4, h16* __restrict__ y,
+                                             int n4, float inv) {
+  uint2* y4 = reinterpret_cast<uint2*>(y);
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    float4 v = x4[i], g = w4[i];
+    uint2 o;
+    o.x = (unsigned)f2h(v.x * inv * g.x) | ((unsigned)f2h(v.y * inv * g.y) << 16);
+    o.y = (unsigned)f2h(v.z * inv * g.z) | ((unsigned)f2h(v.w * inv * g.w) << 16);
+    y4[i] = o;
+  }
+}
+
 extern "C" __global__ void tp_all_reduce(float* __restrict__ x, const unsigned long long* __restrict__ partials,
                                          const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
                                          int rank, int world, long long n) {
   tp_barrier(flags, counter, rank, world);
   __syncthreads();
-  const float4* p[TP_MAX_WORLD];
-  for (int r = 0; r < world; ++r) p[r] = (const float4*)partials[r];
   float4* x4 = (float4*)x;
   long long n4 = n >> 2, stride = (long long)gridDim.x * blockDim.x;
   // Two float4 per thread per round: more loads across NVLink in flight.
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += 2 * stride) {
-    long long j = i + stride;
-    bool two = j < n4;
-    float4 s = __ldcg(p[0] + i), t = two ? __ldcg(p[0] + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int r = 1; r < world; ++r) {
-      float4 v = __ldcg(p[r] + i);
-      float4 w = two ? __ldcg(p[r] + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-      t.x += w.x; t.y += w.y; t.z += w.z; t.w += w.w;
-    }
-    float4 a = x4[i];
-    a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
-    x4[i] = a;
-    if (two) {
-      float4 b = x4[j];
-      b.x += t.x; b.y += t.y; b.z += t.z; b.w += t.w;
-      x4[j] = b;
-    }
+    const long long j = i + stride;
+    float4 s, t;
+    sum_pieces(partials, world, 0, i, j, j < n4, s, t);
+    add_pieces(x4, i, j, j < n4, s, t);
   }
   for (long long i = (n4 << 2) + blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) {
     float s = __ldcg((const float*)partials[0] + i);
@@ -96,8 +126,6 @@ extern "C" __global__ void tp_all_reduce(float* __restrict__ x, const unsigned l
 // threads) takes rows b, b + gridDim.x, .. of x ([rows, H], H a multiple of 4) after the same
 // barrier, adds x[r] += P_0[r] + P_1[r] + ... in rank order, and writes y[r] = x[r] ·
 // rsqrt(mean(x[r]²) + eps) · w as `rmsnorm` does (its sum of squares taken in another order).
-// Each thread loads two 16-byte pieces of every rank's partial before it adds, so that a row
-// costs one round trip across NVLink, not one per piece.
 extern "C" __global__ void tp_all_reduce_norm(float* __restrict__ x, const unsigned long long* __restrict__ partials,
                                               const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
                                               int rank, int world, int rows, int H, const float* __restrict__ w,
@@ -105,41 +133,16 @@ extern "C" __global__ void tp_all_reduce_norm(float* __restrict__ x, const unsig
   tp_barrier(flags, counter, rank, world);
   __syncthreads();
   const int n4 = H / 4, bd = blockDim.x;
-  const float4* w4 = reinterpret_cast<const float4*>(w);
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     float4* x4 = reinterpret_cast<float4*>(x + (size_t)r * H);
     float ss = 0.f;
     for (int i = threadIdx.x; i < n4; i += 2 * bd) {
-      const int j = i + bd;
-      const bool two = j < n4;
-      const float4* p0 = reinterpret_cast<const float4*>(partials[0]) + (size_t)r * n4;
-      float4 s = __ldcg(p0 + i), t = two ? __ldcg(p0 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int k = 1; k < world; ++k) {
-        const float4* pk = reinterpret_cast<const float4*>(partials[k]) + (size_t)r * n4;
-        float4 v = __ldcg(pk + i), u = two ? __ldcg(pk + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-        s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-        t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
-      }
-      float4 a = x4[i];
-      a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
-      x4[i] = a;
-      ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-      if (two) {
-        float4 b = x4[j];
-        b.x += t.x; b.y += t.y; b.z += t.z; b.w += t.w;
-        x4[j] = b;
-        ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-      }
+      float4 s, t;
+      sum_pieces(partials, world, (size_t)r * n4, i, i + bd, i + bd < n4, s, t);
+      ss += add_pieces(x4, i, i + bd, i + bd < n4, s, t);
     }
     float inv = rsqrtf(block_sum(ss) / (float)H + eps);
-    uint2* y4 = reinterpret_cast<uint2*>(y + (size_t)r * H);
-    for (int i = threadIdx.x; i < n4; i += bd) {
-      float4 v = x4[i], g = w4[i];
-      uint2 o;
-      o.x = (unsigned)f2h(v.x * inv * g.x) | ((unsigned)f2h(v.y * inv * g.y) << 16);
-      o.y = (unsigned)f2h(v.z * inv * g.z) | ((unsigned)f2h(v.w * inv * g.w) << 16);
-      y4[i] = o;
-    }
+    store_normed(x4, reinterpret_cast<const float4*>(w), y + (size_t)r * H, n4, inv);
   }
 }
 
@@ -167,23 +170,15 @@ extern "C" __global__ void tp_all_reduce_two_shot(float* __restrict__ x, const u
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     for (int i = c0 + threadIdx.x; i < c1; i += 2 * bd) {
       const int i2 = i + bd;
-      const bool two = i2 < c1;
-      const float4* p0 = reinterpret_cast<const float4*>(partials[0]) + (size_t)r * n4;
-      float4 s = __ldcg(p0 + i), t = two ? __ldcg(p0 + i2) : make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int k = 1; k < world; ++k) {
-        const float4* pk = reinterpret_cast<const float4*>(partials[k]) + (size_t)r * n4;
-        float4 v = __ldcg(pk + i), u = two ? __ldcg(pk + i2) : make_float4(0.f, 0.f, 0.f, 0.f);
-        s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-        t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
-      }
+      float4 s, t;
+      sum_pieces(partials, world, (size_t)r * n4, i, i2, i2 < c1, s, t);
       __stcg(mine + (size_t)r * n4 + i, s);
-      if (two) __stcg(mine + (size_t)r * n4 + i2, t);
+      if (i2 < c1) __stcg(mine + (size_t)r * n4 + i2, t);
     }
   }
   __syncthreads();
   tp_barrier(flags, counter, rank, world);
   __syncthreads();
-  const float4* w4 = reinterpret_cast<const float4*>(w);
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     float4* x4 = reinterpret_cast<float4*>(x + (size_t)r * H);
     float ss = 0.f;
@@ -193,27 +188,11 @@ extern "C" __global__ void tp_all_reduce_two_shot(float* __restrict__ x, const u
       const float4* pi = reinterpret_cast<const float4*>(partials[i / per]) + (size_t)r * n4;
       float4 s = __ldcg(pi + i), t = make_float4(0.f, 0.f, 0.f, 0.f);
       if (two) t = __ldcg(reinterpret_cast<const float4*>(partials[i2 / per]) + (size_t)r * n4 + i2);
-      float4 a = x4[i];
-      a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
-      x4[i] = a;
-      ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-      if (two) {
-        float4 b = x4[i2];
-        b.x += t.x; b.y += t.y; b.z += t.z; b.w += t.w;
-        x4[i2] = b;
-        ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-      }
+      ss += add_pieces(x4, i, i2, two, s, t);
     }
     if (w == nullptr) continue;
     float inv = rsqrtf(block_sum(ss) / (float)H + eps);
-    uint2* y4 = reinterpret_cast<uint2*>(y + (size_t)r * H);
-    for (int i = threadIdx.x; i < n4; i += bd) {
-      float4 v = x4[i], g = w4[i];
-      uint2 o;
-      o.x = (unsigned)f2h(v.x * inv * g.x) | ((unsigned)f2h(v.y * inv * g.y) << 16);
-      o.y = (unsigned)f2h(v.z * inv * g.z) | ((unsigned)f2h(v.w * inv * g.w) << 16);
-      y4[i] = o;
-    }
+    store_normed(x4, reinterpret_cast<const float4*>(w), y + (size_t)r * H, n4, inv);
   }
 }
 
