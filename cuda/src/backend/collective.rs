@@ -6,7 +6,9 @@
 //! replace it), or — for steps of up to [`PEER_ROWS`] tokens when the GPUs reach each other's
 //! memory — [`PeerReduce`]: every rank's GEMM writes its partial product to a buffer of its own
 //! and one kernel per rank adds all partials to the residual, reading the peers' buffers across
-//! NVLink after a flag barrier (`tp_all_reduce` in kernels/collective.cu).
+//! NVLink after a flag barrier (`tp_all_reduce` in kernels/collective.cu; in groups of more than
+//! two, in two shots). The same buffers and barriers gather the LM head's logits: each rank
+//! computes its slice of the vocabulary ([`CudaBackend::lm_head`]).
 
 use std::sync::Arc;
 
@@ -51,8 +53,9 @@ pub(crate) struct PeerBuffers {
 
 /// One rank's buffers of the peer-memory all-reduce: two partial-product buffers (the output
 /// and down projections alternate, so a peer still reading one is never overwritten), flag
-/// slots the peers write, and per-block epoch counters; allocated outside the stream-ordered
-/// pool so that peers can address them once peer access is on.
+/// slots the peers write, per-block epoch counters, and the buffer of this rank's slice of the
+/// logits; allocated outside the stream-ordered pool so that peers can address them once peer
+/// access is on.
 pub(crate) struct PeerReduce {
     ctx: Arc<CudaContext>,
     /// This rank's partial buffers (f32, `PEER_ROWS × hidden` each).
