@@ -7,9 +7,10 @@
 //! thread and returns logits or sampled tokens; each other rank (a follower) has a thread that
 //! runs the same pass on the same batch. Steps overlap as on one GPU (step N+1 launched before
 //! step N is collected): every rank then samples its own copy of the logits, the same bits on
-//! each, so each finds the deferred tokens of the next step on its own device. The ranks meet only in NCCL all-reduces (two per layer,
-//! on each backend's own stream, captured in decode graphs), so no rank waits for a host
-//! round-trip inside a step. A thread per rank rather than one thread launching on every device:
+//! each, so each finds the deferred tokens of the next step on its own device. The ranks meet
+//! only in their collectives (two all-reduces per layer and the logits' gather, on each
+//! backend's own stream, captured in decode graphs), so no rank waits for a host round-trip
+//! inside a step. A thread per rank rather than one thread launching on every device:
 //! an eager pass issues a few hundred launches per rank, which then run in parallel, and NCCL's
 //! one-communicator-per-thread use needs no group calls.
 
@@ -195,8 +196,9 @@ impl TpBackend {
         })
     }
 
-    /// Sets up the all-reduce over peer memory for small steps, unless `TANDEM_TP_ALL_REDUCE`
-    /// is `nccl` or some pair of GPUs cannot reach each other. It carries the RMSNorm that
+    /// Sets up the all-reduce over peer memory for steps of up to `PEER_ROWS` tokens (and the
+    /// sliced LM head's gather, unless `TANDEM_TP_HEAD` is `whole`), unless
+    /// `TANDEM_TP_ALL_REDUCE` is `nccl` or some pair of GPUs cannot reach each other. It carries the RMSNorm that
     /// follows it unless `TANDEM_TP_ALL_REDUCE` is `peer-apart`, and sums in two shots in
     /// groups of more than two (steps of `TWO_SHOT_MIN_ROWS` rows and more) unless it is
     /// `peer-one-shot` (`peer-two-shot`: at every size; all for comparison). Returns the
