@@ -200,10 +200,9 @@ impl TpBackend {
     /// sliced LM head's gather, unless `TANDEM_TP_HEAD` is `whole`), unless
     /// `TANDEM_TP_ALL_REDUCE` is `nccl` or some pair of GPUs cannot reach each other. It
     /// carries the RMSNorm that follows it unless `TANDEM_TP_ALL_REDUCE` is `peer-apart`, and
-    /// sums in two shots in
-    /// groups of more than two (steps of `TWO_SHOT_MIN_ROWS` rows and more) unless it is
-    /// `peer-one-shot` (`peer-two-shot`: at every size; all for comparison). Returns the
-    /// path taken, as [`TpBackend::all_reduce_path`] names it.
+    /// sums in two shots in groups of more than two (steps of `TWO_SHOT_MIN_ROWS` rows and
+    /// more) unless it is `peer-one-shot` (`peer-two-shot`: at every size; all for
+    /// comparison). Returns the path taken, as [`TpBackend::all_reduce_path`] names it.
     fn peer_reduce(ranks: &mut [CudaBackend]) -> Result<&'static str, CudaError> {
         let choice = std::env::var("TANDEM_TP_ALL_REDUCE").unwrap_or_default();
         // The kernel keeps flag slots and partial pointers for at most PEER_MAX_WORLD ranks.
