@@ -610,7 +610,7 @@ impl CudaBackend {
         let first = p.logits_rows.len().min(self.logits_cap);
         self.enqueue(
             n,
-            (p.num_tiles(), p.max_tile_rows(self.group()) <= 8),
+            (p.num_tiles(), self.small_tiles(p.max_tile_rows(self.group()), b.seqs.len())),
             (&p.long, p.num_long_tiles()),
             (p.slot_stride, p.bt_stride),
             num_layers,

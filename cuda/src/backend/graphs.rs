@@ -37,7 +37,7 @@ impl CudaBackend {
         // Where `BatchPlan::padded_decode` puts each group's slots and tables for this size.
         let sections = (size, size * self.max_blocks_per_seq);
         // One eager run first: loads every kernel and lets cuBLAS pick its algorithms.
-        let tiling = (entries, self.group() <= 8);
+        let tiling = (entries, self.small_tiles(self.group(), size));
         self.enqueue(size, tiling, (&[], 0), sections, layers, size, 0)?;
         self.gpu.sync()?;
         let s = self.gpu.stream.clone();
