@@ -47,6 +47,15 @@ pub fn dec_warps(hd: usize) -> usize {
         w => w,
     }
 }
+/// Whether a step's attention tiles of at most `rows` query rows, `group` query heads a KV head
+/// and `pairs` (sequence, KV head) pairs take the small-tile kernel: tiles of up to 8 rows,
+/// except where 8 or more query heads share a KV head and the step has 256 pairs or more —
+/// there the 16-row kernel measured faster on H200s (Llama-3-70B shape, context 1024: TP=2
+/// batch 64 26.2 against 27.1 ms, TP=4 batch 256 31.1 against 33.3; slower at batch 1 and
+/// 16; `docs/gpu-runs/h200x4-2026-11-28e-two-shot/`).
+pub fn small_tiles(rows: usize, group: usize, pairs: usize) -> bool {
+    rows <= 8 && !(group >= 8 && pairs >= 256)
+}
 /// Dynamic shared memory of the small-tile decode kernel (`attention_dec*`): each warp's
 /// stages of K and V pages, as [`decode_smem_bytes`] per warp (its end-of-kernel exchange of
 /// per-warp results, at most 8 rows of f32 per warp, fits in the same bytes).
@@ -369,6 +378,20 @@ pub fn kv_blocks_for(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_tiles_for_decode_except_large_steps_of_groups_of_eight() {
+        // Prefill tiles (more than 8 rows) never take the small-tile kernel.
+        assert!(!small_tiles(16, 2, 4));
+        // Groups of 2 and 4 (Qwen3, Llama-3-8B): decode tiles at every step size.
+        assert!(small_tiles(2, 2, 8 * 256));
+        assert!(small_tiles(4, 4, 8 * 256));
+        // Groups of 8 (the 70B shape on 2 or 4 GPUs): small steps only.
+        assert!(small_tiles(8, 8, 64 * 2));
+        assert!(small_tiles(8, 8, 255));
+        assert!(!small_tiles(8, 8, 256));
+        assert!(!small_tiles(8, 8, 256 * 4));
+    }
     use tandem_engine::backend::Logits;
 
     fn batch() -> ForwardBatch {

@@ -63,13 +63,9 @@ impl CudaBackend {
     }
 
     /// Whether the attention tiles of a step of `seqs` sequences, at most `rows` query rows a
-    /// tile, take the small-tile kernel: tiles of up to 8 rows, except where 8 query heads share
-    /// a KV head and the step has 256 (sequence, KV head) pairs or more — there the 16-row
-    /// kernel measured faster on H200s (Llama-3-70B shape, context 1024: TP=2 batch 64 26.2
-    /// against 27.1 ms, TP=4 batch 256 31.1 against 33.3; slower at batch 1 and 16;
-    /// `docs/gpu-runs/h200x4-2026-11-28e-two-shot/`).
+    /// tile, take the small-tile kernel ([`plan::small_tiles`]).
     pub(super) fn small_tiles(&self, rows: usize, seqs: usize) -> bool {
-        rows <= 8 && !(self.group() >= 8 && seqs * self.cfg.num_kv_heads >= 256)
+        plan::small_tiles(rows, self.group(), seqs * self.cfg.num_kv_heads)
     }
 
     /// Products of one row on the `gemv` kernel (on, the default) or cuBLAS (off), for
