@@ -32,6 +32,27 @@ pub const KERNEL_SOURCE: &str = concat!(
     include_str!("kernels/gemv.cu"),
 );
 
+/// Kernels [`Gpu::launch`] launches plainly, not as programmatic dependents: the attention
+/// kernels and the RMSNorm kernels. Measured on an H200 against plain launches everywhere
+/// (docs/gpu-runs/h200-2026-11-28f-pdl/): as dependents the decode attention kernel made
+/// Qwen3-0.6B steps at 16 and 64 sequences 3–6 % slower, and the RMSNorm kernels the
+/// Llama-3-8B shape's step at 16 sequences 1.5 % slower; launched plainly, the other kernels'
+/// early starts keep their gain.
+pub const PDL_PLAIN: [&str; 12] = [
+    "attention",
+    "attention_decode",
+    "attention_mma64",
+    "attention_mma128",
+    "attention_dec64",
+    "attention_dec128",
+    "attention_prefill64",
+    "attention_prefill128",
+    "rmsnorm",
+    "rmsnorm_v1",
+    "rmsnorm_v2",
+    "rmsnorm_v4",
+];
+
 /// Bytes of cuBLAS workspace (fixed, so GEMMs can be captured).
 const BLAS_WORKSPACE: usize = 32 << 20;
 
@@ -199,6 +220,13 @@ pub struct Gpu {
     /// Products of one row go to the `gemv` kernel (default; `TANDEM_GEMV=off` or
     /// [`Gpu::set_gemv`] keeps every product on cuBLAS, for comparison).
     use_gemv: std::sync::atomic::AtomicBool,
+    /// Kernels launch as programmatic dependents of the kernel before them (sm_90 and later;
+    /// `TANDEM_PDL=off` or [`Gpu::set_pdl`] turns it off, for comparison): each may start
+    /// while its predecessor drains, and waits for it in `KERNEL_ENTRY` (kernels/common.cu).
+    use_pdl: std::sync::atomic::AtomicBool,
+    /// Kernels launched plainly even with [`Gpu::pdl`] on, as handles: the attention kernels
+    /// ([`PDL_PLAIN`]; `TANDEM_PDL_SKIP`, comma-separated kernel names, replaces the list).
+    pdl_skip: Vec<usize>,
 }
 
 /// Whether the CUDA driver library can be loaded on this machine.
@@ -289,6 +317,10 @@ impl Gpu {
             let attr = dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             f.set_attribute(attr, bytes).map_err(CudaError::from)?;
         }
+        let skip = std::env::var("TANDEM_PDL_SKIP").unwrap_or_else(|_| PDL_PLAIN.join(","));
+        let pdl_skip = (skip.split(',').filter(|n| !n.is_empty()))
+            .map(|name| f(name).map(|k| k.cu_function() as usize))
+            .collect::<Result<Vec<_>, _>>()?;
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas(format!("{e:?}")))?;
         let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE).map_err(CudaError::from)?;
         {
@@ -319,6 +351,10 @@ impl Gpu {
             use_gemv: std::sync::atomic::AtomicBool::new(
                 std::env::var("TANDEM_GEMV").as_deref() != Ok("off"),
             ),
+            use_pdl: std::sync::atomic::AtomicBool::new(
+                maj >= 9 && std::env::var("TANDEM_PDL").as_deref() != Ok("off"),
+            ),
+            pdl_skip,
         })
     }
 
@@ -392,7 +428,9 @@ impl Gpu {
         self.stream.synchronize().map_err(CudaError::from)
     }
 
-    /// Launches `f` with raw arguments (device pointers as `u64`).
+    /// Launches `f` with raw arguments (device pointers as `u64`): as a programmatic dependent
+    /// of the stream's previous kernel where [`Gpu::pdl`] says so (every kernel of
+    /// kernels/*.cu waits for its predecessor before it touches memory), else plainly.
     ///
     /// # Safety
     /// The arguments must match the kernel's parameters in number, order and type, and every
@@ -403,12 +441,72 @@ impl Gpu {
         cfg: LaunchConfig,
         args: &[&dyn KernelArg],
     ) -> Result<(), CudaError> {
+        if self.pdl() && !self.pdl_skip.contains(&(f.cu_function() as usize)) {
+            // SAFETY: forwarded to the caller.
+            return unsafe { self.launch_dependent(f, cfg, args) };
+        }
         let mut b = self.stream.launch_builder(f);
         for a in args {
             a.push(&mut b);
         }
         // SAFETY: forwarded to the caller.
         unsafe { b.launch(cfg) }.map(|_| ()).map_err(CudaError::from)
+    }
+
+    /// `cuLaunchKernelEx` with programmatic stream serialization allowed: the kernel's CTAs may
+    /// be scheduled once every CTA of the stream's previous kernel has started (or triggered),
+    /// and `griddepcontrol.wait` in the kernel holds them until that kernel has finished and
+    /// its writes are visible. Captured into a graph, the edge stays programmatic.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`]; the kernel must wait (`KERNEL_ENTRY`) before touching memory.
+    unsafe fn launch_dependent(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &[&dyn KernelArg],
+    ) -> Result<(), CudaError> {
+        let mut params: Vec<*mut c_void> = args.iter().map(|a| a.param()).collect();
+        // SAFETY: a zeroed attribute is a valid plain-data value; id and value are set below.
+        let mut attr: dsys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = dsys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let conf = dsys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        self.bind()?;
+        // SAFETY: `params` points at the caller's arguments, alive for this call; the rest is
+        // forwarded to the caller.
+        unsafe {
+            dsys::cuLaunchKernelEx(
+                &conf,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(CudaError::from)
+    }
+
+    /// Whether kernels launch as programmatic dependents (see [`Gpu::launch`]).
+    pub fn pdl(&self) -> bool {
+        self.use_pdl.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns programmatic dependent launch on (where the device has it) or off, for comparison.
+    pub fn set_pdl(&self, on: bool) {
+        let on = on && self.sm >= 90;
+        self.use_pdl.store(on, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `C[m×n] = A[m×k] · W[n×k]ᵀ (+ C if `accumulate`)`, row-major: `a` and `w` of the
@@ -621,11 +719,16 @@ pub fn ptr<T>(s: &CudaSlice<T>) -> u64 {
 pub trait KernelArg {
     /// Pushes `self` onto the launch.
     fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+    /// The address of the value, as `cuLaunchKernelEx` takes each parameter.
+    fn param(&self) -> *mut c_void;
 }
 
 impl<T: DeviceRepr> KernelArg for T {
     fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
         b.arg(self);
+    }
+    fn param(&self) -> *mut c_void {
+        self as *const T as *mut c_void
     }
 }
 

@@ -251,12 +251,14 @@ __device__ __forceinline__ void attention_impl(ATTENTION_ARGS) {
 }
 
 extern "C" __global__ void __launch_bounds__(128) attention(ATTENTION_ARGS) {
+  KERNEL_ENTRY();
   attention_impl<ATT_MAX_ROWS / ATT_WARPS>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 }
 
 // The same for tiles of at most 8 rows (decode steps): fewer registers and less shared memory,
 // so more CTAs per SM keep more loads in flight.
 extern "C" __global__ void __launch_bounds__(128) attention_decode(ATTENTION_ARGS) {
+  KERNEL_ENTRY();
   attention_impl<2>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 }
 

@@ -227,12 +227,14 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
 #endif
 
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS64) attention_dec64(ATTENTION_ARGS) {
+  KERNEL_ENTRY();
 #if __CUDA_ARCH__ >= 800
   attention_dec_impl<64, DEC_WARPS64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS128) attention_dec128(ATTENTION_ARGS) {
+  KERNEL_ENTRY();
 #if __CUDA_ARCH__ >= 800
   attention_dec_impl<128, DEC_WARPS128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif

@@ -538,24 +538,28 @@ __device__ __forceinline__ void attention_prefill_impl(ATTENTION_ARGS) {
 
 // Entry points (empty below sm_80, where the host never launches them).
 extern "C" __global__ void __launch_bounds__(64) attention_mma64(ATTENTION_ARGS) {
+  KERNEL_ENTRY();
 #if __CUDA_ARCH__ >= 800
   attention_mma_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(64) attention_mma128(ATTENTION_ARGS) {
+  KERNEL_ENTRY();
 #if __CUDA_ARCH__ >= 800
   attention_mma_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(32 * PF_WARPS, PF_MIN_BLOCKS_64) attention_prefill64(ATTENTION_ARGS) {
+  KERNEL_ENTRY();
 #if __CUDA_ARCH__ >= 800
   attention_prefill_impl<64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(32 * PF_WARPS, PF_MIN_BLOCKS_128) attention_prefill128(ATTENTION_ARGS) {
+  KERNEL_ENTRY();
 #if __CUDA_ARCH__ >= 800
   attention_prefill_impl<128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
 #endif

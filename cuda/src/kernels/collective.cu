@@ -4,6 +4,7 @@
 // page, page-major; sums[page] accumulates each page's checksum (zeroed by the caller).
 extern "C" __global__ void gather_pages(const uint4* __restrict__ pool, const int* __restrict__ blocks, uint4* __restrict__ out,
                                         int pieces, int parts, long long part_stride, int chunk, unsigned* __restrict__ sums) {
+  KERNEL_ENTRY();
   for (int w = blockIdx.x; w < pieces; w += gridDim.x) {
     const int page = w / parts, part = w % parts;
     copy_piece(pool + part * part_stride + (long long)blocks[page] * chunk, out + (long long)w * chunk, chunk, (unsigned)(part * chunk), sums + page);
@@ -13,6 +14,7 @@ extern "C" __global__ void gather_pages(const uint4* __restrict__ pool, const in
 // The inverse of gather_pages; a page whose block id is negative is checksummed, not stored.
 extern "C" __global__ void scatter_pages(const uint4* __restrict__ in, const int* __restrict__ blocks, uint4* __restrict__ pool,
                                          int pieces, int parts, long long part_stride, int chunk, unsigned* __restrict__ sums) {
+  KERNEL_ENTRY();
   for (int w = blockIdx.x; w < pieces; w += gridDim.x) {
     const int page = w / parts, part = w % parts;
     const int b = blocks[page];
@@ -104,6 +106,7 @@ __device__ __forceinline__ void store_normed(const float4* __restrict__ x4, cons
 extern "C" __global__ void tp_all_reduce(float* __restrict__ x, const unsigned long long* __restrict__ partials,
                                          const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
                                          int rank, int world, long long n) {
+  KERNEL_ENTRY();
   tp_barrier(flags, counter, rank, world);
   __syncthreads();
   float4* x4 = (float4*)x;
@@ -130,6 +133,7 @@ extern "C" __global__ void tp_all_reduce_norm(float* __restrict__ x, const unsig
                                               const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
                                               int rank, int world, int rows, int H, const float* __restrict__ w,
                                               h16* __restrict__ y, float eps) {
+  KERNEL_ENTRY();
   tp_barrier(flags, counter, rank, world);
   __syncthreads();
   const int n4 = H / 4, bd = blockDim.x;
@@ -161,6 +165,7 @@ extern "C" __global__ void tp_all_reduce_two_shot(float* __restrict__ x, const u
                                                   const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
                                                   int rank, int world, int rows, int H, const float* __restrict__ w,
                                                   h16* __restrict__ y, float eps) {
+  KERNEL_ENTRY();
   tp_barrier(flags, counter, rank, world);
   __syncthreads();
   const int n4 = H / 4, bd = blockDim.x;
@@ -205,6 +210,7 @@ extern "C" __global__ void tp_all_reduce_two_shot(float* __restrict__ x, const u
 extern "C" __global__ void tp_gather_columns(float* __restrict__ out, const unsigned long long* __restrict__ parts,
                                              const unsigned long long* __restrict__ flags, unsigned int* __restrict__ counter,
                                              int rank, int world, int rows, int cols, int per) {
+  KERNEL_ENTRY();
   tp_barrier(flags, counter, rank, world);
   __syncthreads();
   const int piece = 4096;

@@ -4,6 +4,20 @@
 // IEEE half when compiled with -DTANDEM_F16.
 
 typedef unsigned short h16;
+
+// The first statement of every kernel. Launched as a programmatic dependent of the kernel before
+// it on the stream (`Gpu::launch`, sm_90 and later), a kernel's CTAs may be scheduled while that
+// kernel's last CTAs still run: here they wait until it has finished and its writes are visible,
+// then let the next kernel's CTAs be scheduled in turn. A kernel launched plainly passes at once.
+#if __CUDA_ARCH__ >= 900 && defined(TANDEM_PDL_NO_TRIGGER)
+#define KERNEL_ENTRY() asm volatile("griddepcontrol.wait;" ::: "memory")
+#elif __CUDA_ARCH__ >= 900
+#define KERNEL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define KERNEL_ENTRY() \
+  do {               \
+  } while (0)
+#endif
 #define INFINITY __int_as_float(0x7f800000)
 
 // IEEE half, whatever the model's type (the GEMM attention path computes in it).

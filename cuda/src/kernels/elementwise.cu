@@ -9,6 +9,7 @@
 extern "C" __global__ void gather_kv(const h16* __restrict__ k_cache, const h16* __restrict__ v_cache,
                                      const int* __restrict__ bt, h16* __restrict__ kg, h16* __restrict__ vg,
                                      int ctx, int nh, int nkv, int hd, int block_size) {
+  KERNEL_ENTRY();
   int p = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
   int kvh = h / (nh / nkv);
   size_t slot = (size_t)bt[p / block_size] * block_size + p % block_size;
@@ -31,6 +32,7 @@ extern "C" __global__ void gather_kv(const h16* __restrict__ k_cache, const h16*
 // `window` (a sliding-window layer; INT_MAX otherwise); p in IEEE half. Grid: (rows, nh); block 256.
 extern "C" __global__ void softmax_causal(const float* __restrict__ s, h16* __restrict__ p, int rows, int ctx, int pos0,
                                           int window) {
+  KERNEL_ENTRY();
   size_t base = ((size_t)blockIdx.y * rows + blockIdx.x) * ctx;
   int lim = min(ctx, pos0 + (int)blockIdx.x + 1);
   int lo = max(0, lim - window);
@@ -46,6 +48,7 @@ extern "C" __global__ void softmax_causal(const float* __restrict__ s, h16* __re
 
 // out[i] = in[i] in the model's 16-bit type.
 extern "C" __global__ void to_model(const float* __restrict__ in, h16* __restrict__ out, long long n) {
+  KERNEL_ENTRY();
   long long stride = (long long)gridDim.x * blockDim.x;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) out[i] = f2h(in[i]);
 }
@@ -68,6 +71,7 @@ __device__ __forceinline__ unsigned act_pair(unsigned g2, unsigned u2, int gelu)
   return (unsigned)f2h(gate_act(a0, gelu) * b0) | ((unsigned)f2h(gate_act(a1, gelu) * b1) << 16);
 }
 extern "C" __global__ void silu_mul(const h16* __restrict__ gu, h16* __restrict__ out, int F, int gelu) {
+  KERNEL_ENTRY();
   const h16* g = gu + (size_t)blockIdx.y * 2 * F;
   h16* o = out + (size_t)blockIdx.y * F;
   if ((F & 7) == 0) {
@@ -90,6 +94,7 @@ extern "C" __global__ void silu_mul(const h16* __restrict__ gu, h16* __restrict_
 // Grid: rows.
 extern "C" __global__ void rmsnorm_add(float* __restrict__ x, const float* __restrict__ y,
                                        const float* __restrict__ w, int H, float eps) {
+  KERNEL_ENTRY();
   const float* yr = y + (size_t)blockIdx.x * H;
   float* xr = x + (size_t)blockIdx.x * H;
   float ss = 0.f;
@@ -105,6 +110,7 @@ __device__ __forceinline__ unsigned int hash32(unsigned int x) {
 // Pseudo-random values uniform in [-scale, scale) (dummy weights), or the constant `scale` when
 // `constant` is set (norm weights).
 extern "C" __global__ void fill_random(h16* __restrict__ p, unsigned long long n, unsigned int seed, float scale, int constant) {
+  KERNEL_ENTRY();
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += stride) {
     if (constant) { p[i] = f2h(scale); continue; }
@@ -117,6 +123,7 @@ extern "C" __global__ void fill_random(h16* __restrict__ p, unsigned long long n
 // fill_random gives index first + r·ld + c under the same seed, so a tensor-parallel rank's
 // slice of a dummy weight equals the same slice of the whole weight.
 extern "C" __global__ void fill_random_block(h16* __restrict__ p, unsigned long long rows, unsigned long long cols, unsigned long long first, unsigned long long ld, unsigned int seed, float scale) {
+  KERNEL_ENTRY();
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x, n = rows * cols;
   for (unsigned long long k = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; k < n; k += stride) {
     unsigned long long r = k / cols, i = first + r * ld + (k - r * cols);
@@ -127,4 +134,4 @@ extern "C" __global__ void fill_random_block(h16* __restrict__ p, unsigned long 
 
 
 // Does nothing: `tandem-gpu bench-nodes` times a graph of these (what a kernel node costs).
-extern "C" __global__ void noop(int x) {}
+extern "C" __global__ void noop(int x) { KERNEL_ENTRY(); }

@@ -72,6 +72,7 @@ __device__ __forceinline__ void gemv_rows(const h16* __restrict__ a, const h16* 
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv(const h16* __restrict__ a, const h16* __restrict__ w, void* __restrict__ y, int N, int K,
          int R, int accumulate, int out16) {
+  KERNEL_ENTRY();
   if (R == 1) gemv_rows<1>(a, w, y, N, K, accumulate, out16);
   else gemv_rows<2>(a, w, y, N, K, accumulate, out16);
 }

@@ -4,6 +4,7 @@
 // x[t, :] = embedding row of tok[t] (16-bit table), as f32. Grid: tokens.
 extern "C" __global__ void embed(const int* __restrict__ tok, const h16* __restrict__ table,
                                  float* __restrict__ x, int H, float scale) {
+  KERNEL_ENTRY();
   const h16* row = table + (size_t)tok[blockIdx.x] * H;
   float* xr = x + (size_t)blockIdx.x * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = h2f(row[i]) * scale;
@@ -77,6 +78,7 @@ __device__ __forceinline__ void rmsnorm_impl(const float* __restrict__ x, const 
 #define RMSNORM_KERNEL(NAME, VECS)                                                                     \
   extern "C" __global__ void NAME(const float* __restrict__ x, const int* __restrict__ rows,          \
                                   const float* __restrict__ w, h16* __restrict__ y, int H, float eps) { \
+    KERNEL_ENTRY();                                                                                    \
     rmsnorm_impl<VECS>(x, rows, w, y, H, eps);                                                         \
   }
 RMSNORM_KERNEL(rmsnorm_v1, 1)
@@ -200,6 +202,7 @@ __device__ __forceinline__ void qkv_rope_store_impl(const float* __restrict__ qk
       const float* __restrict__ k_norm, float* __restrict__ q_out, h16* __restrict__ q16,              \
       h16* __restrict__ k_cache, h16* __restrict__ v_cache, int nh, int nkv, int hd, int interleaved,  \
       float eps, int block_size, const float* __restrict__ qkv_bias) {                                 \
+    KERNEL_ENTRY();                                                                                    \
     qkv_rope_store_impl<PAIRS>(qkv, pos, slot, inv_freq, q_norm, k_norm, q_out, q16, k_cache, v_cache, \
                                nh, nkv, hd, interleaved, eps, block_size, qkv_bias);                 \
   }

@@ -67,6 +67,7 @@ __device__ unsigned threshold_search(const float* row, int vocab, unsigned lo, u
 // log-probability it reports see only the allowed tokens, as the engine's host sampler does.
 extern "C" __global__ void mask_rows(float* __restrict__ logits, const unsigned* __restrict__ rows,
                                      const unsigned* __restrict__ masks, int vocab, int words) {
+  KERNEL_ENTRY();
   const int r = blockIdx.x;
   float* row = logits + (size_t)rows[r] * vocab;
   const unsigned* m = masks + (size_t)r * words;
@@ -81,6 +82,7 @@ extern "C" __global__ void mask_rows(float* __restrict__ logits, const unsigned*
 // sampled[] (read before this pass's own sampling overwrites it: both run on one stream).
 extern "C" __global__ void take_sampled(int* __restrict__ tokens, const int* __restrict__ sampled,
                                         const unsigned* __restrict__ pairs, int n) {
+  KERNEL_ENTRY();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) tokens[pairs[2 * i]] = sampled[pairs[2 * i + 1]];
 }
@@ -93,6 +95,7 @@ extern "C" __global__ void take_sampled(int* __restrict__ tokens, const int* __r
 // out[r] is the token, out[n + r] the bits of its log-probability under the raw logits.
 extern "C" __global__ void sample_rows(const float* __restrict__ logits, const unsigned* __restrict__ args,
                                        int* __restrict__ out, int n, int vocab) {
+  KERNEL_ENTRY();
   __shared__ float red[33];
   __shared__ float sm[32], ss[32], sb[32];
   __shared__ int si[32];
