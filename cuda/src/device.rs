@@ -12,11 +12,14 @@ use std::sync::Arc;
 use cudarc::cublas::{sys as bsys, CudaBlas};
 use cudarc::driver::{
     sys as dsys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    LaunchConfig, ValidAsZeroBits,
 };
 use cudarc::nvrtc::{sys as nsys, Ptx};
 
 use crate::CudaError;
+
+mod launch;
+pub use launch::{KernelArg, PDL_PLAIN, PDL_PLAIN_AFTER_GEMM};
 
 /// The kernel source, compiled at run time: the files of `kernels/` in this order (each uses
 /// what the ones before it define). `scripts/gpu/nvrtc_check.py` lists the same files.
@@ -31,27 +34,6 @@ pub const KERNEL_SOURCE: &str = concat!(
     include_str!("kernels/collective.cu"),
     include_str!("kernels/gemv.cu"),
 );
-
-/// Kernels [`Gpu::launch`] launches plainly, not as programmatic dependents: the attention
-/// kernels and the RMSNorm kernels. Measured on an H200 against plain launches everywhere
-/// (docs/gpu-runs/h200-2026-11-28f-pdl/): as dependents the decode attention kernel made
-/// Qwen3-0.6B steps at 16 and 64 sequences 3–6 % slower, and the RMSNorm kernels the
-/// Llama-3-8B shape's step at 16 sequences 1.5 % slower; launched plainly, the other kernels'
-/// early starts keep their gain.
-pub const PDL_PLAIN: [&str; 12] = [
-    "attention",
-    "attention_decode",
-    "attention_mma64",
-    "attention_mma128",
-    "attention_dec64",
-    "attention_dec128",
-    "attention_prefill64",
-    "attention_prefill128",
-    "rmsnorm",
-    "rmsnorm_v1",
-    "rmsnorm_v2",
-    "rmsnorm_v4",
-];
 
 /// Bytes of cuBLAS workspace (fixed, so GEMMs can be captured).
 const BLAS_WORKSPACE: usize = 32 << 20;
@@ -227,6 +209,11 @@ pub struct Gpu {
     /// Kernels launched plainly even with [`Gpu::pdl`] on, as handles: the attention kernels
     /// ([`PDL_PLAIN`]; `TANDEM_PDL_SKIP`, comma-separated kernel names, replaces the list).
     pdl_skip: Vec<usize>,
+    /// Kernels launched plainly when the stream's last kernel was a cuBLAS GEMM
+    /// ([`PDL_PLAIN_AFTER_GEMM`]), as handles.
+    pdl_after_gemm: Vec<usize>,
+    /// Whether the stream's last kernel was a cuBLAS GEMM's.
+    after_blas: std::sync::atomic::AtomicBool,
 }
 
 /// Whether the CUDA driver library can be loaded on this machine.
@@ -318,9 +305,13 @@ impl Gpu {
             f.set_attribute(attr, bytes).map_err(CudaError::from)?;
         }
         let skip = std::env::var("TANDEM_PDL_SKIP").unwrap_or_else(|_| PDL_PLAIN.join(","));
-        let pdl_skip = (skip.split(',').filter(|n| !n.is_empty()))
-            .map(|name| f(name).map(|k| k.cu_function() as usize))
-            .collect::<Result<Vec<_>, _>>()?;
+        let handles = |names: &str| {
+            (names.split(',').filter(|n| !n.is_empty()))
+                .map(|name| f(name).map(|k| k.cu_function() as usize))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let (pdl_skip, pdl_after_gemm) =
+            (handles(&skip)?, handles(&PDL_PLAIN_AFTER_GEMM.join(","))?);
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas(format!("{e:?}")))?;
         let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE).map_err(CudaError::from)?;
         {
@@ -355,6 +346,8 @@ impl Gpu {
                 maj >= 9 && std::env::var("TANDEM_PDL").as_deref() != Ok("off"),
             ),
             pdl_skip,
+            pdl_after_gemm,
+            after_blas: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -428,87 +421,6 @@ impl Gpu {
         self.stream.synchronize().map_err(CudaError::from)
     }
 
-    /// Launches `f` with raw arguments (device pointers as `u64`): as a programmatic dependent
-    /// of the stream's previous kernel where [`Gpu::pdl`] says so (every kernel of
-    /// kernels/*.cu waits for its predecessor before it touches memory), else plainly.
-    ///
-    /// # Safety
-    /// The arguments must match the kernel's parameters in number, order and type, and every
-    /// pointer must address enough device memory for the launch.
-    pub unsafe fn launch(
-        &self,
-        f: &CudaFunction,
-        cfg: LaunchConfig,
-        args: &[&dyn KernelArg],
-    ) -> Result<(), CudaError> {
-        if self.pdl() && !self.pdl_skip.contains(&(f.cu_function() as usize)) {
-            // SAFETY: forwarded to the caller.
-            return unsafe { self.launch_dependent(f, cfg, args) };
-        }
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            a.push(&mut b);
-        }
-        // SAFETY: forwarded to the caller.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(CudaError::from)
-    }
-
-    /// `cuLaunchKernelEx` with programmatic stream serialization allowed: the kernel's CTAs may
-    /// be scheduled once every CTA of the stream's previous kernel has started (or triggered),
-    /// and `griddepcontrol.wait` in the kernel holds them until that kernel has finished and
-    /// its writes are visible. Captured into a graph, the edge stays programmatic.
-    ///
-    /// # Safety
-    /// As [`Gpu::launch`]; the kernel must wait (`KERNEL_ENTRY`) before touching memory.
-    unsafe fn launch_dependent(
-        &self,
-        f: &CudaFunction,
-        cfg: LaunchConfig,
-        args: &[&dyn KernelArg],
-    ) -> Result<(), CudaError> {
-        let mut params: Vec<*mut c_void> = args.iter().map(|a| a.param()).collect();
-        // SAFETY: a zeroed attribute is a valid plain-data value; id and value are set below.
-        let mut attr: dsys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = dsys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let conf = dsys::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        self.bind()?;
-        // SAFETY: `params` points at the caller's arguments, alive for this call; the rest is
-        // forwarded to the caller.
-        unsafe {
-            dsys::cuLaunchKernelEx(
-                &conf,
-                f.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .map_err(CudaError::from)
-    }
-
-    /// Whether kernels launch as programmatic dependents (see [`Gpu::launch`]).
-    pub fn pdl(&self) -> bool {
-        self.use_pdl.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Turns programmatic dependent launch on (where the device has it) or off, for comparison.
-    pub fn set_pdl(&self, on: bool) {
-        let on = on && self.sm >= 90;
-        self.use_pdl.store(on, std::sync::atomic::Ordering::Relaxed)
-    }
-
     /// `C[m×n] = A[m×k] · W[n×k]ᵀ (+ C if `accumulate`)`, row-major: `a` and `w` of the
     /// device's 16-bit type, f32 accumulation, `c` 16-bit or f32 (`c_f32`). Pointers are raw
     /// device addresses.
@@ -532,6 +444,7 @@ impl Gpu {
         }
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
         let ctype = if c_f32 { bsys::cudaDataType_t::CUDA_R_32F } else { self.dtype.cuda() };
+        self.after_blas.store(true, std::sync::atomic::Ordering::Relaxed);
         // Row-major C = A·Wᵀ is column-major Cᵀ(n×m) = W(n×k, stored k-major) · Aᵀ.
         // SAFETY: the caller's pointers address m×k, n×k and m×n elements.
         let st = unsafe {
@@ -672,6 +585,7 @@ impl Gpu {
             }
         };
         let ctype = if c_f32 { bsys::cudaDataType_t::CUDA_R_32F } else { ab.cuda() };
+        self.after_blas.store(true, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the caller's operands address `batch` matrices of the stated shapes.
         let st = unsafe {
             bsys::cublasGemmStridedBatchedEx(
@@ -713,23 +627,6 @@ impl Gpu {
 pub fn ptr<T>(s: &CudaSlice<T>) -> u64 {
     let (p, _g) = s.device_ptr(s.stream());
     p
-}
-
-/// A value that can be pushed as a kernel argument.
-pub trait KernelArg {
-    /// Pushes `self` onto the launch.
-    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
-    /// The address of the value, as `cuLaunchKernelEx` takes each parameter.
-    fn param(&self) -> *mut c_void;
-}
-
-impl<T: DeviceRepr> KernelArg for T {
-    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
-        b.arg(self);
-    }
-    fn param(&self) -> *mut c_void {
-        self as *const T as *mut c_void
-    }
 }
 
 /// Warps of a `qkv_rope_store` block (one head per warp; the kernels' `__launch_bounds__(128, …)`

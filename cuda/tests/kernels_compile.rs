@@ -3,7 +3,9 @@
 //! libnvrtc on the library path (the PyPI wheel `nvidia-cuda-nvrtc`, which `.ci/run` fetches);
 //! without it the test says so and passes, as every GPU check does on a machine without CUDA.
 
-use tandem_cuda::device::{kernel_options, nvrtc_cubin, Dtype, KERNEL_SOURCE, PDL_PLAIN};
+use tandem_cuda::device::{
+    kernel_options, nvrtc_cubin, Dtype, KERNEL_SOURCE, PDL_PLAIN, PDL_PLAIN_AFTER_GEMM,
+};
 
 #[test]
 fn kernels_compile_for_ampere_and_hopper_in_both_16_bit_types() {
@@ -51,7 +53,7 @@ fn every_kernel_begins_by_waiting_for_its_predecessor() {
 /// otherwise fail `Gpu::open` on a GPU host only).
 #[test]
 fn kernels_launched_plainly_exist() {
-    for name in PDL_PLAIN {
+    for name in PDL_PLAIN.into_iter().chain(PDL_PLAIN_AFTER_GEMM) {
         let declared = KERNEL_SOURCE.match_indices(name).any(|(at, _)| {
             let before = KERNEL_SOURCE[..at].trim_end();
             let after = &KERNEL_SOURCE[at + name.len()..];
