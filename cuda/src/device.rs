@@ -203,7 +203,7 @@ pub struct Gpu {
     /// [`Gpu::set_gemv`] keeps every product on cuBLAS, for comparison).
     use_gemv: std::sync::atomic::AtomicBool,
     /// Kernels launch as programmatic dependents of the kernel before them (sm_90 and later;
-    /// `TANDEM_PDL=off` or [`Gpu::set_pdl`] turns it off, for comparison): each may start
+    /// `TANDEM_PDL=off` turns it off, for comparison): each may start
     /// while its predecessor drains, and waits for it in `KERNEL_ENTRY` (kernels/common.cu).
     use_pdl: std::sync::atomic::AtomicBool,
     /// Kernels launched plainly even with [`Gpu::pdl`] on, as handles: the attention kernels

@@ -111,12 +111,6 @@ impl Gpu {
     pub fn pdl(&self) -> bool {
         self.use_pdl.load(Relaxed)
     }
-
-    /// Turns programmatic dependent launch on (where the device has it) or off, for comparison.
-    pub fn set_pdl(&self, on: bool) {
-        let on = on && self.sm >= 90;
-        self.use_pdl.store(on, Relaxed)
-    }
 }
 
 /// A value that can be pushed as a kernel argument.
