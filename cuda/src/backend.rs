@@ -30,7 +30,9 @@ mod residual;
 mod sampling;
 mod switches;
 
-pub(crate) use collective::{enable_peer_access, Collective, TwoShot, PEER_MAX_WORLD};
+pub(crate) use collective::{
+    enable_peer_access, peers_reachable, Collective, TwoShot, PEER_MAX_WORLD,
+};
 
 pub(crate) use sampling::sampling_args;
 

@@ -25,7 +25,9 @@ use tandem_engine::backend::{BackendError, ForwardBatch, KvCacheSpec, ModelBacke
 use tandem_engine::model_files::config::ModelConfig;
 use tandem_engine::sampling::sampler::TokenLogprob;
 
-use crate::backend::{dev, enable_peer_access, Collective, TwoShot, PEER_MAX_WORLD};
+use crate::backend::{
+    dev, enable_peer_access, peers_reachable, Collective, TwoShot, PEER_MAX_WORLD,
+};
 use crate::device::{Dtype, Gpu};
 use crate::{CudaBackend, CudaBackendOptions, CudaError, DeviceWeights, WeightSource};
 use shard::{merge_group_pages, split_page, Shard};
@@ -100,6 +102,34 @@ pub struct TpBackend {
     path: &'static str,
 }
 
+/// The group's all-reduce as the switches ask for it (`TANDEM_TP_ALL_REDUCE`,
+/// `TANDEM_TP_HEAD`; see [`TpBackend::all_reduce_path`]).
+struct PeerChoice {
+    /// Over peer memory where the GPUs reach each other (else NCCL).
+    peer: bool,
+    /// The RMSNorm after it carried by the same kernel.
+    fuse_norm: bool,
+    /// When it sums in two shots.
+    two_shot: TwoShot,
+    /// Each rank computes its slice of the vocabulary's logits (peer path only).
+    head: bool,
+}
+
+fn peer_reduce_choice() -> PeerChoice {
+    let choice = std::env::var("TANDEM_TP_ALL_REDUCE").unwrap_or_default();
+    let peer = choice != "nccl";
+    PeerChoice {
+        peer,
+        fuse_norm: choice != "peer-apart",
+        two_shot: match choice.as_str() {
+            "peer-one-shot" => TwoShot::Never,
+            "peer-two-shot" => TwoShot::Always,
+            _ => TwoShot::Above,
+        },
+        head: peer && std::env::var("TANDEM_TP_HEAD").map_or(true, |v| v != "whole"),
+    }
+}
+
 impl TpBackend {
     /// Opens GPUs `first..first + size` and loads one slice of the model on each (in parallel),
     /// joined by an NCCL group. Each rank sizes its KV pool as a lone backend would from its
@@ -131,6 +161,12 @@ impl TpBackend {
                     .into(),
             ));
         }
+        // Where the peer all-reduce will run, each rank computes the logits of its slice of the
+        // vocabulary and keeps only those rows of an untied LM head (decided before loading, so
+        // the KV pool gets the rest of the memory).
+        let slice_head = peer_reduce_choice().head
+            && size <= PEER_MAX_WORLD
+            && peers_reachable(first..first + size)?;
         let id = crate::nccl::new_id()?;
         // Every rank opens its GPU before any joins the group: a rank that failed to open
         // would leave the others waiting in NCCL's initialisation for ever.
@@ -157,10 +193,10 @@ impl TpBackend {
                         let comm = Collective::join(id, shard)?;
                         let w = match weights {
                             WeightSource::Files(f) => {
-                                DeviceWeights::load_shard(&gpu, f, cfg, shard)?
+                                DeviceWeights::load_shard(&gpu, f, cfg, shard, slice_head)?
                             }
                             WeightSource::Dummy(seed) => {
-                                DeviceWeights::dummy_shard(&gpu, cfg, *seed, shard)?
+                                DeviceWeights::dummy_shard(&gpu, cfg, *seed, shard, slice_head)?
                             }
                         };
                         let mut be = CudaBackend::new(gpu, &shard.local_config(cfg), w, opts)?;
@@ -182,7 +218,7 @@ impl TpBackend {
         for b in built {
             ranks.push(b?);
         }
-        let path = Self::peer_reduce(&mut ranks)?;
+        let path = Self::peer_reduce(&mut ranks, slice_head)?;
         let num_blocks = ranks.iter().map(|b| b.num_blocks).min().unwrap_or(0);
         let mut ranks = ranks.into_iter();
         let lead = ranks.next().ok_or_else(|| CudaError::Unsupported("an empty group".into()))?;
@@ -203,27 +239,21 @@ impl TpBackend {
     /// sums in two shots in groups of more than two (steps of `TWO_SHOT_MIN_ROWS` rows and
     /// more) unless it is `peer-one-shot` (`peer-two-shot`: at every size; all for
     /// comparison). Returns the path taken, as [`TpBackend::all_reduce_path`] names it.
-    fn peer_reduce(ranks: &mut [CudaBackend]) -> Result<&'static str, CudaError> {
-        let choice = std::env::var("TANDEM_TP_ALL_REDUCE").unwrap_or_default();
-        // The kernel keeps flag slots and partial pointers for at most PEER_MAX_WORLD ranks.
-        if choice == "nccl" || ranks.len() > PEER_MAX_WORLD {
-            return Ok("nccl");
-        }
+    fn peer_reduce(ranks: &mut [CudaBackend], slice_head: bool) -> Result<&'static str, CudaError> {
+        let choice = peer_reduce_choice();
         let ctxs: Vec<_> = ranks.iter().map(|b| b.gpu().ctx.clone()).collect();
-        if !enable_peer_access(&ctxs)? {
+        if !choice.peer || ranks.len() > PEER_MAX_WORLD || !enable_peer_access(&ctxs)? {
+            if slice_head {
+                return Err(CudaError::Unavailable(
+                    "the GPUs of the group could not turn on access to each other's memory, which the sliced LM head needs (TANDEM_TP_HEAD=whole keeps it whole)".into(),
+                ));
+            }
             return Ok("nccl");
         }
-        let fuse_norm = choice != "peer-apart";
-        // The LM head: each rank its slice of the vocabulary, unless TANDEM_TP_HEAD=whole.
-        let shard_head = std::env::var("TANDEM_TP_HEAD").map_or(true, |v| v != "whole");
-        let two_shot = match choice.as_str() {
-            "peer-one-shot" => TwoShot::Never,
-            "peer-two-shot" => TwoShot::Always,
-            _ => TwoShot::Above,
-        };
+        let (fuse_norm, two_shot) = (choice.fuse_norm, choice.two_shot);
         let mut all = Vec::with_capacity(ranks.len());
         for be in ranks.iter_mut() {
-            all.push(be.alloc_peer_reduce(fuse_norm, two_shot, shard_head)?);
+            all.push(be.alloc_peer_reduce(fuse_norm, two_shot, slice_head)?);
         }
         for be in ranks.iter_mut() {
             be.connect_peer_reduce(&all)?;

@@ -59,8 +59,12 @@ pub struct DeviceWeights {
     pub layers: Vec<LayerWeights>,
     /// Final RMSNorm (f32).
     pub norm: CudaSlice<f32>,
-    /// `[vocab, hidden]`, 16-bit, or `None` when tied to the embedding.
+    /// `[vocab, hidden]`, 16-bit (the rows of `head_rows` alone), or `None` when tied to the
+    /// embedding.
     pub lm_head: Option<CudaSlice<u16>>,
+    /// The vocabulary rows the LM head holds: all of them, or a tensor-parallel rank's slice
+    /// (`Shard::vocab_rows`) where the rank computes only its slice's logits.
+    pub head_rows: Range<usize>,
     /// Bytes of 16-bit weights on the device.
     pub bytes: u64,
 }
@@ -83,6 +87,15 @@ pub fn unsupported(cfg: &ModelConfig) -> Option<String> {
     })
 }
 
+/// The vocabulary rows a rank's LM head keeps: its slice (`Shard::vocab_rows`) where the head
+/// is sliced and not tied to the embedding (which every rank keeps whole), else all of them.
+fn head_rows(cfg: &ModelConfig, shard: Shard, slice_head: bool) -> Range<usize> {
+    match slice_head && !cfg.tie_word_embeddings {
+        true => shard.vocab_rows(cfg.vocab_size),
+        false => 0..cfg.vocab_size,
+    }
+}
+
 /// RoPE inverse frequencies of layer `layer`, `theta^(-2i/d)` (computed in f64, rounded to f32
 /// as the CPU path does).
 pub fn inv_freq(cfg: &ModelConfig, layer: usize) -> Vec<f32> {
@@ -97,16 +110,17 @@ impl DeviceWeights {
         files: &ModelFiles,
         cfg: &ModelConfig,
     ) -> Result<DeviceWeights, CudaError> {
-        Self::load_shard(gpu, files, cfg, Shard::WHOLE)
+        Self::load_shard(gpu, files, cfg, Shard::WHOLE, false)
     }
 
     /// Uploads one tensor-parallel rank's slice of the weights of `files` (`cfg` is the whole
-    /// model's configuration).
+    /// model's configuration); with `slice_head`, only the rank's rows of an untied LM head.
     pub fn load_shard(
         gpu: &Gpu,
         files: &ModelFiles,
         cfg: &ModelConfig,
         shard: Shard,
+        slice_head: bool,
     ) -> Result<DeviceWeights, CudaError> {
         let (h, q, kv, ff) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
         if let Some(why) = unsupported(cfg) {
@@ -183,27 +197,32 @@ impl DeviceWeights {
                 down: mat(&[(p("ffn_down"), h)], ff, Keep::Cols(shard.down_cols(cfg)))?,
             });
         }
+        let head_rows = head_rows(cfg, shard, slice_head);
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(mat(&[("output.weight".into(), cfg.vocab_size)], h, Keep::All)?)
+            let keep = Keep::Rows(vec![head_rows.clone()]);
+            Some(mat(&[("output.weight".into(), cfg.vocab_size)], h, keep)?)
         };
-        Ok(DeviceWeights { embed, layers, norm: vec("output_norm.weight", h)?, lm_head, bytes })
+        let norm = vec("output_norm.weight", h)?;
+        Ok(DeviceWeights { embed, layers, norm, lm_head, head_rows, bytes })
     }
 
     /// Random weights of `cfg`'s shape, generated on the device (seeded, so runs repeat):
     /// linear layers uniform in ±1/√in_features, the embedding in ±1, norms 1.
     pub fn dummy(gpu: &Gpu, cfg: &ModelConfig, seed: u32) -> Result<DeviceWeights, CudaError> {
-        Self::dummy_shard(gpu, cfg, seed, Shard::WHOLE)
+        Self::dummy_shard(gpu, cfg, seed, Shard::WHOLE, false)
     }
 
     /// One tensor-parallel rank's slice of [`DeviceWeights::dummy`]'s weights: every value
-    /// equals the one the whole model has at the same place.
+    /// equals the one the whole model has at the same place; with `slice_head`, only the
+    /// rank's rows of an untied LM head.
     pub fn dummy_shard(
         gpu: &Gpu,
         cfg: &ModelConfig,
         seed: u32,
         shard: Shard,
+        slice_head: bool,
     ) -> Result<DeviceWeights, CudaError> {
         if let Some(why) = unsupported(cfg) {
             return Err(CudaError::Unsupported(why));
@@ -285,17 +304,38 @@ impl DeviceWeights {
                 down: rand(h, ff, sf, Keep::Cols(shard.down_cols(cfg)))?,
             });
         }
+        let head_rows = head_rows(cfg, shard, slice_head);
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(rand(cfg.vocab_size, h, 1.0 / (h as f32).sqrt(), Keep::All)?)
+            let keep = Keep::Rows(vec![head_rows.clone()]);
+            Some(rand(cfg.vocab_size, h, 1.0 / (h as f32).sqrt(), keep)?)
         };
         gpu.sync()?;
-        Ok(DeviceWeights { embed, layers, norm: ones(h)?, lm_head, bytes })
+        Ok(DeviceWeights { embed, layers, norm: ones(h)?, lm_head, head_rows, bytes })
     }
 
     /// The LM head (the embedding when tied).
     pub fn head(&self) -> &CudaSlice<u16> {
         self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sliced_head_keeps_the_ranks_rows_unless_tied() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/llama-3-8b.json");
+        let mut cfg = crate::dummy_config(&path).unwrap();
+        let (v, rank1) = (cfg.vocab_size, Shard { rank: 1, size: 2 });
+        assert!(!cfg.tie_word_embeddings);
+        assert_eq!(head_rows(&cfg, rank1, true), rank1.vocab_rows(v));
+        assert_eq!(head_rows(&cfg, rank1, false), 0..v);
+        assert_eq!(head_rows(&cfg, Shard::WHOLE, true), 0..v);
+        // Tied: the head is the embedding, which every rank keeps whole.
+        cfg.tie_word_embeddings = true;
+        assert_eq!(head_rows(&cfg, rank1, true), 0..v);
     }
 }

@@ -204,6 +204,32 @@ impl Drop for PeerReduce {
     }
 }
 
+/// Whether every GPU of `ordinals` can read every other's memory (`cuDeviceCanAccessPeer`),
+/// asked before any context is opened: what [`enable_peer_access`] will find.
+pub(crate) fn peers_reachable(ordinals: std::ops::Range<usize>) -> Result<bool, CudaError> {
+    let mut devs = Vec::with_capacity(ordinals.len());
+    for o in ordinals {
+        let mut d = 0;
+        // SAFETY: asks for the handle of an ordinal below the device count (the caller's).
+        driver(unsafe { dsys::cuDeviceGet(&mut d, o as i32) }, "cuDeviceGet")?;
+        devs.push(d);
+    }
+    for &a in &devs {
+        for &b in devs.iter().filter(|&&b| b != a) {
+            let mut can = 0;
+            // SAFETY: queries two valid devices.
+            driver(
+                unsafe { dsys::cuDeviceCanAccessPeer(&mut can, a, b) },
+                "cuDeviceCanAccessPeer",
+            )?;
+            if can == 0 {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
 /// Turns on access from every context of `ctxs` to every other one's memory; false when some
 /// pair of devices cannot reach each other.
 pub(crate) fn enable_peer_access(ctxs: &[Arc<CudaContext>]) -> Result<bool, CudaError> {
@@ -453,11 +479,22 @@ impl CudaBackend {
             let p = c.peer.as_ref().filter(|p| p.head != 0)?;
             Some((c, p, p.head_table.as_ref()?, p.flag_table.as_ref()?))
         });
+        let held = &self.w.head_rows;
         let Some((c, p, table, flags)) = sliced else {
+            if *held != (0..v) {
+                return Err(CudaError::Unsupported(format!(
+                    "this rank holds vocabulary rows {held:?} of the LM head alone, and the peer gather of the others' logits is not set up"
+                )));
+            }
             return g.gemm(rows, v, h, hb, head, logits, true, false);
         };
         let world = c.shard.size;
         let mine = c.shard.vocab_rows(v);
+        if mine.start < held.start || mine.end > held.end {
+            return Err(CudaError::Unsupported(format!(
+                "this rank computes vocabulary rows {mine:?} but its LM head holds {held:?}"
+            )));
+        }
         let per = v.div_ceil(world);
         if rows * per > p.head_capacity {
             return Err(CudaError::Unsupported(format!(
@@ -465,7 +502,7 @@ impl CudaBackend {
                 p.head_capacity
             )));
         }
-        let w = head + 2 * (mine.start * h) as u64;
+        let w = head + 2 * ((mine.start - held.start) * h) as u64;
         g.gemm(rows, mine.len(), h, hb, w, p.head, true, false)?;
         let (table, flags) = (ptr(table), ptr(flags));
         let pieces = rows * world * per.div_ceil(4096);
