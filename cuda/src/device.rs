@@ -205,7 +205,7 @@ pub struct Gpu {
     /// Kernels launch as programmatic dependents of the kernel before them (sm_90 and later;
     /// `TANDEM_PDL=off` turns it off, for comparison): each may start
     /// while its predecessor drains, and waits for it in `KERNEL_ENTRY` (kernels/common.cu).
-    use_pdl: std::sync::atomic::AtomicBool,
+    use_pdl: bool,
     /// Kernels launched plainly even with [`Gpu::pdl`] on, as handles: the attention kernels
     /// ([`PDL_PLAIN`]; `TANDEM_PDL_SKIP`, comma-separated kernel names, replaces the list).
     pdl_skip: Vec<usize>,
@@ -342,9 +342,7 @@ impl Gpu {
             use_gemv: std::sync::atomic::AtomicBool::new(
                 std::env::var("TANDEM_GEMV").as_deref() != Ok("off"),
             ),
-            use_pdl: std::sync::atomic::AtomicBool::new(
-                maj >= 9 && std::env::var("TANDEM_PDL").as_deref() != Ok("off"),
-            ),
+            use_pdl: maj >= 9 && std::env::var("TANDEM_PDL").as_deref() != Ok("off"),
             pdl_skip,
             pdl_after_gemm,
             after_blas: std::sync::atomic::AtomicBool::new(false),

@@ -164,9 +164,9 @@ impl TpBackend {
         // Where the peer all-reduce will run, each rank computes the logits of its slice of the
         // vocabulary and keeps only those rows of an untied LM head (decided before loading, so
         // the KV pool gets the rest of the memory).
-        let slice_head = peer_reduce_choice().head
-            && size <= PEER_MAX_WORLD
-            && peers_reachable(first..first + size)?;
+        let choice = peer_reduce_choice();
+        let slice_head =
+            choice.head && size <= PEER_MAX_WORLD && peers_reachable(first..first + size)?;
         let id = crate::nccl::new_id()?;
         // Every rank opens its GPU before any joins the group: a rank that failed to open
         // would leave the others waiting in NCCL's initialisation for ever.
@@ -218,7 +218,7 @@ impl TpBackend {
         for b in built {
             ranks.push(b?);
         }
-        let path = Self::peer_reduce(&mut ranks, slice_head)?;
+        let path = Self::peer_reduce(&mut ranks, &choice, slice_head)?;
         let num_blocks = ranks.iter().map(|b| b.num_blocks).min().unwrap_or(0);
         let mut ranks = ranks.into_iter();
         let lead = ranks.next().ok_or_else(|| CudaError::Unsupported("an empty group".into()))?;
@@ -238,9 +238,14 @@ impl TpBackend {
     /// carries the RMSNorm that follows it unless `TANDEM_TP_ALL_REDUCE` is `peer-apart`, and
     /// sums in two shots in groups of more than two (steps of `TWO_SHOT_MIN_ROWS` rows and
     /// more) unless it is `peer-one-shot` (`peer-two-shot`: at every size; all for
-    /// comparison). Returns the path taken, as [`TpBackend::all_reduce_path`] names it.
-    fn peer_reduce(ranks: &mut [CudaBackend], slice_head: bool) -> Result<&'static str, CudaError> {
-        let choice = peer_reduce_choice();
+    /// comparison) — the switches as `choice` read them before loading. With `slice_head` the
+    /// ranks loaded only their rows of the LM head, so the peer path must be set up. Returns
+    /// the path taken, as [`TpBackend::all_reduce_path`] names it.
+    fn peer_reduce(
+        ranks: &mut [CudaBackend],
+        choice: &PeerChoice,
+        slice_head: bool,
+    ) -> Result<&'static str, CudaError> {
         let ctxs: Vec<_> = ranks.iter().map(|b| b.gpu().ctx.clone()).collect();
         if !choice.peer || ranks.len() > PEER_MAX_WORLD || !enable_peer_access(&ctxs)? {
             if slice_head {

@@ -109,7 +109,7 @@ impl Gpu {
 
     /// Whether kernels launch as programmatic dependents (see [`Gpu::launch`]).
     pub fn pdl(&self) -> bool {
-        self.use_pdl.load(Relaxed)
+        self.use_pdl
     }
 }
 
