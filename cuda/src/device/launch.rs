@@ -12,8 +12,9 @@ use crate::CudaError;
 
 /// Kernels [`Gpu::launch`] always launches plainly, not as programmatic dependents: the
 /// attention kernels. As dependents (scheduled while `qkv_rope_store` still ran) the decode
-/// kernel made Qwen3-0.6B steps at 16 and 64 sequences 3–6 % slower on an H200 than plain
-/// launches everywhere (docs/gpu-runs/h200-2026-11-28f-pdl/).
+/// kernel made Qwen3-0.6B steps at 16 and 64 sequences 3–6 % slower on an NVIDIA H200 than
+/// plain launches everywhere (`attention_dec128`, cuBLAS GEMMs, decode graphs, bf16 random
+/// weights; `tandem-gpu bench-decode`, docs/gpu-runs/h200-2026-11-28f-pdl/).
 pub const PDL_PLAIN: [&str; 8] = [
     "attention",
     "attention_decode",
@@ -27,7 +28,8 @@ pub const PDL_PLAIN: [&str; 8] = [
 
 /// Kernels [`Gpu::launch`] launches plainly right after a cuBLAS GEMM: the RMSNorm kernels.
 /// As dependents of the GEMMs they made the Llama-3-8B shape's step at 16 sequences 1.5 %
-/// slower on an H200; after Tandem's own kernels (the one-row `gemv`, `embed`) they gain.
+/// slower on an NVIDIA H200 (same kernel path and record as [`PDL_PLAIN`]); after Tandem's own
+/// kernels (the one-row `gemv`, `embed`) they gain.
 pub const PDL_PLAIN_AFTER_GEMM: [&str; 4] = ["rmsnorm", "rmsnorm_v1", "rmsnorm_v2", "rmsnorm_v4"];
 
 impl Gpu {
