@@ -438,7 +438,9 @@ impl CudaBackend {
             let kc = kv_base + 2 * self.kv_offset(page_layer, 0) as u64;
             let vc = kv_base + 2 * self.kv_offset(page_layer, 1) as u64;
             let (qn, kn) = (l.q_norm.as_ref().map_or(0, ptr), l.k_norm.as_ref().map_or(0, ptr));
-            let cfg = crate::device::rope_config(t, c.num_heads + 2 * c.num_kv_heads);
+            let (cfg, per_warp) =
+                crate::device::rope_config(t, c.num_heads + 2 * c.num_kv_heads, c.head_dim);
+            let num_tokens = t as i32;
             // Half-precision queries only for long chunks that attend through cuBLAS.
             let q16 = match long.is_empty() || self.prefill_kernel().is_some() {
                 true => 0,
@@ -467,6 +469,8 @@ impl CudaBackend {
                         &eps,
                         &bs,
                         &bias,
+                        &num_tokens,
+                        &per_warp,
                     ],
                 )?
             };

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use tandem_engine::backend::{ForwardBatch, Logits, ModelBackend};
+use tandem_engine::backend::{ForwardBatch, Logits, ModelBackend, RowSampling};
 use tandem_engine::model_files::config::ModelConfig;
 
 use crate::device::{ptr, time_ms, Gpu};
@@ -58,6 +58,17 @@ impl Under {
 
     fn set_longest_first(&mut self, on: bool) -> Result<(), CudaError> {
         self.switch(CudaBackend::set_longest_first, TpBackend::set_longest_first, on)
+    }
+
+    /// Chunks of at least `n` tokens on the prefill kernel, shorter ones on the small-tile one.
+    fn set_long_prompt_min(&mut self, n: usize) -> Result<(), CudaError> {
+        match self {
+            Under::One(be) => {
+                be.set_long_prompt_min(n);
+                Ok(())
+            }
+            Under::Group(g) => g.set_long_prompt_min(n),
+        }
     }
 
     /// Flips a switch on the one backend or every rank of the group.
@@ -402,11 +413,15 @@ pub struct PrefillRow {
     pub prompts: usize,
     /// Tokens of each.
     pub len: usize,
-    /// Wall time of the forward pass, ms (median of 5).
+    /// Wall time of the forward pass with each prompt's next token chosen on the device (greedy),
+    /// as the engine runs it, ms (median of 5).
     pub ms: f64,
     /// Attention on the prefill kernel: the same with its tiles started in the batch's order
     /// instead of longest context first, ms.
     pub batch_order_ms: Option<f64>,
+    /// Attention on the prefill kernel: the same with every chunk on the small-tile kernel
+    /// instead (as chunks shorter than `long_prompt_min_tokens` are), ms.
+    pub small_tiles_ms: Option<f64>,
     /// FLOPs of the pass (linear layers, causal attention, LM head of the last rows).
     pub flops: f64,
     /// GPU time per stage, ms.
@@ -450,12 +465,17 @@ pub fn prefill(
         let blocks: Vec<u32> = (0..per as u32).map(|i| (p * per) as u32 + i).collect();
         b.push_seq(&toks, 0, &blocks, bs, Logits::Last);
     }
+    // Each prompt's next token chosen on the device, greedily, as the engine's runner does:
+    // only the tokens come back (copying every prompt's logits to the host would time the copy).
+    let rows = vec![RowSampling::new(0.0, 0); b.logits_indices.len()];
     // Median of five passes after two untimed ones, ms.
     let median = |be: &mut Under| -> Result<f64, CudaError> {
         let mut ts = Vec::new();
         for i in 0..7 {
             let t = Instant::now();
-            be.backend().forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
+            be.backend()
+                .forward_sampled(&b, &rows, &mut Vec::new)
+                .map_err(|e| CudaError::Driver(e.to_string()))?;
             if i >= 2 {
                 ts.push(t.elapsed().as_secs_f64() * 1e3);
             }
@@ -464,14 +484,17 @@ pub fn prefill(
         Ok(ts[ts.len() / 2])
     };
     let ms = median(&mut be)?;
-    let batch_order_ms = match mma {
+    let (batch_order_ms, small_tiles_ms) = match mma {
         true => {
             be.set_longest_first(false)?;
-            let ms = median(&mut be)?;
+            let order = median(&mut be)?;
             be.set_longest_first(true)?;
-            Some(ms)
+            be.set_long_prompt_min(usize::MAX)?;
+            let small = median(&mut be)?;
+            be.set_long_prompt_min(CudaBackendOptions::default().long_prompt_min_tokens)?;
+            (Some(order), Some(small))
         }
-        false => None,
+        false => (None, None),
     };
     let profile = be.profile(&b)?;
     Ok(PrefillRow {
@@ -479,6 +502,7 @@ pub fn prefill(
         len,
         ms,
         batch_order_ms,
+        small_tiles_ms,
         flops: prefill_flops(cfg, prompts, len),
         profile,
     })

@@ -631,10 +631,44 @@ pub fn ptr<T>(s: &CudaSlice<T>) -> u64 {
 /// in kernels/layers.cu assume four).
 const ROPE_WARPS: u32 = 4;
 
-/// The launch of `qkv_rope_store` over `tokens` tokens of `heads` heads (q, k and v together).
-pub fn rope_config(tokens: usize, heads: usize) -> LaunchConfig {
+/// Most tokens one warp of the `qkv_rope_store` variant [`Gpu::rope_for`] picks for heads `hd`
+/// wide takes (its `TOKS` in kernels/layers.cu).
+pub fn rope_tokens(hd: usize) -> usize {
+    match hd.div_ceil(64) {
+        0..=2 => 4,
+        3..=4 => 2,
+        _ => 1,
+    }
+}
+
+/// Tokens a `qkv_rope_store` pass needs before each warp takes [`rope_tokens`] of them: below,
+/// one token a warp already fills the GPU (decode steps); above, one token a warp left the
+/// kernel bound by its round trips to memory (a prefill of 76 prompts of 108 tokens on an
+/// NVIDIA H200: 41.8 µs a layer for the SmolLM2-135M shape, 102 µs for Qwen3-0.6B, 21–46 % of
+/// the copy bandwidth; Nsight Compute, `docs/gpu-runs/h200-2026-11-28g-prefill-rope/`).
+pub const ROPE_MANY_TOKENS: usize = 1024;
+
+/// The launch of `qkv_rope_store` over `tokens` tokens of `heads` heads (q, k and v together)
+/// `hd` wide, and the tokens each warp takes (its `per_warp` argument).
+/// `TANDEM_ROPE_MANY` overrides [`ROPE_MANY_TOKENS`] for comparison (a number too large for any
+/// pass keeps one token a warp everywhere).
+pub fn rope_config(tokens: usize, heads: usize, hd: usize) -> (LaunchConfig, i32) {
+    static MANY: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let many = *MANY.get_or_init(|| {
+        std::env::var("TANDEM_ROPE_MANY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(ROPE_MANY_TOKENS)
+    });
+    let per_warp = if tokens >= many { rope_tokens(hd) } else { 1 };
+    (rope_config_with(tokens, heads, per_warp), per_warp as i32)
+}
+
+/// The launch of `qkv_rope_store` with each warp taking `per_warp` tokens (at most the
+/// kernel's [`rope_tokens`]).
+pub fn rope_config_with(tokens: usize, heads: usize, per_warp: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (tokens as u32, (heads as u32).div_ceil(ROPE_WARPS), 1),
+        grid_dim: (tokens.div_ceil(per_warp) as u32, (heads as u32).div_ceil(ROPE_WARPS), 1),
         block_dim: (32 * ROPE_WARPS, 1, 1),
         shared_mem_bytes: 0,
     }

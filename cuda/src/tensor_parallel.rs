@@ -414,6 +414,22 @@ impl TpBackend {
         self.switch(CudaBackend::set_longest_first, on)
     }
 
+    /// Chunks of at least `n` tokens take the prefill path on every rank
+    /// ([`CudaBackend::set_long_prompt_min`]).
+    pub fn set_long_prompt_min(&mut self, n: usize) -> Result<(), CudaError> {
+        self.together(
+            move |be| {
+                be.set_long_prompt_min(n);
+                Ok(Reply::Done)
+            },
+            |be| {
+                be.set_long_prompt_min(n);
+                Ok(())
+            },
+        )
+        .map(|_| ())
+    }
+
     /// Captures every rank's decode graphs up front (`progress` is told rank 0's progress).
     pub fn capture_all(&mut self, progress: impl FnMut(usize, usize)) -> Result<(), CudaError> {
         let each = |be: &mut CudaBackend| be.capture_all(|_, _| {}).map(|_| Reply::Done);

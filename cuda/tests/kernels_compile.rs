@@ -4,7 +4,7 @@
 //! without it the test says so and passes, as every GPU check does on a machine without CUDA.
 
 use tandem_cuda::device::{
-    kernel_options, nvrtc_cubin, Dtype, KERNEL_SOURCE, PDL_PLAIN, PDL_PLAIN_AFTER_GEMM,
+    kernel_options, nvrtc_cubin, rope_tokens, Dtype, KERNEL_SOURCE, PDL_PLAIN, PDL_PLAIN_AFTER_GEMM,
 };
 
 #[test]
@@ -64,5 +64,35 @@ fn kernels_launched_plainly_exist() {
             plain || before.ends_with("_KERNEL(") && after.starts_with(',')
         });
         assert!(declared, "no kernel `{name}` in the source");
+    }
+}
+
+/// The host launches `qkv_rope_store` with each warp taking up to `rope_tokens(hd)` tokens and
+/// sizes the grid for that many: a kernel holding fewer (`TOKS` in its `ROPE_KERNEL` line) would
+/// leave tokens without q, k or v.
+#[test]
+fn rope_kernels_take_the_tokens_the_host_plans() {
+    let lines: Vec<&str> =
+        KERNEL_SOURCE.lines().filter(|l| l.trim_start().starts_with("ROPE_KERNEL(")).collect();
+    assert_eq!(lines.len(), 4, "the four qkv_rope_store variants: {lines:?}");
+    for l in lines {
+        let args: Vec<&str> = l
+            .trim_start()
+            .trim_start_matches("ROPE_KERNEL(")
+            .trim_end_matches(')')
+            .split(',')
+            .map(str::trim)
+            .collect();
+        let pairs: usize = match args[1] {
+            "ROPE_PAIRS" => 16,
+            p => p.parse().unwrap_or_else(|_| panic!("pairs of {l}")),
+        };
+        let toks: usize = args[2].parse().unwrap_or_else(|_| panic!("tokens of {l}"));
+        // Heads up to 64 · pairs wide take this variant (Gpu::rope_for).
+        for hd in [64 * pairs, 64 * pairs - 32] {
+            if hd.div_ceil(64) == pairs || pairs == 16 {
+                assert_eq!(rope_tokens(hd), toks, "{} for heads {hd} wide", args[0]);
+            }
+        }
     }
 }

@@ -300,6 +300,10 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                     let achieved = r.flops / (ms / 1e3);
                     println!("[{name}]   prefill-kernel tiles in the batch's order instead of longest context first: {ms:.1} ms, {:.1}% of GEMM peak", 100.0 * achieved / lim.gemm_flops);
                 }
+                if let Some(ms) = r.small_tiles_ms {
+                    let achieved = r.flops / (ms / 1e3);
+                    println!("[{name}]   every chunk on the small-tile kernel instead: {ms:.1} ms, {:.1}% of GEMM peak", 100.0 * achieved / lim.gemm_flops);
+                }
                 print_profile(&name, &r.profile);
             }
             Ok(true)
