@@ -88,7 +88,7 @@ for n in 256 1024; do
 done
 
 # The decode worker's step metrics (steps, tokens, time, the host phases of each step).
-scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds)_(sum|count)' > "$2"; }
+scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds|time_to_first_token_seconds|request_queue_time_seconds)_(sum|count)' > "$2"; }
 worker_of() { grep -a -o 'decode worker serving.*' "$1" | grep -o '127.0.0.1:[0-9]*' | head -1; }
 
 # TABLE=0 leaves out the table (both servers' concurrencies): the rounds below alone.
@@ -115,13 +115,15 @@ done
 # holds the GPU's memory while up, so the engine and the server take turns).
 # VARIANTS="default no-overlap" runs each round twice, the second with --no-step-overlap given
 # to both the engine and the server (its files named round<r>-no-overlap-*); PLACEMENTS picks
-# the client placements (default: shared split).
+# the client placements (default: shared split). ROUND_PROMPTS sets the requests of each
+# round (default 1,024: about one second at 256 streams on an H200, four waves of requests).
+n_round=${ROUND_PROMPTS:-1024}
 half=$(( $(nproc) / 2 ))
 for r in $(seq 1 "${ROUNDS:-0}"); do
  for v in ${VARIANTS:-default}; do
   tag="round$r"; vflags=()
   [ "$v" != default ] && tag="round$r-$v" && vflags=("--$( [ "$v" = no-overlap ] && echo no-step-overlap || echo "$v")")
-  timeout 120 $B bench engine --device cuda --model $model --num-prompts 1024 --input-len 108 --min-input-len 108 \
+  timeout 120 $B bench engine --device cuda --model $model --num-prompts $n_round --input-len 108 --min-input-len 108 \
     --output-len 128 --min-output-len 128 --max-num-seqs 256 --max-num-batched-tokens 8192 "${vflags[@]}" > "$o/$tag-engine.txt" 2>&1
   for placement in ${PLACEMENTS:-shared split}; do
     pin_server=(); pin_client=()
@@ -132,10 +134,12 @@ for r in $(seq 1 "${ROUNDS:-0}"); do
       serve "$tag-warm-$placement" 256 256 108 128
       worker=$(worker_of "$o/$tag-up-$placement.log")
       scrape "$worker" "$o/$tag-metrics-$placement-before.txt"
+      scrape "127.0.0.1:$port" "$o/$tag-router-metrics-$placement-before.txt"
       "${pin_client[@]}" timeout 120 $B bench serve --base-url http://127.0.0.1:$port/v1 --model $name --seed $RANDOM \
-        --num-prompts 1024 --concurrency 256 --input-len 108 --output-len 128 --ignore-eos --quiet \
+        --num-prompts $n_round --concurrency 256 --input-len 108 --output-len 128 --ignore-eos --quiet \
         --json "$o/$tag-served-$placement.json" > /dev/null 2>&1
       scrape "$worker" "$o/$tag-metrics-$placement-after.txt"
+      scrape "127.0.0.1:$port" "$o/$tag-router-metrics-$placement-after.txt"
     fi
     kill -INT $pid; wait $pid 2>/dev/null
   done
@@ -189,9 +193,23 @@ def phases(prefix):
         steps = b["tandem_engine_step_seconds_count"] - a["tandem_engine_step_seconds_count"]
         us = lambda k: 1e6 * (b[k] - a.get(k, 0.0)) / steps
         split = ", ".join(f"{p} {us('tandem_engine_phase_seconds_sum:' + p):.0f} µs" for p in ("schedule", "forward", "update", "outputs"))
-        return f"{steps:.0f} steps of {us('tandem_engine_step_seconds_sum'):.0f} µs: {split}"
+        busy = b["tandem_engine_step_seconds_sum"] - a["tandem_engine_step_seconds_sum"]
+        toks = b["tandem_iteration_tokens_sum"] - a["tandem_iteration_tokens_sum"]
+        mean = lambda k: 1e3 * (b[k + "_sum"] - a.get(k + "_sum", 0.0)) / (b[k + "_count"] - a.get(k + "_count", 0.0))
+        ttft = ""
+        if "tandem_time_to_first_token_seconds_count" in b:
+            ttft = f"; engine's own TTFT mean {mean('tandem_time_to_first_token_seconds'):.1f} ms, queued {mean('tandem_request_queue_time_seconds'):.1f} ms"
+        return f"{steps:.0f} steps of {us('tandem_engine_step_seconds_sum'):.0f} µs ({toks / steps:.0f} tokens a step, {busy:.3f} s stepping): {split}{ttft}"
     except (OSError, KeyError, ZeroDivisionError) as e:
         return f"worker metrics: {e}"
+def router_ttft(prefix):
+    # The router's mean time from a request's arrival to its first token from the worker, ms.
+    try:
+        a, b = sums(prefix + "-before.txt"), sums(prefix + "-after.txt")
+        k = "tandem_time_to_first_token_seconds"
+        return f"{1e3 * (b[k + '_sum'] - a.get(k + '_sum', 0.0)) / (b[k + '_count'] - a.get(k + '_count', 0.0)):.1f} ms"
+    except (OSError, KeyError, ZeroDivisionError) as e:
+        return f"? ({e})"
 for mode in ("colocated", "disaggregated"):
     r = load(f"tandem-{mode}-n1024")
     if not r: continue
@@ -216,6 +234,7 @@ for r in range(1, 10):
         v = load(f"{tag}-served-{placement}")
         if v: print(f"  tandem up, client on {'every core' if placement == 'shared' else 'its own half of the cores'}: {v['output_throughput']:,.0f} tok/s = {v['output_throughput'] / float(m.group(1)):.0%} of the engine (TTFT p99 {v['ttft']['p99_ms']:.0f} ms, {v['failed']} failed {v['errors'] if v['failed'] else ''})")
         if v: print(f"    decode worker: {phases(os.path.join(d, f'{tag}-metrics-{placement}'))}")
+        if v: print(f"    TTFT mean: client {v['ttft']['mean_ms']:.1f} ms, router {router_ttft(os.path.join(d, f'{tag}-router-metrics-{placement}'))}")
 s = load("stub-c256")
 if s: print(f"client ceiling (stub, 1024 at 256): {s['output_throughput']:,.0f} tok/s")
 for s in servers[1:]:
