@@ -304,7 +304,7 @@ fn qkv_rope_store(
             g.zeros::<u16>(want_v.len())?,
         );
         let q16 = g.zeros::<u16>(t * nh * hd)?;
-        let cfg = crate::device::rope_config_with(t, nh + 2 * nkv, per_warp);
+        let cfg = crate::device::rope_config_with(t, nh + 2 * nkv, hd, per_warp);
         let (ti, pw) = (t as i32, per_warp as i32);
         // SAFETY: qkv_rope_store's parameter list, buffers sized for t tokens and 64 slots.
         unsafe {

@@ -645,7 +645,7 @@ pub fn rope_tokens(hd: usize) -> usize {
 /// one token a warp already fills the GPU (decode steps); above, one token a warp left the
 /// kernel bound by its round trips to memory (a prefill of 76 prompts of 108 tokens on an
 /// NVIDIA H200: 41.8 µs a layer for the SmolLM2-135M shape, 102 µs for Qwen3-0.6B, 21–46 % of
-/// the copy bandwidth; Nsight Compute, `docs/gpu-runs/h200-2026-11-28g-prefill-rope/`).
+/// the DRAM peak; Nsight Compute, `docs/gpu-runs/h200-2026-11-28g-prefill-rope/`).
 pub const ROPE_MANY_TOKENS: usize = 1024;
 
 /// The launch of `qkv_rope_store` over `tokens` tokens of `heads` heads (q, k and v together)
@@ -661,12 +661,19 @@ pub fn rope_config(tokens: usize, heads: usize, hd: usize) -> (LaunchConfig, i32
             .unwrap_or(ROPE_MANY_TOKENS)
     });
     let per_warp = if tokens >= many { rope_tokens(hd) } else { 1 };
-    (rope_config_with(tokens, heads, per_warp), per_warp as i32)
+    (rope_config_with(tokens, heads, hd, per_warp), per_warp as i32)
 }
 
-/// The launch of `qkv_rope_store` with each warp taking `per_warp` tokens (at most the
-/// kernel's [`rope_tokens`]).
-pub fn rope_config_with(tokens: usize, heads: usize, per_warp: usize) -> LaunchConfig {
+/// The launch of `qkv_rope_store` with each warp taking `per_warp` tokens.
+///
+/// # Panics
+/// If `per_warp` is 0 or more than the kernel for heads `hd` wide holds ([`rope_tokens`]): the
+/// grid would leave tokens without a warp.
+pub fn rope_config_with(tokens: usize, heads: usize, hd: usize, per_warp: usize) -> LaunchConfig {
+    assert!(
+        (1..=rope_tokens(hd)).contains(&per_warp),
+        "{per_warp} tokens a warp for heads {hd} wide"
+    );
     LaunchConfig {
         grid_dim: (tokens.div_ceil(per_warp) as u32, (heads as u32).div_ceil(ROPE_WARPS), 1),
         block_dim: (32 * ROPE_WARPS, 1, 1),

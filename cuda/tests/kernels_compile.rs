@@ -4,7 +4,8 @@
 //! without it the test says so and passes, as every GPU check does on a machine without CUDA.
 
 use tandem_cuda::device::{
-    kernel_options, nvrtc_cubin, rope_tokens, Dtype, KERNEL_SOURCE, PDL_PLAIN, PDL_PLAIN_AFTER_GEMM,
+    kernel_options, nvrtc_cubin, rope_config, rope_tokens, Dtype, KERNEL_SOURCE, PDL_PLAIN,
+    PDL_PLAIN_AFTER_GEMM, ROPE_MANY_TOKENS,
 };
 
 #[test]
@@ -93,6 +94,21 @@ fn rope_kernels_take_the_tokens_the_host_plans() {
             if hd.div_ceil(64) == pairs || pairs == 16 {
                 assert_eq!(rope_tokens(hd), toks, "{} for heads {hd} wide", args[0]);
             }
+        }
+    }
+}
+
+/// Decode steps keep one token a warp; passes of `ROPE_MANY_TOKENS` tokens or more take the
+/// kernel's most, and the grid covers every token either way.
+#[test]
+fn rope_launches_cover_every_token() {
+    for hd in [64, 128, 256, 512] {
+        for tokens in [1, 255, ROPE_MANY_TOKENS - 1, ROPE_MANY_TOKENS, 8_208] {
+            let (cfg, per_warp) = rope_config(tokens, 15, hd);
+            let want = if tokens >= ROPE_MANY_TOKENS { rope_tokens(hd) } else { 1 };
+            assert_eq!(per_warp as usize, want, "heads {hd} wide, {tokens} tokens");
+            assert!(cfg.grid_dim.0 as usize * per_warp as usize >= tokens, "{tokens} tokens");
+            assert!((cfg.grid_dim.0 as usize - 1) * (per_warp as usize) < tokens, "no idle row");
         }
     }
 }
