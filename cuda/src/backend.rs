@@ -449,7 +449,7 @@ impl CudaBackend {
             let bias = l.qkv_bias.as_ref().map_or(0, ptr);
             unsafe {
                 g.launch(
-                    g.rope_for(c.head_dim),
+                    g.rope_for(c.head_dim, per_warp as usize),
                     cfg,
                     &[
                         &qkv,

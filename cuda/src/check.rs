@@ -234,7 +234,6 @@ fn qkv_rope_store(
     hd: usize,
     general: bool,
 ) -> Result<Vec<CheckResult>, CudaError> {
-    let kernel = if general { &g.k.qkv_rope_store } else { g.rope_for(hd) };
     let t = 11;
     let width = (nh + 2 * nkv) * hd;
     let eps = 1e-6f32;
@@ -305,6 +304,7 @@ fn qkv_rope_store(
         );
         let q16 = g.zeros::<u16>(t * nh * hd)?;
         let cfg = crate::device::rope_config_with(t, nh + 2 * nkv, hd, per_warp);
+        let kernel = if general { &g.k.qkv_rope_store } else { g.rope_for(hd, per_warp) };
         let (ti, pw) = (t as i32, per_warp as i32);
         // SAFETY: qkv_rope_store's parameter list, buffers sized for t tokens and 64 slots.
         unsafe {

@@ -122,6 +122,8 @@ pub struct Kernels {
     pub qkv_rope_store: CudaFunction,
     /// The same for heads of at most 64, 128 or 256.
     pub qkv_rope_store_p: [CudaFunction; 3],
+    /// The same for heads of at most 64, four tokens a warp (prefills).
+    pub qkv_rope_store_p1x4: CudaFunction,
     /// Paged attention.
     pub attention: CudaFunction,
     /// Paged attention for tiles of at most 8 query rows.
@@ -265,6 +267,7 @@ impl Gpu {
                 f("qkv_rope_store_p2")?,
                 f("qkv_rope_store_p4")?,
             ],
+            qkv_rope_store_p1x4: f("qkv_rope_store_p1x4")?,
             attention: f("attention")?,
             attention_decode: f("attention_decode")?,
             attention_mma64: f("attention_mma64")?,
@@ -489,10 +492,12 @@ impl Gpu {
         }
     }
 
-    /// The q/k norm + RoPE + KV store kernel for heads `hd` wide: the variant that holds the
+    /// The q/k norm + RoPE + KV store kernel for heads `hd` wide whose warps take `per_warp`
+    /// tokens (1, or [`rope_tokens`] where [`rope_config`] says): the variant that holds the
     /// fewest rotation pairs a lane (hd ≤ 64 · pairs).
-    pub fn rope_for(&self, hd: usize) -> &CudaFunction {
+    pub fn rope_for(&self, hd: usize, per_warp: usize) -> &CudaFunction {
         match hd.div_ceil(64) {
+            0..=1 if per_warp > 1 => &self.k.qkv_rope_store_p1x4,
             0..=1 => &self.k.qkv_rope_store_p[0],
             2 => &self.k.qkv_rope_store_p[1],
             3..=4 => &self.k.qkv_rope_store_p[2],
@@ -631,21 +636,21 @@ pub fn ptr<T>(s: &CudaSlice<T>) -> u64 {
 /// in kernels/layers.cu assume four).
 const ROPE_WARPS: u32 = 4;
 
-/// Most tokens one warp of the `qkv_rope_store` variant [`Gpu::rope_for`] picks for heads `hd`
-/// wide takes (its `TOKS` in kernels/layers.cu).
+/// Most tokens one warp of a `qkv_rope_store` kernel for heads `hd` wide takes (the `TOKS` of
+/// the kernel [`Gpu::rope_for`] picks for a prefill, in kernels/layers.cu): four for heads up to
+/// 64 wide, one for wider heads (whose one-token kernels at 16 CTAs an SM measured faster).
 pub fn rope_tokens(hd: usize) -> usize {
     match hd.div_ceil(64) {
-        0..=2 => 4,
-        3..=4 => 2,
+        0..=1 => 4,
         _ => 1,
     }
 }
 
 /// Tokens a `qkv_rope_store` pass needs before each warp takes [`rope_tokens`] of them: below,
 /// one token a warp already fills the GPU (decode steps); above, one token a warp left the
-/// kernel bound by its round trips to memory (a prefill of 76 prompts of 108 tokens on an
-/// NVIDIA H200: 41.8 µs a layer for the SmolLM2-135M shape, 102 µs for Qwen3-0.6B, 21–46 % of
-/// the DRAM peak; Nsight Compute, `docs/gpu-runs/h200-2026-11-28g-prefill-rope/`).
+/// kernel bound by its round trips to memory for heads 64 wide (a prefill of 76 prompts of 108
+/// tokens of the SmolLM2-135M shape on an NVIDIA H200: 41.8 µs a layer, 21 % of the DRAM peak;
+/// Nsight Compute, `docs/gpu-runs/h200-2026-11-28g-prefill-rope/`).
 pub const ROPE_MANY_TOKENS: usize = 1024;
 
 /// The launch of `qkv_rope_store` over `tokens` tokens of `heads` heads (q, k and v together)

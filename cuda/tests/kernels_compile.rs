@@ -68,14 +68,15 @@ fn kernels_launched_plainly_exist() {
     }
 }
 
-/// The host launches `qkv_rope_store` with each warp taking up to `rope_tokens(hd)` tokens and
-/// sizes the grid for that many: a kernel holding fewer (`TOKS` in its `ROPE_KERNEL` line) would
-/// leave tokens without q, k or v.
+/// The host launches `qkv_rope_store` with each warp taking one token, or for a prefill
+/// `rope_tokens(hd)` of them on the `…xN` kernel, and sizes the grid for that many: a kernel
+/// holding fewer (`TOKS` in its `ROPE_KERNEL` line) would leave tokens without q, k or v.
 #[test]
 fn rope_kernels_take_the_tokens_the_host_plans() {
     let lines: Vec<&str> =
         KERNEL_SOURCE.lines().filter(|l| l.trim_start().starts_with("ROPE_KERNEL(")).collect();
-    assert_eq!(lines.len(), 4, "the four qkv_rope_store variants: {lines:?}");
+    assert_eq!(lines.len(), 5, "the qkv_rope_store variants: {lines:?}");
+    let mut prefill_pairs = Vec::new();
     for l in lines {
         let args: Vec<&str> = l
             .trim_start()
@@ -89,11 +90,19 @@ fn rope_kernels_take_the_tokens_the_host_plans() {
             p => p.parse().unwrap_or_else(|_| panic!("pairs of {l}")),
         };
         let toks: usize = args[2].parse().unwrap_or_else(|_| panic!("tokens of {l}"));
-        // Heads up to 64 · pairs wide take this variant (Gpu::rope_for).
-        for hd in [64 * pairs, 64 * pairs - 32] {
-            if hd.div_ceil(64) == pairs || pairs == 16 {
-                assert_eq!(rope_tokens(hd), toks, "{} for heads {hd} wide", args[0]);
+        match args[0].rsplit_once('x') {
+            Some((_, n)) if n.parse::<usize>().is_ok() => {
+                assert_eq!(toks, n.parse::<usize>().unwrap(), "{l}");
+                assert_eq!(rope_tokens(64 * pairs), toks, "{l}: the host's tokens a warp");
+                prefill_pairs.push(pairs);
             }
+            _ => assert_eq!(toks, 1, "{l}: the one-token kernels"),
+        }
+    }
+    // Every width the host gives more than one token a warp has its kernel.
+    for hd in [32, 64, 96, 128, 256, 512, 1024] {
+        if rope_tokens(hd) > 1 {
+            assert!(prefill_pairs.contains(&hd.div_ceil(64)), "no prefill kernel for heads {hd}");
         }
     }
 }

@@ -86,28 +86,114 @@ RMSNORM_KERNEL(rmsnorm_v2, 2)
 RMSNORM_KERNEL(rmsnorm_v4, 4)
 RMSNORM_KERNEL(rmsnorm, 8)
 
-// Tokens' heads from the fused q|k|v projection (f32): optional bias (Qwen2, [q|k|v]),
+// One token's heads from the fused q|k|v projection (f32): optional bias (Qwen2, [q|k|v]),
 // optional per-head RMSNorm (Qwen3), rotary embedding, then q to `q_out` (f32, [T, nh, hd]) and, for
 // the GEMM attention path, to `q16` (IEEE half, same layout; null: not wanted), and k, v into the
 // paged cache at the token's slot (16-bit, blocks of [nkv][block_size][hd]; slot < 0 skips the
-// store). One warp per head of `per_warp` consecutive tokens (at most TOKS): every load of all
-// of them is issued before any result is needed, so a warp has per_warp round trips' bytes in
-// flight at once (the host asks for more than one token where the tokens are many: a prefill).
-// A lane holds the rotation pairs (a, b) of indices i = lane, lane + 32, … < hd/2 in registers
-// (hd at most 64 · ROPE_PAIRS, the backend's 1024) and computes their angles itself: every head
-// of a token computes the same angles, a few instructions in place of a shared-memory exchange
-// and a barrier. A norm's sum of squares adds the pairs' first elements, then their second (for
-// hd/2 a multiple of 32 that is the order i = lane, lane + 32, … over the whole head).
-// Grid: (⌈T / per_warp⌉, ⌈(nh + 2·nkv) / warps⌉); block: warps · 32 threads.
+// store). One warp per head, every head of every token at once: the kernel's time is one
+// round trip to memory, not one per head. A lane holds the rotation pairs (a, b) of indices
+// i = lane, lane + 32, … < hd/2 in registers (hd at most 64 · ROPE_PAIRS, the backend's 1024)
+// and computes their angles itself: every head of a token computes the same angles, a few
+// instructions in place of a shared-memory exchange and a barrier. A norm's sum of squares
+// adds the pairs' first elements, then their second (for hd/2 a multiple of 32 that is the
+// order i = lane, lane + 32, … over the whole head).
+// Grid: (T, ⌈(nh + 2·nkv) / warps⌉); block: warps · 32 threads.
 #define ROPE_PAIRS 16
-template <int PAIRS, int TOKS>
+template <int PAIRS>
 __device__ __forceinline__ void qkv_rope_store_impl(const float* __restrict__ qkv, const int* __restrict__ pos,
                                                     const int* __restrict__ slot, const float* __restrict__ inv_freq,
                                                     const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                                     float* __restrict__ q_out, h16* __restrict__ q16, h16* __restrict__ k_cache,
                                                     h16* __restrict__ v_cache, int nh, int nkv, int hd,
                                                     int interleaved, float eps, int block_size,
-                                                    const float* __restrict__ qkv_bias, int num_tokens, int per_warp) {
+                                                    const float* __restrict__ qkv_bias) {
+  const int half = hd / 2, t = blockIdx.x, lane = threadIdx.x & 31;
+  const int h = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int heads = nh + 2 * nkv;
+  if (h >= heads) return;
+  // Every load is issued before any result is needed (one round trip to memory): the token's
+  // slot only decides what is stored.
+  const int s = slot[t];
+  const float p = (float)pos[t];
+  const float* src = qkv + ((size_t)t * heads + h) * hd;
+  const float* bias = qkv_bias ? qkv_bias + h * hd : nullptr;
+  if (h >= nh + nkv) {  // a value head: stored as is
+    if (s < 0) return;
+    h16* dst = v_cache + kv_index(s, h - nh - nkv, nkv, hd, block_size);
+#pragma unroll 4
+    for (int i = lane; i < hd; i += 32) dst[i] = f2h(bias ? src[i] + bias[i] : src[i]);
+    return;
+  }
+  const bool is_q = h < nh;
+  const float* norm = is_q ? q_norm : k_norm;
+  float x0[PAIRS], x1[PAIRS], g0[PAIRS], g1[PAIRS], fr[PAIRS];
+#pragma unroll
+  for (int j = 0; j < PAIRS; j++) {
+    const int i = lane + 32 * j;
+    x0[j] = x1[j] = 0.f;
+    g0[j] = g1[j] = fr[j] = 0.f;
+    if (i < half) {
+      const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+      x0[j] = bias ? src[a] + bias[a] : src[a];
+      x1[j] = bias ? src[b] + bias[b] : src[b];
+      fr[j] = inv_freq[i];
+      if (norm) {
+        g0[j] = norm[a];
+        g1[j] = norm[b];
+      }
+    }
+  }
+  if (!is_q && s < 0) return;  // a key without a slot: nothing to store
+  float inv = 1.f;
+  if (norm) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < PAIRS; j++) ss += x0[j] * x0[j];
+#pragma unroll
+    for (int j = 0; j < PAIRS; j++) ss += x1[j] * x1[j];
+    inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
+  }
+  float* qo = is_q ? q_out + ((size_t)t * nh + h) * hd : nullptr;
+  h16* ko = is_q ? nullptr : k_cache + kv_index(s, h - nh, nkv, hd, block_size);
+#pragma unroll
+  for (int j = 0; j < PAIRS; j++) {
+    const int i = lane + 32 * j;
+    if (i >= half) break;
+    const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+    float c, sn, u0 = x0[j], u1 = x1[j];
+    sincosf(p * fr[j], &sn, &c);
+    if (norm) {
+      u0 = u0 * inv * g0[j];
+      u1 = u1 * inv * g1[j];
+    }
+    const float r0 = u0 * c - u1 * sn, r1 = u0 * sn + u1 * c;
+    if (is_q) {
+      qo[a] = r0;
+      qo[b] = r1;
+      if (q16) {
+        size_t o = ((size_t)t * nh + h) * hd;
+        q16[o + a] = to_f16(r0);
+        q16[o + b] = to_f16(r1);
+      }
+    } else {
+      ko[a] = f2h(r0);
+      ko[b] = f2h(r1);
+    }
+  }
+}
+
+// The same for `per_warp` consecutive tokens a warp (at most TOKS; grid (⌈T / per_warp⌉,
+// ⌈(nh + 2·nkv) / warps⌉)): every load of all of them is issued before any result is needed, so
+// a warp has per_warp round trips' bytes in flight at once — for a prefill's thousands of tokens,
+// where one token a warp left the kernel waiting on memory with the SMs half full.
+template <int PAIRS, int TOKS>
+__device__ __forceinline__ void qkv_rope_store_tokens_impl(const float* __restrict__ qkv, const int* __restrict__ pos,
+                                                           const int* __restrict__ slot, const float* __restrict__ inv_freq,
+                                                           const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                                           float* __restrict__ q_out, h16* __restrict__ q16, h16* __restrict__ k_cache,
+                                                           h16* __restrict__ v_cache, int nh, int nkv, int hd,
+                                                           int interleaved, float eps, int block_size,
+                                                           const float* __restrict__ qkv_bias, int num_tokens, int per_warp) {
   const int half = hd / 2, lane = threadIdx.x & 31;
   const int h = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int heads = nh + 2 * nkv;
@@ -227,17 +313,20 @@ __device__ __forceinline__ void qkv_rope_store_impl(const float* __restrict__ qk
 // bandwidth: one token a warp, heads up to 128 wide at 16 CTAs (32 registers, a few bytes
 // spilled) took the q/k norm + RoPE + KV store stage of a 16 × 1,024-token Qwen3-0.6B prefill
 // from 6.96 to 5.75 ms and of a 4 × 2,048 Llama-3-8B one from 6.19 to 5.42 ms on an H200
-// (docs/gpu-runs/h200-2026-11-28d-small-batch/4-prefill-knobs/). Four tokens a warp at 8 CTAs
-// took the stage from 1.47 to 1.06 ms in a prefill of 76 × 108 tokens of the SmolLM2-135M shape,
-// 5.27 to 4.10 ms for Qwen3-0.6B and 9.83 to 7.30 ms in Llama-3-8B's 4 × 2,048 (one H200, bf16
-// random weights, `tandem-gpu bench-prefill`, TANDEM_ROPE_MANY=1000000000 for one a warp;
-// docs/gpu-runs/h200-2026-11-28g-prefill-rope/). ROPE_MIN_BLOCKS (a define) overrides it for
-// comparison.
+// (docs/gpu-runs/h200-2026-11-28d-small-batch/4-prefill-knobs/). For heads up to 64 wide a
+// prefill's warps take four tokens each (`qkv_rope_store_p1x4`, 8 CTAs): on one H200 (bf16
+// random weights, `tandem-gpu bench-prefill`, Nsight Compute) the kernel went from 41.8 to
+// 34.8 µs a layer in a 76 × 108-token prefill of the SmolLM2-135M shape; eight tokens a warp
+// took 37.9 µs, and four tokens at 8 CTAs for 128-wide heads 141 µs against 102 µs for one at
+// 16 (Qwen3-0.6B; docs/gpu-runs/h200-2026-11-28g-prefill-rope/). ROPE_MIN_BLOCKS (a define)
+// overrides MIN_BLOCKS for comparison.
 #ifdef ROPE_MIN_BLOCKS
 #define ROPE_BOUNDS(MIN_BLOCKS) __launch_bounds__(128, ROPE_MIN_BLOCKS)
 #else
 #define ROPE_BOUNDS(MIN_BLOCKS) __launch_bounds__(128, MIN_BLOCKS)
 #endif
+// Every variant takes the same arguments; the one-token kernels (TOKS 1) leave num_tokens and
+// per_warp unread (their grid has a block row per token).
 #define ROPE_KERNEL(NAME, PAIRS, TOKS, MIN_BLOCKS)                                                     \
   extern "C" __global__ void ROPE_BOUNDS(MIN_BLOCKS) NAME(                                            \
       const float* __restrict__ qkv, const int* __restrict__ pos, const int* __restrict__ slot,        \
@@ -246,13 +335,18 @@ __device__ __forceinline__ void qkv_rope_store_impl(const float* __restrict__ qk
       h16* __restrict__ k_cache, h16* __restrict__ v_cache, int nh, int nkv, int hd, int interleaved,  \
       float eps, int block_size, const float* __restrict__ qkv_bias, int num_tokens, int per_warp) {   \
     KERNEL_ENTRY();                                                                                    \
-    qkv_rope_store_impl<PAIRS, TOKS>(qkv, pos, slot, inv_freq, q_norm, k_norm, q_out, q16, k_cache,   \
-                                     v_cache, nh, nkv, hd, interleaved, eps, block_size, qkv_bias,    \
-                                     num_tokens, per_warp);                                           \
+    if (TOKS == 1)                                                                                     \
+      qkv_rope_store_impl<PAIRS>(qkv, pos, slot, inv_freq, q_norm, k_norm, q_out, q16, k_cache,       \
+                                 v_cache, nh, nkv, hd, interleaved, eps, block_size, qkv_bias);        \
+    else                                                                                               \
+      qkv_rope_store_tokens_impl<PAIRS, TOKS>(qkv, pos, slot, inv_freq, q_norm, k_norm, q_out, q16,   \
+                                              k_cache, v_cache, nh, nkv, hd, interleaved, eps,         \
+                                              block_size, qkv_bias, num_tokens, per_warp);             \
   }
-// TOKS: what `Gpu::rope_tokens` in cuda/src/device.rs says of each kernel (a test there reads
-// these lines).
-ROPE_KERNEL(qkv_rope_store_p1, 1, 4, 8)
-ROPE_KERNEL(qkv_rope_store_p2, 2, 4, 8)
-ROPE_KERNEL(qkv_rope_store_p4, 4, 2, 1)
+// TOKS: what `rope_tokens` and `Gpu::rope_for` in cuda/src/device.rs say of each kernel (a test
+// reads these lines).
+ROPE_KERNEL(qkv_rope_store_p1, 1, 1, 16)
+ROPE_KERNEL(qkv_rope_store_p1x4, 1, 4, 8)
+ROPE_KERNEL(qkv_rope_store_p2, 2, 1, 16)
+ROPE_KERNEL(qkv_rope_store_p4, 4, 1, 1)
 ROPE_KERNEL(qkv_rope_store, ROPE_PAIRS, 1, 1)
