@@ -649,8 +649,10 @@ pub fn rope_tokens(hd: usize) -> usize {
 /// Tokens a `qkv_rope_store` pass needs before each warp takes [`rope_tokens`] of them: below,
 /// one token a warp already fills the GPU (decode steps); above, one token a warp left the
 /// kernel bound by its round trips to memory for heads 64 wide (a prefill of 76 prompts of 108
-/// tokens of the SmolLM2-135M shape on an NVIDIA H200: 41.8 µs a layer, 21 % of the DRAM peak;
-/// Nsight Compute, `docs/gpu-runs/h200-2026-11-28g-prefill-rope/`).
+/// tokens of the SmolLM2-135M shape on an NVIDIA H200, bf16 random weights, the one-token
+/// `qkv_rope_store_p1`: 41.8 µs a layer, 21 % of the DRAM peak; Nsight Compute over
+/// `tandem-gpu bench-prefill smollm2-135m-shape.json 76 108`,
+/// `docs/gpu-runs/h200-2026-11-28g-prefill-rope/2-k53/`).
 pub const ROPE_MANY_TOKENS: usize = 1024;
 
 /// The launch of `qkv_rope_store` over `tokens` tokens of `heads` heads (q, k and v together)

@@ -385,14 +385,18 @@ impl TpBackend {
         Ok((ms, slowest(ms, &replies)))
     }
 
-    /// Flips one of the backend's switches on every rank.
-    fn switch(&mut self, set: fn(&mut CudaBackend, bool), on: bool) -> Result<(), CudaError> {
+    /// Sets one of the backend's switches (`set`) on every rank.
+    fn switch(
+        &mut self,
+        set: impl Fn(&mut CudaBackend) + Clone + Send + 'static,
+    ) -> Result<(), CudaError> {
+        let lead = set.clone();
         let each = move |be: &mut CudaBackend| {
-            set(be, on);
+            set(be);
             Ok(Reply::Done)
         };
         self.together(each, |be| {
-            set(be, on);
+            lead(be);
             Ok(())
         })
         .map(|_| ())
@@ -400,34 +404,24 @@ impl TpBackend {
 
     /// Uses the tensor-core attention kernel where it applies, or not, on every rank.
     pub fn set_mma_attention(&mut self, on: bool) -> Result<(), CudaError> {
-        self.switch(CudaBackend::set_mma_attention, on)
+        self.switch(move |be| be.set_mma_attention(on))
     }
 
     /// Uses the small-tile tensor-core kernel for decode tiles, or not, on every rank.
     pub fn set_dec_attention(&mut self, on: bool) -> Result<(), CudaError> {
-        self.switch(CudaBackend::set_dec_attention, on)
+        self.switch(move |be| be.set_dec_attention(on))
     }
 
     /// Orders every rank's attention tiles longest context first, or in the batch's order
     /// ([`CudaBackend::set_longest_first`]).
     pub fn set_longest_first(&mut self, on: bool) -> Result<(), CudaError> {
-        self.switch(CudaBackend::set_longest_first, on)
+        self.switch(move |be| be.set_longest_first(on))
     }
 
     /// Chunks of at least `n` tokens take the prefill path on every rank
     /// ([`CudaBackend::set_long_prompt_min`]).
     pub fn set_long_prompt_min(&mut self, n: usize) -> Result<(), CudaError> {
-        self.together(
-            move |be| {
-                be.set_long_prompt_min(n);
-                Ok(Reply::Done)
-            },
-            |be| {
-                be.set_long_prompt_min(n);
-                Ok(())
-            },
-        )
-        .map(|_| ())
+        self.switch(move |be| be.set_long_prompt_min(n))
     }
 
     /// Captures every rank's decode graphs up front (`progress` is told rank 0's progress).

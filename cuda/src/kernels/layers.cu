@@ -185,7 +185,10 @@ __device__ __forceinline__ void qkv_rope_store_impl(const float* __restrict__ qk
 // The same for `per_warp` consecutive tokens a warp (at most TOKS; grid (⌈T / per_warp⌉,
 // ⌈(nh + 2·nkv) / warps⌉)): every load of all of them is issued before any result is needed, so
 // a warp has per_warp round trips' bytes in flight at once — for a prefill's thousands of tokens,
-// where one token a warp left the kernel waiting on memory with the SMs half full.
+// where one token a warp left the kernel waiting on memory with the SMs half full. Its rotate-and-
+// store lines repeat the one-token kernel's on purpose: a shared helper changed what NVRTC 13.0
+// makes of the one-token kernels the decode graphs run (sm_90: qkv_rope_store_p2 spilled 32
+// bytes instead of 16, the general kernel 116 registers instead of 114).
 template <int PAIRS, int TOKS>
 __device__ __forceinline__ void qkv_rope_store_tokens_impl(const float* __restrict__ qkv, const int* __restrict__ pos,
                                                            const int* __restrict__ slot, const float* __restrict__ inv_freq,
@@ -315,8 +318,9 @@ __device__ __forceinline__ void qkv_rope_store_tokens_impl(const float* __restri
 // from 6.96 to 5.75 ms and of a 4 × 2,048 Llama-3-8B one from 6.19 to 5.42 ms on an H200
 // (docs/gpu-runs/h200-2026-11-28d-small-batch/4-prefill-knobs/). For heads up to 64 wide a
 // prefill's warps take four tokens each (`qkv_rope_store_p1x4`, 8 CTAs): on one H200 (bf16
-// random weights, `tandem-gpu bench-prefill`, Nsight Compute) the kernel went from 41.8 to
-// 34.8 µs a layer in a 76 × 108-token prefill of the SmolLM2-135M shape; eight tokens a warp
+// random weights, Nsight Compute over `tandem-gpu bench-prefill CFG 76 108`, the kernel timed
+// alone) the kernel went from 41.8 to 34.8 µs a layer in a 76 × 108-token prefill of the
+// SmolLM2-135M shape; eight tokens a warp
 // took 37.9 µs, and four tokens at 8 CTAs for 128-wide heads 141 µs against 102 µs for one at
 // 16 (Qwen3-0.6B; docs/gpu-runs/h200-2026-11-28g-prefill-rope/). ROPE_MIN_BLOCKS (a define)
 // overrides MIN_BLOCKS for comparison.
