@@ -170,17 +170,38 @@ __device__ __forceinline__ void pv_mma(float (&o0)[4], float (&o1)[4], const uns
   }
 }
 
+// A decode step reads each KV page once: its copies are marked evict-first, so the stream of
+// pages leaves the rest of the L2 cache alone (TANDEM_KV_EVICT_NORMAL drops the hint, for
+// comparison; TANDEM_KV_L2_256B adds a 256-byte L2 prefetch size).
+#ifdef TANDEM_KV_EVICT_NORMAL
+#define KV_COPY_HINT ""
+#define KV_COPY_POLICY ""
+#else
+#define KV_COPY_HINT ".L2::cache_hint"
+#define KV_COPY_POLICY ", %2"
+#endif
+#ifdef TANDEM_KV_L2_256B
+#define KV_COPY_SIZE ".L2::256B"
+#else
+#define KV_COPY_SIZE ""
+#endif
+#define KV_COPY "cp.async.cg.shared.global" KV_COPY_HINT KV_COPY_SIZE " [%0], [%1], 16" KV_COPY_POLICY ";"
+
 // One 16-position page of a KV head's K and V (`base`: its first element in either cache) into
 // a warp's shared rows of LD elements (`ks`, `vs`), by cp.async, 16 bytes per copy, then one
 // commit group: the decode kernels' page copy.
 template <int HD, int LD>
 __device__ __forceinline__ void copy_page_async(h16* ks, h16* vs, const h16* __restrict__ k_cache,
                                                 const h16* __restrict__ v_cache, size_t base, int lane) {
+  unsigned long long policy = 0;
+#ifndef TANDEM_KV_EVICT_NORMAL
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
 #pragma unroll
   for (int c = 0; c < MMA_PAGE * HD / 8 / 32; c++) {
     int e = lane + c * 32, r = e / (HD / 8), col = (e % (HD / 8)) * 8;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(ks + r * LD + col)), "l"(k_cache + base + r * HD + col));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(vs + r * LD + col)), "l"(v_cache + base + r * HD + col));
+    asm volatile(KV_COPY ::"r"(smem_addr(ks + r * LD + col)), "l"(k_cache + base + r * HD + col), "l"(policy));
+    asm volatile(KV_COPY ::"r"(smem_addr(vs + r * LD + col)), "l"(v_cache + base + r * HD + col), "l"(policy));
   }
   asm volatile("cp.async.commit_group;");
 }
