@@ -131,6 +131,7 @@ fn finish_prepare(
         tool_format: Default::default(),
         prefill_hint: None,
         dispatch: Duration::ZERO,
+        accept: Duration::ZERO,
         model,
     })
 }
@@ -421,7 +422,7 @@ async fn generate(
     if let Some(Extension(t)) = tenant {
         p.cache_salt = t.cache_salt(&p.cache_salt);
     }
-    let (mut route, streams) = match start(&st, &p).await {
+    let (mut route, streams, accept) = match start(&st, &p).await {
         Ok(x) => x,
         Err(e) => {
             record_done(ep, e.status, started);
@@ -429,6 +430,7 @@ async fn generate(
         }
     };
     p.dispatch = started.elapsed();
+    p.accept = accept;
     if p.stream {
         let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
         tokio::spawn(stream_task(p, route, streams, tx, started));

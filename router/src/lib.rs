@@ -157,6 +157,11 @@ pub fn front_end(
         "Prompts prefilled on their decode worker because every prefill worker's queue was full."
     );
     metrics::describe_histogram!(
+        "tandem_router_first_token_phase_seconds",
+        metrics::Unit::Seconds,
+        "A request's time to its first token on the router's clock, by phase: prepare (receipt to the first generate call), worker_accept (the generate calls until the workers' engine threads took the prompts), first_token_wait (from there to the first token's arrival)."
+    );
+    metrics::describe_histogram!(
         "tandem_router_prefix_match_blocks",
         "Prompt blocks the chosen worker already caches."
     );

@@ -50,6 +50,9 @@ pub(crate) struct Prepared {
     pub(crate) tool_format: crate::tool_format::ToolCallFormat,
     /// From receipt until the worker streams started (the router's part of the queue time).
     pub(crate) dispatch: Duration,
+    /// Of `dispatch`, the generate calls: from the first call until every worker answered (its
+    /// engine thread took the prompt).
+    pub(crate) accept: Duration,
     /// The prefill worker an endpoint picker named (`x-prefiller-host-port`); used when it is
     /// one of this front end's healthy prefill workers.
     pub(crate) prefill_hint: Option<String>,
@@ -70,6 +73,23 @@ pub(crate) fn merged(
     futures_util::stream::select_all(
         streams.into_iter().enumerate().map(|(i, s)| s.map(move |r| (i, r)).boxed()),
     )
+}
+
+/// Records a request's time to its first token and where it went, on the router's clock:
+/// `prepare` (receipt until the first generate call: parsing, templating, tokenizing, routing),
+/// `worker_accept` (the generate calls until every worker answered, its engine thread having
+/// taken the prompt) and `first_token_wait` (from there until the first token arrived here;
+/// the worker's own `tandem_time_to_first_token_seconds` is the engine's part of it).
+pub(crate) fn record_first_token(p: &Prepared, started: Instant) {
+    let ttft = started.elapsed();
+    histogram!("tandem_time_to_first_token_seconds").record(ttft.as_secs_f64());
+    let phase = |name: &'static str, d: Duration| {
+        histogram!("tandem_router_first_token_phase_seconds", "phase" => name)
+            .record(d.as_secs_f64())
+    };
+    phase("prepare", p.dispatch.saturating_sub(p.accept));
+    phase("worker_accept", p.accept);
+    phase("first_token_wait", ttft.saturating_sub(p.dispatch));
 }
 
 pub(crate) fn record_done(ep: Endpoint, code: StatusCode, started: Instant) {
@@ -117,8 +137,7 @@ pub(crate) async fn collect(
             if first && !d.token_ids.is_empty() {
                 first = false;
                 route.ticket.first_token();
-                histogram!("tandem_time_to_first_token_seconds")
-                    .record(started.elapsed().as_secs_f64());
+                record_first_token(&p, started);
             }
             if let Some(c) = choices.get_mut(pi * p.n + d.index as usize) {
                 c.push(d);
@@ -280,8 +299,7 @@ pub(crate) async fn stream_task(
             if first && !d.token_ids.is_empty() {
                 first = false;
                 route.ticket.first_token();
-                histogram!("tandem_time_to_first_token_seconds")
-                    .record(started.elapsed().as_secs_f64());
+                record_first_token(&p, started);
             }
             let finish = (!d.finish_reason.is_empty()).then_some(d.finish_reason.as_str());
             if d.text.is_empty() && d.logprobs.is_empty() && finish.is_none() {
@@ -355,7 +373,7 @@ pub(crate) async fn stream_task(
 pub(crate) async fn start(
     st: &AppState,
     p: &Prepared,
-) -> Result<(Route, Vec<WorkerStream>), ApiError> {
+) -> Result<(Route, Vec<WorkerStream>, Duration), ApiError> {
     let all = st.pool.current();
     // A prompt its decode worker computes itself — several completions or beams fork from it
     // there, or its tokens are scored — books no prefill worker.
@@ -405,6 +423,7 @@ pub(crate) async fn start(
         tracing::info!(request_id = %p.id, decode_worker = %worker.addr, prefill_worker = %prefill_addr, prompts = p.prompts.len(), prompt_tokens = p.prompts.iter().map(Vec::len).sum::<usize>(), "routing request");
         let mut streams = Vec::with_capacity(p.prompts.len());
         let mut failed = None;
+        let calls = Instant::now();
         for (i, (ids, params)) in p.prompts.iter().zip(&p.params).enumerate() {
             let req = pb::GenerateRequest {
                 request_id: if p.prompts.len() == 1 {
@@ -430,7 +449,7 @@ pub(crate) async fn start(
             }
         }
         match failed {
-            None => return Ok((route, streams)),
+            None => return Ok((route, streams, calls.elapsed())),
             Some(s) if s.code() == tonic::Code::Unavailable => {
                 tracing::warn!(request_id = %p.id, decode_worker = %worker.addr, error = %s.message(), "decode worker unreachable; trying another");
                 worker.mark_failed();

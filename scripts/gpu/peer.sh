@@ -87,8 +87,9 @@ for n in 256 1024; do
     --output-len 128 --min-output-len 128 --max-num-seqs 256 --max-num-batched-tokens 8192 > "$o/engine-$n.txt" 2>&1
 done
 
-# The decode worker's step metrics (steps, tokens, time, the host phases of each step).
-scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds|time_to_first_token_seconds|request_queue_time_seconds)_(sum|count)' > "$2"; }
+# The decode worker's step metrics (steps, tokens, time, the host phases of each step); on the
+# router, its time to first token and that time's phases.
+scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds|time_to_first_token_seconds|request_queue_time_seconds|router_first_token_phase_seconds)_(sum|count)' > "$2"; }
 worker_of() { grep -a -o 'decode worker serving.*' "$1" | grep -o '127.0.0.1:[0-9]*' | head -1; }
 
 # TABLE=0 leaves out the table (both servers' concurrencies): the rounds below alone.
@@ -206,8 +207,12 @@ def router_ttft(prefix):
     # The router's mean time from a request's arrival to its first token from the worker, ms.
     try:
         a, b = sums(prefix + "-before.txt"), sums(prefix + "-after.txt")
-        k = "tandem_time_to_first_token_seconds"
-        return f"{1e3 * (b[k + '_sum'] - a.get(k + '_sum', 0.0)) / (b[k + '_count'] - a.get(k + '_count', 0.0)):.1f} ms"
+        mean = lambda k, s="": 1e3 * (b[k + "_sum" + s] - a.get(k + "_sum" + s, 0.0)) / (b[k + "_count" + s] - a.get(k + "_count" + s, 0.0))
+        out = f"{mean('tandem_time_to_first_token_seconds'):.1f} ms"
+        k = "tandem_router_first_token_phase_seconds"
+        if k + "_count:prepare" in b:
+            out += " (" + ", ".join(f"{p} {mean(k, ':' + p):.1f}" for p in ("prepare", "worker_accept", "first_token_wait")) + ")"
+        return out
     except (OSError, KeyError, ZeroDivisionError) as e:
         return f"? ({e})"
 for mode in ("colocated", "disaggregated"):
