@@ -137,7 +137,7 @@ pub(crate) async fn collect(
             if first && !d.token_ids.is_empty() {
                 first = false;
                 route.ticket.first_token();
-                record_first_token(&p, started);
+                record_first_token(p, started);
             }
             if let Some(c) = choices.get_mut(pi * p.n + d.index as usize) {
                 c.push(d);
