@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use tandem_engine::{Prompt, RequestOptions, RequestOutput};
 use tandem_proto::v1 as pb;
 use tandem_worker::convert::{delta_to_proto, engine_status, params_from_proto};
-use tandem_worker::metrics::count_disagg_decision;
+use tandem_worker::metrics::{count_disagg_decision, observe_handoff};
 use tandem_worker::status::model_status;
 use tandem_worker::EngineEvent;
 use tokio::sync::mpsc;
@@ -113,6 +113,7 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
         &self,
         req: Request<pb::GenerateRequest>,
     ) -> Result<Response<GenerateStream>, Status> {
+        let received = std::time::Instant::now();
         let r = req.into_inner();
         if r.request_id.is_empty() {
             return Err(Status::invalid_argument("request_id is empty"));
@@ -174,6 +175,7 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
             let mut stream = GenerateStream { rx, on_drop: Some(on_drop) };
             let placement = engine_h
                 .call(move |s| {
+                    observe_handoff(received.elapsed().as_secs_f64());
                     let mut sink_label = if forced_local.is_none() { "remote" } else { "local" };
                     let placement = if let Some(reason) = forced_local {
                         s.engine.add_request_with(&id, prompt, params, opts)?;

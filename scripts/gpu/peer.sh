@@ -89,7 +89,7 @@ done
 
 # The decode worker's step metrics (steps, tokens, time, the host phases of each step); on the
 # router, its time to first token and that time's phases.
-scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds|time_to_first_token_seconds|request_queue_time_seconds|router_first_token_phase_seconds)_(sum|count)' > "$2"; }
+scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds|time_to_first_token_seconds|request_queue_time_seconds|router_first_token_phase_seconds|worker_handoff_seconds)_(sum|count)' > "$2"; }
 worker_of() { grep -a -o 'decode worker serving.*' "$1" | grep -o '127.0.0.1:[0-9]*' | head -1; }
 
 # TABLE=0 leaves out the table (both servers' concurrencies): the rounds below alone.
@@ -200,6 +200,8 @@ def phases(prefix):
         ttft = ""
         if "tandem_time_to_first_token_seconds_count" in b:
             ttft = f"; engine's own TTFT mean {mean('tandem_time_to_first_token_seconds'):.1f} ms, queued {mean('tandem_request_queue_time_seconds'):.1f} ms"
+        if "tandem_worker_handoff_seconds_count" in b:
+            ttft += f"; handoff to the engine thread {mean('tandem_worker_handoff_seconds'):.1f} ms"
         return f"{steps:.0f} steps of {us('tandem_engine_step_seconds_sum'):.0f} µs ({toks / steps:.0f} tokens a step, {busy:.3f} s stepping): {split}{ttft}"
     except (OSError, KeyError, ZeroDivisionError) as e:
         return f"worker metrics: {e}"

@@ -324,6 +324,11 @@ fn describe() {
         "KV page bytes moved between workers."
     );
     describe_histogram!("tandem_kv_transfer_seconds", Unit::Seconds, "Duration of KV transfers.");
+    describe_histogram!(
+        "tandem_worker_handoff_seconds",
+        Unit::Seconds,
+        "From a generate call's arrival at the worker until its engine thread took the prompt (it takes new requests between steps)."
+    );
     describe_counter!(
         "tandem_kv_transfer_failures_total",
         Unit::Count,
@@ -474,6 +479,12 @@ fn zero_known_series(role: &str) {
             counter!("tandem_disagg_decisions_total", "decision" => d).increment(0);
         }
     }
+}
+
+/// Records how long a generate call waited, from its handler's start, for the engine thread to
+/// take its prompt (the thread takes jobs between steps).
+pub fn observe_handoff(seconds: f64) {
+    histogram!("tandem_worker_handoff_seconds").record(seconds);
 }
 
 /// Counts where a prompt was prefilled.
