@@ -123,9 +123,11 @@ fn rope_launches_cover_every_token() {
 }
 
 /// The decode kernels read each KV page once a step, so their page copies carry an L2
-/// evict-first policy (on an H200 it took Qwen3-0.6B's step at batch 256 from 9.48 to 9.31 ms:
-/// docs/gpu-runs/h200-2026-11-29-l2-hints/); the prefill kernel, whose pages several tiles read,
-/// keeps plain copies. Read from the PTX NVRTC makes for sm_90.
+/// evict-first policy (one NVIDIA H200, `attention_dec128`, cuBLAS GEMMs, decode graphs, bf16
+/// random weights, `tandem-gpu bench-decode cuda/configs/qwen3-0.6b.json 16,64,256 100-2048`:
+/// the step at batch 256 9.48 → 9.31 ms; docs/gpu-runs/h200-2026-11-29-l2-hints/); the prefill
+/// kernel, whose pages several tiles read, keeps plain copies. Read from the PTX NVRTC makes
+/// for sm_90.
 #[test]
 fn decode_page_copies_are_marked_evict_first() {
     // SAFETY: a dlopen probe, no call into the library.

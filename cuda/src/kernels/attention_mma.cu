@@ -172,20 +172,12 @@ __device__ __forceinline__ void pv_mma(float (&o0)[4], float (&o1)[4], const uns
 
 // A decode step reads each KV page once: its copies are marked evict-first, so the stream of
 // pages leaves the rest of the L2 cache alone (TANDEM_KV_EVICT_NORMAL drops the hint, for
-// comparison; TANDEM_KV_L2_256B adds a 256-byte L2 prefetch size).
+// comparison; docs/gpu-runs/h200-2026-11-29-l2-hints/ has what it gains).
 #ifdef TANDEM_KV_EVICT_NORMAL
-#define KV_COPY_HINT ""
-#define KV_COPY_POLICY ""
+#define KV_COPY "cp.async.cg.shared.global [%0], [%1], 16;"
 #else
-#define KV_COPY_HINT ".L2::cache_hint"
-#define KV_COPY_POLICY ", %2"
+#define KV_COPY "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
 #endif
-#ifdef TANDEM_KV_L2_256B
-#define KV_COPY_SIZE ".L2::256B"
-#else
-#define KV_COPY_SIZE ""
-#endif
-#define KV_COPY "cp.async.cg.shared.global" KV_COPY_HINT KV_COPY_SIZE " [%0], [%1], 16" KV_COPY_POLICY ";"
 
 // One 16-position page of a KV head's K and V (`base`: its first element in either cache) into
 // a warp's shared rows of LD elements (`ks`, `vs`), by cp.async, 16 bytes per copy, then one
