@@ -5,7 +5,8 @@
 //! stream → RMSNorm → gate|up GEMM → SiLU·mul → down GEMM accumulated into the residual (on a
 //! tensor-parallel rank, each of the two GEMMs' partial products summed across the group in
 //! place by an NCCL all-reduce); then the final norm of the rows whose logits are wanted and the LM head. Decode steps replay a CUDA
-//! graph captured for the smallest captured batch size that holds them.
+//! graph captured for the smallest captured batch size that holds them; steps with prompt
+//! chunks of up to `plan::MIXED_GRAPH_MAX_ROWS` tokens replay a graph of their padded shape.
 
 use std::collections::HashMap;
 
@@ -25,6 +26,7 @@ mod attention;
 mod batch;
 mod collective;
 mod graphs;
+mod mixed;
 mod pages;
 mod residual;
 mod sampling;
@@ -160,6 +162,11 @@ pub struct CudaBackend {
     max_blocks_per_seq: usize,
     graph_sizes: Vec<usize>,
     graphs: HashMap<usize, DecodeGraph>,
+    /// Steps with prompt chunks replay mixed-step graphs (`mixed.rs`).
+    use_mixed_graphs: bool,
+    mixed_graphs: HashMap<plan::MixedShape, DecodeGraph>,
+    /// How often each shape was asked for before its graph was captured.
+    mixed_seen: HashMap<plan::MixedShape, u32>,
     /// Each captured graph's nodes by kernel name (`graphs::census`), when `census_on`.
     census: HashMap<usize, Vec<(String, usize)>>,
     census_on: bool,
@@ -316,6 +323,9 @@ impl CudaBackend {
             max_blocks_per_seq,
             graph_sizes,
             graphs: HashMap::new(),
+            use_mixed_graphs: true,
+            mixed_graphs: HashMap::new(),
+            mixed_seen: HashMap::new(),
             census: HashMap::new(),
             census_on: false,
             chain: 0,
@@ -611,12 +621,16 @@ impl CudaBackend {
         if splits > 1 {
             p.split_contexts(splits, None);
         }
+        let small = self.small_tiles(p.max_tile_rows(self.group()), b.seqs.len());
+        if let Some(shape) = self.mixed_shape(b, &p, small).filter(|_| full) {
+            return self.mixed_pass(b, p, shape);
+        }
         self.upload_plan(&p)?;
         self.take_deferred(b)?;
         let first = p.logits_rows.len().min(self.logits_cap);
         self.enqueue(
             n,
-            (p.num_tiles(), self.small_tiles(p.max_tile_rows(self.group()), b.seqs.len())),
+            (p.num_tiles(), small),
             (&p.long, p.num_long_tiles()),
             (p.slot_stride, p.bt_stride),
             num_layers,

@@ -11,6 +11,9 @@ use crate::device::{ptr, time_ms, Gpu};
 use crate::tensor_parallel::shard::Shard;
 use crate::{CudaBackend, CudaBackendOptions, CudaError, Dtype, TpBackend, WeightSource};
 
+mod mixed;
+pub use mixed::{mixed, MixedRow};
+
 /// The model under a benchmark: on one GPU, or split across a tensor-parallel group.
 enum Under {
     One(Box<CudaBackend>),

@@ -1,7 +1,8 @@
 //! End-to-end check on a real model: the CUDA backend against the CPU exact path — top-5
 //! log-probabilities at the first 16 positions of each prompt (within 0.1 nats), greedy
 //! continuations token for token except at near-ties (top-2 margin under 0.1 nats, reported),
-//! a mixed batch against the same prompts run alone, and graph replay against eager decode.
+//! a mixed batch against the same prompts run alone, and graph replay against eager decode and
+//! against an eager step with prompt chunks.
 
 use std::path::Path;
 
@@ -299,6 +300,35 @@ pub fn run(
         name: "mixed batch of 4 prompts vs each alone, top-5 log-probs (nats)".into(),
         max_err: worst,
         tol: 0.02,
+    });
+    // Two decode rows beside two whole prompts and the long prompt's second chunk: eagerly,
+    // then from the step's mixed-step graph (captured on the second run, replayed on the
+    // third).
+    let mut ms = ForwardBatch::default();
+    for (i, t) in encoded.iter().enumerate() {
+        let blk: Vec<u32> = (16 * i as u32 + 16..16 * i as u32 + 32).collect();
+        match i {
+            0 | 1 => ms.push_seq(&[t[0]], t.len(), &blk, 16, Logits::Last),
+            _ => ms.push_seq(t, 0, &blk, 16, Logits::Last),
+        }
+    }
+    ms.push_seq(&long[split..], split, &lblocks, 16, Logits::Last);
+    gpu.set_mixed_graphs(false);
+    let leager = gpu.forward(&ms).map_err(|e| err(e.to_string()))?;
+    gpu.set_mixed_graphs(true);
+    let mut lgraph = Vec::new();
+    for _ in 0..3 {
+        lgraph = gpu.forward(&ms).map_err(|e| err(e.to_string()))?;
+    }
+    let diff = lgraph.iter().zip(&leager).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
+    results.push(CheckResult {
+        name: format!(
+            "{}: step of 2 decode rows and 3 prompt chunks, mixed-step graph replay ({} captured) vs eager logits (max abs)",
+            dtype.name(),
+            gpu.mixed_graph_count()
+        ),
+        max_err: if gpu.mixed_graph_count() == 1 { diff } else { f64::INFINITY },
+        tol: 0.05 * noise,
     });
     // One decode step of all four: graph replay against eager.
     let mut step = ForwardBatch::default();

@@ -275,6 +275,23 @@ impl BatchPlan {
         }
     }
 
+    /// Pads a plan of one KV group to `shape`: rows of token 0 at position 0 that store
+    /// nothing, tile entries with no rows (the kernels return at once), logits rows that read
+    /// row 0 again. The padded plan's grids are the shape's, so one graph serves every plan
+    /// padded to it.
+    pub fn pad_to(&mut self, shape: &MixedShape) {
+        assert_eq!(self.slots.len(), self.slot_stride, "mixed-step graphs take one KV group");
+        assert!(self.tokens.len() <= shape.rows && self.logits_rows.len() <= shape.logits);
+        assert!(self.num_tiles() <= shape.entries && self.num_long_tiles() <= shape.long_entries);
+        self.tokens.resize(shape.rows, 0);
+        self.positions.resize(shape.rows, 0);
+        self.slots.resize(shape.rows, -1);
+        self.slot_stride = shape.rows;
+        self.tiles.resize(shape.entries * TILE_INTS, 0);
+        self.long_tiles.resize(shape.long_entries * TILE_INTS, 0);
+        self.logits_rows.resize(shape.logits, 0);
+    }
+
     /// Most query rows (tokens × `group`) of any tile.
     pub fn max_tile_rows(&self, group: usize) -> usize {
         self.tiles.chunks_exact(TILE_INTS).map(|t| t[1] as usize * group).max().unwrap_or(0)
@@ -283,6 +300,55 @@ impl BatchPlan {
     /// Number of attention tiles.
     pub fn num_tiles(&self) -> usize {
         self.tiles.len() / TILE_INTS
+    }
+}
+
+/// Most tokens of a step that runs through a mixed-step graph ([`MixedShape`]): above this the
+/// step's kernels take long enough that launching them one by one costs little.
+pub const MIXED_GRAPH_MAX_ROWS: usize = 1024;
+
+/// The launch shape of a step with prompt chunks (or a decode step no decode graph holds)
+/// replayed from a CUDA graph: each count rounded up so that steps of nearby sizes share a
+/// graph. Rows and logits rows go up in 64s; attention tile entries in 64s up to 512, then
+/// to a power of two; prefill-kernel tiles in 16s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MixedShape {
+    /// Token rows (the GEMMs' M).
+    pub rows: usize,
+    /// Entries of the decode-tile attention kernels' grid.
+    pub entries: usize,
+    /// Tiles of the prefill kernel's grid.
+    pub long_entries: usize,
+    /// Rows through the final norm and the LM head.
+    pub logits: usize,
+    /// Whether the tiles take the small-tile kernel.
+    pub small_tiles: bool,
+}
+
+impl MixedShape {
+    /// The shape that holds a step of `rows` tokens, `entries` tile entries, `long_entries`
+    /// prefill-kernel tiles and `logits` logits rows; `None` above [`MIXED_GRAPH_MAX_ROWS`].
+    pub fn holding(
+        rows: usize,
+        entries: usize,
+        long_entries: usize,
+        logits: usize,
+        small_tiles: bool,
+    ) -> Option<MixedShape> {
+        if rows == 0 || rows > MIXED_GRAPH_MAX_ROWS {
+            return None;
+        }
+        let entries = match entries {
+            0..=512 => entries.next_multiple_of(64),
+            n => n.next_power_of_two(),
+        };
+        Some(MixedShape {
+            rows: rows.next_multiple_of(64),
+            entries,
+            long_entries: long_entries.next_multiple_of(16),
+            logits: logits.next_multiple_of(64),
+            small_tiles,
+        })
     }
 }
 
@@ -615,6 +681,46 @@ mod tests {
             let live = g.tiles.as_chunks::<TILE_INTS>().0.iter().filter(|t| t[1] > 0).count();
             assert_eq!(live, 9 * n);
         }
+    }
+
+    #[test]
+    fn mixed_shapes_round_up_and_padding_is_inert() {
+        // 254 decode rows and two 108-token prompts (SmolLM2's groups of 3: 6 prefill tiles each).
+        let s = MixedShape::holding(470, 254, 12, 256, true).unwrap();
+        assert_eq!((s.rows, s.entries, s.long_entries, s.logits), (512, 256, 16, 256));
+        // Nearby steps share the shape; entries beyond 512 go to a power of two.
+        assert_eq!(MixedShape::holding(449, 200, 9, 250, true), Some(s));
+        assert_eq!(MixedShape::holding(64, 600, 0, 1, false).unwrap().entries, 1024);
+        assert_eq!(MixedShape::holding(64, 0, 0, 1, false).unwrap().long_entries, 0);
+        assert!(MixedShape::holding(MIXED_GRAPH_MAX_ROWS + 1, 1, 0, 1, true).is_none());
+        assert!(MixedShape::holding(0, 0, 0, 0, true).is_none());
+        let mut b = batch();
+        b.push_seq(&(0..80).collect::<Vec<u32>>(), 0, &[4, 5, 6, 7, 8], 16, Logits::Last);
+        let mut p = BatchPlan::new(&b, 2, 64);
+        let before = p.clone();
+        let shape = MixedShape::holding(
+            p.tokens.len(),
+            p.num_tiles(),
+            p.num_long_tiles(),
+            p.logits_rows.len(),
+            false,
+        )
+        .unwrap();
+        p.pad_to(&shape);
+        assert_eq!(p.tokens.len(), 128);
+        assert_eq!(&p.tokens[..before.tokens.len()], &before.tokens[..]);
+        assert_eq!(&p.slots[..before.slots.len()], &before.slots[..]);
+        assert!(p.slots[before.slots.len()..].iter().all(|&s| s == -1), "padding stores nothing");
+        assert_eq!(p.slot_stride, 128);
+        assert_eq!(p.num_tiles(), 64);
+        assert_eq!(p.num_long_tiles(), 16);
+        let rows = |t: &[i32]| t.chunks_exact(TILE_INTS).map(|t| t[1]).sum::<i32>();
+        assert_eq!(rows(&p.tiles), rows(&before.tiles), "padding tiles have no rows");
+        assert_eq!(rows(&p.long_tiles), 80);
+        assert_eq!(&p.logits_rows[..before.logits_rows.len()], &before.logits_rows[..]);
+        assert_eq!(p.logits_rows.len(), 64);
+        assert!(p.logits_rows[before.logits_rows.len()..].iter().all(|&r| r == 0));
+        assert_eq!(p.block_tables, before.block_tables);
     }
 
     #[test]

@@ -319,7 +319,7 @@ impl CudaBackend {
     /// Makes this backend rank `c.shard.rank` of a tensor-parallel group: its weights and KV
     /// cache are that rank's slice, and each layer's projections are summed across the group.
     pub(crate) fn set_collective(&mut self, c: Collective) {
-        self.graphs.clear();
+        self.drop_graphs();
         self.tp = Some(c);
     }
 
@@ -446,7 +446,7 @@ impl CudaBackend {
             Some(c) => c.peer = Some(p),
             None => return Err(CudaError::Unsupported("not a tensor-parallel rank".into())),
         }
-        self.graphs.clear();
+        self.drop_graphs();
         Ok(out)
     }
 

@@ -128,6 +128,14 @@ impl CudaBackend {
         self.census_on = on;
     }
 
+    /// Drops every captured graph (decode and mixed-step): the next steps capture again with
+    /// the kernels now chosen.
+    pub(super) fn drop_graphs(&mut self) {
+        self.graphs.clear();
+        self.mixed_graphs.clear();
+        self.mixed_seen.clear();
+    }
+
     /// Times [`CudaBackend::replay_ms`] over `n` back-to-back replays (0 or 1: each alone).
     pub fn set_replay_chain(&mut self, n: usize) {
         self.chain = n;

@@ -72,14 +72,14 @@ impl CudaBackend {
     /// comparison; drops the captured graphs.
     pub fn set_gemv(&mut self, on: bool) {
         self.gpu.set_gemv(on);
-        self.graphs.clear();
+        self.drop_graphs();
     }
 
     /// Uses the small-tile tensor-core kernel for decode tiles (on by default), or the 16-row
     /// one for every tile (for comparisons). Graphs captured before keep their kernel.
     pub fn set_dec_attention(&mut self, on: bool) {
         self.use_dec = on;
-        self.graphs.clear();
+        self.drop_graphs();
     }
 
     /// The flash-attention prefill kernel for long chunks, where the tensor-core kernel applies.
@@ -95,7 +95,7 @@ impl CudaBackend {
     /// tile kernels everywhere (for comparisons). Graphs captured before keep their kernel.
     pub fn set_mma_attention(&mut self, on: bool) {
         self.use_mma = on;
-        self.graphs.clear();
+        self.drop_graphs();
     }
 
     /// Starts the attention tiles longest context first (the default), or in the batch's

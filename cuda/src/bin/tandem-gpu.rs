@@ -9,6 +9,8 @@
 //!                                         without KV groups (pages given back past the window)
 //! tandem-gpu bench-decode CONFIG.json [BATCHES] [CONTEXT] [TP]   e.g. 1,16,64,256 1024 (TP: GPUs 0..TP)
 //! tandem-gpu bench-prefill CONFIG.json [PROMPTS] [LEN] [TP]      e.g. 4 2048
+//! tandem-gpu bench-mixed CONFIG.json [DECODE] [CONTEXT] [CHUNKS] [DTYPE]  e.g. 256 100-300 2x108
+//!                                         steps with prompt chunks: eager vs mixed-step graph
 //! tandem-gpu step CONFIG.json BATCH [CONTEXT]   one decode step's graph, for a profiler
 //!                                         (scripts/gpu/step_kernels.py: time per kernel)
 //! tandem-gpu tp-check MODEL|CONFIG.json [TP] [PROMPTS] [STEPS]  TP GPUs against one, greedy (bf16)
@@ -308,6 +310,36 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             }
             Ok(true)
         }
+        "bench-mixed" => {
+            // bench-mixed CFG DECODE CONTEXT CHUNKS [DTYPE]: CHUNKS as "1x108,2x108,4x512".
+            let (cfg, decode) = shape_and_batches(args, "cuda/configs/qwen3-0.6b.json", "256")?;
+            let context = parse_context(arg(3))?;
+            let chunks: Vec<(usize, usize)> = arg(4)
+                .unwrap_or("1x108,2x108,4x108")
+                .split(',')
+                .filter_map(|c| c.split_once('x'))
+                .filter_map(|(n, l)| Some((n.parse().ok()?, l.parse().ok()?)))
+                .collect();
+            let d = dtype(arg(5), Dtype::Bf16)?;
+            let name = Gpu::open(0, d)?.name;
+            for &n in &decode {
+                for r in bench::mixed(&cfg, d, n, context, &chunks)? {
+                    println!(
+                        "[{name}] mixed step {} {}: {} decode rows + {}x{} prompt tokens: eager {:.3} ms, mixed-step graph {:.3} ms ({:.2}x); the decode rows alone (decode graph) {:.3} ms",
+                        cfg.name,
+                        d.name(),
+                        r.decode,
+                        r.prompts,
+                        r.prompt_len,
+                        r.eager_ms,
+                        r.graph_ms,
+                        r.eager_ms / r.graph_ms,
+                        r.decode_ms
+                    );
+                }
+            }
+            Ok(true)
+        }
         "tp-check" => {
             let path = Path::new(arg(1).unwrap_or("tests/data/tiny-llama"));
             let tp: usize = arg(2).and_then(|s| s.parse().ok()).unwrap_or(2);
@@ -342,7 +374,7 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             Ok(ok)
         }
         other => Err(CudaError::Unsupported(format!(
-            "unknown command '{other}' (info, check, e2e, windows, bench-decode, bench-prefill, bench-gemm, bench-lanes, bench-nodes, bench-pages, step, tp-check)"
+            "unknown command '{other}' (info, check, e2e, windows, bench-decode, bench-prefill, bench-mixed, bench-gemm, bench-lanes, bench-nodes, bench-pages, step, tp-check)"
         ))),
     }
 }
