@@ -308,9 +308,9 @@ impl BatchPlan {
 pub const MIXED_GRAPH_MAX_ROWS: usize = 1024;
 
 /// The launch shape of a step with prompt chunks (or a decode step no decode graph holds)
-/// replayed from a CUDA graph: each count rounded up so that steps of nearby sizes share a
-/// graph. Rows and logits rows go up in 64s; attention tile entries in 64s up to 512, then
-/// to a power of two; prefill-kernel tiles in 16s.
+/// replayed from a CUDA graph. Rows go up in 64s and logits rows in 64s to 256, then in 128s;
+/// the attention grids follow from the rows ([`MixedLimits`]), so the rows, the logits rows and
+/// the tile kernel name a graph: a server's steps need few of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MixedShape {
     /// Token rows (the GEMMs' M).
@@ -325,28 +325,60 @@ pub struct MixedShape {
     pub small_tiles: bool,
 }
 
+/// What bounds the attention grids of a step of a given number of rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MixedLimits {
+    /// Steps of more rows than this never split contexts (the backend's `SPLIT_ROWS`).
+    pub split_rows: usize,
+    /// CTAs [`attention_splits`] aims at (two per SM).
+    pub split_ctas: usize,
+    /// KV heads (one CTA each per tile entry).
+    pub num_kv_heads: usize,
+    /// Tokens of one prefill-kernel tile.
+    pub long_tile_tokens: usize,
+    /// Shortest chunk that goes to the prefill kernel.
+    pub long_min: usize,
+}
+
+impl MixedLimits {
+    /// Most tile entries a step of `rows` rows makes: a tile per row at most, and where
+    /// contexts split, `tiles · ⌈ctas / (tiles · kv_heads)⌉ < tiles + ctas / kv_heads`.
+    pub fn max_entries(&self, rows: usize) -> usize {
+        match rows > self.split_rows {
+            true => rows,
+            false => rows + self.split_ctas.div_ceil(self.num_kv_heads.max(1)),
+        }
+    }
+
+    /// Most prefill-kernel tiles a step of `rows` rows makes: each long chunk of `len` tokens
+    /// takes `⌈len / tile⌉ ≤ len / tile + 1` tiles, and there are at most `rows / long_min`.
+    pub fn max_long_entries(&self, rows: usize) -> usize {
+        rows.div_ceil(self.long_tile_tokens.max(1)) + rows / self.long_min.max(1)
+    }
+}
+
 impl MixedShape {
-    /// The shape that holds a step of `rows` tokens, `entries` tile entries, `long_entries`
-    /// prefill-kernel tiles and `logits` logits rows; `None` above [`MIXED_GRAPH_MAX_ROWS`].
+    /// The shape that holds a step of `rows` tokens and `logits` logits rows; `None` above
+    /// [`MIXED_GRAPH_MAX_ROWS`].
     pub fn holding(
         rows: usize,
-        entries: usize,
-        long_entries: usize,
         logits: usize,
         small_tiles: bool,
+        lim: &MixedLimits,
     ) -> Option<MixedShape> {
         if rows == 0 || rows > MIXED_GRAPH_MAX_ROWS {
             return None;
         }
-        let entries = match entries {
-            0..=512 => entries.next_multiple_of(64),
-            n => n.next_power_of_two(),
+        let r = rows.next_multiple_of(64);
+        let logits = match logits {
+            0..=256 => logits.next_multiple_of(64),
+            n => n.next_multiple_of(128),
         };
         Some(MixedShape {
-            rows: rows.next_multiple_of(64),
-            entries,
-            long_entries: long_entries.next_multiple_of(16),
-            logits: logits.next_multiple_of(64),
+            rows: r,
+            entries: lim.max_entries(r),
+            long_entries: lim.max_long_entries(r),
+            logits: logits.min(r),
             small_tiles,
         })
     }
@@ -407,7 +439,7 @@ pub fn attention_splits(
 
 /// CTAs per SM [`attention_splits`] aims at: 2, or `TANDEM_SPLIT_CTAS_PER_SM` (1 to 8) for
 /// comparison.
-fn split_ctas_per_sm() -> usize {
+pub fn split_ctas_per_sm() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| env_count("TANDEM_SPLIT_CTAS_PER_SM", |n| (1..=8).contains(n), 2))
 }
@@ -683,37 +715,40 @@ mod tests {
         }
     }
 
+    const LIM: MixedLimits = MixedLimits {
+        split_rows: 512,
+        split_ctas: 264,
+        num_kv_heads: 3,
+        long_tile_tokens: 21,
+        long_min: 64,
+    };
+
     #[test]
     fn mixed_shapes_round_up_and_padding_is_inert() {
-        // 254 decode rows and two 108-token prompts (SmolLM2's groups of 3: 6 prefill tiles each).
-        let s = MixedShape::holding(470, 254, 12, 256, true).unwrap();
-        assert_eq!((s.rows, s.entries, s.long_entries, s.logits), (512, 256, 16, 256));
-        // Nearby steps share the shape; entries beyond 512 go to a power of two.
-        assert_eq!(MixedShape::holding(449, 200, 9, 250, true), Some(s));
-        assert_eq!(MixedShape::holding(64, 600, 0, 1, false).unwrap().entries, 1024);
-        assert_eq!(MixedShape::holding(64, 0, 0, 1, false).unwrap().long_entries, 0);
-        assert!(MixedShape::holding(MIXED_GRAPH_MAX_ROWS + 1, 1, 0, 1, true).is_none());
-        assert!(MixedShape::holding(0, 0, 0, 0, true).is_none());
+        // 254 decode rows and two 108-token prompts, 256 logits rows.
+        let s = MixedShape::holding(470, 256, true, &LIM).unwrap();
+        assert_eq!((s.rows, s.entries, s.long_entries, s.logits), (512, 512 + 88, 25 + 8, 256));
+        // Nearby steps share the shape; logits rows beyond 256 go up in 128s.
+        assert_eq!(MixedShape::holding(449, 250, true, &LIM), Some(s));
+        assert_eq!(MixedShape::holding(600, 300, true, &LIM).unwrap().logits, 384);
+        assert_eq!(MixedShape::holding(600, 300, true, &LIM).unwrap().entries, 640);
+        assert_eq!(MixedShape::holding(3, 3, true, &LIM).unwrap().logits, 64);
+        assert!(MixedShape::holding(MIXED_GRAPH_MAX_ROWS + 1, 1, true, &LIM).is_none());
+        assert!(MixedShape::holding(0, 0, true, &LIM).is_none());
         let mut b = batch();
         b.push_seq(&(0..80).collect::<Vec<u32>>(), 0, &[4, 5, 6, 7, 8], 16, Logits::Last);
         let mut p = BatchPlan::new(&b, 2, 64);
         let before = p.clone();
-        let shape = MixedShape::holding(
-            p.tokens.len(),
-            p.num_tiles(),
-            p.num_long_tiles(),
-            p.logits_rows.len(),
-            false,
-        )
-        .unwrap();
+        let lim = MixedLimits { num_kv_heads: 8, long_tile_tokens: 32, ..LIM };
+        let shape = MixedShape::holding(p.tokens.len(), p.logits_rows.len(), false, &lim).unwrap();
         p.pad_to(&shape);
         assert_eq!(p.tokens.len(), 128);
         assert_eq!(&p.tokens[..before.tokens.len()], &before.tokens[..]);
         assert_eq!(&p.slots[..before.slots.len()], &before.slots[..]);
         assert!(p.slots[before.slots.len()..].iter().all(|&s| s == -1), "padding stores nothing");
         assert_eq!(p.slot_stride, 128);
-        assert_eq!(p.num_tiles(), 64);
-        assert_eq!(p.num_long_tiles(), 16);
+        assert_eq!(p.num_tiles(), 128 + 33);
+        assert_eq!(p.num_long_tiles(), 4 + 2);
         let rows = |t: &[i32]| t.chunks_exact(TILE_INTS).map(|t| t[1]).sum::<i32>();
         assert_eq!(rows(&p.tiles), rows(&before.tiles), "padding tiles have no rows");
         assert_eq!(rows(&p.long_tiles), 80);
@@ -721,6 +756,36 @@ mod tests {
         assert_eq!(p.logits_rows.len(), 64);
         assert!(p.logits_rows[before.logits_rows.len()..].iter().all(|&r| r == 0));
         assert_eq!(p.block_tables, before.block_tables);
+    }
+
+    /// The grids a shape fixes hold every plan of its rows: decode rows with contexts split as
+    /// `attention_splits` cuts them, and long chunks of every length from `long_min` up.
+    #[test]
+    fn mixed_grids_hold_every_plan_of_their_rows() {
+        for (nkv, sms, group) in [(3, 132, 3), (8, 132, 2), (8, 78, 4), (1, 132, 8)] {
+            let lim = MixedLimits {
+                split_rows: 512,
+                split_ctas: 2 * sms,
+                num_kv_heads: nkv,
+                long_tile_tokens: 64 / group,
+                long_min: 64,
+            };
+            for tiles in 1..=MIXED_GRAPH_MAX_ROWS {
+                let s = MixedShape::holding(tiles, tiles, true, &lim).unwrap();
+                let splits = match tiles > lim.split_rows {
+                    true => 1,
+                    false => attention_splits(tiles, nkv, 1 << 20, sms).min(16),
+                };
+                assert!(tiles * splits <= s.entries, "{tiles} tiles x {splits} > {}", s.entries);
+            }
+            for len in [64, 65, 100, 127, 128, 200, 1000] {
+                for n in 1..=MIXED_GRAPH_MAX_ROWS / len {
+                    let per = lim.long_tile_tokens;
+                    let s = MixedShape::holding(n * len, 1, false, &lim).unwrap();
+                    assert!(n * len.div_ceil(per) <= s.long_entries, "{n} chunks of {len}");
+                }
+            }
+        }
     }
 
     #[test]

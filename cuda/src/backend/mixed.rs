@@ -1,7 +1,8 @@
 //! Steps with prompt chunks through CUDA graphs. A decode graph holds only decode steps; a step
 //! that also carries prompt chunks (what a server runs whenever requests arrive while others
 //! decode) would otherwise launch its few hundred kernels one by one. Such a step is padded to
-//! a [`MixedShape`] (rows, attention tile entries and logits rows rounded up) and replayed from
+//! a [`MixedShape`] (rows and logits rows rounded up, attention grids as large as those rows
+//! can need) and replayed from
 //! the graph captured for that shape: every kernel reads the plan from the same device buffers,
 //! so only the launch grids are fixed at capture, and padding rows and tiles do nothing.
 //!
@@ -12,8 +13,8 @@
 use cudarc::driver::sys as dsys;
 use tandem_engine::backend::ForwardBatch;
 
-use super::{CudaBackend, DecodeGraph, Pass};
-use crate::plan::{BatchPlan, MixedShape, TILE_INTS};
+use super::{CudaBackend, DecodeGraph, Pass, SPLIT_ROWS};
+use crate::plan::{self, BatchPlan, MixedLimits, MixedShape, TILE_INTS};
 use crate::CudaError;
 
 /// Most mixed-step graphs one backend keeps.
@@ -38,18 +39,27 @@ impl CudaBackend {
         if !eligible {
             return None;
         }
-        let shape = MixedShape::holding(
-            b.num_tokens(),
-            p.num_tiles(),
-            p.num_long_tiles(),
-            p.logits_rows.len(),
-            small,
-        )?;
+        let long_min = self.opts.long_prompt_min_tokens;
+        let lim = MixedLimits {
+            split_rows: SPLIT_ROWS,
+            split_ctas: plan::split_ctas_per_sm() * self.gpu.num_sms,
+            num_kv_heads: self.cfg.num_kv_heads,
+            long_tile_tokens: (plan::prefill_rows() / self.group()).max(1),
+            long_min,
+        };
+        let shape = MixedShape::holding(b.num_tokens(), p.logits_rows.len(), small, &lim)?;
         let rows = self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch);
         let entries = self.a.tiles.len() / TILE_INTS;
+        // The bounds hold by construction (plan.rs tests them); checked again here so that
+        // a plan outside them runs eagerly rather than failing.
         let fits = shape.rows <= rows
             && shape.logits <= self.logits_cap
-            && shape.entries + shape.long_entries <= entries;
+            && shape.entries + shape.long_entries <= entries
+            && p.num_tiles() <= shape.entries
+            && p.num_long_tiles() <= shape.long_entries
+            // Split partial results are kept for SPLIT_ROWS rows, at the graph's row stride.
+            && (b.num_tokens() > SPLIT_ROWS || shape.rows <= SPLIT_ROWS)
+            && long_min >= 1;
         fits.then_some(shape)
     }
 
@@ -99,7 +109,16 @@ impl CudaBackend {
                 .ok_or_else(|| CudaError::Driver("mixed-step capture produced no graph".into()))?;
             graph.upload().map_err(CudaError::from)?;
             self.mixed_graphs.insert(shape, DecodeGraph(graph));
-            self.capture_seconds += start.elapsed().as_secs_f64();
+            let secs = start.elapsed().as_secs_f64();
+            self.capture_seconds += secs;
+            tracing::info!(
+                rows = shape.rows,
+                logits = shape.logits,
+                small_tiles = shape.small_tiles,
+                ms = secs * 1e3,
+                graphs = self.mixed_graphs.len(),
+                "captured a mixed-step graph"
+            );
         }
         Ok(Pass::Eager(first))
     }

@@ -1,11 +1,11 @@
 //! Steps with prompt chunks beside decoding sequences (what a server runs while requests
 //! arrive): eager against the mixed-step graph of their shape, beside the decode step alone.
 
-use tandem_engine::backend::Logits;
+use tandem_engine::backend::{ForwardBatch, Logits, ModelBackend};
 use tandem_engine::model_files::config::ModelConfig;
 
 use super::{decode_block, decode_options};
-use crate::{CudaError, Dtype, WeightSource};
+use crate::{CudaBackend, CudaError, Dtype, WeightSource};
 
 /// One mixed-step measurement (wall time of steps queued back to back, ms).
 #[derive(Debug, Clone)]
@@ -22,6 +22,9 @@ pub struct MixedRow {
     pub graph_ms: f64,
     /// The decode rows alone, from their decode graph.
     pub decode_ms: f64,
+    /// Largest difference between the step's logits from its graph and eager, and the largest
+    /// logit's magnitude (`None`: the step is beyond every mixed-step graph).
+    pub logit_diff: Option<(f64, f64)>,
 }
 
 /// For each `(prompts, prompt_len)`: a step of `decode` sequences (contexts over `context`, as
@@ -58,7 +61,38 @@ pub fn mixed(
         be.set_mixed_graphs(true);
         let graph_ms = be.step_ms(&b, 10, 7)?;
         let decode_ms = be.step_ms(&alone, 10, 7)?;
-        rows.push(MixedRow { decode, prompts, prompt_len: len, eager_ms, graph_ms, decode_ms });
+        let logit_diff = graph_vs_eager(&mut be, &b)?;
+        rows.push(MixedRow {
+            decode,
+            prompts,
+            prompt_len: len,
+            eager_ms,
+            graph_ms,
+            decode_ms,
+            logit_diff,
+        });
     }
     Ok(rows)
+}
+
+/// The logits of `b` run eagerly against those from its mixed-step graph (captured on the
+/// second run, replayed on the third): the largest difference and the largest magnitude;
+/// `None` when no graph serves the step.
+fn graph_vs_eager(be: &mut CudaBackend, b: &ForwardBatch) -> Result<Option<(f64, f64)>, CudaError> {
+    let fwd = |be: &mut CudaBackend| be.forward(b).map_err(|e| CudaError::Driver(e.to_string()));
+    be.set_mixed_graphs(false);
+    let eager = fwd(be)?;
+    be.set_mixed_graphs(true);
+    let mut graph = Vec::new();
+    for _ in 0..3 {
+        graph = fwd(be)?;
+    }
+    if be.mixed_graph_count() != 1 {
+        return Err(CudaError::Unsupported(
+            "the step did not run through a mixed-step graph".into(),
+        ));
+    }
+    let diff = graph.iter().zip(&eager).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
+    let top = eager.iter().map(|a| a.abs() as f64).fold(0.0, f64::max);
+    Ok(Some((diff, top)))
 }

@@ -325,7 +325,7 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
             for &n in &decode {
                 for r in bench::mixed(&cfg, d, n, context, &chunks)? {
                     println!(
-                        "[{name}] mixed step {} {}: {} decode rows + {}x{} prompt tokens: eager {:.3} ms, mixed-step graph {:.3} ms ({:.2}x); the decode rows alone (decode graph) {:.3} ms",
+                        "[{name}] mixed step {} {}: {} decode rows + {}x{} prompt tokens: eager {:.3} ms, mixed-step graph {:.3} ms ({:.2}x); the decode rows alone (decode graph) {:.3} ms; graph vs eager logits {}",
                         cfg.name,
                         d.name(),
                         r.decode,
@@ -334,7 +334,8 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                         r.eager_ms,
                         r.graph_ms,
                         r.eager_ms / r.graph_ms,
-                        r.decode_ms
+                        r.decode_ms,
+                        r.logit_diff.map_or("n/a (no graph holds the step)".into(), |(d, m)| format!("max |diff| {d:.3e} (largest |logit| {m:.2})"))
                     );
                 }
             }
