@@ -17,7 +17,8 @@
 #                               own ceiling (--stub) and llama-batched-bench; ROUNDS=N adds N
 #                               rounds of bench engine against tandem up on the same 1,024
 #                               requests (with the decode worker's per-step split of its host
-#                               phases during each served run). LLAMA=0: no llama.cpp build (the
+#                               phases during each served run; POISSON="800 1000" adds open-loop
+#                               arrivals at those rates to each). LLAMA=0: no llama.cpp build (the
 #                               model stays Q8_0); TABLE=0: the rounds alone. Logs and JSON in
 #                               $OUT/peer; a summary at the end.
 set -uo pipefail
@@ -141,6 +142,13 @@ for r in $(seq 1 "${ROUNDS:-0}"); do
         --json "$o/$tag-served-$placement.json" > /dev/null 2>&1
       scrape "$worker" "$o/$tag-metrics-$placement-after.txt"
       scrape "127.0.0.1:$port" "$o/$tag-router-metrics-$placement-after.txt"
+      # POISSON="800 1000": open-loop arrivals at each rate (requests/s, five seconds' worth)
+      # through the same server: steps that carry a few new prompts beside decoding ones.
+      for rate in ${POISSON:-}; do
+        "${pin_client[@]}" timeout 60 $B bench serve --base-url http://127.0.0.1:$port/v1 --model $name --seed 7 \
+          --num-prompts $((rate * 5)) --request-rate $rate --input-len 108 --output-len 128 --ignore-eos --quiet \
+          --json "$o/$tag-poisson$rate-$placement.json" > /dev/null 2>&1
+      done
     fi
     kill -INT $pid; wait $pid 2>/dev/null
   done
@@ -242,6 +250,9 @@ for r in range(1, 10):
         if v: print(f"  tandem up, client on {'every core' if placement == 'shared' else 'its own half of the cores'}: {v['output_throughput']:,.0f} tok/s = {v['output_throughput'] / float(m.group(1)):.0%} of the engine (TTFT p99 {v['ttft']['p99_ms']:.0f} ms, {v['failed']} failed {v['errors'] if v['failed'] else ''})")
         if v: print(f"    decode worker: {phases(os.path.join(d, f'{tag}-metrics-{placement}'))}")
         if v: print(f"    TTFT mean: client {v['ttft']['mean_ms']:.1f} ms, router {router_ttft(os.path.join(d, f'{tag}-router-metrics-{placement}'))}")
+        for rate in os.environ.get("POISSON", "").split():
+            p = load(f"{tag}-poisson{rate}-{placement}")
+            if p: print(f"  Poisson {rate} requests/s: {p['output_throughput']:,.0f} tok/s, TTFT p50 {p['ttft']['median_ms']:.1f} / p99 {p['ttft']['p99_ms']:.1f} ms, TPOT p50 {p['tpot']['median_ms']:.2f} / p99 {p['tpot']['p99_ms']:.2f} ms ({p['failed']} failed)")
 s = load("stub-c256")
 if s: print(f"client ceiling (stub, 1024 at 256): {s['output_throughput']:,.0f} tok/s")
 for s in servers[1:]:
