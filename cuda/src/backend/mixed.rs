@@ -2,13 +2,14 @@
 //! that also carries prompt chunks (what a server runs whenever requests arrive while others
 //! decode) would otherwise launch its few hundred kernels one by one. Such a step is padded to
 //! a [`MixedShape`] (rows and logits rows rounded up, attention grids as large as those rows
-//! can need) and replayed from
-//! the graph captured for that shape: every kernel reads the plan from the same device buffers,
-//! so only the launch grids are fixed at capture, and padding rows and tiles do nothing.
+//! can need) and replayed from the graph captured for that shape: every kernel reads the plan
+//! from the same device buffers, so only the launch grids are fixed at capture, and padding
+//! rows and tiles do nothing.
 //!
 //! A shape is captured the second time a step needs it (one-off shapes stay eager), at most
 //! [`MAX_MIXED_GRAPHS`] of them; the step that captures runs eagerly first, which also lets
-//! cuBLAS choose its algorithms for the shape.
+//! cuBLAS choose its algorithms for the shape. A capture that fails costs nothing but the
+//! graphs: the step already ran, and later steps run eagerly.
 
 use cudarc::driver::sys as dsys;
 use tandem_engine::backend::ForwardBatch;
@@ -97,30 +98,45 @@ impl CudaBackend {
         *seen += 1;
         if *seen >= 2 && self.mixed_graphs.len() < MAX_MIXED_GRAPHS {
             let start = std::time::Instant::now();
-            let s = self.gpu.stream.clone();
-            // Work queued before the capture (this step) is not part of the graph.
-            s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(CudaError::from)?;
-            let r = launch(self);
-            let graph =
-                s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
-            r?;
-            let graph = graph
-                .ok_or_else(|| CudaError::Driver("mixed-step capture produced no graph".into()))?;
-            graph.upload().map_err(CudaError::from)?;
-            self.mixed_graphs.insert(shape, DecodeGraph(graph));
-            let secs = start.elapsed().as_secs_f64();
-            self.capture_seconds += secs;
-            tracing::info!(
-                rows = shape.rows,
-                logits = shape.logits,
-                small_tiles = shape.small_tiles,
-                ms = secs * 1e3,
-                graphs = self.mixed_graphs.len(),
-                "captured a mixed-step graph"
-            );
+            match self.capture_mixed(launch) {
+                Ok(graph) => {
+                    self.mixed_graphs.insert(shape, graph);
+                    let secs = start.elapsed().as_secs_f64();
+                    self.capture_seconds += secs;
+                    tracing::info!(
+                        rows = shape.rows,
+                        logits = shape.logits,
+                        small_tiles = shape.small_tiles,
+                        ms = secs * 1e3,
+                        graphs = self.mixed_graphs.len(),
+                        "captured a mixed-step graph"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, rows = shape.rows, "a mixed-step graph could not be captured; steps with prompt chunks run eagerly from now on");
+                    self.set_mixed_graphs(false);
+                }
+            }
         }
         Ok(Pass::Eager(first))
+    }
+
+    /// Captures what `launch` queues as a graph (work queued before, such as the step that ran
+    /// eagerly, is not part of it) and uploads it.
+    fn capture_mixed(
+        &self,
+        launch: impl Fn(&Self) -> Result<(), CudaError>,
+    ) -> Result<DecodeGraph, CudaError> {
+        let s = self.gpu.stream.clone();
+        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(CudaError::from)?;
+        let r = launch(self);
+        let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
+        r?;
+        let graph = graph
+            .ok_or_else(|| CudaError::Driver("mixed-step capture produced no graph".into()))?;
+        graph.upload().map_err(CudaError::from)?;
+        Ok(DecodeGraph(graph))
     }
 
     /// Replays steps with prompt chunks from mixed-step graphs (on, the default) or runs them
