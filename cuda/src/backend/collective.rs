@@ -546,14 +546,7 @@ impl CudaBackend {
         };
         run(self)?;
         self.gpu.sync()?;
-        let s = self.gpu.stream.clone();
-        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(CudaError::from)?;
-        let r = run(self);
-        let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
-        r?;
-        let graph =
-            graph.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
+        let (graph, ()) = self.capture_graph(|be, _| run(be))?;
         crate::device::time_ms(&self.gpu, 3, reps, || graph.launch().map_err(CudaError::from))
     }
 }

@@ -1,7 +1,7 @@
 //! Decode steps through CUDA graphs: one graph per captured batch size, replayed with the
 //! uploaded plan's inputs (`BatchPlan::padded_decode` puts them at fixed places).
 
-use cudarc::driver::sys as dsys;
+use cudarc::driver::{sys as dsys, CudaGraph};
 use tandem_engine::backend::ForwardBatch;
 
 use super::{CudaBackend, DecodeGraph};
@@ -40,21 +40,14 @@ impl CudaBackend {
         let tiling = (entries, self.small_tiles(self.group(), size));
         self.enqueue(size, tiling, (&[], 0), sections, layers, size, 0)?;
         self.gpu.sync()?;
-        let s = self.gpu.stream.clone();
-        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(CudaError::from)?;
-        let r = self.enqueue(size, tiling, (&[], 0), sections, layers, size, 0);
-        // A diagnostic only (benchmarks ask for it): a failure leaves no census, not no graph.
-        if r.is_ok() && self.census_on {
-            if let Ok(c) = census(s.cu_stream()) {
-                self.census.insert(size, c);
-            }
+        let (graph, nodes) = self.capture_graph(|be, s| {
+            be.enqueue(size, tiling, (&[], 0), sections, layers, size, 0)?;
+            // A diagnostic only (benchmarks ask for it): a failure leaves no census, not no graph.
+            Ok(be.census_on.then(|| census(s.cu_stream()).ok()).flatten())
+        })?;
+        if let Some(c) = nodes {
+            self.census.insert(size, c);
         }
-        let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
-        r?;
-        let graph =
-            graph.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
-        graph.upload().map_err(CudaError::from)?;
         self.graphs.insert(size, DecodeGraph(graph));
         self.capture_seconds += start.elapsed().as_secs_f64();
         Ok(())
@@ -126,6 +119,24 @@ impl CudaBackend {
     /// off by default, so serving never calls the driver's graph-inspection entry points.
     pub fn set_graph_census(&mut self, on: bool) {
         self.census_on = on;
+    }
+
+    /// Captures what `queue` puts on the stream as a graph, instantiated and uploaded, with
+    /// what `queue` returns. Work queued before is not part of the graph.
+    pub(super) fn capture_graph<R>(
+        &self,
+        queue: impl FnOnce(&Self, &cudarc::driver::CudaStream) -> Result<R, CudaError>,
+    ) -> Result<(CudaGraph, R), CudaError> {
+        let s = self.gpu.stream.clone();
+        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(CudaError::from)?;
+        let r = queue(self, &s);
+        let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
+        let r = r?;
+        let graph =
+            graph.ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))?;
+        graph.upload().map_err(CudaError::from)?;
+        Ok((graph, r))
     }
 
     /// Drops every captured graph (decode and mixed-step): the next steps capture again with

@@ -11,7 +11,6 @@
 //! cuBLAS choose its algorithms for the shape. A capture that fails costs nothing but the
 //! graphs: the step already ran, and later steps run eagerly.
 
-use cudarc::driver::sys as dsys;
 use tandem_engine::backend::ForwardBatch;
 
 use super::{CudaBackend, DecodeGraph, Pass, SPLIT_ROWS};
@@ -98,9 +97,9 @@ impl CudaBackend {
         *seen += 1;
         if *seen >= 2 && self.mixed_graphs.len() < MAX_MIXED_GRAPHS {
             let start = std::time::Instant::now();
-            match self.capture_mixed(launch) {
-                Ok(graph) => {
-                    self.mixed_graphs.insert(shape, graph);
+            match self.capture_graph(|be, _| launch(be)) {
+                Ok((graph, ())) => {
+                    self.mixed_graphs.insert(shape, DecodeGraph(graph));
                     let secs = start.elapsed().as_secs_f64();
                     self.capture_seconds += secs;
                     tracing::info!(
@@ -119,24 +118,6 @@ impl CudaBackend {
             }
         }
         Ok(Pass::Eager(first))
-    }
-
-    /// Captures what `launch` queues as a graph (work queued before, such as the step that ran
-    /// eagerly, is not part of it) and uploads it.
-    fn capture_mixed(
-        &self,
-        launch: impl Fn(&Self) -> Result<(), CudaError>,
-    ) -> Result<DecodeGraph, CudaError> {
-        let s = self.gpu.stream.clone();
-        s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(CudaError::from)?;
-        let r = launch(self);
-        let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
-        r?;
-        let graph = graph
-            .ok_or_else(|| CudaError::Driver("mixed-step capture produced no graph".into()))?;
-        graph.upload().map_err(CudaError::from)?;
-        Ok(DecodeGraph(graph))
     }
 
     /// Replays steps with prompt chunks from mixed-step graphs (on, the default) or runs them
