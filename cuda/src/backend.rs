@@ -21,6 +21,7 @@ use crate::device::{ptr, Dtype, Gpu};
 use crate::plan::{self, BatchPlan, LongSeq, ATT_MAX_HEAD_DIM, TILE_INTS};
 use crate::weights::DeviceWeights;
 use crate::CudaError;
+use rope::RopeInputs;
 
 mod attention;
 mod batch;
@@ -29,6 +30,7 @@ mod graphs;
 mod mixed;
 mod pages;
 mod residual;
+mod rope;
 mod sampling;
 mod switches;
 
@@ -178,6 +180,9 @@ pub struct CudaBackend {
     use_mma: bool,
     /// Decode tiles on the small-tile tensor-core kernel (`attention_dec*`).
     use_dec: bool,
+    /// Steps whose rows are all in small tiles run q/k norm + RoPE + KV store inside that
+    /// kernel (`attention_dec_rope*`) instead of a kernel of its own.
+    fuse_rope: bool,
     /// Attention tiles in the order of their contexts, longest first (`plan::longest_first`).
     longest_first: bool,
     /// Stage boundaries recorded while profiling: (stage that starts, event).
@@ -335,6 +340,8 @@ impl CudaBackend {
             use_mma: true,
             // TANDEM_DEC_KERNEL=off keeps decode tiles on the 16-row kernel (for comparison).
             use_dec: std::env::var("TANDEM_DEC_KERNEL").as_deref() != Ok("off"),
+            // TANDEM_FUSED_ROPE=off keeps q/k norm + RoPE + KV store a kernel of its own.
+            fuse_rope: std::env::var("TANDEM_FUSED_ROPE").as_deref() != Ok("off"),
             longest_first: true,
             marks: std::cell::RefCell::new(None),
             tp: None,
@@ -444,46 +451,33 @@ impl CudaBackend {
             }
             self.mark("gemm qkv")?;
             g.gemm(t, qs + 2 * kvs, h, hb, ptr(&l.qkv), qkv, true, false)?;
-            self.mark("qk norm, rope, kv store")?;
             let kc = kv_base + 2 * self.kv_offset(page_layer, 0) as u64;
             let vc = kv_base + 2 * self.kv_offset(page_layer, 1) as u64;
-            let (qn, kn) = (l.q_norm.as_ref().map_or(0, ptr), l.k_norm.as_ref().map_or(0, ptr));
-            let (cfg, per_warp) =
-                crate::device::rope_config(t, c.num_heads + 2 * c.num_kv_heads, c.head_dim);
-            let num_tokens = t as i32;
-            // Half-precision queries only for long chunks that attend through cuBLAS.
-            let q16 = match long.is_empty() || self.prefill_kernel().is_some() {
-                true => 0,
-                false => ptr(&a.q16),
+            let rope = RopeInputs {
+                qkv,
+                pos,
+                slot,
+                inv_freq: ptr(&l.inv_freq),
+                q_norm: l.q_norm.as_ref().map_or(0, ptr),
+                k_norm: l.k_norm.as_ref().map_or(0, ptr),
+                bias: l.qkv_bias.as_ref().map_or(0, ptr),
+                interleaved,
+                eps,
             };
-            let bias = l.qkv_bias.as_ref().map_or(0, ptr);
-            unsafe {
-                g.launch(
-                    g.rope_for(c.head_dim, per_warp as usize),
-                    cfg,
-                    &[
-                        &qkv,
-                        &pos,
-                        &slot,
-                        &ptr(&l.inv_freq),
-                        &qn,
-                        &kn,
-                        &q,
-                        &q16,
-                        &kc,
-                        &vc,
-                        &nh,
-                        &nkv,
-                        &hd,
-                        &interleaved,
-                        &eps,
-                        &bs,
-                        &bias,
-                        &num_tokens,
-                        &per_warp,
-                    ],
-                )?
+            // Every row in a small tile: the decode kernel norms, rotates and stores them.
+            let fused = match self.fused_rope_kernel() {
+                Some(f) if small_tiles && long.is_empty() && num_tiles > 0 => Some(f),
+                _ => None,
             };
+            if fused.is_none() {
+                self.mark("qk norm, rope, kv store")?;
+                // Half-precision queries only for long chunks that attend through cuBLAS.
+                let q16 = match long.is_empty() || self.prefill_kernel().is_some() {
+                    true => 0,
+                    false => ptr(&a.q16),
+                };
+                self.rope_store(t, &rope, (kc, vc), q16)?;
+            }
             self.mark("attention")?;
             // A sliding-window layer sees the last `window` positions (i32::MAX: all).
             let window = c.layer_window(li).map_or(i32::MAX, |w| w.min(i32::MAX as usize) as i32);
@@ -493,7 +487,9 @@ impl CudaBackend {
                 shared_mem_bytes: 0,
             };
             let (ti, bsz) = (t as i32, bs);
-            if num_tiles > 0 {
+            if let Some(f) = fused {
+                self.attend_fused(f, t, num_tiles, &rope, (kc, vc, bt), scale, window)?;
+            } else if num_tiles > 0 {
                 let (f, cfg) = match (self.dec_kernel(), self.mma_kernel()) {
                     (Some(f), _) if small_tiles => {
                         let shared_mem_bytes = plan::dec_smem_bytes(c.head_dim);

@@ -104,6 +104,10 @@ impl Under {
     fn set_dec_attention(&mut self, on: bool) -> Result<(), CudaError> {
         self.switch(CudaBackend::set_dec_attention, TpBackend::set_dec_attention, on)
     }
+
+    fn set_fused_rope(&mut self, on: bool) -> Result<(), CudaError> {
+        self.switch(CudaBackend::set_fused_rope, TpBackend::set_fused_rope, on)
+    }
 }
 
 /// The limits of this GPU, measured.
@@ -184,6 +188,9 @@ pub struct DecodeRow {
     /// The same step with the 16-row tensor-core kernel on the decode tiles instead of the
     /// small-tile one, ms, and that eager step's GPU time per stage.
     pub rows16: (f64, Vec<(&'static str, f64)>),
+    /// The same step with q/k norm + RoPE + KV store a kernel of its own instead of fused into
+    /// the small-tile decode kernel, ms.
+    pub unfused_rope_ms: f64,
     /// Contexts of different lengths: the same step with the attention tiles started in the
     /// batch's order instead of longest first, ms.
     pub batch_order_step_ms: Option<f64>,
@@ -293,6 +300,9 @@ pub fn decode(
         let rows16_step_ms = be.replay_ms(&b, 20)?;
         let rows16_profile = be.profile(&b)?;
         be.set_dec_attention(true)?;
+        be.set_fused_rope(false)?;
+        let unfused_rope_ms = be.replay_ms(&b, 20)?;
+        be.set_fused_rope(true)?;
         // Contexts of different lengths: the same step with the tiles in the batch's order.
         let batch_order_step_ms = match context.0 == context.1 {
             true => None,
@@ -340,6 +350,7 @@ pub fn decode(
             step_ms,
             tile_step_ms,
             rows16: (rows16_step_ms, rows16_profile),
+            unfused_rope_ms,
             batch_order_step_ms,
             cublas_step_ms,
             census,

@@ -9,6 +9,7 @@ use crate::device::{ptr, Dtype, Gpu};
 use crate::plan::kv_index;
 use crate::CudaError;
 
+mod fused;
 mod norms;
 use norms::{rmsnorm, rmsnorm_add};
 
@@ -116,6 +117,19 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
                 out.push(attention(g, u, nh, nkv, hd, 1, AttKernel::Prefill, window)?);
             }
         }
+    }
+    if g.sm >= 80 {
+        // The decode kernel with q/k norm + RoPE + KV store fused in, bit for bit the two kernels.
+        let qwen3 = fused::Traits { norm: true, bias: false, interleaved: false };
+        let llama_bias = fused::Traits { norm: false, bias: true, interleaved: true };
+        for shape in [(9, 3, 64), (16, 8, 128), (32, 8, 128), (64, 8, 128)] {
+            for tr in [qwen3, llama_bias] {
+                for splits in [1, 4] {
+                    out.push(fused::fused_rope_attention(g, shape, tr, splits, None)?);
+                }
+            }
+        }
+        out.push(fused::fused_rope_attention(g, (16, 8, 128), qwen3, 3, Some(20))?);
     }
     out.extend(silu_mul(g, u)?);
     out.push(rmsnorm_add(g)?);

@@ -104,6 +104,13 @@ pub fn attention_kernels(g: &Gpu) -> Vec<(&'static str, &CudaFunction, u32, u32)
         ("attention_mma128", &k.attention_mma128, 64, crate::plan::decode_smem_bytes(128)),
         ("attention_dec64", &k.attention_dec64, dec(64), crate::plan::dec_smem_bytes(64)),
         ("attention_dec128", &k.attention_dec128, dec(128), crate::plan::dec_smem_bytes(128)),
+        ("attention_dec_rope64", &k.attention_dec_rope64, dec(64), crate::plan::dec_smem_bytes(64)),
+        (
+            "attention_dec_rope128",
+            &k.attention_dec_rope128,
+            dec(128),
+            crate::plan::dec_smem_bytes(128),
+        ),
         ("attention_prefill64", &k.attention_prefill64, crate::plan::prefill_threads(), 0),
         ("attention_prefill128", &k.attention_prefill128, crate::plan::prefill_threads(), 0),
     ]
@@ -137,6 +144,10 @@ pub struct Kernels {
     pub attention_dec64: CudaFunction,
     /// The same, head width 128.
     pub attention_dec128: CudaFunction,
+    /// `attention_dec64` with q/k norm + RoPE + KV store of the tile's rows fused in.
+    pub attention_dec_rope64: CudaFunction,
+    /// The same, head width 128.
+    pub attention_dec_rope128: CudaFunction,
     /// Flash-attention prefill on tensor cores (64-row tiles), head width 64.
     pub attention_prefill64: CudaFunction,
     /// The same, head width 128.
@@ -274,6 +285,8 @@ impl Gpu {
             attention_mma128: f("attention_mma128")?,
             attention_dec64: f("attention_dec64")?,
             attention_dec128: f("attention_dec128")?,
+            attention_dec_rope64: f("attention_dec_rope64")?,
+            attention_dec_rope128: f("attention_dec_rope128")?,
             attention_prefill64: f("attention_prefill64")?,
             attention_prefill128: f("attention_prefill128")?,
             silu_mul: f("silu_mul")?,
@@ -301,6 +314,8 @@ impl Gpu {
             (&k.attention_mma128, crate::plan::decode_smem_bytes(128)),
             (&k.attention_dec64, crate::plan::dec_smem_bytes(64)),
             (&k.attention_dec128, crate::plan::dec_smem_bytes(128)),
+            (&k.attention_dec_rope64, crate::plan::dec_smem_bytes(64)),
+            (&k.attention_dec_rope128, crate::plan::dec_smem_bytes(128)),
         ];
         for (f, bytes) in decode_kernels {
             let bytes = bytes as i32;

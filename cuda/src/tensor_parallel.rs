@@ -412,6 +412,11 @@ impl TpBackend {
         self.switch(move |be| be.set_dec_attention(on))
     }
 
+    /// Fuses q/k norm + RoPE + KV store into the small-tile decode kernel, or not, on every rank.
+    pub fn set_fused_rope(&mut self, on: bool) -> Result<(), CudaError> {
+        self.switch(move |be| be.set_fused_rope(on))
+    }
+
     /// Orders every rank's attention tiles longest context first, or in the batch's order
     /// ([`CudaBackend::set_longest_first`]).
     pub fn set_longest_first(&mut self, on: bool) -> Result<(), CudaError> {

@@ -62,6 +62,26 @@ impl CudaBackend {
         }
     }
 
+    /// The small-tile kernel with q/k norm + RoPE + KV store fused in, where the small-tile
+    /// kernel applies and the fusion is not switched off.
+    pub(super) fn fused_rope_kernel(&self) -> Option<&cudarc::driver::CudaFunction> {
+        self.dec_kernel()?;
+        if !self.fuse_rope {
+            return None;
+        }
+        match self.cfg.head_dim {
+            64 => Some(&self.gpu.k.attention_dec_rope64),
+            _ => Some(&self.gpu.k.attention_dec_rope128),
+        }
+    }
+
+    /// Runs q/k norm + RoPE + KV store inside the small-tile decode kernel where a step allows
+    /// it (on by default), or as a kernel of its own (for comparisons); drops the captured graphs.
+    pub fn set_fused_rope(&mut self, on: bool) {
+        self.fuse_rope = on;
+        self.drop_graphs();
+    }
+
     /// Whether the attention tiles of a step of `seqs` sequences, at most `rows` query rows a
     /// tile, take the small-tile kernel ([`plan::small_tiles`]).
     pub(super) fn small_tiles(&self, rows: usize, seqs: usize) -> bool {

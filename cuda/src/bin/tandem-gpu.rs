@@ -154,6 +154,7 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                 print_profile(&name, &r.profile);
                 println!("[{name}]   the 16-row tensor-core attention kernel on the decode tiles: step {:.3} ms, {:.1}%", r.rows16.0, 100.0 * r.roofline_ms / r.rows16.0);
                 print_profile(&name, &r.rows16.1);
+                println!("[{name}]   q/k norm + RoPE + KV store as a kernel of its own (not fused into the decode kernel): step {:.3} ms, {:.1}%", r.unfused_rope_ms, 100.0 * r.roofline_ms / r.unfused_rope_ms);
                 if let Some(ms) = r.cublas_step_ms {
                     println!("[{name}]   every product on cuBLAS instead of the gemv kernel: step {ms:.3} ms, {:.1}%", 100.0 * r.roofline_ms / ms);
                 }

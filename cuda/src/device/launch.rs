@@ -15,13 +15,15 @@ use crate::CudaError;
 /// kernel made Qwen3-0.6B steps at 16 and 64 sequences 3–6 % slower on an NVIDIA H200 than
 /// plain launches everywhere (`attention_dec128`, cuBLAS GEMMs, decode graphs, bf16 random
 /// weights; `tandem-gpu bench-decode`, docs/gpu-runs/h200-2026-11-28f-pdl/).
-pub const PDL_PLAIN: [&str; 8] = [
+pub const PDL_PLAIN: [&str; 10] = [
     "attention",
     "attention_decode",
     "attention_mma64",
     "attention_mma128",
     "attention_dec64",
     "attention_dec128",
+    "attention_dec_rope64",
+    "attention_dec_rope128",
     "attention_prefill64",
     "attention_prefill128",
 ];

@@ -34,8 +34,139 @@
 #endif
 
 #if __CUDA_ARCH__ >= 800
+// The fused variant (`attention_dec_rope64/128`) also does what `qkv_rope_store` does for the
+// tile's rows, so a decode step launches one kernel a layer fewer: every CTA norms and rotates
+// its query heads' rows straight from the q|k|v GEMM's output, and the CTA whose context split
+// holds a new position rotates that token's key and stores it and the value in the cache before
+// its page copies read the page. The arithmetic repeats `qkv_rope_store_impl`'s statement by
+// statement (same lanes, same sums), so queries and stored keys and values are bit for bit the
+// unfused kernels'. Only for steps whose every row is in one small tile (no long chunks): a
+// sequence's tokens are then in a single tile, and no CTA reads a position another CTA stores.
+// The q/k/v rows come from L2 (the GEMM just wrote them), and the page copies that need no new
+// position go out before this work, so the CTA's prologue hides most of it. On one H200 (bf16
+// random weights, decode graphs, cuBLAS GEMMs; `tandem-gpu bench-decode qwen3-0.6b.json
+// 1,16,64,256 100-2048` against the tree before in the same run) Qwen3-0.6B's step went from
+// 0.979 / 1.866 / 3.362 / 9.303 to 0.828 / 1.675 / 3.209 / 8.955 ms at batch 1 / 16 / 64 / 256
+// (docs/gpu-runs/h200-2026-12-01-fused-rope/).
+#define ROPE_FUSED_ARGS                                                                                      \
+  const float* __restrict__ qkv, const int* __restrict__ pos, const int* __restrict__ slot,                 \
+      const float* __restrict__ inv_freq, const float* __restrict__ q_norm,                                \
+      const float* __restrict__ k_norm, const float* __restrict__ qkv_bias, int interleaved, float eps
+#define ROPE_FUSED_NAMES qkv, pos, slot, inv_freq, q_norm, k_norm, qkv_bias, interleaved, eps
+
+// One head `h` of token row `tok` normed (when `norm`) and rotated, as `qkv_rope_store_impl`
+// computes it: lane `lane` holds pairs (a, b) of indices lane + 32·j < hd / 2 in r0[j], r1[j].
+template <int PAIRS>
+__device__ __forceinline__ void rope_head(const float* __restrict__ qkv, const float* __restrict__ inv_freq,
+                                          const float* __restrict__ norm, const float* __restrict__ qkv_bias,
+                                          int tok, int h, int heads, float p, int hd, int interleaved, float eps,
+                                          int lane, float (&r0)[PAIRS], float (&r1)[PAIRS]) {
+  const int half = hd / 2;
+  const float* src = qkv + ((size_t)tok * heads + h) * hd;
+  const float* bias = qkv_bias ? qkv_bias + h * hd : nullptr;
+  float x0[PAIRS], x1[PAIRS], g0[PAIRS], g1[PAIRS], fr[PAIRS];
+#pragma unroll
+  for (int j = 0; j < PAIRS; j++) {
+    const int i = lane + 32 * j;
+    x0[j] = x1[j] = 0.f;
+    g0[j] = g1[j] = fr[j] = 0.f;
+    if (i < half) {
+      const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+      x0[j] = bias ? src[a] + bias[a] : src[a];
+      x1[j] = bias ? src[b] + bias[b] : src[b];
+      fr[j] = inv_freq[i];
+      if (norm) {
+        g0[j] = norm[a];
+        g1[j] = norm[b];
+      }
+    }
+  }
+  float inv = 1.f;
+  if (norm) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < PAIRS; j++) ss += x0[j] * x0[j];
+#pragma unroll
+    for (int j = 0; j < PAIRS; j++) ss += x1[j] * x1[j];
+    inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
+  }
+#pragma unroll
+  for (int j = 0; j < PAIRS; j++) {
+    r0[j] = r1[j] = 0.f;
+    const int i = lane + 32 * j;
+    if (i >= half) break;
+    float c, sn, u0 = x0[j], u1 = x1[j];
+    sincosf(p * fr[j], &sn, &c);
+    if (norm) {
+      u0 = u0 * inv * g0[j];
+      u1 = u1 * inv * g1[j];
+    }
+    r0[j] = u0 * c - u1 * sn;
+    r1[j] = u0 * sn + u1 * c;
+  }
+}
+
+// The fused variant's prologue: the tile's query rows (normed, rotated) into `qst` ([row][HD]
+// f32), and the keys and values of its new positions in [s0, s1) (the ones this CTA's split
+// holds) into the cache; then every thread of the CTA sees both.
 template <int HD, int WARPS>
-__device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
+__device__ __forceinline__ void dec_rope_prologue(ROPE_FUSED_ARGS, float* qst, h16* __restrict__ k_cache,
+                                                  h16* __restrict__ v_cache, int row0, int pos0, int s0, int s1,
+                                                  int nrows, int group, int kvh, int nh, int nkv, int block_size) {
+  constexpr int PAIRS = HD / 64;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, heads = nh + 2 * nkv, half = HD / 2;
+  // Work items, one a warp in turn: the query rows, then the new keys, then their values.
+  const int stored = max(0, s1 - s0);  // none where the split ends before the tile's first token
+  for (int it = warp; it < nrows + 2 * stored; it += WARPS) {
+    if (it < nrows) {
+      const int tok = row0 + it / group;
+      float r0[PAIRS], r1[PAIRS];
+      rope_head<PAIRS>(qkv, inv_freq, q_norm, qkv_bias, tok, kvh * group + it % group, heads, (float)pos[tok], HD,
+                       interleaved, eps, lane, r0, r1);
+#pragma unroll
+      for (int j = 0; j < PAIRS; j++) {
+        const int i = lane + 32 * j;
+        if (i >= half) break;
+        const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+        qst[it * HD + a] = r0[j];
+        qst[it * HD + b] = r1[j];
+      }
+      continue;
+    }
+    const bool key = it < nrows + stored;
+    const int tok = row0 + s0 - pos0 + (it - nrows) % stored, sl = slot[tok];
+    if (sl < 0) continue;  // a token without a slot: nothing to store
+    if (key) {
+      float r0[PAIRS], r1[PAIRS];
+      rope_head<PAIRS>(qkv, inv_freq, k_norm, qkv_bias, tok, nh + kvh, heads, (float)pos[tok], HD, interleaved, eps,
+                       lane, r0, r1);
+      h16* ko = k_cache + kv_index(sl, kvh, nkv, HD, block_size);
+#pragma unroll
+      for (int j = 0; j < PAIRS; j++) {
+        const int i = lane + 32 * j;
+        if (i >= half) break;
+        const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+        ko[a] = f2h(r0[j]);
+        ko[b] = f2h(r1[j]);
+      }
+    } else {
+      const int hv = nh + nkv + kvh;
+      const float* src = qkv + ((size_t)tok * heads + hv) * HD;
+      const float* bias = qkv_bias ? qkv_bias + hv * HD : nullptr;
+      h16* dst = v_cache + kv_index(sl, kvh, nkv, HD, block_size);
+#pragma unroll 4
+      for (int i = lane; i < HD; i += 32) dst[i] = f2h(bias ? src[i] + bias[i] : src[i]);
+    }
+  }
+  // Another warp's page copy reads these slots through L2 (cp.async.cg): the stores are fenced
+  // at GPU scope before the barrier, which only the CTAs that stored pay for (no step moved by
+  // more than the runs' spread: docs/gpu-runs/h200-2026-12-01-fused-rope/3-k77).
+  if (stored > 0) __threadfence();
+  __syncthreads();
+}
+
+template <int HD, int WARPS, bool ROPE>
+__device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS, ROPE_FUSED_ARGS) {
   constexpr int LD = HD + 8;
   constexpr int PAGE = MMA_PAGE * LD;
   constexpr int KS = HD / 16;  // k-steps of Sᵀ, m-tiles of Oᵀ
@@ -53,21 +184,25 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
   const int g = lane >> 2, t = lane & 3;
   int c0, c1, split, splits;
   tile_range(tile, pos0 + ntok, c0, c1, split, splits);
-  // Q as the B operand: row g, dims 16s + 2t.. (b0) and 16s + 8 + 2t.. (b1) of each k-step.
+  // Q as the B operand: row g, dims 16s + 2t.. (b0) and 16s + 8 + 2t.. (b1) of each k-step;
+  // from `q`, or (fused) from the rotated rows in `qst` once the prologue below wrote them.
   const float qscale = scale * 1.4426950408889634f;
   unsigned qh[KS][2], ql[KS][2];
-#pragma unroll
-  for (int s = 0; s < KS; s++) {
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-      float x = 0.f, y = 0.f;
-      if (g < nrows) {
-        const float* src = q + ((size_t)(row0 + g / group) * nh + kvh * group + g % group) * hd + s * 16 + half * 8 + 2 * t;
-        x = src[0] * qscale;
-        y = src[1] * qscale;
-      }
-      split2(x, y, qh[s][half], ql[s][half]);
-    }
+  float* qst = reinterpret_cast<float*>(stage[0][MMA_STAGES - 1]);
+#define DEC_LOAD_Q(ROW_SRC)                                        \
+  _Pragma("unroll") for (int s = 0; s < KS; s++) {                 \
+    _Pragma("unroll") for (int half = 0; half < 2; half++) {       \
+      float x = 0.f, y = 0.f;                                      \
+      if (g < nrows) {                                             \
+        const float* src = (ROW_SRC) + s * 16 + half * 8 + 2 * t;  \
+        x = src[0] * qscale;                                       \
+        y = src[1] * qscale;                                       \
+      }                                                            \
+      split2(x, y, qh[s][half], ql[s][half]);                      \
+    }                                                              \
+  }
+  if (!ROPE) {
+    DEC_LOAD_Q(q + ((size_t)(row0 + g / group) * nh + kvh * group + g % group) * hd)
   }
   // The lane's two columns: query rows 2t and 2t + 1, and the last position each may see.
   int qpos[2];
@@ -87,12 +222,36 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
     const size_t base = ((size_t)(blk * nkv + kvh) * block_size + off) * hd;
     copy_page_async<HD, LD>(stage[warp][b][0], stage[warp][b][1], k_cache, v_cache, base, lane);
   };
-  int buf = 0;
+  // Fused: the new positions this split holds, [s0, s1), are stored before any page copy that
+  // reads them (the copies of pages before them go out first); the query rows wait in warp 0's
+  // last stage, which no copy fills before the loop below.
+  const int s0 = max(c0, pos0), s1 = min(c1, pos0 + ntok);
+  auto early = [&](int j) { return !ROPE || s0 >= s1 || c0 + (warp + j * WARPS + 1) * MMA_PAGE <= s0; };
+  int buf = 0, deferred = MMA_STAGES - 1;
 #pragma unroll
   for (int j = 0; j < MMA_STAGES - 1; j++) {
+    if (!early(j)) {
+      deferred = j;
+      break;
+    }
     if (warp + j * WARPS < npages) issue(j, j);
     else asm volatile("cp.async.commit_group;");
   }
+  if (ROPE) {
+    // The caches are read only by the page copies, after the prologue's barrier.
+    dec_rope_prologue<HD, WARPS>(ROPE_FUSED_NAMES, qst, const_cast<h16*>(k_cache), const_cast<h16*>(v_cache), row0,
+                                 pos0, s0, s1, nrows, group, kvh, nh, nkv, block_size);
+#pragma unroll
+    for (int j = 0; j < MMA_STAGES - 1; j++) {
+      if (j < deferred) continue;
+      if (warp + j * WARPS < npages) issue(j, j);
+      else asm volatile("cp.async.commit_group;");
+    }
+    DEC_LOAD_Q(qst + g * HD)
+  }
+#undef DEC_LOAD_Q
+  // Warp 0's last stage is free again once every warp holds its queries.
+  if (ROPE) __syncthreads();
   // This lane's ldmatrix rows: K as A (positions lane & 15, dims + 8 for lanes 16..31), Vᵀ as A
   // (positions lane & 7 (+ 8 for lanes 16..31), dims + 8 for lanes 8..15 and 24..31), Pᵀ as B
   // (position lane & 15 of the high parts, or of the remainders for lanes 16..31).
@@ -226,16 +385,34 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS) {
 }
 #endif
 
+#define ROPE_UNUSED nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0.f
+#define ATTENTION_NAMES q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window
+
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS64) attention_dec64(ATTENTION_ARGS) {
   KERNEL_ENTRY();
 #if __CUDA_ARCH__ >= 800
-  attention_dec_impl<64, DEC_WARPS64>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
+  attention_dec_impl<64, DEC_WARPS64, false>(ATTENTION_NAMES, ROPE_UNUSED);
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS128) attention_dec128(ATTENTION_ARGS) {
   KERNEL_ENTRY();
 #if __CUDA_ARCH__ >= 800
-  attention_dec_impl<128, DEC_WARPS128>(q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window);
+  attention_dec_impl<128, DEC_WARPS128, false>(ATTENTION_NAMES, ROPE_UNUSED);
+#endif
+}
+
+// The same with the q/k norm + RoPE + KV store of the tile's rows fused in (`q` is not read).
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS64) attention_dec_rope64(ATTENTION_ARGS, ROPE_FUSED_ARGS) {
+  KERNEL_ENTRY();
+#if __CUDA_ARCH__ >= 800
+  attention_dec_impl<64, DEC_WARPS64, true>(ATTENTION_NAMES, ROPE_FUSED_NAMES);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS128) attention_dec_rope128(ATTENTION_ARGS, ROPE_FUSED_ARGS) {
+  KERNEL_ENTRY();
+#if __CUDA_ARCH__ >= 800
+  attention_dec_impl<128, DEC_WARPS128, true>(ATTENTION_NAMES, ROPE_FUSED_NAMES);
 #endif
 }
