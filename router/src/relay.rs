@@ -420,7 +420,7 @@ pub(crate) async fn start(
         let prefill = route.prefill.clone();
         let prefill_addr = prefill.as_ref().map(|w| w.addr.clone()).unwrap_or_default();
         counter!("tandem_router_decisions_total", "decode_worker" => worker.addr.clone(), "prefill_worker" => if prefill_addr.is_empty() { "none".to_string() } else { prefill_addr.clone() }).increment(1);
-        tracing::info!(request_id = %p.id, decode_worker = %worker.addr, prefill_worker = %prefill_addr, prompts = p.prompts.len(), prompt_tokens = p.prompts.iter().map(Vec::len).sum::<usize>(), "routing request");
+        tracing::debug!(request_id = %p.id, decode_worker = %worker.addr, prefill_worker = %prefill_addr, prompts = p.prompts.len(), prompt_tokens = p.prompts.iter().map(Vec::len).sum::<usize>(), "routing request");
         let mut streams = Vec::with_capacity(p.prompts.len());
         let mut failed = None;
         let calls = Instant::now();

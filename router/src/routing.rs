@@ -276,7 +276,7 @@ impl Routing {
             "decode": desc(&d_cands, &pool.decode, &decode),
             "prefill": prefill.as_ref().map(|p| desc(&p_cands, &pool.prefill, p)),
         });
-        tracing::info!(request_id, index = mode, matched_blocks = cached / bs, prompt_blocks = hashes.len(), decode = %decode.addr, prefill = ?prefill.as_ref().map(|p| &p.addr), "routed");
+        tracing::debug!(request_id, index = mode, matched_blocks = cached / bs, prompt_blocks = hashes.len(), decode = %decode.addr, prefill = ?prefill.as_ref().map(|p| &p.addr), "routed");
         {
             let mut d = self.decisions.lock().expect("decisions lock");
             if d.len() == KEEP_DECISIONS {
