@@ -21,6 +21,7 @@ use crate::device::{ptr, Dtype, Gpu};
 use crate::plan::{self, BatchPlan, LongSeq, ATT_MAX_HEAD_DIM, TILE_INTS};
 use crate::weights::DeviceWeights;
 use crate::CudaError;
+use attention::PagedAttention;
 use rope::RopeInputs;
 
 mod attention;
@@ -439,6 +440,11 @@ impl CudaBackend {
                 g.launch(g.rmsnorm_for(h), rows_cfg(t, 256), &[&x, &null, &weights, &hb, &hi, &eps])
             }
         };
+        // Every row in a small tile: the decode kernel norms, rotates and stores them.
+        let fused = match self.fused_rope_kernel() {
+            Some(f) if small_tiles && long.is_empty() && num_tiles > 0 => Some(f),
+            _ => None,
+        };
         // Whether the previous layer's all-reduce already normed this layer's input into hb.
         let mut normed = false;
         for (li, l) in w.layers.iter().enumerate().take(num_layers) {
@@ -460,14 +466,9 @@ impl CudaBackend {
                 inv_freq: ptr(&l.inv_freq),
                 q_norm: l.q_norm.as_ref().map_or(0, ptr),
                 k_norm: l.k_norm.as_ref().map_or(0, ptr),
-                bias: l.qkv_bias.as_ref().map_or(0, ptr),
+                qkv_bias: l.qkv_bias.as_ref().map_or(0, ptr),
                 interleaved,
                 eps,
-            };
-            // Every row in a small tile: the decode kernel norms, rotates and stores them.
-            let fused = match self.fused_rope_kernel() {
-                Some(f) if small_tiles && long.is_empty() && num_tiles > 0 => Some(f),
-                _ => None,
             };
             if fused.is_none() {
                 self.mark("qk norm, rope, kv store")?;
@@ -486,9 +487,26 @@ impl CudaBackend {
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let (ti, bsz) = (t as i32, bs);
+            let paged = PagedAttention {
+                q,
+                k_cache: kc,
+                v_cache: vc,
+                tiles,
+                block_tables: bt,
+                out: att,
+                part_acc: ptr(&a.part_acc),
+                part_ml: ptr(&a.part_ml),
+                split_count: ptr(&a.split_count),
+                num_tokens: t as i32,
+                nh,
+                nkv,
+                hd,
+                block_size: bs,
+                scale,
+                window,
+            };
             if let Some(f) = fused {
-                self.attend_fused(f, t, num_tiles, &rope, (kc, vc, bt), scale, window)?;
+                self.attend_fused(f, num_tiles, &paged, &rope)?;
             } else if num_tiles > 0 {
                 let (f, cfg) = match (self.dec_kernel(), self.mma_kernel()) {
                     (Some(f), _) if small_tiles => {
@@ -503,30 +521,7 @@ impl CudaBackend {
                     (_, None) if small_tiles => (&g.k.attention_decode, cfg),
                     (_, None) => (&g.k.attention, cfg),
                 };
-                unsafe {
-                    g.launch(
-                        f,
-                        cfg,
-                        &[
-                            &q,
-                            &kc,
-                            &vc,
-                            &tiles,
-                            &bt,
-                            &att,
-                            &ptr(&a.part_acc),
-                            &ptr(&a.part_ml),
-                            &ptr(&a.split_count),
-                            &ti,
-                            &nh,
-                            &nkv,
-                            &hd,
-                            &bsz,
-                            &scale,
-                            &window,
-                        ],
-                    )?
-                };
+                unsafe { g.launch(f, cfg, &paged.args())? };
             }
             if let (Some(f), false) = (self.prefill_kernel(), long.is_empty()) {
                 // The long chunks' tiles follow the others in the uploaded tiles.
@@ -537,18 +532,8 @@ impl CudaBackend {
                     block_dim: (plan::prefill_threads(), 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let (pa, pm, pc) = (ptr(&a.part_acc), ptr(&a.part_ml), ptr(&a.split_count));
                 // SAFETY: the paged-attention parameters; `lt` holds `n` tiles of long rows.
-                unsafe {
-                    g.launch(
-                        f,
-                        cfg,
-                        &[
-                            &q, &kc, &vc, &lt, &bt, &att, &pa, &pm, &pc, &ti, &nh, &nkv, &hd, &bsz,
-                            &scale, &window,
-                        ],
-                    )?
-                };
+                unsafe { g.launch(f, cfg, &PagedAttention { tiles: lt, ..paged }.args())? };
             } else {
                 for s in long {
                     self.mark("attention (GEMM path)")?;

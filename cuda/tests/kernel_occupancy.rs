@@ -3,8 +3,10 @@
 //! replaces (`attention_dec*`), read from the CUBIN for sm_90 in both 16-bit types: its registers
 //! and static shared memory are the ELF's `.nv.info` and `.nv.shared.*` sections. A prologue
 //! that pushed the registers past that (3 CTAs of 4 warps for 128-wide heads, 10 of 2 warps for
-//! 64) would cost the decode steps the fusion gained (one NVIDIA H200: Qwen3-0.6B at batch 256
-//! 9.30 → 8.96 ms, docs/gpu-runs/h200-2026-12-01-fused-rope/). Needs libnvrtc, as
+//! 64) would cost the decode steps the fusion gained (one NVIDIA H200, `attention_dec_rope128`
+//! against `qkv_rope_store_p2` + `attention_dec128`, cuBLAS GEMMs, decode graphs, bf16 random
+//! weights, `tandem-gpu bench-decode cuda/configs/qwen3-0.6b.json 1,16,64,256 100-2048`:
+//! Qwen3-0.6B at batch 256 9.30 → 8.96 ms, docs/gpu-runs/h200-2026-12-01-fused-rope/). Needs libnvrtc, as
 //! kernels_compile.rs does; without it the test says so and passes.
 
 use std::collections::HashMap;

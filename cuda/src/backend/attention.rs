@@ -1,12 +1,61 @@
-//! Attention of long chunks through cuBLAS: the sequence's K and V gathered from the paged
-//! cache, scores and softmax materialised, then the weighted sum.
+//! The paged-attention kernels' parameters, and attention of long chunks through cuBLAS: the
+//! sequence's K and V gathered from the paged cache, scores and softmax materialised, then the
+//! weighted sum.
 
 use cudarc::driver::LaunchConfig;
 
 use super::CudaBackend;
-use crate::device::{ptr, Dtype, Operand};
+use crate::device::{ptr, Dtype, KernelArg, Operand};
 use crate::plan::LongSeq;
 use crate::CudaError;
+
+/// One layer's parameters of every paged-attention kernel (`ATTENTION_ARGS` in
+/// kernels/attention.cu), in their order: device pointers, then sizes, scale and window.
+#[derive(Clone, Copy)]
+pub(super) struct PagedAttention {
+    pub q: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    /// The tile entries this launch takes.
+    pub tiles: u64,
+    pub block_tables: u64,
+    pub out: u64,
+    pub part_acc: u64,
+    pub part_ml: u64,
+    pub split_count: u64,
+    pub num_tokens: i32,
+    pub nh: i32,
+    pub nkv: i32,
+    pub hd: i32,
+    pub block_size: i32,
+    pub scale: f32,
+    /// Positions a row sees (i32::MAX: all).
+    pub window: i32,
+}
+
+impl PagedAttention {
+    /// The kernel arguments, in `ATTENTION_ARGS`'s order.
+    pub fn args(&self) -> [&dyn KernelArg; 16] {
+        [
+            &self.q,
+            &self.k_cache,
+            &self.v_cache,
+            &self.tiles,
+            &self.block_tables,
+            &self.out,
+            &self.part_acc,
+            &self.part_ml,
+            &self.split_count,
+            &self.num_tokens,
+            &self.nh,
+            &self.nkv,
+            &self.hd,
+            &self.block_size,
+            &self.scale,
+            &self.window,
+        ]
+    }
+}
 
 impl CudaBackend {
     /// Attention of one long chunk through cuBLAS: gather the sequence's K/V per query head,

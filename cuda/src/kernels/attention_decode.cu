@@ -43,8 +43,9 @@
 // unfused kernels'. Only for steps whose every row is in one small tile (no long chunks): a
 // sequence's tokens are then in a single tile, and no CTA reads a position another CTA stores.
 // The q/k/v rows come from L2 (the GEMM just wrote them), and the page copies that need no new
-// position go out before this work, so the CTA's prologue hides most of it. On one H200 (bf16
-// random weights, decode graphs, cuBLAS GEMMs; `tandem-gpu bench-decode qwen3-0.6b.json
+// position go out before this work, so the CTA's prologue hides most of it. On one H200
+// (`attention_dec_rope128` against `qkv_rope_store_p2` + `attention_dec128`; bf16 random
+// weights, decode graphs, cuBLAS GEMMs; `tandem-gpu bench-decode qwen3-0.6b.json
 // 1,16,64,256 100-2048` against the tree before in the same run) Qwen3-0.6B's step went from
 // 0.979 / 1.866 / 3.362 / 9.303 to 0.828 / 1.675 / 3.209 / 8.955 ms at batch 1 / 16 / 64 / 256
 // (docs/gpu-runs/h200-2026-12-01-fused-rope/).
