@@ -114,6 +114,9 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
                     out.push(attention(g, u, nh, nkv, hd, splits, AttKernel::Mma, window)?);
                     out.push(attention(g, u, nh, nkv, hd, splits, AttKernel::Dec, window)?);
                 }
+                // Splits by length (the balanced rule: the 1,000-position context in 8 pieces,
+                // the others whole).
+                out.push(attention(g, u, nh, nkv, hd, 0, AttKernel::Dec, window)?);
                 out.push(attention(g, u, nh, nkv, hd, 1, AttKernel::Prefill, window)?);
             }
         }
@@ -481,9 +484,13 @@ fn attention(
     let t = b.num_tokens();
     let q = r.vec(t * nh * hd, 1.0);
     let mut p = BatchPlan::new(&b, nh / nkv, if prefill { 64 } else { usize::MAX });
+    // `splits` 0: cut by length ([`BatchPlan::split_balanced`]), up to 16 pieces a context.
     if splits > 1 {
         p.split_contexts(splits, None);
+    } else if splits == 0 {
+        p.split_balanced(32, p.num_tiles() * 4);
     }
+    let kept = if splits == 0 { 16 } else { splits };
     let (tiles, num_tiles) =
         if prefill { (&p.long_tiles, p.num_long_tiles()) } else { (&p.tiles, p.num_tiles()) };
     let (dq, dk, dv) = (g.upload(&q)?, g.upload(&bf(&kc))?, g.upload(&bf(&vc))?);
@@ -491,7 +498,7 @@ fn attention(
     // The kernels' per-(tile, KV head) split counters: zero before, re-armed to zero after.
     let count = g.zeros::<i32>(t * nkv)?;
     let out = g.zeros::<u16>(t * nh * hd)?;
-    let (pa, pm) = (g.zeros::<f32>(splits * t * nh * hd)?, g.zeros::<f32>(splits * t * nh * 2)?);
+    let (pa, pm) = (g.zeros::<f32>(kept * t * nh * hd)?, g.zeros::<f32>(kept * t * nh * 2)?);
     let (ti, nhi, nkvi, hdi, bsi, scale) =
         (t as i32, nh as i32, nkv as i32, hd as i32, bs as i32, 1.0 / (hd as f32).sqrt());
     let threads = match kernel {
@@ -562,7 +569,8 @@ fn attention(
     let seen = window.map_or(String::new(), |w| format!(", window {w}"));
     Ok(result(
         &format!(
-            "paged attention nh={nh} nkv={nkv} hd={hd} splits={splits}{seen}: {what}; tol 1.3u abs"
+            "paged attention nh={nh} nkv={nkv} hd={hd} splits={}{seen}: {what}; tol 1.3u abs",
+            if splits == 0 { "by length".to_string() } else { splits.to_string() }
         ),
         err,
         1.3 * u,

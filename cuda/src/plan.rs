@@ -5,6 +5,9 @@
 
 use tandem_engine::backend::{ForwardBatch, NO_PAGE};
 
+mod balance;
+pub use balance::balanced_rule;
+
 /// Query rows (tokens × query heads of one KV head) one attention CTA holds; matches
 /// `ATT_MAX_ROWS` in kernels/attention.cu.
 pub const ATT_MAX_ROWS: usize = 16;

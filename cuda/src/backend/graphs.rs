@@ -24,8 +24,12 @@ impl CudaBackend {
     pub(super) fn graph_plan(&self, b: &ForwardBatch, size: usize) -> Option<BatchPlan> {
         let mut p = BatchPlan::padded_decode(b, size, self.max_blocks_per_seq)?;
         let entries = self.graph_entries(size);
-        if entries > size {
-            p.split_contexts(self.splits(size, size, p.max_context), Some(entries));
+        match plan::balanced_rule() {
+            Some((_, min_len)) if entries > size => p.split_balanced(min_len, entries),
+            _ if entries > size => {
+                p.split_contexts(self.splits(size, size, p.max_context), Some(entries))
+            }
+            _ => {}
         }
         Some(p)
     }

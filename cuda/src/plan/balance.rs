@@ -1,0 +1,151 @@
+//! Context splits by length: each decode tile's context cut into pieces of about one length
+//! for the whole step (long contexts into more pieces than short ones), instead of every tile
+//! into the same number. At batch 64 the attention kernel runs 512 CTAs (sequence × KV head)
+//! unsplit, on about 400 resident places; the longest contexts then finish alone on a few SMs.
+//! Pieces of one length leave the GPU's CTA scheduler work of one size to hand out.
+
+use super::{BatchPlan, TILE_INTS};
+
+/// The attention kernels' split granularity (`ATT_BK` in kernels/attention.cu): a split's
+/// positions start at a multiple of this.
+const SPLIT_ALIGN: usize = 32;
+/// Most pieces of one context (`ATT_MAX_SPLITS`).
+const MAX_PIECES: usize = 16;
+
+/// The balanced rule's knobs: `TANDEM_SPLIT_BALANCED=F,L` gives a decode graph `F` tile
+/// entries a sequence and cuts no piece shorter than `L` positions. `None`: the uniform rule.
+pub fn balanced_rule() -> Option<(usize, usize)> {
+    static RULE: std::sync::OnceLock<Option<(usize, usize)>> = std::sync::OnceLock::new();
+    *RULE.get_or_init(|| {
+        let v = std::env::var("TANDEM_SPLIT_BALANCED").ok()?;
+        let (f, l) = v.split_once(',')?;
+        let (f, l) = (f.trim().parse().ok()?, l.trim().parse().ok()?);
+        ((1..=MAX_PIECES).contains(&f) && l >= SPLIT_ALIGN).then_some((f, l))
+    })
+}
+
+/// The positions `[c0, c1)` piece `s` of `n` attends in a context of `ctx` (the kernels'
+/// `tile_range`).
+pub fn piece(ctx: usize, s: usize, n: usize) -> (usize, usize) {
+    let chunk = ctx.div_ceil(n.max(1)).next_multiple_of(SPLIT_ALIGN);
+    let c0 = ctx.min(s * chunk);
+    (c0, ctx.min(c0 + chunk))
+}
+
+/// Pieces of a context of `ctx` positions at piece length `len`.
+fn pieces(ctx: usize, len: usize) -> usize {
+    ctx.div_ceil(len).clamp(1, MAX_PIECES)
+}
+
+impl BatchPlan {
+    /// Cuts each tile's context into pieces of one length, the shortest (a multiple of 32, at
+    /// least `min_len`) for which the step's entries fit `entries`, then lists the entries
+    /// longest piece first, padded with empty ones to `entries`.
+    pub fn split_balanced(&mut self, min_len: usize, entries: usize) {
+        let tiles: Vec<[i32; TILE_INTS]> =
+            self.tiles.as_chunks::<TILE_INTS>().0.iter().filter(|t| t[1] > 0).copied().collect();
+        let ctx = |t: &[i32; TILE_INTS]| (t[1] + t[2]) as usize;
+        assert!(tiles.len() <= entries, "more tiles than the graph's grid holds");
+        let longest = tiles.iter().map(ctx).max().unwrap_or(1).max(1);
+        let fits = |len: usize| tiles.iter().map(|t| pieces(ctx(t), len)).sum::<usize>() <= entries;
+        // Smallest fitting length, in steps of SPLIT_ALIGN: the count of entries only falls as
+        // the length grows, and at the longest context every tile is one entry.
+        let (mut lo, mut hi) =
+            (min_len.div_ceil(SPLIT_ALIGN).max(1), longest.div_ceil(SPLIT_ALIGN));
+        hi = hi.max(lo);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if fits(mid * SPLIT_ALIGN) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        let len = lo * SPLIT_ALIGN;
+        let mut out: Vec<(usize, [i32; TILE_INTS])> = Vec::with_capacity(entries);
+        for t in &tiles {
+            let c = ctx(t);
+            let n = pieces(c, len);
+            for s in 0..n {
+                let (c0, c1) = piece(c, s, n);
+                let part = if n > 1 { (s << 8 | n) as i32 } else { 0 };
+                out.push((c1 - c0, [t[0], t[1], t[2], t[3], part]));
+            }
+        }
+        // Stable: a tile's pieces of equal length stay together.
+        out.sort_by_key(|(l, _)| std::cmp::Reverse(*l));
+        self.tiles = out.iter().flat_map(|(_, t)| *t).collect();
+        self.tiles.resize(entries * TILE_INTS, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(contexts: &[usize]) -> BatchPlan {
+        let mut p = BatchPlan::default();
+        for (i, &c) in contexts.iter().enumerate() {
+            p.tiles.extend_from_slice(&[i as i32, 1, c as i32 - 1, (i * 200) as i32, 0]);
+        }
+        p
+    }
+
+    /// Every context is covered once by its pieces, no piece is longer than the fitted length
+    /// needs, entries fit the grid, and longer pieces come first.
+    #[test]
+    fn pieces_cover_each_context_once_within_the_grid() {
+        let contexts: Vec<usize> = (0..64).map(|i| 100 + i * 1948 / 63).collect();
+        for entries in [64, 96, 128, 256] {
+            let mut p = plan(&contexts);
+            p.split_balanced(256, entries);
+            assert_eq!(p.tiles.len(), entries * TILE_INTS);
+            let mut covered = vec![0usize; contexts.len()];
+            let mut last_len = usize::MAX;
+            for t in p.tiles.as_chunks::<TILE_INTS>().0.iter().filter(|t| t[1] > 0) {
+                let (row, ctx) = (t[0] as usize, (t[1] + t[2]) as usize);
+                let n = (t[4] & 255).max(1) as usize;
+                let (c0, c1) = piece(ctx, (t[4] >> 8) as usize, n);
+                assert!(c1 - c0 <= last_len, "pieces listed longest first");
+                last_len = c1 - c0;
+                covered[row] += c1 - c0;
+            }
+            assert_eq!(covered, contexts, "entries {entries}");
+        }
+        // With room for twice the sequences, the longest context is cut and the shortest not.
+        let mut p = plan(&contexts);
+        p.split_balanced(256, 128);
+        let parts = |row: i32| {
+            p.tiles.as_chunks::<TILE_INTS>().0.iter().filter(|t| t[1] > 0 && t[0] == row).count()
+        };
+        assert!(parts(63) >= 3, "the 2,048-position context in {} pieces", parts(63));
+        assert_eq!(parts(0), 1);
+    }
+
+    /// The fitted length is the shortest that fits: one alignment step shorter would not.
+    #[test]
+    fn the_piece_length_is_the_shortest_that_fits() {
+        let contexts: Vec<usize> = (0..64).map(|i| 100 + i * 1948 / 63).collect();
+        let mut p = plan(&contexts);
+        p.split_balanced(32, 128);
+        let used = p.tiles.as_chunks::<TILE_INTS>().0.iter().filter(|t| t[1] > 0).count();
+        assert!(used <= 128);
+        let longest_piece = p
+            .tiles
+            .as_chunks::<TILE_INTS>()
+            .0
+            .iter()
+            .filter(|t| t[1] > 0)
+            .map(|t| {
+                let ctx = (t[1] + t[2]) as usize;
+                let (c0, c1) = piece(ctx, (t[4] >> 8) as usize, (t[4] & 255).max(1) as usize);
+                c1 - c0
+            })
+            .max()
+            .unwrap();
+        let total = |len: usize| contexts.iter().map(|&c| pieces(c, len)).sum::<usize>();
+        let len = (32..=2048).step_by(32).find(|&l| total(l) <= 128).unwrap();
+        assert!(total(len) <= 128 && (len == 32 || total(len - 32) > 128));
+        assert!(longest_piece <= len + SPLIT_ALIGN, "{longest_piece} against {len}");
+    }
+}
