@@ -6,7 +6,7 @@
 use tandem_engine::backend::{ForwardBatch, NO_PAGE};
 
 mod balance;
-pub use balance::balanced_rule;
+pub use balance::{by_length_max, MIN_PIECE};
 
 /// Query rows (tokens × query heads of one KV head) one attention CTA holds; matches
 /// `ATT_MAX_ROWS` in kernels/attention.cu.
@@ -427,7 +427,8 @@ fn page(blk: u32) -> i32 {
 /// How many ways the attention kernels split each context of a pass: enough CTAs to fill the
 /// GPU (about two per SM), never a split shorter than 128 positions, at most 16. (Cutting long
 /// contexts into more splits than short ones, for CTAs of equal length, measured slower on an
-/// H100: docs/gpu-runs/2026-11-27-split-merge/.)
+/// H100 — docs/gpu-runs/2026-11-27-split-merge/ — and on an H200 at 32 or more sequences; decode
+/// graphs of up to 16 cut that way on this rule's grid: [`BatchPlan::split_balanced`].)
 pub fn attention_splits(
     num_tiles: usize,
     num_kv_heads: usize,

@@ -19,17 +19,16 @@ impl CudaBackend {
     }
 
     /// The decode step `b` as the graph of `size` sequences reads it: padded to that size,
-    /// its contexts cut into splits, the entries padded to the graph's grid. `None` when `b` is
+    /// its contexts cut into splits (by length for graphs of at most
+    /// [`plan::by_length_max`] sequences), the entries padded to the graph's grid. `None` when `b` is
     /// not a decode step that fits.
     pub(super) fn graph_plan(&self, b: &ForwardBatch, size: usize) -> Option<BatchPlan> {
         let mut p = BatchPlan::padded_decode(b, size, self.max_blocks_per_seq)?;
         let entries = self.graph_entries(size);
-        match plan::balanced_rule() {
-            Some((_, min_len)) if entries > size => p.split_balanced(min_len, entries),
-            _ if entries > size => {
-                p.split_contexts(self.splits(size, size, p.max_context), Some(entries))
-            }
-            _ => {}
+        if entries > size && size <= plan::by_length_max() {
+            p.split_balanced(plan::MIN_PIECE, entries);
+        } else if entries > size {
+            p.split_contexts(self.splits(size, size, p.max_context), Some(entries));
         }
         Some(p)
     }

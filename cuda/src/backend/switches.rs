@@ -32,14 +32,8 @@ impl CudaBackend {
 
     /// Tile entries of the decode graph of `size` sequences: the splits of the longest context
     /// it may see (the grid is fixed at capture; a replay's shorter contexts take fewer).
-    /// Under the balanced rule ([`plan::balanced_rule`]) its `F` entries a sequence, where the
-    /// step's rows may split.
     pub(super) fn graph_entries(&self, size: usize) -> usize {
-        let uniform = size * self.splits(size, size, self.opts.max_model_len);
-        match plan::balanced_rule() {
-            Some((f, _)) if size <= SPLIT_ROWS => uniform.max(f * size),
-            _ => uniform,
-        }
+        size * self.splits(size, size, self.opts.max_model_len)
     }
 
     /// The tensor-core attention kernel for this model, when the device, head width and block

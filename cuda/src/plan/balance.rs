@@ -1,27 +1,27 @@
 //! Context splits by length: each decode tile's context cut into pieces of about one length
 //! for the whole step (long contexts into more pieces than short ones), instead of every tile
-//! into the same number. At batch 64 the attention kernel runs 512 CTAs (sequence × KV head)
-//! unsplit, on about 400 resident places; the longest contexts then finish alone on a few SMs.
-//! Pieces of one length leave the GPU's CTA scheduler work of one size to hand out.
+//! into the same number. Decode graphs of at most [`by_length_max`] sequences cut this way, on
+//! the grid the uniform rule gives them: on one H200 (Qwen3-0.6B shape, contexts 100–2,048)
+//! the step of 8 / 16 sequences took 1.385 / 1.637 ms against 1.402–1.407 / 1.670 cut evenly
+//! (4: 1.394 against 1.380–1.386); at 32 to 256 sequences the cut by length was 1–9 % slower,
+//! with or without a larger grid
+//! (docs/gpu-runs/h200-2026-12-02-balanced-splits/).
 
-use super::{BatchPlan, TILE_INTS};
+use super::{env_count, BatchPlan, TILE_INTS};
 
 /// The attention kernels' split granularity (`ATT_BK` in kernels/attention.cu): a split's
 /// positions start at a multiple of this.
 const SPLIT_ALIGN: usize = 32;
 /// Most pieces of one context (`ATT_MAX_SPLITS`).
 const MAX_PIECES: usize = 16;
+/// The shortest piece a context is cut into (as the uniform rule's shortest split).
+pub const MIN_PIECE: usize = 128;
 
-/// The balanced rule's knobs: `TANDEM_SPLIT_BALANCED=F,L` gives a decode graph `F` tile
-/// entries a sequence and cuts no piece shorter than `L` positions. `None`: the uniform rule.
-pub fn balanced_rule() -> Option<(usize, usize)> {
-    static RULE: std::sync::OnceLock<Option<(usize, usize)>> = std::sync::OnceLock::new();
-    *RULE.get_or_init(|| {
-        let v = std::env::var("TANDEM_SPLIT_BALANCED").ok()?;
-        let (f, l) = v.split_once(',')?;
-        let (f, l) = (f.trim().parse().ok()?, l.trim().parse().ok()?);
-        ((1..=MAX_PIECES).contains(&f) && l >= SPLIT_ALIGN).then_some((f, l))
-    })
+/// The largest decode graph (sequences) whose contexts are cut by length: 16, or
+/// `TANDEM_SPLIT_BY_LENGTH_MAX` (0 to 512; 0 cuts every graph's contexts evenly) for comparison.
+pub fn by_length_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| env_count("TANDEM_SPLIT_BY_LENGTH_MAX", |n| *n <= 512, 16))
 }
 
 /// The positions `[c0, c1)` piece `s` of `n` attends in a context of `ctx` (the kernels'
