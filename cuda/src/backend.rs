@@ -18,7 +18,7 @@ use tandem_engine::model_files::config::{Activation, ModelConfig, RopeStyle};
 use tandem_engine::sampling::sampler::TokenLogprob;
 
 use crate::device::{ptr, Dtype, Gpu};
-use crate::plan::{self, BatchPlan, LongSeq, ATT_MAX_HEAD_DIM, TILE_INTS};
+use crate::plan::{self, BatchPlan, LongSeq, ATT_MAX_HEAD_DIM, MAX_SPLITS, TILE_INTS};
 use crate::weights::DeviceWeights;
 use crate::CudaError;
 use attention::PagedAttention;
@@ -43,8 +43,6 @@ pub(crate) use sampling::sampling_args;
 
 /// Rows of attention output the split-context path keeps partial results for.
 const SPLIT_ROWS: usize = 512;
-/// Most splits of one context (`ATT_MAX_SPLITS` in kernels/attention.cu).
-const MAX_SPLITS: usize = 16;
 
 /// How to build a [`CudaBackend`].
 #[derive(Debug, Clone, Copy)]

@@ -490,7 +490,7 @@ fn attention(
     } else if splits == 0 {
         p.split_balanced(32, p.num_tiles() * 4);
     }
-    let kept = if splits == 0 { 16 } else { splits };
+    let kept = if splits == 0 { crate::plan::MAX_SPLITS } else { splits };
     let (tiles, num_tiles) =
         if prefill { (&p.long_tiles, p.num_long_tiles()) } else { (&p.tiles, p.num_tiles()) };
     let (dq, dk, dv) = (g.upload(&q)?, g.upload(&bf(&kc))?, g.upload(&bf(&vc))?);

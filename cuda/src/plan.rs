@@ -6,7 +6,7 @@
 use tandem_engine::backend::{ForwardBatch, NO_PAGE};
 
 mod balance;
-pub use balance::{by_length_max, MIN_PIECE};
+pub use balance::{by_length_max, MAX_SPLITS, MIN_PIECE};
 
 /// Query rows (tokens × query heads of one KV head) one attention CTA holds; matches
 /// `ATT_MAX_ROWS` in kernels/attention.cu.
@@ -437,8 +437,8 @@ pub fn attention_splits(
 ) -> usize {
     let ctas = (num_tiles * num_kv_heads).max(1);
     let want = (split_ctas_per_sm() * num_sms).div_ceil(ctas);
-    let by_len = max_context.div_ceil(128).max(1);
-    want.min(by_len).clamp(1, 16)
+    let by_len = max_context.div_ceil(MIN_PIECE).max(1);
+    want.min(by_len).clamp(1, MAX_SPLITS)
 }
 
 /// CTAs per SM [`attention_splits`] aims at: 2, or `TANDEM_SPLIT_CTAS_PER_SM` (1 to 8) for

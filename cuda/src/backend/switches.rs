@@ -5,7 +5,7 @@
 use cudarc::driver::sys as dsys;
 use tandem_engine::backend::ForwardBatch;
 
-use super::{CudaBackend, MAX_SPLITS, SPLIT_ROWS};
+use super::{CudaBackend, SPLIT_ROWS};
 use crate::plan;
 use crate::CudaError;
 
@@ -27,7 +27,7 @@ impl CudaBackend {
             return 1;
         }
         plan::attention_splits(tiles, self.cfg.num_kv_heads, max_context, self.gpu.num_sms)
-            .min(MAX_SPLITS)
+            .min(plan::MAX_SPLITS)
     }
 
     /// Tile entries of the decode graph of `size` sequences: the splits of the longest context

@@ -1,7 +1,8 @@
 //! Context splits by length: each decode tile's context cut into pieces of about one length
 //! for the whole step (long contexts into more pieces than short ones), instead of every tile
 //! into the same number. Decode graphs of at most [`by_length_max`] sequences cut this way, on
-//! the grid the uniform rule gives them: on one H200 (Qwen3-0.6B shape, contexts 100–2,048)
+//! the grid the uniform rule gives them: on one H200 (Qwen3-0.6B shape, random bf16 weights,
+//! decode graphs, `attention_dec_rope128`, cuBLAS GEMMs; contexts 100–2,048)
 //! the step of 8 / 16 sequences took 1.385 / 1.637 ms against 1.402–1.407 / 1.670 cut evenly
 //! (4: 1.394 against 1.380–1.386); at 32 to 256 sequences the cut by length was 1–9 % slower,
 //! with or without a larger grid
@@ -12,9 +13,9 @@ use super::{env_count, BatchPlan, TILE_INTS};
 /// The attention kernels' split granularity (`ATT_BK` in kernels/attention.cu): a split's
 /// positions start at a multiple of this.
 const SPLIT_ALIGN: usize = 32;
-/// Most pieces of one context (`ATT_MAX_SPLITS`).
-const MAX_PIECES: usize = 16;
-/// The shortest piece a context is cut into (as the uniform rule's shortest split).
+/// Most splits of one context (`ATT_MAX_SPLITS` in kernels/attention.cu), either rule.
+pub const MAX_SPLITS: usize = 16;
+/// The shortest split either rule cuts (the uniform rule's [`super::attention_splits`] too).
 pub const MIN_PIECE: usize = 128;
 
 /// The largest decode graph (sequences) whose contexts are cut by length: 16, or
@@ -34,7 +35,7 @@ pub fn piece(ctx: usize, s: usize, n: usize) -> (usize, usize) {
 
 /// Pieces of a context of `ctx` positions at piece length `len`.
 fn pieces(ctx: usize, len: usize) -> usize {
-    ctx.div_ceil(len).clamp(1, MAX_PIECES)
+    ctx.div_ceil(len).clamp(1, MAX_SPLITS)
 }
 
 impl BatchPlan {
@@ -96,7 +97,7 @@ mod tests {
     #[test]
     fn pieces_cover_each_context_once_within_the_grid() {
         let contexts: Vec<usize> = (0..64).map(|i| 100 + i * 1948 / 63).collect();
-        for entries in [64, 96, 128, 256] {
+        for entries in [64, 96, 128, 256, 1024] {
             let mut p = plan(&contexts);
             p.split_balanced(256, entries);
             assert_eq!(p.tiles.len(), entries * TILE_INTS);
@@ -111,6 +112,12 @@ mod tests {
                 covered[row] += c1 - c0;
             }
             assert_eq!(covered, contexts, "entries {entries}");
+            // No context in more pieces than pieces of the shortest length (256) make.
+            for (row, &c) in contexts.iter().enumerate() {
+                let n = p.tiles.as_chunks::<TILE_INTS>().0.iter();
+                let n = n.filter(|t| t[1] > 0 && t[0] == row as i32).count();
+                assert!(n <= c.div_ceil(256), "context {c} in {n} pieces at entries {entries}");
+            }
         }
         // With room for twice the sequences, the longest context is cut and the shortest not.
         let mut p = plan(&contexts);
