@@ -545,15 +545,18 @@ impl CudaBackend {
                 norm_rows(ptr(&l.ffn_norm))?;
             }
             self.mark("gemm gate_up")?;
-            g.gemm(t, 2 * ff, h, hb, ptr(&l.gate_up), gu, false, false)?;
-            self.mark("silu_mul")?;
-            let (fi, gelu) = (ff as i32, (c.hidden_act == Activation::GeluTanh) as i32);
-            let cfg = LaunchConfig {
-                grid_dim: (ff.div_ceil(1024) as u32, t as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            unsafe { g.launch(&g.k.silu_mul, cfg, &[&gu, &act, &fi, &gelu])? };
+            let gelu = c.hidden_act == Activation::GeluTanh;
+            if !g.gemm_glu((t, ff, h), hb, ptr(&l.gate_up), act, gelu)? {
+                g.gemm(t, 2 * ff, h, hb, ptr(&l.gate_up), gu, false, false)?;
+                self.mark("silu_mul")?;
+                let (fi, gelu) = (ff as i32, gelu as i32);
+                let cfg = LaunchConfig {
+                    grid_dim: (ff.div_ceil(1024) as u32, t as u32, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                unsafe { g.launch(&g.k.silu_mul, cfg, &[&gu, &act, &fi, &gelu])? };
+            }
             self.mark("gemm down")?;
             // The next layer's input norm rides on this all-reduce (not the final norm's,
             // which takes only the logits rows).

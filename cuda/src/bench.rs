@@ -313,12 +313,24 @@ pub fn decode(
                 Some(ms)
             }
         };
+        // Every product on cuBLAS, where Tandem's own kernels took some (one row: gemv; 2–64:
+        // gemm_stream).
         let cublas_step_ms = match &mut be {
-            Under::One(one) if batch == 1 && one.gpu().gemv_on() => {
-                one.set_gemv(false);
-                let ms = one.replay_ms(&b, 20);
-                one.set_gemv(true);
-                Some(ms?)
+            Under::One(one) if one.gpu().gemv_on() || one.gpu().stream_gemm_on() => {
+                let (gemv, stream) = (one.gpu().gemv_on(), one.gpu().stream_gemm_on());
+                let rows = one.gpu().stream_gemm_max_rows();
+                let own = (batch == 1 && gemv) || ((2..=rows).contains(&batch) && stream);
+                match own {
+                    true => {
+                        one.set_gemv(false);
+                        one.set_stream_gemm(false);
+                        let ms = one.replay_ms(&b, 20);
+                        one.set_gemv(gemv);
+                        one.set_stream_gemm(stream);
+                        Some(ms?)
+                    }
+                    false => None,
+                }
             }
             _ => None,
         };

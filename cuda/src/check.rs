@@ -10,7 +10,9 @@ use crate::plan::kv_index;
 use crate::CudaError;
 
 mod fused;
+mod gemm;
 mod norms;
+use gemm::{gemm, glu};
 use norms::{rmsnorm, rmsnorm_add};
 
 /// Outcome of one check.
@@ -93,6 +95,7 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     let u = g.dtype.unit_roundoff();
     let mut out = Vec::new();
     out.extend(gemm(g, u)?);
+    out.extend(glu(g)?);
     out.push(embed(g)?);
     out.extend(rmsnorm(g, u)?);
     // Each head width's variant (64, 128, 256), and the general kernel at 128.
@@ -139,77 +142,6 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     out.extend(sampling(g)?);
     out.extend(masked_sampling(g)?);
     Ok(out)
-}
-
-fn gemm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
-    let mut out = gemm_shape(g, u, 37, 300, 576)?;
-    // Decode-sized (one to eight rows), as decode steps run them: one row on the gemv kernel
-    // (one row of w per warp; two, an odd count of them, with k not a multiple of its 256-wide
-    // step), more on cuBLAS; one row on cuBLAS too.
-    for m in [1, 5, 8] {
-        out.extend(gemm_shape(g, u, m, 1000, 4096)?);
-    }
-    out.extend(gemm_shape(g, u, 1, 16 * g.num_sms + 1, 1000)?);
-    let was = g.gemv_on();
-    g.set_gemv(false);
-    let cublas = gemm_shape(g, u, 1, 1000, 4096);
-    g.set_gemv(was);
-    out.extend(cublas?);
-    Ok(out)
-}
-
-fn gemm_shape(
-    g: &Gpu,
-    u: f64,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<Vec<CheckResult>, CudaError> {
-    let mut r = Rng::new(1);
-    let a = round_bf(&r.vec(m * k, 1.0));
-    let w = round_bf(&r.vec(n * k, 1.0));
-    let c0 = r.vec(m * n, 1.0);
-    let mut reference = vec![0f32; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            let s: f64 = (0..k).map(|l| a[i * k + l] as f64 * w[j * k + l] as f64).sum();
-            reference[i * n + j] = s as f32;
-        }
-    }
-    let (da, dw) = (g.upload(&bf(&a))?, g.upload(&bf(&w))?);
-    let cf = g.upload(&c0)?;
-    g.gemm(m, n, k, ptr(&da), ptr(&dw), ptr(&cf), true, true)?;
-    let got = g.read(&cf, m * n)?;
-    let acc_ref: Vec<f32> = reference.iter().zip(&c0).map(|(x, y)| x + y).collect();
-    let cf2 = g.upload(&c0)?;
-    g.gemm(m, n, k, ptr(&da), ptr(&dw), ptr(&cf2), true, false)?;
-    let got_set = g.read(&cf2, m * n)?;
-    let cb = g.zeros::<u16>(m * n)?;
-    g.gemm(m, n, k, ptr(&da), ptr(&dw), ptr(&cb), false, false)?;
-    let got_b = unbf(&g.read(&cb, m * n)?);
-    let path = match m == 1 && g.gemv_on() {
-        true => "gemv",
-        false => "cuBLAS",
-    };
-    Ok(vec![
-        // f32 accumulation over k products of ±1 values: relative to the sum's scale (√k).
-        result(
-            &format!("gemm {m}x{n}x{k} 16-bit→f32 ({path}), accumulate"),
-            abs_err(&got, &acc_ref) / (k as f64).sqrt(),
-            1e-4,
-        ),
-        result(
-            &format!("gemm {m}x{n}x{k} 16-bit→f32 ({path}), overwrite"),
-            abs_err(&got_set, &reference) / (k as f64).sqrt(),
-            1e-4,
-        ),
-        // 16-bit output: one rounding.
-        result(
-            &format!("gemm {m}x{n}x{k} 16-bit→16-bit ({path}) (tol u)"),
-            rel_err(&got_b, &reference, 1.0),
-            u,
-        ),
-    ])
 }
 
 fn embed(g: &Gpu) -> Result<CheckResult, CudaError> {

@@ -12,14 +12,17 @@ use std::sync::Arc;
 use cudarc::cublas::{sys as bsys, CudaBlas};
 use cudarc::driver::{
     sys as dsys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, ValidAsZeroBits,
+    ValidAsZeroBits,
 };
 use cudarc::nvrtc::{sys as nsys, Ptx};
 
 use crate::CudaError;
 
 mod launch;
+pub mod products;
+mod rope_launch;
 pub use launch::{KernelArg, PDL_PLAIN, PDL_PLAIN_AFTER_GEMM};
+pub use rope_launch::{rope_config, rope_config_with, rope_tokens, ROPE_MANY_TOKENS};
 
 /// The kernel source, compiled at run time: the files of `kernels/` in this order (each uses
 /// what the ones before it define). `scripts/gpu/nvrtc_check.py` lists the same files.
@@ -33,6 +36,7 @@ pub const KERNEL_SOURCE: &str = concat!(
     include_str!("kernels/sampling.cu"),
     include_str!("kernels/collective.cu"),
     include_str!("kernels/gemv.cu"),
+    include_str!("kernels/gemm_stream.cu"),
 );
 
 /// Bytes of cuBLAS workspace (fixed, so GEMMs can be captured).
@@ -158,6 +162,9 @@ pub struct Kernels {
     pub rmsnorm_add: CudaFunction,
     /// Products of one row (decode steps of one sequence), f32 or 16-bit out.
     pub gemv: CudaFunction,
+    /// Products of 2–64 rows, weights streamed through shared memory, for tiles of 8, 16, 32
+    /// and 64 rows (sm_90; [`products`]).
+    pub gemm_stream: [CudaFunction; 4],
     /// Dummy weights.
     pub fill_random: CudaFunction,
     /// A block of a dummy weight (a tensor-parallel rank's slice).
@@ -215,6 +222,19 @@ pub struct Gpu {
     /// Products of one row go to the `gemv` kernel (default; `TANDEM_GEMV=off` or
     /// [`Gpu::set_gemv`] keeps every product on cuBLAS, for comparison).
     use_gemv: std::sync::atomic::AtomicBool,
+    /// Products of 2–64 rows go to the `gemm_stream` kernels where they apply (sm_90 and
+    /// later; `TANDEM_STREAM_GEMM=off` or [`Gpu::set_stream_gemm`] keeps them on cuBLAS).
+    use_stream_gemm: std::sync::atomic::AtomicBool,
+    /// Gated products (gate|up and the activation) go to the `gemm_stream` kernels' gated
+    /// epilogue where they apply (`TANDEM_GEMM_GLU=off` keeps the silu_mul kernel).
+    use_gemm_glu: std::sync::atomic::AtomicBool,
+    /// Largest weight matrix the `gemm_stream` kernels take, bytes
+    /// (`TANDEM_STREAM_GEMM_MAX_MB`, default 64).
+    stream_gemm_max_bytes: usize,
+    /// Most rows of a product on the `gemm_stream` kernels ([`Gpu::stream_gemm_max_rows`]).
+    stream_gemm_rows: std::sync::atomic::AtomicUsize,
+    /// CTAs an SM a stream product's slices of k aim for (`TANDEM_STREAM_GEMM_FILL`, 1.0).
+    stream_gemm_fill: f64,
     /// Kernels launch as programmatic dependents of the kernel before them (sm_90 and later;
     /// `TANDEM_PDL=off` turns it off, for comparison): each may start
     /// while its predecessor drains, and waits for it in `KERNEL_ENTRY` (kernels/common.cu).
@@ -227,6 +247,11 @@ pub struct Gpu {
     pdl_after_gemm: Vec<usize>,
     /// Whether the stream's last kernel was a cuBLAS GEMM's.
     after_blas: std::sync::atomic::AtomicBool,
+}
+
+/// A number from the environment, or `default` where unset or not a number.
+fn env_f64(name: &str, default: f64) -> f64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// Whether the CUDA driver library can be loaded on this machine.
@@ -292,6 +317,12 @@ impl Gpu {
             silu_mul: f("silu_mul")?,
             rmsnorm_add: f("rmsnorm_add")?,
             gemv: f("gemv")?,
+            gemm_stream: [
+                f("gemm_stream8")?,
+                f("gemm_stream16")?,
+                f("gemm_stream32")?,
+                f("gemm_stream64")?,
+            ],
             fill_random: f("fill_random")?,
             fill_random_block: f("fill_random_block")?,
             tp_all_reduce: f("tp_all_reduce")?,
@@ -317,7 +348,9 @@ impl Gpu {
             (&k.attention_dec_rope64, crate::plan::dec_smem_bytes(64)),
             (&k.attention_dec_rope128, crate::plan::dec_smem_bytes(128)),
         ];
-        for (f, bytes) in decode_kernels {
+        let stream_kernels = (k.gemm_stream.iter().zip([8, 16, 32, 64]))
+            .map(|(f, rows)| (f, products::stream_smem_bytes(rows) as u32));
+        for (f, bytes) in decode_kernels.into_iter().chain(stream_kernels) {
             let bytes = bytes as i32;
             let attr = dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             f.set_attribute(attr, bytes).map_err(CudaError::from)?;
@@ -360,6 +393,19 @@ impl Gpu {
             use_gemv: std::sync::atomic::AtomicBool::new(
                 std::env::var("TANDEM_GEMV").as_deref() != Ok("off"),
             ),
+            use_stream_gemm: std::sync::atomic::AtomicBool::new(
+                std::env::var("TANDEM_STREAM_GEMM").as_deref() != Ok("off"),
+            ),
+            use_gemm_glu: std::sync::atomic::AtomicBool::new(
+                std::env::var("TANDEM_GEMM_GLU").as_deref() != Ok("off"),
+            ),
+            stream_gemm_max_bytes: (env_f64("TANDEM_STREAM_GEMM_MAX_MB", 64.0) * 1048576.0)
+                as usize,
+            stream_gemm_rows: std::sync::atomic::AtomicUsize::new(
+                (env_f64("TANDEM_STREAM_GEMM_MAX_ROWS", 32.0) as usize)
+                    .min(products::STREAM_MAX_ROWS),
+            ),
+            stream_gemm_fill: env_f64("TANDEM_STREAM_GEMM_FILL", 1.0),
             use_pdl: maj >= 9 && std::env::var("TANDEM_PDL").as_deref() != Ok("off"),
             pdl_skip,
             pdl_after_gemm,
@@ -458,6 +504,9 @@ impl Gpu {
         if m == 1 && k.is_multiple_of(8) && self.gemv_on() {
             return self.gemv(n, k, a, w, (c, c_f32), accumulate);
         }
+        if self.stream_gemm_takes(m, n, k) && (a | w | c).is_multiple_of(16) {
+            return self.stream_gemm((m, n, k), a, w, (c, c_f32), accumulate);
+        }
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
         let ctype = if c_f32 { bsys::cudaDataType_t::CUDA_R_32F } else { self.dtype.cuda() };
         self.after_blas.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -518,45 +567,6 @@ impl Gpu {
             3..=4 => &self.k.qkv_rope_store_p[2],
             _ => &self.k.qkv_rope_store,
         }
-    }
-
-    /// Whether products of one row take the `gemv` kernel.
-    pub fn gemv_on(&self) -> bool {
-        self.use_gemv.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Products of one row on the `gemv` kernel (on) or cuBLAS (off) from now on; graphs
-    /// captured before keep what they captured.
-    pub fn set_gemv(&self, on: bool) {
-        self.use_gemv.store(on, std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// [`Gpu::gemm`] of one row (f32 or 16-bit out) on the `gemv` kernel: one warp per row of `w` over
-    /// the whole of `k`, or per two rows where that still leaves 8 warps per SM; no split of
-    /// k. On an H100 it beat cuBLAS for one row (the SmolLM2-135M shape's step 13 % faster)
-    /// and lost from two on (docs/gpu-runs/h100-2026-11-28-step-kernels/5-gemv/).
-    fn gemv(
-        &self,
-        n: usize,
-        k: usize,
-        a: u64,
-        w: u64,
-        (c, c_f32): (u64, bool),
-        accumulate: bool,
-    ) -> Result<(), CudaError> {
-        const WARPS: usize = 4;
-        let r = if n / 2 >= 8 * self.num_sms { 2 } else { 1 };
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(r * WARPS) as u32, 1, 1),
-            block_dim: (32 * WARPS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (ni, ki, ri, acc) = (n as i32, k as i32, r as i32, accumulate as i32);
-        let out16 = (!c_f32) as i32;
-        // SAFETY: gemv(const h16* a, const h16* w, void* y, int N, int K, int R,
-        // int accumulate, int out16): the caller's a (1×k), w (n×k) and c (1×n, f32 or 16-bit
-        // as `c_f32` says); k a multiple of 8, so every row starts 16-byte aligned.
-        unsafe { self.launch(&self.k.gemv, cfg, &[&a, &w, &c, &ni, &ki, &ri, &acc, &out16]) }
     }
 }
 
@@ -645,62 +655,6 @@ impl Gpu {
 pub fn ptr<T>(s: &CudaSlice<T>) -> u64 {
     let (p, _g) = s.device_ptr(s.stream());
     p
-}
-
-/// Warps of a `qkv_rope_store` block (one head per warp; the kernels' `__launch_bounds__(128, …)`
-/// in kernels/layers.cu assume four).
-const ROPE_WARPS: u32 = 4;
-
-/// Most tokens one warp of a `qkv_rope_store` kernel for heads `hd` wide takes (the `TOKS` of
-/// the kernel [`Gpu::rope_for`] picks for a prefill, in kernels/layers.cu): four for heads up to
-/// 64 wide, one for wider heads (whose one-token kernels at 16 CTAs an SM measured faster).
-pub fn rope_tokens(hd: usize) -> usize {
-    match hd.div_ceil(64) {
-        0..=1 => 4,
-        _ => 1,
-    }
-}
-
-/// Tokens a `qkv_rope_store` pass needs before each warp takes [`rope_tokens`] of them: below,
-/// one token a warp already fills the GPU (decode steps); above, one token a warp left the
-/// kernel bound by its round trips to memory for heads 64 wide (a prefill of 76 prompts of 108
-/// tokens of the SmolLM2-135M shape on an NVIDIA H200, bf16 random weights, the one-token
-/// `qkv_rope_store_p1`: 41.8 µs a layer, 21 % of the DRAM peak; Nsight Compute over
-/// `tandem-gpu bench-prefill smollm2-135m-shape.json 76 108`,
-/// `docs/gpu-runs/h200-2026-11-28g-prefill-rope/2-k53/`).
-pub const ROPE_MANY_TOKENS: usize = 1024;
-
-/// The launch of `qkv_rope_store` over `tokens` tokens of `heads` heads (q, k and v together)
-/// `hd` wide, and the tokens each warp takes (its `per_warp` argument).
-/// `TANDEM_ROPE_MANY` overrides [`ROPE_MANY_TOKENS`] for comparison (a number too large for any
-/// pass keeps one token a warp everywhere).
-pub fn rope_config(tokens: usize, heads: usize, hd: usize) -> (LaunchConfig, i32) {
-    static MANY: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let many = *MANY.get_or_init(|| {
-        std::env::var("TANDEM_ROPE_MANY")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(ROPE_MANY_TOKENS)
-    });
-    let per_warp = if tokens >= many { rope_tokens(hd) } else { 1 };
-    (rope_config_with(tokens, heads, hd, per_warp), per_warp as i32)
-}
-
-/// The launch of `qkv_rope_store` with each warp taking `per_warp` tokens.
-///
-/// # Panics
-/// If `per_warp` is 0 or more than the kernel for heads `hd` wide holds ([`rope_tokens`]): the
-/// grid would leave tokens without a warp.
-pub fn rope_config_with(tokens: usize, heads: usize, hd: usize, per_warp: usize) -> LaunchConfig {
-    assert!(
-        (1..=rope_tokens(hd)).contains(&per_warp),
-        "{per_warp} tokens a warp for heads {hd} wide"
-    );
-    LaunchConfig {
-        grid_dim: (tokens.div_ceil(per_warp) as u32, (heads as u32).div_ceil(ROPE_WARPS), 1),
-        block_dim: (32 * ROPE_WARPS, 1, 1),
-        shared_mem_bytes: 0,
-    }
 }
 
 /// NVRTC's options for [`KERNEL_SOURCE`] on GPU architecture `arch` (e.g. `sm_90`) for models

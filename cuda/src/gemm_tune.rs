@@ -46,8 +46,8 @@ pub struct GemmTiming {
     pub candidates: usize,
     /// cuBLAS's choice on 20 different weight matrices, µs per call.
     pub cold_us: f64,
-    /// Where [`Gpu::gemm`] takes Tandem's own kernel (`gemv`, one row): that kernel on the same
-    /// 20 matrices, µs per call.
+    /// Where [`Gpu::gemm`] takes one of Tandem's own kernels (`gemv` for one row,
+    /// `gemm_stream` for 2–64): that kernel on the same 20 matrices, µs per call.
     pub own_cold_us: Option<f64>,
     /// The product cut into `s` slices of `k` (strided-batched, partial sums apart), on 20
     /// different weight matrices: `(s, µs per call)` for each `s` that divides `k` into
@@ -134,27 +134,29 @@ pub fn run(
         lr::create_handle().map_err(|e| CudaError::Blas(format!("cublasLtCreate: {e:?}")))?;
     let ws = g.zeros::<u8>(WORKSPACE)?;
     let wsp = ptr(&ws);
-    // cuBLAS throughout, the gemv kernel only where timed as such.
-    let gemv = g.gemv_on();
+    // cuBLAS throughout, Tandem's own kernels only where timed as such.
+    let own = (g.gemv_on(), g.stream_gemm_on());
     g.set_gemv(false);
+    g.set_stream_gemm(false);
     let out = shapes.iter().try_fold(Vec::new(), |mut out, &shape| {
-        out.push(time_shape(g, shape, reps, handle, wsp, gemv)?);
+        out.push(time_shape(g, shape, reps, handle, wsp, own)?);
         Ok(out)
     });
-    g.set_gemv(gemv);
+    g.set_gemv(own.0);
+    g.set_stream_gemm(own.1);
     unsafe { lsys::cublasLtDestroy(handle) };
     out
 }
 
 /// [`run`] for one shape, cuBLAS (and cuBLASLt `handle`, workspace `wsp`) against the gemv
-/// kernel where `gemv` says it was on.
+/// and stream kernels where `own` says they were on.
 fn time_shape(
     g: &Gpu,
     (m, n, k, c_f32): (usize, usize, usize, bool),
     reps: usize,
     handle: lsys::cublasLtHandle_t,
     wsp: u64,
-    gemv: bool,
+    own: (bool, bool),
 ) -> Result<GemmTiming, CudaError> {
     let a = g.zeros::<u16>(m * k)?;
     let w = g.zeros::<u16>(n * k)?;
@@ -171,11 +173,16 @@ fn time_shape(
         wc + (2 * i * n * k) as u64
     };
     let cold_us = graph_us(g, reps, || g.gemm(m, n, k, ap, next_w(), cp, c_f32, false))?;
-    let own_cold_us = match m == 1 && gemv {
+    g.set_stream_gemm(own.1);
+    let stream = g.stream_gemm_takes(m, n, k);
+    g.set_stream_gemm(false);
+    let own_cold_us = match (m == 1 && own.0) || stream {
         true => {
-            g.set_gemv(true);
+            g.set_gemv(own.0);
+            g.set_stream_gemm(own.1);
             let us = graph_us(g, reps, || g.gemm(m, n, k, ap, next_w(), cp, c_f32, false));
             g.set_gemv(false);
+            g.set_stream_gemm(false);
             Some(us?)
         }
         false => None,

@@ -37,8 +37,10 @@ fn every_kernel_begins_by_waiting_for_its_predecessor() {
         let open = decl.find('{').expect("a kernel body");
         let name_end = decl[..open].find('(').expect("a parameter list");
         let body = decl[open + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+        // The stream GEMMs request their weights (which no kernel writes) before they wait.
+        let weights_first = body.starts_with("GEMM_STREAM_BODY(");
         assert!(
-            body.starts_with("KERNEL_ENTRY();"),
+            body.starts_with("KERNEL_ENTRY();") || weights_first,
             "kernel `{}` does not begin with KERNEL_ENTRY()",
             decl[..name_end].trim()
         );
@@ -47,7 +49,26 @@ fn every_kernel_begins_by_waiting_for_its_predecessor() {
     }
     // The source's kernels (a count that moves when one is added, so this test keeps reading
     // all of them).
-    assert!(kernels >= 29, "found only {kernels} kernels");
+    assert!(kernels >= 30, "found only {kernels} kernels");
+}
+
+/// The stream GEMM kernels touch nothing but their weights before they wait: up to its
+/// `griddepcontrol.wait`, `gemm_stream_impl` loads only W (`gs_load_w`), then A and the output.
+#[test]
+fn stream_gemms_wait_before_reading_what_other_kernels_write() {
+    let at = KERNEL_SOURCE.find("gemm_stream_impl(const h16*").expect("gemm_stream_impl");
+    let body = &KERNEL_SOURCE[at..];
+    let body = &body[..body.find("\n}\n").expect("the end of gemm_stream_impl")];
+    let wait = body.find("griddepcontrol.wait").expect("a wait");
+    let before = &body[..wait];
+    assert!(before.contains("gs_load_w("), "the weights are requested before the wait");
+    for touch in ["gs_load_a", "cs[", "*y", "reinterpret_cast", "ld_cluster4"] {
+        assert!(!before.contains(touch), "`{touch}` before the wait");
+    }
+    assert!(body[wait..].contains("gs_load_a<MT>("));
+    // Every kernel defined through the macro has the body that waits.
+    let kernels = KERNEL_SOURCE.matches("\nGEMM_STREAM_KERNEL(").count();
+    assert_eq!(kernels, 4);
 }
 
 /// The kernels launched plainly are named as the source names them (a renamed kernel would

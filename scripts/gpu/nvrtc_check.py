@@ -23,7 +23,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCES = [f"cuda/src/kernels/{n}.cu" for n in
-           ["common", "layers", "attention", "attention_mma", "attention_decode", "elementwise", "sampling", "collective", "gemv"]]
+           ["common", "layers", "attention", "attention_mma", "attention_decode", "elementwise", "sampling", "collective", "gemv", "gemm_stream"]]
 
 
 def main() -> int:

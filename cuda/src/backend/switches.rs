@@ -95,6 +95,13 @@ impl CudaBackend {
         self.drop_graphs();
     }
 
+    /// Products of 2–64 rows on the `gemm_stream` kernels (on, the default on sm_90) or cuBLAS
+    /// (off), for comparison; drops the captured graphs.
+    pub fn set_stream_gemm(&mut self, on: bool) {
+        self.gpu.set_stream_gemm(on);
+        self.drop_graphs();
+    }
+
     /// Uses the small-tile tensor-core kernel for decode tiles (on by default), or the 16-row
     /// one for every tile (for comparisons). Graphs captured before keep their kernel.
     pub fn set_dec_attention(&mut self, on: bool) {

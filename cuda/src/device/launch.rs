@@ -79,11 +79,61 @@ impl Gpu {
         cfg: LaunchConfig,
         args: &[&dyn KernelArg],
     ) -> Result<(), CudaError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.launch_ex(f, cfg, (true, 1), args) }
+    }
+
+    /// Launches `f` as thread-block clusters of `cluster_y` CTAs along the grid's y (sm_90 and
+    /// later; `cluster_y` divides the grid's y and is at most 8), as a programmatic dependent of
+    /// the stream's previous kernel where [`Gpu::pdl`] says so.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`]; the kernel must wait (`griddepcontrol.wait`) before touching memory
+    /// another kernel writes.
+    pub unsafe fn launch_cluster(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        cluster_y: u32,
+        args: &[&dyn KernelArg],
+    ) -> Result<(), CudaError> {
+        self.after_blas.store(false, Relaxed);
+        let dependent = self.pdl() && !self.pdl_skip.contains(&(f.cu_function() as usize));
+        // SAFETY: forwarded to the caller.
+        unsafe { self.launch_ex(f, cfg, (dependent, cluster_y), args) }
+    }
+
+    /// `cuLaunchKernelEx` with programmatic stream serialization (`dependent`) and clusters of
+    /// `cluster_y` CTAs along y (where more than one).
+    ///
+    /// # Safety
+    /// As [`Gpu::launch_cluster`].
+    unsafe fn launch_ex(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        (dependent, cluster_y): (bool, u32),
+        args: &[&dyn KernelArg],
+    ) -> Result<(), CudaError> {
         let mut params: Vec<*mut c_void> = args.iter().map(|a| a.param()).collect();
-        // SAFETY: a zeroed attribute is a valid plain-data value; id and value are set below.
-        let mut attr: dsys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = dsys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        let mut attrs: Vec<dsys::CUlaunchAttribute> = Vec::with_capacity(2);
+        if dependent {
+            // SAFETY: a zeroed attribute is a valid plain-data value; id and value are set.
+            let mut attr: dsys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                dsys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            attrs.push(attr);
+        }
+        if cluster_y > 1 {
+            // SAFETY: as above.
+            let mut attr: dsys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = dsys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attr.value.clusterDim.x = 1;
+            attr.value.clusterDim.y = cluster_y;
+            attr.value.clusterDim.z = 1;
+            attrs.push(attr);
+        }
         let conf = dsys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -93,11 +143,11 @@ impl Gpu {
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
         };
         self.bind()?;
-        // SAFETY: `params` points at the caller's arguments, alive for this call; the rest is
+        // SAFETY: `params` and `attrs` point at values alive for this call; the rest is
         // forwarded to the caller.
         unsafe {
             dsys::cuLaunchKernelEx(

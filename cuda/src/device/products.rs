@@ -1,0 +1,264 @@
+//! [`Gpu::gemm`]'s products on Tandem's own kernels instead of cuBLAS: one row on `gemv`, 2–64
+//! rows on `gemm_stream*` (kernels/gemm_stream.cu: the weights streamed through shared memory by
+//! cp.async, the slices of a product cut along k summed inside a thread-block cluster). Both are
+//! decode-step sizes, where each weight is read once and cuBLAS's tiles leave SMs idle.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use cudarc::driver::{CudaFunction, LaunchConfig};
+
+use super::Gpu;
+use crate::CudaError;
+
+/// Output columns of one `gemm_stream` CTA (`GS_COLS`).
+pub const STREAM_COLS: usize = 64;
+/// k of one pipeline stage (`GS_KSTEP`).
+pub const STREAM_KSTEP: usize = 64;
+/// Pipeline stages (`GS_STAGES`).
+pub const STREAM_STAGES: usize = 4;
+/// Threads of one `gemm_stream` CTA.
+pub const STREAM_THREADS: u32 = 128;
+/// Most rows a stream product takes (its largest tile of A).
+pub const STREAM_MAX_ROWS: usize = 64;
+/// Most slices of k (CTAs of a cluster, the portable limit).
+pub const STREAM_MAX_SLICES: usize = 8;
+
+/// The rows of A a `gemm_stream` kernel holds for a product of `m` rows: 8, 16, 32 or 64.
+pub fn stream_tile_rows(m: usize) -> usize {
+    m.next_power_of_two().clamp(8, STREAM_MAX_ROWS)
+}
+
+/// Dynamic shared memory of a `gemm_stream` kernel holding `rows` rows of A, bytes.
+pub fn stream_smem_bytes(rows: usize) -> usize {
+    STREAM_STAGES * (STREAM_COLS + rows) * 128
+}
+
+/// Slices of k for a stream product of `n` columns over `k` on `sms` SMs: the fewest (at most
+/// 8, each a whole number of 64-wide stages) that give `fill` CTAs an SM, else the most.
+pub fn stream_slices(n: usize, k: usize, sms: usize, fill: f64) -> usize {
+    let (tiles, stages) = (n / STREAM_COLS, k / STREAM_KSTEP);
+    let mut best = 1;
+    for s in (1..=STREAM_MAX_SLICES.min(stages)).filter(|&s| stages.is_multiple_of(s)) {
+        best = s;
+        if (tiles * s) as f64 >= fill * sms as f64 {
+            break;
+        }
+    }
+    best
+}
+
+impl Gpu {
+    /// Whether products of one row take the `gemv` kernel.
+    pub fn gemv_on(&self) -> bool {
+        self.use_gemv.load(Relaxed)
+    }
+
+    /// Products of one row on the `gemv` kernel (on) or cuBLAS (off) from now on; graphs
+    /// captured before keep what they captured.
+    pub fn set_gemv(&self, on: bool) {
+        self.use_gemv.store(on, Relaxed)
+    }
+
+    /// Whether products of 2–64 rows take the `gemm_stream` kernels where they apply.
+    pub fn stream_gemm_on(&self) -> bool {
+        self.use_stream_gemm.load(Relaxed)
+    }
+
+    /// Products of 2–64 rows on the `gemm_stream` kernels (on) or cuBLAS (off) from now on;
+    /// graphs captured before keep what they captured.
+    pub fn set_stream_gemm(&self, on: bool) {
+        self.use_stream_gemm.store(on, Relaxed)
+    }
+
+    /// Most rows a product may have to take the `gemm_stream` kernels (2–64).
+    pub fn stream_gemm_max_rows(&self) -> usize {
+        self.stream_gemm_rows.load(Relaxed)
+    }
+
+    /// Products of up to `rows` rows (at most 64) take the `gemm_stream` kernels from now on.
+    pub fn set_stream_gemm_max_rows(&self, rows: usize) {
+        self.stream_gemm_rows.store(rows.min(STREAM_MAX_ROWS), Relaxed)
+    }
+
+    /// Whether [`Gpu::gemm`] takes a product of `m` rows, `n` columns over `k` on the
+    /// `gemm_stream` kernels: switched on, sm_90 or later (clusters), 2 to
+    /// [`Gpu::stream_gemm_max_rows`] rows (`TANDEM_STREAM_GEMM_MAX_ROWS`, default 32: on an
+    /// H200 the decode step at 64 sequences was 7–11 % slower on them than on cuBLAS, at 2–32
+    /// faster), n a multiple of 64 and k of 64, and weights of at most
+    /// `TANDEM_STREAM_GEMM_MAX_MB` (default 64; the larger products cuBLAS already reads near
+    /// the copy bandwidth).
+    pub fn stream_gemm_takes(&self, m: usize, n: usize, k: usize) -> bool {
+        self.stream_gemm_on()
+            && self.sm >= 90
+            && (2..=self.stream_gemm_max_rows()).contains(&m)
+            && n.is_multiple_of(STREAM_COLS)
+            && k.is_multiple_of(STREAM_KSTEP)
+            && 2 * n * k <= self.stream_gemm_max_bytes
+    }
+
+    /// The `gemm_stream` kernel for a tile of `rows` rows of A.
+    fn stream_kernel(&self, rows: usize) -> &CudaFunction {
+        match rows {
+            8 => &self.k.gemm_stream[0],
+            16 => &self.k.gemm_stream[1],
+            32 => &self.k.gemm_stream[2],
+            _ => &self.k.gemm_stream[3],
+        }
+    }
+
+    /// [`Gpu::gemm`] of 2–64 rows on a `gemm_stream` kernel ([`Gpu::stream_gemm_takes`]): 64
+    /// columns a CTA, k cut into [`stream_slices`] run as one cluster.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn stream_gemm(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        a: u64,
+        w: u64,
+        (c, c_f32): (u64, bool),
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        let rows = stream_tile_rows(m);
+        let slices = stream_slices(n, k, self.num_sms, self.stream_gemm_fill);
+        let cfg = LaunchConfig {
+            grid_dim: ((n / STREAM_COLS) as u32, slices as u32, 1),
+            block_dim: (STREAM_THREADS, 1, 1),
+            shared_mem_bytes: stream_smem_bytes(rows) as u32,
+        };
+        let (mi, ni, ki, ks) = (m as i32, n as i32, k as i32, (k / slices) as i32);
+        let (acc, out16, glu) = (accumulate as i32, (!c_f32) as i32, 0i32);
+        // SAFETY: gemm_streamR(const h16* a, const h16* w, void* c, int M, int N, int K,
+        // int KS, int accumulate, int out16, int glu): the caller's a (m×k), w (n×k), c (m×n,
+        // f32 or 16-bit as `c_f32` says); n a multiple of 64 and k of 64 · slices, so every
+        // copied 16-byte chunk and every 4-column store is aligned (allocations are 256-byte
+        // aligned and the backend's operands start at row boundaries).
+        unsafe {
+            self.launch_cluster(
+                self.stream_kernel(rows),
+                cfg,
+                slices as u32,
+                &[&a, &w, &c, &mi, &ni, &ki, &ks, &acc, &out16, &glu],
+            )
+        }
+    }
+
+    /// Whether [`Gpu::gemm_glu`] takes a gated product of `m` rows, `f` features over `k`.
+    pub fn gemm_glu_takes(&self, m: usize, f: usize, k: usize) -> bool {
+        self.use_gemm_glu.load(Relaxed)
+            && f.is_multiple_of(STREAM_COLS / 2)
+            && self.stream_gemm_takes(m, 2 * f, k)
+    }
+
+    /// Whether gated products take [`Gpu::gemm_glu`] where they apply.
+    pub fn set_gemm_glu(&self, on: bool) {
+        self.use_gemm_glu.store(on, Relaxed)
+    }
+
+    /// `out[m×f] = act(A · W_gateᵀ) · (A · W_upᵀ)` in the 16-bit type, `gate_up` the fused
+    /// `[gate; up]` matrix (2f × k), act SiLU or (`gelu`) GELU's tanh form, on a
+    /// `gemm_stream` kernel: bit for bit [`Gpu::gemm`] of the 2f columns to the 16-bit type
+    /// followed by the `silu_mul` kernel, one kernel and no gate|up in memory. Returns false
+    /// (and does nothing) where [`Gpu::gemm_glu_takes`] says no.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_glu(
+        &self,
+        (m, f, k): (usize, usize, usize),
+        a: u64,
+        gate_up: u64,
+        out: u64,
+        gelu: bool,
+    ) -> Result<bool, CudaError> {
+        if !self.gemm_glu_takes(m, f, k) || !(a | gate_up | out).is_multiple_of(16) {
+            return Ok(false);
+        }
+        let rows = stream_tile_rows(m);
+        // The plain product's slices, so every sum is added in the same order.
+        let slices = stream_slices(2 * f, k, self.num_sms, self.stream_gemm_fill);
+        let cfg = LaunchConfig {
+            grid_dim: ((f / (STREAM_COLS / 2)) as u32, slices as u32, 1),
+            block_dim: (STREAM_THREADS, 1, 1),
+            shared_mem_bytes: stream_smem_bytes(rows) as u32,
+        };
+        let (mi, fi, ki, ks) = (m as i32, f as i32, k as i32, (k / slices) as i32);
+        let (acc, out16, glu) = (0i32, 1i32, if gelu { 2i32 } else { 1 });
+        // SAFETY: as in `stream_gemm`, with w the 2f × k gate|up matrix and out m × f 16-bit;
+        // f a multiple of 32, so each CTA's 32 gate and 32 up rows and its 4-column stores are
+        // whole and aligned.
+        unsafe {
+            self.launch_cluster(
+                self.stream_kernel(rows),
+                cfg,
+                slices as u32,
+                &[&a, &gate_up, &out, &mi, &fi, &ki, &ks, &acc, &out16, &glu],
+            )?
+        };
+        Ok(true)
+    }
+
+    /// [`Gpu::gemm`] of one row (f32 or 16-bit out) on the `gemv` kernel: one warp per row of `w` over
+    /// the whole of `k`, or per two rows where that still leaves 8 warps per SM; no split of
+    /// k. On an H100 it beat cuBLAS for one row (the SmolLM2-135M shape's step 13 % faster)
+    /// and lost from two on (docs/gpu-runs/h100-2026-11-28-step-kernels/5-gemv/).
+    pub(super) fn gemv(
+        &self,
+        n: usize,
+        k: usize,
+        a: u64,
+        w: u64,
+        (c, c_f32): (u64, bool),
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        const WARPS: usize = 4;
+        let r = if n / 2 >= 8 * self.num_sms { 2 } else { 1 };
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(r * WARPS) as u32, 1, 1),
+            block_dim: (32 * WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ni, ki, ri, acc) = (n as i32, k as i32, r as i32, accumulate as i32);
+        let out16 = (!c_f32) as i32;
+        // SAFETY: gemv(const h16* a, const h16* w, void* y, int N, int K, int R,
+        // int accumulate, int out16): the caller's a (1×k), w (n×k) and c (1×n, f32 or 16-bit
+        // as `c_f32` says); k a multiple of 8, so every row starts 16-byte aligned.
+        unsafe { self.launch(&self.k.gemv, cfg, &[&a, &w, &c, &ni, &ki, &ri, &acc, &out16]) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_fill_the_gpu_with_whole_stages() {
+        // Qwen3-0.6B's products on 132 SMs, one CTA an SM wanted.
+        assert_eq!(stream_slices(4096, 1024, 132, 1.0), 4); // 64 tiles: 256 CTAs (2: 128)
+        assert_eq!(stream_slices(6144, 1024, 132, 1.0), 2); // 96 tiles: 192
+        assert_eq!(stream_slices(1024, 2048, 132, 1.0), 8); // 16 tiles: 128, the most
+        assert_eq!(stream_slices(1024, 3072, 132, 1.0), 8); // 48 stages
+                                                            // Enough tiles alone: no cut.
+        assert_eq!(stream_slices(65536, 1024, 132, 1.0), 1);
+        // The SmolLM2 shape's k of 576 is 9 stages: 3 slices of 3, not a power of two.
+        assert_eq!(stream_slices(960, 576, 132, 1.0), 3);
+        assert_eq!(stream_slices(576, 1536, 132, 1.0), 8);
+        // No slice shorter than a stage.
+        assert_eq!(stream_slices(64, 128, 132, 1.0), 2);
+        assert_eq!(stream_slices(64, 64, 132, 1.0), 1);
+        for (n, k) in [(960, 576), (3072, 576), (576, 1536), (4096, 4096), (128, 448)] {
+            for fill in [0.5, 1.0, 1.5, 3.0] {
+                let s = stream_slices(n, k, 132, fill);
+                let ok = (1..=STREAM_MAX_SLICES).contains(&s) && k % (STREAM_KSTEP * s) == 0;
+                assert!(ok, "{n}x{k} fill {fill}: {s}");
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_hold_every_row_in_the_stages() {
+        for m in 2..=STREAM_MAX_ROWS {
+            let r = stream_tile_rows(m);
+            assert!(r >= m && [8, 16, 32, 64].contains(&r), "{m}: {r}");
+            // The f32 partial tile (rows × (64 + 4) floats) reuses the stages' memory.
+            assert!(r * (STREAM_COLS + 4) * 4 <= stream_smem_bytes(r));
+        }
+        assert_eq!(stream_smem_bytes(64), 65536);
+    }
+}
