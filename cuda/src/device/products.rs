@@ -108,37 +108,49 @@ impl Gpu {
 
     /// [`Gpu::gemm`] of 2–64 rows on a `gemm_stream` kernel ([`Gpu::stream_gemm_takes`]): 64
     /// columns a CTA, k cut into [`stream_slices`] run as one cluster.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn stream_gemm(
         &self,
-        (m, n, k): (usize, usize, usize),
+        mnk: (usize, usize, usize),
         a: u64,
         w: u64,
         (c, c_f32): (u64, bool),
         accumulate: bool,
     ) -> Result<(), CudaError> {
+        let mode = (accumulate as i32, (!c_f32) as i32, 0);
+        // SAFETY: the caller's a (m×k), w (n×k), c (m×n, f32 or 16-bit as `c_f32` says), with
+        // the shape `stream_gemm_takes` allowed.
+        unsafe { self.launch_stream(mnk, (a, w, c), mode) }
+    }
+
+    /// Launches `gemm_streamR` over `(a, w, c)` for `(m, n, k)` with `(accumulate, out16, glu)`:
+    /// grid (n / 64, slices), or (n / 32, slices) gated, where n is the output's width and the
+    /// slices are the plain product's of `n` (gated: `2n`) columns, so a gated product adds
+    /// every sum in the plain one's order.
+    ///
+    /// # Safety
+    /// gemm_streamR(const h16* a, const h16* w, void* c, int M, int N, int K, int KS,
+    /// int accumulate, int out16, int glu): `a` must address m×k values, `w` n×k (gated: 2n×k),
+    /// `c` m×n (f32 unless out16); n a multiple of 64 (gated: 32), k of 64, every pointer
+    /// 16-byte aligned, so each copied chunk and each 4-column store is whole and aligned.
+    unsafe fn launch_stream(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        (a, w, c): (u64, u64, u64),
+        (acc, out16, glu): (i32, i32, i32),
+    ) -> Result<(), CudaError> {
         let rows = stream_tile_rows(m);
-        let slices = stream_slices(n, k, self.num_sms, self.stream_gemm_fill);
+        let (cols, width) = if glu != 0 { (STREAM_COLS / 2, 2 * n) } else { (STREAM_COLS, n) };
+        let slices = stream_slices(width, k, self.num_sms, self.stream_gemm_fill);
         let cfg = LaunchConfig {
-            grid_dim: ((n / STREAM_COLS) as u32, slices as u32, 1),
+            grid_dim: ((n / cols) as u32, slices as u32, 1),
             block_dim: (STREAM_THREADS, 1, 1),
             shared_mem_bytes: stream_smem_bytes(rows) as u32,
         };
         let (mi, ni, ki, ks) = (m as i32, n as i32, k as i32, (k / slices) as i32);
-        let (acc, out16, glu) = (accumulate as i32, (!c_f32) as i32, 0i32);
-        // SAFETY: gemm_streamR(const h16* a, const h16* w, void* c, int M, int N, int K,
-        // int KS, int accumulate, int out16, int glu): the caller's a (m×k), w (n×k), c (m×n,
-        // f32 or 16-bit as `c_f32` says); n a multiple of 64 and k of 64 · slices, so every
-        // copied 16-byte chunk and every 4-column store is aligned (allocations are 256-byte
-        // aligned and the backend's operands start at row boundaries).
-        unsafe {
-            self.launch_cluster(
-                self.stream_kernel(rows),
-                cfg,
-                slices as u32,
-                &[&a, &w, &c, &mi, &ni, &ki, &ks, &acc, &out16, &glu],
-            )
-        }
+        let args: [&dyn super::KernelArg; 10] =
+            [&a, &w, &c, &mi, &ni, &ki, &ks, &acc, &out16, &glu];
+        // SAFETY: forwarded to the caller; k / slices is a whole number of stages.
+        unsafe { self.launch_cluster(self.stream_kernel(rows), cfg, slices as u32, &args) }
     }
 
     /// Whether [`Gpu::gemm_glu`] takes a gated product of `m` rows, `f` features over `k`.
@@ -158,7 +170,6 @@ impl Gpu {
     /// `gemm_stream` kernel: bit for bit [`Gpu::gemm`] of the 2f columns to the 16-bit type
     /// followed by the `silu_mul` kernel, one kernel and no gate|up in memory. Returns false
     /// (and does nothing) where [`Gpu::gemm_glu_takes`] says no.
-    #[allow(clippy::too_many_arguments)]
     pub fn gemm_glu(
         &self,
         (m, f, k): (usize, usize, usize),
@@ -170,27 +181,10 @@ impl Gpu {
         if !self.gemm_glu_takes(m, f, k) || !(a | gate_up | out).is_multiple_of(16) {
             return Ok(false);
         }
-        let rows = stream_tile_rows(m);
-        // The plain product's slices, so every sum is added in the same order.
-        let slices = stream_slices(2 * f, k, self.num_sms, self.stream_gemm_fill);
-        let cfg = LaunchConfig {
-            grid_dim: ((f / (STREAM_COLS / 2)) as u32, slices as u32, 1),
-            block_dim: (STREAM_THREADS, 1, 1),
-            shared_mem_bytes: stream_smem_bytes(rows) as u32,
-        };
-        let (mi, fi, ki, ks) = (m as i32, f as i32, k as i32, (k / slices) as i32);
-        let (acc, out16, glu) = (0i32, 1i32, if gelu { 2i32 } else { 1 });
-        // SAFETY: as in `stream_gemm`, with w the 2f × k gate|up matrix and out m × f 16-bit;
-        // f a multiple of 32, so each CTA's 32 gate and 32 up rows and its 4-column stores are
-        // whole and aligned.
-        unsafe {
-            self.launch_cluster(
-                self.stream_kernel(rows),
-                cfg,
-                slices as u32,
-                &[&a, &gate_up, &out, &mi, &fi, &ki, &ks, &acc, &out16, &glu],
-            )?
-        };
+        let glu = if gelu { 2 } else { 1 };
+        // SAFETY: gate_up is the 2f × k matrix, out m × f 16-bit; f a multiple of 32 and the
+        // rest as `gemm_glu_takes` and the alignment test above allowed.
+        unsafe { self.launch_stream((m, f, k), (a, gate_up, out), (0, 1, glu))? };
         Ok(true)
     }
 
