@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One H200: the tree after the plain and gated stream products came to share one launcher:
+# the checks (every stream tile size and slice count, the gated epilogue's bits), the decode
+# step at 2, 8 and 32 sequences, and 16 greedy requests (digest 053c5b8aedc7217b as in k83).
+set -u
+C=.gpu/c; mkdir -p .gpu/bin .gpu/tandem
+xz -dc $C/tandem-gpu.xz > .gpu/bin/tandem-gpu; xz -dc $C/tandem.xz > .gpu/tandem/tandem
+chmod +x .gpu/bin/tandem-gpu .gpu/tandem/tandem
+g=.gpu/bin/tandem-gpu; t=.gpu/tandem/tandem; Q=$C/configs/qwen3-0.6b.json
+L=$OUT/logs; mkdir -p $L; T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s]"; }
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
+timeout 200 $g check bf16 > $L/check-bf16.log 2>&1; echo "$(el) check bf16 rc=$? pass=$(grep -c PASS $L/check-bf16.log) fail=$(grep -c FAIL $L/check-bf16.log)"
+grep -E 'FAIL|gemm_stream|gemm_glu' $L/check-bf16.log | cut -c1-150
+timeout 200 $g bench-decode $Q 2,8,32 100-2048 > $L/decode-Q.log 2>&1
+echo "$(el) decode rc=$?: $(grep -E 'decode .* step' $L/decode-Q.log | sed -E 's/.*batch +([0-9]+).*step ([0-9.]+) ms.*-> ([0-9.]+)%.*/b\1 \2 (\3%)/' | tr '\n' ' ')"
+echo "   cuBLAS: $(grep -E "instead of Tandem" $L/decode-Q.log | sed -E 's/.*step ([0-9.]+) ms, ([0-9.]+)%.*/\1 (\2%)/' | tr '\n' ' ')"
+timeout 100 $t bench engine --device cuda --load-format dummy --model $Q --num-prompts 16 --input-len 2048 --min-input-len 300 --output-len 200 --min-output-len 200 --max-num-seqs 16 --temperature 0 > $L/engine-long16.log 2>&1
+echo "$(el) long16 rc=$?: $(grep -E '^throughput|digest|^steps' $L/engine-long16.log | tr -s ' ' | cut -c1-70 | tr '\n' ';')"
+echo "$(el) done"
