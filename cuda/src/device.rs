@@ -228,6 +228,8 @@ pub struct Gpu {
     /// Gated products (gate|up and the activation) go to the `gemm_stream` kernels' gated
     /// epilogue where they apply (`TANDEM_GEMM_GLU=off` keeps the silu_mul kernel).
     use_gemm_glu: std::sync::atomic::AtomicBool,
+    /// Largest weight matrix the `gemv` kernel takes, bytes (`TANDEM_GEMV_MAX_MB`, default 16).
+    gemv_max_bytes: usize,
     /// Largest weight matrix the `gemm_stream` kernels take, bytes
     /// (`TANDEM_STREAM_GEMM_MAX_MB`, default 64).
     stream_gemm_max_bytes: usize,
@@ -393,6 +395,7 @@ impl Gpu {
             use_gemv: std::sync::atomic::AtomicBool::new(
                 std::env::var("TANDEM_GEMV").as_deref() != Ok("off"),
             ),
+            gemv_max_bytes: (env_f64("TANDEM_GEMV_MAX_MB", 16.0) * 1048576.0) as usize,
             use_stream_gemm: std::sync::atomic::AtomicBool::new(
                 std::env::var("TANDEM_STREAM_GEMM").as_deref() != Ok("off"),
             ),
@@ -501,7 +504,7 @@ impl Gpu {
         if m == 0 {
             return Ok(());
         }
-        if m == 1 && k.is_multiple_of(8) && self.gemv_on() {
+        if m == 1 && self.gemv_takes(n, k) {
             return self.gemv(n, k, a, w, (c, c_f32), accumulate);
         }
         if self.stream_gemm_takes(m, n, k) && (a | w | c).is_multiple_of(16) {

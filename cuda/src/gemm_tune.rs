@@ -174,9 +174,12 @@ fn time_shape(
     };
     let cold_us = graph_us(g, reps, || g.gemm(m, n, k, ap, next_w(), cp, c_f32, false))?;
     g.set_stream_gemm(own.1);
+    g.set_gemv(own.0);
     let stream = g.stream_gemm_takes(m, n, k);
+    let gemv = m == 1 && g.gemv_takes(n, k);
     g.set_stream_gemm(false);
-    let own_cold_us = match (m == 1 && own.0) || stream {
+    g.set_gemv(false);
+    let own_cold_us = match gemv || stream {
         true => {
             g.set_gemv(own.0);
             g.set_stream_gemm(own.1);

@@ -73,7 +73,7 @@ fn repeat_bits(g: &Gpu, m: usize, n: usize, k: usize) -> Result<CheckResult, Cud
 /// Which kernel [`Gpu::gemm`] takes for a product of `m` rows, `n` columns over `k`.
 fn path(g: &Gpu, m: usize, n: usize, k: usize) -> &'static str {
     match () {
-        _ if m == 1 && g.gemv_on() => "gemv",
+        _ if m == 1 && g.gemv_takes(n, k) => "gemv",
         _ if g.stream_gemm_takes(m, n, k) => "gemm_stream",
         _ => "cuBLAS",
     }

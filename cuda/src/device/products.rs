@@ -53,6 +53,16 @@ impl Gpu {
         self.use_gemv.load(Relaxed)
     }
 
+    /// Whether [`Gpu::gemm`] takes a product of one row, `n` columns over `k` on the `gemv`
+    /// kernel: switched on, k a multiple of 8, and weights of at most `TANDEM_GEMV_MAX_MB`
+    /// (default 16: on an H200 the Llama-3-8B shape's step at one sequence took 4.69 ms with
+    /// its 32–1,002 MiB matrices on `gemv` and 4.57 on cuBLAS, while Qwen3-0.6B's and the
+    /// SmolLM2 shape's, whose layers' matrices are at most 12 MiB, took 0.86 / 0.63 ms against
+    /// 1.18 / 0.85; docs/gpu-runs/h200-2026-12-02b-stream-gemm/5-k85/).
+    pub fn gemv_takes(&self, n: usize, k: usize) -> bool {
+        self.gemv_on() && k.is_multiple_of(8) && 2 * n * k <= self.gemv_max_bytes
+    }
+
     /// Products of one row on the `gemv` kernel (on) or cuBLAS (off) from now on; graphs
     /// captured before keep what they captured.
     pub fn set_gemv(&self, on: bool) {
