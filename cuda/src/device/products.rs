@@ -55,7 +55,8 @@ impl Gpu {
 
     /// Whether [`Gpu::gemm`] takes a product of one row, `n` columns over `k` on the `gemv`
     /// kernel: switched on, k a multiple of 8, and weights of at most `TANDEM_GEMV_MAX_MB`
-    /// (default 16: on an H200 the Llama-3-8B shape's step at one sequence took 4.69 ms with
+    /// (default 16: on one NVIDIA H200 — decode graphs, `attention_dec_rope128/64`, bf16
+    /// random weights — the Llama-3-8B shape's step at one sequence took 4.69 ms with
     /// its 32–1,002 MiB matrices on `gemv` and 4.57 on cuBLAS, while Qwen3-0.6B's and the
     /// SmolLM2 shape's, whose layers' matrices are at most 12 MiB, took 0.86 / 0.63 ms against
     /// 1.18 / 0.85; docs/gpu-runs/h200-2026-12-02b-stream-gemm/5-k85/).
@@ -168,11 +169,6 @@ impl Gpu {
         self.use_gemm_glu.load(Relaxed)
             && f.is_multiple_of(STREAM_COLS / 2)
             && self.stream_gemm_takes(m, 2 * f, k)
-    }
-
-    /// Whether gated products take [`Gpu::gemm_glu`] where they apply.
-    pub fn set_gemm_glu(&self, on: bool) {
-        self.use_gemm_glu.store(on, Relaxed)
     }
 
     /// `out[m×f] = act(A · W_gateᵀ) · (A · W_upᵀ)` in the 16-bit type, `gate_up` the fused
