@@ -292,7 +292,7 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(CudaError::from)?;
         let (maj, min) = ctx.compute_capability().map_err(CudaError::from)?;
-        let cubin = nvrtc_cubin(KERNEL_SOURCE, &kernel_options(&format!("sm_{maj}{min}"), dtype))?;
+        let cubin = nvrtc_cubin(KERNEL_SOURCE, &kernel_options(&nvrtc_arch(maj, min), dtype))?;
         let m = ctx.load_module(Ptx::from_binary(cubin)).map_err(CudaError::from)?;
         let f = |name: &str| m.load_function(name).map_err(CudaError::from);
         let k = Kernels {
@@ -658,6 +658,17 @@ impl Gpu {
 pub fn ptr<T>(s: &CudaSlice<T>) -> u64 {
     let (p, _g) = s.device_ptr(s.stream());
     p
+}
+
+/// The architecture NVRTC compiles the kernels for on a device of compute capability
+/// `maj.min`: `sm_90a` on Hopper (its arch-specific instructions: the stream GEMMs' warpgroup
+/// MMA; such a CUBIN loads on compute capability 9.0 alone, the device it was built on), else
+/// `sm_{maj}{min}`.
+pub fn nvrtc_arch(maj: i32, min: i32) -> String {
+    match (maj, min) {
+        (9, 0) => "sm_90a".into(),
+        _ => format!("sm_{maj}{min}"),
+    }
 }
 
 /// NVRTC's options for [`KERNEL_SOURCE`] on GPU architecture `arch` (e.g. `sm_90`) for models

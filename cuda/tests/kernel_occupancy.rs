@@ -1,6 +1,6 @@
 //! What NVRTC makes of the fused decode kernels (`attention_dec_rope*`: q/k norm + RoPE + KV
 //! store inside the small-tile decode kernel) fits as many CTAs on an SM as the kernel it
-//! replaces (`attention_dec*`), read from the CUBIN for sm_90 in both 16-bit types: its registers
+//! replaces (`attention_dec*`), read from the CUBIN for sm_90a (what the backend compiles on Hopper) in both 16-bit types: its registers
 //! and static shared memory are the ELF's `.nv.info` and `.nv.shared.*` sections. A prologue
 //! that pushed the registers past that (3 CTAs of 4 warps for 128-wide heads, 10 of 2 warps for
 //! 64) would cost the decode steps the fusion gained (one NVIDIA H200, `attention_dec_rope128`
@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use tandem_cuda::device::{kernel_options, nvrtc_cubin, Dtype, KERNEL_SOURCE};
+use tandem_cuda::device::{kernel_options, nvrtc_arch, nvrtc_cubin, Dtype, KERNEL_SOURCE};
 use tandem_cuda::plan::{dec_smem_bytes, dec_warps};
 
 /// Per kernel: registers a thread (EIATTR_REGCOUNT) and static shared memory, bytes.
@@ -88,7 +88,8 @@ fn fused_decode_kernels_fit_the_ctas_of_the_kernels_they_replace() {
     assert_eq!(ctas_per_sm(124, 128, 69_632 + 5_136), 3);
     assert_eq!(ctas_per_sm(176, 128, 69_632 + 5_136), 2);
     for dtype in [Dtype::Bf16, Dtype::F16] {
-        let cubin = nvrtc_cubin(KERNEL_SOURCE, &kernel_options("sm_90", dtype)).expect("CUBIN");
+        let cubin =
+            nvrtc_cubin(KERNEL_SOURCE, &kernel_options(&nvrtc_arch(9, 0), dtype)).expect("CUBIN");
         let res = kernel_resources(&cubin);
         for hd in [64, 128] {
             let threads = 32 * dec_warps(hd) as u32;

@@ -1,11 +1,12 @@
-//! The kernel source compiles with NVRTC for Ampere (sm_80) and Hopper (sm_90), in both 16-bit
+//! The kernel source compiles with NVRTC for Ampere (sm_80) and Hopper (sm_90, and sm_90a as the
+//! backend compiles it for an H100 or H200), in both 16-bit
 //! types, on a machine without a GPU: a CUDA error shows here, not on a device run. Needs
 //! libnvrtc on the library path (the PyPI wheel `nvidia-cuda-nvrtc`, which `.ci/run` fetches);
 //! without it the test says so and passes, as every GPU check does on a machine without CUDA.
 
 use tandem_cuda::device::{
-    kernel_options, nvrtc_cubin, rope_config, rope_tokens, Dtype, KERNEL_SOURCE, PDL_PLAIN,
-    PDL_PLAIN_AFTER_GEMM, ROPE_MANY_TOKENS,
+    kernel_options, nvrtc_arch, nvrtc_cubin, rope_config, rope_tokens, Dtype, KERNEL_SOURCE,
+    PDL_PLAIN, PDL_PLAIN_AFTER_GEMM, ROPE_MANY_TOKENS,
 };
 
 #[test]
@@ -15,7 +16,7 @@ fn kernels_compile_for_ampere_and_hopper_in_both_16_bit_types() {
         eprintln!("skipped: libnvrtc not found (pip download nvidia-cuda-nvrtc; see .ci/run)");
         return;
     }
-    for arch in ["sm_80", "sm_90"] {
+    for arch in ["sm_80", "sm_90", "sm_90a"] {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             let cubin = nvrtc_cubin(KERNEL_SOURCE, &kernel_options(arch, dtype))
                 .unwrap_or_else(|e| panic!("{arch} {dtype:?}: {e}"));
@@ -177,5 +178,46 @@ fn decode_page_copies_are_marked_evict_first() {
     }
     for name in ["attention_prefill64", "attention_prefill128"] {
         assert!(!body(name).contains("evict_first"), "{name} marks its pages evict-first");
+    }
+}
+
+/// On Hopper the backend compiles for sm_90a, and there the stream GEMMs multiply with the
+/// warpgroup MMA reading both operands from shared memory (wgmma, no ldmatrix); for plain sm_90
+/// (and with `TANDEM_GS_MMA_SYNC`) they keep mma.sync. Read from the PTX NVRTC makes.
+#[test]
+fn stream_gemms_use_the_warpgroup_mma_on_hopper() {
+    // SAFETY: a dlopen probe, no call into the library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        eprintln!("skipped: libnvrtc not found (pip download nvidia-cuda-nvrtc; see .ci/run)");
+        return;
+    }
+    assert_eq!(nvrtc_arch(9, 0), "sm_90a");
+    assert_eq!(nvrtc_arch(8, 9), "sm_89");
+    let ptx = |arch: &str, extra: Option<&str>| {
+        let mut options = kernel_options(arch, Dtype::Bf16);
+        options.extend(extra.map(String::from));
+        let opts = cudarc::nvrtc::CompileOptions { options, ..Default::default() };
+        cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts).expect("PTX").to_src()
+    };
+    let body = |ptx: &str, name: &str| -> String {
+        let at = ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("{name} in PTX"));
+        let rest = &ptx[at + 1..];
+        rest[..rest.find(".entry").unwrap_or(rest.len())].to_string()
+    };
+    let (hopper, plain, sync) =
+        (ptx("sm_90a", None), ptx("sm_90", None), ptx("sm_90a", Some("-DTANDEM_GS_MMA_SYNC")));
+    for rows in [8, 16, 32, 64] {
+        let name = format!("gemm_stream{rows}");
+        let b = body(&hopper, &name);
+        let wgmma = b.lines().filter(|l| l.contains("wgmma.mma_async")).count();
+        // Four k16 products a 64-wide stage; the loop may be unrolled into more.
+        assert!(wgmma >= 4 && wgmma % 4 == 0, "{name}: {wgmma} wgmma on sm_90a");
+        assert!(b.contains(&format!("m64n{rows}k16")), "{name}: not m64n{rows}k16");
+        assert!(b.contains("fence.proxy.async"), "{name}: cp.async writes not fenced");
+        assert!(!b.contains("ldmatrix"), "{name}: still loads fragments on sm_90a");
+        for other in [body(&plain, &name), body(&sync, &name)] {
+            assert!(!other.contains("wgmma"), "{name}: wgmma outside sm_90a's default");
+            assert!(other.contains("mma.sync"), "{name}: no mma.sync");
+        }
     }
 }

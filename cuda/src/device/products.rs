@@ -28,9 +28,10 @@ pub fn stream_tile_rows(m: usize) -> usize {
     m.next_power_of_two().clamp(8, STREAM_MAX_ROWS)
 }
 
-/// Dynamic shared memory of a `gemm_stream` kernel holding `rows` rows of A, bytes.
+/// Dynamic shared memory of a `gemm_stream` kernel holding `rows` rows of A, bytes: its stages,
+/// and 1,024 bytes to start them on a 1,024-byte boundary (the warpgroup MMA's swizzle).
 pub fn stream_smem_bytes(rows: usize) -> usize {
-    STREAM_STAGES * (STREAM_COLS + rows) * 128
+    STREAM_STAGES * (STREAM_COLS + rows) * 128 + 1024
 }
 
 /// Slices of k for a stream product of `n` columns over `k` on `sms` SMs: the fewest (at most
@@ -259,6 +260,6 @@ mod tests {
             // The f32 partial tile (rows × (64 + 4) floats) reuses the stages' memory.
             assert!(r * (STREAM_COLS + 4) * 4 <= stream_smem_bytes(r));
         }
-        assert_eq!(stream_smem_bytes(64), 65536);
+        assert_eq!(stream_smem_bytes(64), 65536 + 1024);
     }
 }

@@ -67,6 +67,49 @@ __device__ __forceinline__ float4 gs_sum(const float* src, int slices) {
   return s;
 }
 
+// Hopper's warpgroup MMA (sm_90a): the CTA's four warps are one warpgroup, and each stage's
+// product is four wgmma m64nMTk16 reading W and A straight from the stages in shared memory
+// (their layout is the 128-byte swizzle wgmma reads: 128-byte rows, chunks rotated by row mod
+// 8, 8-row groups 1,024 bytes apart, stages 1,024-byte aligned), instead of every warp loading
+// every fragment of A with ldmatrix for eight mma.sync a stage (at 64 rows of A those loads and
+// mma.sync bound the kernel, not its weights' bytes). The accumulators hold the same elements
+// in the same registers as the mma.sync path's (warp w: W rows 16w.., token pairs 2t, 2t + 1 of
+// each group of 8). TANDEM_GS_MMA_SYNC keeps mma.sync (for comparison).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(TANDEM_GS_MMA_SYNC)
+#define GS_WGMMA 1
+// Shared-memory matrix descriptor: start address, 128-byte swizzle, 1,024 bytes between groups
+// of 8 rows (the leading-dimension offset is unused with this swizzle; 16 bytes by convention).
+__device__ __forceinline__ unsigned long long gs_desc(unsigned addr) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void gs_wgmma(float (&d)[1][4], unsigned long long wd, unsigned long long ad) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n8k16.f32." MMA_TYPE "." MMA_TYPE " {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0; }"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+               : "l"(wd), "l"(ad));
+}
+__device__ __forceinline__ void gs_wgmma(float (&d)[2][4], unsigned long long wd, unsigned long long ad) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32." MMA_TYPE "." MMA_TYPE " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0; }"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+               : "l"(wd), "l"(ad));
+}
+__device__ __forceinline__ void gs_wgmma(float (&d)[4][4], unsigned long long wd, unsigned long long ad) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32." MMA_TYPE "." MMA_TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0; }"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+               : "l"(wd), "l"(ad));
+}
+__device__ __forceinline__ void gs_wgmma(float (&d)[8][4], unsigned long long wd, unsigned long long ad) {
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n\t"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." MMA_TYPE "." MMA_TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0; }"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+               : "l"(wd), "l"(ad));
+}
+#else
+#define GS_WGMMA 0
+#endif
+
 // Stage `s` of this CTA's W rows into buffer `buf`: GS_COLS rows of 8 chunks, evicted first
 // from L2 (read once a step). Rows from GS_COLS / 2 on lie `skip` rows further (the up rows of
 // a gated product).
@@ -103,7 +146,8 @@ __device__ __forceinline__ void gemm_stream_impl(const h16* __restrict__ a, cons
   const int col0 = blockIdx.x * (glu ? GS_COLS / 2 : GS_COLS), slice = blockIdx.y, slices = gridDim.y;
   const int skip = glu ? N - GS_COLS / 2 : 0;
   const int steps = KS / GS_KSTEP;
-  const unsigned base = smem_addr(gs_smem);
+  // Stages from the first 1,024-byte boundary (the host asks for 1,024 bytes more).
+  const unsigned base = (smem_addr(gs_smem) + 1023u) & ~1023u;
   const h16* wt = w + (size_t)col0 * K + (size_t)slice * KS;
   const h16* at = a + (size_t)slice * KS;
   unsigned long long policy;
@@ -124,10 +168,20 @@ __device__ __forceinline__ void gemm_stream_impl(const h16* __restrict__ a, cons
   for (int f = 0; f < NF; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.f;
   // ldmatrix rows: W's x4 (rows 0-7 | 8-15 of the warp's 16, k 0-7 | 8-15), A's x4 (tokens
   // 0-7 | 8-15 of a pair of fragments, k 0-7 | 8-15).
+#if !GS_WGMMA
   const int w_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, w_ch = lane >> 4;
   const int a_row = (lane & 7) + (lane >> 4) * 8, a_ch = (lane >> 3) & 1;
+#endif
   for (int step = 0; step < steps; step++) {
+#if GS_WGMMA
+    // This warp's products of the last stage done (its buffer is refilled below), this
+    // thread's copies of this stage landed and ordered before the async proxy's reads.
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     asm volatile("cp.async.wait_group %0;" ::"n"(GS_STAGES - 2));
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+    asm volatile("cp.async.wait_group %0;" ::"n"(GS_STAGES - 2));
+#endif
     __syncthreads();
     const int next = step + GS_STAGES - 1;
     if (next < steps) {
@@ -137,6 +191,14 @@ __device__ __forceinline__ void gemm_stream_impl(const h16* __restrict__ a, cons
     }
     asm volatile("cp.async.commit_group;");
     const unsigned sw = base + (step % GS_STAGES) * SB, sa = sw + WB;
+#if GS_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    const unsigned long long wd = gs_desc(sw), ad = gs_desc(sa);
+    // k 16 at a time: 32 bytes further along the rows (2 in the descriptor's 16-byte units).
+#pragma unroll
+    for (int kk = 0; kk < GS_KSTEP / 16; kk++) gs_wgmma(acc, wd + 2 * kk, ad + 2 * kk);
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#else
 #pragma unroll
     for (int kk = 0; kk < GS_KSTEP / 16; kk++) {
       unsigned wf[4];
@@ -155,7 +217,11 @@ __device__ __forceinline__ void gemm_stream_impl(const h16* __restrict__ a, cons
         }
       }
     }
+#endif
   }
+#if GS_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#endif
   asm volatile("cp.async.wait_group 0;");
   __syncthreads();
 
