@@ -307,6 +307,15 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
             })
             .collect::<Result<_>>()?,
     };
+    // The workload's HBM bound on one GPU ([`HbmBound`]): the copy bandwidth measured before
+    // the engine's KV pool takes the memory.
+    let one_gpu = a.engine.device == crate::engine_args::DeviceArg::Cuda
+        && a.engine.tensor_parallel_size == 1;
+    let copy_bw = match one_gpu {
+        true => Some(tandem_cuda::bench::copy_bandwidth(a.engine.cuda_device)?),
+        false => None,
+    };
+    let weight_bytes = 2 * tandem_cuda::bench::linear_params(&model.config);
     let mut engine = a.engine.build_engine(model)?;
     // One short request first, untimed: the first forward passes pay once for what a server
     // pays at start-up (GPU modules loaded on first launch, cuBLAS workspaces and heuristics,
@@ -343,6 +352,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         )),
         None => None,
     };
+    let prompt_lens: Vec<usize> = reqs.iter().map(|r| r.0.len()).collect();
     for (i, (ids, lo)) in reqs.into_iter().enumerate() {
         let params = SamplingParams {
             ignore_eos: structured.is_none() && !a.stop_at_eos,
@@ -403,6 +413,17 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     let (pf_s, pf_gen) = prefill_done.unwrap_or((secs, generated));
     let decode_tps = if secs > pf_s { (generated - pf_gen) as f64 / (secs - pf_s) } else { 0.0 };
     let digest = outputs_digest(&tokens);
+    let spec = engine.kv_cache_spec();
+    let bound = copy_bw.filter(|_| engine.kv_groups().num_groups() == 1).map(|bw| {
+        let out_lens =
+            (0..prompt_lens.len()).map(|i| tokens.get(&format!("b{i}")).map_or(0, Vec::len));
+        HbmBound::new(
+            bw,
+            (weight_bytes, stats.steps),
+            spec.pool_bytes_per_block / spec.block_size.max(1),
+            prompt_lens.iter().copied().zip(out_lens),
+        )
+    });
     // Tokens generated: the requested lengths unless requests end early (EOS, a schema's end).
     let total_out = generated;
     let report = serde_json::json!({
@@ -419,6 +440,9 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         "phase_seconds": { "schedule": stats.phase_seconds.schedule, "forward": stats.phase_seconds.forward,
             "update": stats.phase_seconds.update, "outputs": stats.phase_seconds.outputs },
         "generated_tokens": generated, "outputs_digest": format!("{digest:016x}"), "json_schema": a.json_schema.as_ref().map(|p| p.display().to_string()),
+        "copy_bytes_per_s": bound.map(|b| b.bytes_per_s),
+        "hbm_bound_tok_per_s": bound.map(|b| b.tok_per_s(total_out)),
+        "hbm_bound_fraction": bound.map(|b| total_out as f64 / secs / b.tok_per_s(total_out)),
     });
     if a.json {
         println!("{report}");
@@ -437,6 +461,16 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         println!("decode phase     {:.2} s ({decode_tps:.1} tok/s)", secs - pf_s);
         println!("steps            {} ({} preemptions)", stats.steps, stats.num_preemptions);
         println!("outputs digest   {digest:016x} (of every request's tokens)");
+        if let Some(b) = bound {
+            let bound = b.tok_per_s(total_out);
+            println!(
+                "HBM bound        {bound:.1} output tok/s: {:.1} GB of weights (once a step) + {:.1} GB of KV (each decode token's context) at the device's copy bandwidth, {:.0} GB/s; this run {:.1} % of it",
+                b.weight_bytes / 1e9,
+                b.kv_bytes / 1e9,
+                b.bytes_per_s / 1e9,
+                100.0 * total_out as f64 / secs / bound
+            );
+        }
         let (p, n) = (stats.phase_seconds, stats.steps.max(1) as f64);
         let us = |s: f64| s / n * 1e6;
         println!(
@@ -450,6 +484,45 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// What a run's decode steps must read from GPU memory at least, and how fast that could go:
+/// the linear layers' 16-bit weights once a step (and the LM head), and for every token a
+/// decode step makes, the KV of its context (prompt and the tokens before it; the first
+/// token comes from the prefill), at the device's copy bandwidth. The prefill's arithmetic and
+/// the logits are not in it, so it bounds the run from above. On one GPU with one KV group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct HbmBound {
+    /// Device copy bandwidth, bytes read plus written per second.
+    bytes_per_s: f64,
+    /// Weight bytes over the run's steps.
+    weight_bytes: f64,
+    /// KV bytes the decode tokens read.
+    kv_bytes: f64,
+}
+
+impl HbmBound {
+    /// From the copy bandwidth, (weight bytes a step, steps), the KV bytes of one position (all
+    /// layers), and each request's (prompt tokens, output tokens).
+    fn new(
+        bytes_per_s: f64,
+        (weights, steps): (u64, u64),
+        kv_per_position: usize,
+        requests: impl Iterator<Item = (usize, usize)>,
+    ) -> Self {
+        // Output token t >= 1 of a prompt of p reads p + t positions.
+        let positions: usize = requests.map(|(p, n)| (1..n).map(|t| p + t).sum::<usize>()).sum();
+        HbmBound {
+            bytes_per_s,
+            weight_bytes: weights as f64 * steps as f64,
+            kv_bytes: (positions * kv_per_position) as f64,
+        }
+    }
+
+    /// Output tokens a second the bytes allow, for a run of `out` output tokens.
+    fn tok_per_s(&self, out: usize) -> f64 {
+        out as f64 / ((self.weight_bytes + self.kv_bytes) / self.bytes_per_s)
+    }
 }
 
 /// The standard hasher's digest of every request's id and tokens, in id order: equal digests,
@@ -579,5 +652,21 @@ fn since(now: EngineStats, base: EngineStats) -> EngineStats {
         spec_accepted_tokens: now.spec_accepted_tokens - base.spec_accepted_tokens,
         spec_accepted_per_position: per_position,
         phase_seconds: now.phase_seconds.since(&base.phase_seconds),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HbmBound;
+
+    #[test]
+    fn hbm_bound_counts_weights_per_step_and_each_decode_tokens_context() {
+        // A prompt of 100 and 3 output tokens: the 2nd reads 101 positions, the 3rd 102; a
+        // request of one token (prefill only) reads none.
+        let b = HbmBound::new(446.0, (10, 4), 2, [(100, 3), (50, 1)].into_iter());
+        assert_eq!(b.weight_bytes, 40.0);
+        assert_eq!(b.kv_bytes, 406.0);
+        // 446 bytes at 446 B/s: one second for the run's 4 output tokens.
+        assert_eq!(b.tok_per_s(4), 4.0);
     }
 }

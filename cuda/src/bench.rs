@@ -139,6 +139,29 @@ pub fn group_limits(n: usize) -> Result<(String, Limits), CudaError> {
     Ok((name, lim))
 }
 
+/// Device-to-device copy bandwidth of GPU `ordinal` (bytes read plus written per second, as
+/// [`Limits::hbm_bytes_per_s`]: 10 copies of 1 GiB after 2 untimed), on a context of its own
+/// without compiling the kernels, so a caller can measure it before it builds an engine (whose
+/// KV pool then takes what the copy's buffers held).
+pub fn copy_bandwidth(ordinal: usize) -> Result<f64, CudaError> {
+    let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(CudaError::from)?;
+    let stream = ctx.default_stream();
+    let bytes = 1usize << 30;
+    let src = stream.alloc_zeros::<u8>(bytes).map_err(CudaError::from)?;
+    let mut dst = stream.alloc_zeros::<u8>(bytes).map_err(CudaError::from)?;
+    let mut copy = |n: usize| -> Result<f64, CudaError> {
+        let t = Instant::now();
+        for _ in 0..n {
+            stream.memcpy_dtod(&src, &mut dst).map_err(CudaError::from)?;
+        }
+        stream.synchronize().map_err(CudaError::from)?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    copy(2)?;
+    let secs = copy(10)?;
+    Ok(2.0 * 10.0 * bytes as f64 / secs)
+}
+
 /// Measures [`Limits`].
 pub fn limits(g: &Gpu) -> Result<Limits, CudaError> {
     let bytes = 2usize << 30;
