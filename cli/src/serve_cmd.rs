@@ -372,7 +372,20 @@ pub enum RoutingPolicyArg {
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     // The engine runs on its own thread; the runtime only moves bytes.
-    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
+    let threads = runtime_threads(std::env::var("TANDEM_RUNTIME_THREADS").ok().as_deref())?;
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()?)
+}
+
+/// Threads of a server process's async runtime (router, workers): 2, or
+/// `TANDEM_RUNTIME_THREADS` (1 to 64), for hosts with cores to spare beside the engine.
+fn runtime_threads(env: Option<&str>) -> Result<usize> {
+    match env.map(str::trim) {
+        None | Some("") => Ok(2),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=64).contains(&n) => Ok(n),
+            _ => anyhow::bail!("TANDEM_RUNTIME_THREADS={v}: expected a whole number from 1 to 64"),
+        },
+    }
 }
 
 /// Runs a server to completion; tasks still blocked when it returns (a peer that never answers)
@@ -569,6 +582,17 @@ pub fn run_router(a: RouterArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtime_threads_default_to_two_and_refuse_what_is_not_a_count() {
+        assert_eq!(runtime_threads(None).unwrap(), 2);
+        assert_eq!(runtime_threads(Some("")).unwrap(), 2);
+        assert_eq!(runtime_threads(Some(" 8 ")).unwrap(), 8);
+        for bad in ["0", "65", "two", "-1"] {
+            let e = runtime_threads(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("TANDEM_RUNTIME_THREADS"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn durations() {
