@@ -353,6 +353,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         None => None,
     };
     let prompt_lens: Vec<usize> = reqs.iter().map(|r| r.0.len()).collect();
+    let request_id = |i: usize| format!("b{i}");
     for (i, (ids, lo)) in reqs.into_iter().enumerate() {
         let params = SamplingParams {
             ignore_eos: structured.is_none() && !a.stop_at_eos,
@@ -363,7 +364,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
             seed: Some(a.seed ^ i as u64),
             ..SamplingParams::greedy(lo)
         };
-        engine.add_request(&format!("b{i}"), Prompt::TokenIds(ids), params, None)?;
+        engine.add_request(&request_id(i), Prompt::TokenIds(ids), params, None)?;
     }
     let bar = indicatif::ProgressBar::new(a.num_prompts as u64);
     bar.set_style(
@@ -416,7 +417,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     let spec = engine.kv_cache_spec();
     let bound = copy_bw.filter(|_| engine.kv_groups().num_groups() == 1).map(|bw| {
         let out_lens =
-            (0..prompt_lens.len()).map(|i| tokens.get(&format!("b{i}")).map_or(0, Vec::len));
+            (0..prompt_lens.len()).map(|i| tokens.get(&request_id(i)).map_or(0, Vec::len));
         HbmBound::new(
             bw,
             (weight_bytes, stats.steps),
@@ -442,7 +443,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         "generated_tokens": generated, "outputs_digest": format!("{digest:016x}"), "json_schema": a.json_schema.as_ref().map(|p| p.display().to_string()),
         "copy_bytes_per_s": bound.map(|b| b.bytes_per_s),
         "hbm_bound_tok_per_s": bound.map(|b| b.tok_per_s(total_out)),
-        "hbm_bound_fraction": bound.map(|b| total_out as f64 / secs / b.tok_per_s(total_out)),
+        "hbm_bound_fraction": bound.map(|b| b.share(total_out, secs)),
     });
     if a.json {
         println!("{report}");
@@ -468,7 +469,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
                 b.weight_bytes / 1e9,
                 b.kv_bytes / 1e9,
                 b.bytes_per_s / 1e9,
-                100.0 * total_out as f64 / secs / bound
+                100.0 * b.share(total_out, secs)
             );
         }
         let (p, n) = (stats.phase_seconds, stats.steps.max(1) as f64);
@@ -491,7 +492,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
 /// decode step makes, the KV of its context (prompt and the tokens before it; the first
 /// token comes from the prefill), at the device's copy bandwidth. The prefill's arithmetic and
 /// the logits are not in it, so it bounds the run from above. On one GPU with one KV group.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 struct HbmBound {
     /// Device copy bandwidth, bytes read plus written per second.
     bytes_per_s: f64,
@@ -522,6 +523,11 @@ impl HbmBound {
     /// Output tokens a second the bytes allow, for a run of `out` output tokens.
     fn tok_per_s(&self, out: usize) -> f64 {
         out as f64 / ((self.weight_bytes + self.kv_bytes) / self.bytes_per_s)
+    }
+
+    /// The share of the bound a run of `out` output tokens in `secs` seconds reached.
+    fn share(&self, out: usize, secs: f64) -> f64 {
+        out as f64 / secs / self.tok_per_s(out)
     }
 }
 
@@ -668,5 +674,7 @@ mod tests {
         assert_eq!(b.kv_bytes, 406.0);
         // 446 bytes at 446 B/s: one second for the run's 4 output tokens.
         assert_eq!(b.tok_per_s(4), 4.0);
+        // The same 4 tokens in 2 s: half the bound.
+        assert_eq!(b.share(4, 2.0), 0.5);
     }
 }

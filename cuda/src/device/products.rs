@@ -94,9 +94,10 @@ impl Gpu {
 
     /// Whether [`Gpu::gemm`] takes a product of `m` rows, `n` columns over `k` on the
     /// `gemm_stream` kernels: switched on, sm_90 or later (clusters), 2 to
-    /// [`Gpu::stream_gemm_max_rows`] rows (`TANDEM_STREAM_GEMM_MAX_ROWS`, default 32: on an
-    /// H200 the decode step at 64 sequences was 7–11 % slower on them than on cuBLAS, at 2–32
-    /// faster), n a multiple of 64 and k of 64, and weights of at most
+    /// [`Gpu::stream_gemm_max_rows`] rows (`TANDEM_STREAM_GEMM_MAX_ROWS`, default 32: on one
+    /// H200 — bf16 random weights, decode graphs, `attention_dec_rope128/64`, the warpgroup MMA
+    /// — the decode step at 64 sequences was 0.3–2 % slower on them than on cuBLAS, at 2–32
+    /// faster; docs/gpu-runs/h200-2026-12-03-wgmma/1-k87/), n a multiple of 64 and k of 64, and weights of at most
     /// `TANDEM_STREAM_GEMM_MAX_MB` (default 64; the larger products cuBLAS already reads near
     /// the copy bandwidth).
     pub fn stream_gemm_takes(&self, m: usize, n: usize, k: usize) -> bool {
