@@ -90,7 +90,17 @@ done
 
 # The decode worker's step metrics (steps, tokens, time, the host phases of each step); on the
 # router, its time to first token and that time's phases.
-scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds|time_to_first_token_seconds|request_queue_time_seconds|router_first_token_phase_seconds|worker_handoff_seconds)_(sum|count)' > "$2"; }
+scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds|engine_between_steps_seconds|time_to_first_token_seconds|request_queue_time_seconds|router_first_token_phase_seconds|worker_handoff_seconds)_(sum|count)' > "$2"; }
+# CPU time of every thread of the server's processes (the router, the workers), in clock ticks:
+# "pid role tid thread ticks" lines; two snapshots around a run give each thread's share of it.
+cpu_snapshot() {
+  for p in $(pgrep -f "tandem/tandem (decode|router|prefill) "); do
+    role=$(tr '\0' '\n' < /proc/$p/cmdline 2>/dev/null | sed -n 2p)
+    for t in /proc/$p/task/*; do
+      echo "$p $role ${t##*/} $(tr ' ' _ < $t/comm) $(cut -d')' -f2 < $t/stat | awk '{print $12 + $13}')"
+    done 2>/dev/null
+  done > "$1"
+}
 worker_of() { grep -a -o 'decode worker serving.*' "$1" | grep -o '127.0.0.1:[0-9]*' | head -1; }
 
 # TABLE=0 leaves out the table (both servers' concurrencies): the rounds below alone.
@@ -137,11 +147,13 @@ for r in $(seq 1 "${ROUNDS:-0}"); do
       worker=$(worker_of "$o/$tag-up-$placement.log")
       scrape "$worker" "$o/$tag-metrics-$placement-before.txt"
       scrape "127.0.0.1:$port" "$o/$tag-router-metrics-$placement-before.txt"
+      cpu_snapshot "$o/$tag-cpu-$placement-before.txt"
       "${pin_client[@]}" timeout 120 $B bench serve --base-url http://127.0.0.1:$port/v1 --model $name --seed $RANDOM \
         --num-prompts $n_round --concurrency 256 --input-len 108 --output-len 128 --ignore-eos --quiet \
         --json "$o/$tag-served-$placement.json" > /dev/null 2>&1
       scrape "$worker" "$o/$tag-metrics-$placement-after.txt"
       scrape "127.0.0.1:$port" "$o/$tag-router-metrics-$placement-after.txt"
+      cpu_snapshot "$o/$tag-cpu-$placement-after.txt"
       # POISSON="800 1000": open-loop arrivals at each rate (requests/s, five seconds' worth)
       # through the same server: steps that carry a few new prompts beside decoding ones.
       for rate in ${POISSON:-}; do
@@ -192,7 +204,7 @@ def sums(path):
     for line in open(path):
         if "_bucket" not in line:
             name, val = line.split()[0].split("{")[0], float(line.split()[-1])
-            ph = re.search(r'phase="(\w+)"', line)
+            ph = re.search(r'(?:phase|part)="(\w+)"', line)
             v[name + (":" + ph.group(1) if ph else "")] = val
     return v
 def phases(prefix):
@@ -210,6 +222,8 @@ def phases(prefix):
             ttft = f"; engine's own TTFT mean {mean('tandem_time_to_first_token_seconds'):.1f} ms, queued {mean('tandem_request_queue_time_seconds'):.1f} ms"
         if "tandem_worker_handoff_seconds_count" in b:
             ttft += f"; handoff to the engine thread {mean('tandem_worker_handoff_seconds'):.1f} ms"
+        if "tandem_engine_between_steps_seconds_sum:jobs" in b:
+            split += "; before each: " + ", ".join(f"{p} {us('tandem_engine_between_steps_seconds_sum:' + p):.0f} µs" for p in ("idle", "jobs", "dispatch"))
         return f"{steps:.0f} steps of {us('tandem_engine_step_seconds_sum'):.0f} µs ({toks / steps:.0f} tokens a step, {busy:.3f} s stepping): {split}{ttft}"
     except (OSError, KeyError, ZeroDivisionError) as e:
         return f"worker metrics: {e}"
@@ -224,6 +238,19 @@ def router_ttft(prefix):
             out += " (" + ", ".join(f"{p} {mean(k, ':' + p):.1f}" for p in ("prepare", "worker_accept", "first_token_wait")) + ")"
         return out
     except (OSError, KeyError, ZeroDivisionError) as e:
+        return f"? ({e})"
+def cpu(prefix, seconds):
+    # Each server process's CPU during a served run by thread name, as cores busy on average.
+    try:
+        snap = lambda f: {tuple(l.split()[:4]): int(l.split()[4]) for l in open(f) if len(l.split()) == 5}
+        a, b = snap(prefix + "-before.txt"), snap(prefix + "-after.txt")
+        by = {}
+        for (pid, role, tid, thread), t in b.items():
+            k = (role, re.sub(r"[-_]?\d+$", "", thread))
+            by[k] = by.get(k, 0) + (t - a.get((pid, role, tid, thread), 0)) / os.sysconf("SC_CLK_TCK")
+        parts = [f"{role} {thread} {v / seconds:.2f}" for (role, thread), v in sorted(by.items()) if v > 0]
+        return ", ".join(parts) or "none"
+    except (OSError, ValueError, ZeroDivisionError) as e:
         return f"? ({e})"
 for mode in ("colocated", "disaggregated"):
     r = load(f"tandem-{mode}-n1024")
@@ -250,6 +277,7 @@ for r in range(1, 10):
         if v: print(f"  tandem up, client on {'every core' if placement == 'shared' else 'its own half of the cores'}: {v['output_throughput']:,.0f} tok/s = {v['output_throughput'] / float(m.group(1)):.0%} of the engine (TTFT p99 {v['ttft']['p99_ms']:.0f} ms, {v['failed']} failed {v['errors'] if v['failed'] else ''})")
         if v: print(f"    decode worker: {phases(os.path.join(d, f'{tag}-metrics-{placement}'))}")
         if v: print(f"    TTFT mean: client {v['ttft']['mean_ms']:.1f} ms, router {router_ttft(os.path.join(d, f'{tag}-router-metrics-{placement}'))}")
+        if v: print(f"    cores busy over the run's {v['duration_s']:.3f} s: {cpu(os.path.join(d, f'{tag}-cpu-{placement}'), v['duration_s'])}")
         for rate in os.environ.get("POISSON", "").split():
             p = load(f"{tag}-poisson{rate}-{placement}")
             if p: print(f"  Poisson {rate} requests/s: {p['output_throughput']:,.0f} tok/s, TTFT p50 {p['ttft']['median_ms']:.1f} / p99 {p['ttft']['p99_ms']:.1f} ms, TPOT p50 {p['tpot']['median_ms']:.2f} / p99 {p['tpot']['p99_ms']:.2f} ms ({p['failed']} failed)")

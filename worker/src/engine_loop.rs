@@ -286,6 +286,24 @@ fn publish(state: &mut LoopState, snap: &Mutex<Snapshot>, failed: bool) {
 /// streams wait for it.
 const SLOW: Duration = Duration::from_millis(500);
 
+/// Where the engine thread's time went since the step before (see
+/// `tandem_engine_between_steps_seconds`).
+#[derive(Default)]
+struct Between {
+    idle: f64,
+    jobs: f64,
+    dispatch: f64,
+}
+
+impl Between {
+    /// Adds the time since `since` to `part` and returns now.
+    fn lap(part: &mut f64, since: Instant) -> Instant {
+        let now = Instant::now();
+        *part += now.duration_since(since).as_secs_f64();
+        now
+    }
+}
+
 fn run(
     state: &mut LoopState,
     rx: &Receiver<Job>,
@@ -295,23 +313,26 @@ fn run(
     let mut failed = false;
     // The engine's phase totals at the last step recorded in the metrics.
     let mut phases = state.engine.phase_seconds();
+    let mut between = Between::default();
     loop {
         let busy = state.engine.has_unfinished_requests() || state.engine.has_pending_outputs();
+        let mut clock = Instant::now();
         if !busy {
             match rx.recv() {
-                Ok(job) => job(state),
+                Ok(job) => {
+                    clock = Between::lap(&mut between.idle, clock);
+                    job(state)
+                }
                 Err(_) => return,
             }
         }
-        let jobs_started = Instant::now();
         while let Ok(job) = rx.try_recv() {
             job(state);
         }
-        if jobs_started.elapsed() > SLOW {
-            tracing::debug!(
-                ms = jobs_started.elapsed().as_millis() as u64,
-                "slow engine jobs (between steps)"
-            );
+        let jobs_ms = clock.elapsed().as_millis() as u64;
+        clock = Between::lap(&mut between.jobs, clock);
+        if jobs_ms > SLOW.as_millis() as u64 {
+            tracing::debug!(ms = jobs_ms, "slow engine jobs (between steps)");
         }
         if state.engine.has_pending_outputs() {
             // News made between steps (a remote prefill's first token) goes out now, not
@@ -319,6 +340,7 @@ fn run(
             let outs = state.engine.take_pending_outputs();
             state.dispatch(outs);
             publish(state, snap, failed);
+            clock = Between::lap(&mut between.dispatch, clock);
         }
         if let Some(share) = share.as_mut() {
             // Only a step that runs the model takes the cores (not one that just waits for
@@ -327,8 +349,14 @@ fn run(
                 share.release();
             } else if !share.poll() {
                 match rx.recv_timeout(core_share::POLL) {
-                    Ok(job) => job(state),
-                    Err(RecvTimeoutError::Timeout) => {}
+                    Ok(job) => {
+                        clock = Between::lap(&mut between.idle, clock);
+                        job(state);
+                        Between::lap(&mut between.jobs, clock);
+                    }
+                    Err(RecvTimeoutError::Timeout) => {
+                        Between::lap(&mut between.idle, clock);
+                    }
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
                 continue;
@@ -336,6 +364,7 @@ fn run(
         }
         if !(state.engine.has_unfinished_requests() || state.engine.has_pending_outputs()) {
             publish(state, snap, failed);
+            Between::lap(&mut between.dispatch, clock);
             continue;
         }
         let step_started = Instant::now();
@@ -362,15 +391,25 @@ fn run(
                     let now = state.engine.phase_seconds();
                     m::observe_step_phases(&now.since(&phases));
                     phases = now;
+                    let b = std::mem::take(&mut between);
+                    m::observe_between_steps(b.idle, b.jobs, b.dispatch);
                 }
                 failed = false;
+                let clock = Instant::now();
                 state.dispatch(outs);
                 publish(state, snap, failed);
+                let clock = Between::lap(&mut between.dispatch, clock);
                 if idle {
                     // Only requests waiting for remote KV: wait for news instead of spinning.
                     match rx.recv_timeout(Duration::from_millis(2)) {
-                        Ok(job) => job(state),
-                        Err(RecvTimeoutError::Timeout) => {}
+                        Ok(job) => {
+                            let clock = Between::lap(&mut between.idle, clock);
+                            job(state);
+                            Between::lap(&mut between.jobs, clock);
+                        }
+                        Err(RecvTimeoutError::Timeout) => {
+                            Between::lap(&mut between.idle, clock);
+                        }
                         Err(RecvTimeoutError::Disconnected) => return,
                     }
                 }

@@ -82,6 +82,8 @@ struct Aliased {
     step_seconds: Histogram,
     /// Each step's phases, by [`PHASES`].
     phase_seconds: [Histogram; 4],
+    /// The engine thread's time before each step, by [`BETWEEN`].
+    between_seconds: [Histogram; 3],
     model: String,
 }
 
@@ -175,6 +177,8 @@ impl Aliased {
             ),
             step_seconds: histogram!("tandem_engine_step_seconds"),
             phase_seconds: PHASES.map(|p| histogram!("tandem_engine_phase_seconds", "phase" => p)),
+            between_seconds: BETWEEN
+                .map(|p| histogram!("tandem_engine_between_steps_seconds", "part" => p)),
             model: model.to_string(),
         }
     }
@@ -226,6 +230,10 @@ pub fn install(model: &str, role: &str, worker: &str) -> anyhow::Result<Promethe
         .set_buckets_for_metric(Matcher::Full("tandem_engine_step_seconds".into()), &STEP_BUCKETS)?
         .set_buckets_for_metric(
             Matcher::Full("tandem_engine_phase_seconds".into()),
+            &PHASE_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("tandem_engine_between_steps_seconds".into()),
             &PHASE_BUCKETS,
         )?
         .set_buckets_for_metric(
@@ -317,6 +325,11 @@ fn describe() {
         "tandem_engine_phase_seconds",
         Unit::Seconds,
         "Wall time of each phase of an engine step (schedule, forward, update, outputs); the forward phase includes the device's work and the wait for its tokens, the others are host work between device passes."
+    );
+    describe_histogram!(
+        "tandem_engine_between_steps_seconds",
+        Unit::Seconds,
+        "The engine thread's time outside the steps before each step that ran the model, by part: idle (nothing to run, or waiting for remote KV or shared cores), jobs (requests added, aborts, page writes), dispatch (the outputs handed to their streams and the engine's state published)."
     );
     describe_counter!(
         "tandem_kv_transfer_bytes_total",
@@ -425,6 +438,19 @@ const PHASES: [&str; 4] = ["schedule", "forward", "update", "outputs"];
 pub(crate) fn observe_step_phases(p: &tandem_engine::llm_engine::PhaseSeconds) {
     if let Some(m) = aliased() {
         for (h, s) in m.phase_seconds.iter().zip([p.schedule, p.forward, p.update, p.outputs]) {
+            h.record(s.max(0.0));
+        }
+    }
+}
+
+/// The parts of the engine thread's time between steps, as the `part` label names them.
+const BETWEEN: [&str; 3] = ["idle", "jobs", "dispatch"];
+
+/// The engine thread's time since the step before, by [`BETWEEN`] (recorded before each step
+/// that ran the model).
+pub(crate) fn observe_between_steps(idle: f64, jobs: f64, dispatch: f64) {
+    if let Some(m) = aliased() {
+        for (h, s) in m.between_seconds.iter().zip([idle, jobs, dispatch]) {
             h.record(s.max(0.0));
         }
     }
