@@ -439,7 +439,8 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         "spec_acceptance_rate": if stats.spec_draft_tokens > 0 { stats.spec_accepted_tokens as f64 / stats.spec_draft_tokens as f64 } else { 0.0 },
         "spec_accepted_per_position": stats.spec_accepted_per_position,
         "phase_seconds": { "schedule": stats.phase_seconds.schedule, "forward": stats.phase_seconds.forward,
-            "update": stats.phase_seconds.update, "outputs": stats.phase_seconds.outputs },
+            "update": stats.phase_seconds.update, "outputs": stats.phase_seconds.outputs,
+            "device": stats.phase_seconds.device },
         "generated_tokens": generated, "outputs_digest": format!("{digest:016x}"), "json_schema": a.json_schema.as_ref().map(|p| p.display().to_string()),
         "copy_bytes_per_s": bound.map(|b| b.bytes_per_s),
         "hbm_bound_tok_per_s": bound.map(|b| b.tok_per_s(total_out)),
@@ -478,6 +479,13 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
             "per step         schedule {:.0} µs, forward and sampling {:.0} µs, update {:.0} µs, outputs {:.0} µs",
             us(p.schedule), us(p.forward), us(p.update), us(p.outputs)
         );
+        if p.device > 0.0 {
+            println!(
+                "device           {:.0} µs a step on the device ({:.0} % of the run)",
+                us(p.device),
+                100.0 * p.device / secs
+            );
+        }
         println!("peak RSS         {rss:.0} MiB");
         println!(
             "peak KV held     {peak_kv:.1} MiB of a {pool_kv:.0} MiB pool ({} KV groups)",

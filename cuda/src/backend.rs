@@ -195,6 +195,8 @@ pub struct CudaBackend {
     launched: std::collections::VecDeque<sampling::Launched>,
     /// Where queued passes' tokens land on the host, one per pass that can be in flight.
     samples_host: Vec<sampling::SampleSlot>,
+    /// The device's time on the queued passes collected so far, seconds.
+    device_seconds: f64,
 }
 
 /// A device error as the engine's backend error.
@@ -346,6 +348,7 @@ impl CudaBackend {
             tp: None,
             launched: Default::default(),
             samples_host: Vec::new(),
+            device_seconds: 0.0,
         })
     }
 
@@ -741,6 +744,10 @@ impl ModelBackend for CudaBackend {
 
     fn collect_sampled(&mut self) -> Result<Vec<TokenLogprob>, BackendError> {
         self.collect_pass().map_err(dev)
+    }
+
+    fn device_seconds(&self) -> Option<f64> {
+        Some(self.device_seconds)
     }
 
     fn forward_layers(

@@ -90,7 +90,7 @@ done
 
 # The decode worker's step metrics (steps, tokens, time, the host phases of each step); on the
 # router, its time to first token and that time's phases.
-scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds|engine_between_steps_seconds|time_to_first_token_seconds|request_queue_time_seconds|router_first_token_phase_seconds|worker_handoff_seconds)_(sum|count)' > "$2"; }
+scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds|engine_between_steps_seconds|engine_device_seconds|time_to_first_token_seconds|request_queue_time_seconds|router_first_token_phase_seconds|worker_handoff_seconds)_(sum|count)' > "$2"; }
 # CPU time of every thread of the server's processes (the router, the workers), in clock ticks:
 # "pid role tid thread ticks" lines; two snapshots around a run give each thread's share of it.
 cpu_snapshot() {
@@ -222,6 +222,8 @@ def phases(prefix):
             ttft = f"; engine's own TTFT mean {mean('tandem_time_to_first_token_seconds'):.1f} ms, queued {mean('tandem_request_queue_time_seconds'):.1f} ms"
         if "tandem_worker_handoff_seconds_count" in b:
             ttft += f"; handoff to the engine thread {mean('tandem_worker_handoff_seconds'):.1f} ms"
+        if "tandem_engine_device_seconds_sum" in b:
+            split += f"; on the device {us('tandem_engine_device_seconds_sum'):.0f} µs"
         if "tandem_engine_between_steps_seconds_sum:jobs" in b:
             split += "; before each: " + ", ".join(f"{p} {us('tandem_engine_between_steps_seconds_sum:' + p):.0f} µs" for p in ("idle", "jobs", "dispatch"))
         return f"{steps:.0f} steps of {us('tandem_engine_step_seconds_sum'):.0f} µs ({toks / steps:.0f} tokens a step, {busy:.3f} s stepping): {split}{ttft}"
@@ -270,8 +272,9 @@ for r in range(1, 10):
     if not os.path.exists(e): continue
     m = re.search(r"throughput\s+([\d.]+) output tok/s", open(e).read())
     ph = re.search(r"per step\s+(.*)", open(e).read())
+    dv = re.search(r"device\s+(\d+) µs a step", open(e).read())
     if not m: continue
-    print(f"{tag}: bench engine {float(m.group(1)):,.0f} tok/s (per step: {ph.group(1) if ph else '?'})")
+    print(f"{tag}: bench engine {float(m.group(1)):,.0f} tok/s (per step: {ph.group(1) if ph else '?'}{', on the device ' + dv.group(1) + ' µs' if dv else ''})")
     for placement in ("shared", "split"):
         v = load(f"{tag}-served-{placement}")
         if v: print(f"  tandem up, client on {'every core' if placement == 'shared' else 'its own half of the cores'}: {v['output_throughput']:,.0f} tok/s = {v['output_throughput'] / float(m.group(1)):.0%} of the engine (TTFT p99 {v['ttft']['p99_ms']:.0f} ms, {v['failed']} failed {v['errors'] if v['failed'] else ''})")

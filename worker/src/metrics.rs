@@ -82,6 +82,8 @@ struct Aliased {
     step_seconds: Histogram,
     /// Each step's phases, by [`PHASES`].
     phase_seconds: [Histogram; 4],
+    /// The device's time on each step, where the backend measures it.
+    device_seconds: Histogram,
     /// The engine thread's time before each step, by [`BETWEEN`].
     between_seconds: [Histogram; 3],
     model: String,
@@ -177,6 +179,7 @@ impl Aliased {
             ),
             step_seconds: histogram!("tandem_engine_step_seconds"),
             phase_seconds: PHASES.map(|p| histogram!("tandem_engine_phase_seconds", "phase" => p)),
+            device_seconds: histogram!("tandem_engine_device_seconds"),
             between_seconds: BETWEEN
                 .map(|p| histogram!("tandem_engine_between_steps_seconds", "part" => p)),
             model: model.to_string(),
@@ -234,6 +237,10 @@ pub fn install(model: &str, role: &str, worker: &str) -> anyhow::Result<Promethe
         )?
         .set_buckets_for_metric(
             Matcher::Full("tandem_engine_between_steps_seconds".into()),
+            &PHASE_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("tandem_engine_device_seconds".into()),
             &PHASE_BUCKETS,
         )?
         .set_buckets_for_metric(
@@ -325,6 +332,11 @@ fn describe() {
         "tandem_engine_phase_seconds",
         Unit::Seconds,
         "Wall time of each phase of an engine step (schedule, forward, update, outputs); the forward phase includes the device's work and the wait for its tokens, the others are host work between device passes."
+    );
+    describe_histogram!(
+        "tandem_engine_device_seconds",
+        Unit::Seconds,
+        "The device's own time on each engine step (GPU: from the device reaching the step's pass to its tokens' copy); against the step's wall time it says whether steps wait for the device or for the host."
     );
     describe_histogram!(
         "tandem_engine_between_steps_seconds",
@@ -439,6 +451,9 @@ pub(crate) fn observe_step_phases(p: &tandem_engine::llm_engine::PhaseSeconds) {
     if let Some(m) = aliased() {
         for (h, s) in m.phase_seconds.iter().zip([p.schedule, p.forward, p.update, p.outputs]) {
             h.record(s.max(0.0));
+        }
+        if p.device > 0.0 {
+            m.device_seconds.record(p.device);
         }
     }
 }

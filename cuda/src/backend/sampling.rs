@@ -20,10 +20,11 @@ pub(crate) enum Launched {
     Ready(Vec<TokenLogprob>),
 }
 
-/// Page-locked memory a queued pass's tokens and log-probabilities are copied to, and the event
-/// that copy completes.
+/// Page-locked memory a queued pass's tokens and log-probabilities are copied to, the event
+/// that copy completes and the one queued before the pass (the two time the pass on the device).
 pub(crate) struct SampleSlot {
     buf: PinnedHostSlice<i32>,
+    started: CudaEvent,
     copied: CudaEvent,
 }
 
@@ -126,7 +127,10 @@ impl CudaBackend {
                 // SAFETY: page-locked memory written only by the copies below, read after
                 // their event.
                 let buf = unsafe { self.gpu.ctx.alloc_pinned::<i32>(2 * self.logits_cap) }?;
-                self.samples_host.push(SampleSlot { buf, copied: self.gpu.ctx.new_event(None)? });
+                // Timed events (the default flags), unlike cudarc's default.
+                let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let (started, copied) = (self.gpu.ctx.new_event(timed)?, self.gpu.ctx.new_event(timed)?);
+                self.samples_host.push(SampleSlot { buf, started, copied });
             }
         }
         // The slot the pass still in flight (if any) does not use.
@@ -135,6 +139,9 @@ impl CudaBackend {
             _ => 0,
         };
         let idx: Vec<u32> = (0..n as u32).collect();
+        // Reached on the device when the pass before this one is done: the device's time on
+        // this pass runs from there to its tokens' copy.
+        self.samples_host[slot].started.record(&self.gpu.stream)?;
         self.gpu.write(&mut self.a.sample_args, &sampling_args(&idx, rows))?;
         self.pass(b, self.cfg.num_layers)?;
         self.queue_sample_rows(n)?;
@@ -155,6 +162,7 @@ impl CudaBackend {
             Some(Launched::Queued { rows, slot }) => {
                 let s = &self.samples_host[slot];
                 s.copied.synchronize()?;
+                self.device_seconds += f64::from(s.started.elapsed_ms(&s.copied)?) / 1e3;
                 Ok(tokens_of(&s.buf.as_slice()?[..2 * rows]))
             }
             None => Err(CudaError::Unsupported("no pass was launched".into())),

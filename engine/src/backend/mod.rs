@@ -294,6 +294,14 @@ pub trait ModelBackend: Send {
     ) -> Result<Vec<crate::sampling::sampler::TokenLogprob>, BackendError> {
         Err(BackendError::InvalidBatch("no pass was launched".into()))
     }
+    /// The device's own time on the passes [`ModelBackend::launch_sampled`] queued and
+    /// [`ModelBackend::collect_sampled`] collected so far, in seconds, where the backend times
+    /// them (from the device reaching a pass to its tokens' copy; a gap while the host still
+    /// queues the pass counts). Set against wall time it says whether steps wait for the
+    /// device or for the host. `None`: not measured.
+    fn device_seconds(&self) -> Option<f64> {
+        None
+    }
     /// Copies whole blocks `(src, dst)` within the device pool (copy-on-write).
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError>;
     /// Copies device blocks to host swap blocks `(device, host)`.

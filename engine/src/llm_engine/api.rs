@@ -136,6 +136,10 @@ pub struct PhaseSeconds {
     pub update: f64,
     /// Building each changed request's output.
     pub outputs: f64,
+    /// The device's own time on the steps' passes where the backend times it
+    /// ([`ModelBackend::device_seconds`](crate::backend::ModelBackend::device_seconds); 0 where
+    /// it does not): not a host phase, it runs beside the others.
+    pub device: f64,
 }
 
 impl PhaseSeconds {
@@ -146,6 +150,7 @@ impl PhaseSeconds {
             forward: self.forward - base.forward,
             update: self.update - base.update,
             outputs: self.outputs - base.outputs,
+            device: self.device - base.device,
         }
     }
 }

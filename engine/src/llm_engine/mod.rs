@@ -480,13 +480,16 @@ impl LLMEngine {
             num_preemptions: self.scheduler.num_preemptions,
             prefix_cache_queries: pc.queries,
             prefix_cache_hits: pc.hits,
+            phase_seconds: self.phase_seconds(),
             ..self.stats
         }
     }
 
-    /// Wall time spent in each phase of [`LLMEngine::step`] since start.
+    /// Wall time spent in each phase of [`LLMEngine::step`] since start (and the device's
+    /// time, where the backend measures it).
     pub fn phase_seconds(&self) -> PhaseSeconds {
-        self.stats.phase_seconds
+        let device = self.runner.backend.device_seconds().unwrap_or(0.0);
+        PhaseSeconds { device, ..self.stats.phase_seconds }
     }
 
     /// The plan of the last step (for tests and metrics).
