@@ -440,7 +440,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         "spec_accepted_per_position": stats.spec_accepted_per_position,
         "phase_seconds": { "schedule": stats.phase_seconds.schedule, "forward": stats.phase_seconds.forward,
             "update": stats.phase_seconds.update, "outputs": stats.phase_seconds.outputs,
-            "device": stats.phase_seconds.device },
+            "device": stats.phase_seconds.device, "launch": stats.phase_seconds.launch },
         "generated_tokens": generated, "outputs_digest": format!("{digest:016x}"), "json_schema": a.json_schema.as_ref().map(|p| p.display().to_string()),
         "copy_bytes_per_s": bound.map(|b| b.bytes_per_s),
         "hbm_bound_tok_per_s": bound.map(|b| b.tok_per_s(total_out)),
@@ -484,6 +484,16 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
                 "device           {:.0} µs a step on the device ({:.0} % of the run)",
                 us(p.device),
                 100.0 * p.device / secs
+            );
+        }
+        if p.launch > 0.0 {
+            let parts = engine.backend_host_seconds();
+            let parts: Vec<String> =
+                parts.iter().map(|(k, s)| format!("{k} {:.0}", us(*s))).collect();
+            println!(
+                "launch           {:.0} µs a step of forward (backend: {} µs)",
+                us(p.launch),
+                parts.join(", ")
             );
         }
         println!("peak RSS         {rss:.0} MiB");

@@ -9,6 +9,7 @@
 //! chunks of up to `plan::MIXED_GRAPH_MAX_ROWS` tokens replay a graph of their padded shape.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use cudarc::driver::{CudaGraph, CudaSlice, LaunchConfig};
 use tandem_engine::backend::{
@@ -197,6 +198,37 @@ pub struct CudaBackend {
     samples_host: Vec<sampling::SampleSlot>,
     /// The device's time on the queued passes collected so far, seconds.
     device_seconds: f64,
+    /// The host's time launching passes, by part.
+    host_times: HostTimes,
+}
+
+/// The host's time launching passes, by part, summed in seconds (what
+/// [`ModelBackend::host_seconds`] reports).
+#[derive(Debug, Default, Clone, Copy)]
+struct HostTimes {
+    /// Checking the batch and its sampling rows.
+    validate: f64,
+    /// Planning the pass (tiles, splits, padding to a graph).
+    plan: f64,
+    /// Copying the plan and sampling arguments up.
+    upload: f64,
+    /// Launching a decode graph.
+    queue: f64,
+    /// Uploading and launching a mixed step's graph (or its eager run while capturing).
+    mixed: f64,
+    /// Queueing an eager pass kernel by kernel.
+    eager: f64,
+    /// Queueing the sampling kernel and the tokens' copy.
+    sample: f64,
+}
+
+impl HostTimes {
+    /// Adds the time since `clock` to `part` and restarts it.
+    fn lap(part: &mut f64, clock: &mut Instant) {
+        let now = Instant::now();
+        *part += now.duration_since(*clock).as_secs_f64();
+        *clock = now;
+    }
 }
 
 /// A device error as the engine's backend error.
@@ -349,6 +381,7 @@ impl CudaBackend {
             launched: Default::default(),
             samples_host: Vec::new(),
             device_seconds: 0.0,
+            host_times: HostTimes::default(),
         })
     }
 
@@ -590,12 +623,16 @@ impl CudaBackend {
         self.gpu.bind()?;
         let n = b.num_tokens();
         let full = num_layers >= self.cfg.num_layers;
+        let mut clock = Instant::now();
         if full && self.use_graphs && b.logits_indices.len() == n {
             if let Some(size) = plan::graph_size_for(&self.graph_sizes, n) {
                 if let Some(p) = self.graph_plan(b, size) {
+                    HostTimes::lap(&mut self.host_times.plan, &mut clock);
                     self.upload_plan(&p)?;
                     self.take_deferred(b)?;
+                    HostTimes::lap(&mut self.host_times.upload, &mut clock);
                     self.replay(size)?;
+                    HostTimes::lap(&mut self.host_times.queue, &mut clock);
                     return Ok(Pass::Graph);
                 }
             }
@@ -608,10 +645,15 @@ impl CudaBackend {
         }
         let small = self.small_tiles(p.max_tile_rows(self.group()), b.seqs.len());
         if let Some(shape) = self.mixed_shape(b, &p, small).filter(|_| full) {
-            return self.mixed_pass(b, p, shape);
+            HostTimes::lap(&mut self.host_times.plan, &mut clock);
+            let r = self.mixed_pass(b, p, shape);
+            HostTimes::lap(&mut self.host_times.mixed, &mut clock);
+            return r;
         }
+        HostTimes::lap(&mut self.host_times.plan, &mut clock);
         self.upload_plan(&p)?;
         self.take_deferred(b)?;
+        HostTimes::lap(&mut self.host_times.upload, &mut clock);
         let first = p.logits_rows.len().min(self.logits_cap);
         self.enqueue(
             n,
@@ -622,6 +664,7 @@ impl CudaBackend {
             first,
             0,
         )?;
+        HostTimes::lap(&mut self.host_times.eager, &mut clock);
         Ok(Pass::Eager(first))
     }
 
@@ -737,8 +780,10 @@ impl ModelBackend for CudaBackend {
         b: &ForwardBatch,
         rows: &[RowSampling],
     ) -> Result<(), BackendError> {
+        let mut clock = Instant::now();
         self.validate_with(b, true)?;
         Self::check_sampling_rows(b, rows)?;
+        HostTimes::lap(&mut self.host_times.validate, &mut clock);
         self.launch_pass(b, rows).map_err(dev)
     }
 
@@ -748,6 +793,19 @@ impl ModelBackend for CudaBackend {
 
     fn device_seconds(&self) -> Option<f64> {
         Some(self.device_seconds)
+    }
+
+    fn host_seconds(&self) -> Vec<(&'static str, f64)> {
+        let h = self.host_times;
+        vec![
+            ("validate", h.validate),
+            ("plan", h.plan),
+            ("upload", h.upload),
+            ("graph", h.queue),
+            ("mixed", h.mixed),
+            ("eager", h.eager),
+            ("sample", h.sample),
+        ]
     }
 
     fn forward_layers(

@@ -144,12 +144,14 @@ impl CudaBackend {
         self.samples_host[slot].started.record(&self.gpu.stream)?;
         self.gpu.write(&mut self.a.sample_args, &sampling_args(&idx, rows))?;
         self.pass(b, self.cfg.num_layers)?;
+        let clock = std::time::Instant::now();
         self.queue_sample_rows(n)?;
         // The tokens leave for the host right away: a pass launched behind this one samples
         // into the same device buffer.
         let s = &mut self.samples_host[slot];
         self.gpu.stream.memcpy_dtoh(&self.a.sample_out.slice(..2 * n), &mut s.buf)?;
         s.copied.record(&self.gpu.stream)?;
+        self.host_times.sample += clock.elapsed().as_secs_f64();
         self.launched.push_back(Launched::Queued { rows: n, slot });
         Ok(())
     }

@@ -302,6 +302,11 @@ pub trait ModelBackend: Send {
     fn device_seconds(&self) -> Option<f64> {
         None
     }
+    /// The host's time launching passes so far, by part, in seconds (a diagnostic: where
+    /// the launch phase of a step goes). Empty: not measured.
+    fn host_seconds(&self) -> Vec<(&'static str, f64)> {
+        Vec::new()
+    }
     /// Copies whole blocks `(src, dst)` within the device pool (copy-on-write).
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError>;
     /// Copies device blocks to host swap blocks `(device, host)`.

@@ -136,6 +136,9 @@ pub struct PhaseSeconds {
     pub update: f64,
     /// Building each changed request's output.
     pub outputs: f64,
+    /// Of `forward`, on a backend that overlaps steps: building and queueing the passes (the
+    /// rest is the wait for the device's tokens).
+    pub launch: f64,
     /// The device's own time on the steps' passes where the backend times it
     /// ([`ModelBackend::device_seconds`](crate::backend::ModelBackend::device_seconds); 0 where
     /// it does not): not a host phase, it runs beside the others.
@@ -150,6 +153,7 @@ impl PhaseSeconds {
             forward: self.forward - base.forward,
             update: self.update - base.update,
             outputs: self.outputs - base.outputs,
+            launch: self.launch - base.launch,
             device: self.device - base.device,
         }
     }

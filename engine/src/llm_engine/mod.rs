@@ -492,6 +492,12 @@ impl LLMEngine {
         PhaseSeconds { device, ..self.stats.phase_seconds }
     }
 
+    /// The backend's host time launching passes, by part (see
+    /// [`ModelBackend::host_seconds`](crate::backend::ModelBackend::host_seconds)).
+    pub fn backend_host_seconds(&self) -> Vec<(&'static str, f64)> {
+        self.runner.backend.host_seconds()
+    }
+
     /// The plan of the last step (for tests and metrics).
     pub fn last_schedule(&self) -> &SchedulerOutput {
         &self.last_schedule
@@ -599,7 +605,9 @@ impl LLMEngine {
             clock = now;
         };
         if self.overlap_steps && self.spec.is_none() {
+            let launching = std::time::Instant::now();
             if let Some(sampled) = self.runner.launch(&plan, &self.scheduler.seqs, &[])? {
+                self.stats.phase_seconds.launch += launching.elapsed().as_secs_f64();
                 lap(&mut self.stats.phase_seconds.forward);
                 self.last_schedule = plan;
                 self.in_flight = Some(sampled);

@@ -98,6 +98,7 @@ impl LLMEngine {
         let planned = std::time::Instant::now();
         self.stats.phase_seconds.schedule += planned.duration_since(start).as_secs_f64();
         let next = self.runner.launch(&plan, &self.scheduler.seqs, &flight)?;
+        self.stats.phase_seconds.launch += planned.elapsed().as_secs_f64();
         let rows = self.runner.collect(flight)?;
         let collected = std::time::Instant::now();
         self.stats.phase_seconds.forward += collected.duration_since(planned).as_secs_f64();
