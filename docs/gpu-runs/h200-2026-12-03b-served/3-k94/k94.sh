@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
-# One H200: where a step's launch goes on the host. `bench engine` (its per-step line now with the
-# device's own time and the launch's parts) on peer.sh's served-round requests (2,048 of 108 + 128
-# tokens at 256 sequences, SmolLM2 shape from a random Q8_0 file) and on nano-vllm's workload.
+# One H200: where a step's launch goes on the host, and small uploads through page-locked slots
+# (TANDEM_PINNED_UPLOADS=off: from pageable memory, as before). `bench engine` (its per-step
+# line now with the device's own time and the launch's parts) on peer.sh's served-round requests
+# (2,048 of 108 + 128 tokens at 256 sequences, SmolLM2 shape from a random Q8_0 file) and on
+# nano-vllm's workload, both ways; the checks; then served rounds at 2 and 8 runtime threads.
 source scripts/gpu/session.sh
 python3 scripts/gpu/random_gguf.py $C/smollm2-meta.gguf /tmp/r.gguf > /dev/null
-for r in 1 2; do
+smol() { # tag
   timeout 120 $t bench engine --device cuda --model /tmp/r.gguf --num-prompts 2048 --input-len 108 --min-input-len 108 \
-    --output-len 128 --min-output-len 128 --max-num-seqs 256 --max-num-batched-tokens 8192 > $L/engine-smol-$r.log 2>&1
-  echo "$(el) smol r$r rc=$?"; grep -E "^throughput|^per step|^device|^launch|^steps" $L/engine-smol-$r.log
+    --output-len 128 --min-output-len 128 --max-num-seqs 256 --max-num-batched-tokens 8192 > $L/engine-smol-$1.log 2>&1
+  echo "$(el) smol $1 rc=$?"; grep -E "^throughput|^per step|^device|^launch|^steps" $L/engine-smol-$1.log | cut -c1-220
+}
+TANDEM_PINNED_UPLOADS=off smol pageable-1; smol pinned-1; TANDEM_PINNED_UPLOADS=off smol pageable-2; smol pinned-2
+TANDEM_PINNED_UPLOADS=off eng nano-pageable $NANO; grep -E "^per step|^device|^launch" $L/engine-nano-pageable.log | cut -c1-220
+eng nano-pinned $NANO; grep -E "^per step|^device|^launch" $L/engine-nano-pinned.log | cut -c1-220
+chk bf16
+mkdir -p .gpu/peer; cp $C/smollm2-meta.gguf .gpu/peer/
+for n in 2 8; do
+  TANDEM_RUNTIME_THREADS=$n OUT=$L/served-t$n LLAMA=0 TABLE=0 ROUNDS=1 PLACEMENTS=shared ROUND_PROMPTS=2048 timeout 100 bash scripts/gpu/peer.sh run > $L/peer-t$n.log 2>&1
+  echo "$(el) served threads $n rc=$?"; grep -E "tandem up, client|^round|decode worker|TTFT mean|cores busy" $L/peer-t$n.log | cut -c1-400
 done
-eng nano $NANO; grep -E "^per step|^device|^launch" $L/engine-nano.log
+rm -f $L/served-*/peer/*.gguf
+for f in $L/served-*/peer/round*-up-shared.log; do [ -f $f ] && { grep -v "routing request" $f | tail -40 > $f.t; mv $f.t $f; }; done
 finish
