@@ -92,6 +92,9 @@ impl CudaBackend {
 
     /// Copies whole pages within the pool (copy-on-write of a shared block).
     pub(super) fn copy_pages(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
         self.check_pairs(pairs, self.num_blocks, self.num_blocks)?;
         self.gpu.bind().map_err(dev)?;
         let e = self.block_elems();
@@ -115,6 +118,11 @@ impl CudaBackend {
 
     /// Copies pages to the host swap space, `(device block, host block)` pairs.
     pub(super) fn swap_pages_out(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        // Every step asks (mostly for nothing): no pages, no wait for the stream, which would
+        // hold the next pass's launch until the one in flight is done.
+        if pairs.is_empty() {
+            return Ok(());
+        }
         self.check_pairs(pairs, self.num_blocks, self.num_host_blocks)?;
         self.gpu.bind().map_err(dev)?;
         let spans = self.swap_spans(pairs.iter().map(|&(d, h)| (d, h)));
@@ -132,6 +140,9 @@ impl CudaBackend {
 
     /// Copies pages back from the host swap space, `(host block, device block)` pairs.
     pub(super) fn swap_pages_in(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
         self.check_pairs(pairs, self.num_host_blocks, self.num_blocks)?;
         self.gpu.bind().map_err(dev)?;
         let spans = self.swap_spans(pairs.iter().map(|&(h, d)| (d, h)));
