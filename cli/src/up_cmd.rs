@@ -68,6 +68,8 @@ struct Supervised {
     service: Service,
     /// Its arguments, listening on the address it got the first time.
     args: Vec<String>,
+    /// Environment variables it starts with.
+    env: Vec<(String, String)>,
     /// When it was last started.
     since: Instant,
     /// Restarts in a row without a long enough run in between (sets the backoff).
@@ -110,6 +112,18 @@ fn backoff(failures: u32) -> Duration {
     FIRST_BACKOFF.saturating_mul(1u32 << failures.saturating_sub(1).min(10)).min(MAX_BACKOFF)
 }
 
+/// What the services start with beside their arguments: on a GPU host the router's async
+/// runtime gets the workers' thread count (`GPU_RUNTIME_THREADS`), unless the user set one.
+fn child_env(device: DeviceArg, user_set: bool) -> Vec<(String, String)> {
+    match (device, user_set) {
+        (DeviceArg::Cuda, false) => vec![(
+            "TANDEM_RUNTIME_THREADS".into(),
+            crate::serve_cmd::GPU_RUNTIME_THREADS.to_string(),
+        )],
+        _ => Vec::new(),
+    }
+}
+
 /// `args` with its `--listen=` value replaced by `addr` (a restarted service keeps its address).
 fn pin_listen(args: &[String], addr: &str) -> Vec<String> {
     args.iter()
@@ -119,10 +133,11 @@ fn pin_listen(args: &[String], addr: &str) -> Vec<String> {
 
 /// Starts `tandem <args>` and waits for its `TANDEM_READY` line; its further output goes to
 /// our standard error.
-fn start(name: &'static str, args: &[String]) -> Result<Service> {
+fn start(name: &'static str, args: &[String], env: &[(String, String)]) -> Result<Service> {
     let exe = std::env::current_exe().context("locating the tandem executable")?;
     let mut child = Command::new(exe)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .arg("--watch-stdin")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -191,6 +206,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
         a.model.model_dir.iter().map(|d| format!("--model-dir={}", d.display())).collect();
     let split = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     let one_worker = colocated(&a);
+    let env = child_env(a.engine.device, std::env::var_os("TANDEM_RUNTIME_THREADS").is_some());
     // Two workers on this host's CPU cores take turns at them, a step at a time.
     let core_share = (!one_worker && a.engine.device == DeviceArg::Cpu && !a.no_core_share)
         .then(|| std::env::temp_dir().join(format!("tandem-up-{}.cores.lock", std::process::id())));
@@ -220,7 +236,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             decode.push("--colocated".into());
         }
         decode.extend(decode_flags);
-        services.push(start("decode worker", &decode)?);
+        services.push(start("decode worker", &decode, &env)?);
         started_with.push(decode);
         let decode_addr = services[0].addr.clone();
         let mut router = vec![
@@ -242,7 +258,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
             prefill.extend(without_flags(prefill_engine.to_args(), &prefill_flags));
             prefill.extend(without_flags(share_flag.clone(), &prefill_flags));
             prefill.extend(prefill_flags);
-            services.push(start("prefill worker", &prefill)?);
+            services.push(start("prefill worker", &prefill, &env)?);
             started_with.push(prefill);
             router.push(format!("--prefill-workers={}", services[1].addr));
         }
@@ -254,7 +270,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
         if let Some(f) = a.tool_call_parser {
             router.push(format!("--tool-call-parser={}", f.name()));
         }
-        services.push(start("router", &router)?);
+        services.push(start("router", &router, &env)?);
         started_with.push(router);
         Ok(services.last().expect("router").addr.clone())
     })();
@@ -290,6 +306,7 @@ pub fn run(a: UpArgs, log_json: bool) -> Result<()> {
         .zip(started_with)
         .map(|(service, args)| Supervised {
             args: pin_listen(&args, &service.addr),
+            env: env.clone(),
             service,
             since: now,
             failures: 0,
@@ -325,7 +342,7 @@ fn supervise(s: &mut Supervised, stop: &AtomicBool) {
             }
         }
         Some(at) if Instant::now() >= at && !stop.load(Ordering::SeqCst) => {
-            match start(name, &s.args) {
+            match start(name, &s.args, &s.env) {
                 Ok(service) => {
                     eprintln!("[up] the {name} is back at {}", service.addr);
                     s.service = service;
@@ -355,6 +372,22 @@ mod tests {
         assert_eq!(backoff(4), Duration::from_secs(4));
         assert_eq!(backoff(6), MAX_BACKOFF);
         assert_eq!(backoff(40), MAX_BACKOFF);
+    }
+
+    /// On a GPU host every service's runtime gets the GPU thread count, unless the user chose
+    /// one (the children inherit theirs); on CPU nothing is added.
+    #[test]
+    fn gpu_services_get_more_runtime_threads_unless_the_user_chose() {
+        let env = child_env(DeviceArg::Cuda, false);
+        assert_eq!(
+            env,
+            vec![(
+                "TANDEM_RUNTIME_THREADS".to_string(),
+                crate::serve_cmd::GPU_RUNTIME_THREADS.to_string()
+            )]
+        );
+        assert!(child_env(DeviceArg::Cuda, true).is_empty());
+        assert!(child_env(DeviceArg::Cpu, false).is_empty());
     }
 
     /// `tandem up` as a user types it.

@@ -129,7 +129,8 @@ impl CudaBackend {
                 let buf = unsafe { self.gpu.ctx.alloc_pinned::<i32>(2 * self.logits_cap) }?;
                 // Timed events (the default flags), unlike cudarc's default.
                 let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let (started, copied) = (self.gpu.ctx.new_event(timed)?, self.gpu.ctx.new_event(timed)?);
+                let (started, copied) =
+                    (self.gpu.ctx.new_event(timed)?, self.gpu.ctx.new_event(timed)?);
                 self.samples_host.push(SampleSlot { buf, started, copied });
             }
         }
