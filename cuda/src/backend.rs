@@ -19,7 +19,7 @@ use tandem_engine::model_files::config::{Activation, ModelConfig, RopeStyle};
 use tandem_engine::sampling::sampler::TokenLogprob;
 
 use crate::device::{ptr, Dtype, Gpu};
-use crate::plan::{self, BatchPlan, LongSeq, ATT_MAX_HEAD_DIM, MAX_SPLITS, TILE_INTS};
+use crate::plan::{self, LongSeq, ATT_MAX_HEAD_DIM, MAX_SPLITS, TILE_INTS};
 use crate::weights::DeviceWeights;
 use crate::CudaError;
 use attention::PagedAttention;
@@ -29,6 +29,7 @@ mod attention;
 mod batch;
 mod collective;
 mod graphs;
+mod host_times;
 mod mixed;
 mod pages;
 mod residual;
@@ -199,36 +200,7 @@ pub struct CudaBackend {
     /// The device's time on the queued passes collected so far, seconds.
     device_seconds: f64,
     /// The host's time launching passes, by part.
-    host_times: HostTimes,
-}
-
-/// The host's time launching passes, by part, summed in seconds (what
-/// [`ModelBackend::host_seconds`] reports).
-#[derive(Debug, Default, Clone, Copy)]
-struct HostTimes {
-    /// Checking the batch and its sampling rows.
-    validate: f64,
-    /// Planning the pass (tiles, splits, padding to a graph).
-    plan: f64,
-    /// Copying the plan and sampling arguments up.
-    upload: f64,
-    /// Launching a decode graph.
-    queue: f64,
-    /// Uploading and launching a mixed step's graph (or its eager run while capturing).
-    mixed: f64,
-    /// Queueing an eager pass kernel by kernel.
-    eager: f64,
-    /// Queueing the sampling kernel and the tokens' copy.
-    sample: f64,
-}
-
-impl HostTimes {
-    /// Adds the time since `clock` to `part` and restarts it.
-    fn lap(part: &mut f64, clock: &mut Instant) {
-        let now = Instant::now();
-        *part += now.duration_since(*clock).as_secs_f64();
-        *clock = now;
-    }
+    host_times: host_times::HostTimes,
 }
 
 /// A device error as the engine's backend error.
@@ -381,7 +353,7 @@ impl CudaBackend {
             launched: Default::default(),
             samples_host: Vec::new(),
             device_seconds: 0.0,
-            host_times: HostTimes::default(),
+            host_times: host_times::HostTimes::default(),
         })
     }
 
@@ -616,58 +588,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Runs a pass, through a graph when one fits, leaving logits on the device: a graph's row
-    /// `i` is token `i`'s; an eager pass holds the first `Eager(k)` rows of `b.logits_indices`
-    /// in order (the rest come from [`CudaBackend::head_only`] in chunks).
-    fn pass(&mut self, b: &ForwardBatch, num_layers: usize) -> Result<Pass, CudaError> {
-        self.gpu.bind()?;
-        let n = b.num_tokens();
-        let full = num_layers >= self.cfg.num_layers;
-        let mut clock = Instant::now();
-        if full && self.use_graphs && b.logits_indices.len() == n {
-            if let Some(size) = plan::graph_size_for(&self.graph_sizes, n) {
-                if let Some(p) = self.graph_plan(b, size) {
-                    HostTimes::lap(&mut self.host_times.plan, &mut clock);
-                    self.upload_plan(&p)?;
-                    self.take_deferred(b)?;
-                    HostTimes::lap(&mut self.host_times.upload, &mut clock);
-                    self.replay(size)?;
-                    HostTimes::lap(&mut self.host_times.queue, &mut clock);
-                    return Ok(Pass::Graph);
-                }
-            }
-        }
-        let long_min = if self.gemm_attention { 1 } else { self.opts.long_prompt_min_tokens };
-        let mut p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads, long_min);
-        let splits = self.splits(n, p.num_tiles(), p.max_context);
-        if splits > 1 {
-            p.split_contexts(splits, None);
-        }
-        let small = self.small_tiles(p.max_tile_rows(self.group()), b.seqs.len());
-        if let Some(shape) = self.mixed_shape(b, &p, small).filter(|_| full) {
-            HostTimes::lap(&mut self.host_times.plan, &mut clock);
-            let r = self.mixed_pass(b, p, shape);
-            HostTimes::lap(&mut self.host_times.mixed, &mut clock);
-            return r;
-        }
-        HostTimes::lap(&mut self.host_times.plan, &mut clock);
-        self.upload_plan(&p)?;
-        self.take_deferred(b)?;
-        HostTimes::lap(&mut self.host_times.upload, &mut clock);
-        let first = p.logits_rows.len().min(self.logits_cap);
-        self.enqueue(
-            n,
-            (p.num_tiles(), small),
-            (&p.long, p.num_long_tiles()),
-            (p.slot_stride, p.bt_stride),
-            num_layers,
-            first,
-            0,
-        )?;
-        HostTimes::lap(&mut self.host_times.eager, &mut clock);
-        Ok(Pass::Eager(first))
-    }
-
     /// Runs a pass and returns the logits of `b.logits_indices`.
     pub(crate) fn run(
         &mut self,
@@ -783,7 +703,7 @@ impl ModelBackend for CudaBackend {
         let mut clock = Instant::now();
         self.validate_with(b, true)?;
         Self::check_sampling_rows(b, rows)?;
-        HostTimes::lap(&mut self.host_times.validate, &mut clock);
+        host_times::HostTimes::lap(&mut self.host_times.validate, &mut clock);
         self.launch_pass(b, rows).map_err(dev)
     }
 
@@ -796,16 +716,7 @@ impl ModelBackend for CudaBackend {
     }
 
     fn host_seconds(&self) -> Vec<(&'static str, f64)> {
-        let h = self.host_times;
-        vec![
-            ("validate", h.validate),
-            ("plan", h.plan),
-            ("upload", h.upload),
-            ("graph", h.queue),
-            ("mixed", h.mixed),
-            ("eager", h.eager),
-            ("sample", h.sample),
-        ]
+        self.host_times.parts()
     }
 
     fn forward_layers(

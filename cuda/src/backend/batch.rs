@@ -1,8 +1,12 @@
-//! A forward batch checked against the backend's limits and uploaded as the kernels' plan.
+//! A forward batch checked against the backend's limits, uploaded as the kernels' plan and run
+//! as one pass (a graph where one fits).
 
 use tandem_engine::backend::{BackendError, ForwardBatch, RowSampling, NO_PAGE};
 
-use super::CudaBackend;
+use std::time::Instant;
+
+use super::host_times::HostTimes;
+use super::{CudaBackend, Pass};
 use crate::plan::{self, BatchPlan};
 use crate::CudaError;
 
@@ -110,5 +114,57 @@ impl CudaBackend {
         }
         g.write(&mut self.a.block_tables, &p.block_tables)?;
         g.write(&mut self.a.logits_rows, &p.logits_rows)
+    }
+
+    /// Runs a pass, through a graph when one fits, leaving logits on the device: a graph's row
+    /// `i` is token `i`'s; an eager pass holds the first `Eager(k)` rows of `b.logits_indices`
+    /// in order (the rest come from [`CudaBackend::head_only`] in chunks).
+    pub(super) fn pass(&mut self, b: &ForwardBatch, num_layers: usize) -> Result<Pass, CudaError> {
+        self.gpu.bind()?;
+        let n = b.num_tokens();
+        let full = num_layers >= self.cfg.num_layers;
+        let mut clock = Instant::now();
+        if full && self.use_graphs && b.logits_indices.len() == n {
+            if let Some(size) = plan::graph_size_for(&self.graph_sizes, n) {
+                if let Some(p) = self.graph_plan(b, size) {
+                    HostTimes::lap(&mut self.host_times.plan, &mut clock);
+                    self.upload_plan(&p)?;
+                    self.take_deferred(b)?;
+                    HostTimes::lap(&mut self.host_times.upload, &mut clock);
+                    self.replay(size)?;
+                    HostTimes::lap(&mut self.host_times.queue, &mut clock);
+                    return Ok(Pass::Graph);
+                }
+            }
+        }
+        let long_min = if self.gemm_attention { 1 } else { self.opts.long_prompt_min_tokens };
+        let mut p = BatchPlan::new(b, self.cfg.num_heads / self.cfg.num_kv_heads, long_min);
+        let splits = self.splits(n, p.num_tiles(), p.max_context);
+        if splits > 1 {
+            p.split_contexts(splits, None);
+        }
+        let small = self.small_tiles(p.max_tile_rows(self.group()), b.seqs.len());
+        if let Some(shape) = self.mixed_shape(b, &p, small).filter(|_| full) {
+            HostTimes::lap(&mut self.host_times.plan, &mut clock);
+            let r = self.mixed_pass(b, p, shape);
+            HostTimes::lap(&mut self.host_times.mixed, &mut clock);
+            return r;
+        }
+        HostTimes::lap(&mut self.host_times.plan, &mut clock);
+        self.upload_plan(&p)?;
+        self.take_deferred(b)?;
+        HostTimes::lap(&mut self.host_times.upload, &mut clock);
+        let first = p.logits_rows.len().min(self.logits_cap);
+        self.enqueue(
+            n,
+            (p.num_tiles(), small),
+            (&p.long, p.num_long_tiles()),
+            (p.slot_stride, p.bt_stride),
+            num_layers,
+            first,
+            0,
+        )?;
+        HostTimes::lap(&mut self.host_times.eager, &mut clock);
+        Ok(Pass::Eager(first))
     }
 }
