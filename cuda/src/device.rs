@@ -21,7 +21,6 @@ use crate::CudaError;
 mod launch;
 pub mod products;
 mod rope_launch;
-mod staging;
 pub use launch::{KernelArg, PDL_PLAIN, PDL_PLAIN_AFTER_GEMM};
 pub use rope_launch::{rope_config, rope_config_with, rope_tokens, ROPE_MANY_TOKENS};
 
@@ -220,9 +219,6 @@ pub struct Gpu {
     /// Free device memory when the device was opened (what this process uses is measured
     /// against it).
     pub free_at_open: usize,
-    /// Small uploads go through page-locked slots (`TANDEM_PINNED_UPLOADS=off`: from pageable
-    /// memory, as before, for comparison).
-    staging: Option<std::sync::Mutex<staging::Staging>>,
     /// Products of one row go to the `gemv` kernel (default; `TANDEM_GEMV=off` or
     /// [`Gpu::set_gemv`] keeps every product on cuBLAS, for comparison).
     use_gemv: std::sync::atomic::AtomicBool,
@@ -385,10 +381,6 @@ impl Gpu {
         let num_sms = ctx
             .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(CudaError::from)? as usize;
-        let staging = match std::env::var("TANDEM_PINNED_UPLOADS").as_deref() {
-            Ok("off") => None,
-            _ => Some(std::sync::Mutex::new(staging::Staging::new(&ctx)?)),
-        };
         Ok(Gpu {
             ctx,
             stream,
@@ -400,7 +392,6 @@ impl Gpu {
             sm: (maj * 10 + min) as u32,
             dtype,
             free_at_open,
-            staging,
             use_gemv: std::sync::atomic::AtomicBool::new(
                 std::env::var("TANDEM_GEMV").as_deref() != Ok("off"),
             ),
@@ -471,31 +462,6 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         if data.is_empty() {
             return Ok(());
-        }
-        let bytes = size_of_val(data);
-        if let Some(staging) = self.staging.as_ref().filter(|_| bytes <= staging::SLOT_BYTES) {
-            if at + data.len() > dst.len() {
-                return Err(CudaError::Unsupported(format!(
-                    "a copy of {} elements at {at} into a buffer of {}",
-                    data.len(),
-                    dst.len()
-                )));
-            }
-            // A graph captured now would keep reading the slot: only outside a capture.
-            let mut status = dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-            // SAFETY: queries the stream this Gpu owns.
-            unsafe { dsys::cuStreamIsCapturing(self.stream.cu_stream(), &mut status) }
-                .result()
-                .map_err(CudaError::from)?;
-            if status == dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-                let addr = ptr(dst) + (at * size_of::<T>()) as u64;
-                // SAFETY: the bytes of `data`, a slice of plain device-representable values.
-                let raw = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), bytes) };
-                let mut ring = staging.lock().expect("staging lock");
-                if ring.copy(&self.stream, addr, raw)? {
-                    return Ok(());
-                }
-            }
         }
         let mut view = dst.slice_mut(at..at + data.len());
         self.stream.memcpy_htod(data, &mut view).map_err(CudaError::from)

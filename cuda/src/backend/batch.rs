@@ -132,7 +132,7 @@ impl CudaBackend {
                     self.take_deferred(b)?;
                     HostTimes::lap(&mut self.host_times.upload, &mut clock);
                     self.replay(size)?;
-                    HostTimes::lap(&mut self.host_times.queue, &mut clock);
+                    HostTimes::lap(&mut self.host_times.graph, &mut clock);
                     return Ok(Pass::Graph);
                 }
             }

@@ -13,7 +13,7 @@ pub(super) struct HostTimes {
     /// Copying the plan and sampling arguments up.
     pub(super) upload: f64,
     /// Launching a decode graph.
-    pub(super) queue: f64,
+    pub(super) graph: f64,
     /// Uploading and launching a mixed step's graph (or its eager run while capturing).
     pub(super) mixed: f64,
     /// Queueing an eager pass kernel by kernel.
@@ -36,7 +36,7 @@ impl HostTimes {
             ("validate", self.validate),
             ("plan", self.plan),
             ("upload", self.upload),
-            ("graph", self.queue),
+            ("graph", self.graph),
             ("mixed", self.mixed),
             ("eager", self.eager),
             ("sample", self.sample),

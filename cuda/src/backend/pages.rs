@@ -90,11 +90,11 @@ impl CudaBackend {
         out
     }
 
-    /// Copies whole pages within the pool (copy-on-write of a shared block).
+    /// Copies whole pages within the pool (copy-on-write of a shared block), queued on the
+    /// stream: the next pass, and any read of a page, come after them in stream order, so
+    /// nothing waits for the device here (a wait would hold the next launch until the pass in
+    /// flight is done).
     pub(super) fn copy_pages(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
-        if pairs.is_empty() {
-            return Ok(());
-        }
         self.check_pairs(pairs, self.num_blocks, self.num_blocks)?;
         self.gpu.bind().map_err(dev)?;
         let e = self.block_elems();
@@ -113,13 +113,14 @@ impl CudaBackend {
                 }
             }
         }
-        self.gpu.sync().map_err(dev)
+        Ok(())
     }
 
     /// Copies pages to the host swap space, `(device block, host block)` pairs.
     pub(super) fn swap_pages_out(&mut self, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
-        // Every step asks (mostly for nothing): no pages, no wait for the stream, which would
-        // hold the next pass's launch until the one in flight is done.
+        // Every step asks, mostly for nothing: no pages, no wait for the stream (the host reads
+        // what a swap moved only once it has waited), which would hold the next pass's launch
+        // until the one in flight is done.
         if pairs.is_empty() {
             return Ok(());
         }
