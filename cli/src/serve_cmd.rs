@@ -380,7 +380,7 @@ fn runtime(gpu: bool) -> Result<tokio::runtime::Runtime> {
 /// Async runtime threads of a server on a GPU host (`tandem up --device cuda` gives its
 /// router the same): with 2, the router's runtime was 82 % busy at 256 streams on an H200 host
 /// and a request's preparation queued 4-5 ms behind the streams it relays; 4 took it to
-/// 0.8 ms (TTFT mean 37-39 ms against 48-55), 8 did no better (docs/gpu.md).
+/// 0.5-1.3 ms (client TTFT mean 37-45 ms against 48-56), 8 did no better (docs/gpu.md).
 pub const GPU_RUNTIME_THREADS: usize = 4;
 
 /// Threads of a server process's async runtime (router, workers): 2 (on CPU the cores belong
