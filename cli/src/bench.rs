@@ -100,6 +100,10 @@ pub struct EngineBenchArgs {
     /// costs; requests then end where their JSON does instead of ignoring EOS.
     #[arg(long)]
     pub json_schema: Option<PathBuf>,
+    /// Write every step's record to this file, one JSON object a line (launch and collection
+    /// times, prompt tokens, decode rows and the KV positions they attend, device seconds).
+    #[arg(long)]
+    pub steps_out: Option<PathBuf>,
 }
 
 /// Prompt sets of `tandem bench engine`.
@@ -325,6 +329,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         warm_up(&mut engine, vocab)?;
     }
     let base = engine.stats();
+    engine.record_steps();
     let mut rng = tandem_engine::sampling::sampler::Rng::new(a.seed);
     let mut pick = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
     let mut total_in = 0;
@@ -407,6 +412,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     let secs = t.elapsed().as_secs_f64();
     print_profile("engine", secs);
     let stats = since(engine.stats(), base);
+    let records = engine.take_step_records();
     let rss = peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64;
     // KV the sequences held at most (pages in use × page bytes), and the pool's size.
     let mib = |pages: usize| (pages * page_bytes) as f64 / (1 << 20) as f64;
@@ -425,6 +431,25 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
             prompt_lens.iter().copied().zip(out_lens),
         )
     });
+    let kinds = crate::bench_steps::classes(
+        &records,
+        bound.map(|b| crate::bench_steps::BoundRate {
+            bytes_per_s: b.bytes_per_s,
+            weight_bytes: weight_bytes as f64,
+            kv_per_position: (spec.pool_bytes_per_block / spec.block_size.max(1)) as f64,
+        }),
+    );
+    if let Some(f) = &a.steps_out {
+        let mut text = String::new();
+        for r in &records {
+            text += &serde_json::json!({"launched": r.launched, "collected": r.collected,
+                "prompt_tokens": r.prompt_tokens, "decode_rows": r.decode_rows,
+                "decode_positions": r.decode_positions, "device": r.device})
+            .to_string();
+            text.push('\n');
+        }
+        std::fs::write(f, text)?;
+    }
     // Tokens generated: the requested lengths unless requests end early (EOS, a schema's end).
     let total_out = generated;
     let report = serde_json::json!({
@@ -445,6 +470,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
         "copy_bytes_per_s": bound.map(|b| b.bytes_per_s),
         "hbm_bound_tok_per_s": bound.map(|b| b.tok_per_s(total_out)),
         "hbm_bound_fraction": bound.map(|b| b.share(total_out, secs)),
+        "step_kinds": crate::bench_steps::json(&kinds),
     });
     if a.json {
         println!("{report}");
@@ -495,6 +521,10 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
                 us(p.launch),
                 parts.join(", ")
             );
+        }
+        println!("steps by kind    (wall: the time a step added to the run; bound: weights + decode KV at the copy bandwidth)");
+        for l in crate::bench_steps::lines(&kinds) {
+            println!("{l}");
         }
         println!("peak RSS         {rss:.0} MiB");
         println!(

@@ -4,6 +4,7 @@
 mod bench;
 mod bench_serve;
 mod bench_soak;
+mod bench_steps;
 mod engine_args;
 mod generate_cmd;
 mod serve_cmd;

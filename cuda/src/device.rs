@@ -21,7 +21,7 @@ use crate::CudaError;
 mod launch;
 pub mod products;
 mod rope_launch;
-pub use launch::{KernelArg, PDL_PLAIN, PDL_PLAIN_AFTER_GEMM};
+pub use launch::{KernelArg, PDL_PLAIN, PDL_PLAIN_AFTER_GEMM, PDL_PLAIN_WAITING};
 pub use rope_launch::{rope_config, rope_config_with, rope_tokens, ROPE_MANY_TOKENS};
 
 /// The kernel source, compiled at run time: the files of `kernels/` in this order (each uses
@@ -357,7 +357,10 @@ impl Gpu {
             let attr = dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             f.set_attribute(attr, bytes).map_err(CudaError::from)?;
         }
-        let skip = std::env::var("TANDEM_PDL_SKIP").unwrap_or_else(|_| PDL_PLAIN.join(","));
+        let skip = std::env::var("TANDEM_PDL_SKIP").unwrap_or_else(|_| {
+            let waiting = (!crate::plan::dec_early_copies()).then_some(PDL_PLAIN_WAITING);
+            PDL_PLAIN.into_iter().chain(waiting.into_iter().flatten()).collect::<Vec<_>>().join(",")
+        });
         let handles = |names: &str| {
             (names.split(',').filter(|n| !n.is_empty()))
                 .map(|name| f(name).map(|k| k.cu_function() as usize))
@@ -683,6 +686,9 @@ pub fn kernel_options(arch: &str, dtype: Dtype) -> Vec<String> {
     opts.push(format!("-DMMA_STAGES={}", crate::plan::decode_stages()));
     opts.push(format!("-DDEC_WARPS64={}", crate::plan::dec_warps(64)));
     opts.push(format!("-DDEC_WARPS128={}", crate::plan::dec_warps(128)));
+    if crate::plan::dec_early_copies() {
+        opts.push("-DTANDEM_DEC_EARLY_COPIES".into());
+    }
     if let Ok(defs) = std::env::var("TANDEM_CUDA_DEFINES") {
         opts.extend(defs.split_whitespace().map(|d| format!("-D{d}")));
     }

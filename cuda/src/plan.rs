@@ -29,6 +29,14 @@ pub fn decode_stages() -> usize {
     static STAGES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *STAGES.get_or_init(|| env_count("TANDEM_MMA_STAGES", |s| matches!(s, 2..=4), 2))
 }
+/// Whether the fused decode kernels (`attention_dec_rope64/128`) issue their first page copies
+/// before they wait for the q|k|v GEMM, launched as its programmatic dependents (the default;
+/// `TANDEM_DEC_EARLY_COPIES=off` waits at entry and launches them plainly, for comparison).
+pub fn dec_early_copies() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_DEC_EARLY_COPIES").as_deref() != Ok("off"))
+}
+
 /// Dynamic shared memory of the tensor-core decode kernel for heads of width `hd`: two warps'
 /// stages of K and V pages of 16 rows, each row padded by 8 elements (kernels/attention_mma.cu's `LD`).
 pub fn decode_smem_bytes(hd: usize) -> u32 {

@@ -6,7 +6,7 @@
 
 use tandem_cuda::device::{
     kernel_options, nvrtc_arch, nvrtc_cubin, rope_config, rope_tokens, Dtype, KERNEL_SOURCE,
-    PDL_PLAIN, PDL_PLAIN_AFTER_GEMM, ROPE_MANY_TOKENS,
+    PDL_PLAIN, PDL_PLAIN_AFTER_GEMM, PDL_PLAIN_WAITING, ROPE_MANY_TOKENS,
 };
 
 #[test]
@@ -38,10 +38,12 @@ fn every_kernel_begins_by_waiting_for_its_predecessor() {
         let open = decl.find('{').expect("a kernel body");
         let name_end = decl[..open].find('(').expect("a parameter list");
         let body = decl[open + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
-        // The stream GEMMs request their weights (which no kernel writes) before they wait.
+        // The stream GEMMs request their weights (which no kernel writes) before they wait,
+        // the fused decode kernels their first pages (checked below).
         let weights_first = body.starts_with("GEMM_STREAM_BODY(");
+        let pages_first = body.starts_with("DEC_ROPE_ENTRY();");
         assert!(
-            body.starts_with("KERNEL_ENTRY();") || weights_first,
+            body.starts_with("KERNEL_ENTRY();") || weights_first || pages_first,
             "kernel `{}` does not begin with KERNEL_ENTRY()",
             decl[..name_end].trim()
         );
@@ -72,11 +74,41 @@ fn stream_gemms_wait_before_reading_what_other_kernels_write() {
     assert_eq!(kernels, 4);
 }
 
+/// The fused decode kernels touch only the KV pages of earlier steps before they wait: in
+/// `attention_dec_impl`, the wait (for the fused variant) comes after the first page copies and
+/// before the prologue that reads the q|k|v rows and stores the new positions, and both kernels
+/// begin with `DEC_ROPE_ENTRY`, which waits at entry unless those early copies are compiled in.
+#[test]
+fn fused_decode_kernels_copy_only_old_pages_before_they_wait() {
+    let at = KERNEL_SOURCE.find("void attention_dec_impl(").expect("attention_dec_impl");
+    let body = &KERNEL_SOURCE[at..];
+    let body = &body[..body.find("\n}\n").expect("the end of attention_dec_impl")];
+    let wait = body.find("if (ROPE) KERNEL_ENTRY();").expect("the fused variant's wait");
+    let before = &body[..wait];
+    assert!(before.contains("issue(j, j)"), "the first pages are copied before the wait");
+    assert!(before.contains("if (!early(j))"), "pages with new positions are deferred");
+    for touch in
+        ["dec_rope_prologue(", "rope_head<", "DEC_LOAD_Q(qst", "out[", "part_acc[", "merge_splits("]
+    {
+        assert!(!before.contains(touch), "`{touch}` before the wait");
+    }
+    // Queries from `q` (a kernel's output) only in the unfused variant, which waits at entry.
+    assert_eq!(before.matches("DEC_LOAD_Q(").count(), 2, "the macro and the unfused load");
+    assert!(before.contains("if (!ROPE) {\n    DEC_LOAD_Q(q +"), "the unfused load only");
+    assert!(body[wait..].contains("dec_rope_prologue<"), "the prologue after the wait");
+    let entry = KERNEL_SOURCE.find("#define DEC_ROPE_ENTRY() KERNEL_ENTRY()").expect("the entry");
+    assert!(KERNEL_SOURCE[..entry].contains("#ifdef TANDEM_DEC_EARLY_COPIES"));
+    assert_eq!(KERNEL_SOURCE.matches("DEC_ROPE_ENTRY();").count(), 2, "both fused kernels");
+    // The early copies are what the backend compiles by default.
+    let opts = kernel_options("sm_90a", Dtype::Bf16);
+    assert!(opts.iter().any(|o| o == "-DTANDEM_DEC_EARLY_COPIES"), "{opts:?}");
+}
+
 /// The kernels launched plainly are named as the source names them (a renamed kernel would
 /// otherwise fail `Gpu::open` on a GPU host only).
 #[test]
 fn kernels_launched_plainly_exist() {
-    for name in PDL_PLAIN.into_iter().chain(PDL_PLAIN_AFTER_GEMM) {
+    for name in PDL_PLAIN.into_iter().chain(PDL_PLAIN_AFTER_GEMM).chain(PDL_PLAIN_WAITING) {
         let declared = KERNEL_SOURCE.match_indices(name).any(|(at, _)| {
             let before = KERNEL_SOURCE[..at].trim_end();
             let after = &KERNEL_SOURCE[at + name.len()..];

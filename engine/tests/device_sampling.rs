@@ -567,3 +567,41 @@ fn abort_while_a_step_is_in_flight() {
     let bm = e.block_manager();
     assert_eq!(bm.num_free_blocks(), bm.num_blocks());
 }
+
+/// The step records (`LLMEngine::record_steps`) account for every prompt token and decode row
+/// the engine computed, and the positions each decode row attends, in the order the steps'
+/// tokens came back — whether steps wait, overlap the device or are planned ahead of the step
+/// in flight.
+#[test]
+fn step_records_count_every_prompt_token_and_decode_row() {
+    let p = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(9) };
+    let engines = [
+        (
+            "waiting",
+            LLMEngine::new(model(), EngineConfig { overlap_steps: false, ..Default::default() }),
+        ),
+        ("overlapping", overlap_engine(EngineConfig::default()).0),
+        ("ahead", ahead_engine(EngineConfig::default(), 4096).0),
+    ];
+    for (name, mut e) in engines {
+        assert!(e.take_step_records().is_empty(), "{name}: nothing recorded before it is asked");
+        e.record_steps();
+        let mut prompt = 0;
+        for t in PROMPTS {
+            let ids = e.tokenizer.encode(t, true).unwrap();
+            prompt += ids.len();
+            e.add_request(t, Prompt::TokenIds(ids), p.clone(), None).unwrap();
+        }
+        e.run_to_completion().unwrap();
+        let r = e.take_step_records();
+        assert_eq!(r.iter().map(|r| r.prompt_tokens).sum::<usize>(), prompt, "{name}");
+        // A request's first token comes with its prompt; its other 8 are decode rows, the one
+        // making token t (2..=9) attending the prompt and t - 1 tokens.
+        assert_eq!(r.iter().map(|r| r.decode_rows).sum::<usize>(), PROMPTS.len() * 8, "{name}");
+        let positions: usize = r.iter().map(|r| r.decode_positions).sum();
+        assert_eq!(positions, 8 * prompt + PROMPTS.len() * (1..=8).sum::<usize>(), "{name}");
+        assert!(r.iter().all(|r| r.launched <= r.collected && r.device.is_none()), "{name}");
+        assert!(r.windows(2).all(|w| w[0].collected <= w[1].collected), "{name}");
+        assert!(e.take_step_records().is_empty(), "{name}: records are taken once");
+    }
+}

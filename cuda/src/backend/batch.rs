@@ -124,7 +124,11 @@ impl CudaBackend {
         let n = b.num_tokens();
         let full = num_layers >= self.cfg.num_layers;
         let mut clock = Instant::now();
-        if full && self.use_graphs && b.logits_indices.len() == n {
+        // A decode graph leaves token i's logits in row i: it runs a batch that asks for every
+        // token's, in order (the runner's always do), so its rows are the ones asked for.
+        let every_row = b.logits_indices.len() == n
+            && b.logits_indices.iter().enumerate().all(|(i, &r)| i == r);
+        if full && self.use_graphs && every_row {
             if let Some(size) = plan::graph_size_for(&self.graph_sizes, n) {
                 if let Some(p) = self.graph_plan(b, size) {
                     HostTimes::lap(&mut self.host_times.plan, &mut clock);

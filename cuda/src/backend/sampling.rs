@@ -113,10 +113,14 @@ impl CudaBackend {
             }
         };
         let n = rows.len();
-        // A runner's batch asks for rows 0..n in order; an eager pass leaves them there, and a
-        // decode graph leaves token i's in row i.
-        let in_order = b.logits_indices.iter().enumerate().all(|(i, &r)| i == r);
-        if n > self.logits_cap || !in_order {
+        // Every pass leaves the rows asked for at 0..n of the logits buffer, in the batch's
+        // order: an eager or mixed-step pass gathers them there, and a decode graph (taken only
+        // when every token is asked for, in order) leaves token i's in row i. So steps with
+        // prompt chunks are queued too: run synchronously, each one's host work (its plan and
+        // kernel launches) waited for the device and the device for it.
+        if n > self.logits_cap
+            || (sync_prompt_steps() && !b.logits_indices.iter().enumerate().all(|(i, &r)| i == r))
+        {
             // Rows beyond the logits buffer are sampled chunk by chunk: all at once, now.
             let tokens = self.run_sampled(b, rows, &mut Vec::new)?;
             self.launched.push_back(Launched::Ready(tokens));
@@ -295,6 +299,13 @@ pub(crate) fn sampling_args(buf_rows: &[u32], rows: &[RowSampling]) -> Vec<u32> 
     a.extend(rows.iter().map(|r| r.seed as u32));
     a.extend(rows.iter().map(|r| (r.seed >> 32) as u32));
     a
+}
+
+/// `TANDEM_SYNC_PROMPT_STEPS=1` runs steps whose logits rows are not the batch's first rows
+/// (steps with prompt chunks) synchronously, as before they were queued (for comparison).
+fn sync_prompt_steps() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_SYNC_PROMPT_STEPS").is_ok_and(|v| v == "1"))
 }
 
 #[cfg(test)]

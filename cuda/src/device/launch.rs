@@ -11,22 +11,26 @@ use super::Gpu;
 use crate::CudaError;
 
 /// Kernels [`Gpu::launch`] always launches plainly, not as programmatic dependents: the
-/// attention kernels. As dependents (scheduled while `qkv_rope_store` still ran) the decode
-/// kernel made Qwen3-0.6B steps at 16 and 64 sequences 3–6 % slower on an NVIDIA H200 than
-/// plain launches everywhere (`attention_dec128`, cuBLAS GEMMs, decode graphs, bf16 random
-/// weights; `tandem-gpu bench-decode`, docs/gpu-runs/h200-2026-11-28f-pdl/).
-pub const PDL_PLAIN: [&str; 10] = [
+/// attention kernels that wait at entry. As dependents (scheduled while `qkv_rope_store` still
+/// ran, doing nothing) the decode kernel made Qwen3-0.6B steps at 16 and 64 sequences 3–6 %
+/// slower on an NVIDIA H200 than plain launches everywhere (`attention_dec128`, cuBLAS GEMMs,
+/// decode graphs, bf16 random weights; `tandem-gpu bench-decode`,
+/// docs/gpu-runs/h200-2026-11-28f-pdl/). The fused decode kernels are dependents: they copy
+/// pages before they wait ([`PDL_PLAIN_WAITING`] otherwise).
+pub const PDL_PLAIN: [&str; 8] = [
     "attention",
     "attention_decode",
     "attention_mma64",
     "attention_mma128",
     "attention_dec64",
     "attention_dec128",
-    "attention_dec_rope64",
-    "attention_dec_rope128",
     "attention_prefill64",
     "attention_prefill128",
 ];
+
+/// The fused decode kernels, launched plainly too where they wait at entry
+/// (`TANDEM_DEC_EARLY_COPIES=off`: [`crate::plan::dec_early_copies`]).
+pub const PDL_PLAIN_WAITING: [&str; 2] = ["attention_dec_rope64", "attention_dec_rope128"];
 
 /// Kernels [`Gpu::launch`] launches plainly right after a cuBLAS GEMM: the RMSNorm kernels.
 /// As dependents of the GEMMs they made the Llama-3-8B shape's step at 16 sequences 1.5 %

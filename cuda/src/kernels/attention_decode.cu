@@ -238,6 +238,12 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS, ROPE_FUSED_AR
     if (warp + j * WARPS < npages) issue(j, j);
     else asm volatile("cp.async.commit_group;");
   }
+#ifdef TANDEM_DEC_EARLY_COPIES
+  // The fused kernel waits for its predecessor only here (`DEC_ROPE_ENTRY`): the pages copied
+  // above hold no position this step stores (those are deferred past the prologue), and the
+  // tiles and block tables were uploaded before the pass; the q|k|v rows are read after it.
+  if (ROPE) KERNEL_ENTRY();
+#endif
   if (ROPE) {
     // The caches are read only by the page copies, after the prologue's barrier.
     dec_rope_prologue<HD, WARPS>(ROPE_FUSED_NAMES, qst, const_cast<h16*>(k_cache), const_cast<h16*>(v_cache), row0,
@@ -386,6 +392,22 @@ __device__ __forceinline__ void attention_dec_impl(ATTENTION_ARGS, ROPE_FUSED_AR
 }
 #endif
 
+// The fused kernels wait for their predecessor (the q|k|v GEMM) at entry, or, with early copies
+// (the default: `plan::dec_early_copies`), inside `attention_dec_impl` once their first page
+// copies are out — launched as programmatic dependents, those copies then overlap the GEMM's end.
+// On one H100 (docs/gpu-runs/h100-2026-12-06-steps/3-k99/; bf16 random weights, decode graphs,
+// products of up to 32 rows on the stream kernels) Qwen3-0.6B's step at 16 sequences, context
+// 1,024, went from 1.794 / 1.787 to 1.729 / 1.722 ms, the Llama-3-8B shape's from 6.914 to 6.851;
+// at 64 to 256 sequences (cuBLAS GEMMs, which release their dependents only as they end) within
+// 0.2 %.
+#ifdef TANDEM_DEC_EARLY_COPIES
+#define DEC_ROPE_ENTRY() \
+  do {                   \
+  } while (0)
+#else
+#define DEC_ROPE_ENTRY() KERNEL_ENTRY()
+#endif
+
 #define ROPE_UNUSED nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0.f
 #define ATTENTION_NAMES q, k_cache, v_cache, tiles, block_tables, out, part_acc, part_ml, split_count, num_tokens, nh, nkv, hd, block_size, scale, window
 
@@ -405,14 +427,14 @@ extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS128) attention_dec128
 
 // The same with the q/k norm + RoPE + KV store of the tile's rows fused in (`q` is not read).
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS64) attention_dec_rope64(ATTENTION_ARGS, ROPE_FUSED_ARGS) {
-  KERNEL_ENTRY();
+  DEC_ROPE_ENTRY();
 #if __CUDA_ARCH__ >= 800
   attention_dec_impl<64, DEC_WARPS64, true>(ATTENTION_NAMES, ROPE_FUSED_NAMES);
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS128) attention_dec_rope128(ATTENTION_ARGS, ROPE_FUSED_ARGS) {
-  KERNEL_ENTRY();
+  DEC_ROPE_ENTRY();
 #if __CUDA_ARCH__ >= 800
   attention_dec_impl<128, DEC_WARPS128, true>(ATTENTION_NAMES, ROPE_FUSED_NAMES);
 #endif

@@ -10,6 +10,7 @@ mod overlap;
 pub mod remote_prefill;
 mod sample_step;
 mod spec_decoder;
+pub mod step_trace;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use super::step_trace::StepTrace;
 use crate::backend::{BackendError, ForwardBatch, Logits, ModelBackend, RowSampling};
 use crate::sampling::sampler::TokenLogprob;
 use crate::scheduling::scheduler::SchedulerOutput;
@@ -86,13 +87,15 @@ pub struct ModelRunner {
     pub backend: Box<dyn ModelBackend>,
     /// KV groups of the backend's cache (pages per logical block).
     kv_groups: usize,
+    /// Every step's record, when recording ([`LLMEngine::record_steps`](super::LLMEngine::record_steps)).
+    pub(super) trace: Option<StepTrace>,
 }
 
 impl ModelRunner {
     /// Wraps a backend.
     pub fn new(backend: Box<dyn ModelBackend>) -> Self {
         let kv_groups = backend.kv_groups().num_groups();
-        ModelRunner { backend, kv_groups }
+        ModelRunner { backend, kv_groups, trace: None }
     }
 
     /// Builds the batch of a step: each scheduled sequence's next tokens with their positions and
@@ -186,7 +189,11 @@ impl ModelRunner {
             ahead.iter().enumerate().map(|(row, &id)| (id, row as u32)).collect();
         let (batch, sampled) = self.prepare(out, seqs, &ahead);
         let rows: Vec<RowSampling> = sampled.iter().map(|id| row_sampling(&seqs[id])).collect();
+        let handed = self.trace.as_ref().map(StepTrace::now);
         self.backend.launch_sampled(&batch, &rows)?;
+        if let (Some(t), Some(at)) = (&mut self.trace, handed) {
+            t.launched(out, seqs, at);
+        }
         Ok(Some(sampled))
     }
 
@@ -197,6 +204,9 @@ impl ModelRunner {
         sampled: Vec<SeqId>,
     ) -> Result<Vec<(SeqId, RowOutput)>, BackendError> {
         let tokens = self.backend.collect_sampled()?;
+        if let Some(t) = &mut self.trace {
+            t.collected(self.backend.device_seconds());
+        }
         Self::pair(sampled, tokens)
     }
 
@@ -237,6 +247,22 @@ impl ModelRunner {
         if out.scheduled.is_empty() {
             return Ok(Vec::new());
         }
+        let handed = self.trace.as_ref().map(StepTrace::now);
+        let rows = self.run_pass(out, seqs, masks);
+        if let (Some(t), Some(at)) = (&mut self.trace, handed) {
+            t.launched(out, seqs, at);
+            t.collected(self.backend.device_seconds());
+        }
+        rows
+    }
+
+    /// The forward pass of [`ModelRunner::execute`] and its rows.
+    fn run_pass(
+        &mut self,
+        out: &SchedulerOutput,
+        seqs: &SeqMap,
+        masks: &mut dyn DeviceMasks,
+    ) -> Result<Vec<(SeqId, RowOutput)>, BackendError> {
         let (batch, sampled) = self.prepare(out, seqs, &HashMap::new());
         if self.backend.samples_on_device()
             && !sampled.is_empty()
