@@ -55,20 +55,26 @@ fn every_kernel_begins_by_waiting_for_its_predecessor() {
     assert!(kernels >= 30, "found only {kernels} kernels");
 }
 
+/// The source of the function that starts at `start` (up to its closing brace at column 0), and
+/// its part before `wait`.
+fn split_at_wait(start: &str, wait: &str) -> (&'static str, &'static str) {
+    let at = KERNEL_SOURCE.find(start).unwrap_or_else(|| panic!("no `{start}`"));
+    let body = &KERNEL_SOURCE[at..];
+    let body = &body[..body.find("\n}\n").expect("the function's end")];
+    let w = body.find(wait).unwrap_or_else(|| panic!("no `{wait}` in `{start}`"));
+    (body, &body[..w])
+}
+
 /// The stream GEMM kernels touch nothing but their weights before they wait: up to its
 /// `griddepcontrol.wait`, `gemm_stream_impl` loads only W (`gs_load_w`), then A and the output.
 #[test]
 fn stream_gemms_wait_before_reading_what_other_kernels_write() {
-    let at = KERNEL_SOURCE.find("gemm_stream_impl(const h16*").expect("gemm_stream_impl");
-    let body = &KERNEL_SOURCE[at..];
-    let body = &body[..body.find("\n}\n").expect("the end of gemm_stream_impl")];
-    let wait = body.find("griddepcontrol.wait").expect("a wait");
-    let before = &body[..wait];
+    let (body, before) = split_at_wait("gemm_stream_impl(const h16*", "griddepcontrol.wait");
     assert!(before.contains("gs_load_w("), "the weights are requested before the wait");
     for touch in ["gs_load_a", "cs[", "*y", "reinterpret_cast", "ld_cluster4"] {
         assert!(!before.contains(touch), "`{touch}` before the wait");
     }
-    assert!(body[wait..].contains("gs_load_a<MT>("));
+    assert!(body[before.len()..].contains("gs_load_a<MT>("));
     // Every kernel defined through the macro has the body that waits.
     let kernels = KERNEL_SOURCE.matches("\nGEMM_STREAM_KERNEL(").count();
     assert_eq!(kernels, 4);
@@ -80,11 +86,7 @@ fn stream_gemms_wait_before_reading_what_other_kernels_write() {
 /// begin with `DEC_ROPE_ENTRY`, which waits at entry unless those early copies are compiled in.
 #[test]
 fn fused_decode_kernels_copy_only_old_pages_before_they_wait() {
-    let at = KERNEL_SOURCE.find("void attention_dec_impl(").expect("attention_dec_impl");
-    let body = &KERNEL_SOURCE[at..];
-    let body = &body[..body.find("\n}\n").expect("the end of attention_dec_impl")];
-    let wait = body.find("if (ROPE) KERNEL_ENTRY();").expect("the fused variant's wait");
-    let before = &body[..wait];
+    let (body, before) = split_at_wait("void attention_dec_impl(", "if (ROPE) KERNEL_ENTRY();");
     assert!(before.contains("issue(j, j)"), "the first pages are copied before the wait");
     assert!(before.contains("if (!early(j))"), "pages with new positions are deferred");
     for touch in
@@ -95,7 +97,7 @@ fn fused_decode_kernels_copy_only_old_pages_before_they_wait() {
     // Queries from `q` (a kernel's output) only in the unfused variant, which waits at entry.
     assert_eq!(before.matches("DEC_LOAD_Q(").count(), 2, "the macro and the unfused load");
     assert!(before.contains("if (!ROPE) {\n    DEC_LOAD_Q(q +"), "the unfused load only");
-    assert!(body[wait..].contains("dec_rope_prologue<"), "the prologue after the wait");
+    assert!(body[before.len()..].contains("dec_rope_prologue<"), "the prologue after the wait");
     let entry = KERNEL_SOURCE.find("#define DEC_ROPE_ENTRY() KERNEL_ENTRY()").expect("the entry");
     assert!(KERNEL_SOURCE[..entry].contains("#ifdef TANDEM_DEC_EARLY_COPIES"));
     assert_eq!(KERNEL_SOURCE.matches("DEC_ROPE_ENTRY();").count(), 2, "both fused kernels");
