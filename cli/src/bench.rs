@@ -442,10 +442,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     if let Some(f) = &a.steps_out {
         let mut text = String::new();
         for r in &records {
-            text += &serde_json::json!({"launched": r.launched, "collected": r.collected,
-                "prompt_tokens": r.prompt_tokens, "decode_rows": r.decode_rows,
-                "decode_positions": r.decode_positions, "device": r.device})
-            .to_string();
+            text += &serde_json::to_string(r)?;
             text.push('\n');
         }
         std::fs::write(f, text)?;

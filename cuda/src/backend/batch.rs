@@ -126,8 +126,7 @@ impl CudaBackend {
         let mut clock = Instant::now();
         // A decode graph leaves token i's logits in row i: it runs a batch that asks for every
         // token's, in order (the runner's always do), so its rows are the ones asked for.
-        let every_row = b.logits_indices.len() == n
-            && b.logits_indices.iter().enumerate().all(|(i, &r)| i == r);
+        let every_row = b.logits_indices.len() == n && b.logits_in_order();
         if full && self.use_graphs && every_row {
             if let Some(size) = plan::graph_size_for(&self.graph_sizes, n) {
                 if let Some(p) = self.graph_plan(b, size) {

@@ -118,9 +118,7 @@ impl CudaBackend {
         // when every token is asked for, in order) leaves token i's in row i. So steps with
         // prompt chunks are queued too: run synchronously, each one's host work (its plan and
         // kernel launches) waited for the device and the device for it.
-        if n > self.logits_cap
-            || (sync_prompt_steps() && !b.logits_indices.iter().enumerate().all(|(i, &r)| i == r))
-        {
+        if n > self.logits_cap || (sync_prompt_steps() && !b.logits_in_order()) {
             // Rows beyond the logits buffer are sampled chunk by chunk: all at once, now.
             let tokens = self.run_sampled(b, rows, &mut Vec::new)?;
             self.launched.push_back(Launched::Ready(tokens));

@@ -76,6 +76,12 @@ impl Default for ForwardBatch {
 }
 
 impl ForwardBatch {
+    /// Whether the batch asks for the logits of its first tokens, in order (its i-th logits
+    /// row is token i's): every decode-only batch the runner builds does.
+    pub fn logits_in_order(&self) -> bool {
+        self.logits_indices.iter().enumerate().all(|(i, &r)| i == r)
+    }
+
     /// What every backend checks of a batch's layout: laid out for its `groups` KV groups, a
     /// position for each token and a slot for each token and group, token ids below `vocab`.
     pub fn check_layout(&self, groups: usize, vocab: usize) -> Result<(), BackendError> {
@@ -331,5 +337,27 @@ pub trait ModelBackend: Send {
             self.write_block(b, &zeros)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logits_in_order_only_when_the_first_tokens_ask_in_turn() {
+        let table = [0u32, 1];
+        let mut decode = ForwardBatch::with_kv_groups(1);
+        decode.push_seq(&[5], 7, &table, 16, Logits::Last);
+        decode.push_seq(&[6], 3, &table, 16, Logits::Last);
+        assert!(decode.logits_in_order());
+        // A prompt chunk's sampled row is its last token's, not row 0.
+        let mut prompt = ForwardBatch::with_kv_groups(1);
+        prompt.push_seq(&[1, 2, 3], 0, &table, 16, Logits::Last);
+        assert_eq!(prompt.logits_indices, [2]);
+        assert!(!prompt.logits_in_order());
+        // A decode row before the prompt keeps row 0 in order, the prompt's row breaks it.
+        decode.push_seq(&[1, 2, 3], 0, &table, 16, Logits::Last);
+        assert!(!decode.logits_in_order());
     }
 }

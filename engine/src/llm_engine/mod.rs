@@ -4,6 +4,7 @@
 
 mod api;
 mod beam_search;
+mod counters;
 pub mod generate;
 pub mod model_runner;
 mod overlap;
@@ -472,31 +473,6 @@ impl LLMEngine {
     /// Number of unfinished requests.
     pub fn get_num_unfinished_requests(&self) -> usize {
         self.requests.len()
-    }
-
-    /// Counters since start.
-    pub fn stats(&self) -> EngineStats {
-        let pc = self.scheduler.block_manager.stats();
-        EngineStats {
-            num_preemptions: self.scheduler.num_preemptions,
-            prefix_cache_queries: pc.queries,
-            prefix_cache_hits: pc.hits,
-            phase_seconds: self.phase_seconds(),
-            ..self.stats
-        }
-    }
-
-    /// Wall time spent in each phase of [`LLMEngine::step`] since start (and the device's
-    /// time, where the backend measures it).
-    pub fn phase_seconds(&self) -> PhaseSeconds {
-        let device = self.runner.backend.device_seconds().unwrap_or(0.0);
-        PhaseSeconds { device, ..self.stats.phase_seconds }
-    }
-
-    /// The backend's host time launching passes, by part (see
-    /// [`ModelBackend::host_seconds`](crate::backend::ModelBackend::host_seconds)).
-    pub fn backend_host_seconds(&self) -> Vec<(&'static str, f64)> {
-        self.runner.backend.host_seconds()
     }
 
     /// The plan of the last step (for tests and metrics).

@@ -1,17 +1,17 @@
 //! A record of every step the runner ran, for benchmarks that ask where a run's time goes: what
 //! each step computed (prompt tokens, decode rows and the KV positions they attend), when it was
 //! handed to the backend and when its tokens came back, and the device's own time on it where
-//! the backend times its passes. Off unless [`LLMEngine::record_steps`] turns it on.
+//! the backend times its passes. Off unless
+//! [`LLMEngine::record_steps`](super::LLMEngine::record_steps) turns it on.
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::LLMEngine;
 use crate::scheduling::scheduler::SchedulerOutput;
 use crate::scheduling::sequence::SeqMap;
 
 /// One step as the runner ran it.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct StepRecord {
     /// When the runner was handed the step, seconds since recording started.
     pub launched: f64,
@@ -100,20 +100,5 @@ impl StepTrace {
             *i -= done;
         }
         taken
-    }
-}
-
-impl LLMEngine {
-    /// Starts recording every step the runner runs (again from nothing if it was on), for
-    /// [`LLMEngine::take_step_records`].
-    pub fn record_steps(&mut self) {
-        let device = self.runner.backend.device_seconds();
-        self.runner.trace = Some(StepTrace::new(device));
-    }
-
-    /// The records of the steps collected since recording started or since the last call;
-    /// empty when not recording.
-    pub fn take_step_records(&mut self) -> Vec<StepRecord> {
-        self.runner.trace.as_mut().map(StepTrace::take).unwrap_or_default()
     }
 }
