@@ -9,6 +9,9 @@
 #   eng TAG ARGS...                           tandem bench engine (dummy weights on CUDA): tok/s,
 #                                             steps, the outputs' digest
 #   gem TAG CFG BATCHES                       bench-gemm: cuBLAS against Tandem's kernels, per shape
+#   kinds TAG                                 an `eng` section's steps by kind
+#   served [ROUNDS]                           peer.sh's served rounds (tandem up against bench
+#                                             engine, 2,048 requests of 108 + 128 at 256 streams)
 #   finish                                    the logs packed into $OUT/logs.tar.xz (last)
 # Environment for one section: `VAR=value dec ...` (a function sees its caller's assignments).
 set -u
@@ -44,6 +47,16 @@ gem() { # tag cfg batches
   grep -E '\] gemm .* m=|20 different' $L/gemm-$1.log | paste - - \
     | sed -E 's/.*m= *([0-9]+) n= *([0-9]+) k= *([0-9]+).*20 different weight matrices: ([^;]*);.*/  \1x\2x\3: \4/'
   grep -E 'all shapes' $L/gemm-$1.log | sed -E 's/.*all shapes: //'
+}
+kinds() { # tag
+  grep -A7 "^steps by kind" $L/engine-$1.log | tail -n +2 | grep -E "^  (with|decode)" | cut -c1-250
+}
+served() { # rounds
+  mkdir -p .gpu/peer; cp $C/smollm2-meta.gguf .gpu/peer/
+  OUT=$L/served LLAMA=0 TABLE=0 ROUNDS=${1:-2} PLACEMENTS=shared ROUND_PROMPTS=2048 timeout 170 bash scripts/gpu/peer.sh run > $L/peer.log 2>&1
+  echo "$(el) served rc=$?"; grep -E "tandem up, client|^round|decode worker|TTFT mean|client ceiling" $L/peer.log | cut -c1-400
+  rm -f $L/served/peer/*.gguf
+  for f in $L/served/peer/round*-up-shared.log; do [ -f $f ] && { grep -v "routing request" $f | tail -40 > $f.t; mv $f.t $f; }; done
 }
 # nano-vllm's workload and long greedy requests (Qwen3-0.6B shape), for `eng TAG $NANO` etc.
 NANO="--model $Q --workload-file $C/w.json --temperature 0.6 --max-num-seqs 256 --max-num-batched-tokens 16384"
