@@ -18,11 +18,13 @@ use tandem_engine::backend::{
 use tandem_engine::model_files::config::{Activation, ModelConfig, RopeStyle};
 use tandem_engine::sampling::sampler::TokenLogprob;
 
+use crate::device::split_k::{SPLIT_MAX_SLICES, SPLIT_PART_ROWS};
 use crate::device::{ptr, Dtype, Gpu};
 use crate::plan::{self, LongSeq, ATT_MAX_HEAD_DIM, MAX_SPLITS, TILE_INTS};
 use crate::weights::DeviceWeights;
 use crate::CudaError;
 use attention::PagedAttention;
+use residual::Residual;
 use rope::RopeInputs;
 
 mod attention;
@@ -107,6 +109,9 @@ struct Activations {
     act: CudaSlice<u16>,
     /// A sub-layer's output before its post-norm (Gemma; one element otherwise).
     proj: CudaSlice<f32>,
+    /// The slices' partial sums of a projection into the residual cut along k
+    /// ([`Gpu::split_slices`]), added in by the RMSNorm after it.
+    parts: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     part_acc: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
@@ -265,6 +270,10 @@ impl CudaBackend {
             gu: gpu.zeros(t * 2 * ff)?,
             act: gpu.zeros(t * ff)?,
             proj: gpu.zeros(if cfg.post_norms { t * h } else { 1 })?,
+            parts: gpu.zeros(match cfg.post_norms {
+                true => 1,
+                false => SPLIT_PART_ROWS.min(SPLIT_MAX_SLICES * t) * h,
+            })?,
             logits: gpu.zeros(logits_cap * v)?,
             part_acc: gpu.zeros(MAX_SPLITS * SPLIT_ROWS * q)?,
             part_ml: gpu.zeros(MAX_SPLITS * SPLIT_ROWS * cfg.num_heads * 2)?,
@@ -451,15 +460,20 @@ impl CudaBackend {
             Some(f) if small_tiles && long.is_empty() && num_tiles > 0 => Some(f),
             _ => None,
         };
-        // Whether the previous layer's all-reduce already normed this layer's input into hb.
-        let mut normed = false;
+        // What the previous layer's down projection left for this layer's input norm.
+        let mut left = Residual::Summed;
         for (li, l) in w.layers.iter().enumerate().take(num_layers) {
             // The layer's KV group: its slots, block tables and page layer.
             let (kg, page_layer) = self.kv_groups.layer_slot[li];
             let slot = slot + 4 * (kg * sections.0) as u64;
             let bt = bt + 4 * (kg * sections.1) as u64;
-            if !normed {
-                norm_rows(ptr(&l.attn_norm))?;
+            match left {
+                Residual::Summed => norm_rows(ptr(&l.attn_norm))?,
+                Residual::Normed => {}
+                Residual::Parts(n) => {
+                    self.mark("rmsnorm")?;
+                    self.norm_parts(t, n, ptr(&l.attn_norm))?
+                }
             }
             self.mark("gemm qkv")?;
             g.gemm(t, qs + 2 * kvs, h, hb, ptr(&l.qkv), qkv, true, false)?;
@@ -549,8 +563,13 @@ impl CudaBackend {
             self.mark("gemm o")?;
             let ffn_norm = Some(ptr(&l.ffn_norm));
             let post = l.post_attn_norm.as_ref();
-            if !self.project_into_residual(t, qs, att, ptr(&l.o), post, 0, ffn_norm)? {
-                norm_rows(ptr(&l.ffn_norm))?;
+            match self.project_into_residual(t, qs, att, ptr(&l.o), post, 0, ffn_norm)? {
+                Residual::Summed => norm_rows(ptr(&l.ffn_norm))?,
+                Residual::Normed => {}
+                Residual::Parts(n) => {
+                    self.mark("rmsnorm")?;
+                    self.norm_parts(t, n, ptr(&l.ffn_norm))?
+                }
             }
             self.mark("gemm gate_up")?;
             let gelu = c.hidden_act == Activation::GeluTanh;
@@ -571,7 +590,7 @@ impl CudaBackend {
             let next_norm = w.layers.get(li + 1).filter(|_| li + 1 < num_layers);
             let post = l.post_ffn_norm.as_ref();
             let next_norm = next_norm.map(|n| ptr(&n.attn_norm));
-            normed = self.project_into_residual(t, ff, act, ptr(&l.down), post, 1, next_norm)?;
+            left = self.project_into_residual(t, ff, act, ptr(&l.down), post, 1, next_norm)?;
         }
         self.mark("final norm, lm head")?;
         if logit_rows > 0 {

@@ -13,7 +13,7 @@ mod fused;
 mod gemm;
 mod norms;
 use gemm::{gemm, glu};
-use norms::{rmsnorm, rmsnorm_add};
+use norms::{rmsnorm, rmsnorm_add, rmsnorm_parts};
 
 /// Outcome of one check.
 #[derive(Debug, Clone)]
@@ -98,6 +98,7 @@ pub fn run_all(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     out.extend(glu(g)?);
     out.push(embed(g)?);
     out.extend(rmsnorm(g, u)?);
+    out.extend(rmsnorm_parts(g, u)?);
     // Each head width's variant (64, 128, 256), and the general kernel at 128.
     out.extend(qkv_rope_store(g, u, false, false, 9, 3, 64, false)?);
     out.extend(qkv_rope_store(g, u, true, false, 16, 8, 128, false)?);

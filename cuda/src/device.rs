@@ -21,6 +21,7 @@ use crate::CudaError;
 mod launch;
 pub mod products;
 mod rope_launch;
+pub mod split_k;
 pub use launch::{KernelArg, PDL_PLAIN, PDL_PLAIN_AFTER_GEMM, PDL_PLAIN_WAITING};
 pub use rope_launch::{rope_config, rope_config_with, rope_tokens, ROPE_MANY_TOKENS};
 
@@ -129,6 +130,9 @@ pub struct Kernels {
     pub rmsnorm: CudaFunction,
     /// The same for rows of at most 1, 2 or 4 16-byte vectors a thread (256 threads a row).
     pub rmsnorm_v: [CudaFunction; 3],
+    /// RMSNorm of the residual plus a split-k product's slices, written back first (1, 2, 4
+    /// and 8 vectors a thread; [`Gpu::rmsnorm_parts_for`]).
+    pub rmsnorm_parts: [CudaFunction; 4],
     /// q/k norm, RoPE, KV store (heads up to 1,024 wide; [`Gpu::rope_for`] picks the variant).
     pub qkv_rope_store: CudaFunction,
     /// The same for heads of at most 64, 128 or 256.
@@ -237,6 +241,8 @@ pub struct Gpu {
     stream_gemm_rows: std::sync::atomic::AtomicUsize,
     /// CTAs an SM a stream product's slices of k aim for (`TANDEM_STREAM_GEMM_FILL`, 1.0).
     stream_gemm_fill: f64,
+    /// Products into the residual cut along k ([`Gpu::split_slices`]; `TANDEM_SPLIT_K`).
+    split_k: split_k::SplitK,
     /// Kernels launch as programmatic dependents of the kernel before them (sm_90 and later;
     /// `TANDEM_PDL=off` turns it off, for comparison): each may start
     /// while its predecessor drains, and waits for it in `KERNEL_ENTRY` (kernels/common.cu).
@@ -299,6 +305,12 @@ impl Gpu {
             embed: f("embed")?,
             rmsnorm: f("rmsnorm")?,
             rmsnorm_v: [f("rmsnorm_v1")?, f("rmsnorm_v2")?, f("rmsnorm_v4")?],
+            rmsnorm_parts: [
+                f("rmsnorm_parts_v1")?,
+                f("rmsnorm_parts_v2")?,
+                f("rmsnorm_parts_v4")?,
+                f("rmsnorm_parts")?,
+            ],
             qkv_rope_store: f("qkv_rope_store")?,
             qkv_rope_store_p: [
                 f("qkv_rope_store_p1")?,
@@ -412,6 +424,7 @@ impl Gpu {
                     .min(products::STREAM_MAX_ROWS),
             ),
             stream_gemm_fill: env_f64("TANDEM_STREAM_GEMM_FILL", 1.0),
+            split_k: split_k::SplitK::from_env(),
             use_pdl: maj >= 9 && std::env::var("TANDEM_PDL").as_deref() != Ok("off"),
             pdl_skip,
             pdl_after_gemm,

@@ -13,7 +13,7 @@ use std::ffi::c_void;
 use cudarc::cublaslt::{result as lr, sys as lsys};
 use cudarc::driver::sys as dsys;
 
-use crate::device::{ptr, time_ms, Dtype, Gpu, Operand};
+use crate::device::{ptr, time_ms, Dtype, Gpu};
 use crate::CudaError;
 
 /// Calls per captured graph.
@@ -57,28 +57,6 @@ pub struct GemmTiming {
 
 /// Split-K variants timed by [`run`].
 pub const SPLITS: [usize; 3] = [2, 4, 8];
-
-/// `C_s = A[:, s·kc..(s+1)·kc] · W[:, s·kc..(s+1)·kc]ᵀ` for `s < splits`, `kc = k / splits`:
-/// the product of [`Gpu::gemm`]'s layout cut along k, each slice's partial sum written apart
-/// (row-major `m×n` f32 at `c + s·m·n`), in one strided-batched call.
-#[allow(clippy::too_many_arguments)]
-fn gemm_split_k(
-    g: &Gpu,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: u64,
-    w: u64,
-    c: u64,
-    splits: usize,
-) -> Result<(), CudaError> {
-    let kc = k / splits;
-    // Column-major Cᵀ_s (n×m) = W_s (k×n stored, transposed) · A_sᵀ (k×m), slices kc apart.
-    let wo = Operand { ptr: w, ld: k, stride: kc, trans: true };
-    let ao = Operand { ptr: a, ld: k, stride: kc, trans: false };
-    let co = Operand { ptr: c, ld: n, stride: m * n, trans: false };
-    g.gemm_batched(g.dtype, n, m, kc, 1.0, wo, ao, 0.0, co, true, splits)
-}
 
 fn lt(st: lsys::cublasStatus_t, what: &str) -> Result<(), CudaError> {
     match st {
@@ -192,7 +170,7 @@ fn time_shape(
     };
     let mut split_us = Vec::new();
     for s in SPLITS.into_iter().filter(|&s| k % (64 * s) == 0) {
-        let us = graph_us(g, reps, || gemm_split_k(g, m, n, k, ap, next_w(), pp, s))?;
+        let us = graph_us(g, reps, || g.gemm_split_k(m, n, k, ap, next_w(), pp, s))?;
         split_us.push((s, us));
     }
     drop((ws_cold, parts));

@@ -1,10 +1,11 @@
 //! Checks of the norm kernels: RMSNorm (with and without a row gather, at widths taking each
-//! load path) and Gemma's post-norm add.
+//! load path), Gemma's post-norm add, and a split-k product's slices added into the residual
+//! by the RMSNorm after it.
 
 use cudarc::driver::LaunchConfig;
 use tandem_engine::backend::cpu::ops;
 
-use super::{rel_err, result, unbf, CheckResult, Rng};
+use super::{abs_err, bf, rel_err, result, round_bf, unbf, CheckResult, Rng};
 use crate::device::{ptr, Gpu};
 use crate::CudaError;
 
@@ -85,4 +86,65 @@ fn rmsnorm_at(g: &Gpu, u: f64, h: usize, general: bool) -> Result<Vec<CheckResul
             1.05 * u,
         ),
     ])
+}
+
+/// A product into the residual cut along k ([`Gpu::gemm_split_k`]) and the `rmsnorm_parts`
+/// kernel that adds its slices in and norms, against `x + A·Wᵀ` in f64 and the CPU RMSNorm of
+/// it: the residual written back and the normed rows. Shapes of Qwen3-0.6B's o projection, the
+/// SmolLM2 shape's down, the 8B shape's width (four vectors a thread) and a width not a
+/// multiple of 4 (the scalar path).
+pub(super) fn rmsnorm_parts(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
+    let mut out = Vec::new();
+    for (m, n, k, slices) in
+        [(64, 1024, 2048, 8), (200, 576, 1536, 4), (33, 4096, 1024, 2), (40, 574, 512, 2)]
+    {
+        let eps = 1e-6f32;
+        let mut r = Rng::new(29);
+        let a = round_bf(&r.vec(m * k, 1.0));
+        let w = round_bf(&r.vec(n * k, 1.0));
+        let x0 = r.vec(m * n, 8.0);
+        let nw = r.vec(n, 1.0);
+        let mut sum = x0.clone();
+        for i in 0..m {
+            for j in 0..n {
+                let s: f64 = (0..k).map(|l| a[i * k + l] as f64 * w[j * k + l] as f64).sum();
+                sum[i * n + j] = (x0[i * n + j] as f64 + s) as f32;
+            }
+        }
+        let mut want = vec![0f32; m * n];
+        ops::rms_norm(&sum, &nw, eps, &mut want);
+        let (da, dw, dx, dn) =
+            (g.upload(&bf(&a))?, g.upload(&bf(&w))?, g.upload(&x0)?, g.upload(&nw)?);
+        let (parts, dy) = (g.zeros::<f32>(slices * m * n)?, g.zeros::<u16>(m * n)?);
+        g.gemm_split_k(m, n, k, ptr(&da), ptr(&dw), ptr(&parts), slices)?;
+        let (hi, ns, stride) = (n as i32, slices as i32, (m * n) as i64);
+        let cfg = LaunchConfig {
+            grid_dim: (m as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: rmsnorm_parts*(float*, const float*, int, long long, const float*, h16*, int,
+        // float) over m rows of n; `parts` holds `slices` × m × n floats.
+        unsafe {
+            g.launch(
+                g.rmsnorm_parts_for(n),
+                cfg,
+                &[&ptr(&dx), &ptr(&parts), &ns, &stride, &ptr(&dn), &ptr(&dy), &hi, &eps],
+            )?
+        };
+        let (got_x, got_y) = (g.read(&dx, m * n)?, unbf(&g.read(&dy, m * n)?));
+        let tag = format!("{m}x{n}x{k} in {slices} slices");
+        out.push(result(
+            // f32 sums of k products of ±1 values: relative to the sum's scale (√k), as gemm's.
+            &format!("split-k product added into the residual, {tag}"),
+            abs_err(&got_x, &sum) / (k as f64).sqrt(),
+            1e-4,
+        ));
+        out.push(result(
+            &format!("rmsnorm of residual plus slices, {tag} (tol 1.1u)"),
+            rel_err(&got_y, &want, 1e-2),
+            1.1 * u,
+        ));
+    }
+    Ok(out)
 }

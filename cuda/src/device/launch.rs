@@ -32,11 +32,21 @@ pub const PDL_PLAIN: [&str; 8] = [
 /// (`TANDEM_DEC_EARLY_COPIES=off`: [`crate::plan::dec_early_copies`]).
 pub const PDL_PLAIN_WAITING: [&str; 2] = ["attention_dec_rope64", "attention_dec_rope128"];
 
-/// Kernels [`Gpu::launch`] launches plainly right after a cuBLAS GEMM: the RMSNorm kernels.
+/// Kernels [`Gpu::launch`] launches plainly right after a cuBLAS GEMM: the RMSNorm kernels
+/// (those that add a split-k product's slices too).
 /// As dependents of the GEMMs they made the Llama-3-8B shape's step at 16 sequences 1.5 %
 /// slower on an NVIDIA H200 (same kernel path and record as [`PDL_PLAIN`]); after Tandem's own
 /// kernels (the one-row `gemv`, `embed`) they gain.
-pub const PDL_PLAIN_AFTER_GEMM: [&str; 4] = ["rmsnorm", "rmsnorm_v1", "rmsnorm_v2", "rmsnorm_v4"];
+pub const PDL_PLAIN_AFTER_GEMM: [&str; 8] = [
+    "rmsnorm",
+    "rmsnorm_v1",
+    "rmsnorm_v2",
+    "rmsnorm_v4",
+    "rmsnorm_parts",
+    "rmsnorm_parts_v1",
+    "rmsnorm_parts_v2",
+    "rmsnorm_parts_v4",
+];
 
 impl Gpu {
     /// Launches `f` with raw arguments (device pointers as `u64`): as a programmatic dependent

@@ -17,16 +17,21 @@ extern "C" __global__ void embed(const int* __restrict__ tok, const h16* __restr
 // VECS is a kernel of its own (`rmsnorm_v1` .. `_v8`; the host takes the smallest that holds the
 // row): the registers of 8 vectors a thread would hold 2 CTAs per SM where a 1,024-wide row
 // needs one, and a prefill's thousands of rows are then bound by latency, not bytes.
-template <int VECS>
-__device__ __forceinline__ void rmsnorm_impl(const float* __restrict__ x, const int* __restrict__ rows,
-                                             const float* __restrict__ w, h16* __restrict__ y, int H, float eps) {
+//
+// PARTS (`rmsnorm_parts*`): first x[r] += parts[0][r] + … + parts[nparts-1][r] (the slices of a
+// product cut along k, `pstride` floats apart), written back to x, then normed; rows is null.
+template <int VECS, bool PARTS>
+__device__ __forceinline__ void rmsnorm_impl(float* __restrict__ x, const int* __restrict__ rows,
+                                             const float* __restrict__ w, h16* __restrict__ y, int H, float eps,
+                                             const float* __restrict__ parts, int nparts, size_t pstride) {
   int src = rows ? rows[blockIdx.x] : blockIdx.x;
-  const float* xr = x + (size_t)src * H;
+  float* xr = x + (size_t)src * H;
+  const float* pr = PARTS ? parts + (size_t)src * H : nullptr;
   h16* yr = y + (size_t)blockIdx.x * H;
   float ss = 0.f;
   if ((H & 3) == 0 && H / 4 <= VECS * (int)blockDim.x) {
     // The row and the weights held in registers from one round of loads.
-    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    float4* x4 = reinterpret_cast<float4*>(xr);
     const float4* w4 = reinterpret_cast<const float4*>(w);
     uint2* y4 = reinterpret_cast<uint2*>(yr);
     float4 v[VECS], g[VECS];
@@ -36,6 +41,13 @@ __device__ __forceinline__ void rmsnorm_impl(const float* __restrict__ x, const 
       if (i < H / 4) {
         v[j] = x4[i];
         g[j] = w4[i];
+        if (PARTS) {
+          for (int p = 0; p < nparts; p++) {
+            const float4 d = reinterpret_cast<const float4*>(pr + p * pstride)[i];
+            v[j].x += d.x, v[j].y += d.y, v[j].z += d.z, v[j].w += d.w;
+          }
+          x4[i] = v[j];
+        }
         ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
       }
     }
@@ -53,11 +65,18 @@ __device__ __forceinline__ void rmsnorm_impl(const float* __restrict__ x, const 
     return;
   }
   if ((H & 3) == 0) {
-    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    float4* x4 = reinterpret_cast<float4*>(xr);
     const float4* w4 = reinterpret_cast<const float4*>(w);
     uint2* y4 = reinterpret_cast<uint2*>(yr);
     for (int i = threadIdx.x; i < H / 4; i += blockDim.x) {
       float4 v = x4[i];
+      if (PARTS) {
+        for (int p = 0; p < nparts; p++) {
+          const float4 d = reinterpret_cast<const float4*>(pr + p * pstride)[i];
+          v.x += d.x, v.y += d.y, v.z += d.z, v.w += d.w;
+        }
+        x4[i] = v;  // read back below by this same thread
+      }
       ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     float inv = rsqrtf(block_sum(ss) / (float)H + eps);
@@ -70,7 +89,14 @@ __device__ __forceinline__ void rmsnorm_impl(const float* __restrict__ x, const 
     }
     return;
   }
-  for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+  for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    if (PARTS) {
+      float v = xr[i];
+      for (int p = 0; p < nparts; p++) v += pr[p * pstride + i];
+      xr[i] = v;
+    }
+    ss += xr[i] * xr[i];
+  }
   float inv = rsqrtf(block_sum(ss) / (float)H + eps);
   for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = f2h(xr[i] * inv * w[i]);
 }
@@ -79,12 +105,25 @@ __device__ __forceinline__ void rmsnorm_impl(const float* __restrict__ x, const 
   extern "C" __global__ void NAME(const float* __restrict__ x, const int* __restrict__ rows,          \
                                   const float* __restrict__ w, h16* __restrict__ y, int H, float eps) { \
     KERNEL_ENTRY();                                                                                    \
-    rmsnorm_impl<VECS>(x, rows, w, y, H, eps);                                                         \
+    rmsnorm_impl<VECS, false>(const_cast<float*>(x), rows, w, y, H, eps, nullptr, 0, 0);               \
   }
 RMSNORM_KERNEL(rmsnorm_v1, 1)
 RMSNORM_KERNEL(rmsnorm_v2, 2)
 RMSNORM_KERNEL(rmsnorm_v4, 4)
 RMSNORM_KERNEL(rmsnorm, 8)
+
+// The residual's rows plus a split-k product's slices, then RMSNorm (rmsnorm_impl's PARTS).
+#define RMSNORM_PARTS_KERNEL(NAME, VECS)                                                               \
+  extern "C" __global__ void NAME(float* __restrict__ x, const float* __restrict__ parts, int nparts,  \
+                                  long long pstride, const float* __restrict__ w, h16* __restrict__ y,  \
+                                  int H, float eps) {                                                  \
+    KERNEL_ENTRY();                                                                                    \
+    rmsnorm_impl<VECS, true>(x, nullptr, w, y, H, eps, parts, nparts, (size_t)pstride);                \
+  }
+RMSNORM_PARTS_KERNEL(rmsnorm_parts_v1, 1)
+RMSNORM_PARTS_KERNEL(rmsnorm_parts_v2, 2)
+RMSNORM_PARTS_KERNEL(rmsnorm_parts_v4, 4)
+RMSNORM_PARTS_KERNEL(rmsnorm_parts, 8)
 
 // One token's heads from the fused q|k|v projection (f32): optional bias (Qwen2, [q|k|v]),
 // optional per-head RMSNorm (Qwen3), rotary embedding, then q to `q_out` (f32, [T, nh, hd]) and, for
