@@ -92,7 +92,9 @@ extern "C" __global__ void take_sampled(int* __restrict__ tokens, const int* __r
 // sampler::gumbel_max; filters found by bisection on the logit value, ties at a threshold all
 // kept); temperature 0: argmax, ties to the lowest id. `args` holds seven arrays of n words:
 // logits row, temperature, top-k, top-p, min-p (floats as bits), seed low and high words.
-// out[r] is the token, out[n + r] the bits of its log-probability under the raw logits.
+// out[r] is the token, out[n + r] the bits of its log-probability under the raw logits. A row
+// without filters is read once (the choice made beside the log-sum-exp), one with them twice
+// plus the bisection's reads.
 extern "C" __global__ void sample_rows(const float* __restrict__ logits, const unsigned* __restrict__ args,
                                        int* __restrict__ out, int n, int vocab) {
   KERNEL_ENTRY();
@@ -105,12 +107,23 @@ extern "C" __global__ void sample_rows(const float* __restrict__ logits, const u
   const unsigned long long seed = (unsigned long long)args[5 * n + r] | ((unsigned long long)args[6 * n + r] << 32);
   const float inv_t = t > 0.f ? 1.0f / t : 0.f;
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  // Pass 1: max and sum of exp of the raw logits.
+  const int k = (int)args[2 * n + r];
+  const float p = __uint_as_float(args[3 * n + r]), mp = __uint_as_float(args[4 * n + r]);
+  // Without a filter (greedy, or no top-k, top-p or min-p) every token takes part, so the choice
+  // needs nothing of pass 1 and rides along with it: one read of the row instead of two.
+  const bool one_pass = t <= 0.f || ((k <= 0 || k >= vocab) && p >= 1.f && mp <= 0.f);
+  float best = -INFINITY;
+  int bi = 0x7fffffff;
+  // Pass 1: max and sum of exp of the raw logits (with the choice where one_pass).
   float m = -INFINITY, s = 0.f;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
     float l = row[i];
     if (l > m) { s = s * __expf(m - l) + 1.f; m = l; }
     else if (l > -INFINITY) { s += __expf(l - m); }
+    if (one_pass) {
+      float sc = t > 0.f ? l * inv_t - logf(-logf(draw_uniform(seed, (unsigned int)i))) : l;
+      better(best, bi, sc, i);
+    }
   }
   for (int o = 16; o > 0; o >>= 1) merge_lse(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
   if (lane == 0) { sm[wid] = m; ss[wid] = s; }
@@ -120,9 +133,7 @@ extern "C" __global__ void sample_rows(const float* __restrict__ logits, const u
   for (int o = 16; o > 0; o >>= 1) merge_lse(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
   // The filters, as the lowest surviving key (0: every token).
   unsigned floor_key = 0u;
-  if (t > 0.f) {
-    const int k = (int)args[2 * n + r];
-    const float p = __uint_as_float(args[3 * n + r]), mp = __uint_as_float(args[4 * n + r]);
+  if (!one_pass) {
     if (mp > 0.f) floor_key = fkey(m + t * logf(mp));
     if (k > 0 && k < vocab) {
       unsigned kk = threshold_search(row, vocab, 0u, fkey(m), (float)k, false, m, inv_t, red);
@@ -139,9 +150,7 @@ extern "C" __global__ void sample_rows(const float* __restrict__ logits, const u
     }
   }
   // Pass 2: the choice among the survivors.
-  float best = -INFINITY;
-  int bi = 0x7fffffff;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+  for (int i = threadIdx.x; i < vocab && !one_pass; i += blockDim.x) {
     float l = row[i];
     if (fkey(l) < floor_key) continue;
     float sc = t > 0.f ? l * inv_t - logf(-logf(draw_uniform(seed, (unsigned int)i))) : l;
