@@ -268,13 +268,25 @@ fn decode_options(max_batch: usize, longest: usize) -> CudaBackendOptions {
 /// `lo` when they are equal) in a shuffled order, with blocks of their own.
 fn decode_batch(batch: usize, (lo, hi): (usize, usize), block_size: usize) -> ForwardBatch {
     let per = (hi + 1).div_ceil(block_size);
+    // Where a sequence's blocks lie (`TANDEM_BENCH_BLOCKS`): one run each (default);
+    // `striped`, block i of sequence s at i·batch + s, as blocks taken one a step by every
+    // sequence of a decode batch lie; `scattered`, a fixed permutation of the whole pool.
+    let order = std::env::var("TANDEM_BENCH_BLOCKS").unwrap_or_default();
+    let total = batch * per;
+    let id = |s: usize, i: usize| -> u32 {
+        match order.as_str() {
+            "striped" => (i * batch + s) as u32,
+            // 1,000,003 is prime and larger than any pool here: a permutation of 0..total.
+            "scattered" => ((s * per + i) * 1_000_003 % total) as u32,
+            _ => (s * per + i) as u32,
+        }
+    };
     let mut b = ForwardBatch::default();
     for s in 0..batch {
         // 7919 is prime, so s ↦ 7919·s mod batch is a permutation (batch < 7919).
         let rank = (s * 7919) % batch;
         let context = lo + (hi - lo) * rank / (batch - 1).max(1);
-        let blocks: Vec<u32> =
-            (0..(context + 1).div_ceil(block_size) as u32).map(|i| (s * per) as u32 + i).collect();
+        let blocks: Vec<u32> = (0..(context + 1).div_ceil(block_size)).map(|i| id(s, i)).collect();
         b.push_seq(&[(s % 1000) as u32 + 1], context, &blocks, block_size, Logits::Last);
     }
     b
