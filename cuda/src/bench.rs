@@ -7,6 +7,7 @@ use std::time::Instant;
 use tandem_engine::backend::{ForwardBatch, Logits, ModelBackend, RowSampling};
 use tandem_engine::model_files::config::ModelConfig;
 
+use crate::device::lt_plans::{GemmKey, Tuned};
 use crate::device::{ptr, time_ms, Gpu};
 use crate::tensor_parallel::shard::Shard;
 use crate::{CudaBackend, CudaBackendOptions, CudaError, Dtype, TpBackend, WeightSource};
@@ -239,6 +240,9 @@ pub struct DecodeRow {
     /// On a tensor-parallel group: the step's all-reduces alone in a graph, ms (slowest rank),
     /// and how they sum (`peer` or `nccl`).
     pub all_reduce: Option<(f64, &'static str)>,
+    /// The products timed against cuBLASLt's candidates before this size's graph was captured
+    /// ([`crate::device::Gpu::tune_gemm`]; one GPU).
+    pub gemm_tunings: Vec<(GemmKey, Tuned)>,
 }
 
 /// Tokens per KV block of the decode benchmarks: 16, or `TANDEM_BLOCK_SIZE` (a multiple of 16,
@@ -312,12 +316,16 @@ pub fn decode(
     let local = Shard { rank: 0, size: tp.max(1) }.local_config(cfg);
     let kv_per_token = 2.0 * 2.0 * (local.num_layers * local.kv_size()) as f64;
     let mut rows = Vec::new();
+    let mut gemm_tunings = Vec::new();
     for &batch in batches {
         let b = decode_batch(batch, context, decode_block());
         be.backend().forward(&b).map_err(|e| CudaError::Driver(e.to_string()))?;
         let step_ms = be.replay_ms(&b, 20)?;
         let (census, chained_ms) = match &mut be {
             Under::One(one) => {
+                // Only this size's: the first step above captured its graph, tuning first.
+                let all = one.gpu().gemm_tunings();
+                gemm_tunings = all.into_iter().filter(|t| t.0 .0 == batch).collect();
                 let census = one.graph_census(batch).map(|c| c.to_vec());
                 one.set_replay_chain(10);
                 let ms = one.replay_ms(&b, 10);
@@ -392,6 +400,7 @@ pub fn decode(
         let compute_bound_ms =
             ((weights / lim.hbm_bytes_per_s).max(gemm_s) + kv / lim.hbm_bytes_per_s) * 1e3;
         rows.push(DecodeRow {
+            gemm_tunings: std::mem::take(&mut gemm_tunings),
             batch,
             context,
             step_ms,

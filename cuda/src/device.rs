@@ -19,6 +19,7 @@ use cudarc::nvrtc::{sys as nsys, Ptx};
 use crate::CudaError;
 
 mod launch;
+pub mod lt_plans;
 pub mod products;
 mod rope_launch;
 pub mod split_k;
@@ -243,6 +244,8 @@ pub struct Gpu {
     stream_gemm_fill: f64,
     /// Products into the residual cut along k ([`Gpu::split_slices`]; `TANDEM_SPLIT_K`).
     split_k: split_k::SplitK,
+    /// cuBLASLt algorithms chosen by measurement ([`Gpu::tune_gemm`]), made on first use.
+    lt: std::sync::OnceLock<lt_plans::LtPlans>,
     /// Kernels launch as programmatic dependents of the kernel before them (sm_90 and later;
     /// `TANDEM_PDL=off` turns it off, for comparison): each may start
     /// while its predecessor drains, and waits for it in `KERNEL_ENTRY` (kernels/common.cu).
@@ -425,6 +428,7 @@ impl Gpu {
             ),
             stream_gemm_fill: env_f64("TANDEM_STREAM_GEMM_FILL", 1.0),
             split_k: split_k::SplitK::from_env(),
+            lt: std::sync::OnceLock::new(),
             use_pdl: maj >= 9 && std::env::var("TANDEM_PDL").as_deref() != Ok("off"),
             pdl_skip,
             pdl_after_gemm,
@@ -525,6 +529,9 @@ impl Gpu {
         }
         if self.stream_gemm_takes(m, n, k) && (a | w | c).is_multiple_of(16) {
             return self.stream_gemm((m, n, k), a, w, (c, c_f32), accumulate);
+        }
+        if self.lt_gemm((m, n, k, c_f32, accumulate), a, w, c)? {
+            return Ok(());
         }
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
         let ctype = if c_f32 { bsys::cudaDataType_t::CUDA_R_32F } else { self.dtype.cuda() };

@@ -66,7 +66,7 @@ fn lt(st: lsys::cublasStatus_t, what: &str) -> Result<(), CudaError> {
 }
 
 /// GPU time per call of `f` run CALLS times inside one captured graph, µs (median of `reps`).
-fn graph_us(
+pub(crate) fn graph_us(
     g: &Gpu,
     reps: usize,
     mut f: impl FnMut() -> Result<(), CudaError>,

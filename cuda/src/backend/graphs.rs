@@ -5,6 +5,8 @@ use cudarc::driver::{sys as dsys, CudaGraph};
 use tandem_engine::backend::ForwardBatch;
 
 use super::{CudaBackend, DecodeGraph};
+use crate::device::lt_plans::GemmKey;
+use crate::device::ptr;
 use crate::plan::{self, BatchPlan};
 use crate::CudaError;
 
@@ -39,7 +41,9 @@ impl CudaBackend {
         let layers = self.cfg.num_layers;
         // Where `BatchPlan::padded_decode` puts each group's slots and tables for this size.
         let sections = (size, size * self.max_blocks_per_seq);
-        // One eager run first: loads every kernel and lets cuBLAS pick its algorithms.
+        // The products' algorithms first (their scratch is the activations this run rewrites),
+        // then one eager run: loads every kernel and lets cuBLAS pick its algorithms.
+        self.tune_products(size)?;
         let tiling = (entries, self.small_tiles(self.group(), size));
         self.enqueue(size, tiling, (&[], 0), sections, layers, size, 0)?;
         self.gpu.sync()?;
@@ -53,6 +57,39 @@ impl CudaBackend {
         }
         self.graphs.insert(size, DecodeGraph(graph));
         self.capture_seconds += start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// The cuBLAS products of a decode step of `t` rows timed against cuBLASLt's candidates on
+    /// the model's own matrices, the faster kept ([`Gpu::tune_gemm`]): q|k|v, o, gate|up and
+    /// down, each where cuBLAS runs it (not on `gemv` or the stream kernels; o and down also
+    /// where cut along k, whose last layer's down is not). One GPU alone only.
+    fn tune_products(&self, t: usize) -> Result<(), CudaError> {
+        let (g, c, a) = (&self.gpu, &self.cfg, &self.a);
+        if self.tp.is_some() || t < 2 {
+            return Ok(());
+        }
+        let (h, qs, kvs, ff) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
+        let layers = &self.w.layers;
+        let mats = |f: fn(&crate::weights::LayerWeights) -> u64| layers.iter().map(f).collect();
+        // Gemma's post-norms take o and down aside (overwritten, not accumulated).
+        let (into, acc) = match c.post_norms {
+            true => (ptr(&a.proj), false),
+            false => (ptr(&a.x), true),
+        };
+        let shapes: [(GemmKey, Vec<u64>, u64, u64); 4] = [
+            ((t, qs + 2 * kvs, h, true, false), mats(|l| ptr(&l.qkv)), ptr(&a.hb), ptr(&a.qkv)),
+            ((t, h, qs, true, acc), mats(|l| ptr(&l.o)), ptr(&a.att), into),
+            ((t, 2 * ff, h, false, false), mats(|l| ptr(&l.gate_up)), ptr(&a.hb), ptr(&a.gu)),
+            ((t, h, ff, true, acc), mats(|l| ptr(&l.down)), ptr(&a.act), into),
+        ];
+        for (i, (key, weights, a, out)) in shapes.into_iter().enumerate() {
+            let (m, n, k, ..) = key;
+            if g.stream_gemm_takes(m, n, k) || (i == 2 && g.gemm_glu_takes(m, ff, h)) {
+                continue;
+            }
+            g.tune_gemm(key, &weights, a, out)?;
+        }
         Ok(())
     }
 

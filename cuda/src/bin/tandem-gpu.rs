@@ -155,6 +155,9 @@ fn run(args: &[String]) -> Result<bool, CudaError> {
                 println!("[{name}]   the 16-row tensor-core attention kernel on the decode tiles: step {:.3} ms, {:.1}%", r.rows16.0, 100.0 * r.roofline_ms / r.rows16.0);
                 print_profile(&name, &r.rows16.1);
                 println!("[{name}]   q/k norm + RoPE + KV store as a kernel of its own (not fused into the decode kernel): step {:.3} ms, {:.1}%", r.unfused_rope_ms, 100.0 * r.roofline_ms / r.unfused_rope_ms);
+                for ((m, n, k, c_f32, acc), t) in &r.gemm_tunings {
+                    println!("[{name}]   gemm {m}x{n}x{k}{}{} on the model's matrices: cuBLAS {:.2} us, best cuBLASLt candidate {:.2} us -> {}", if *c_f32 { " f32" } else { "" }, if *acc { " +=" } else { "" }, t.cublas_us, t.best_us, if t.kept { "kept" } else { "cuBLAS kept" });
+                }
                 if let Some(ms) = r.cublas_step_ms {
                     println!("[{name}]   every product on cuBLAS instead of Tandem's own GEMM kernels (gemv, gemm_stream): step {ms:.3} ms, {:.1}%", 100.0 * r.roofline_ms / ms);
                 }

@@ -45,6 +45,32 @@ pub(super) fn gemm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
     let cublas = gemm_shape(g, u, 16, 1024, 2048);
     g.set_stream_gemm(was);
     out.extend(cublas?);
+    out.extend(lt_candidates(g, u)?);
+    Ok(out)
+}
+
+/// Decode-graph products through cuBLASLt ([`Gpu::tune_gemm`] keeps one where it is faster):
+/// each of the heuristic's first three candidates pinned for the three products
+/// [`gemm_shape`] makes of a shape (f32 accumulated, f32, 16-bit), against the host's.
+fn lt_candidates(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
+    let mut out = Vec::new();
+    for (m, n, k) in [(96, 1024, 2048), (130, 4096, 1024)] {
+        let keys = [(m, n, k, true, true), (m, n, k, true, false), (m, n, k, false, false)];
+        for index in 0..3 {
+            let mut pinned = true;
+            for key in keys {
+                pinned &= g.pin_lt_candidate(key, index)?;
+            }
+            let got = if pinned { Some(gemm_shape(g, u, m, n, k)) } else { None };
+            keys.into_iter().for_each(|key| g.unpin_lt(key));
+            if let Some(got) = got {
+                out.extend(got?.into_iter().map(|mut r| {
+                    r.name = r.name.replace("(cuBLAS)", &format!("(cuBLASLt candidate {index})"));
+                    r
+                }));
+            }
+        }
+    }
     Ok(out)
 }
 
