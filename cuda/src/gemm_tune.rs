@@ -8,20 +8,12 @@
 //! different weight matrices, as a step's layers do (from DRAM, not from the L2 cache). Beside
 //! them, [`node_us`]: what one kernel node costs such a graph beyond its work.
 
-use std::ffi::c_void;
-
-use cudarc::cublaslt::{result as lr, sys as lsys};
-use cudarc::driver::sys as dsys;
-
-use crate::device::{ptr, time_ms, Dtype, Gpu};
+use crate::device::lt_plans::{graph_us, CALLS};
+use crate::device::{ptr, Gpu};
 use crate::CudaError;
 
-/// Calls per captured graph.
-const CALLS: usize = 20;
 /// Candidates asked of the heuristic.
 const CANDIDATES: usize = 24;
-/// Workspace the candidates may use, bytes.
-const WORKSPACE: usize = 32 << 20;
 
 /// One GEMM shape, timed both ways.
 #[derive(Debug, Clone)]
@@ -58,35 +50,6 @@ pub struct GemmTiming {
 /// Split-K variants timed by [`run`].
 pub const SPLITS: [usize; 3] = [2, 4, 8];
 
-fn lt(st: lsys::cublasStatus_t, what: &str) -> Result<(), CudaError> {
-    match st {
-        lsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
-        _ => Err(CudaError::Blas(format!("{what}: {st:?}"))),
-    }
-}
-
-/// GPU time per call of `f` run CALLS times inside one captured graph, µs (median of `reps`).
-pub(crate) fn graph_us(
-    g: &Gpu,
-    reps: usize,
-    mut f: impl FnMut() -> Result<(), CudaError>,
-) -> Result<f64, CudaError> {
-    f()?;
-    g.sync()?;
-    let s = g.stream.clone();
-    s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(CudaError::from)?;
-    let mut r = Ok(());
-    for _ in 0..CALLS {
-        r = r.and_then(|_| f());
-    }
-    let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
-    r?;
-    let graph = graph.ok_or_else(|| CudaError::Driver("empty capture".into()))?;
-    let ms = time_ms(g, 3, reps, || graph.launch().map_err(CudaError::from))?;
-    Ok(ms * 1e3 / CALLS as f64)
-}
-
 /// GPU time per node of a graph of `nodes` empty kernels of `ctas` CTAs of 128 threads, µs:
 /// what a kernel node costs a captured step beyond its own work.
 pub fn node_us(g: &Gpu, nodes: usize, ctas: usize) -> Result<f64, CudaError> {
@@ -108,32 +71,25 @@ pub fn run(
     shapes: &[(usize, usize, usize, bool)],
     reps: usize,
 ) -> Result<Vec<GemmTiming>, CudaError> {
-    let handle =
-        lr::create_handle().map_err(|e| CudaError::Blas(format!("cublasLtCreate: {e:?}")))?;
-    let ws = g.zeros::<u8>(WORKSPACE)?;
-    let wsp = ptr(&ws);
     // cuBLAS throughout, Tandem's own kernels only where timed as such.
     let own = (g.gemv_on(), g.stream_gemm_on());
     g.set_gemv(false);
     g.set_stream_gemm(false);
     let out = shapes.iter().try_fold(Vec::new(), |mut out, &shape| {
-        out.push(time_shape(g, shape, reps, handle, wsp, own)?);
+        out.push(time_shape(g, shape, reps, own)?);
         Ok(out)
     });
     g.set_gemv(own.0);
     g.set_stream_gemm(own.1);
-    unsafe { lsys::cublasLtDestroy(handle) };
     out
 }
 
-/// [`run`] for one shape, cuBLAS (and cuBLASLt `handle`, workspace `wsp`) against the gemv
-/// and stream kernels where `own` says they were on.
+/// [`run`] for one shape, cuBLAS and cuBLASLt's candidates against the gemv and stream
+/// kernels where `own` says they were on.
 fn time_shape(
     g: &Gpu,
     (m, n, k, c_f32): (usize, usize, usize, bool),
     reps: usize,
-    handle: lsys::cublasLtHandle_t,
-    wsp: u64,
     own: (bool, bool),
 ) -> Result<GemmTiming, CudaError> {
     let a = g.zeros::<u16>(m * k)?;
@@ -174,101 +130,9 @@ fn time_shape(
         split_us.push((s, us));
     }
     drop((ws_cold, parts));
-    let ab = match g.dtype {
-        Dtype::Bf16 => lsys::cudaDataType_t::CUDA_R_16BF,
-        Dtype::F16 => lsys::cudaDataType_t::CUDA_R_16F,
-    };
-    let ct = if c_f32 { lsys::cudaDataType_t::CUDA_R_32F } else { ab };
-    // Column-major Cᵀ (n×m) = W (k×n stored, transposed) · Aᵀ (k×m).
-    let (desc, wl, al, cl, pref) = {
-        let blas = |e: cudarc::cublaslt::result::CublasError| CudaError::Blas(format!("{e:?}"));
-        let desc = lr::create_matmul_desc(
-            lsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            lsys::cudaDataType_t::CUDA_R_32F,
-        )
-        .map_err(blas)?;
-        let t = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32;
-        let wsz = WORKSPACE as u64;
-        let pref = lr::create_matmul_pref().map_err(blas)?;
-        // SAFETY: each attribute gets a value of its documented type and size.
-        unsafe {
-            lr::set_matmul_desc_attribute(
-                desc,
-                lsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                &t as *const i32 as *const c_void,
-                size_of::<i32>(),
-            )
-            .map_err(blas)?;
-            lr::set_matmul_pref_attribute(
-                    pref,
-                    lsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                    &wsz as *const u64 as *const c_void,
-                    size_of::<u64>(),
-                )
-                .map_err(blas)?;
-        }
-        let layout = |ty, rows: usize, cols: usize, ld: usize| {
-            lr::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64).map_err(blas)
-        };
-        (desc, layout(ab, k, n, k)?, layout(ab, k, m, k)?, layout(ct, n, m, n)?, pref)
-    };
-    let mut results: Vec<lsys::cublasLtMatmulHeuristicResult_t> =
-        vec![unsafe { std::mem::zeroed() }; CANDIDATES];
-    let mut found = 0i32;
-    // SAFETY: the descriptors above; `results` holds CANDIDATES entries.
-    lt(
-        unsafe {
-            lsys::cublasLtMatmulAlgoGetHeuristic(
-                handle,
-                desc,
-                wl,
-                al,
-                cl,
-                cl,
-                pref,
-                CANDIDATES as i32,
-                results.as_mut_ptr(),
-                &mut found,
-            )
-        },
-        "cublasLtMatmulAlgoGetHeuristic",
-    )?;
-    let (alpha, beta) = (1.0f32, 0.0f32);
-    let stream = g.stream.cu_stream() as lsys::cudaStream_t;
-    let mut times = Vec::new();
-    for r in results.iter().take(found.max(0) as usize) {
-        if r.state != lsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || r.workspaceSize > WORKSPACE {
-            continue;
-        }
-        let algo = r.algo;
-        let call = || {
-            let st = unsafe {
-                lsys::cublasLtMatmul(
-                    handle,
-                    desc,
-                    &alpha as *const f32 as *const c_void,
-                    wp as *const c_void,
-                    wl,
-                    ap as *const c_void,
-                    al,
-                    &beta as *const f32 as *const c_void,
-                    cp as *const c_void,
-                    cl,
-                    cp as *mut c_void,
-                    cl,
-                    &algo,
-                    wsp as *mut c_void,
-                    WORKSPACE,
-                    stream,
-                )
-            };
-            lt(st, "cublasLtMatmul")
-        };
-        match graph_us(g, reps, call) {
-            Ok(us) => times.push(us),
-            Err(_) => times.push(f64::INFINITY),
-        }
-    }
+    // Every candidate on the one matrix, as cuBLAS's own choice was first timed.
+    let times =
+        g.lt_candidate_us((m, n, k, c_f32, false), CANDIDATES, reps, (ap, cp), &mut || wp)?;
     let (best_index, best_us) = times
         .iter()
         .copied()
@@ -289,12 +153,5 @@ fn time_shape(
         own_cold_us,
         split_us,
     };
-    unsafe {
-        lsys::cublasLtMatmulPreferenceDestroy(pref);
-        lsys::cublasLtMatrixLayoutDestroy(wl);
-        lsys::cublasLtMatrixLayoutDestroy(al);
-        lsys::cublasLtMatrixLayoutDestroy(cl);
-        lsys::cublasLtMatmulDescDestroy(desc);
-    }
     Ok(timing)
 }

@@ -11,17 +11,43 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 
 use cudarc::cublaslt::{result as lr, sys as lsys};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{sys as dsys, CudaSlice};
 
-use super::{ptr, Dtype, Gpu};
+use super::{ptr, time_ms, Dtype, Gpu};
 use crate::CudaError;
 
-/// Candidates of cuBLASLt's heuristic timed for a shape.
+/// Calls per graph [`graph_us`] captures.
+pub const CALLS: usize = 20;
+
+/// Candidates of cuBLASLt's heuristic [`Gpu::tune_gemm`] times for a shape.
 const CANDIDATES: usize = 6;
 /// Workspace an algorithm may use, bytes.
 pub const LT_WORKSPACE: usize = 32 << 20;
 /// A candidate replaces cuBLAS's choice only below this share of its time.
 const KEEP_BELOW: f64 = 0.97;
+
+/// GPU time per call of `f` run [`CALLS`] times inside one captured graph (as decode steps
+/// run, so launch costs are the graph's, not the host's), µs, median of `reps` replays.
+pub fn graph_us(
+    g: &Gpu,
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    f()?;
+    g.sync()?;
+    let s = g.stream.clone();
+    s.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(CudaError::from)?;
+    let mut r = Ok(());
+    for _ in 0..CALLS {
+        r = r.and_then(|_| f());
+    }
+    let graph = s.end_capture(dsys::CUgraphInstantiate_flags(0)).map_err(CudaError::from)?;
+    r?;
+    let graph = graph.ok_or_else(|| CudaError::Driver("empty capture".into()))?;
+    let ms = time_ms(g, 3, reps, || graph.launch().map_err(CudaError::from))?;
+    Ok(ms * 1e3 / CALLS as f64)
+}
 
 /// A product as [`Gpu::gemm`] names it: rows, columns, k, f32 output, accumulate.
 pub type GemmKey = (usize, usize, usize, bool, bool);
@@ -281,23 +307,14 @@ impl Gpu {
             weights[i]
         };
         let reps = 3;
-        let cublas_us = crate::gemm_tune::graph_us(self, reps, || {
-            self.gemm(m, n, k, a, next(), c, c_f32, accumulate)
-        })?;
+        let cublas_us =
+            graph_us(self, reps, || self.gemm(m, n, k, a, next(), c, c_f32, accumulate))?;
         let mut op = LtOp::new(self.dtype, key)?;
-        let mut best: Option<(f64, lsys::cublasLtMatmulAlgo_t)> = None;
-        for algo in op.candidates(lt.handle, CANDIDATES)? {
-            let us = crate::gemm_tune::graph_us(self, reps, || {
-                self.lt_call(lt, &op, &algo, accumulate, (a, next(), c))
-            });
-            // A candidate that fails to run is passed over.
-            if let Ok(us) = us {
-                if best.is_none_or(|b| us < b.0) {
-                    best = Some((us, algo));
-                }
-            }
-        }
-        let Some((best_us, algo)) = best else { return Ok(None) };
+        let best = self
+            .time_lt_candidates(lt, &op, (CANDIDATES, reps), (a, c, accumulate), &mut next)?
+            .into_iter()
+            .min_by(|x, y| x.0.total_cmp(&y.0));
+        let Some((best_us, algo)) = best.filter(|b| b.0.is_finite()) else { return Ok(None) };
         let kept = best_us < KEEP_BELOW * cublas_us;
         if kept {
             op.algo = Some(algo);
@@ -306,6 +323,41 @@ impl Gpu {
         let tuned = Tuned { cublas_us, best_us, kept };
         lt.results.lock().map_err(|_| CudaError::Blas("poisoned".into()))?.push((key, tuned));
         Ok(Some(tuned))
+    }
+
+    /// Each of cuBLASLt's first `max` candidates for `op`, timed by [`graph_us`] (`reps`) over
+    /// scratch `a` and `c` (accumulated into with `acc`) and the weights `next_w` hands out, µs
+    /// per call (infinite where it fails to run), in the heuristic's order.
+    fn time_lt_candidates(
+        &self,
+        lt: &LtPlans,
+        op: &LtOp,
+        (max, reps): (usize, usize),
+        (a, c, acc): (u64, u64, bool),
+        next_w: &mut dyn FnMut() -> u64,
+    ) -> Result<Vec<(f64, lsys::cublasLtMatmulAlgo_t)>, CudaError> {
+        let mut out = Vec::new();
+        for algo in op.candidates(lt.handle, max)? {
+            let us = graph_us(self, reps, || self.lt_call(lt, op, &algo, acc, (a, next_w(), c)));
+            out.push((us.unwrap_or(f64::INFINITY), algo));
+        }
+        Ok(out)
+    }
+
+    /// cuBLASLt's first `max` candidates for the product `key`, µs per call on scratch `(a, c)`
+    /// and the weights `next_w` hands out, in the heuristic's order (`tandem-gpu bench-gemm`).
+    pub fn lt_candidate_us(
+        &self,
+        key: GemmKey,
+        max: usize,
+        reps: usize,
+        (a, c): (u64, u64),
+        next_w: &mut dyn FnMut() -> u64,
+    ) -> Result<Vec<f64>, CudaError> {
+        let lt = self.lt_plans()?;
+        let op = LtOp::new(self.dtype, key)?;
+        let t = self.time_lt_candidates(lt, &op, (max, reps), (a, c, key.4), next_w)?;
+        Ok(t.into_iter().map(|x| x.0).collect())
     }
 
     /// Makes [`Gpu::gemm`] run `key` with cuBLASLt's candidate `index` (for the checks, which
