@@ -448,9 +448,17 @@ impl CudaBackend {
         // Gemma scales scores by 1/√query_pre_attn_scalar, everyone else by 1/√head_dim.
         let scale = 1.0 / c.query_pre_attn_scalar.unwrap_or(c.head_dim as f32).sqrt();
         let (kv_base, bs) = (ptr(&self.kv), self.block_size as i32);
-        // RMSNorm of the residual stream's t rows into the 16-bit activations.
-        let norm_rows = |weights: u64| -> Result<(), CudaError> {
+        // RMSNorm of the residual stream's t rows into the 16-bit activations, given what the
+        // projection before it left: the sum (norm it), a group's normed rows (nothing to do) or
+        // slices of k (added in first).
+        let norm_rows = |left: Residual, weights: u64| -> Result<(), CudaError> {
+            if left == Residual::Normed {
+                return Ok(());
+            }
             self.mark("rmsnorm")?;
+            if let Residual::Parts(n) = left {
+                return self.norm_parts(t, n, weights);
+            }
             unsafe {
                 g.launch(g.rmsnorm_for(h), rows_cfg(t, 256), &[&x, &null, &weights, &hb, &hi, &eps])
             }
@@ -467,14 +475,7 @@ impl CudaBackend {
             let (kg, page_layer) = self.kv_groups.layer_slot[li];
             let slot = slot + 4 * (kg * sections.0) as u64;
             let bt = bt + 4 * (kg * sections.1) as u64;
-            match left {
-                Residual::Summed => norm_rows(ptr(&l.attn_norm))?,
-                Residual::Normed => {}
-                Residual::Parts(n) => {
-                    self.mark("rmsnorm")?;
-                    self.norm_parts(t, n, ptr(&l.attn_norm))?
-                }
-            }
+            norm_rows(left, ptr(&l.attn_norm))?;
             self.mark("gemm qkv")?;
             g.gemm(t, qs + 2 * kvs, h, hb, ptr(&l.qkv), qkv, true, false)?;
             let kc = kv_base + 2 * self.kv_offset(page_layer, 0) as u64;
@@ -563,14 +564,8 @@ impl CudaBackend {
             self.mark("gemm o")?;
             let ffn_norm = Some(ptr(&l.ffn_norm));
             let post = l.post_attn_norm.as_ref();
-            match self.project_into_residual(t, qs, att, ptr(&l.o), post, 0, ffn_norm)? {
-                Residual::Summed => norm_rows(ptr(&l.ffn_norm))?,
-                Residual::Normed => {}
-                Residual::Parts(n) => {
-                    self.mark("rmsnorm")?;
-                    self.norm_parts(t, n, ptr(&l.ffn_norm))?
-                }
-            }
+            let after_o = self.project_into_residual(t, qs, att, ptr(&l.o), post, 0, ffn_norm)?;
+            norm_rows(after_o, ptr(&l.ffn_norm))?;
             self.mark("gemm gate_up")?;
             let gelu = c.hidden_act == Activation::GeluTanh;
             if !g.gemm_glu((t, ff, h), hb, ptr(&l.gate_up), act, gelu)? {

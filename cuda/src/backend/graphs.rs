@@ -84,11 +84,10 @@ impl CudaBackend {
             ((t, h, ff, true, acc), mats(|l| ptr(&l.down)), ptr(&a.act), into),
         ];
         for (i, (key, weights, a, out)) in shapes.into_iter().enumerate() {
-            let (m, n, k, ..) = key;
-            if g.stream_gemm_takes(m, n, k) || (i == 2 && g.gemm_glu_takes(m, ff, h)) {
-                continue;
+            // gate|up with its activation in one stream kernel is not a cuBLAS product.
+            if i != 2 || !g.gemm_glu_takes(t, ff, h) {
+                g.tune_gemm(key, &weights, a, out)?;
             }
-            g.tune_gemm(key, &weights, a, out)?;
         }
         Ok(())
     }

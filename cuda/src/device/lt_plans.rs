@@ -235,7 +235,6 @@ pub struct Tuned {
 impl Gpu {
     /// Runs the product through the cuBLASLt algorithm chosen for its shape, if one was
     /// ([`Gpu::tune_gemm`]); false where cuBLAS should run it.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn lt_gemm(&self, key: GemmKey, a: u64, w: u64, c: u64) -> Result<bool, CudaError> {
         let Some(lt) = self.lt.get() else { return Ok(false) };
         let ops = lt.ops.lock().map_err(|_| CudaError::Blas("cuBLASLt plans poisoned".into()))?;
@@ -282,7 +281,8 @@ impl Gpu {
     /// Times the product `key` on cuBLAS and on cuBLASLt's first candidates, cycling through
     /// `weights` (the model's matrices of that shape, as a step reads them) with `a` and `c`
     /// as scratch (their contents are overwritten), and keeps the fastest candidate where it
-    /// takes under 97 % of cuBLAS's time. Once per shape; `None` when already timed or
+    /// takes under 97 % of cuBLAS's time. Once per shape; `None` when already timed, when
+    /// [`Gpu::gemm`] takes the shape to `gemv` or the stream kernels, or with
     /// `TANDEM_GEMM_TUNE=off`.
     pub fn tune_gemm(
         &self,
@@ -291,7 +291,10 @@ impl Gpu {
         a: u64,
         c: u64,
     ) -> Result<Option<Tuned>, CudaError> {
-        if !tune_on() {
+        let (m, n, k, ..) = key;
+        // Shapes `gemm` gives its own kernels never reach cuBLAS.
+        let own = (m == 1 && self.gemv_takes(n, k)) || self.stream_gemm_takes(m, n, k);
+        if !tune_on() || own {
             return Ok(None);
         }
         let lt = self.lt_plans()?;

@@ -149,12 +149,14 @@ extern "C" __global__ void sample_rows(const float* __restrict__ logits, const u
       floor_key = threshold_search(row, vocab, floor_key, fkey(m), p * total, true, m, inv_t, red);
     }
   }
-  // Pass 2: the choice among the survivors.
-  for (int i = threadIdx.x; i < vocab && !one_pass; i += blockDim.x) {
-    float l = row[i];
-    if (fkey(l) < floor_key) continue;
-    float sc = t > 0.f ? l * inv_t - logf(-logf(draw_uniform(seed, (unsigned int)i))) : l;
-    better(best, bi, sc, i);
+  // Pass 2 (filtered rows): the choice among the survivors.
+  if (!one_pass) {
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      float l = row[i];
+      if (fkey(l) < floor_key) continue;
+      float sc = l * inv_t - logf(-logf(draw_uniform(seed, (unsigned int)i)));
+      better(best, bi, sc, i);
+    }
   }
   for (int o = 16; o > 0; o >>= 1) better(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
   __syncthreads();
