@@ -128,7 +128,8 @@ done
 # VARIANTS="default no-overlap" runs each round twice, the second with --no-step-overlap given
 # to both the engine and the server (its files named round<r>-no-overlap-*); PLACEMENTS picks
 # the client placements (default: shared split). ROUND_PROMPTS sets the requests of each
-# round (default 1,024: about one second at 256 streams on an H200, four waves of requests).
+# round (default 1,024: about one second at 256 streams on an H200, four waves of requests);
+# UP_FLAGS adds flags to `tandem up` alone (the engine keeps its 8,192-token steps).
 n_round=${ROUND_PROMPTS:-1024}
 half=$(( $(nproc) / 2 ))
 for r in $(seq 1 "${ROUNDS:-0}"); do
@@ -140,7 +141,7 @@ for r in $(seq 1 "${ROUNDS:-0}"); do
   for placement in ${PLACEMENTS:-shared split}; do
     pin_server=(); pin_client=()
     [ $placement = split ] && pin_server=(taskset -c 0-$((half - 1))) && pin_client=(taskset -c $half-$(( $(nproc) - 1 )))
-    "${pin_server[@]}" $B up --device cuda --model $model --served-model-name $name --port $port "${vflags[@]}" > /dev/null 2> "$o/$tag-up-$placement.log" &
+    "${pin_server[@]}" $B up --device cuda --model $model --served-model-name $name --port $port "${vflags[@]}" ${UP_FLAGS:-} > /dev/null 2> "$o/$tag-up-$placement.log" &
     pid=$!
     if wait_http $pid; then
       serve "$tag-warm-$placement" 256 256 108 128
