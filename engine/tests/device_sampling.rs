@@ -568,6 +568,46 @@ fn abort_while_a_step_is_in_flight() {
     assert_eq!(bm.num_free_blocks(), bm.num_blocks());
 }
 
+/// Aborting a request that already ended (a server aborts every stream it drops, finished or
+/// not) leaves the step in flight running: nothing is collected, the next step is still planned
+/// ahead of it, and the other request's tokens are those of a run without the abort.
+#[test]
+fn aborting_a_finished_request_leaves_the_step_in_flight() {
+    let long = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
+    let short = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(2) };
+    let (mut e, [_, ahead]) = ahead_engine(EngineConfig::default(), 4096);
+    let alone = run(&mut e, &[("b", PROMPTS[1], long.clone())]);
+    let planned_alone = ahead.load(Ordering::Relaxed);
+    for (id, text, p) in [("a", PROMPTS[0], short), ("b", PROMPTS[1], long)] {
+        let ids = e.tokenizer.encode(text, true).unwrap();
+        e.add_request(id, Prompt::TokenIds(ids), p, None).unwrap();
+    }
+    let mut b_tokens = Vec::new();
+    let mut a_done = false;
+    while !a_done {
+        for o in e.step().unwrap() {
+            a_done |= o.request_id == "a" && o.finished;
+            if o.request_id == "b" {
+                b_tokens.extend(o.outputs[0].token_ids.iter().copied());
+            }
+        }
+    }
+    assert!(e.has_model_work(), "b's next step is in flight");
+    let planned_before = ahead.load(Ordering::Relaxed);
+    assert!(!e.abort_request("a"), "a had ended");
+    assert!(!e.has_pending_outputs(), "the step in flight was not collected");
+    let out = e.run_to_completion().unwrap();
+    b_tokens.extend(out["b"][0].token_ids.iter().copied());
+    assert_eq!(b_tokens, alone["b"][0].token_ids);
+    // Every step of b after a's end was planned ahead, as without the abort.
+    let planned = ahead.load(Ordering::Relaxed) - planned_before;
+    assert!(
+        planned + 2 >= planned_alone,
+        "{planned} planned ahead after the abort, {planned_alone} alone"
+    );
+    e.check_invariants().unwrap();
+}
+
 /// The step records (`LLMEngine::record_steps`) account for every prompt token and decode row
 /// the engine computed, and the positions each decode row attends, in the order the steps'
 /// tokens came back — whether steps wait, overlap the device or are planned ahead of the step

@@ -364,6 +364,12 @@ impl LLMEngine {
     /// Aborts a request in any state, freeing everything it holds. Its final output (finish
     /// reason `abort`) comes with the next `step`. Returns whether the request was known.
     pub fn abort_request(&mut self, request_id: &str) -> bool {
+        // A request already done (a server aborts every stream it drops, finished or not)
+        // leaves the step in flight running: collecting it here would stall the device until
+        // the next step is planned and launched.
+        if !self.requests.contains_key(request_id) {
+            return false;
+        }
         // The step in flight may sample the request's sequences: its tokens first.
         self.settle();
         let Some(req) = self.requests.get(request_id) else { return false };
