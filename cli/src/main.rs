@@ -10,12 +10,6 @@ mod generate_cmd;
 mod serve_cmd;
 mod up_cmd;
 
-/// mimalloc for every allocation: a step's outputs are built on the engine thread and freed on
-/// the async runtime's, a pattern glibc's per-thread arenas serve slowly (docs/gpu.md has the
-/// measurements).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use clap::{Parser, Subcommand};
 
 /// Tandem: disaggregated LLM serving.
