@@ -280,7 +280,7 @@ fn receive(link: Arc<Link>, dl: Box<dyn DeviceLink>, transfers: Transfers, timeo
             drop(self.dl.take());
             self.link.lock().receiving = None;
             self.transfers.fail_link(self.link.id, &self.reason);
-            let _ = self.link.ended.send(true);
+            self.link.ended.send_replace(true);
         }
     }
     let mut ending = Ending {
@@ -367,7 +367,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(link.is_closed(), "withdrawing a landing transfer closes the link");
         assert!(!withdraw.is_finished(), "and waits until the link has ended");
-        let _ = link.ended.send(true);
+        link.ended.send_replace(true);
         withdraw.await.unwrap();
         // Withdrawn: a later header for it goes nowhere.
         assert_eq!(transfers.route_device(9, 5, 0, 1, || {}), None);
@@ -535,6 +535,19 @@ mod tests {
         link.close();
         ended(&link).await;
         assert!(dropped.load(Ordering::SeqCst));
+    }
+
+    /// A receiver that ended before anyone waited for it still reads as ended (its end is kept,
+    /// not only told to those already waiting).
+    #[tokio::test]
+    async fn a_link_that_ended_before_the_wait_reads_as_ended() {
+        let link = Arc::new(Link::new(7));
+        let dl = Box::new(Scripted(Default::default(), Arc::new(AtomicBool::new(false))));
+        let (l, t) = (link.clone(), Transfers::default());
+        let h = std::thread::spawn(move || receive(l, dl, t, Duration::from_secs(2)));
+        link.close();
+        h.join().unwrap();
+        ended(&link).await;
     }
 
     /// A device whose link ends wait for each other, as NCCL's do: a receiver's `connect`
