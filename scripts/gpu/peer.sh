@@ -90,7 +90,7 @@ done
 
 # The decode worker's step metrics (steps, tokens, time, the host phases of each step); on the
 # router, its time to first token and that time's phases.
-scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds|engine_between_steps_seconds|engine_device_seconds|time_to_first_token_seconds|request_queue_time_seconds|router_first_token_phase_seconds|worker_handoff_seconds)_(sum|count)' > "$2"; }
+scrape() { curl -s "http://$1/metrics" | grep -E '^tandem_(iteration_tokens|engine_step_seconds|engine_phase_seconds|engine_between_steps_seconds|engine_device_seconds|time_to_first_token_seconds|request_queue_time_seconds|router_first_token_phase_seconds|worker_handoff_seconds)_(sum|count)|^tandem_(worker_handoff_seconds|engine_step_seconds|iteration_tokens)_bucket' > "$2"; }
 # CPU time of every thread of the server's processes (the router, the workers), in clock ticks:
 # "pid role tid thread ticks" lines; two snapshots around a run give each thread's share of it.
 cpu_snapshot() {
@@ -208,6 +208,27 @@ def sums(path):
             ph = re.search(r'(?:phase|part)="(\w+)"', line)
             v[name + (":" + ph.group(1) if ph else "")] = val
     return v
+def spread(prefix, name, unit, scale):
+    # A histogram's counts during the run, bucket by bucket ("<= bound: count"), empty ones left out.
+    try:
+        def buckets(path):
+            v = {}
+            for line in open(path):
+                if line.startswith(name + "_bucket"):
+                    le = re.search(r'le="([^"]+)"', line).group(1)
+                    v[le] = float(line.split()[-1])
+            return v
+        a, b = buckets(prefix + "-before.txt"), buckets(prefix + "-after.txt")
+        prev, parts = 0.0, []
+        for le in sorted(b, key=lambda x: float("inf") if x == "+Inf" else float(x)):
+            n = b[le] - a.get(le, 0.0)
+            if n - prev > 0:
+                bound = "more" if le == "+Inf" else f"<= {float(le) * scale:g}{unit}"
+                parts.append(f"{bound}: {n - prev:.0f}")
+            prev = n
+        return ", ".join(parts)
+    except (OSError, AttributeError, ValueError) as e:
+        return f"? ({e})"
 def phases(prefix):
     # Per-step means of the worker's step and its host phases during a served run, µs.
     try:
@@ -280,6 +301,11 @@ for r in range(1, 10):
         v = load(f"{tag}-served-{placement}")
         if v: print(f"  tandem up, client on {'every core' if placement == 'shared' else 'its own half of the cores'}: {v['output_throughput']:,.0f} tok/s = {v['output_throughput'] / float(m.group(1)):.0%} of the engine (TTFT p99 {v['ttft']['p99_ms']:.0f} ms, {v['failed']} failed {v['errors'] if v['failed'] else ''})")
         if v: print(f"    decode worker: {phases(os.path.join(d, f'{tag}-metrics-{placement}'))}")
+        if v:
+            w = os.path.join(d, f'{tag}-metrics-{placement}')
+            print(f"    hand-offs: {spread(w, 'tandem_worker_handoff_seconds', ' ms', 1e3)}")
+            print(f"    steps by time: {spread(w, 'tandem_engine_step_seconds', ' ms', 1e3)}")
+            print(f"    steps by tokens: {spread(w, 'tandem_iteration_tokens', '', 1)}")
         if v: print(f"    TTFT mean: client {v['ttft']['mean_ms']:.1f} ms, router {router_ttft(os.path.join(d, f'{tag}-router-metrics-{placement}'))}")
         if v: print(f"    cores busy over the run's {v['duration_s']:.3f} s: {cpu(os.path.join(d, f'{tag}-cpu-{placement}'), v['duration_s'])}")
         for rate in os.environ.get("POISSON", "").split():

@@ -243,6 +243,11 @@ pub fn install(model: &str, role: &str, worker: &str) -> anyhow::Result<Promethe
             Matcher::Full("tandem_engine_device_seconds".into()),
             &PHASE_BUCKETS,
         )?
+        // The hand-off takes microseconds to a step or two: the latency buckets start at 5 ms.
+        .set_buckets_for_metric(
+            Matcher::Full("tandem_worker_handoff_seconds".into()),
+            &PHASE_BUCKETS,
+        )?
         .set_buckets_for_metric(
             Matcher::Full("tandem_iteration_tokens".into()),
             &ITERATION_BUCKETS,
