@@ -130,6 +130,8 @@ done
 # the client placements (default: shared split). ROUND_PROMPTS sets the requests of each
 # round (default 1,024: about one second at 256 streams on an H200, four waves of requests);
 # UP_FLAGS adds flags to `tandem up` alone (the engine keeps its 8,192-token steps).
+# STEP_LOG=1: the workers write every step (TANDEM_STEP_LOG), and each served run's steps are
+# put in bench engine's classes (scripts/gpu/step_log.py) beside the engine's own.
 n_round=${ROUND_PROMPTS:-1024}
 half=$(( $(nproc) / 2 ))
 for r in $(seq 1 "${ROUNDS:-0}"); do
@@ -141,7 +143,8 @@ for r in $(seq 1 "${ROUNDS:-0}"); do
   for placement in ${PLACEMENTS:-shared split}; do
     pin_server=(); pin_client=()
     [ $placement = split ] && pin_server=(taskset -c 0-$((half - 1))) && pin_client=(taskset -c $half-$(( $(nproc) - 1 )))
-    "${pin_server[@]}" $B up --device cuda --model $model --served-model-name $name --port $port "${vflags[@]}" ${UP_FLAGS:-} > /dev/null 2> "$o/$tag-up-$placement.log" &
+    steplog=(); [ "${STEP_LOG:-0}" = 1 ] && mkdir -p "$o/$tag-steps-$placement" && steplog=(env TANDEM_STEP_LOG="$o/$tag-steps-$placement")
+    "${pin_server[@]}" "${steplog[@]}" $B up --device cuda --model $model --served-model-name $name --port $port "${vflags[@]}" ${UP_FLAGS:-} > /dev/null 2> "$o/$tag-up-$placement.log" &
     pid=$!
     if wait_http $pid; then
       serve "$tag-warm-$placement" 256 256 108 128
@@ -149,9 +152,11 @@ for r in $(seq 1 "${ROUNDS:-0}"); do
       scrape "$worker" "$o/$tag-metrics-$placement-before.txt"
       scrape "127.0.0.1:$port" "$o/$tag-router-metrics-$placement-before.txt"
       cpu_snapshot "$o/$tag-cpu-$placement-before.txt"
+      t0=$(date +%s.%N)
       "${pin_client[@]}" timeout 120 $B bench serve --base-url http://127.0.0.1:$port/v1 --model $name --seed $RANDOM \
         --num-prompts $n_round --concurrency 256 --input-len 108 --output-len 128 --ignore-eos --quiet \
         --json "$o/$tag-served-$placement.json" > /dev/null 2>&1
+      t1=$(date +%s.%N)
       scrape "$worker" "$o/$tag-metrics-$placement-after.txt"
       scrape "127.0.0.1:$port" "$o/$tag-router-metrics-$placement-after.txt"
       cpu_snapshot "$o/$tag-cpu-$placement-after.txt"
@@ -164,6 +169,11 @@ for r in $(seq 1 "${ROUNDS:-0}"); do
       done
     fi
     kill -INT $pid; wait $pid 2>/dev/null
+    if [ "${STEP_LOG:-0}" = 1 ]; then
+      for f in "$o/$tag-steps-$placement"/steps-*.jsonl; do
+        [ -s "$f" ] && { echo "${f##*/}"; python3 scripts/gpu/step_log.py "$f" "$t0" "$t1"; }
+      done > "$o/$tag-steps-$placement.txt" 2>&1
+    fi
   done
  done
 done
@@ -215,7 +225,7 @@ def spread(prefix, name, unit, scale):
             v = {}
             for line in open(path):
                 if line.startswith(name + "_bucket"):
-                    le = re.search(r'le="([^"]+)"', line).group(1)
+                    le = re.search(r'[{,]le="([^"]+)"', line).group(1)
                     v[le] = float(line.split()[-1])
             return v
         a, b = buckets(prefix + "-before.txt"), buckets(prefix + "-after.txt")
@@ -297,6 +307,9 @@ for r in range(1, 10):
     dv = re.search(r"device\s+(\d+) µs a step", open(e).read())
     if not m: continue
     print(f"{tag}: bench engine {float(m.group(1)):,.0f} tok/s (per step: {ph.group(1) if ph else '?'}{', on the device ' + dv.group(1) + ' µs' if dv else ''})")
+    if os.environ.get("STEP_LOG") == "1":
+        kinds = open(e).read().split("steps by kind")[-1].splitlines()[1:]
+        print("\n".join("    engine's " + l.strip() for l in kinds if l.startswith("  ") and ("with prompts" in l or "decode" in l)))
     for placement in ("shared", "split"):
         v = load(f"{tag}-served-{placement}")
         if v: print(f"  tandem up, client on {'every core' if placement == 'shared' else 'its own half of the cores'}: {v['output_throughput']:,.0f} tok/s = {v['output_throughput'] / float(m.group(1)):.0%} of the engine (TTFT p99 {v['ttft']['p99_ms']:.0f} ms, {v['failed']} failed {v['errors'] if v['failed'] else ''})")
@@ -306,6 +319,9 @@ for r in range(1, 10):
             print(f"    hand-offs: {spread(w, 'tandem_worker_handoff_seconds', ' ms', 1e3)}")
             print(f"    steps by time: {spread(w, 'tandem_engine_step_seconds', ' ms', 1e3)}")
             print(f"    steps by tokens: {spread(w, 'tandem_iteration_tokens', '', 1)}")
+        if v and os.path.exists(os.path.join(d, f"{tag}-steps-{placement}.txt")):
+            print("    the worker's steps during it (step log):")
+            print("\n".join("    " + l for l in open(os.path.join(d, f"{tag}-steps-{placement}.txt")).read().splitlines()))
         if v: print(f"    TTFT mean: client {v['ttft']['mean_ms']:.1f} ms, router {router_ttft(os.path.join(d, f'{tag}-router-metrics-{placement}'))}")
         if v: print(f"    cores busy over the run's {v['duration_s']:.3f} s: {cpu(os.path.join(d, f'{tag}-cpu-{placement}'), v['duration_s'])}")
         for rate in os.environ.get("POISSON", "").split():

@@ -11,7 +11,8 @@
 #   gem TAG CFG BATCHES                       bench-gemm: cuBLAS against Tandem's kernels, per shape
 #   kinds TAG                                 an `eng` section's steps by kind
 #   served [ROUNDS]                           peer.sh's served rounds (tandem up against bench
-#                                             engine, 2,048 requests of 108 + 128 at 256 streams)
+#                                             engine, 2,048 requests of 108 + 128 at 256 streams;
+#                                             STEP_LOG=1: the worker's steps by kind too)
 #   finish                                    the logs packed into $OUT/logs.tar.xz (last)
 # Environment for one section: `VAR=value dec ...` (a function sees its caller's assignments).
 set -u
@@ -53,8 +54,8 @@ kinds() { # tag
 }
 served() { # rounds
   mkdir -p .gpu/peer; cp $C/smollm2-meta.gguf .gpu/peer/
-  OUT=$L/served LLAMA=0 TABLE=0 ROUNDS=${1:-2} PLACEMENTS=shared ROUND_PROMPTS=2048 timeout 170 bash scripts/gpu/peer.sh run > $L/peer.log 2>&1
-  echo "$(el) served rc=$?"; grep -E "tandem up, client|^round|decode worker|hand-offs|steps by|TTFT mean|client ceiling" $L/peer.log | cut -c1-400
+  OUT=$L/served LLAMA=0 TABLE=0 ROUNDS=${1:-2} PLACEMENTS=${PLACEMENTS:-shared} ROUND_PROMPTS=${ROUND_PROMPTS:-2048} timeout 170 bash scripts/gpu/peer.sh run > $L/peer.log 2>&1
+  echo "$(el) served rc=$?"; grep -E "tandem up, client|^round|decode worker|hand-offs|steps by|step log|with prompts|  decode [0-9]|window|TTFT mean|client ceiling" $L/peer.log | cut -c1-400
   rm -f $L/served/peer/*.gguf
   for f in $L/served/peer/round*-up-shared.log; do [ -f $f ] && { grep -v "routing request" $f | tail -40 > $f.t; mv $f.t $f; }; done
 }

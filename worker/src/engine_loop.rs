@@ -17,6 +17,7 @@ use tandem_engine::{LLMEngine, RequestOutput};
 use crate::core_share::{self, CoreShare};
 use crate::metrics as m;
 pub use crate::snapshot::Snapshot;
+use crate::step_log::StepLog;
 
 /// What a request's subscriber hears.
 #[derive(Debug)]
@@ -314,10 +315,14 @@ fn run(
     // The engine's phase totals at the last step recorded in the metrics.
     let mut phases = state.engine.phase_seconds();
     let mut between = Between::default();
+    let mut log = if state.gauges { StepLog::from_env(&mut state.engine) } else { None };
     loop {
         let busy = state.engine.has_unfinished_requests() || state.engine.has_pending_outputs();
         let mut clock = Instant::now();
         if !busy {
+            if let Some(log) = log.as_mut() {
+                log.flush();
+            }
             match rx.recv() {
                 Ok(job) => {
                     clock = Between::lap(&mut between.idle, clock);
@@ -381,6 +386,9 @@ fn run(
                 preempted = plan.preempted.len(),
                 "slow engine step"
             );
+        }
+        if let Some(log) = log.as_mut() {
+            log.write(&mut state.engine, (between.idle, between.jobs, between.dispatch));
         }
         match stepped {
             Ok(outs) => {

@@ -9,6 +9,7 @@
 //! - [`status`]: the `Worker` RPCs: status, loading and unloading models.
 //! - [`models`]: models loaded and unloaded while the worker runs.
 //! - [`serve`]: gRPC and HTTP on one port, the ready line, shutdown.
+//! - [`step_log`]: every step written to a file (`TANDEM_STEP_LOG`), for benchmarks.
 
 pub mod auth;
 pub mod convert;
@@ -24,5 +25,6 @@ pub mod redis;
 pub mod serve;
 pub mod snapshot;
 pub mod status;
+pub mod step_log;
 
 pub use engine_loop::{EngineEvent, EngineHandle, LoopState, Snapshot};
