@@ -330,6 +330,7 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     }
     let base = engine.stats();
     engine.record_steps();
+    let recording = std::time::SystemTime::now();
     let mut rng = tandem_engine::sampling::sampler::Rng::new(a.seed);
     let mut pick = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
     let mut total_in = 0;
@@ -413,6 +414,10 @@ fn engine(a: EngineBenchArgs) -> Result<()> {
     print_profile("engine", secs);
     let stats = since(engine.stats(), base);
     let records = engine.take_step_records();
+    if let Some(path) = tandem_worker::step_log::path_from_env() {
+        tandem_worker::step_log::write_records(&path, recording, &records)
+            .with_context(|| format!("writing the step log {}", path.display()))?;
+    }
     let rss = peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64;
     // KV the sequences held at most (pages in use × page bytes), and the pool's size.
     let mib = |pages: usize| (pages * page_bytes) as f64 / (1 << 20) as f64;

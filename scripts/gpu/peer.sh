@@ -138,7 +138,8 @@ for r in $(seq 1 "${ROUNDS:-0}"); do
  for v in ${VARIANTS:-default}; do
   tag="round$r"; vflags=()
   [ "$v" != default ] && tag="round$r-$v" && vflags=("--$( [ "$v" = no-overlap ] && echo no-step-overlap || echo "$v")")
-  timeout 120 $B bench engine --device cuda --model $model --num-prompts $n_round --input-len 108 --min-input-len 108 \
+  englog=(); [ "${STEP_LOG:-0}" = 1 ] && englog=(env TANDEM_STEP_LOG="$o/$tag-engine-steps.jsonl")
+  "${englog[@]}" timeout 120 $B bench engine --device cuda --model $model --num-prompts $n_round --input-len 108 --min-input-len 108 \
     --output-len 128 --min-output-len 128 --max-num-seqs 256 --max-num-batched-tokens 8192 "${vflags[@]}" > "$o/$tag-engine.txt" 2>&1
   for placement in ${PLACEMENTS:-shared split}; do
     pin_server=(); pin_client=()
@@ -310,6 +311,11 @@ for r in range(1, 10):
     if os.environ.get("STEP_LOG") == "1":
         kinds = open(e).read().split("steps by kind")[-1].splitlines()[1:]
         print("\n".join("    engine's " + l.strip() for l in kinds if l.startswith("  ") and ("with prompts" in l or "decode" in l)))
+        el = os.path.join(d, f"{tag}-engine-steps.jsonl")
+        if os.path.exists(el):
+            import subprocess
+            out = subprocess.run(["python3", "scripts/gpu/step_log.py", el], capture_output=True, text=True).stdout
+            print("\n".join("    engine's " + l.strip() for l in out.splitlines() if "by mean context" in l))
     for placement in ("shared", "split"):
         v = load(f"{tag}-served-{placement}")
         if v: print(f"  tandem up, client on {'every core' if placement == 'shared' else 'its own half of the cores'}: {v['output_throughput']:,.0f} tok/s = {v['output_throughput'] / float(m.group(1)):.0%} of the engine (TTFT p99 {v['ttft']['p99_ms']:.0f} ms, {v['failed']} failed {v['errors'] if v['failed'] else ''})")

@@ -55,7 +55,7 @@ kinds() { # tag
 served() { # rounds
   mkdir -p .gpu/peer; cp $C/smollm2-meta.gguf .gpu/peer/
   OUT=$L/served LLAMA=0 TABLE=0 ROUNDS=${1:-2} PLACEMENTS=${PLACEMENTS:-shared} ROUND_PROMPTS=${ROUND_PROMPTS:-2048} timeout 170 bash scripts/gpu/peer.sh run > $L/peer.log 2>&1
-  echo "$(el) served rc=$?"; grep -E "tandem up, client|^round|decode worker|hand-offs|steps by|step log|with prompts|  decode [0-9]|window|TTFT mean|client ceiling" $L/peer.log | cut -c1-400
+  echo "$(el) served rc=$?"; grep -E "tandem up, client|^round|decode worker|hand-offs|steps by|step log|with prompts| decode [0-9]|by mean context|window|TTFT mean|client ceiling" $L/peer.log | cut -c1-400
   rm -f $L/served/peer/*.gguf
   for f in $L/served/peer/round*-up-shared.log; do [ -f $f ] && { grep -v "routing request" $f | tail -40 > $f.t; mv $f.t $f; }; done
 }

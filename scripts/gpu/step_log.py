@@ -44,6 +44,15 @@ def main():
         print(f"  {n:<16} {s:5} steps ({c['prompt']} prompt tokens, {c['rows']} decode rows, {c['rows'] / s:.0f} a step): "
               f"wall {c['wall']:.3f} s ({1e3 * c['wall'] / s:.2f} ms a step), device {1e3 * c['device'] / s:.2f} ms a step, "
               f"engine thread's jobs + dispatch {1e6 * c['between'] / s:.0f} µs a step")
+    # Decode-only steps of 129-256 rows by their rows' mean context (the KV each row reads):
+    # device time against context, to compare like with like between runs.
+    by = {}
+    for r in recs:
+        if not r["prompt_tokens"] and 128 < r["decode_rows"] <= 256 and r.get("device"):
+            by.setdefault(int(r["decode_positions"] / r["decode_rows"] // 32) * 32, []).append(r["device"])
+    if by:
+        print("  decode 129-256 by mean context, device µs a step: " + ", ".join(
+            f"{k}-{k + 31}: {1e6 * sum(v) / len(v):.0f} ({len(v)})" for k, v in sorted(by.items())))
     if len(sys.argv) > 3:
         first, end = recs[0]["launched"], max(r["collected"] for r in recs)
         print(f"  window {t1 - t0:.3f} s: {first - t0:.3f} s before the first step, {end - first:.3f} s from it to the last "

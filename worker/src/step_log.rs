@@ -6,6 +6,8 @@
 //! clock when recording began, seconds); each line after it is one collected step's
 //! [`StepRecord`](tandem_engine::llm_engine::step_trace::StepRecord) (times in seconds since
 //! then) with the engine thread's own time before it (`idle`, `jobs`, `dispatch`, seconds).
+//! `tandem bench engine` writes its run's steps in the same format (without the engine thread's
+//! times) when the variable is set.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -25,12 +27,7 @@ impl StepLog {
     /// Opens the log `TANDEM_STEP_LOG` names (if any) and starts the engine's step records.
     /// A file that cannot be created is reported and recording stays off.
     pub(crate) fn from_env(engine: &mut LLMEngine) -> Option<StepLog> {
-        let mut path = std::path::PathBuf::from(std::env::var_os(ENV)?);
-        if path.is_dir() {
-            // Several workers (tandem up) each write their own.
-            path = path.join(format!("steps-{}.jsonl", std::process::id()));
-        }
-        StepLog::open(&path, engine)
+        StepLog::open(&path_from_env()?, engine)
     }
 
     /// Creates the log at `path` and starts the engine's step records.
@@ -67,6 +64,33 @@ impl StepLog {
     pub(crate) fn flush(&mut self) {
         let _ = self.out.flush();
     }
+}
+
+/// Where a process's step log goes: the file `TANDEM_STEP_LOG` names, or `steps-<pid>.jsonl`
+/// in the directory it names; `None` when it is not set.
+pub fn path_from_env() -> Option<std::path::PathBuf> {
+    let path = std::path::PathBuf::from(std::env::var_os(ENV)?);
+    if path.is_dir() {
+        // Several workers (tandem up) each write their own.
+        return Some(path.join(format!("steps-{}.jsonl", std::process::id())));
+    }
+    Some(path)
+}
+
+/// Writes the records of a finished offline run (`tandem bench engine`) to `path` in the log's
+/// format; `started` is the wall clock when recording began.
+pub fn write_records(
+    path: &std::path::Path,
+    started: SystemTime,
+    records: &[tandem_engine::llm_engine::step_trace::StepRecord],
+) -> std::io::Result<()> {
+    let mut out = BufWriter::new(File::create(path)?);
+    let start = started.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    writeln!(out, "{{\"start_unix\":{start:.6}}}")?;
+    for r in records {
+        writeln!(out, "{}", serde_json::to_string(r).map_err(std::io::Error::other)?)?;
+    }
+    out.flush()
 }
 
 #[cfg(test)]
