@@ -241,6 +241,22 @@ impl Client {
     }
 }
 
+/// The most connections opened ahead of a run.
+const WARM_CONNECTIONS: usize = 1024;
+
+/// Opens about `n` keep-alive connections to the server (`n` model listings in flight at once:
+/// the pool opens a connection for each one that finds none idle) and leaves them in the
+/// pool. A listing that fails is not an error here: the run reports what its requests meet.
+async fn warm_connections(http: &http::HttpClient, n: usize) {
+    let all = (0..n).map(|_| {
+        let http = http.clone();
+        tokio::spawn(async move { http.get_json("/models", Duration::from_secs(10)).await })
+    });
+    for h in all.collect::<Vec<_>>() {
+        let _ = h.await;
+    }
+}
+
 async fn discover_model(http: &http::HttpClient) -> Result<String> {
     let v = http.get_json("/models", Duration::from_secs(10)).await.map_err(anyhow::Error::msg)?;
     v["data"][0]["id"]
@@ -368,6 +384,10 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             bail!("the warm-up request to {} failed ({e}); is the server up, and is '{model}' its model?", a.base_url);
         }
         let levels: Vec<usize> = if a.sweep.is_empty() { vec![a.concurrency.unwrap_or(specs.len())] } else { a.sweep.clone() };
+        // The connections the run will hold, opened before any clock starts: otherwise the
+        // first wave of requests waits on connection set-up and is measured doing so.
+        let most = levels.iter().copied().max().unwrap_or(1).min(specs.len()).min(WARM_CONNECTIONS);
+        warm_connections(&client.http, most).await;
         let mut runs: Vec<(usize, Report, Vec<Timeline>)> = Vec::new();
         let mut tables = String::new();
         for &c in &levels {
@@ -441,4 +461,59 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         }
         emit(&a, &value, &tables)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A loopback HTTP/1.1 server that answers every request with a small JSON body after
+    /// `delay` (so requests sent together overlap) and counts the connections it accepted.
+    async fn counting_server(delay: Duration) -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut held = Vec::new();
+                    loop {
+                        let Ok(n) = sock.read(&mut buf).await else { return };
+                        if n == 0 {
+                            return;
+                        }
+                        held.extend_from_slice(&buf[..n]);
+                        // One response per complete request head (GETs carry no body).
+                        while let Some(end) = held.windows(4).position(|w| w == b"\r\n\r\n") {
+                            held.drain(..end + 4);
+                            tokio::time::sleep(delay).await;
+                            let body = r#"{"data":[{"id":"m"}]}"#;
+                            let head = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
+                            if sock.write_all(format!("{head}{body}").as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (format!("http://{addr}/v1"), accepted)
+    }
+
+    /// The run's connections are open before its clock starts, and the next run reuses them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn warming_opens_one_connection_per_stream_and_keeps_them() {
+        let (url, accepted) = counting_server(Duration::from_millis(50)).await;
+        let http = http::HttpClient::new(&url, None, None).unwrap();
+        warm_connections(&http, 12).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 12);
+        warm_connections(&http, 12).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 12, "idle connections are reused");
+        assert_eq!(discover_model(&http).await.unwrap(), "m");
+    }
 }
