@@ -6,7 +6,7 @@
 //! tensor-parallel rank, each of the two GEMMs' partial products summed across the group in
 //! place by an NCCL all-reduce); then the final norm of the rows whose logits are wanted and the LM head. Decode steps replay a CUDA
 //! graph captured for the smallest captured batch size that holds them; steps with prompt
-//! chunks of up to `plan::MIXED_GRAPH_MAX_ROWS` tokens replay a graph of their padded shape.
+//! chunks of up to `plan::mixed_graph_max_rows()` tokens replay a graph of their padded shape.
 
 use std::collections::HashMap;
 use std::time::Instant;

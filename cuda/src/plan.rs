@@ -314,12 +314,24 @@ impl BatchPlan {
     }
 }
 
-/// Most tokens of a step that runs through a mixed-step graph ([`MixedShape`]): above this the
-/// step's kernels take long enough that launching them one by one costs little.
+/// Most tokens of a step that runs through a mixed-step graph ([`MixedShape`]) by default:
+/// above this the step's kernels were taken to run long enough that launching them one by one
+/// costs little (on a small model they do not: see [`mixed_graph_max_rows`]).
 pub const MIXED_GRAPH_MAX_ROWS: usize = 1024;
 
+/// Most tokens of a step that runs through a mixed-step graph: [`MIXED_GRAPH_MAX_ROWS`], or
+/// `TANDEM_MIXED_GRAPH_MAX_ROWS` (64 to 16,384) for comparison — a small model's prompt steps
+/// of thousands of tokens launched one kernel at a time wait on the host's launches.
+pub fn mixed_graph_max_rows() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        env_count("TANDEM_MIXED_GRAPH_MAX_ROWS", |n| (64..=16384).contains(n), MIXED_GRAPH_MAX_ROWS)
+    })
+}
+
 /// The launch shape of a step with prompt chunks (or a decode step no decode graph holds)
-/// replayed from a CUDA graph. Rows go up in 64s and logits rows in 64s to 256, then in 128s;
+/// replayed from a CUDA graph. Rows go up in 64s to 1,024 and in 256s above (where the limit
+/// allows steps that large), logits rows in 64s to 256, then in 128s;
 /// the attention grids follow from the rows ([`MixedLimits`]), so the rows, the logits rows and
 /// the tile kernel name a graph: a server's steps need few of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -349,6 +361,8 @@ pub struct MixedLimits {
     pub long_tile_tokens: usize,
     /// Shortest chunk that goes to the prefill kernel.
     pub long_min: usize,
+    /// Most rows of a step a graph holds ([`mixed_graph_max_rows`]).
+    pub max_rows: usize,
 }
 
 impl MixedLimits {
@@ -370,17 +384,20 @@ impl MixedLimits {
 
 impl MixedShape {
     /// The shape that holds a step of `rows` tokens and `logits` logits rows; `None` above
-    /// [`MIXED_GRAPH_MAX_ROWS`].
+    /// the limits' `max_rows`.
     pub fn holding(
         rows: usize,
         logits: usize,
         small_tiles: bool,
         lim: &MixedLimits,
     ) -> Option<MixedShape> {
-        if rows == 0 || rows > MIXED_GRAPH_MAX_ROWS {
+        if rows == 0 || rows > lim.max_rows {
             return None;
         }
-        let r = rows.next_multiple_of(64);
+        let r = match rows {
+            0..=1024 => rows.next_multiple_of(64),
+            n => n.next_multiple_of(256),
+        };
         let logits = match logits {
             0..=256 => logits.next_multiple_of(64),
             n => n.next_multiple_of(128),
@@ -733,6 +750,7 @@ mod tests {
         num_kv_heads: 3,
         long_tile_tokens: 21,
         long_min: 64,
+        max_rows: MIXED_GRAPH_MAX_ROWS,
     };
 
     #[test]
@@ -746,6 +764,13 @@ mod tests {
         assert_eq!(MixedShape::holding(600, 300, true, &LIM).unwrap().entries, 640);
         assert_eq!(MixedShape::holding(3, 3, true, &LIM).unwrap().logits, 64);
         assert!(MixedShape::holding(MIXED_GRAPH_MAX_ROWS + 1, 1, true, &LIM).is_none());
+        // A larger limit: rows above 1,024 go up in 256s, up to the limit.
+        let big = MixedLimits { max_rows: 8192, ..LIM };
+        let s = MixedShape::holding(3900, 300, false, &big).unwrap();
+        assert_eq!((s.rows, s.entries, s.logits), (4096, 4096, 384));
+        assert_eq!(MixedShape::holding(1025, 1, false, &big).unwrap().rows, 1280);
+        assert_eq!(MixedShape::holding(8192, 1, false, &big).unwrap().rows, 8192);
+        assert!(MixedShape::holding(8193, 1, false, &big).is_none());
         assert!(MixedShape::holding(0, 0, true, &LIM).is_none());
         let mut b = batch();
         b.push_seq(&(0..80).collect::<Vec<u32>>(), 0, &[4, 5, 6, 7, 8], 16, Logits::Last);
@@ -781,8 +806,9 @@ mod tests {
                 num_kv_heads: nkv,
                 long_tile_tokens: 64 / group,
                 long_min: 64,
+                max_rows: 8192,
             };
-            for tiles in 1..=MIXED_GRAPH_MAX_ROWS {
+            for tiles in (1..=MIXED_GRAPH_MAX_ROWS).chain((1025..=8192).step_by(37)) {
                 let s = MixedShape::holding(tiles, tiles, true, &lim).unwrap();
                 let splits = match tiles > lim.split_rows {
                     true => 1,
@@ -791,7 +817,7 @@ mod tests {
                 assert!(tiles * splits <= s.entries, "{tiles} tiles x {splits} > {}", s.entries);
             }
             for len in [64, 65, 100, 127, 128, 200, 1000] {
-                for n in 1..=MIXED_GRAPH_MAX_ROWS / len {
+                for n in 1..=8192 / len {
                     let per = lim.long_tile_tokens;
                     let s = MixedShape::holding(n * len, 1, false, &lim).unwrap();
                     assert!(n * len.div_ceil(per) <= s.long_entries, "{n} chunks of {len}");

@@ -46,6 +46,7 @@ impl CudaBackend {
             num_kv_heads: self.cfg.num_kv_heads,
             long_tile_tokens: (plan::prefill_rows() / self.group()).max(1),
             long_min,
+            max_rows: plan::mixed_graph_max_rows(),
         };
         let shape = MixedShape::holding(b.num_tokens(), p.logits_rows.len(), small, &lim)?;
         let rows = self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch);
