@@ -41,8 +41,7 @@ impl StepLog {
         };
         engine.record_steps();
         let mut out = BufWriter::new(file);
-        let start = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-        let _ = writeln!(out, "{{\"start_unix\":{start:.6}}}");
+        let _ = write_header(&mut out, SystemTime::now());
         Some(StepLog { out })
     }
 
@@ -77,6 +76,12 @@ pub fn path_from_env() -> Option<std::path::PathBuf> {
     Some(path)
 }
 
+/// The log's first line: when recording began, as Unix seconds.
+fn write_header(out: &mut impl Write, started: SystemTime) -> std::io::Result<()> {
+    let start = started.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    writeln!(out, "{{\"start_unix\":{start:.6}}}")
+}
+
 /// Writes the records of a finished offline run (`tandem bench engine`) to `path` in the log's
 /// format; `started` is the wall clock when recording began.
 pub fn write_records(
@@ -85,8 +90,7 @@ pub fn write_records(
     records: &[tandem_engine::llm_engine::step_trace::StepRecord],
 ) -> std::io::Result<()> {
     let mut out = BufWriter::new(File::create(path)?);
-    let start = started.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-    writeln!(out, "{{\"start_unix\":{start:.6}}}")?;
+    write_header(&mut out, started)?;
     for r in records {
         writeln!(out, "{}", serde_json::to_string(r).map_err(std::io::Error::other)?)?;
     }
