@@ -75,8 +75,7 @@ impl CudaBackend {
     ) -> Result<Pass, CudaError> {
         let first = b.logits_indices.len();
         p.pad_to(&shape);
-        self.upload_plan(&p)?;
-        self.take_deferred(b)?;
+        self.upload_pass(&p, b)?;
         if let Some(g) = self.mixed_graphs.get(&shape) {
             g.0.launch().map_err(CudaError::from)?;
             return Ok(Pass::Eager(first));
