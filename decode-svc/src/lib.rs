@@ -130,6 +130,9 @@ pub async fn run_with(
     });
     let share = cfg.core_share.as_deref().map(CoreShare::open).transpose()?;
     let handle = EngineHandle::spawn_with_events(engine, kv_sink, share);
+    // This worker's sinks build stream messages only (no page reads): a step's outputs can go
+    // out while the next step runs.
+    handle.submit(|s| s.set_dispatch_in_step(true));
     let transfers = transfers::Transfers::default();
     let links = cfg.kv_device.as_ref().map(|d| {
         std::sync::Arc::new(links::DeviceLinks::new(

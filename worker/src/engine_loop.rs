@@ -44,6 +44,9 @@ pub struct LoopState {
     /// Whether this engine sets the worker's engine gauges (the start-up model's engine; a
     /// model loaded later has its figures in `Worker.Status`).
     gauges: bool,
+    /// A step's outputs go to their sinks during the next step, once its pass is launched
+    /// ([`LoopState::set_dispatch_in_step`]).
+    dispatch_in_step: bool,
 }
 
 /// Where a worker's KV events go, numbered from 1 (see [`crate::kv_events`]).
@@ -85,48 +88,19 @@ impl LoopState {
         self.engine.abort_request(request_id) | self.engine.release_prefill(request_id)
     }
 
+    /// Hands each step's outputs to their sinks during the next step, right after its pass is
+    /// launched on a backend that overlaps steps, instead of before that step is planned: the
+    /// host's path from one step's tokens to the next step's launch no longer carries them
+    /// (each stream hears a token one step's planning later). Only for sinks that do not read
+    /// the engine's pages (a decode worker's; a prefill worker's read a finished request's
+    /// pages before the next step). `TANDEM_DISPATCH_IN_STEP=0` keeps it off.
+    pub fn set_dispatch_in_step(&mut self, on: bool) {
+        self.dispatch_in_step =
+            on && std::env::var("TANDEM_DISPATCH_IN_STEP").as_deref() != Ok("0");
+    }
+
     fn dispatch(&mut self, outs: Vec<RequestOutput>) {
-        let now = Instant::now();
-        for out in outs {
-            let new_tokens: usize = out.outputs.iter().map(|c| c.token_ids.len()).sum();
-            // Each token is counted once across roles, where it was computed: a remotely
-            // prefilled request's prompt and first token belong to the prefill worker's counts.
-            let mut generated = new_tokens;
-            if new_tokens > 0 {
-                match self.last_token.get_mut(&out.request_id) {
-                    Some(prev) => {
-                        m::observe_inter_token(
-                            now.duration_since(*prev).as_secs_f64() / new_tokens as f64,
-                        );
-                        *prev = now;
-                    }
-                    None => {
-                        self.last_token.insert(out.request_id.clone(), now);
-                        if out.metrics.remote_prefill {
-                            generated -= 1;
-                        }
-                    }
-                }
-            }
-            m::count_generation_tokens(generated as u64);
-            if out.finished {
-                m::observe_finished(&out.metrics, out.prompt_token_ids.len());
-                for c in &out.outputs {
-                    m::count_success(c.finish_reason.map_or("abort", |r| r.as_str()));
-                }
-                self.last_token.remove(&out.request_id);
-            }
-            let finished = out.finished;
-            let id = out.request_id.clone();
-            if let Some(sink) = self.sinks.get_mut(&id) {
-                sink(&self.engine, EngineEvent::Output(out));
-            }
-            if finished {
-                self.sinks.remove(&id);
-            }
-        }
-        // Sinks that deferred their deliveries: handed over once for the whole step.
-        crate::outbox::flush();
+        deliver(&mut self.sinks, &mut self.last_token, &self.engine, outs);
     }
 
     /// Fails every request with a subscriber (see [`LoopState::fail`]).
@@ -136,6 +110,56 @@ impl LoopState {
             self.fail(&id, message);
         }
     }
+}
+
+/// Hands `outs` to their requests' sinks (see [`Sink`]) and counts their tokens.
+fn deliver(
+    sinks: &mut HashMap<String, Sink>,
+    last_token: &mut HashMap<String, Instant>,
+    engine: &LLMEngine,
+    outs: Vec<RequestOutput>,
+) {
+    let now = Instant::now();
+    for out in outs {
+        let new_tokens: usize = out.outputs.iter().map(|c| c.token_ids.len()).sum();
+        // Each token is counted once across roles, where it was computed: a remotely
+        // prefilled request's prompt and first token belong to the prefill worker's counts.
+        let mut generated = new_tokens;
+        if new_tokens > 0 {
+            match last_token.get_mut(&out.request_id) {
+                Some(prev) => {
+                    m::observe_inter_token(
+                        now.duration_since(*prev).as_secs_f64() / new_tokens as f64,
+                    );
+                    *prev = now;
+                }
+                None => {
+                    last_token.insert(out.request_id.clone(), now);
+                    if out.metrics.remote_prefill {
+                        generated -= 1;
+                    }
+                }
+            }
+        }
+        m::count_generation_tokens(generated as u64);
+        if out.finished {
+            m::observe_finished(&out.metrics, out.prompt_token_ids.len());
+            for c in &out.outputs {
+                m::count_success(c.finish_reason.map_or("abort", |r| r.as_str()));
+            }
+            last_token.remove(&out.request_id);
+        }
+        let finished = out.finished;
+        let id = out.request_id.clone();
+        if let Some(sink) = sinks.get_mut(&id) {
+            sink(engine, EngineEvent::Output(out));
+        }
+        if finished {
+            sinks.remove(&id);
+        }
+    }
+    // Sinks that deferred their deliveries: handed over once for the whole step.
+    crate::outbox::flush();
 }
 
 type Job = Box<dyn FnOnce(&mut LoopState) + Send>;
@@ -189,6 +213,7 @@ impl EngineHandle {
             kv_sink,
             kv_seq: 0,
             gauges,
+            dispatch_in_step: false,
         };
         publish(&mut state, &snap, false);
         let exited = Arc::new(AtomicBool::new(false));
@@ -316,9 +341,14 @@ fn run(
     let mut phases = state.engine.phase_seconds();
     let mut between = Between::default();
     let mut log = if state.gauges { StepLog::from_env(&mut state.engine) } else { None };
+    // With dispatch in step: the last step's outputs, handed out during the next one.
+    let mut held: Vec<RequestOutput> = Vec::new();
     loop {
         let busy = state.engine.has_unfinished_requests() || state.engine.has_pending_outputs();
         let mut clock = Instant::now();
+        if !busy && !held.is_empty() {
+            state.dispatch(std::mem::take(&mut held));
+        }
         if !busy {
             if let Some(log) = log.as_mut() {
                 log.flush();
@@ -342,7 +372,9 @@ fn run(
         if state.engine.has_pending_outputs() {
             // News made between steps (a remote prefill's first token) goes out now, not
             // after the next forward pass (or, on shared cores, after another worker's step).
-            let outs = state.engine.take_pending_outputs();
+            // After the held outputs: a request's news stays in step order.
+            let mut outs = std::mem::take(&mut held);
+            outs.extend(state.engine.take_pending_outputs());
             state.dispatch(outs);
             publish(state, snap, failed);
             clock = Between::lap(&mut between.dispatch, clock);
@@ -373,7 +405,19 @@ fn run(
             continue;
         }
         let step_started = Instant::now();
-        let stepped = state.engine.step();
+        // Requests aborted since their outputs were held have no sink left to hear them.
+        held.retain(|o| state.sinks.contains_key(&o.request_id));
+        let mut hold = Some(std::mem::take(&mut held));
+        let LoopState { engine, sinks, last_token, .. } = &mut *state;
+        let stepped = engine.step_with(&mut |e| {
+            if let Some(outs) = hold.take().filter(|o| !o.is_empty()) {
+                deliver(sinks, last_token, e, outs);
+            }
+        });
+        if let Some(outs) = hold.take().filter(|o| !o.is_empty()) {
+            // The step failed before its launch: no later than now.
+            state.dispatch(outs);
+        }
         if let Some(share) = share.as_mut() {
             share.release();
         }
@@ -404,7 +448,11 @@ fn run(
                 }
                 failed = false;
                 let clock = Instant::now();
-                state.dispatch(outs);
+                if state.dispatch_in_step && share.is_none() && state.engine.step_in_flight() {
+                    held = outs;
+                } else {
+                    state.dispatch(outs);
+                }
                 publish(state, snap, failed);
                 let clock = Between::lap(&mut between.dispatch, clock);
                 if idle {

@@ -574,10 +574,17 @@ impl LLMEngine {
     /// at its start), and the next call collects this one. The caller's work between calls —
     /// sending the news, taking new requests — then runs while the device computes.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        self.step_with(&mut |_| {})
+    }
+
+    pub(super) fn step_hooked(
+        &mut self,
+        hook: &mut Option<&mut dyn FnMut(&LLMEngine)>,
+    ) -> Result<Vec<RequestOutput>, EngineError> {
         if let Some(e) = self.deferred_error.take() {
             return Err(e);
         }
-        let (done, plan) = match self.plan_step()? {
+        let (done, plan) = match self.plan_step(hook)? {
             overlap::PlannedStep::Launched(outputs) => return Ok(outputs),
             overlap::PlannedStep::ToRun(update, plan) => (update, *plan),
         };
@@ -594,6 +601,7 @@ impl LLMEngine {
                 lap(&mut self.stats.phase_seconds.forward);
                 self.last_schedule = plan;
                 self.in_flight = Some(sampled);
+                self.run_hook(hook);
                 let outputs = match done {
                     Some(update) => self.outputs(update),
                     None => std::mem::take(&mut self.pending),
@@ -607,6 +615,7 @@ impl LLMEngine {
             self.pending = self.outputs(update);
             lap(&mut self.stats.phase_seconds.outputs);
         }
+        self.run_hook(hook);
         let mut grammars = self.step_grammars(&plan);
         let rows = self.runner.execute(&plan, &self.scheduler.seqs, &mut grammars);
         grammars.restore(&mut self.scheduler.seqs);

@@ -20,6 +20,35 @@ pub(super) enum PlannedStep {
 }
 
 impl LLMEngine {
+    /// Whether a launched step's tokens are still to be collected (the device may be running it).
+    pub fn step_in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// [`LLMEngine::step`], running `between` once on the way: right after the step's pass is
+    /// launched where the backend overlaps steps (so it runs while the device computes),
+    /// otherwise before the pass runs. A server hands out the previous step's news there, off
+    /// the host's path from one step's tokens to the next step's launch. Not run when the step
+    /// fails before launching.
+    pub fn step_with(
+        &mut self,
+        between: &mut dyn FnMut(&LLMEngine),
+    ) -> Result<Vec<RequestOutput>, EngineError> {
+        let mut hook = Some(between);
+        let out = self.step_hooked(&mut hook);
+        if out.is_ok() {
+            Self::run_hook(self, &mut hook);
+        }
+        out
+    }
+
+    /// Runs the step hook if it has not run yet.
+    pub(super) fn run_hook(&self, hook: &mut Option<&mut dyn FnMut(&LLMEngine)>) {
+        if let Some(h) = hook.take() {
+            h(self);
+        }
+    }
+
     /// Collects the step in flight, if any: waits for the tokens the device chose, applies them
     /// to their sequences and wipes what that freed (secure mode), before anything is scheduled
     /// that could take those blocks. Its news is left to the caller.
@@ -58,9 +87,13 @@ impl LLMEngine {
 
     /// Plans the step: ahead of the step in flight when [`LLMEngine::plans_ahead`], otherwise
     /// after collecting it.
-    pub(super) fn plan_step(&mut self) -> Result<PlannedStep, EngineError> {
+    /// `hook` runs once the step ahead is launched (see [`LLMEngine::step_with`]).
+    pub(super) fn plan_step(
+        &mut self,
+        hook: &mut Option<&mut dyn FnMut(&LLMEngine)>,
+    ) -> Result<PlannedStep, EngineError> {
         if self.plans_ahead() {
-            return self.step_ahead();
+            return self.step_ahead(hook);
         }
         let done = self.complete_in_flight()?;
         let start = std::time::Instant::now();
@@ -87,7 +120,10 @@ impl LLMEngine {
     /// applies N, returns its news and plans N+2; tokens and outputs are those of steps that
     /// wait (the seeds count the pending token). A sequence that N's token ends (a stop, EOS)
     /// was planned for nothing: its row of N+1 is dropped when collected.
-    fn step_ahead(&mut self) -> Result<PlannedStep, EngineError> {
+    fn step_ahead(
+        &mut self,
+        hook: &mut Option<&mut dyn FnMut(&LLMEngine)>,
+    ) -> Result<PlannedStep, EngineError> {
         let flight = self.in_flight.take().expect("plans_ahead: a step in flight");
         let launched = std::mem::take(&mut self.last_schedule);
         let start = std::time::Instant::now();
@@ -99,6 +135,9 @@ impl LLMEngine {
         self.stats.phase_seconds.schedule += planned.duration_since(start).as_secs_f64();
         let next = self.runner.launch(&plan, &self.scheduler.seqs, &flight)?;
         self.stats.phase_seconds.launch += planned.elapsed().as_secs_f64();
+        if next.is_some() {
+            self.run_hook(hook);
+        }
         let rows = self.runner.collect(flight)?;
         let collected = std::time::Instant::now();
         self.stats.phase_seconds.forward += collected.duration_since(planned).as_secs_f64();
