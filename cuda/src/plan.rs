@@ -314,14 +314,16 @@ impl BatchPlan {
     }
 }
 
-/// Most tokens of a step that runs through a mixed-step graph ([`MixedShape`]) by default:
-/// above this the step's kernels were taken to run long enough that launching them one by one
-/// costs little (on a small model they do not: see [`mixed_graph_max_rows`]).
-pub const MIXED_GRAPH_MAX_ROWS: usize = 1024;
+/// Most tokens of a step that runs through a mixed-step graph ([`MixedShape`]) by default
+/// (within the step buffers). A small model's prompt steps of thousands of tokens launched one
+/// kernel at a time wait on the host: served rounds on an H100 with the host short of cores
+/// gave 89 % of `bench engine` with graphs to 8,192 rows against 86–88 % with graphs to 1,024
+/// (docs/gpu.md); on the device alone such a graph is 0.97–1.05× the eager step above ~2,000
+/// rows (`tandem-gpu bench-mixed`), padding included.
+pub const MIXED_GRAPH_MAX_ROWS: usize = 8192;
 
 /// Most tokens of a step that runs through a mixed-step graph: [`MIXED_GRAPH_MAX_ROWS`], or
-/// `TANDEM_MIXED_GRAPH_MAX_ROWS` (64 to 16,384) for comparison — a small model's prompt steps
-/// of thousands of tokens launched one kernel at a time wait on the host's launches.
+/// `TANDEM_MIXED_GRAPH_MAX_ROWS` (64 to 16,384; 1,024 was the default before) for comparison.
 pub fn mixed_graph_max_rows() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
@@ -750,7 +752,7 @@ mod tests {
         num_kv_heads: 3,
         long_tile_tokens: 21,
         long_min: 64,
-        max_rows: MIXED_GRAPH_MAX_ROWS,
+        max_rows: 1024,
     };
 
     #[test]
@@ -763,7 +765,7 @@ mod tests {
         assert_eq!(MixedShape::holding(600, 300, true, &LIM).unwrap().logits, 384);
         assert_eq!(MixedShape::holding(600, 300, true, &LIM).unwrap().entries, 640);
         assert_eq!(MixedShape::holding(3, 3, true, &LIM).unwrap().logits, 64);
-        assert!(MixedShape::holding(MIXED_GRAPH_MAX_ROWS + 1, 1, true, &LIM).is_none());
+        assert!(MixedShape::holding(1025, 1, true, &LIM).is_none());
         // A larger limit: rows above 1,024 go up in 256s, up to the limit.
         let big = MixedLimits { max_rows: 8192, ..LIM };
         let s = MixedShape::holding(3900, 300, false, &big).unwrap();
@@ -808,7 +810,7 @@ mod tests {
                 long_min: 64,
                 max_rows: 8192,
             };
-            for tiles in (1..=MIXED_GRAPH_MAX_ROWS).chain((1025..=8192).step_by(37)) {
+            for tiles in (1..=1024).chain((1025..=8192).step_by(37)) {
                 let s = MixedShape::holding(tiles, tiles, true, &lim).unwrap();
                 let splits = match tiles > lim.split_rows {
                     true => 1,
