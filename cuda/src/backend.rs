@@ -38,7 +38,6 @@ mod residual;
 mod rope;
 mod sampling;
 mod switches;
-mod uploads;
 
 pub(crate) use collective::{
     enable_peer_access, peers_reachable, Collective, TwoShot, PEER_MAX_WORLD,
@@ -207,8 +206,6 @@ pub struct CudaBackend {
     device_seconds: f64,
     /// The host's time launching passes, by part.
     host_times: host_times::HostTimes,
-    /// A pass's inputs on their way to the device, as one copy.
-    up: uploads::Uploads,
 }
 
 /// A device error as the engine's backend error.
@@ -291,13 +288,6 @@ impl CudaBackend {
             sample_out: gpu.zeros(2 * logits_cap)?,
             take_pairs: gpu.zeros(2 * logits_cap)?,
         };
-        // Every input a pass uploads fits one copy.
-        let words = [&a.tokens, &a.positions, &a.slots, &a.tiles, &a.block_tables, &a.logits_rows]
-            .iter()
-            .map(|b| b.len() + 3)
-            .sum::<usize>()
-            + 2 * (a.sample_args.len() + a.take_pairs.len() + 3);
-        let up = uploads::Uploads::new(&gpu, words)?;
         gpu.sync()?;
         let per_block = Self::kv_bytes_per_block(cfg, opts.block_size, opts.hybrid_kv) as u64;
         let num_blocks = match opts.num_blocks {
@@ -373,7 +363,6 @@ impl CudaBackend {
             samples_host: Vec::new(),
             device_seconds: 0.0,
             host_times: host_times::HostTimes::default(),
-            up,
         })
     }
 

@@ -188,8 +188,6 @@ pub struct Kernels {
     pub mask_rows: CudaFunction,
     /// Tokens of a pass taken from the previous pass's sampled tokens (steps planned ahead).
     pub take_sampled: CudaFunction,
-    /// A pass's inputs, sent up as one copy, put in their buffers (`backend/uploads.rs`).
-    pub scatter_words: CudaFunction,
     /// Contiguous per-head K/V of one sequence (GEMM attention).
     pub gather_kv: CudaFunction,
     /// Causal softmax of a score matrix (GEMM attention).
@@ -351,7 +349,6 @@ impl Gpu {
             sample_rows: f("sample_rows")?,
             mask_rows: f("mask_rows")?,
             take_sampled: f("take_sampled")?,
-            scatter_words: f("scatter_words")?,
             gather_kv: f("gather_kv")?,
             softmax_causal: f("softmax_causal")?,
             to_model: f("to_model")?,

@@ -96,38 +96,24 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Uploads plan `p` (with whatever was pushed before it) as one copy.
     pub(super) fn upload_plan(&mut self, p: &BatchPlan) -> Result<(), CudaError> {
-        self.push_plan(p)?;
-        self.up.flush(&self.gpu)
-    }
-
-    /// Uploads plan `p` of `b` and the pairs of `b`'s deferred tokens as one copy, then takes
-    /// those tokens from the previous pass's samples.
-    pub(super) fn upload_pass(&mut self, p: &BatchPlan, b: &ForwardBatch) -> Result<(), CudaError> {
-        self.push_plan(p)?;
-        self.take_deferred(b)
-    }
-
-    /// Pushes plan `p`'s inputs for the next copy.
-    fn push_plan(&mut self, p: &BatchPlan) -> Result<(), CudaError> {
-        let (g, a, up) = (&self.gpu, &mut self.a, &mut self.up);
-        up.push(g, &mut a.tokens, 0, &p.tokens)?;
-        up.push(g, &mut a.positions, 0, &p.positions)?;
-        up.push(g, &mut a.slots, 0, &p.slots)?;
+        let g = &self.gpu;
+        g.write(&mut self.a.tokens, &p.tokens)?;
+        g.write(&mut self.a.positions, &p.positions)?;
+        g.write(&mut self.a.slots, &p.slots)?;
         // The prefill kernel's tiles after the others (at most one tile per row in all).
         if self.longest_first {
-            up.push(g, &mut a.tiles, 0, &p.tiles)?;
-            up.push(g, &mut a.tiles, p.tiles.len(), &p.long_tiles)?;
+            g.write(&mut self.a.tiles, &p.tiles)?;
+            g.write_at(&mut self.a.tiles, p.tiles.len(), &p.long_tiles)?;
         } else {
             let (mut tiles, mut long) = (p.tiles.clone(), p.long_tiles.clone());
             plan::batch_order(&mut tiles);
             plan::batch_order(&mut long);
-            up.push(g, &mut a.tiles, 0, &tiles)?;
-            up.push(g, &mut a.tiles, tiles.len(), &long)?;
+            g.write(&mut self.a.tiles, &tiles)?;
+            g.write_at(&mut self.a.tiles, tiles.len(), &long)?;
         }
-        up.push(g, &mut a.block_tables, 0, &p.block_tables)?;
-        up.push(g, &mut a.logits_rows, 0, &p.logits_rows)
+        g.write(&mut self.a.block_tables, &p.block_tables)?;
+        g.write(&mut self.a.logits_rows, &p.logits_rows)
     }
 
     /// Runs a pass, through a graph when one fits, leaving logits on the device: a graph's row
@@ -145,7 +131,8 @@ impl CudaBackend {
             if let Some(size) = plan::graph_size_for(&self.graph_sizes, n) {
                 if let Some(p) = self.graph_plan(b, size) {
                     HostTimes::lap(&mut self.host_times.plan, &mut clock);
-                    self.upload_pass(&p, b)?;
+                    self.upload_plan(&p)?;
+                    self.take_deferred(b)?;
                     HostTimes::lap(&mut self.host_times.upload, &mut clock);
                     self.replay(size)?;
                     HostTimes::lap(&mut self.host_times.graph, &mut clock);
@@ -167,7 +154,8 @@ impl CudaBackend {
             return r;
         }
         HostTimes::lap(&mut self.host_times.plan, &mut clock);
-        self.upload_pass(&p, b)?;
+        self.upload_plan(&p)?;
+        self.take_deferred(b)?;
         HostTimes::lap(&mut self.host_times.upload, &mut clock);
         let first = p.logits_rows.len().min(self.logits_cap);
         self.enqueue(

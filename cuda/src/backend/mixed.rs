@@ -75,7 +75,8 @@ impl CudaBackend {
     ) -> Result<Pass, CudaError> {
         let first = b.logits_indices.len();
         p.pad_to(&shape);
-        self.upload_pass(&p, b)?;
+        self.upload_plan(&p)?;
+        self.take_deferred(b)?;
         if let Some(g) = self.mixed_graphs.get(&shape) {
             g.0.launch().map_err(CudaError::from)?;
             return Ok(Pass::Eager(first));

@@ -145,10 +145,7 @@ impl CudaBackend {
         // Reached on the device when the pass before this one is done: the device's time on
         // this pass runs from there to its tokens' copy.
         self.samples_host[slot].started.record(&self.gpu.stream)?;
-        // Goes up in one copy with the pass's plan.
-        self.up.clear();
-        let args = sampling_args(&idx, rows);
-        self.up.push(&self.gpu, &mut self.a.sample_args, 0, &args)?;
+        self.gpu.write(&mut self.a.sample_args, &sampling_args(&idx, rows))?;
         self.pass(b, self.cfg.num_layers)?;
         let clock = std::time::Instant::now();
         self.queue_sample_rows(n)?;
@@ -177,16 +174,14 @@ impl CudaBackend {
         }
     }
 
-    /// Sends the inputs pushed so far up with the pairs of `b`'s deferred tokens, then queues
-    /// the copy of those tokens from the tokens the pass before it sampled (still in
-    /// `sample_out`: this pass has not sampled yet) into the uploaded plan.
+    /// Queues the copy of a launched pass's deferred tokens from the tokens the pass before it
+    /// sampled (still in `sample_out`: this pass has not sampled yet) into the uploaded plan.
     pub(super) fn take_deferred(&mut self, b: &ForwardBatch) -> Result<(), CudaError> {
         if b.deferred.is_empty() {
-            return self.up.flush(&self.gpu);
+            return Ok(());
         }
         let pairs: Vec<u32> = b.deferred.iter().flat_map(|&(t, r)| [t, r]).collect();
-        self.up.push(&self.gpu, &mut self.a.take_pairs, 0, &pairs)?;
-        self.up.flush(&self.gpu)?;
+        self.gpu.write(&mut self.a.take_pairs, &pairs)?;
         let g = &self.gpu;
         let n = b.deferred.len() as i32;
         let cfg = LaunchConfig::for_num_elems(n as u32);

@@ -77,18 +77,6 @@ extern "C" __global__ void mask_rows(float* __restrict__ logits, const unsigned*
   }
 }
 
-// A pass's inputs sent up as one copy (backend/uploads.rs): src opens with n descriptors of four
-// words (the destination's low and high address words, its first word in src, its length), and
-// block y copies descriptor y's words to their destination. Grid: (up to 64, n); block 256.
-extern "C" __global__ void scatter_words(const unsigned* __restrict__ src, int n) {
-  KERNEL_ENTRY();
-  if ((int)blockIdx.y >= n) return;
-  const unsigned* d = src + 4 * blockIdx.y;
-  unsigned* dst = reinterpret_cast<unsigned*>((unsigned long long)d[0] | ((unsigned long long)d[1] << 32));
-  const unsigned off = d[2], len = d[3];
-  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += gridDim.x * blockDim.x) dst[i] = src[off + i];
-}
-
 // Tokens a pass takes from the pass launched before it (steps planned ahead): pairs[2i] is a
 // token of the batch, pairs[2i + 1] the row whose token that pass's sample_rows left in
 // sampled[] (read before this pass's own sampling overwrites it: both run on one stream).
