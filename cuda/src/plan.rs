@@ -316,10 +316,11 @@ impl BatchPlan {
 
 /// Most tokens of a step that runs through a mixed-step graph ([`MixedShape`]) by default
 /// (within the step buffers). A small model's prompt steps of thousands of tokens launched one
-/// kernel at a time wait on the host: served rounds on an H100 with the host short of cores
-/// gave 89 % of `bench engine` with graphs to 8,192 rows against 86–88 % with graphs to 1,024
+/// kernel at a time wait on the host: served rounds on an H100 80GB HBM3 with the host short of
+/// cores (SmolLM2-135M shape in f16, decode and mixed-step graphs, `attention_dec_rope64`) gave
+/// 89 % of `bench engine` with graphs to 8,192 rows against 86 % with graphs to 1,024
 /// (docs/gpu.md); on the device alone such a graph is 0.97–1.05× the eager step above ~2,000
-/// rows (`tandem-gpu bench-mixed`), padding included.
+/// rows (`tandem-gpu bench-mixed`, one H200), padding included.
 pub const MIXED_GRAPH_MAX_ROWS: usize = 8192;
 
 /// Most tokens of a step that runs through a mixed-step graph: [`MIXED_GRAPH_MAX_ROWS`], or
