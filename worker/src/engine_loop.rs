@@ -47,6 +47,9 @@ pub struct LoopState {
     /// A step's outputs go to their sinks during the next step, once its pass is launched
     /// ([`LoopState::set_dispatch_in_step`]).
     dispatch_in_step: bool,
+    /// With dispatch in step, finished requests' outputs still go out at once
+    /// ([`LoopState::set_finished_at_once`]).
+    finished_at_once: bool,
 }
 
 /// Where a worker's KV events go, numbered from 1 (see [`crate::kv_events`]).
@@ -97,6 +100,16 @@ impl LoopState {
     pub fn set_dispatch_in_step(&mut self, on: bool) {
         self.dispatch_in_step =
             on && std::env::var("TANDEM_DISPATCH_IN_STEP").as_deref() != Ok("0");
+        self.finished_at_once =
+            std::env::var("TANDEM_DISPATCH_FINISHED_AT_ONCE").as_deref() == Ok("1");
+    }
+
+    /// With dispatch in step on, a step's outputs that finish their requests still go out
+    /// before the next step (the rest are held): a client whose stream ends sends its next
+    /// request one step earlier. Off by default (`TANDEM_DISPATCH_FINISHED_AT_ONCE=1` at
+    /// [`LoopState::set_dispatch_in_step`] turns it on).
+    pub fn set_finished_at_once(&mut self, on: bool) {
+        self.finished_at_once = on;
     }
 
     fn dispatch(&mut self, outs: Vec<RequestOutput>) {
@@ -214,6 +227,7 @@ impl EngineHandle {
             kv_seq: 0,
             gauges,
             dispatch_in_step: false,
+            finished_at_once: false,
         };
         publish(&mut state, &snap, false);
         let exited = Arc::new(AtomicBool::new(false));
@@ -449,7 +463,14 @@ fn run(
                 failed = false;
                 let clock = Instant::now();
                 if state.dispatch_in_step && share.is_none() && state.engine.step_in_flight() {
-                    held = outs;
+                    // A request appears once in a step's outputs, and nothing of it is held
+                    // from before: handing its last output over now keeps its order.
+                    let at_once = state.finished_at_once;
+                    let (now, later) = outs.into_iter().partition(|o| at_once && o.finished);
+                    if !Vec::is_empty(&now) {
+                        state.dispatch(now);
+                    }
+                    held = later;
                 } else {
                     state.dispatch(outs);
                 }

@@ -2,8 +2,9 @@
 //! step's pass is launched (`LoopState::set_dispatch_in_step`). Checked on the real default
 //! model on the CPU behind a backend that launches passes and plans steps ahead as the CUDA
 //! backend does: the streams hear the same tokens, in order, as with outputs handed out
-//! between steps and as an offline run; each delivery comes one launch later; a request aborted
-//! while its output is held hears nothing more, and the others finish.
+//! between steps and as an offline run; each delivery comes one launch later (a finishing one
+//! not, where finished outputs go out at once); a request aborted while its output is held
+//! hears nothing more, and the others finish.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -112,15 +113,18 @@ const PROMPTS: [(&str, &str, usize); 3] = [
 /// One delivery: its new tokens, whether the request finished, launches made by then.
 type Heard = (Vec<u32>, bool, usize);
 
-/// Runs PROMPTS through an engine thread (dispatch in step `on`), aborting `abort` once it has
-/// heard two deliveries; every request's deliveries.
-fn serve(on: bool, abort: Option<&'static str>) -> HashMap<String, Vec<Heard>> {
+/// Runs PROMPTS through an engine thread (dispatch in step `on`, finished outputs at once
+/// `at_once`), aborting `abort` once it has heard two deliveries; every request's deliveries.
+fn serve(on: bool, at_once: bool, abort: Option<&'static str>) -> HashMap<String, Vec<Heard>> {
     let mut m = model();
     let launches = Arc::new(AtomicUsize::new(0));
     m.backend =
         Box::new(Queued { inner: m.backend, launched: [].into(), launches: launches.clone() });
     let handle = EngineHandle::spawn(LLMEngine::new(m, Default::default()));
-    handle.submit(move |s| s.set_dispatch_in_step(on));
+    handle.submit(move |s| {
+        s.set_dispatch_in_step(on);
+        s.set_finished_at_once(at_once);
+    });
     let heard: Arc<Mutex<HashMap<String, Vec<Heard>>>> = Default::default();
     let heard_out = heard.clone();
     let (done_tx, done_rx) = mpsc::channel::<String>();
@@ -184,8 +188,8 @@ fn offline() -> HashMap<String, Vec<u32>> {
 #[test]
 fn outputs_handed_out_during_the_next_step_keep_every_token_in_order() {
     let want = offline();
-    let off = serve(false, None);
-    let on = serve(true, None);
+    let off = serve(false, false, None);
+    let on = serve(true, false, None);
     for (id, _, n) in PROMPTS {
         assert_eq!(want[id].len(), n, "{id}");
         for (mode, got) in [("between steps", &off), ("in step", &on)] {
@@ -208,11 +212,35 @@ fn outputs_handed_out_during_the_next_step_keep_every_token_in_order() {
 
 #[test]
 fn a_request_aborted_while_its_output_is_held_hears_nothing_more() {
-    let heard = serve(true, Some("b"));
+    let heard = serve(true, false, Some("b"));
     let b = &heard["b"];
     assert_eq!(b.len(), 2, "b hears nothing after its abort: {b:?}");
     assert!(!b.iter().any(|h| h.1), "{b:?}");
     for id in ["a", "c"] {
         assert!(heard[id].last().unwrap().1, "{id} finished");
+    }
+}
+
+#[test]
+fn finished_outputs_handed_out_at_once_come_before_the_next_launch() {
+    let want = offline();
+    let off = serve(false, false, None);
+    let mixed = serve(true, true, None);
+    for (id, _, _) in PROMPTS {
+        let heard = &mixed[id];
+        let tokens: Vec<u32> = heard.iter().flat_map(|h| h.0.clone()).collect();
+        assert_eq!(tokens, want[id], "{id}");
+        assert!(heard.last().unwrap().1 && heard.iter().filter(|h| h.1).count() == 1, "{id}");
+        // Finishing deliveries as between steps; the others still one launch later where a
+        // later step was launched.
+        let (a, b) = (&off[id], heard);
+        assert_eq!(a.len(), b.len(), "{id}");
+        let last = a.iter().map(|h| h.2).max().unwrap();
+        for (x, y) in a.iter().zip(b) {
+            match y.1 {
+                true => assert_eq!(y.2, x.2, "{id}: its last output at once: {a:?} / {b:?}"),
+                false => assert!(x.2 == last || y.2 > x.2, "{id}: {a:?} / {b:?}"),
+            }
+        }
     }
 }
