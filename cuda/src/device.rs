@@ -170,9 +170,6 @@ pub struct Kernels {
     /// Products of 2–64 rows, weights streamed through shared memory, for tiles of 8, 16, 32
     /// and 64 rows (sm_90; [`products`]).
     pub gemm_stream: [CudaFunction; 4],
-    /// The same with two warpgroups and 128 columns a CTA, for tiles of 64, 128, 192 and 256
-    /// rows (products of 33–256 rows; [`products`]).
-    pub gemm_wide: [CudaFunction; 4],
     /// Dummy weights.
     pub fill_random: CudaFunction,
     /// A block of a dummy weight (a tensor-parallel rank's slice).
@@ -245,13 +242,6 @@ pub struct Gpu {
     stream_gemm_rows: std::sync::atomic::AtomicUsize,
     /// CTAs an SM a stream product's slices of k aim for (`TANDEM_STREAM_GEMM_FILL`, 1.0).
     stream_gemm_fill: f64,
-    /// Most rows of a product on the wide stream kernels ([`Gpu::wide_gemm_max_rows`]).
-    wide_gemm_rows: std::sync::atomic::AtomicUsize,
-    /// Largest weight matrix the wide stream kernels take, bytes
-    /// (`TANDEM_WIDE_GEMM_MAX_MB`, default 64).
-    wide_gemm_max_bytes: usize,
-    /// CTAs an SM a wide product's slices of k aim for (`TANDEM_WIDE_GEMM_FILL`, 1.0).
-    wide_gemm_fill: f64,
     /// Products into the residual cut along k ([`Gpu::split_slices`]; `TANDEM_SPLIT_K`).
     split_k: split_k::SplitK,
     /// cuBLASLt algorithms chosen by measurement ([`Gpu::tune_gemm`]), made on first use.
@@ -350,12 +340,6 @@ impl Gpu {
                 f("gemm_stream32")?,
                 f("gemm_stream64")?,
             ],
-            gemm_wide: [
-                f("gemm_wide64")?,
-                f("gemm_wide128")?,
-                f("gemm_wide192")?,
-                f("gemm_wide256")?,
-            ],
             fill_random: f("fill_random")?,
             fill_random_block: f("fill_random_block")?,
             tp_all_reduce: f("tp_all_reduce")?,
@@ -382,10 +366,7 @@ impl Gpu {
             (&k.attention_dec_rope128, crate::plan::dec_smem_bytes(128)),
         ];
         let stream_kernels = (k.gemm_stream.iter().zip([8, 16, 32, 64]))
-            .map(|(f, rows)| (f, products::stream_smem_bytes(products::STREAM_COLS, rows) as u32))
-            .chain((k.gemm_wide.iter().zip(products::WIDE_TILES)).map(|(f, rows)| {
-                (f, products::stream_smem_bytes(products::WIDE_COLS, rows) as u32)
-            }));
+            .map(|(f, rows)| (f, products::stream_smem_bytes(rows) as u32));
         for (f, bytes) in decode_kernels.into_iter().chain(stream_kernels) {
             let bytes = bytes as i32;
             let attr = dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
@@ -446,12 +427,6 @@ impl Gpu {
                     .min(products::STREAM_MAX_ROWS),
             ),
             stream_gemm_fill: env_f64("TANDEM_STREAM_GEMM_FILL", 1.0),
-            wide_gemm_rows: std::sync::atomic::AtomicUsize::new(
-                (env_f64("TANDEM_WIDE_GEMM_MAX_ROWS", products::WIDE_DEFAULT_ROWS as f64) as usize)
-                    .min(products::WIDE_MAX_ROWS),
-            ),
-            wide_gemm_max_bytes: (env_f64("TANDEM_WIDE_GEMM_MAX_MB", 64.0) * 1048576.0) as usize,
-            wide_gemm_fill: env_f64("TANDEM_WIDE_GEMM_FILL", 1.0),
             split_k: split_k::SplitK::from_env(),
             lt: std::sync::OnceLock::new(),
             use_pdl: maj >= 9 && std::env::var("TANDEM_PDL").as_deref() != Ok("off"),

@@ -70,18 +70,14 @@ fn split_at_wait(start: &str, wait: &str) -> (&'static str, &'static str) {
 #[test]
 fn stream_gemms_wait_before_reading_what_other_kernels_write() {
     let (body, before) = split_at_wait("gemm_stream_impl(const h16*", "griddepcontrol.wait");
-    assert!(
-        before.contains("gs_load_w<COLS, THREADS>("),
-        "the weights are requested before the wait"
-    );
+    assert!(before.contains("gs_load_w("), "the weights are requested before the wait");
     for touch in ["gs_load_a", "cs[", "*y", "reinterpret_cast", "ld_cluster4"] {
         assert!(!before.contains(touch), "`{touch}` before the wait");
     }
-    assert!(body[before.len()..].contains("gs_load_a<MT, THREADS>("));
-    // Every kernel defined through the macro has the body that waits: four of one warpgroup,
-    // four wide.
+    assert!(body[before.len()..].contains("gs_load_a<MT>("));
+    // Every kernel defined through the macro has the body that waits.
     let kernels = KERNEL_SOURCE.matches("\nGEMM_STREAM_KERNEL(").count();
-    assert_eq!(kernels, 8);
+    assert_eq!(kernels, 4);
 }
 
 /// The fused decode kernels touch only the KV pages of earlier steps before they wait: in
@@ -221,8 +217,7 @@ fn decode_page_copies_are_marked_evict_first() {
 
 /// On Hopper the backend compiles for sm_90a, and there the stream GEMMs multiply with the
 /// warpgroup MMA reading both operands from shared memory (wgmma, no ldmatrix); for plain sm_90
-/// (and with `TANDEM_GS_MMA_SYNC`) they keep mma.sync. Read from the PTX NVRTC makes, for the
-/// kernels of one warpgroup and the wide ones.
+/// (and with `TANDEM_GS_MMA_SYNC`) they keep mma.sync. Read from the PTX NVRTC makes.
 #[test]
 fn stream_gemms_use_the_warpgroup_mma_on_hopper() {
     // SAFETY: a dlopen probe, no call into the library.
@@ -245,13 +240,9 @@ fn stream_gemms_use_the_warpgroup_mma_on_hopper() {
     };
     let (hopper, plain, sync) =
         (ptx("sm_90a", None), ptx("sm_90", None), ptx("sm_90a", Some("-DTANDEM_GS_MMA_SYNC")));
-    let kernels = [8, 16, 32, 64].map(|r| ("gemm_stream", r));
-    for (kernel, rows) in kernels.into_iter().chain([64, 128, 192, 256].map(|r| ("gemm_wide", r))) {
-        let name = format!("{kernel}{rows}");
+    for rows in [8, 16, 32, 64] {
+        let name = format!("gemm_stream{rows}");
         let b = body(&hopper, &name);
-        // The wide kernels keep one stage's products in flight while the next is issued.
-        let lag = b.contains("wgmma.wait_group.sync.aligned 1");
-        assert_eq!(lag, kernel == "gemm_wide", "{name}: one group in flight");
         let wgmma = b.lines().filter(|l| l.contains("wgmma.mma_async")).count();
         // Four k16 products a 64-wide stage; the loop may be unrolled into more.
         assert!(wgmma >= 4 && wgmma % 4 == 0, "{name}: {wgmma} wgmma on sm_90a");

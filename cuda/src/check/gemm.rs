@@ -1,6 +1,5 @@
 //! Checks of [`Gpu::gemm`] on each of its paths (cuBLAS, the one-row `gemv` kernel, the
-//! `gemm_stream` kernels of 2–64 rows, the `gemm_wide` kernels of 33–256) against an f64
-//! product on the host.
+//! `gemm_stream` kernels of 2–64 rows) against an f64 product on the host.
 
 use super::{abs_err, bf, rel_err, result, round_bf, unbf, CheckResult, Rng};
 use cudarc::driver::LaunchConfig;
@@ -41,21 +40,6 @@ pub(super) fn gemm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
     let (stream, repeat) = stream?;
     out.extend(stream);
     out.push(repeat);
-    // 33–256 rows on the wide kernels (every tile: 64, 128, 192, 256 rows of A; k in 1 to 8
-    // slices, 9 stages in 3), whatever their default limit.
-    let wide = with_wide(g, || {
-        [(33, 6144, 1024), (100, 4096, 1024), (130, 1024, 3072), (256, 1024, 2048)]
-            .into_iter()
-            .chain([(200, 128, 128), (250, 640, 576)])
-            .try_fold(Vec::new(), |mut v, (m, n, k)| {
-                v.extend(gemm_shape(g, u, m, n, k)?);
-                Ok::<_, CudaError>(v)
-            })
-            .and_then(|v| Ok((v, repeat_bits(g, 256, 1024, 3072)?)))
-    });
-    let (wide, repeat) = wide?;
-    out.extend(wide);
-    out.push(repeat);
     let was = g.stream_gemm_on();
     g.set_stream_gemm(false);
     let cublas = gemm_shape(g, u, 16, 1024, 2048);
@@ -63,18 +47,6 @@ pub(super) fn gemm(g: &Gpu, u: f64) -> Result<Vec<CheckResult>, CudaError> {
     out.extend(cublas?);
     out.extend(lt_candidates(g, u)?);
     Ok(out)
-}
-
-/// `f` with products of 33–256 rows on the wide kernels (up to 32 on the stream kernels), the
-/// limits restored after.
-fn with_wide<T>(g: &Gpu, f: impl FnOnce() -> T) -> T {
-    let (rows, wide) = (g.stream_gemm_max_rows(), g.wide_gemm_max_rows());
-    g.set_stream_gemm_max_rows(32);
-    g.set_wide_gemm_max_rows(256);
-    let out = f();
-    g.set_stream_gemm_max_rows(rows);
-    g.set_wide_gemm_max_rows(wide);
-    out
 }
 
 /// Decode-graph products through cuBLASLt ([`Gpu::tune_gemm`] keeps one where it is faster):
@@ -128,7 +100,6 @@ fn repeat_bits(g: &Gpu, m: usize, n: usize, k: usize) -> Result<CheckResult, Cud
 fn path(g: &Gpu, m: usize, n: usize, k: usize) -> &'static str {
     match () {
         _ if m == 1 && g.gemv_takes(n, k) => "gemv",
-        _ if g.stream_gemm_takes(m, n, k) && m > g.stream_gemm_max_rows() => "gemm_wide",
         _ if g.stream_gemm_takes(m, n, k) => "gemm_stream",
         _ => "cuBLAS",
     }
@@ -190,25 +161,17 @@ fn gemm_shape(
 pub(super) fn glu(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     let rows = g.stream_gemm_max_rows();
     g.set_stream_gemm_max_rows(64);
-    let stream = [(8, 3072, 1024, false), (64, 1536, 576, false), (3, 96, 128, false)];
-    let out = glu_shapes(g, &[stream.as_slice(), &[(16, 2048, 640, true)]].concat());
+    let out = glu_shapes(g);
     g.set_stream_gemm_max_rows(rows);
-    let mut out = out?;
-    // The wide kernels: Qwen3-0.6B's MLP at 100 and 256 rows, the SmolLM2 shape's at 130, GeGLU.
-    let wide = [(100, 3072, 1024, false), (256, 3072, 1024, false), (130, 1536, 576, false)];
-    out.extend(with_wide(g, || {
-        glu_shapes(g, &[wide.as_slice(), &[(70, 2048, 640, true)]].concat())
-    })?);
-    Ok(out)
+    out
 }
 
-fn glu_shapes(
-    g: &Gpu,
-    shapes: &[(usize, usize, usize, bool)],
-) -> Result<Vec<CheckResult>, CudaError> {
+fn glu_shapes(g: &Gpu) -> Result<Vec<CheckResult>, CudaError> {
     let mut out = Vec::new();
     // Qwen3-0.6B's and the SmolLM2 shape's MLPs, a small one cut into 2 slices, GeGLU (Gemma).
-    for &(m, f, k, gelu) in shapes {
+    for (m, f, k, gelu) in
+        [(8, 3072, 1024, false), (64, 1536, 576, false), (3, 96, 128, false), (16, 2048, 640, true)]
+    {
         if !g.gemm_glu_takes(m, f, k) {
             continue;
         }

@@ -1,8 +1,7 @@
 //! [`Gpu::gemm`]'s products on Tandem's own kernels instead of cuBLAS: one row on `gemv`, 2–64
 //! rows on `gemm_stream*` (kernels/gemm_stream.cu: the weights streamed through shared memory by
-//! cp.async, the slices of a product cut along k summed inside a thread-block cluster), more
-//! rows, up to 256, on `gemm_wide*` (the same with two warpgroups sharing each stage of A). All
-//! are decode-step sizes, where each weight is read once and cuBLAS's tiles leave SMs idle.
+//! cp.async, the slices of a product cut along k summed inside a thread-block cluster). Both are
+//! decode-step sizes, where each weight is read once and cuBLAS's tiles leave SMs idle.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -23,41 +22,22 @@ pub const STREAM_THREADS: u32 = 128;
 pub const STREAM_MAX_ROWS: usize = 64;
 /// Most slices of k (CTAs of a cluster, the portable limit).
 pub const STREAM_MAX_SLICES: usize = 8;
-/// Output columns of one `gemm_wide` CTA (two warpgroups of 64).
-pub const WIDE_COLS: usize = 128;
-/// Threads of one `gemm_wide` CTA.
-pub const WIDE_THREADS: u32 = 256;
-/// The `gemm_wide` kernels' tiles of A, rows (`gemm_wide64` … `gemm_wide256`).
-pub const WIDE_TILES: [usize; 4] = [64, 128, 192, 256];
-/// Most rows a wide product takes (its largest tile of A).
-pub const WIDE_MAX_ROWS: usize = 256;
-/// Default of [`Gpu::wide_gemm_max_rows`] (`TANDEM_WIDE_GEMM_MAX_ROWS`): 0, every product above
-/// the stream kernels' rows on cuBLAS.
-pub const WIDE_DEFAULT_ROWS: usize = 0;
 
 /// The rows of A a `gemm_stream` kernel holds for a product of `m` rows: 8, 16, 32 or 64.
 pub fn stream_tile_rows(m: usize) -> usize {
     m.next_power_of_two().clamp(8, STREAM_MAX_ROWS)
 }
 
-/// The rows of A a `gemm_wide` kernel holds for a product of `m` rows (at most 256): the
-/// smallest of [`WIDE_TILES`] that holds them.
-pub fn wide_tile_rows(m: usize) -> usize {
-    WIDE_TILES.into_iter().find(|&t| t >= m).unwrap_or(WIDE_MAX_ROWS)
+/// Dynamic shared memory of a `gemm_stream` kernel holding `rows` rows of A, bytes: its stages,
+/// and 1,024 bytes to start them on a 1,024-byte boundary (the warpgroup MMA's swizzle).
+pub fn stream_smem_bytes(rows: usize) -> usize {
+    STREAM_STAGES * (STREAM_COLS + rows) * 128 + 1024
 }
 
-/// Dynamic shared memory of a stream kernel of `cols` columns ([`STREAM_COLS`] or
-/// [`WIDE_COLS`]) holding `rows` rows of A, bytes: its stages, and 1,024 bytes to start them
-/// on a 1,024-byte boundary (the warpgroup MMA's swizzle).
-pub fn stream_smem_bytes(cols: usize, rows: usize) -> usize {
-    STREAM_STAGES * (cols + rows) * 128 + 1024
-}
-
-/// Slices of k for a stream product of `n` columns over `k` on `sms` SMs in CTAs of `cols`
-/// columns: the fewest (at most 8, each a whole number of 64-wide stages) that give `fill`
-/// CTAs an SM, else the most.
-pub fn stream_slices(cols: usize, n: usize, k: usize, sms: usize, fill: f64) -> usize {
-    let (tiles, stages) = (n / cols, k / STREAM_KSTEP);
+/// Slices of k for a stream product of `n` columns over `k` on `sms` SMs: the fewest (at most
+/// 8, each a whole number of 64-wide stages) that give `fill` CTAs an SM, else the most.
+pub fn stream_slices(n: usize, k: usize, sms: usize, fill: f64) -> usize {
+    let (tiles, stages) = (n / STREAM_COLS, k / STREAM_KSTEP);
     let mut best = 1;
     for s in (1..=STREAM_MAX_SLICES.min(stages)).filter(|&s| stages.is_multiple_of(s)) {
         best = s;
@@ -120,46 +100,27 @@ impl Gpu {
     /// faster; docs/gpu-runs/h200-2026-12-03-wgmma/1-k87/), n a multiple of 64 and k of 64, and weights of at most
     /// `TANDEM_STREAM_GEMM_MAX_MB` (default 64; the larger products cuBLAS already reads near
     /// the copy bandwidth).
-    /// Above those rows, up to [`Gpu::wide_gemm_max_rows`], the `gemm_wide` kernels take it
-    /// where n is a multiple of 128 and the weights at most `TANDEM_WIDE_GEMM_MAX_MB` (64).
     pub fn stream_gemm_takes(&self, m: usize, n: usize, k: usize) -> bool {
-        self.stream_tile(m, n, k).is_some()
+        self.stream_gemm_on()
+            && self.sm >= 90
+            && (2..=self.stream_gemm_max_rows()).contains(&m)
+            && n.is_multiple_of(STREAM_COLS)
+            && k.is_multiple_of(STREAM_KSTEP)
+            && 2 * n * k <= self.stream_gemm_max_bytes
     }
 
-    /// Most rows a product may have to take the `gemm_wide` kernels (0: none; at most 256).
-    pub fn wide_gemm_max_rows(&self) -> usize {
-        self.wide_gemm_rows.load(Relaxed)
-    }
-
-    /// Products of more rows than [`Gpu::stream_gemm_max_rows`], up to `rows` (at most 256),
-    /// take the `gemm_wide` kernels from now on (0: none).
-    pub fn set_wide_gemm_max_rows(&self, rows: usize) {
-        self.wide_gemm_rows.store(rows.min(WIDE_MAX_ROWS), Relaxed)
-    }
-
-    /// The stream kernel a product of `m` rows, `n` columns over `k` takes, with its columns a
-    /// CTA and rows of A; None where it stays on cuBLAS ([`Gpu::stream_gemm_takes`]).
-    fn stream_tile(&self, m: usize, n: usize, k: usize) -> Option<(&CudaFunction, usize, usize)> {
-        if !self.stream_gemm_on() || self.sm < 90 || m < 2 || !k.is_multiple_of(STREAM_KSTEP) {
-            return None;
+    /// The `gemm_stream` kernel for a tile of `rows` rows of A.
+    fn stream_kernel(&self, rows: usize) -> &CudaFunction {
+        match rows {
+            8 => &self.k.gemm_stream[0],
+            16 => &self.k.gemm_stream[1],
+            32 => &self.k.gemm_stream[2],
+            _ => &self.k.gemm_stream[3],
         }
-        let bytes = 2 * n * k;
-        if m <= self.stream_gemm_max_rows() {
-            let ok = n.is_multiple_of(STREAM_COLS) && bytes <= self.stream_gemm_max_bytes;
-            let rows = stream_tile_rows(m);
-            let f = &self.k.gemm_stream[rows.trailing_zeros() as usize - 3];
-            return ok.then_some((f, STREAM_COLS, rows));
-        }
-        let ok = m <= self.wide_gemm_max_rows()
-            && n.is_multiple_of(WIDE_COLS)
-            && bytes <= self.wide_gemm_max_bytes;
-        let rows = wide_tile_rows(m);
-        let f = &self.k.gemm_wide[WIDE_TILES.iter().position(|&t| t == rows)?];
-        ok.then_some((f, WIDE_COLS, rows))
     }
 
-    /// [`Gpu::gemm`] on a stream kernel ([`Gpu::stream_gemm_takes`]): 64 or 128 columns a CTA,
-    /// k cut into [`stream_slices`] run as one cluster.
+    /// [`Gpu::gemm`] of 2–64 rows on a `gemm_stream` kernel ([`Gpu::stream_gemm_takes`]): 64
+    /// columns a CTA, k cut into [`stream_slices`] run as one cluster.
     pub(super) fn stream_gemm(
         &self,
         mnk: (usize, usize, usize),
@@ -174,15 +135,15 @@ impl Gpu {
         unsafe { self.launch_stream(mnk, (a, w, c), mode) }
     }
 
-    /// Launches the stream kernel [`Gpu::stream_tile`] picks over `(a, w, c)` for `(m, n, k)`
-    /// with `(accumulate, out16, glu)`: grid (n / cols, slices), or (n / (cols / 2), slices)
-    /// gated, where n is the output's width and the slices are the plain product's of `n`
-    /// (gated: `2n`) columns, so a gated product adds every sum in the plain one's order.
+    /// Launches `gemm_streamR` over `(a, w, c)` for `(m, n, k)` with `(accumulate, out16, glu)`:
+    /// grid (n / 64, slices), or (n / 32, slices) gated, where n is the output's width and the
+    /// slices are the plain product's of `n` (gated: `2n`) columns, so a gated product adds
+    /// every sum in the plain one's order.
     ///
     /// # Safety
     /// gemm_streamR(const h16* a, const h16* w, void* c, int M, int N, int K, int KS,
     /// int accumulate, int out16, int glu): `a` must address m×k values, `w` n×k (gated: 2n×k),
-    /// `c` m×n (f32 unless out16); the shape one [`Gpu::stream_tile`] takes, every pointer
+    /// `c` m×n (f32 unless out16); n a multiple of 64 (gated: 32), k of 64, every pointer
     /// 16-byte aligned, so each copied chunk and each 4-column store is whole and aligned.
     unsafe fn launch_stream(
         &self,
@@ -190,33 +151,26 @@ impl Gpu {
         (a, w, c): (u64, u64, u64),
         (acc, out16, glu): (i32, i32, i32),
     ) -> Result<(), CudaError> {
-        let width = if glu != 0 { 2 * n } else { n };
-        let Some((f, cols, rows)) = self.stream_tile(m, width, k) else {
-            return Err(CudaError::Unsupported(format!("no stream kernel for {m}x{width}x{k}")));
-        };
-        let (threads, fill) = match cols {
-            WIDE_COLS => (WIDE_THREADS, self.wide_gemm_fill),
-            _ => (STREAM_THREADS, self.stream_gemm_fill),
-        };
-        let slices = stream_slices(cols, width, k, self.num_sms, fill);
-        let x = if glu != 0 { n / (cols / 2) } else { n / cols };
+        let rows = stream_tile_rows(m);
+        let (cols, width) = if glu != 0 { (STREAM_COLS / 2, 2 * n) } else { (STREAM_COLS, n) };
+        let slices = stream_slices(width, k, self.num_sms, self.stream_gemm_fill);
         let cfg = LaunchConfig {
-            grid_dim: (x as u32, slices as u32, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: stream_smem_bytes(cols, rows) as u32,
+            grid_dim: ((n / cols) as u32, slices as u32, 1),
+            block_dim: (STREAM_THREADS, 1, 1),
+            shared_mem_bytes: stream_smem_bytes(rows) as u32,
         };
         let (mi, ni, ki, ks) = (m as i32, n as i32, k as i32, (k / slices) as i32);
         let args: [&dyn super::KernelArg; 10] =
             [&a, &w, &c, &mi, &ni, &ki, &ks, &acc, &out16, &glu];
         // SAFETY: forwarded to the caller; k / slices is a whole number of stages.
-        unsafe { self.launch_cluster(f, cfg, slices as u32, &args) }
+        unsafe { self.launch_cluster(self.stream_kernel(rows), cfg, slices as u32, &args) }
     }
 
     /// Whether [`Gpu::gemm_glu`] takes a gated product of `m` rows, `f` features over `k`.
     pub fn gemm_glu_takes(&self, m: usize, f: usize, k: usize) -> bool {
-        let tile = self.stream_tile(m, 2 * f, k);
         self.use_gemm_glu.load(Relaxed)
-            && tile.is_some_and(|(_, cols, _)| f.is_multiple_of(cols / 2))
+            && f.is_multiple_of(STREAM_COLS / 2)
+            && self.stream_gemm_takes(m, 2 * f, k)
     }
 
     /// `out[m×f] = act(A · W_gateᵀ) · (A · W_upᵀ)` in the 16-bit type, `gate_up` the fused
@@ -278,29 +232,23 @@ mod tests {
     #[test]
     fn slices_fill_the_gpu_with_whole_stages() {
         // Qwen3-0.6B's products on 132 SMs, one CTA an SM wanted.
-        let c = STREAM_COLS;
-        assert_eq!(stream_slices(c, 4096, 1024, 132, 1.0), 4); // 64 tiles: 256 CTAs (2: 128)
-        assert_eq!(stream_slices(c, 6144, 1024, 132, 1.0), 2); // 96 tiles: 192
-        assert_eq!(stream_slices(c, 1024, 2048, 132, 1.0), 8); // 16 tiles: 128, the most
-        assert_eq!(stream_slices(c, 1024, 3072, 132, 1.0), 8); // 48 stages
-                                                               // Enough tiles alone: no cut.
-        assert_eq!(stream_slices(c, 65536, 1024, 132, 1.0), 1);
+        assert_eq!(stream_slices(4096, 1024, 132, 1.0), 4); // 64 tiles: 256 CTAs (2: 128)
+        assert_eq!(stream_slices(6144, 1024, 132, 1.0), 2); // 96 tiles: 192
+        assert_eq!(stream_slices(1024, 2048, 132, 1.0), 8); // 16 tiles: 128, the most
+        assert_eq!(stream_slices(1024, 3072, 132, 1.0), 8); // 48 stages
+                                                            // Enough tiles alone: no cut.
+        assert_eq!(stream_slices(65536, 1024, 132, 1.0), 1);
         // The SmolLM2 shape's k of 576 is 9 stages: 3 slices of 3, not a power of two.
-        assert_eq!(stream_slices(c, 960, 576, 132, 1.0), 3);
-        assert_eq!(stream_slices(c, 576, 1536, 132, 1.0), 8);
+        assert_eq!(stream_slices(960, 576, 132, 1.0), 3);
+        assert_eq!(stream_slices(576, 1536, 132, 1.0), 8);
         // No slice shorter than a stage.
-        assert_eq!(stream_slices(c, 64, 128, 132, 1.0), 2);
-        assert_eq!(stream_slices(c, 64, 64, 132, 1.0), 1);
-        // Wide CTAs: half as many tiles, so more slices.
-        assert_eq!(stream_slices(WIDE_COLS, 4096, 1024, 132, 1.0), 8); // 32 tiles: 256
-        assert_eq!(stream_slices(WIDE_COLS, 6144, 1024, 132, 1.0), 4); // 48 tiles: 192
-        for cols in [STREAM_COLS, WIDE_COLS] {
-            for (n, k) in [(1024, 576), (3072, 576), (640, 1536), (4096, 4096), (128, 448)] {
-                for fill in [0.5, 1.0, 1.5, 3.0] {
-                    let s = stream_slices(cols, n, k, 132, fill);
-                    let ok = (1..=STREAM_MAX_SLICES).contains(&s) && k % (STREAM_KSTEP * s) == 0;
-                    assert!(ok, "{cols}: {n}x{k} fill {fill}: {s}");
-                }
+        assert_eq!(stream_slices(64, 128, 132, 1.0), 2);
+        assert_eq!(stream_slices(64, 64, 132, 1.0), 1);
+        for (n, k) in [(960, 576), (3072, 576), (576, 1536), (4096, 4096), (128, 448)] {
+            for fill in [0.5, 1.0, 1.5, 3.0] {
+                let s = stream_slices(n, k, 132, fill);
+                let ok = (1..=STREAM_MAX_SLICES).contains(&s) && k % (STREAM_KSTEP * s) == 0;
+                assert!(ok, "{n}x{k} fill {fill}: {s}");
             }
         }
     }
@@ -311,16 +259,8 @@ mod tests {
             let r = stream_tile_rows(m);
             assert!(r >= m && [8, 16, 32, 64].contains(&r), "{m}: {r}");
             // The f32 partial tile (rows × (64 + 4) floats) reuses the stages' memory.
-            assert!(r * (STREAM_COLS + 4) * 4 <= stream_smem_bytes(STREAM_COLS, r));
+            assert!(r * (STREAM_COLS + 4) * 4 <= stream_smem_bytes(r));
         }
-        assert_eq!(stream_smem_bytes(STREAM_COLS, 64), 65536 + 1024);
-        for m in 2..=WIDE_MAX_ROWS {
-            let r = wide_tile_rows(m);
-            assert!(r >= m && WIDE_TILES.contains(&r) && r < m + 64, "{m}: {r}");
-            let smem = stream_smem_bytes(WIDE_COLS, r);
-            assert!(r * (WIDE_COLS + 4) * 4 <= smem);
-            // Within the 227 KiB a CTA of sm_90 may have.
-            assert!(smem <= 227 * 1024, "{r}: {smem}");
-        }
+        assert_eq!(stream_smem_bytes(64), 65536 + 1024);
     }
 }

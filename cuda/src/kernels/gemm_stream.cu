@@ -1,33 +1,36 @@
-// Products of a few rows (decode steps of 2-256 sequences) with the weights streamed through
+// Products of a few rows (decode steps of 2-64 sequences) with the weights streamed through
 // shared memory: C[m, n] (+)= sum_k A[m, k] * W[n, k], A and W 16-bit row-major, C f32 or (out16)
 // the model's 16-bit type. Such a product reads each weight once and little else, so what bounds it
 // is how many bytes each SM keeps in flight, and cuBLAS's tiles at these sizes leave SMs idle.
 //
-// A CTA of WG warpgroups (`gemm_streamMT`: one, `gemm_wideMT`: two) takes COLS = 64 WG rows of W
-// (16 a warp, on the mma's M: the operands are swapped, C^T = W A^T, so the tokens fill its N)
-// against every row of A (MT: m rounded up to 8, 16, 32, 64, 128, 192 or 256; missing rows read
-// as zeros), over one slice of k. The slice goes through GS_STAGES stages of GS_KSTEP values
-// copied by cp.async, GS_STAGES - 1 of them in flight while one is multiplied (the wide kernels:
-// GS_STAGES - 2, see LAG); the weights of the first stages are requested before the kernel waits
-// for the one before it (they do not depend on it: with programmatic launches the copies overlap
-// that kernel's tail). A product cut along k runs its slices as one thread-block cluster (sm_90):
+// A CTA of GS_WARPS warps takes GS_COLS rows of W (16 a warp, on the mma's M: the operands are
+// swapped, C^T = W A^T, so 8 tokens fill its N) against every row of A (MT: m rounded up to 8,
+// 16, 32 or 64; missing rows read as zeros), over one slice of k. The slice goes through
+// GS_STAGES stages of GS_KSTEP values copied by cp.async, GS_STAGES - 1 of them in flight while one
+// is multiplied; the weights of the first stages are requested before the kernel waits for the
+// one before it (they do not depend on it: with programmatic launches the copies overlap that
+// kernel's tail). A product cut along k runs its slices as one thread-block cluster (sm_90):
 // each CTA leaves its f32 partial tile in shared memory, and after a cluster barrier each adds
 // its share of the tile's rows over every CTA of the cluster in slice order through distributed
 // shared memory, so the sum does not depend on scheduling and no partial sum goes to global
-// memory. Grid: (n / COLS, slices); cluster (1, slices, 1); block 128 WG; dynamic shared memory
-// GS_STAGES * (COLS + MT) * 128 bytes. n a multiple of COLS, k of GS_KSTEP * slices, at most 8
-// slices.
+// memory. Grid: (n / GS_COLS, slices); cluster (1, slices, 1); block 32 * GS_WARPS; dynamic
+// shared memory GS_STAGES * (GS_COLS + MT) * 128 bytes. n a multiple of GS_COLS, k of
+// GS_KSTEP * slices, at most 8 slices.
 //
 // With `glu` set (1: SwiGLU, 2: GeGLU) W is the fused gate|up matrix (2N rows: gate, then up)
-// and each CTA takes COLS / 2 gate rows and the up rows of the same features; its epilogue writes
+// and each CTA takes 32 gate rows and the 32 up rows of the same features; its epilogue writes
 // act(gate) * up in the 16-bit type, N columns, rounding gate and up to that type first, so the
 // values are bit for bit the plain product's followed by `silu_mul`, and the silu_mul kernel and
-// the round trip of gate|up through memory are gone. Grid x: N / (COLS / 2).
+// the round trip of gate|up through memory are gone. Grid x: N / 32.
 
+#define GS_WARPS 4
+#define GS_COLS (16 * GS_WARPS)
 #define GS_KSTEP 64
 #ifndef GS_STAGES
 #define GS_STAGES 4
 #endif
+// f32 row stride of the partial tile: 4 past GS_COLS, so a warp's fragment stores hit 32 banks.
+#define GS_LDC (GS_COLS + 4)
 
 #if __CUDA_ARCH__ >= 900
 // Byte offset of 16-byte chunk `ch` (of 8) in row `r` of a stage of 128-byte rows, the chunks
@@ -103,48 +106,28 @@ __device__ __forceinline__ void gs_wgmma(float (&d)[8][4], unsigned long long wd
                : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
                : "l"(wd), "l"(ad));
 }
-// The wide kernels' tiles of 128, 192 and 256 rows of A (generated: one output per register).
-__device__ __forceinline__ void gs_wgmma(float (&d)[16][4], unsigned long long wd, unsigned long long ad) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n\t"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." MMA_TYPE "." MMA_TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0; }"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-               : "l"(wd), "l"(ad));
-}
-__device__ __forceinline__ void gs_wgmma(float (&d)[24][4], unsigned long long wd, unsigned long long ad) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n\t"
-               "wgmma.mma_async.sync.aligned.m64n192k16.f32." MMA_TYPE "." MMA_TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, p, 1, 1, 0, 0; }"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3])
-               : "l"(wd), "l"(ad));
-}
-__device__ __forceinline__ void gs_wgmma(float (&d)[32][4], unsigned long long wd, unsigned long long ad) {
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n\t"
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32." MMA_TYPE "." MMA_TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0; }"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-               : "l"(wd), "l"(ad));
-}
 #else
 #define GS_WGMMA 0
 #endif
 
-// Stage `s` of this CTA's W rows into buffer `buf`: COLS rows of 8 chunks, evicted first from
-// L2 (read once a step). Rows from COLS / 2 on lie `skip` rows further (the up rows of a gated
-// product).
-template <int COLS, int THREADS>
+// Stage `s` of this CTA's W rows into buffer `buf`: GS_COLS rows of 8 chunks, evicted first
+// from L2 (read once a step). Rows from GS_COLS / 2 on lie `skip` rows further (the up rows of
+// a gated product).
 __device__ __forceinline__ void gs_load_w(unsigned sw, const h16* __restrict__ wt, int K, int skip, int s, unsigned long long policy) {
 #pragma unroll
-  for (int i = 0; i < COLS * 8 / THREADS; i++) {
-    const int q = threadIdx.x + i * THREADS, r = q >> 3, ch = q & 7;
-    const h16* src = wt + (size_t)(r + (r >= COLS / 2 ? skip : 0)) * K + s * GS_KSTEP + ch * 8;
+  for (int i = 0; i < GS_COLS * 8 / (32 * GS_WARPS); i++) {
+    const int q = threadIdx.x + i * 32 * GS_WARPS, r = q >> 3, ch = q & 7;
+    const h16* src = wt + (size_t)(r + (r >= GS_COLS / 2 ? skip : 0)) * K + s * GS_KSTEP + ch * 8;
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(sw + gs_off(r, ch)), "l"(src), "l"(policy));
   }
 }
 
 // Stage `s` of A's rows (MT of them; rows from M on zero-filled) at shared address `sa`.
-template <int MT, int THREADS>
+template <int MT>
 __device__ __forceinline__ void gs_load_a(unsigned sa, const h16* __restrict__ at, int M, int K, int s) {
 #pragma unroll
-  for (int i = 0; i < (MT * 8 + THREADS - 1) / THREADS; i++) {
-    const int q = threadIdx.x + i * THREADS, r = q >> 3, ch = q & 7;
+  for (int i = 0; i < (MT * 8 + 32 * GS_WARPS - 1) / (32 * GS_WARPS); i++) {
+    const int q = threadIdx.x + i * 32 * GS_WARPS, r = q >> 3, ch = q & 7;
     if (q < MT * 8) {
       const bool in = r < M;
       const h16* src = at + (size_t)(in ? r : 0) * K + s * GS_KSTEP + ch * 8;
@@ -153,22 +136,15 @@ __device__ __forceinline__ void gs_load_a(unsigned sa, const h16* __restrict__ a
   }
 }
 
-// The kernel for MT rows of A and WG warpgroups (COLS = 64 WG rows of W, warpgroup g taking
-// rows 64g..; two share each stage of A, so A is read from L2 once per 128 columns). With LAG
-// set the warpgroup MMA of one stage is still running when the next is issued (one group in
-// flight: the buffer refilled is the one read two stages back), so the tensor cores do not wait
-// for each stage's barrier; it keeps GS_STAGES - 2 stages in flight instead of GS_STAGES - 1.
-template <int MT, int WG, int LAG>
+template <int MT>
 __device__ __forceinline__ void gemm_stream_impl(const h16* __restrict__ a, const h16* __restrict__ w, void* __restrict__ c,
                                                  int M, int N, int K, int KS, int accumulate, int out16, int glu) {
   extern __shared__ __align__(128) unsigned char gs_smem[];
-  constexpr int COLS = 64 * WG, THREADS = 128 * WG, LDC = COLS + 4;
-  constexpr int WB = COLS * 128, SB = WB + MT * 128, NF = MT / 8;
-  constexpr int AHEAD = GS_STAGES - 1 - LAG;
+  constexpr int WB = GS_COLS * 128, SB = WB + MT * 128, NF = MT / 8;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // Plain: W rows col0.. are output columns col0..; gated: gate rows col0.., up rows N + col0...
-  const int col0 = blockIdx.x * (glu ? COLS / 2 : COLS), slice = blockIdx.y, slices = gridDim.y;
-  const int skip = glu ? N - COLS / 2 : 0;
+  const int col0 = blockIdx.x * (glu ? GS_COLS / 2 : GS_COLS), slice = blockIdx.y, slices = gridDim.y;
+  const int skip = glu ? N - GS_COLS / 2 : 0;
   const int steps = KS / GS_KSTEP;
   // Stages from the first 1,024-byte boundary (the host asks for 1,024 bytes more).
   const unsigned base = (smem_addr(gs_smem) + 1023u) & ~1023u;
@@ -178,12 +154,12 @@ __device__ __forceinline__ void gemm_stream_impl(const h16* __restrict__ a, cons
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
 
 #pragma unroll
-  for (int s = 0; s < AHEAD; s++)
-    if (s < steps) gs_load_w<COLS, THREADS>(base + s * SB, wt, K, skip, s, policy);
+  for (int s = 0; s < GS_STAGES - 1; s++)
+    if (s < steps) gs_load_w(base + s * SB, wt, K, skip, s, policy);
   asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
 #pragma unroll
-  for (int s = 0; s < AHEAD; s++) {
-    if (s < steps) gs_load_a<MT, THREADS>(base + s * SB + WB, at, M, K, s);
+  for (int s = 0; s < GS_STAGES - 1; s++) {
+    if (s < steps) gs_load_a<MT>(base + s * SB + WB, at, M, K, s);
     asm volatile("cp.async.commit_group;");
   }
 
@@ -198,32 +174,30 @@ __device__ __forceinline__ void gemm_stream_impl(const h16* __restrict__ a, cons
 #endif
   for (int step = 0; step < steps; step++) {
 #if GS_WGMMA
-    // This warp's products of the stage whose buffer is refilled below done (the last stage's,
-    // or with LAG the one before it: the wait at the end of the last iteration), this thread's
-    // copies of this stage landed and ordered before the async proxy's reads.
-    if (!LAG) asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    asm volatile("cp.async.wait_group %0;" ::"n"(AHEAD - 1));
+    // This warp's products of the last stage done (its buffer is refilled below), this
+    // thread's copies of this stage landed and ordered before the async proxy's reads.
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    asm volatile("cp.async.wait_group %0;" ::"n"(GS_STAGES - 2));
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #else
-    asm volatile("cp.async.wait_group %0;" ::"n"(AHEAD - 1));
+    asm volatile("cp.async.wait_group %0;" ::"n"(GS_STAGES - 2));
 #endif
     __syncthreads();
-    const int next = step + AHEAD;
+    const int next = step + GS_STAGES - 1;
     if (next < steps) {
       const unsigned sb = base + (next % GS_STAGES) * SB;
-      gs_load_w<COLS, THREADS>(sb, wt, K, skip, next, policy);
-      gs_load_a<MT, THREADS>(sb + WB, at, M, K, next);
+      gs_load_w(sb, wt, K, skip, next, policy);
+      gs_load_a<MT>(sb + WB, at, M, K, next);
     }
     asm volatile("cp.async.commit_group;");
     const unsigned sw = base + (step % GS_STAGES) * SB, sa = sw + WB;
 #if GS_WGMMA
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-    const unsigned long long wd = gs_desc(sw + (warp >> 2) * 64 * 128), ad = gs_desc(sa);
+    const unsigned long long wd = gs_desc(sw), ad = gs_desc(sa);
     // k 16 at a time: 32 bytes further along the rows (2 in the descriptor's 16-byte units).
 #pragma unroll
     for (int kk = 0; kk < GS_KSTEP / 16; kk++) gs_wgmma(acc, wd + 2 * kk, ad + 2 * kk);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    if (LAG) asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 #else
 #pragma unroll
     for (int kk = 0; kk < GS_KSTEP / 16; kk++) {
@@ -257,23 +231,23 @@ __device__ __forceinline__ void gemm_stream_impl(const h16* __restrict__ a, cons
 #pragma unroll
   for (int f = 0; f < NF; f++) {
     const int tok = f * 8 + 2 * t;
-    cs[tok * LDC + fc] = acc[f][0];
-    cs[(tok + 1) * LDC + fc] = acc[f][1];
-    cs[tok * LDC + fc + 8] = acc[f][2];
-    cs[(tok + 1) * LDC + fc + 8] = acc[f][3];
+    cs[tok * GS_LDC + fc] = acc[f][0];
+    cs[(tok + 1) * GS_LDC + fc] = acc[f][1];
+    cs[tok * GS_LDC + fc + 8] = acc[f][2];
+    cs[(tok + 1) * GS_LDC + fc + 8] = acc[f][3];
   }
   if (slices > 1) cluster_sync();
   else __syncthreads();
   // This CTA's rows: tokens slice, slice + slices, ...; 4 columns a thread (gated: 4 gate
   // columns and their 4 up columns).
   const int rows = M > slice ? (M - slice + slices - 1) / slices : 0;
-  const int per_row = glu ? COLS / 8 : COLS / 4;
-  for (int q = tid; q < rows * per_row; q += THREADS) {
+  const int per_row = glu ? GS_COLS / 8 : GS_COLS / 4;
+  for (int q = tid; q < rows * per_row; q += 32 * GS_WARPS) {
     const int tok = slice + (q / per_row) * slices, v = (q % per_row) * 4;
-    float4 s = gs_sum(cs + tok * LDC + v, slices);
+    float4 s = gs_sum(cs + tok * GS_LDC + v, slices);
     const size_t o = (size_t)tok * N + col0 + v;
     if (glu) {
-      const float4 u = gs_sum(cs + tok * LDC + v + COLS / 2, slices);
+      const float4 u = gs_sum(cs + tok * GS_LDC + v + GS_COLS / 2, slices);
       const unsigned g01 = (unsigned)f2h(s.x) | ((unsigned)f2h(s.y) << 16), g23 = (unsigned)f2h(s.z) | ((unsigned)f2h(s.w) << 16);
       const unsigned u01 = (unsigned)f2h(u.x) | ((unsigned)f2h(u.y) << 16), u23 = (unsigned)f2h(u.z) | ((unsigned)f2h(u.w) << 16);
       *reinterpret_cast<uint2*>(reinterpret_cast<h16*>(c) + o) = make_uint2(act_pair(g01, u01, glu == 2), act_pair(g23, u23, glu == 2));
@@ -302,31 +276,20 @@ __device__ __forceinline__ void gemm_stream_impl(const h16* __restrict__ a, cons
 }
 #endif
 
-// The wide kernels pipeline with LAG unless compiled with TANDEM_GS_WIDE_LAG0 (for comparison).
-#ifdef TANDEM_GS_WIDE_LAG0
-#define GS_WIDE_LAG 0
-#else
-#define GS_WIDE_LAG 1
-#endif
 #if __CUDA_ARCH__ >= 900
-#define GEMM_STREAM_BODY(MT, WG, LAG) gemm_stream_impl<MT, WG, LAG>(a, w, c, M, N, K, KS, accumulate, out16, glu)
+#define GEMM_STREAM_BODY(MT) gemm_stream_impl<MT>(a, w, c, M, N, K, KS, accumulate, out16, glu)
 #else
-#define GEMM_STREAM_BODY(MT, WG, LAG) \
-  do {                                \
+#define GEMM_STREAM_BODY(MT) \
+  do {                       \
   } while (0)
 #endif
-#define GEMM_STREAM_KERNEL(NAME, MT, WG, LAG)                                                                  \
-  extern "C" __global__ void __launch_bounds__(128 * WG)                                                      \
-      NAME(const h16* __restrict__ a, const h16* __restrict__ w, void* __restrict__ c, int M, int N, int K, \
-           int KS, int accumulate, int out16, int glu) {                                                     \
-    GEMM_STREAM_BODY(MT, WG, LAG);                                                                          \
+#define GEMM_STREAM_KERNEL(MT)                                                                              \
+  extern "C" __global__ void __launch_bounds__(32 * GS_WARPS)                                               \
+      gemm_stream##MT(const h16* __restrict__ a, const h16* __restrict__ w, void* __restrict__ c, int M, int N, \
+                      int K, int KS, int accumulate, int out16, int glu) {                                  \
+    GEMM_STREAM_BODY(MT);                                                                                   \
   }
-GEMM_STREAM_KERNEL(gemm_stream8, 8, 1, 0)
-GEMM_STREAM_KERNEL(gemm_stream16, 16, 1, 0)
-GEMM_STREAM_KERNEL(gemm_stream32, 32, 1, 0)
-GEMM_STREAM_KERNEL(gemm_stream64, 64, 1, 0)
-// Wide: two warpgroups, 128 columns a CTA (products of 33-256 rows).
-GEMM_STREAM_KERNEL(gemm_wide64, 64, 2, GS_WIDE_LAG)
-GEMM_STREAM_KERNEL(gemm_wide128, 128, 2, GS_WIDE_LAG)
-GEMM_STREAM_KERNEL(gemm_wide192, 192, 2, GS_WIDE_LAG)
-GEMM_STREAM_KERNEL(gemm_wide256, 256, 2, GS_WIDE_LAG)
+GEMM_STREAM_KERNEL(8)
+GEMM_STREAM_KERNEL(16)
+GEMM_STREAM_KERNEL(32)
+GEMM_STREAM_KERNEL(64)
