@@ -185,6 +185,24 @@ fn offline() -> HashMap<String, Vec<u32>> {
     out
 }
 
+/// `heard` carries `want`'s tokens in order and finishes once, with its last delivery.
+fn assert_stream(heard: &[Heard], want: &[u32], what: &str) {
+    let tokens: Vec<u32> = heard.iter().flat_map(|h| h.0.clone()).collect();
+    assert_eq!(tokens, want, "{what}");
+    assert_eq!(heard.iter().filter(|h| h.1).count(), 1, "{what} finishes once");
+    assert!(heard.last().unwrap().1, "{what}: its last delivery finishes it");
+}
+
+/// One request's deliveries between steps (`a`) and another way (`b`), pair by pair (the same
+/// steps both ways), and the launches made by `a`'s last.
+fn side_by_side<'a>(
+    a: &'a [Heard],
+    b: &'a [Heard],
+) -> (usize, impl Iterator<Item = (&'a Heard, &'a Heard)>) {
+    assert_eq!(a.len(), b.len(), "{a:?} / {b:?}");
+    (a.iter().map(|h| h.2).max().unwrap(), a.iter().zip(b))
+}
+
 #[test]
 fn outputs_handed_out_during_the_next_step_keep_every_token_in_order() {
     let want = offline();
@@ -193,19 +211,13 @@ fn outputs_handed_out_during_the_next_step_keep_every_token_in_order() {
     for (id, _, n) in PROMPTS {
         assert_eq!(want[id].len(), n, "{id}");
         for (mode, got) in [("between steps", &off), ("in step", &on)] {
-            let heard = &got[id];
-            let tokens: Vec<u32> = heard.iter().flat_map(|h| h.0.clone()).collect();
-            assert_eq!(tokens, want[id], "{id}, {mode}");
-            assert_eq!(heard.iter().filter(|h| h.1).count(), 1, "{id} finishes once, {mode}");
-            assert!(heard.last().unwrap().1, "{id}: its last delivery finishes it, {mode}");
+            assert_stream(&got[id], &want[id], &format!("{id}, {mode}"));
         }
-        // The same steps both ways: a delivery is never earlier, and where a later step was
-        // launched at all, it comes after that launch.
-        let (a, b) = (&off[id], &on[id]);
-        assert_eq!(a.len(), b.len(), "{id}");
-        let last = a.iter().map(|h| h.2).max().unwrap();
-        for (x, y) in a.iter().zip(b) {
-            assert!(y.2 >= x.2 && (x.2 == last || y.2 > x.2), "{id}: {a:?} / {b:?}");
+        // A delivery is never earlier, and where a later step was launched at all, it comes
+        // after that launch.
+        let (last, pairs) = side_by_side(&off[id], &on[id]);
+        for (x, y) in pairs {
+            assert!(y.2 >= x.2 && (x.2 == last || y.2 > x.2), "{id}: {x:?} / {y:?}");
         }
     }
 }
@@ -227,19 +239,14 @@ fn finished_outputs_handed_out_at_once_come_before_the_next_launch() {
     let off = serve(false, false, None);
     let mixed = serve(true, true, None);
     for (id, _, _) in PROMPTS {
-        let heard = &mixed[id];
-        let tokens: Vec<u32> = heard.iter().flat_map(|h| h.0.clone()).collect();
-        assert_eq!(tokens, want[id], "{id}");
-        assert!(heard.last().unwrap().1 && heard.iter().filter(|h| h.1).count() == 1, "{id}");
+        assert_stream(&mixed[id], &want[id], id);
         // Finishing deliveries as between steps; the others still one launch later where a
         // later step was launched.
-        let (a, b) = (&off[id], heard);
-        assert_eq!(a.len(), b.len(), "{id}");
-        let last = a.iter().map(|h| h.2).max().unwrap();
-        for (x, y) in a.iter().zip(b) {
+        let (last, pairs) = side_by_side(&off[id], &mixed[id]);
+        for (x, y) in pairs {
             match y.1 {
-                true => assert_eq!(y.2, x.2, "{id}: its last output at once: {a:?} / {b:?}"),
-                false => assert!(x.2 == last || y.2 > x.2, "{id}: {a:?} / {b:?}"),
+                true => assert_eq!(y.2, x.2, "{id}: its last output at once: {x:?} / {y:?}"),
+                false => assert!(x.2 == last || y.2 > x.2, "{id}: {x:?} / {y:?}"),
             }
         }
     }
