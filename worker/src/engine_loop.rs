@@ -107,9 +107,10 @@ impl LoopState {
     /// With dispatch in step on, a step's outputs that finish their requests still go out
     /// before the next step (the rest are held): a client whose stream ends sends its next
     /// request one step earlier. On by default ([`LoopState::set_dispatch_in_step`] reads
-    /// `TANDEM_DISPATCH_FINISHED_AT_ONCE=0` to keep it off): on one H100 (SmolLM2-135M shape,
-    /// random Q8_0 in f16, 2,048 requests of 108 + 128 at 256 streams, rounds alternating on
-    /// one machine) `tandem up` served 88-91 % of `bench engine`'s output tok/s in nine rounds
+    /// `TANDEM_DISPATCH_FINISHED_AT_ONCE=0` to keep it off): on one NVIDIA H100 80GB HBM3
+    /// (SmolLM2-135M shape, random Q8_0 in f16; decode and mixed-step graphs,
+    /// `attention_dec_rope64`, 2-32-row stream products, cuBLAS above, device sampling; 2,048
+    /// requests of 108 + 128 at 256 streams, rounds alternating on one machine) `tandem up` served 88-91 % of `bench engine`'s output tok/s in nine rounds
     /// with it against 84-89 % without (docs/gpu-runs/h100-2026-12-07-wide/, k126-k128).
     pub fn set_finished_at_once(&mut self, on: bool) {
         self.finished_at_once = on;
@@ -469,8 +470,9 @@ fn run(
                     // A request appears once in a step's outputs, and nothing of it is held
                     // from before: handing its last output over now keeps its order.
                     let at_once = state.finished_at_once;
-                    let (now, later) = outs.into_iter().partition(|o| at_once && o.finished);
-                    if !Vec::is_empty(&now) {
+                    let (now, later): (Vec<_>, Vec<_>) =
+                        outs.into_iter().partition(|o| at_once && o.finished);
+                    if !now.is_empty() {
                         state.dispatch(now);
                     }
                     held = later;
