@@ -13,7 +13,14 @@ tag=$(printf '%s\n' "${PACKAGES[@]}" | sha256sum | cut -c1-12)
 env_dir="$cache/pyenv-clients-$tag"
 py="$env_dir/bin/python"
 check="import openai, langchain_openai, litellm, jsonschema"
+# The imports take seconds of CPU (LiteLLM's alone ~5 s): checked once, then remembered.
+ready="$env_dir/.imports-ok"
+if [ -x "$py" ] && [ -e "$ready" ]; then
+  echo "$py"
+  exit 0
+fi
 if [ -x "$py" ] && "$py" -c "$check" >/dev/null 2>&1; then
+  touch "$ready"
   echo "$py"
   exit 0
 fi
@@ -22,6 +29,7 @@ mkdir -p "$cache"
 exec 9>"$env_dir.lock"
 flock 9
 if [ -x "$py" ] && "$py" -c "$check" >/dev/null 2>&1; then
+  touch "$ready"
   echo "$py"
   exit 0
 fi
@@ -33,4 +41,5 @@ mv "$env_dir.tmp" "$env_dir"
 # The venv's scripts hold its path; recreate the interpreter link in place after the move.
 python3 -m venv "$env_dir" >&2
 "$py" -c "$check; print('openai', openai.__version__)" >&2
+touch "$ready"
 echo "$py"

@@ -99,43 +99,35 @@ impl Drop for Proc {
     }
 }
 
-fn s(v: &[&str]) -> Vec<String> {
-    v.iter().map(|x| x.to_string()).collect()
+/// `defaults` then `extra`, less each default `--flag=value` that `extra` gives again (a test
+/// may choose its own `--listen=` or `--kernel=`).
+fn with_extra(defaults: &[&str], extra: &[&str]) -> Vec<String> {
+    let flag = |x: &str| x.split_once('=').map(|(f, _)| f.to_string());
+    let overridden: Vec<String> = extra.iter().filter_map(|x| flag(x)).collect();
+    let kept = defaults.iter().filter(|d| flag(d).is_none_or(|f| !overridden.contains(&f)));
+    kept.chain(extra).map(|x| x.to_string()).collect()
 }
 
 /// A decode worker with the exact kernels and `extra` flags.
 pub fn decode(extra: &[&str], env: &[(&str, &str)]) -> Proc {
-    let mut a = s(&[
-        "decode",
-        "--listen=127.0.0.1:0",
-        "--kernel=exact",
-        "--kv-cache-memory=128MiB",
-        "--model",
-    ]);
-    a.push(model());
-    if extra.iter().any(|x| x.starts_with("--listen=")) {
-        a.remove(1);
-    }
-    a.extend(s(extra));
-    Proc::start("decode", &a, env)
+    let model = format!("--model={}", model());
+    let defaults =
+        ["decode", "--listen=127.0.0.1:0", "--kernel=exact", "--kv-cache-memory=128MiB", &model];
+    Proc::start("decode", &with_extra(&defaults, extra), env)
 }
 
 /// A prefill worker with the exact kernels and `extra` flags.
 pub fn prefill(extra: &[&str], env: &[(&str, &str)]) -> Proc {
-    let mut a = s(&[
+    let model = format!("--model={}", model());
+    let defaults = [
         "prefill",
         "--listen=127.0.0.1:0",
         "--kernel=exact",
         "--kv-cache-memory=128MiB",
         "--max-num-batched-tokens=32",
-        "--model",
-    ]);
-    a.push(model());
-    if extra.iter().any(|x| x.starts_with("--listen=")) {
-        a.remove(1);
-    }
-    a.extend(s(extra));
-    Proc::start("prefill", &a, env)
+        &model,
+    ];
+    Proc::start("prefill", &with_extra(&defaults, extra), env)
 }
 
 /// A router over the given workers.
@@ -150,22 +142,15 @@ pub fn router_with(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Proc {
-    let mut a = s(&["router", "--listen=127.0.0.1:0", "--model"]);
-    a.push(model());
-    if extra.iter().any(|x| x.starts_with("--listen=")) {
-        a.remove(1);
+    let workers = |ps: &[&Proc]| ps.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",");
+    let model = format!("--model={}", model());
+    let decode = format!("--decode-workers={}", workers(decode));
+    let mut defaults = vec!["router", "--listen=127.0.0.1:0", &model, &decode];
+    let prefill = format!("--prefill-workers={}", workers(prefill));
+    if prefill != "--prefill-workers=" {
+        defaults.push(&prefill);
     }
-    a.push(format!(
-        "--decode-workers={}",
-        decode.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")
-    ));
-    if !prefill.is_empty() {
-        a.push(format!(
-            "--prefill-workers={}",
-            prefill.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",")
-        ));
-    }
-    a.extend(s(extra));
+    let a = with_extra(&defaults, extra);
     Proc::start("router", &a, env)
 }
 
