@@ -10,13 +10,21 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs="${1:-60}"; shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(gguf openai_request kv_page chat_template)
+all=0
+if [ ${#targets[@]} -eq 0 ]; then
+  all=1
+  targets=(gguf openai_request kv_page chat_template)
+fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked --version 0.13.2 >&2
 fi
 export RUSTC_BOOTSTRAP=1
 cd fuzz
-cargo fuzz build -O "${targets[@]/#/}" >/dev/null 2>&1 || true
+# `cargo fuzz build` takes one target or none (all): with none given, every target in one build;
+# otherwise each `cargo fuzz run` builds its own. A failed build shows again in the run.
+if [ "$all" = 1 ]; then
+  cargo fuzz build -O >/dev/null 2>&1 || true
+fi
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t" "seeds/$t" "artifacts/$t"
   echo "fuzzing $t for ${secs}s"
