@@ -145,13 +145,12 @@ pub fn router_with(
     let workers = |ps: &[&Proc]| ps.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>().join(",");
     let model = format!("--model={}", model());
     let decode = format!("--decode-workers={}", workers(decode));
+    let prefill_workers = format!("--prefill-workers={}", workers(prefill));
     let mut defaults = vec!["router", "--listen=127.0.0.1:0", &model, &decode];
-    let prefill = format!("--prefill-workers={}", workers(prefill));
-    if prefill != "--prefill-workers=" {
-        defaults.push(&prefill);
+    if !prefill.is_empty() {
+        defaults.push(&prefill_workers);
     }
-    let a = with_extra(&defaults, extra);
-    Proc::start("router", &a, env)
+    Proc::start("router", &with_extra(&defaults, extra), env)
 }
 
 /// An HTTP/1.1 response.
