@@ -332,6 +332,22 @@ pub(crate) async fn stream_task(
                 continue;
             }
             let stop = responses::stop_reason(d);
+            if !p.logprobs {
+                // The common case, once a token: written without a `Value` tree.
+                let json = responses::text_chunk_json(
+                    p.ep,
+                    &h,
+                    i,
+                    &d.text,
+                    finish,
+                    &stop,
+                    timing.as_ref(),
+                );
+                offsets[i] += d.text.len();
+                tokens[i] += d.token_ids.len();
+                send!(Event::default().data(json));
+                continue;
+            }
             let c = responses::chunk_choice(
                 p.ep,
                 tok,

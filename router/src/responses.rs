@@ -337,6 +337,69 @@ pub fn chunk_choice(
     }
 }
 
+/// A streamed chunk of one choice's plain text delta (no log-probabilities, no tool calls),
+/// written straight to JSON: the same bytes as `chunk(ep, h, vec![chunk_choice(..)])` with
+/// `timing` set when given, without building a `Value` tree for every token.
+pub fn text_chunk_json(
+    ep: Endpoint,
+    h: &Header,
+    index: usize,
+    text: &str,
+    finish: Option<&str>,
+    stop_reason: &Value,
+    timing: Option<&Value>,
+) -> String {
+    let chat = ep == Endpoint::Chat;
+    let c = TextChunk {
+        id: h.id,
+        object: if chat { "chat.completion.chunk" } else { "text_completion" },
+        created: h.created,
+        model: h.model,
+        choices: [TextChoice {
+            index,
+            text: (!chat).then_some(text),
+            delta: chat.then(|| Delta {
+                content: (!(text.is_empty() && finish.is_some())).then_some(text),
+            }),
+            logprobs: (),
+            finish_reason: finish,
+            stop_reason,
+        }],
+        timing,
+    };
+    serde_json::to_string(&c).unwrap_or_default()
+}
+
+#[derive(serde::Serialize)]
+struct TextChunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [TextChoice<'a>; 1],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timing: Option<&'a Value>,
+}
+
+#[derive(serde::Serialize)]
+struct TextChoice<'a> {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delta: Option<Delta<'a>>,
+    /// Always `null` here.
+    logprobs: (),
+    finish_reason: Option<&'a str>,
+    stop_reason: &'a Value,
+}
+
+#[derive(serde::Serialize)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+}
+
 /// The chat stream's opening choice: the assistant role with empty content.
 pub fn chat_role_choice(index: usize) -> Value {
     json!({ "index": index, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null })
@@ -345,6 +408,42 @@ pub fn chat_role_choice(index: usize) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_chunks_written_directly_match_the_value_built_ones() {
+        // Without log-probabilities the tokenizer is not consulted.
+        let tok = Tokenizer::ids_only();
+        let h = Header { id: "cmpl-1\"x", created: 1_796_000_000, model: "m/ü" };
+        let timing = json!({ "queue_time_ms": 1.5, "total_time_ms": 9.0 });
+        for ep in [Endpoint::Completions, Endpoint::Chat] {
+            for text in ["", "Hello", "a \"quote\"\n\ttab \u{1F600} \\ \u{1}"] {
+                for finish in [None, Some("stop"), Some("length")] {
+                    for stop in [Value::Null, Value::from(7u32), Value::from("</s>")] {
+                        for t in [None, Some(&timing)] {
+                            let c = chunk_choice(
+                                ep,
+                                &tok,
+                                3,
+                                text,
+                                &[],
+                                false,
+                                0,
+                                finish,
+                                stop.clone(),
+                            );
+                            let mut v = chunk(ep, &h, vec![c]);
+                            if let Some(t) = t {
+                                v["timing"] = t.clone();
+                            }
+                            let want = serde_json::to_string(&Wire(&v)).unwrap();
+                            let got = text_chunk_json(ep, &h, 3, text, finish, &stop, t);
+                            assert_eq!(got, want, "{ep:?} {text:?} {finish:?} {stop} {t:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn completion_top_logprobs_keep_probability_order_on_the_wire() {
