@@ -356,7 +356,7 @@ pub struct MixedShape {
 pub struct MixedLimits {
     /// Steps of more rows than this never split contexts (the backend's `SPLIT_ROWS`).
     pub split_rows: usize,
-    /// CTAs [`attention_splits`] aims at (two per SM).
+    /// The most CTAs [`attention_splits`] aims at ([`split_ctas_per_sm_max`] per SM).
     pub split_ctas: usize,
     /// KV heads (one CTA each per tile entry).
     pub num_kv_heads: usize,
@@ -453,7 +453,11 @@ fn page(blk: u32) -> i32 {
 }
 
 /// How many ways the attention kernels split each context of a pass: enough CTAs to fill the
-/// GPU (about two per SM), never a split shorter than 128 positions, at most 16. (Cutting long
+/// GPU — about two per SM, or up to four per SM where three pieces or fewer get there (on an
+/// H100, 64 sequences × 8 KV heads cut in 2 instead of whole: the Llama-3-8B shape's decode
+/// step 1.3 % faster, Qwen3-0.6B's 1 % and at mixed contexts 2 %; cutting 16 sequences in 5
+/// instead of 3 was 2–3 % slower; docs/gpu-runs/h100-2026-12-07b-landed/2-k130/) — never a
+/// split shorter than 128 positions, at most 16. (Cutting long
 /// contexts into more splits than short ones, for CTAs of equal length, measured slower on an
 /// H100 — docs/gpu-runs/2026-11-27-split-merge/ — and on an H200 at 32 or more sequences; decode
 /// graphs of up to 16 cut that way on this rule's grid: [`BatchPlan::split_balanced`].)
@@ -464,16 +468,27 @@ pub fn attention_splits(
     num_sms: usize,
 ) -> usize {
     let ctas = (num_tiles * num_kv_heads).max(1);
-    let want = (split_ctas_per_sm() * num_sms).div_ceil(ctas);
+    let want = match split_ctas_per_sm() {
+        Some(n) => (n * num_sms).div_ceil(ctas),
+        None => (2 * num_sms).div_ceil(ctas).max((4 * num_sms).div_ceil(ctas).min(3)),
+    };
     let by_len = max_context.div_ceil(MIN_PIECE).max(1);
     want.min(by_len).clamp(1, MAX_SPLITS)
 }
 
-/// CTAs per SM [`attention_splits`] aims at: 2, or `TANDEM_SPLIT_CTAS_PER_SM` (1 to 8) for
-/// comparison.
-pub fn split_ctas_per_sm() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| env_count("TANDEM_SPLIT_CTAS_PER_SM", |n| (1..=8).contains(n), 2))
+/// `TANDEM_SPLIT_CTAS_PER_SM` (1 to 8): [`attention_splits`] aims at exactly that many CTAs an
+/// SM instead of its own rule, for comparison.
+pub fn split_ctas_per_sm() -> Option<usize> {
+    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        let n = env_count("TANDEM_SPLIT_CTAS_PER_SM", |n| (1..=8).contains(n), 0);
+        (n > 0).then_some(n)
+    })
+}
+
+/// The most CTAs per SM [`attention_splits`] can aim at (what the split buffers are sized for).
+pub fn split_ctas_per_sm_max() -> usize {
+    split_ctas_per_sm().unwrap_or(4)
 }
 
 /// The batch sizes that get a captured decode graph: 1, 2, 4, 8, then every 16 up to `max`.

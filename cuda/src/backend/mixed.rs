@@ -42,7 +42,7 @@ impl CudaBackend {
         let long_min = self.opts.long_prompt_min_tokens;
         let lim = MixedLimits {
             split_rows: SPLIT_ROWS,
-            split_ctas: plan::split_ctas_per_sm() * self.gpu.num_sms,
+            split_ctas: plan::split_ctas_per_sm_max() * self.gpu.num_sms,
             num_kv_heads: self.cfg.num_kv_heads,
             long_tile_tokens: (plan::prefill_rows() / self.group()).max(1),
             long_min,

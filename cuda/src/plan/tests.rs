@@ -296,7 +296,7 @@ fn mixed_grids_hold_every_plan_of_their_rows() {
     for (nkv, sms, group) in [(3, 132, 3), (8, 132, 2), (8, 78, 4), (1, 132, 8)] {
         let lim = MixedLimits {
             split_rows: 512,
-            split_ctas: 2 * sms,
+            split_ctas: split_ctas_per_sm_max() * sms,
             num_kv_heads: nkv,
             long_tile_tokens: 64 / group,
             long_min: 64,
@@ -332,6 +332,13 @@ fn sizing_rules() {
     assert_eq!(attention_splits(1, 8, 300, 132), 3);
     // A big batch already fills the GPU.
     assert_eq!(attention_splits(256, 8, 1024, 132), 1);
+    // About two CTAs an SM, or up to four where three pieces or fewer get there: 16 sequences
+    // × 8 KV heads in 3 (not 5), 32 in 3, 48 and 64 in 2, 96 whole.
+    if split_ctas_per_sm().is_none() {
+        let cuts: Vec<usize> =
+            [16, 32, 48, 64, 96].map(|b| attention_splits(b, 8, 1024, 132)).to_vec();
+        assert_eq!(cuts, vec![3, 3, 2, 2, 1]);
+    }
     // 80 units, 50 % allowed, 10 used by weights, slack 2: 28 units of pool.
     assert_eq!(kv_blocks_for(80_000, 70_000, 10_000, 0.5, 2_000, 1_000), 28);
     // A second process at 40 % after the first took 40 of the 80: its own 40 % still fits.
