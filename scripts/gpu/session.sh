@@ -1,5 +1,5 @@
 # Helpers for one device run's script (sourced on the GPU host, in the repository root): unpack
-# the binaries carried in .gpu/c (tandem-gpu.xz, tandem.xz, configs/, w.json; see docs/gpu.md),
+# the binaries carried in .gpu/c (tandem-gpu.xz, tandem.xz, configs/, w.json; see docs/gpu-benchmarks.md),
 # then run sections whose one-line summaries go to stdout and whose logs go to $OUT/logs.
 #
 #   source scripts/gpu/session.sh
