@@ -332,40 +332,32 @@ pub(crate) async fn stream_task(
                 continue;
             }
             let stop = responses::stop_reason(d);
-            if !p.logprobs {
-                // The common case, once a token: written without a `Value` tree.
-                let json = responses::text_chunk_json(
+            let event = if p.logprobs {
+                let c = responses::chunk_choice(
                     p.ep,
-                    &h,
+                    tok,
                     i,
                     &d.text,
+                    &d.logprobs,
+                    true,
+                    offsets[i],
                     finish,
-                    &stop,
-                    timing.as_ref(),
+                    stop,
                 );
-                offsets[i] += d.text.len();
-                tokens[i] += d.token_ids.len();
-                send!(Event::default().data(json));
-                continue;
-            }
-            let c = responses::chunk_choice(
-                p.ep,
-                tok,
-                i,
-                &d.text,
-                &d.logprobs,
-                p.logprobs,
-                offsets[i],
-                finish,
-                stop,
-            );
+                let mut chunk = responses::chunk(p.ep, &h, vec![c]);
+                if let Some(t) = timing {
+                    chunk["timing"] = t;
+                }
+                sse_data(&chunk)
+            } else {
+                // The common case, once a token: written without a `Value` tree.
+                let (ep, t) = (p.ep, timing.as_ref());
+                Event::default()
+                    .data(responses::text_chunk_json(ep, &h, i, &d.text, finish, &stop, t))
+            };
             offsets[i] += d.text.len();
             tokens[i] += d.token_ids.len();
-            let mut chunk = responses::chunk(p.ep, &h, vec![c]);
-            if let Some(t) = timing {
-                chunk["timing"] = t;
-            }
-            send!(sse_data(&chunk));
+            send!(event);
         }
     }
     if finished.iter().any(|f| !f) {
