@@ -382,7 +382,7 @@ impl LLMEngine {
                 ended.push(seq);
             }
         }
-        let out = self.request_output(request_id, &mut ended, true);
+        let out = self.request_output(request_id.to_string(), &mut ended, true);
         self.pending.extend(out);
         self.wipe_freed();
         true
@@ -394,11 +394,11 @@ impl LLMEngine {
     /// `None` when nothing changed.
     fn request_output(
         &mut self,
-        request_id: &str,
+        request_id: String,
         ended: &mut [Sequence],
         abort: bool,
     ) -> Option<RequestOutput> {
-        let req = self.requests.get_mut(request_id)?;
+        let req = self.requests.get_mut(request_id.as_str())?;
         let mut outputs: Vec<CompletionOutput> = Vec::new();
         let mut metrics = RequestMetrics::default();
         for id in &req.seq_ids {
@@ -428,14 +428,14 @@ impl LLMEngine {
             _ => None,
         };
         if done {
-            self.requests.remove(request_id);
+            self.requests.remove(request_id.as_str());
         }
         if outputs.is_empty() && !done {
             return None;
         }
         outputs.sort_by_key(|o| o.index);
         Some(RequestOutput {
-            request_id: request_id.to_string(),
+            request_id,
             prompt_token_ids,
             outputs,
             finished: done,
@@ -711,24 +711,26 @@ impl LLMEngine {
             }
         }
         let mut results = std::mem::take(&mut self.pending);
-        // Each changed request once, in the order of its first changed sequence.
+        // Each changed request once, in the order of its first changed sequence (only requests
+        // of several sequences can come twice: the others skip the set).
         let mut touched: Vec<String> = Vec::with_capacity(update.updated.len());
-        let mut seen: HashSet<&str> = HashSet::with_capacity(update.updated.len());
+        let mut seen: HashSet<&str> = HashSet::new();
         for id in &update.updated {
-            let rid = match self.scheduler.seqs.get(id) {
-                Some(s) => &s.request_id,
+            let seq = match self.scheduler.seqs.get(id) {
+                Some(s) => s,
                 None => match update.finished.iter().find(|s| s.seq_id == *id) {
-                    Some(s) => &s.request_id,
+                    Some(s) => s,
                     None => continue,
                 },
             };
-            if seen.insert(rid) {
-                touched.push(rid.clone());
+            let several = seq.params.n > 1 || seq.params.beam_search.is_some();
+            if !several || seen.insert(&seq.request_id) {
+                touched.push(seq.request_id.clone());
             }
         }
         drop(seen);
         for rid in touched {
-            results.extend(self.request_output(&rid, &mut update.finished, false));
+            results.extend(self.request_output(rid, &mut update.finished, false));
         }
         results
     }

@@ -188,7 +188,7 @@ impl LLMEngine {
         let plan = SchedulerOutput::default();
         let update = self.scheduler.update_from_output(&plan, vec![first], &self.tokenizer, now)?;
         let mut ended = update.finished;
-        let out = self.request_output(request_id, &mut ended, false);
+        let out = self.request_output(request_id.to_string(), &mut ended, false);
         self.pending.extend(out);
         self.wipe_freed();
         Ok(())
