@@ -194,19 +194,16 @@ impl pb::decode_worker_server::DecodeWorker for DecodeService {
                             }
                         }
                     };
-                    // The event goes to the stream through the courier: one hand-over per
+                    // The events go to the stream through the courier: one hand-over per
                     // step from the engine thread, the message built on the runtime.
                     s.subscribe(
                         &id,
-                        Box::new(move |_, ev| {
-                            let tx = sink_tx.clone();
-                            courier.defer(Box::new(move || {
-                                let _ = tx.send(match ev {
-                                    EngineEvent::Output(o) => Ok(response(&o, sink_label)),
-                                    EngineEvent::Failed(msg) => Err(Status::internal(msg)),
-                                });
-                            }));
-                        }),
+                        courier.sink(Box::new(move |ev| {
+                            let _ = sink_tx.send(match ev {
+                                EngineEvent::Output(o) => Ok(response(&o, sink_label)),
+                                EngineEvent::Failed(msg) => Err(Status::internal(msg)),
+                            });
+                        })),
                     );
                     Ok::<_, tandem_engine::EngineError>(placement)
                 })

@@ -33,12 +33,22 @@ pub enum EngineEvent {
 /// before the next step starts).
 pub type Sink = Box<dyn FnMut(&LLMEngine, EngineEvent) + Send>;
 
+/// A request's sink and when it last heard a token (for the inter-token histogram): one map
+/// entry, so each output costs one lookup.
+struct Subscriber {
+    sink: Sink,
+    last_token: Option<Instant>,
+}
+
 /// The engine and the subscribers of its requests, as seen by closures run on its thread.
 pub struct LoopState {
     /// The engine.
     pub engine: LLMEngine,
-    sinks: HashMap<String, Sink>,
+    sinks: HashMap<String, Subscriber>,
+    /// When requests without a subscriber last made a token.
     last_token: HashMap<String, Instant>,
+    /// A request was aborted or failed since the held outputs were checked.
+    dropped_since_held: bool,
     kv_sink: Option<KvEventSink>,
     kv_seq: u64,
     /// Whether this engine sets the worker's engine gauges (the start-up model's engine; a
@@ -70,24 +80,30 @@ impl LoopState {
 
     /// Routes the events of `request_id` to `sink` until it finishes.
     pub fn subscribe(&mut self, request_id: &str, sink: Sink) {
-        self.sinks.insert(request_id.to_string(), sink);
+        self.sinks.insert(request_id.to_string(), Subscriber { sink, last_token: None });
     }
 
     /// Fails a request: its subscriber hears `message`, and the request is aborted with its
     /// blocks freed.
     pub fn fail(&mut self, request_id: &str, message: &str) {
         if let Some(mut s) = self.sinks.remove(request_id) {
-            s(&self.engine, EngineEvent::Failed(message.to_string()));
+            (s.sink)(&self.engine, EngineEvent::Failed(message.to_string()));
+            drop(s);
             crate::outbox::flush();
         }
         self.engine.abort_request(request_id);
         self.last_token.remove(request_id);
+        self.dropped_since_held = true;
     }
 
     /// Aborts a request quietly (its client is gone); returns whether it was known.
     pub fn abort(&mut self, request_id: &str) -> bool {
-        self.sinks.remove(request_id);
+        if self.sinks.remove(request_id).is_some() {
+            // A courier's stream closes with its sink: handed over now, not at the next step.
+            crate::outbox::flush();
+        }
         self.last_token.remove(request_id);
+        self.dropped_since_held = true;
         self.engine.abort_request(request_id) | self.engine.release_prefill(request_id)
     }
 
@@ -131,7 +147,7 @@ impl LoopState {
 
 /// Hands `outs` to their requests' sinks (see [`Sink`]) and counts their tokens.
 fn deliver(
-    sinks: &mut HashMap<String, Sink>,
+    sinks: &mut HashMap<String, Subscriber>,
     last_token: &mut HashMap<String, Instant>,
     engine: &LLMEngine,
     outs: Vec<RequestOutput>,
@@ -139,23 +155,29 @@ fn deliver(
     let now = Instant::now();
     for out in outs {
         let new_tokens: usize = out.outputs.iter().map(|c| c.token_ids.len()).sum();
+        // A finished request's subscriber leaves the map; the others are looked up once.
+        let mut removed = None;
+        let mut sub = if out.finished {
+            removed = sinks.remove(out.request_id.as_str());
+            removed.as_mut()
+        } else {
+            sinks.get_mut(out.request_id.as_str())
+        };
         // Each token is counted once across roles, where it was computed: a remotely
         // prefilled request's prompt and first token belong to the prefill worker's counts.
         let mut generated = new_tokens;
         if new_tokens > 0 {
-            match last_token.get_mut(&out.request_id) {
-                Some(prev) => {
-                    m::observe_inter_token(
-                        now.duration_since(*prev).as_secs_f64() / new_tokens as f64,
-                    );
-                    *prev = now;
-                }
-                None => {
-                    last_token.insert(out.request_id.clone(), now);
-                    if out.metrics.remote_prefill {
-                        generated -= 1;
-                    }
-                }
+            let prev = match sub.as_deref_mut() {
+                Some(s) => s.last_token.replace(now),
+                None if out.finished => last_token.remove(out.request_id.as_str()),
+                None => last_token.insert(out.request_id.clone(), now),
+            };
+            match prev {
+                Some(prev) => m::observe_inter_token(
+                    now.duration_since(prev).as_secs_f64() / new_tokens as f64,
+                ),
+                None if out.metrics.remote_prefill => generated -= 1,
+                None => {}
             }
         }
         m::count_generation_tokens(generated as u64);
@@ -164,16 +186,14 @@ fn deliver(
             for c in &out.outputs {
                 m::count_success(c.finish_reason.map_or("abort", |r| r.as_str()));
             }
-            last_token.remove(&out.request_id);
+            if sub.is_none() {
+                last_token.remove(out.request_id.as_str());
+            }
         }
-        let finished = out.finished;
-        let id = out.request_id.clone();
-        if let Some(sink) = sinks.get_mut(&id) {
-            sink(engine, EngineEvent::Output(out));
+        if let Some(s) = sub {
+            (s.sink)(engine, EngineEvent::Output(out));
         }
-        if finished {
-            sinks.remove(&id);
-        }
+        drop(removed);
     }
     // Sinks that deferred their deliveries: handed over once for the whole step.
     crate::outbox::flush();
@@ -227,6 +247,7 @@ impl EngineHandle {
             engine,
             sinks: HashMap::new(),
             last_token: HashMap::new(),
+            dropped_since_held: false,
             kv_sink,
             kv_seq: 0,
             gauges,
@@ -424,7 +445,9 @@ fn run(
         }
         let step_started = Instant::now();
         // Requests aborted since their outputs were held have no sink left to hear them.
-        held.retain(|o| state.sinks.contains_key(&o.request_id));
+        if std::mem::take(&mut state.dropped_since_held) {
+            held.retain(|o| state.sinks.contains_key(&o.request_id));
+        }
         let mut hold = Some(std::mem::take(&mut held));
         let LoopState { engine, sinks, last_token, .. } = &mut *state;
         let stepped = engine.step_with(&mut |e| {

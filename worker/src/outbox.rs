@@ -1,104 +1,205 @@
-//! Hand-over of a step's outputs from the engine thread to the async tasks that stream them, in
+//! Hand-over of a step's events from the engine thread to the async tasks that stream them, in
 //! one message per step instead of one per request.
 //!
 //! Waking a task of the async runtime from the engine thread may cost a system call (a parked
 //! worker thread is unparked); with hundreds of streams that was a wake-up per stream per step,
-//! on the thread every step waits for. A sink instead [`Courier::defer`]s its delivery: it goes
-//! into the engine thread's outbox, which [`flush`] (called once the step's outputs are
-//! dispatched) hands to each courier in one message; the courier's task then runs the
-//! deliveries, in order, on the runtime.
+//! on the thread every step waits for. A [`Courier`] instead owns each stream's *target* (what
+//! runs on the runtime with the stream's events: build the message, send it) and the engine
+//! thread only queues `(stream, event)` pairs in its outbox, which [`flush`] (called once the
+//! step's outputs are dispatched) hands to each courier in one message. Per event the engine
+//! thread moves the event into a vector: no allocation of its own, and no reference count
+//! shared with the runtime's threads is touched (a cloned sender or a boxed closure per event
+//! each cost a cache line that the runtime's threads then take back).
 
 use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
-/// A delivery: sends one event to one stream.
-pub type Delivery = Box<dyn FnOnce() + Send>;
+use crate::engine_loop::{EngineEvent, Sink};
 
-type Batch = Vec<Delivery>;
+/// What runs on a courier's task with each event of one stream, in order.
+pub type Target = Box<dyn FnMut(EngineEvent) + Send>;
 
-thread_local! {
-    static OUTBOX: RefCell<Vec<(UnboundedSender<Batch>, Delivery)>> = const { RefCell::new(Vec::new()) };
+/// One entry of a courier's batch.
+enum Msg {
+    /// A stream's target, before any of its events.
+    Open(u64, Target),
+    /// One event of a stream.
+    Event(u64, EngineEvent),
+    /// The stream ended (its sink was dropped): its target is dropped.
+    Close(u64),
 }
 
-/// A task on an async runtime that runs deliveries handed over from the engine thread.
+type Batch = Vec<Msg>;
+
+thread_local! {
+    /// This thread's queued messages, one batch per courier in the order each was first used.
+    static OUTBOX: RefCell<Vec<(UnboundedSender<Batch>, Batch)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A task on an async runtime that runs the targets of streams fed from the engine thread.
 #[derive(Clone)]
 pub struct Courier {
     tx: UnboundedSender<Batch>,
+    next: Arc<AtomicU64>,
 }
 
 impl Courier {
     /// Starts a courier on the current runtime (call it from inside one); it ends when every
-    /// handle is dropped.
+    /// handle and every sink made by [`Courier::sink`] is dropped.
     pub fn spawn() -> Courier {
         let (tx, mut rx) = unbounded_channel::<Batch>();
         tokio::spawn(async move {
+            let mut streams: HashMap<u64, Target> = HashMap::new();
             while let Some(batch) = rx.recv().await {
-                for d in batch {
-                    d();
+                for m in batch {
+                    match m {
+                        Msg::Open(key, target) => {
+                            streams.insert(key, target);
+                        }
+                        Msg::Event(key, ev) => {
+                            if let Some(target) = streams.get_mut(&key) {
+                                target(ev);
+                            }
+                        }
+                        Msg::Close(key) => {
+                            streams.remove(&key);
+                        }
+                    }
                 }
             }
         });
-        Courier { tx }
+        Courier { tx, next: Arc::new(AtomicU64::new(0)) }
     }
 
-    /// Queues `d` in this thread's outbox, for the next [`flush`].
-    pub fn defer(&self, d: Delivery) {
-        OUTBOX.with(|o| o.borrow_mut().push((self.tx.clone(), d)));
+    /// Opens a stream whose events run `target` on this courier's task, in order, handed over
+    /// at the next [`flush`]; dropping the returned end drops the target after the events
+    /// queued before. Call it on the thread that sends the events (the engine thread): the
+    /// target goes into that thread's outbox ahead of them.
+    pub fn open(&self, target: Target) -> Stream {
+        let key = self.next.fetch_add(1, Ordering::Relaxed);
+        queue(&self.tx, Msg::Open(key, target));
+        Stream { tx: self.tx.clone(), key }
+    }
+
+    /// [`Courier::open`] as a sink for the engine loop (see [`crate::engine_loop::LoopState::subscribe`]).
+    pub fn sink(&self, target: Target) -> Sink {
+        let stream = self.open(target);
+        Box::new(move |_, ev| stream.send(ev))
     }
 }
 
-/// Hands every delivery queued on this thread to its courier, one message per courier and in
-/// the order they were queued; a courier whose runtime is gone has its deliveries run here.
+/// The sending end of one stream of a [`Courier`]: closes the stream when dropped.
+pub struct Stream {
+    tx: UnboundedSender<Batch>,
+    key: u64,
+}
+
+impl Stream {
+    /// Queues `ev` in this thread's outbox, for the next [`flush`].
+    pub fn send(&self, ev: EngineEvent) {
+        queue(&self.tx, Msg::Event(self.key, ev));
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        queue(&self.tx, Msg::Close(self.key));
+    }
+}
+
+/// Adds `m` to this thread's batch for the courier behind `tx` (the sender is cloned only for
+/// the first message of a flush).
+fn queue(tx: &UnboundedSender<Batch>, m: Msg) {
+    // At thread exit the outbox may be gone: the message goes with it (its courier's task
+    // drops its targets when its last sender goes).
+    let _ = OUTBOX.try_with(|o| {
+        let mut o = o.borrow_mut();
+        match o.iter_mut().find(|(t, _)| t.same_channel(tx)) {
+            Some((_, batch)) => batch.push(m),
+            None => o.push((tx.clone(), vec![m])),
+        }
+    });
+}
+
+/// Hands every message queued on this thread to its courier, one message per courier, in the
+/// order they were queued. A courier whose runtime is gone drops them (with their targets, so
+/// their streams' receivers see the streams end).
 pub fn flush() {
     let queued = OUTBOX.with(|o| std::mem::take(&mut *o.borrow_mut()));
-    let mut it = queued.into_iter().peekable();
-    while let Some((tx, first)) = it.next() {
-        let mut batch = vec![first];
-        while let Some((_, d)) = it.next_if(|(t, _)| t.same_channel(&tx)) {
-            batch.push(d);
-        }
-        if let Err(e) = tx.send(batch) {
-            e.0.into_iter().for_each(|d| d());
-        }
+    for (tx, batch) in queued {
+        let _ = tx.send(batch);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tandem_engine::RequestOutput;
 
-    /// Deliveries arrive in order, one hand-over per flush, and none is lost when the courier's
-    /// runtime has ended.
+    fn output(id: &str, finished: bool) -> EngineEvent {
+        EngineEvent::Output(RequestOutput {
+            request_id: id.to_string(),
+            prompt_token_ids: Arc::new(vec![1, 2]),
+            outputs: Vec::new(),
+            finished,
+            prompt_logprobs: None,
+            metrics: Default::default(),
+        })
+    }
+
+    /// Each stream's events arrive in order, one hand-over per flush; dropping a stream's end
+    /// drops its target (its sender goes, so its receiver sees the end) after the events
+    /// queued before.
     #[test]
-    fn deliveries_arrive_in_order_and_survive_a_gone_runtime() {
+    fn events_arrive_in_order_and_a_dropped_stream_ends() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
         let courier = rt.block_on(async { Courier::spawn() });
-        let (tx, mut rx) = unbounded_channel::<u32>();
-        for i in 0..100 {
-            let tx = tx.clone();
-            courier.defer(Box::new(move || {
-                let _ = tx.send(i);
-            }));
+        let mut receivers = Vec::new();
+        let mut streams = Vec::new();
+        for _ in 0..3 {
+            let (tx, rx) = unbounded_channel::<(usize, String)>();
+            let mut n = 0;
+            streams.push(courier.open(Box::new(move |ev| {
+                if let EngineEvent::Output(o) = ev {
+                    let _ = tx.send((n, o.request_id));
+                    n += 1;
+                }
+            })));
+            receivers.push(rx);
+        }
+        for i in 0..50 {
+            for (s, stream) in streams.iter().enumerate() {
+                stream.send(output(&format!("{s}-{i}"), false));
+            }
         }
         // Nothing moves before the flush.
-        assert!(rx.try_recv().is_err());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(receivers.iter_mut().all(|rx| rx.try_recv().is_err()));
+        drop(streams.remove(1));
         flush();
-        let got: Vec<u32> = rt.block_on(async {
-            let mut v = Vec::new();
-            while v.len() < 100 {
-                v.push(rx.recv().await.unwrap());
+        rt.block_on(async {
+            for (s, rx) in receivers.iter_mut().enumerate() {
+                for i in 0..50 {
+                    assert_eq!(rx.recv().await, Some((i, format!("{s}-{i}"))));
+                }
             }
-            v
+            // Stream 1's end was dropped: its target (and sender) are gone.
+            assert_eq!(receivers[1].recv().await, None);
         });
-        assert_eq!(got, (0..100).collect::<Vec<_>>());
+        // Streams 0 and 2 stay open.
+        assert!(receivers[0].try_recv().is_err() && !receivers[0].is_closed());
 
+        // A courier whose runtime has ended: the flush drops its messages and targets.
         drop(rt);
-        let tx2 = tx.clone();
-        courier.defer(Box::new(move || {
-            let _ = tx2.send(7);
-        }));
+        for stream in &streams {
+            stream.send(output("late", true));
+        }
         flush();
-        assert_eq!(rx.try_recv().ok(), Some(7), "run here when the courier is gone");
+        assert!(receivers[0].is_closed() && receivers[2].is_closed());
+        assert!(receivers[0].try_recv().is_err());
     }
 }
