@@ -3,7 +3,8 @@
 # Llama of tests/data (its engine is fast enough that the router and the worker's runtime carry a
 # large share), 1,024 requests of 108 + 128 tokens at 256 streams through `tandem bench serve`,
 # per round the router's and the decode worker's CPU time (from /proc) per output token and the
-# engine thread's host phases per step (from the worker's /metrics). Compare two binaries by
+# engine thread's host phases per step and its dispatch of their outputs to the streams (from the
+# worker's /metrics). Compare two binaries by
 # alternating runs: `scripts/bench/serving_cpu_cost.sh [TANDEM] [ROUNDS]`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,7 +40,7 @@ def sums(path):
     for line in open(path):
         m = re.match(r'^(tandem_\w+?)(\{[^}]*\})? ([0-9.e+-]+)$', line.strip())
         if m:
-            ph = re.search(r'phase="(\w+)"', m.group(2) or "")
+            ph = re.search(r'(?:phase|part)="(\w+)"', m.group(2) or "")
             k = m.group(1) + (":" + ph.group(1) if ph else "")
             v[k] = v.get(k, 0.0) + float(m.group(3))
     return v
@@ -49,6 +50,7 @@ tokens = 1024 * 128
 steps = b["tandem_engine_step_seconds_count"] - a["tandem_engine_step_seconds_count"]
 us = lambda k: 1e6 * (b.get(k, 0.0) - a.get(k, 0.0)) / steps
 phases = ", ".join(f"{p} {us('tandem_engine_phase_seconds_sum:' + p):.0f}" for p in ("schedule", "forward", "update", "outputs"))
+phases += f"; dispatch {us('tandem_engine_between_steps_seconds_sum:dispatch'):.0f}"
 print(f"round {r}: {tps:,.0f} output tok/s; router {1e6 * rt / tick / tokens:.1f} us CPU a token, "
       f"decode worker {1e6 * wt / tick / tokens:.1f} (engine included); {steps:.0f} steps, per step (us): {phases}")
 PY
