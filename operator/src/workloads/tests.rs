@@ -1,4 +1,4 @@
-use super::pods::container_args;
+use super::pods::{container_args, GPU_MALLOC_TUNABLES};
 use super::*;
 use crate::crd::{InferenceServiceSpec, SpeculativeMethod, SpeculativeSpec};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -170,6 +170,41 @@ fn tensor_parallel_workers_get_their_gpus_and_flag() {
         let args = c["args"].to_string();
         assert!(args.contains(&format!("--tensor-parallel-size={gpus}")), "{name}: {args}");
     }
+}
+
+/// GPU workers get glibc's deeper thread cache unless their pod sets `GLIBC_TUNABLES`; CPU
+/// workers and the router do not.
+#[test]
+fn gpu_workers_get_the_malloc_cache_unless_their_pod_sets_it() {
+    let env_of = |objs: &[Desired], name: &str| -> Vec<(String, String)> {
+        let d = objs.iter().find(|d| d.kind == Kind::Deployment && d.name == name).unwrap();
+        d.object["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "GLIBC_TUNABLES")
+            .map(|e| (e["name"].as_str().unwrap().into(), e["value"].as_str().unwrap().into()))
+            .collect()
+    };
+    let ours = vec![("GLIBC_TUNABLES".to_string(), GPU_MALLOC_TUNABLES.to_string())];
+    let gpu = desired(
+        &isvc(
+            json!({ "prefill": { "accelerator": "nvidia" }, "decode": { "accelerator": "nvidia" } }),
+        ),
+        &[],
+    );
+    assert_eq!(env_of(&gpu, "chat-decode"), ours);
+    assert_eq!(env_of(&gpu, "chat-prefill"), ours);
+    assert!(env_of(&gpu, "chat-router").is_empty(), "the router has no GPU");
+    let cpu = desired(&isvc(json!({ "prefill": {}, "decode": {} })), &[]);
+    assert!(env_of(&cpu, "chat-decode").is_empty() && env_of(&cpu, "chat-prefill").is_empty());
+    let own = desired(
+        &isvc(json!({ "decode": { "accelerator": "nvidia", "pod": { "env": [
+            { "name": "GLIBC_TUNABLES", "value": "glibc.malloc.tcache_count=64" } ] } } })),
+        &[],
+    );
+    let want = vec![("GLIBC_TUNABLES".to_string(), "glibc.malloc.tcache_count=64".to_string())];
+    assert_eq!(env_of(&own, "chat-decode"), want, "the pod's own value, once");
 }
 
 #[test]
