@@ -19,19 +19,7 @@ use crate::metrics as m;
 pub use crate::snapshot::Snapshot;
 use crate::step_log::StepLog;
 
-/// What a request's subscriber hears.
-#[derive(Debug)]
-pub enum EngineEvent {
-    /// One step's news about the request.
-    Output(RequestOutput),
-    /// The engine failed the request (the message says why); nothing follows.
-    Failed(String),
-}
-
-/// Receives a request's events on the engine thread (it must not block), with read access to
-/// the engine as the step left it (a finished prefill-only request's pages can be read then,
-/// before the next step starts).
-pub type Sink = Box<dyn FnMut(&LLMEngine, EngineEvent) + Send>;
+pub use crate::sink::{EngineEvent, Sink};
 
 /// A request's sink and when it last heard a token (for the inter-token histogram): one map
 /// entry, so each output costs one lookup.

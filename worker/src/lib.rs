@@ -1,6 +1,8 @@
 //! What every Tandem worker process shares.
 //!
 //! - [`engine_loop`]: the engine on its own thread, driven by closures, with per-request sinks.
+//! - [`sink`]: what a request's subscriber hears; [`outbox`]: its events handed to the async
+//!   runtime once a step.
 //! - [`core_share`]: workers on the same cores take turns a step at a time.
 //! - [`snapshot`]: the engine's state as of its last step, for readers that must not wait.
 //! - [`kv`]: the KV layout of the engine on the wire.
@@ -23,6 +25,7 @@ pub mod outbox;
 pub mod process_metrics;
 pub mod redis;
 pub mod serve;
+pub mod sink;
 pub mod snapshot;
 pub mod status;
 pub mod step_log;

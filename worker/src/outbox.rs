@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
-use crate::engine_loop::{EngineEvent, Sink};
+use crate::sink::{EngineEvent, Sink};
 
 /// What runs on a courier's task with each event of one stream, in order.
 pub type Target = Box<dyn FnMut(EngineEvent) + Send>;
