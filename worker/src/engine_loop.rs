@@ -183,7 +183,7 @@ fn deliver(
         }
         drop(removed);
     }
-    // Sinks that deferred their deliveries: handed over once for the whole step.
+    // Events that courier sinks queued (see [`crate::outbox`]): handed over once for the step.
     crate::outbox::flush();
 }
 
