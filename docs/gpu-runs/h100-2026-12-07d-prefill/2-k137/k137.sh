@@ -3,7 +3,7 @@
 # (courier streams keyed by number, one subscriber lookup per output, no id copies in the engine's
 # outputs) against 1dea27f4's `tandem` (tandem-base.xz): served rounds (tandem up --device cuda
 # defaults against bench engine, 2,048 requests of 108 + 128 at 256 streams, every core),
-# alternating base, new, new, base, then two "iso" rounds. "iso" (new binaries): every process of the round
+# alternating base, new, new, base; with TAGS="... iso-1 iso-2" also "iso" rounds. "iso" (new binaries): every process of the round
 # kept off one physical core (CPU A and its SMT sibling) and the decode worker's engine thread
 # moved onto CPU A alone — whether the engine thread's host phases (2x slower served than in
 # bench engine) suffer from sharing a core.
@@ -20,7 +20,7 @@ for part in '$SIB'.split(','):
     a,_,b=part.partition('-'); sib.update(range(int(a), int(b or a)+1))
 print(','.join(str(c) for c in range($(nproc)) if c not in sib))")
 echo "engine CPU $A, its core's CPUs $SIB, the rest $REST"
-for tag in base-1 new-1 new-2 base-2 iso-1 iso-2; do
+for tag in ${TAGS:-base-1 new-1 new-2 base-2}; do
   kind=${tag%-*}
   cp .gpu/tandem/tandem-$([ $kind = base ] && echo base || echo new) .gpu/tandem/tandem
   echo "== $tag"
