@@ -113,13 +113,9 @@ fn backoff(failures: u32) -> Duration {
 }
 
 /// glibc's per-thread cache of freed blocks for every service on a GPU host: 1,024 entries a
-/// size instead of 7. A step's outputs are allocated on the engine thread and freed on the
-/// runtime's threads; with 7-entry caches those frees overflow into the engine thread's arena
-/// under its lock. On one H100 host whose engine thread ran slow (served rounds of 2,048
-/// requests at 256 streams, alternating), the decode worker's outputs phase went from 581 / 486
-/// to 175 / 272 µs a step and served / engine from 80 / 82 to 89 / 83 % with every core, 72 to
-/// 76 % on four cores (docs/gpu-runs/h100-2026-12-07c-split-rule/4-k134/). Bounded: at most
-/// 1,024 blocks of each size up to 1,032 bytes a thread. Other C libraries ignore it.
+/// size instead of 7. The operator gives its GPU worker pods the same value (its
+/// `workloads::GPU_MALLOC_TUNABLES` says why and what it measured; a test keeps the two equal:
+/// the `tandem` binary does not link the operator).
 pub(crate) const GPU_MALLOC_TUNABLES: &str = "glibc.malloc.tcache_count=1024";
 
 /// What the services start with beside their arguments: on a GPU host the router's async
@@ -403,6 +399,8 @@ mod tests {
         assert_eq!(child_env(DeviceArg::Cuda, |k| k == "GLIBC_TUNABLES"), both[..1]);
         assert!(child_env(DeviceArg::Cuda, |_| true).is_empty());
         assert!(child_env(DeviceArg::Cpu, |_| false).is_empty());
+        // The operator's GPU worker pods run with the same cache.
+        assert_eq!(GPU_MALLOC_TUNABLES, tandem_operator::workloads::GPU_MALLOC_TUNABLES);
     }
 
     /// `tandem up` as a user types it.

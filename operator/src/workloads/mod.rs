@@ -21,6 +21,7 @@ use crate::crd::{DisaggregationMode, InferenceService};
 
 mod pods;
 use pods::deployment;
+pub use pods::GPU_MALLOC_TUNABLES;
 
 /// Annotation holding the digest of the object as the operator built it.
 pub const HASH_ANNOTATION: &str = "tandem.dev/applied-hash";

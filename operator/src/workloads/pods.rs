@@ -150,13 +150,17 @@ fn resources(isvc: &InferenceService, role: Role) -> ResourceRequirements {
     r
 }
 
-/// glibc's thread cache for a GPU worker's allocator, as `tandem up --device cuda` gives its
-/// services: a step's outputs are allocated on the engine thread and freed on the async
-/// runtime's threads, whose default 7-entry caches overflow into the engine thread's arena
-/// under its lock (on one H100 host the engine thread's outputs phase went from 581 / 486 to
-/// 175 / 272 µs a step; docs/gpu-runs/h100-2026-12-07c-split-rule/4-k134/). At most 1,024
-/// blocks of each size up to 1,032 bytes a thread. A pod's own `GLIBC_TUNABLES` wins.
-pub(crate) const GPU_MALLOC_TUNABLES: &str = "glibc.malloc.tcache_count=1024";
+/// glibc's per-thread cache of freed blocks for the services on a GPU host (`tandem up --device
+/// cuda` gives it to every service; the operator to GPU worker pods whose `env` does not set
+/// `GLIBC_TUNABLES`): 1,024 entries a size instead of 7. A step's outputs are allocated on the
+/// engine thread and freed on the runtime's threads; with 7-entry caches those frees overflow
+/// into the engine thread's arena under its lock. On one H100 host whose engine thread ran slow
+/// (served rounds of 2,048 requests at 256 streams, alternating), the decode worker's outputs
+/// phase went from 581 / 486 to 175 / 272 µs a step and served / engine from 80 / 82 to 89 / 83 %
+/// with every core, 72 to 76 % on four cores (docs/gpu-runs/h100-2026-12-07c-split-rule/4-k134/).
+/// Bounded: at most 1,024 blocks of each size up to 1,032 bytes a thread. Other C libraries
+/// ignore it.
+pub const GPU_MALLOC_TUNABLES: &str = "glibc.malloc.tcache_count=1024";
 
 fn env_from_field(name: &str, path: &str) -> EnvVar {
     EnvVar {

@@ -1,4 +1,4 @@
-use super::pods::{container_args, GPU_MALLOC_TUNABLES};
+use super::pods::container_args;
 use super::*;
 use crate::crd::{InferenceServiceSpec, SpeculativeMethod, SpeculativeSpec};
 use k8s_openapi::api::apps::v1::Deployment;
