@@ -156,7 +156,11 @@ mod tests {
     /// queued before.
     #[test]
     fn events_arrive_in_order_and_a_dropped_stream_ends() {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .unwrap();
         let courier = rt.block_on(async { Courier::spawn() });
         let mut receivers = Vec::new();
         let mut streams = Vec::new();
@@ -181,14 +185,21 @@ mod tests {
         assert!(receivers.iter_mut().all(|rx| rx.try_recv().is_err()));
         drop(streams.remove(1));
         flush();
+        // A lost event or a target never dropped fails here instead of hanging the test.
+        const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
         rt.block_on(async {
             for (s, rx) in receivers.iter_mut().enumerate() {
                 for i in 0..50 {
-                    assert_eq!(rx.recv().await, Some((i, format!("{s}-{i}"))));
+                    let got =
+                        tokio::time::timeout(WAIT, rx.recv()).await.expect("every event arrives");
+                    assert_eq!(got, Some((i, format!("{s}-{i}"))));
                 }
             }
             // Stream 1's end was dropped: its target (and sender) are gone.
-            assert_eq!(receivers[1].recv().await, None);
+            let end = tokio::time::timeout(WAIT, receivers[1].recv())
+                .await
+                .expect("the dropped stream ends");
+            assert_eq!(end, None);
         });
         // Streams 0 and 2 stay open.
         assert!(receivers[0].try_recv().is_err() && !receivers[0].is_closed());
