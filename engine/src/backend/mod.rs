@@ -66,6 +66,20 @@ pub struct ForwardBatch {
     /// samples for its logits row `row` (its entry in `token_ids` is a placeholder). Only for
     /// [`ModelBackend::launch_sampled`] on a backend that [`ModelBackend::takes_deferred_tokens`].
     pub deferred: Vec<(u32, u32)>,
+    /// Block-table buffers of the sequences of a batch [`ForwardBatch::recycle`] emptied, for
+    /// the next sequences pushed.
+    spare: SpareTables,
+}
+
+/// Emptied block-table buffers a recycled [`ForwardBatch`] keeps: not part of the batch's
+/// value (two batches of the same sequences are equal whatever their spares).
+#[derive(Debug, Clone, Default)]
+struct SpareTables(Vec<Vec<u32>>);
+
+impl PartialEq for SpareTables {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Default for ForwardBatch {
@@ -121,7 +135,28 @@ impl ForwardBatch {
             logits_indices: Vec::new(),
             logits_exact: Vec::new(),
             deferred: Vec::new(),
+            spare: SpareTables::default(),
         }
+    }
+
+    /// Empties the batch for another step's, keeping every buffer (its sequences' block-table
+    /// buffers go to the spares the next sequences pushed take), so that a runner building each
+    /// step's batch in the last one's allocates nothing once batches have reached their size.
+    pub fn recycle(&mut self) {
+        self.token_ids.clear();
+        self.positions.clear();
+        self.slot_mapping.clear();
+        self.logits_indices.clear();
+        self.logits_exact.clear();
+        self.deferred.clear();
+        // Reversed, so that the next batch's i-th sequence takes this one's i-th buffer: in
+        // consecutive steps mostly the same sequence, with a table as long or one block longer.
+        let spare = &mut self.spare.0;
+        spare.extend(self.seqs.drain(..).rev().map(|s| {
+            let mut t = s.block_table;
+            t.clear();
+            t
+        }));
     }
 
     /// Appends a sequence's tokens at positions `start_pos..`, with slots derived from its
@@ -134,9 +169,40 @@ impl ForwardBatch {
         block_size: usize,
         logits: Logits,
     ) {
+        let n = tokens.len();
+        self.push_tokens(tokens.iter().copied(), n, start_pos, block_table, block_size, logits);
+    }
+
+    /// [`ForwardBatch::push_seq`] of `tokens` and one token more: the one the launched,
+    /// uncollected pass samples for its logits row `row` (a placeholder in `token_ids`, named in
+    /// `deferred`).
+    pub fn push_seq_deferred(
+        &mut self,
+        tokens: &[u32],
+        row: u32,
+        start_pos: usize,
+        block_table: &[u32],
+        block_size: usize,
+        logits: Logits,
+    ) {
+        self.deferred.push(((self.num_tokens() + tokens.len()) as u32, row));
+        let all = tokens.iter().copied().chain(std::iter::once(0));
+        self.push_tokens(all, tokens.len() + 1, start_pos, block_table, block_size, logits);
+    }
+
+    /// Appends the `query_len` tokens of `tokens` as [`ForwardBatch::push_seq`] does.
+    fn push_tokens(
+        &mut self,
+        tokens: impl Iterator<Item = u32>,
+        query_len: usize,
+        start_pos: usize,
+        block_table: &[u32],
+        block_size: usize,
+        logits: Logits,
+    ) {
         let query_start = self.token_ids.len();
         let groups = self.kv_groups;
-        for (i, &t) in tokens.iter().enumerate() {
+        for (i, t) in tokens.enumerate() {
             let pos = start_pos + i;
             self.token_ids.push(t);
             self.positions.push(pos as u32);
@@ -154,15 +220,17 @@ impl ForwardBatch {
                 self.logits_exact.push(true);
             }
         }
-        if matches!(logits, Logits::Last | Logits::LastExact) && !tokens.is_empty() {
-            self.logits_indices.push(query_start + tokens.len() - 1);
+        if matches!(logits, Logits::Last | Logits::LastExact) && query_len > 0 {
+            self.logits_indices.push(query_start + query_len - 1);
             self.logits_exact.push(logits == Logits::LastExact);
         }
+        let mut table = self.spare.0.pop().unwrap_or_default();
+        table.extend_from_slice(block_table);
         self.seqs.push(SeqSlice {
             query_start,
-            query_len: tokens.len(),
-            context_len: start_pos + tokens.len(),
-            block_table: block_table.to_vec(),
+            query_len,
+            context_len: start_pos + query_len,
+            block_table: table,
         });
     }
 
@@ -359,5 +427,38 @@ mod tests {
         // A decode row before the prompt keeps row 0 in order, the prompt's row breaks it.
         decode.push_seq(&[1, 2, 3], 0, &table, 16, Logits::Last);
         assert!(!decode.logits_in_order());
+    }
+
+    /// Two steps' batches: a prompt chunk, a decode row, and a decode row whose token is still
+    /// on the device (`deferred`), over two KV groups.
+    fn fill(b: &mut ForwardBatch, step: u32) {
+        b.push_seq(&[1, 2, 3], 0, &[4, 5], 2, Logits::Last);
+        b.push_seq(&[7 + step], 9, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 2, Logits::LastExact);
+        b.push_seq_deferred(&[], step, 5, &[11, 12, 13, 14, 15, 16], 2, Logits::Last);
+    }
+
+    #[test]
+    fn a_recycled_batch_is_built_again_in_its_own_buffers() {
+        let mut b = ForwardBatch::with_kv_groups(2);
+        fill(&mut b, 0);
+        // The deferred row: a placeholder token at the batch's end, named with its row.
+        assert_eq!(b.token_ids, [1, 2, 3, 7, 0]);
+        assert_eq!(b.deferred, [(4, 0)]);
+        assert_eq!(b.seqs[2].query_len, 1);
+        assert_eq!(b.seqs[2].context_len, 6);
+        assert_eq!(&b.slot_mapping[8..], [2 * 15 + 1, 2 * 16 + 1]);
+        let tables: Vec<*const u32> = b.seqs.iter().map(|s| s.block_table.as_ptr()).collect();
+        let flat = b.token_ids.as_ptr();
+        b.recycle();
+        assert_eq!(b, ForwardBatch::with_kv_groups(2));
+        fill(&mut b, 1);
+        let mut fresh = ForwardBatch::with_kv_groups(2);
+        fill(&mut fresh, 1);
+        assert_eq!(b, fresh);
+        // No buffer was given back and taken anew: the same token buffer, and each sequence's
+        // block table in the buffer of the sequence in its place before.
+        assert_eq!(b.token_ids.as_ptr(), flat);
+        let again: Vec<*const u32> = b.seqs.iter().map(|s| s.block_table.as_ptr()).collect();
+        assert_eq!(tables, again);
     }
 }

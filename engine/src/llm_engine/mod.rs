@@ -639,6 +639,9 @@ impl LLMEngine {
     /// already taken). Sequences that fork this step are left to `append_token`: their
     /// completions start from the state before the token.
     fn feed_grammars(&mut self, sampled: &[SampledSeq]) {
+        if sampled.len() < 2 || !self.scheduler.seqs.values().any(|s| s.grammar.is_some()) {
+            return; // the common step: nothing constrained, no map of the step's tokens
+        }
         let due: HashMap<SeqId, u32> = sampled
             .iter()
             .filter(|s| s.forks.is_empty() && s.tokens.len() == 1)

@@ -89,13 +89,19 @@ pub struct ModelRunner {
     kv_groups: usize,
     /// Every step's record, when recording ([`LLMEngine::record_steps`](super::LLMEngine::record_steps)).
     pub(super) trace: Option<StepTrace>,
+    /// The last step's batch, emptied and filled again by the next step's
+    /// ([`ForwardBatch::recycle`]): building a step's batch then allocates nothing.
+    spare: Option<ForwardBatch>,
 }
+
+/// The launched, uncollected pass's logits row of each sequence it samples.
+pub type AheadRows = HashMap<SeqId, u32, foldhash::fast::RandomState>;
 
 impl ModelRunner {
     /// Wraps a backend.
     pub fn new(backend: Box<dyn ModelBackend>) -> Self {
         let kv_groups = backend.kv_groups().num_groups();
-        ModelRunner { backend, kv_groups, trace: None }
+        ModelRunner { backend, kv_groups, trace: None, spare: None }
     }
 
     /// Builds the batch of a step: each scheduled sequence's next tokens with their positions and
@@ -103,14 +109,20 @@ impl ModelRunner {
     /// still on the device (planned ahead) is deferred to the launched pass's row `ahead` names
     /// for its sequence.
     pub fn prepare(
-        &self,
+        &mut self,
         out: &SchedulerOutput,
         seqs: &SeqMap,
-        ahead: &HashMap<SeqId, u32>,
+        ahead: &AheadRows,
     ) -> (ForwardBatch, Vec<SeqId>) {
         let bs = self.backend.kv_cache_spec().block_size;
-        let mut batch = ForwardBatch::with_kv_groups(self.kv_groups);
-        let mut sampled = Vec::new();
+        let mut batch = match self.spare.take() {
+            Some(mut b) => {
+                b.recycle();
+                b
+            }
+            None => ForwardBatch::with_kv_groups(self.kv_groups),
+        };
+        let mut sampled = Vec::with_capacity(out.scheduled.len());
         for s in &out.scheduled {
             let seq = &seqs[&s.seq_id];
             let start = seq.num_computed_tokens;
@@ -138,10 +150,8 @@ impl ModelRunner {
                 // Its last token is the one the launched pass samples for `row`.
                 let row =
                     *ahead.get(&s.seq_id).expect("a pending token belongs to the launched pass");
-                let mut toks = seq.token_ids[start..].to_vec();
-                batch.deferred.push(((batch.num_tokens() + toks.len()) as u32, row));
-                toks.push(0);
-                batch.push_seq(&toks, start, &seq.block_table.blocks, bs, logits);
+                let toks = &seq.token_ids[start..];
+                batch.push_seq_deferred(toks, row, start, &seq.block_table.blocks, bs, logits);
             } else {
                 let toks = &seq.token_ids[start..end];
                 batch.push_seq(toks, start, &seq.block_table.blocks, bs, logits);
@@ -185,12 +195,14 @@ impl ModelRunner {
             return Ok(None);
         }
         self.move_blocks(out)?;
-        let ahead: HashMap<SeqId, u32> =
+        let ahead: AheadRows =
             ahead.iter().enumerate().map(|(row, &id)| (id, row as u32)).collect();
         let (batch, sampled) = self.prepare(out, seqs, &ahead);
         let rows: Vec<RowSampling> = sampled.iter().map(|id| row_sampling(&seqs[id])).collect();
         let handed = self.trace.as_ref().map(StepTrace::now);
-        self.backend.launch_sampled(&batch, &rows)?;
+        let launched = self.backend.launch_sampled(&batch, &rows);
+        self.spare = Some(batch);
+        launched?;
         if let (Some(t), Some(at)) = (&mut self.trace, handed) {
             t.launched(out, seqs, at);
         }
@@ -263,7 +275,7 @@ impl ModelRunner {
         seqs: &SeqMap,
         masks: &mut dyn DeviceMasks,
     ) -> Result<Vec<(SeqId, RowOutput)>, BackendError> {
-        let (batch, sampled) = self.prepare(out, seqs, &HashMap::new());
+        let (batch, sampled) = self.prepare(out, seqs, &AheadRows::default());
         if self.backend.samples_on_device()
             && !sampled.is_empty()
             && sampled.iter().all(|id| device_samplable(&seqs[id], &*masks))
@@ -277,8 +289,9 @@ impl ModelRunner {
                 let mut m = masks.compute();
                 sampled.iter().map(|id| m.remove(id)).collect()
             };
-            let tokens = self.backend.forward_sampled(&batch, &rows, &mut row_masks)?;
-            return Self::pair(sampled, tokens);
+            let tokens = self.backend.forward_sampled(&batch, &rows, &mut row_masks);
+            self.spare = Some(batch);
+            return Self::pair(sampled, tokens?);
         }
         let logits = self.backend.forward(&batch)?;
         let vocab = self.backend.config().vocab_size;

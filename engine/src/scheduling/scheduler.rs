@@ -22,6 +22,10 @@ use crate::scheduling::block_manager::BlockManager;
 use crate::scheduling::request_output::FinishReason;
 use crate::scheduling::sequence::{SeqId, SeqMap, Sequence, SequenceStatus};
 
+/// Running-set slots held by each sequence group (a step's admission spreads new work over
+/// the groups holding the fewest).
+type GroupSlots = HashMap<u64, usize, foldhash::fast::RandomState>;
+
 /// How preempted sequences give their blocks back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PreemptionMode {
@@ -403,8 +407,8 @@ impl Scheduler {
         let order: Vec<SeqId> = decodes.into_iter().chain(prefills).collect();
         let mut done: Vec<SeqId> = Vec::new();
         for &id in &order {
-            if !self.running.contains(&id) {
-                continue; // preempted earlier in this step
+            if out.preempted.contains(&id) {
+                continue; // preempted earlier in this step (`preempt` lists every one)
             }
             let want = self.seqs[&id].num_uncomputed() + self.seqs[&id].drafts().len();
             if want == 0 {
@@ -464,7 +468,7 @@ impl Scheduler {
 
     /// The waiting sequence to admit next: highest priority (under the priority policy), then
     /// the group holding the fewest running-set slots, then queue order. Returns its position.
-    fn next_waiting(&self, served: &HashMap<u64, usize>) -> Option<usize> {
+    fn next_waiting(&self, served: &GroupSlots) -> Option<usize> {
         let prio = |s: &Sequence| {
             if self.config.policy == SchedulingPolicy::Priority {
                 s.priority
@@ -500,7 +504,7 @@ impl Scheduler {
         }
         let bs = self.block_manager.block_size();
         // Slots each group holds, and all of them.
-        let mut served: HashMap<u64, usize> = HashMap::new();
+        let mut served = GroupSlots::default();
         let mut used = 0;
         for &id in self.running.iter().chain(&self.parked) {
             let n = self.slots(id);
