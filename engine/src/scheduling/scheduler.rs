@@ -400,12 +400,14 @@ impl Scheduler {
         let mut budget = self.config.max_num_batched_tokens;
         let mut running = std::mem::take(&mut self.running);
         running.sort_by_key(|&id| self.key(id));
-        self.running = running.clone();
+        self.running = running;
         // Decodes first, then prompts being prefilled, each in priority order.
-        let (decodes, prefills): (Vec<SeqId>, Vec<SeqId>) =
-            running.iter().partition(|id| self.seqs[id].is_decoding());
-        let order: Vec<SeqId> = decodes.into_iter().chain(prefills).collect();
-        let mut done: Vec<SeqId> = Vec::new();
+        let mut order: Vec<SeqId> = Vec::with_capacity(self.running.len());
+        let decoding = |id: &&SeqId| self.seqs[*id].is_decoding();
+        order.extend(self.running.iter().filter(decoding));
+        order.extend(self.running.iter().filter(|id| !decoding(id)));
+        let mut done: Vec<SeqId> = Vec::with_capacity(order.len());
+        out.scheduled.reserve(order.len());
         for &id in &order {
             if out.preempted.contains(&id) {
                 continue; // preempted earlier in this step (`preempt` lists every one)
@@ -754,9 +756,8 @@ impl Scheduler {
         let Some(seq) = self.seqs.get_mut(&id) else { return };
         seq.num_computed_tokens += n;
         seq.update_block_hashes(seed, bs);
-        let full = seq.num_computed_tokens / bs;
-        let hashes = seq.block_hashes[..full.min(seq.block_hashes.len())].to_vec();
-        self.block_manager.cache_blocks(&mut seq.block_table, &hashes);
+        let full = (seq.num_computed_tokens / bs).min(seq.block_hashes.len());
+        self.block_manager.cache_blocks(&mut seq.block_table, &seq.block_hashes[..full]);
     }
 
     /// Removes a sequence from the queues without freeing its blocks (the caller takes its block
