@@ -29,4 +29,4 @@ pub use model_files::chat_template::{ChatMessage, ChatTemplate, TemplateError};
 pub use model_files::config::{Arch, ModelConfig};
 pub use model_files::error::LoadError;
 pub use sampling::sampling_params::SamplingParams;
-pub use scheduling::request_output::{CompletionOutput, FinishReason, RequestOutput};
+pub use scheduling::request_output::{CompletionOutput, Completions, FinishReason, RequestOutput};

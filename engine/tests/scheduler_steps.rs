@@ -186,7 +186,7 @@ fn verified_drafts_advance_by_the_accepted_tokens_and_return_rejected_blocks() {
     assert_eq!(s.seqs[&1].block_table.len(), 3);
     // The runner verified: the first draft accepted, the second replaced by 30.
     let out = vec![SampledSeq {
-        tokens: vec![token(20), token(30)],
+        tokens: vec![token(20), token(30)].into(),
         drafts_verified: Some(4),
         ..SampledSeq::one(1, token(0))
     }];
@@ -211,7 +211,7 @@ fn a_stop_among_the_accepted_drafts_ends_the_sequence_there() {
     s.seqs.get_mut(&1).unwrap().spec.as_mut().unwrap().drafts = vec![20, 21, 22];
     let plan = s.schedule(0.0);
     let out = vec![SampledSeq {
-        tokens: vec![token(20), token(21), token(22), token(40)],
+        tokens: vec![token(20), token(21), token(22), token(40)].into(),
         drafts_verified: Some(3),
         ..SampledSeq::one(1, token(0))
     }];

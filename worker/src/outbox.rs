@@ -144,7 +144,7 @@ mod tests {
         EngineEvent::Output(RequestOutput {
             request_id: id.to_string(),
             prompt_token_ids: Arc::new(vec![1, 2]),
-            outputs: Vec::new(),
+            outputs: Default::default(),
             finished,
             prompt_logprobs: None,
             metrics: Default::default(),

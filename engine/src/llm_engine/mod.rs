@@ -26,7 +26,7 @@ use crate::sampling::structured::{GrammarCompiler, StructuredError};
 use crate::scheduling::block_hash::salt_digest;
 use crate::scheduling::block_manager::BlockManager;
 use crate::scheduling::request_output::{
-    CompletionOutput, FinishReason, RequestMetrics, RequestOutput,
+    CompletionOutput, Completions, FinishReason, RequestMetrics, RequestOutput,
 };
 use crate::scheduling::scheduler::{SampledSeq, Scheduler, SchedulerOutput, StepUpdate};
 use crate::scheduling::sequence::{SeqId, SeqMap, Sequence, SequenceStatus};
@@ -399,7 +399,7 @@ impl LLMEngine {
         abort: bool,
     ) -> Option<RequestOutput> {
         let req = self.requests.get_mut(request_id.as_str())?;
-        let mut outputs: Vec<CompletionOutput> = Vec::new();
+        let mut outputs = Completions::with_capacity(req.seq_ids.len());
         let mut metrics = RequestMetrics::default();
         for id in &req.seq_ids {
             let seq = match ended.iter_mut().find(|s| s.seq_id == *id) {

@@ -217,6 +217,7 @@ impl SpecDecoder {
             }
         }
         seq.rng = rng;
+        let tokens = tokens.into();
         SampledSeq { seq_id: seq.seq_id, tokens, drafts_verified: Some(k), forks: Vec::new() }
     }
 }

@@ -94,6 +94,9 @@ pub struct CompletionOutput {
     pub stop_reason: Option<StopReason>,
 }
 
+/// The completions of one [`RequestOutput`].
+pub type Completions = smallvec::SmallVec<[CompletionOutput; 1]>;
+
 /// One step's news about a request.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RequestOutput {
@@ -101,8 +104,9 @@ pub struct RequestOutput {
     pub request_id: String,
     /// Prompt token ids.
     pub prompt_token_ids: std::sync::Arc<Vec<u32>>,
-    /// Completions that changed in this step.
-    pub outputs: Vec<CompletionOutput>,
+    /// Completions that changed in this step (one, the common case, held inline: a step's
+    /// news of a request costs no allocation of its own beyond the deltas).
+    pub outputs: Completions,
     /// Whether every completion of the request has ended.
     pub finished: bool,
     /// Log-probabilities of the prompt's tokens after the first (when asked for; sent once,

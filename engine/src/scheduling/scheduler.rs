@@ -122,8 +122,9 @@ pub struct SampledSeq {
     /// The sequence.
     pub seq_id: SeqId,
     /// Its new tokens, in order: one sampled token, or the drafts the verification accepted
-    /// followed by one token of the target's.
-    pub tokens: Vec<SampledToken>,
+    /// followed by one token of the target's (one token, the common case, is held inline: no
+    /// allocation per sequence and step).
+    pub tokens: SampledTokens,
     /// `Some(k)` when this step verified `k` drafts.
     pub drafts_verified: Option<usize>,
     /// The completions to fork off this sequence, whose prompt this step finished (n > 1).
@@ -133,9 +134,13 @@ pub struct SampledSeq {
 impl SampledSeq {
     /// One sampled token for `seq_id`.
     pub fn one(seq_id: SeqId, token: SampledToken) -> Self {
-        SampledSeq { seq_id, tokens: vec![token], drafts_verified: None, forks: Vec::new() }
+        let tokens = SampledTokens::from_buf([token]);
+        SampledSeq { seq_id, tokens, drafts_verified: None, forks: Vec::new() }
     }
 }
+
+/// A sequence's tokens of one step ([`SampledSeq::tokens`]).
+pub type SampledTokens = smallvec::SmallVec<[SampledToken; 1]>;
 
 /// A completion forked off a sequence whose prompt is done (n > 1), with its first token.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,6 +190,9 @@ pub struct Scheduler {
     parked: Vec<SeqId>,
     /// Preemptions since start.
     pub num_preemptions: u64,
+    /// [`Scheduler::schedule`]'s order and reserved sequences, kept between steps: buffers of
+    /// a few KiB allocated anew every step each made glibc consolidate its freed small chunks.
+    scratch: (Vec<SeqId>, Vec<SeqId>),
 }
 
 impl Scheduler {
@@ -199,6 +207,7 @@ impl Scheduler {
             swapped: VecDeque::new(),
             parked: Vec::new(),
             num_preemptions: 0,
+            scratch: Default::default(),
         }
     }
 
@@ -402,11 +411,12 @@ impl Scheduler {
         running.sort_by_key(|&id| self.key(id));
         self.running = running;
         // Decodes first, then prompts being prefilled, each in priority order.
-        let mut order: Vec<SeqId> = Vec::with_capacity(self.running.len());
+        let (mut order, mut done) = std::mem::take(&mut self.scratch);
+        order.clear();
+        done.clear();
         let decoding = |id: &&SeqId| self.seqs[*id].is_decoding();
         order.extend(self.running.iter().filter(decoding));
         order.extend(self.running.iter().filter(|id| !decoding(id)));
-        let mut done: Vec<SeqId> = Vec::with_capacity(order.len());
         out.scheduled.reserve(order.len());
         for &id in &order {
             if out.preempted.contains(&id) {
@@ -427,6 +437,7 @@ impl Scheduler {
                 budget -= n;
             }
         }
+        self.scratch.0 = order;
         let preempted_now = !out.preempted.is_empty();
         // Swapped sequences come back before new work is admitted.
         if !preempted_now {
@@ -460,6 +471,7 @@ impl Scheduler {
                 }
             }
         }
+        self.scratch.1 = done;
         if !preempted_now && self.swapped.is_empty() {
             self.admit_waiting(&mut budget, now, &mut out);
         }
@@ -629,7 +641,8 @@ impl Scheduler {
         now: f64,
         prefill_tokens: u64,
     ) -> Result<StepUpdate, TokenizeError> {
-        let mut update = StepUpdate { prefill_tokens, ..Default::default() };
+        let updated = Vec::with_capacity(sampled.len());
+        let mut update = StepUpdate { prefill_tokens, updated, ..Default::default() };
         let mut finished: Vec<SeqId> = Vec::new();
         for out in sampled {
             let id = out.seq_id;
@@ -655,7 +668,7 @@ impl Scheduler {
                 update.verified.push((k, accepted));
             }
             for (child, token) in forks {
-                self.append(child, vec![token], tokenizer, now, &mut update, &mut finished)?;
+                self.append(child, [token], tokenizer, now, &mut update, &mut finished)?;
             }
         }
         for id in finished {
@@ -670,7 +683,7 @@ impl Scheduler {
     fn append(
         &mut self,
         id: SeqId,
-        tokens: Vec<SampledToken>,
+        tokens: impl IntoIterator<Item = SampledToken>,
         tokenizer: &Tokenizer,
         now: f64,
         update: &mut StepUpdate,
