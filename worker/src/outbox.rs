@@ -24,6 +24,9 @@ use crate::sink::{EngineEvent, Sink};
 pub type Target = Box<dyn FnMut(EngineEvent) + Send>;
 
 /// One entry of a courier's batch.
+// `Event` is the entry of every token and the others are rare: boxing it would put back the
+// allocation per event that holding a request's completion inline saves.
+#[allow(clippy::large_enum_variant)]
 enum Msg {
     /// A stream's target, before any of its events.
     Open(u64, Target),

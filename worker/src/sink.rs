@@ -4,6 +4,9 @@
 use tandem_engine::{LLMEngine, RequestOutput};
 
 /// What a request's subscriber hears.
+// `Output` comes every step and `Failed` once at most: boxing the output would put back an
+// allocation per event that holding its completion inline saves.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum EngineEvent {
     /// One step's news about the request.
