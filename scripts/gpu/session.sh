@@ -10,6 +10,8 @@
 #                                             steps, the outputs' digest
 #   gem TAG CFG BATCHES                       bench-gemm: cuBLAS against Tandem's kernels, per shape
 #   kinds TAG                                 an `eng` section's steps by kind
+#   served_ab TAG...                          served rounds of tandem-base and the new binary, by
+#                                             tag (base-1 new-1 ...); prefill8b: the 8B prefill
 #   served [ROUNDS]                           peer.sh's served rounds (tandem up against bench
 #                                             engine, 2,048 requests of 108 + 128 at 256 streams;
 #                                             STEP_LOG=1: the worker's steps by kind too)
@@ -58,6 +60,23 @@ served() { # rounds
   echo "$(el) served rc=$?"; grep -E "tandem up, client|^round|decode worker|hand-offs|steps by|step log|with prompts| decode [0-9]|by mean context|window|TTFT mean|client ceiling" $L/peer.log | cut -c1-400
   rm -f $L/served/peer/*.gguf
   for f in $L/served/peer/round*-up-shared.log; do [ -f $f ] && { grep -v "routing request" $f | tail -40 > $f.t; mv $f.t $f; }; done
+}
+# The 8B 4 x 2,048 prefill against the GEMM peak (a Must-show figure of issue 30).
+prefill8b() {
+  timeout 200 $g bench-prefill $E 4 2048 > $L/prefill-8b.log 2>&1
+  echo "$(el) prefill rc=$?"; grep -E "prefill llama" $L/prefill-8b.log | cut -c1-200
+}
+# Served rounds of two binaries in the order of the tags (`served_ab base-1 new-1 new-2 base-2`):
+# tandem-base from $C/tandem-base.xz against the carried tandem (new), one round each.
+served_ab() {
+  [ -x .gpu/tandem/tandem-new ] || cp .gpu/tandem/tandem .gpu/tandem/tandem-new
+  xz -dc $C/tandem-base.xz > .gpu/tandem/tandem-base; chmod +x .gpu/tandem/tandem-base
+  for tag in "$@"; do
+    cp .gpu/tandem/tandem-${tag%-*} .gpu/tandem/tandem
+    echo "== $tag"; served 1
+    mv $L/served $L/served-$tag; mv $L/peer.log $L/peer-$tag.log
+  done
+  cp .gpu/tandem/tandem-new .gpu/tandem/tandem
 }
 # nano-vllm's workload and long greedy requests (Qwen3-0.6B shape), for `eng TAG $NANO` etc.
 NANO="--model $Q --workload-file $C/w.json --temperature 0.6 --max-num-seqs 256 --max-num-batched-tokens 16384"
