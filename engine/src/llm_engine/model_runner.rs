@@ -293,7 +293,9 @@ impl ModelRunner {
             self.spare = Some(batch);
             return Self::pair(sampled, tokens?);
         }
-        let logits = self.backend.forward(&batch)?;
+        let logits = self.backend.forward(&batch);
+        self.spare = Some(batch);
+        let logits = logits?;
         let vocab = self.backend.config().vocab_size;
         let scheduled: HashMap<SeqId, usize> =
             out.scheduled.iter().map(|s| (s.seq_id, s.num_tokens)).collect();
