@@ -330,6 +330,48 @@ pub fn run(
         max_err: if gpu.mixed_graph_count() == 1 { diff } else { f64::INFINITY },
         tol: 0.05 * noise,
     });
+    // Steps of one graph shape with and without a chunk for the prefill kernel: A, two decode
+    // rows and a 2-token chunk (small tiles, no long chunk), run until its graph is captured;
+    // then B, one 64-token chunk (a long chunk; no other tiles, so small tiles too), run three
+    // times through the graphs and compared with B run eagerly. A graph of A replayed for B
+    // would leave B's rows unrotated, unstored and unattended.
+    let long: Vec<u32> = encoded.iter().flatten().copied().cycle().take(64).collect();
+    let mut sa = ForwardBatch::default();
+    for (i, t) in encoded.iter().enumerate().take(3) {
+        let blk: Vec<u32> = (16 * i as u32 + 16..16 * i as u32 + 32).collect();
+        match i {
+            0 | 1 => sa.push_seq(&[t[0]], t.len(), &blk, 16, Logits::Last),
+            _ => sa.push_seq(&t[..2], 0, &blk, 16, Logits::Last),
+        }
+    }
+    // Blocks no other check uses.
+    let sb = batch(&long, 0, &(128..144).collect::<Vec<u32>>(), Logits::Last);
+    let run_b = |gpu: &mut CudaBackend, n: usize| -> Result<Vec<f32>, CudaError> {
+        let mut l = Vec::new();
+        for _ in 0..n {
+            l = gpu.forward(&sb).map_err(|e| err(e.to_string()))?;
+        }
+        Ok(l)
+    };
+    gpu.set_mixed_graphs(true);
+    for _ in 0..2 {
+        gpu.forward(&sa).map_err(|e| err(e.to_string()))?;
+    }
+    let captured_a = gpu.mixed_graph_count();
+    let lgraph = run_b(&mut gpu, 3)?;
+    let captured = gpu.mixed_graph_count();
+    gpu.set_mixed_graphs(false);
+    let leager = run_b(&mut gpu, 1)?;
+    gpu.set_mixed_graphs(true);
+    let diff = lgraph.iter().zip(&leager).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
+    results.push(CheckResult {
+        name: format!(
+            "{}: a 64-token chunk after a step of its graph shape without one, mixed-step graph replay ({captured_a} then {captured} captured) vs eager logits (max abs)",
+            dtype.name()
+        ),
+        max_err: if captured_a == 1 && captured == 2 { diff } else { f64::INFINITY },
+        tol: 0.05 * noise,
+    });
     // One decode step of all four: graph replay against eager.
     let mut step = ForwardBatch::default();
     for (i, t) in encoded.iter().enumerate() {

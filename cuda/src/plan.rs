@@ -335,8 +335,8 @@ pub fn mixed_graph_max_rows() -> usize {
 /// The launch shape of a step with prompt chunks (or a decode step no decode graph holds)
 /// replayed from a CUDA graph. Rows go up in 64s to 1,024 and in 256s above (where the limit
 /// allows steps that large), logits rows in 64s to 256, then in 128s;
-/// the attention grids follow from the rows ([`MixedLimits`]), so the rows, the logits rows and
-/// the tile kernel name a graph: a server's steps need few of them.
+/// the attention grids follow from the rows ([`MixedLimits`]), so the rows, the logits rows, the
+/// tile kernel and whether there are long chunks name a graph: a server's steps need few of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MixedShape {
     /// Token rows (the GEMMs' M).
@@ -349,6 +349,11 @@ pub struct MixedShape {
     pub logits: usize,
     /// Whether the tiles take the small-tile kernel.
     pub small_tiles: bool,
+    /// Whether the step has chunks for the prefill kernel. A graph launches that kernel, and
+    /// runs q/k norm, RoPE and KV store as a kernel of their own rather than inside the
+    /// small-tile kernel, only when the step it was captured from had such chunks: a graph of a
+    /// step without them would leave a long chunk's rows unrotated, unstored and unattended.
+    pub long_chunks: bool,
 }
 
 /// What bounds the attention grids of a step of a given number of rows.
@@ -386,12 +391,14 @@ impl MixedLimits {
 }
 
 impl MixedShape {
-    /// The shape that holds a step of `rows` tokens and `logits` logits rows; `None` above
-    /// the limits' `max_rows`.
+    /// The shape that holds a step of `rows` tokens and `logits` logits rows (`small_tiles`:
+    /// its tiles take the small-tile kernel; `long_chunks`: it has chunks for the prefill
+    /// kernel); `None` above the limits' `max_rows`.
     pub fn holding(
         rows: usize,
         logits: usize,
         small_tiles: bool,
+        long_chunks: bool,
         lim: &MixedLimits,
     ) -> Option<MixedShape> {
         if rows == 0 || rows > lim.max_rows {
@@ -411,6 +418,7 @@ impl MixedShape {
             long_entries: lim.max_long_entries(r),
             logits: logits.min(r),
             small_tiles,
+            long_chunks,
         })
     }
 }

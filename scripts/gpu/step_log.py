@@ -53,6 +53,17 @@ def main():
     if by:
         print("  decode 129-256 by mean context, device µs a step: " + ", ".join(
             f"{k}-{k + 31}: {1e6 * sum(v) / len(v):.0f} ({len(v)})" for k, v in sorted(by.items())))
+    # The steps that added most wall time, each with the device's own time and what it computed:
+    # a step far longer than its device time waited on the host (eager launches, a graph's
+    # capture, the engine thread's jobs).
+    walls, last = [], recs[0]["launched"]
+    for r in recs:
+        walls.append((max(r["collected"] - last, 0.0), r))
+        last = max(last, r["collected"])
+    walls.sort(key=lambda w: -w[0])
+    print("  slowest steps (wall / device ms, prompt tokens + decode rows): " + ", ".join(
+        f"{1e3 * w:.1f} / {1e3 * (r.get('device') or 0.0):.1f} ({r['prompt_tokens']} + {r['decode_rows']})"
+        for w, r in walls[:12]))
     if len(sys.argv) > 3:
         first, end = recs[0]["launched"], max(r["collected"] for r in recs)
         print(f"  window {t1 - t0:.3f} s: {first - t0:.3f} s before the first step, {end - first:.3f} s from it to the last "

@@ -48,7 +48,9 @@ impl CudaBackend {
             long_min,
             max_rows: plan::mixed_graph_max_rows(),
         };
-        let shape = MixedShape::holding(b.num_tokens(), p.logits_rows.len(), small, &lim)?;
+        let long_chunks = !p.long.is_empty();
+        let shape =
+            MixedShape::holding(b.num_tokens(), p.logits_rows.len(), small, long_chunks, &lim)?;
         let rows = self.opts.max_num_batched_tokens.max(self.opts.max_graph_batch);
         let entries = self.a.tiles.len() / TILE_INTS;
         // The bounds hold by construction (plan.rs tests them); checked again here so that

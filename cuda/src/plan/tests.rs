@@ -250,28 +250,32 @@ const LIM: MixedLimits = MixedLimits {
 #[test]
 fn mixed_shapes_round_up_and_padding_is_inert() {
     // 254 decode rows and two 108-token prompts, 256 logits rows.
-    let s = MixedShape::holding(470, 256, true, &LIM).unwrap();
+    let s = MixedShape::holding(470, 256, true, false, &LIM).unwrap();
     assert_eq!((s.rows, s.entries, s.long_entries, s.logits), (512, 512 + 88, 25 + 8, 256));
     // Nearby steps share the shape; logits rows beyond 256 go up in 128s.
-    assert_eq!(MixedShape::holding(449, 250, true, &LIM), Some(s));
-    assert_eq!(MixedShape::holding(600, 300, true, &LIM).unwrap().logits, 384);
-    assert_eq!(MixedShape::holding(600, 300, true, &LIM).unwrap().entries, 640);
-    assert_eq!(MixedShape::holding(3, 3, true, &LIM).unwrap().logits, 64);
-    assert!(MixedShape::holding(1025, 1, true, &LIM).is_none());
+    assert_eq!(MixedShape::holding(449, 250, true, false, &LIM), Some(s));
+    // A step with chunks for the prefill kernel takes a graph of its own: the graph of one
+    // without them launches no prefill kernel and ropes rows inside the small-tile kernel.
+    assert_ne!(MixedShape::holding(470, 256, true, true, &LIM), Some(s));
+    assert_eq!(MixedShape::holding(600, 300, true, false, &LIM).unwrap().logits, 384);
+    assert_eq!(MixedShape::holding(600, 300, true, false, &LIM).unwrap().entries, 640);
+    assert_eq!(MixedShape::holding(3, 3, true, false, &LIM).unwrap().logits, 64);
+    assert!(MixedShape::holding(1025, 1, true, false, &LIM).is_none());
     // A larger limit: rows above 1,024 go up in 256s, up to the limit.
     let big = MixedLimits { max_rows: 8192, ..LIM };
-    let s = MixedShape::holding(3900, 300, false, &big).unwrap();
+    let s = MixedShape::holding(3900, 300, false, false, &big).unwrap();
     assert_eq!((s.rows, s.entries, s.logits), (4096, 4096, 384));
-    assert_eq!(MixedShape::holding(1025, 1, false, &big).unwrap().rows, 1280);
-    assert_eq!(MixedShape::holding(8192, 1, false, &big).unwrap().rows, 8192);
-    assert!(MixedShape::holding(8193, 1, false, &big).is_none());
-    assert!(MixedShape::holding(0, 0, true, &LIM).is_none());
+    assert_eq!(MixedShape::holding(1025, 1, false, false, &big).unwrap().rows, 1280);
+    assert_eq!(MixedShape::holding(8192, 1, false, false, &big).unwrap().rows, 8192);
+    assert!(MixedShape::holding(8193, 1, false, false, &big).is_none());
+    assert!(MixedShape::holding(0, 0, true, false, &LIM).is_none());
     let mut b = batch();
     b.push_seq(&(0..80).collect::<Vec<u32>>(), 0, &[4, 5, 6, 7, 8], 16, Logits::Last);
     let mut p = BatchPlan::new(&b, 2, 64);
     let before = p.clone();
     let lim = MixedLimits { num_kv_heads: 8, long_tile_tokens: 32, ..LIM };
-    let shape = MixedShape::holding(p.tokens.len(), p.logits_rows.len(), false, &lim).unwrap();
+    let shape =
+        MixedShape::holding(p.tokens.len(), p.logits_rows.len(), false, true, &lim).unwrap();
     p.pad_to(&shape);
     assert_eq!(p.tokens.len(), 128);
     assert_eq!(&p.tokens[..before.tokens.len()], &before.tokens[..]);
@@ -303,7 +307,7 @@ fn mixed_grids_hold_every_plan_of_their_rows() {
             max_rows: 8192,
         };
         for tiles in (1..=1024).chain((1025..=8192).step_by(37)) {
-            let s = MixedShape::holding(tiles, tiles, true, &lim).unwrap();
+            let s = MixedShape::holding(tiles, tiles, true, false, &lim).unwrap();
             let splits = match tiles > lim.split_rows {
                 true => 1,
                 false => attention_splits(tiles, nkv, 1 << 20, sms).min(16),
@@ -313,7 +317,7 @@ fn mixed_grids_hold_every_plan_of_their_rows() {
         for len in [64, 65, 100, 127, 128, 200, 1000] {
             for n in 1..=8192 / len {
                 let per = lim.long_tile_tokens;
-                let s = MixedShape::holding(n * len, 1, false, &lim).unwrap();
+                let s = MixedShape::holding(n * len, 1, false, true, &lim).unwrap();
                 assert!(n * len.div_ceil(per) <= s.long_entries, "{n} chunks of {len}");
             }
         }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Where the served rounds' extra time goes. The served steps with prompts took 0.45-0.49 s of a
+# ~1.9 s round against the engine's 0.26 s (k121), and a round had 10 steps of 16-50 ms (k143)
+# where the engine's longest is ~8 ms. Hypothesis: steps whose shape the process meets for the
+# first time (eager mixed steps; cuBLAS loading the kernels it picks for a new row count, CUDA
+# loads modules lazily) and the captures of mixed-step graphs. Served rounds (tandem up --device
+# cuda defaults against bench engine, 2,048 requests of 108 + 128 at 256 streams) with the step
+# log (each step's wall, device time, prompt tokens, decode rows; the slowest listed), default
+# against CUDA_MODULE_LOADING=EAGER (every module loaded at start), alternating.
+#
+# First, the mixed-step graphs' key: a graph captured from a step without chunks for the prefill
+# kernel (no prefill-kernel launch, RoPE fused into the small-tile kernel) was replayed for a step
+# of the same rows, logits rows and tile kernel with such a chunk. e2e's new check (a 64-token
+# chunk after a step of its shape without one) on random Llamas of head width 64 and 128, with
+# the key fixed (tandem-gpu) and without (tandem-gpu-nofix: the same tree, long_chunks false).
+source scripts/gpu/session.sh
+xz -dc $C/tandem-gpu-nofix.xz > .gpu/bin/tandem-gpu-nofix; chmod +x .gpu/bin/tandem-gpu-nofix
+for hd in 64 128; do
+  python3 scripts/gpu/make_llama_shape.py /tmp/llama-hd$hd $hd > /dev/null 2>&1
+  for b in tandem-gpu tandem-gpu-nofix; do
+    for dt in f16 bf16; do
+      timeout 120 .gpu/bin/$b e2e /tmp/llama-hd$hd $dt > $L/e2e-hd$hd-$b-$dt.log 2>&1
+      echo "$(el) e2e hd$hd $b $dt rc=$? pass=$(grep -c PASS $L/e2e-hd$hd-$b-$dt.log) fail=$(grep -c FAIL $L/e2e-hd$hd-$b-$dt.log)"
+      grep -E "FAIL|64-token chunk" $L/e2e-hd$hd-$b-$dt.log | cut -c1-260
+    done
+  done
+done
+for tag in def-1 eager-1 def-2 eager-2; do
+  [ $(( $(date +%s) - T0 )) -gt 420 ] && { echo "skipped $tag (time)"; continue; }
+  echo "== $tag"
+  if [ ${tag%-*} = eager ]; then CUDA_MODULE_LOADING=EAGER STEP_LOG=1 served 1; else STEP_LOG=1 served 1; fi
+  grep -h "slowest" $L/served/peer/*-steps-shared.txt | cut -c1-600
+  grep -c "captured a mixed-step graph" $L/served/peer/round1-up-shared.log
+  mv $L/served $L/served-$tag; mv $L/peer.log $L/peer-$tag.log
+done
+finish
