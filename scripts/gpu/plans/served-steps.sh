@@ -1,4 +1,8 @@
 #!/usr/bin/env bash
+# A device run planned on 2026-12-07 and not run yet (no device was lent that stop). Needs
+# .gpu/c/ with tandem-gpu.xz and tandem.xz built from 4cfd381c or later, and tandem-gpu-nofix.xz
+# (the same tree with `long_chunks` forced false in cuda/src/backend/mixed.rs). Once run, move it
+# to docs/gpu-runs/<device>-<date>-served-steps/ with its logs.
 # Where the served rounds' extra time goes. The served steps with prompts took 0.45-0.49 s of a
 # ~1.9 s round against the engine's 0.26 s (k121), and a round had 10 steps of 16-50 ms (k143)
 # where the engine's longest is ~8 ms. Hypothesis: steps whose shape the process meets for the
@@ -24,6 +28,12 @@ for hd in 64 128; do
       grep -E "FAIL|64-token chunk" $L/e2e-hd$hd-$b-$dt.log | cut -c1-260
     done
   done
+done
+# Qwen3-0.6B's prefill (nano-vllm's steps with prompts run at ~36 % of the GEMM peak): the eager
+# stages of 16 x 1,024 and 32 x 512 tokens.
+for pl in "16 1024" "32 512"; do
+  timeout 200 $g bench-prefill $Q $pl > "$L/prefill-q3-${pl/ /x}.log" 2>&1
+  echo "$(el) prefill q3 $pl rc=$?"; grep -E "\] prefill |eager stages" "$L/prefill-q3-${pl/ /x}.log" | cut -c1-900
 done
 for tag in def-1 eager-1 def-2 eager-2; do
   [ $(( $(date +%s) - T0 )) -gt 420 ] && { echo "skipped $tag (time)"; continue; }
