@@ -143,7 +143,8 @@ fn row_chunk(n: usize, k: usize, t: usize, threads: usize) -> usize {
 }
 
 /// Computes rows `rows` of `out = a · wᵀ` (`out` is `t × n`, row-major) with `kernel`: the
-/// x86 SIMD kernels of `quant_x86.rs`, or the portable oracle `quant::scalar`.
+/// x86 SIMD kernels of `quant_x86.rs`, or the portable kernel `quant::portable` (whose results
+/// are the oracle `quant::scalar`'s).
 ///
 /// # Safety
 /// `out` must point to `a.t × w.n` floats, and no other thread may write the same rows.
@@ -159,13 +160,7 @@ pub(super) unsafe fn matmul_rows(
         super::quant::QKernel::Avx512Vnni
         | super::quant::QKernel::AvxVnni
         | super::quant::QKernel::Avx2 => super::quant_x86::matmul_rows(kernel, w, a, rows, out),
-        _ => {
-            for r in rows {
-                for t in 0..a.t {
-                    *out.add(t * w.n + r) = super::quant::scalar::dot(w, r, a, t);
-                }
-            }
-        }
+        _ => super::quant::portable::rows(w, a, rows, out),
     }
 }
 

@@ -649,6 +649,7 @@ unsafe fn quantize_row_avx2(src: &[f32], _npairs: usize, out: RowPtrs) {
 }
 
 /// Portable reference kernels.
+pub mod portable;
 pub mod scalar;
 
 /// Kernels available on this CPU, best first.
