@@ -25,15 +25,18 @@ def main():
         return
     names = ["with prompts"] + [c[1] for c in CLASSES]
     cls = {n: dict(steps=0, prompt=0, rows=0, wall=0.0, device=0.0, between=0.0) for n in names}
-    last = recs[0]["launched"]
+    # Each step's wall time: from the tokens of the step before (or the first launch) to its own.
+    walls, last = [], recs[0]["launched"]
     for r in recs:
+        walls.append((max(r["collected"] - last, 0.0), r))
+        last = max(last, r["collected"])
+    for w, r in walls:
         n = "with prompts" if r["prompt_tokens"] else next(c[1] for c in CLASSES if r["decode_rows"] <= c[0])
         c = cls[n]
         c["steps"] += 1
         c["prompt"] += r["prompt_tokens"]
         c["rows"] += r["decode_rows"]
-        c["wall"] += max(r["collected"] - last, 0.0)
-        last = max(last, r["collected"])
+        c["wall"] += w
         c["device"] += r.get("device") or 0.0
         c["between"] += r.get("jobs", 0.0) + r.get("dispatch", 0.0)
     for n in names:
@@ -56,10 +59,6 @@ def main():
     # The steps that added most wall time, each with the device's own time and what it computed:
     # a step far longer than its device time waited on the host (eager launches, a graph's
     # capture, the engine thread's jobs).
-    walls, last = [], recs[0]["launched"]
-    for r in recs:
-        walls.append((max(r["collected"] - last, 0.0), r))
-        last = max(last, r["collected"])
     walls.sort(key=lambda w: -w[0])
     print("  slowest steps (wall / device ms, prompt tokens + decode rows): " + ", ".join(
         f"{1e3 * w:.1f} / {1e3 * (r.get('device') or 0.0):.1f} ({r['prompt_tokens']} + {r['decode_rows']})"

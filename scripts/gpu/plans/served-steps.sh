@@ -3,9 +3,11 @@
 # .gpu/c/ with tandem-gpu.xz and tandem.xz built from 4cfd381c or later, and tandem-gpu-nofix.xz
 # (the same tree with `long_chunks` forced false in cuda/src/backend/mixed.rs). Once run, move it
 # to docs/gpu-runs/<device>-<date>-served-steps/ with its logs.
-# Where the served rounds' extra time goes. The served steps with prompts took 0.45-0.49 s of a
-# ~1.9 s round against the engine's 0.26 s (k121), and a round had 10 steps of 16-50 ms (k143)
-# where the engine's longest is ~8 ms. Hypothesis: steps whose shape the process meets for the
+# Where the served rounds' extra time goes. On an NVIDIA H200 (16-core host; SmolLM2 shape from a
+# random Q8_0 file in f16, decode and mixed-step graphs, attention_dec_rope64, stream products of
+# 2-32 rows, cuBLAS above) the served steps with prompts took 0.45-0.49 s of a ~1.9 s round
+# against the engine's 0.26 s (k121, docs/gpu-runs/h200-h100-2026-12-06e/), and a round had 5-10
+# steps of 16-50 ms (k143, docs/gpu-runs/h100-h200-2026-12-07f/) where the engine's longest is ~8 ms. Hypothesis: steps whose shape the process meets for the
 # first time (eager mixed steps; cuBLAS loading the kernels it picks for a new row count, CUDA
 # loads modules lazily) and the captures of mixed-step graphs. Served rounds (tandem up --device
 # cuda defaults against bench engine, 2,048 requests of 108 + 128 at 256 streams) with the step
@@ -29,7 +31,10 @@ for hd in 64 128; do
     done
   done
 done
-# Qwen3-0.6B's prefill (nano-vllm's steps with prompts run at ~36 % of the GEMM peak): the eager
+# Qwen3-0.6B's prefill (nano-vllm's steps with prompts ran at ~36 % of the GEMM peak on an NVIDIA
+# H100 80GB HBM3 in k141: 9 steps, 0.475 s for ~137 TFLOP (142,827 prompt tokens' products at
+# 0.88 GFLOP a token, attention estimated) against k133's 795 TFLOP/s cuBLAS bf16 peak; bf16 dummy
+# weights, cuBLAS products, the flash-attention prefill kernel): the eager
 # stages of 16 x 1,024 and 32 x 512 tokens.
 for pl in "16 1024" "32 512"; do
   timeout 200 $g bench-prefill $Q $pl > "$L/prefill-q3-${pl/ /x}.log" 2>&1
