@@ -59,7 +59,8 @@ served() { # rounds
   OUT=$L/served LLAMA=0 TABLE=0 ROUNDS=${1:-2} PLACEMENTS=${PLACEMENTS:-shared} ROUND_PROMPTS=${ROUND_PROMPTS:-2048} timeout 170 bash scripts/gpu/peer.sh run > $L/peer.log 2>&1
   echo "$(el) served rc=$?"; grep -E "tandem up, client|^round|decode worker|hand-offs|steps by|step log|with prompts| decode [0-9]|by mean context|window|TTFT mean|client ceiling" $L/peer.log | cut -c1-400
   rm -f $L/served/peer/*.gguf
-  for f in $L/served/peer/round*-up-shared.log; do [ -f $f ] && { grep -v "routing request" $f | tail -40 > $f.t; mv $f.t $f; }; done
+  # Every mixed-step graph capture (rows, logits rows, ms) kept before the log is cut.
+  for f in $L/served/peer/round*-up-shared.log; do [ -f $f ] && { grep "captured a mixed-step graph" $f > ${f%.log}-captures.txt; grep -v "routing request" $f | tail -40 > $f.t; mv $f.t $f; }; done
 }
 # The 8B 4 x 2,048 prefill against the GEMM peak (a Must-show figure of issue 30).
 prefill8b() {

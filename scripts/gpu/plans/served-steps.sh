@@ -12,7 +12,8 @@
 # loads modules lazily) and the captures of mixed-step graphs. Served rounds (tandem up --device
 # cuda defaults against bench engine, 2,048 requests of 108 + 128 at 256 streams) with the step
 # log (each step's wall, device time, prompt tokens, decode rows; the slowest listed), default
-# against CUDA_MODULE_LOADING=EAGER (every module loaded at start), alternating.
+# against CUDA_MODULE_LOADING=EAGER (every module loaded at start) and without mixed-step
+# graphs for them, alternating.
 #
 # First, the mixed-step graphs' key: a graph captured from a step without chunks for the prefill
 # kernel (no prefill-kernel launch, RoPE fused into the small-tile kernel) was replayed for a step
@@ -40,12 +41,19 @@ for pl in "16 1024" "32 512"; do
   timeout 200 $g bench-prefill $Q $pl > "$L/prefill-q3-${pl/ /x}.log" 2>&1
   echo "$(el) prefill q3 $pl rc=$?"; grep -E "\] prefill |eager stages" "$L/prefill-q3-${pl/ /x}.log" | cut -c1-900
 done
-for tag in def-1 eager-1 def-2 eager-2; do
+# nograph: TANDEM_MIXED_GRAPH_MAX_ROWS=64, so that the served steps with prompts (256 rows and
+# more) run eagerly and nothing is captured after start-up.
+for tag in def-1 eager-1 nograph-1 def-2 eager-2; do
   [ $(( $(date +%s) - T0 )) -gt 420 ] && { echo "skipped $tag (time)"; continue; }
   echo "== $tag"
-  if [ ${tag%-*} = eager ]; then CUDA_MODULE_LOADING=EAGER STEP_LOG=1 served 1; else STEP_LOG=1 served 1; fi
+  case ${tag%-*} in
+    eager) CUDA_MODULE_LOADING=EAGER STEP_LOG=1 served 1 ;;
+    nograph) TANDEM_MIXED_GRAPH_MAX_ROWS=64 STEP_LOG=1 served 1 ;;
+    *) STEP_LOG=1 served 1 ;;
+  esac
   grep -h "slowest" $L/served/peer/*-steps-shared.txt | cut -c1-600
-  grep -c "captured a mixed-step graph" $L/served/peer/round1-up-shared.log
+  f=$L/served/peer/round1-up-shared-captures.txt
+  echo "mixed-step graphs captured: $(wc -l < $f), $(grep -o 'ms=[0-9.]*' $f | cut -d= -f2 | awk '{s+=$1} END {printf "%.0f ms", s}')"
   mv $L/served $L/served-$tag; mv $L/peer.log $L/peer-$tag.log
 done
 finish
