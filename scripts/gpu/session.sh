@@ -60,7 +60,7 @@ served() { # rounds
   echo "$(el) served rc=$?"; grep -E "tandem up, client|^round|decode worker|hand-offs|steps by|step log|with prompts| decode [0-9]|by mean context|window|TTFT mean|client ceiling" $L/peer.log | cut -c1-400
   rm -f $L/served/peer/*.gguf
   # Every mixed-step graph capture (rows, logits rows, ms) kept before the log is cut.
-  for f in $L/served/peer/round*-up-shared.log; do [ -f $f ] && { grep "captured a mixed-step graph" $f > ${f%.log}-captures.txt; grep -v "routing request" $f | tail -40 > $f.t; mv $f.t $f; }; done
+  for f in $L/served/peer/round*-up-shared.log; do [ -f $f ] && { sed 's/\x1b\[[0-9;]*m//g' $f | grep "captured a mixed-step graph" > ${f%.log}-captures.txt; grep -v "routing request" $f | tail -40 > $f.t; mv $f.t $f; }; done
 }
 # The 8B 4 x 2,048 prefill against the GEMM peak (a Must-show figure of issue 30).
 prefill8b() {
