@@ -96,6 +96,70 @@ fn check(path: &std::path::Path) {
     assert!(worst_top < 4e-3, "top-5 log-probs moved by {worst_top}");
 }
 
+/// The head of a one-row step on its 4-bit copy (`head::CoarseHead`, for heads of 8-bit
+/// weights: both models' tied Q8_0 embeddings) against the one-pass head, prompt by prompt.
+fn check_coarse(path: &std::path::Path) {
+    let mut model = Model::load(
+        path,
+        LoadOptions { kernel: KernelPath::Fast, ..LoadOptions::with_kv_tokens(1024) },
+    )
+    .unwrap();
+    let vocab = model.config.vocab_size;
+    let bs = model.backend.kv_cache_spec().block_size;
+    let groups = model.backend.kv_groups().num_groups();
+    let (mut refined, mut moved, mut worst_top, mut worst_lse) = (0usize, 0usize, 0f64, 0f64);
+    for (pi, p) in PROMPTS.iter().enumerate() {
+        let ids = model.tokenizer.encode(p, true).unwrap();
+        let blocks: Vec<u32> = (0..(ids.len().div_ceil(bs) * groups) as u32).collect();
+        let mut batch = ForwardBatch::with_kv_groups(groups);
+        batch.push_seq(&ids, 0, &blocks, bs, Logits::Last);
+        let t = model.backend.forward(&batch).unwrap();
+        let mut exact = batch.clone();
+        exact.logits_exact.iter_mut().for_each(|e| *e = true);
+        let o = model.backend.forward(&exact).unwrap();
+        let best = o.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        for r in 0..vocab {
+            if o[r] >= best - REFINE_MARGIN {
+                refined += 1;
+                assert!(
+                    (t[r] - o[r]).abs() <= 1e-4 * (1.0 + o[r].abs()),
+                    "prompt {pi} token {r}: {} first pass on the copy vs {} one-pass",
+                    t[r],
+                    o[r]
+                );
+            } else {
+                moved += usize::from((t[r] - o[r]).abs() > 1e-3);
+            }
+        }
+        let mut top: Vec<usize> = (0..vocab).collect();
+        top.sort_by(|&i, &j| o[j].total_cmp(&o[i]));
+        let argmax = (0..vocab).max_by(|&i, &j| t[i].total_cmp(&t[j])).unwrap();
+        assert_eq!(argmax, top[0], "prompt {pi}: argmax");
+        for &i in &top[..5] {
+            worst_top = worst_top.max((log_softmax_at(&o, i) - log_softmax_at(&t, i)).abs());
+        }
+        worst_lse = worst_lse.max((log_softmax_at(&o, top[0]) - log_softmax_at(&t, top[0])).abs());
+    }
+    eprintln!(
+        "{}: {refined} entries within the margin, {moved} far entries moved by > 1e-3 (of {}), \
+         worst top-5 log-prob change {worst_top:.2e}",
+        path.display(),
+        PROMPTS.len() * vocab
+    );
+    assert!(moved > vocab, "the far entries are the copy's");
+    assert!(worst_top < 4e-3, "top-5 log-probs moved by {worst_top} (normaliser {worst_lse})");
+}
+
+#[test]
+fn gemma3_one_row_head_on_its_4_bit_copy_equals_one_pass_on_likely_tokens() {
+    check_coarse(&model_fetch::GEMMA3_270M.path().expect("fetch Gemma 3 270M"));
+}
+
+#[test]
+fn smollm2_one_row_head_on_its_4_bit_copy_equals_one_pass_on_likely_tokens() {
+    check_coarse(&model_fetch::default_model_path().expect("fetch the default model"));
+}
+
 #[test]
 fn gemma3_two_pass_head_equals_one_pass_on_likely_tokens() {
     check(&model_fetch::GEMMA3_270M.path().expect("fetch Gemma 3 270M"));

@@ -14,10 +14,16 @@
 //! whose far entries can matter - reported log-probs, beams, biases, penalties, grammars
 //! (`SamplingParams::reads_far_logits`), teacher-forced scoring - take the one-pass head
 //! ([`crate::backend::Logits::LastExact`], [`crate::backend::Logits::All`]).
+//!
+//! A step of one to [`COARSE_MAX_ROWS`] rows is bound by reading the head's weights, not by its
+//! arithmetic: there the first pass runs on a 4-bit copy of a head of 8-bit weights
+//! ([`CoarseHead`]), and the refine margin grows by the copy's error spread.
 
 use super::linear::matmul_rows;
 use super::pool::{OutPtr, ThreadPool};
-use super::quant::{q8_pos, takes_quad_layout, wide_pos, QActs, QKernel, QMatrix};
+use super::quant::{
+    q4_pos, q8_pos, takes_quad_layout, wide_pos, QActs, QFormat, QKernel, QMatrix, QK,
+};
 
 /// Rows from which an LM head takes two passes (smaller heads cost little either way).
 pub const TWO_PASS_MIN_ROWS: usize = 16_384;
@@ -41,6 +47,96 @@ pub fn two_pass(kernel: QKernel, n: usize, t: usize) -> bool {
     let vnni_i8_tiles = kernel == QKernel::AvxVnni
         || (kernel == QKernel::Avx512Vnni && !takes_quad_layout(kernel, t));
     n >= TWO_PASS_MIN_ROWS && t >= 2 && vnni_i8_tiles && !one_pass
+}
+
+/// Most logits rows a step may have for the LM head to take its 4-bit copy ([`CoarseHead`]):
+/// a step of a few rows reads the head's weights once for all of them, so the bytes read set
+/// its time; more rows take the full-precision weights (or [`two_pass`]).
+pub const COARSE_MAX_ROWS: usize = 4;
+
+/// A 4-bit copy of a large LM head whose weights take 8 bits or more (Q8_0, Q6_K's
+/// [`QFormat::Q8G16`]), for decode steps of one to [`COARSE_MAX_ROWS`] rows. Such a step reads
+/// the whole head from memory for each token (Gemma 3 270M: 262,144 × 640 in Q8_0, 189 MB, most
+/// of the token's bytes); the copy (Q4_1 blocks of 32, 40 bytes per 64 weights against 72)
+/// computes every logit first, then [`refine`] recomputes from the file's weights every entry
+/// within [`REFINE_MARGIN`] plus twice [`CoarseHead::spread`] of the first pass's best. The
+/// copy's error on a logit is a sum of 640-odd independent rounding errors: its spread follows
+/// from each block's mean squared weight error ([`CoarseHead::ms`]) and the activations, and
+/// [`COARSE_SIGMAS`] of it cover the largest error over the whole vocabulary with room to
+/// spare (Gemma 3 270M: errors of 0.27–0.39 nats r.m.s., at most 2.3, against a spread of
+/// ~3.5). A worst-case bound is no use here: summed over 640 inputs it is ~24 nats. The argmax
+/// and every likely entry are the one-pass head's (`engine/tests/lm_head.rs`); entries further
+/// down keep their 4-bit values.
+pub struct CoarseHead {
+    /// The copy, in [`QFormat::Q4_1`].
+    pub w: QMatrix,
+    /// For each block of 32 inputs, the mean of `(copy − weight)²` over the rows and elements.
+    pub ms: Vec<f32>,
+}
+
+/// Standard deviations of the copy's error on a logit that [`CoarseHead::spread`] gives.
+pub const COARSE_SIGMAS: f32 = 9.0;
+
+impl CoarseHead {
+    /// The copy of `w`, when `w` is a head worth one: at least [`TWO_PASS_MIN_ROWS`] rows of
+    /// 8-bit weights, and `TANDEM_LM_HEAD` not `one-pass`.
+    pub fn for_head(w: &QMatrix) -> Option<CoarseHead> {
+        let wide = matches!(w.format, QFormat::Q8_0 | QFormat::Q8G16);
+        let one_pass = std::env::var("TANDEM_LM_HEAD").is_ok_and(|v| v == "one-pass");
+        (wide && w.n >= TWO_PASS_MIN_ROWS && !one_pass).then(|| CoarseHead::new(w))
+    }
+
+    /// Quantises `w` to Q4_1 blocks of 32 (each block's minimum and step, rounded to f16 first,
+    /// then the values to the nearest of the 16 levels), on every core.
+    pub fn new(w: &QMatrix) -> CoarseHead {
+        let mut c = QMatrix::zeroed(QFormat::Q4_1, w.n, w.k);
+        let (np, pb, nb) = (c.npairs, QFormat::Q4_1.pair_bytes(), w.k / QK);
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 16);
+        let per = w.n.div_ceil(threads).max(1);
+        let mut sums = vec![vec![0f64; nb]; threads];
+        std::thread::scope(|s| {
+            let parts = c.qs.chunks_mut(per * np * pb).zip(c.dm.chunks_mut(per * np * 4));
+            for (i, ((qs, dm), sum)) in parts.zip(sums.iter_mut()).enumerate() {
+                s.spawn(move || {
+                    let mut row = vec![0f32; w.k];
+                    for rr in 0..qs.len() / (np * pb) {
+                        w.row_f32(i * per + rr, &mut row);
+                        for (blk, v) in row.chunks_exact(QK).enumerate() {
+                            let (p, b) = (blk / 2, blk % 2);
+                            let lo = v.iter().fold(f32::INFINITY, |a, &x| a.min(x));
+                            let hi = v.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                            let m = half::f16::from_f32(lo);
+                            let d = half::f16::from_f32((hi - lo) / 15.0);
+                            let (mf, df) = (m.to_f32(), d.to_f32());
+                            dm[(rr * np + p) * 4 + b] = d;
+                            dm[(rr * np + p) * 4 + 2 + b] = m;
+                            let base = (rr * np + p) * pb;
+                            for (j, &x) in v.iter().enumerate() {
+                                let q = match df > 0.0 {
+                                    true => ((x - mf) / df).round().clamp(0.0, 15.0),
+                                    false => 0.0,
+                                };
+                                sum[blk] += ((mf + df * q - x) as f64).powi(2);
+                                let byte = &mut qs[base + q4_pos(b, j % 16)];
+                                *byte |= if j < 16 { q as u8 } else { (q as u8) << 4 };
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let per_block = (w.n * QK) as f64;
+        let ms = (0..nb).map(|b| (sums.iter().map(|s| s[b]).sum::<f64>() / per_block) as f32);
+        CoarseHead { w: c, ms: ms.collect() }
+    }
+
+    /// [`COARSE_SIGMAS`] standard deviations of the copy's error on a logit of the activation
+    /// row `x`: `√(Σ_blocks ms · ‖x_block‖₂²)` of them.
+    pub fn spread(&self, x: &[f32]) -> f32 {
+        let var: f32 =
+            x.chunks(QK).zip(&self.ms).map(|(v, e)| e * v.iter().map(|a| a * a).sum::<f32>()).sum();
+        COARSE_SIGMAS * var.sqrt()
+    }
 }
 
 impl QActs {
@@ -132,10 +228,14 @@ impl QActs {
     }
 }
 
-/// The second pass: `out` (`a.t × w.n`) holds the first-level logits of `a`'s rows; every entry
-/// within [`REFINE_MARGIN`] of its row's best is replaced by its value on both levels. Rows are
+/// The second pass: `out` (`a.t × w.n`) holds the first pass's logits of `a`'s rows; every entry
+/// that may lie within [`REFINE_MARGIN`] of its row's best is replaced by its value on `w` with
+/// both activation levels. `spread[t]` bounds row `t`'s first-pass error ([`CoarseHead::spread`];
+/// none or zero for the first activation level alone, whose error the margin covers). With a
+/// spread `s`, the entries within `2s` of the first pass's best are recomputed first (the true
+/// best is among them), then those within the margin plus `s` of the best they hold. Rows are
 /// spread over the CPU pool. Returns how many entries were recomputed.
-pub fn refine(kernel: QKernel, w: &QMatrix, a: &QActs, out: &mut [f32]) -> usize {
+pub fn refine(kernel: QKernel, w: &QMatrix, a: &QActs, spread: &[f32], out: &mut [f32]) -> usize {
     let n = w.n;
     assert_eq!(out.len(), a.t * n, "refine: logits size");
     let ptr = OutPtr(out.as_mut_ptr());
@@ -147,17 +247,36 @@ pub fn refine(kernel: QKernel, w: &QMatrix, a: &QActs, out: &mut [f32]) -> usize
         // logits outgrow the caches) is read once, for the maxima of its chunks (which
         // vectorise); then only the chunks that reach the floor are tested entry by entry.
         let chunk_max: Vec<f32> = row.chunks(SCAN_CHUNK).map(row_max).collect();
-        let floor = row_max(&chunk_max) - REFINE_MARGIN;
+        let first_best = row_max(&chunk_max);
         let one = a.token(t);
         let mut done = 0;
-        for (c, _) in chunk_max.iter().enumerate().filter(|(_, &m)| m >= floor) {
-            let (c0, c1) = (c * SCAN_CHUNK, ((c + 1) * SCAN_CHUNK).min(n));
-            for r in c0..c1 {
-                if row[r] >= floor {
-                    // SAFETY: a one-token batch writes entry `r` of the `n` floats at `row`.
-                    unsafe { matmul_rows(kernel, w, &one, r..r + 1, row.as_mut_ptr()) };
-                    done += 1;
+        // Recomputes the entries at or above `floor` but `skip`, returning the largest result.
+        let mut pass = |row: &mut [f32], floor: f32, skip: &[usize]| -> (Vec<usize>, f32) {
+            let (mut redone, mut best) = (Vec::new(), f32::NEG_INFINITY);
+            for (c, _) in chunk_max.iter().enumerate().filter(|(_, &m)| m >= floor) {
+                let (c0, c1) = (c * SCAN_CHUNK, ((c + 1) * SCAN_CHUNK).min(n));
+                for r in c0..c1 {
+                    if row[r] >= floor && skip.binary_search(&r).is_err() {
+                        // SAFETY: a one-token batch writes entry `r` of the `n` floats at `row`.
+                        unsafe { matmul_rows(kernel, w, &one, r..r + 1, row.as_mut_ptr()) };
+                        best = best.max(row[r]);
+                        redone.push(r);
+                    }
                 }
+            }
+            done += redone.len();
+            (redone, best)
+        };
+        match spread.get(t).copied().unwrap_or(0.0) {
+            s if s > 0.0 => {
+                // The true best is among the entries within `2s` of the first pass's best; the
+                // entries within the margin of it lie within the margin plus `s` by the first
+                // pass. Those done first are skipped by their index: their values changed.
+                let (top, best) = pass(row, first_best - 2.0 * s, &[]);
+                pass(row, best - REFINE_MARGIN - s, &top);
+            }
+            _ => {
+                pass(row, first_best - REFINE_MARGIN, &[]);
             }
         }
         count.fetch_add(done, std::sync::atomic::Ordering::Relaxed);

@@ -127,7 +127,7 @@ fn two_passes_keep_every_likely_logit_and_the_softmax() {
         lin.forward_quantized(&a, &mut one);
         let mut two = vec![0f32; t * n];
         lin.forward_quantized(&a.coarse(), &mut two);
-        let refined = refine(kernel, &w, &a, &mut two);
+        let refined = refine(kernel, &w, &a, &[], &mut two);
         let (mut moved_tail, mut worst_lse) = (0usize, 0f64);
         for ti in 0..t {
             let (o, p) = (&one[ti * n..(ti + 1) * n], &two[ti * n..(ti + 1) * n]);
@@ -159,5 +159,60 @@ fn two_passes_keep_every_likely_logit_and_the_softmax() {
         assert!(moved_tail > n / 10, "{kernel:?}: the first pass moved only {moved_tail}");
         assert!(refined < t * n / 2, "{kernel:?}: {refined} recomputed");
         assert!(worst_lse < 1e-3, "{kernel:?}: log-sum-exp moved {worst_lse}");
+    }
+}
+
+#[test]
+fn the_4_bit_copy_keeps_every_likely_logit_and_its_error_within_the_spread() {
+    let (n, k) = (TWO_PASS_MIN_ROWS + 100, 256);
+    let w = head(n, k, 9);
+    let coarse = CoarseHead::for_head(&w).expect("a Q8_0 head of this many rows takes a copy");
+    assert_eq!(coarse.w.format, QFormat::Q4_1);
+    for &kernel in &QKernel::available() {
+        let lin = QuantLinear::new(Arc::new(w.clone()), kernel).into_lm_head_for_test();
+        let mut moved = 0usize;
+        for t in 1..=COARSE_MAX_ROWS {
+            let x = acts(t, k, 10 + t as u64);
+            let mut one = vec![0f32; t * n];
+            lin.forward_logits(&x, t, &vec![true; t], &mut one);
+            let mut two = vec![f32::NAN; t * n];
+            lin.forward_logits(&x, t, &vec![false; t], &mut two);
+            // The copy's own pass.
+            let mut a = QActs::default();
+            a.quantize_for(&x, t, k, kernel);
+            let mut first = vec![0f32; t * n];
+            QuantLinear::new(Arc::new(coarse.w.clone()), kernel).forward_quantized(&a, &mut first);
+            for ti in 0..t {
+                let row = ti * n..(ti + 1) * n;
+                let (o, p, f) = (&one[row.clone()], &two[row.clone()], &first[row]);
+                let best = o.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                let spread = coarse.spread(&x[ti * k..(ti + 1) * k]);
+                let mut sq = 0f64;
+                for r in 0..n {
+                    // The copy's error: within the spread everywhere.
+                    let e = (f[r] - o[r]).abs();
+                    sq += (e as f64).powi(2);
+                    assert!(e <= spread, "{kernel:?} t={t} [{ti},{r}]: {e} > {spread}");
+                    if o[r] >= best - REFINE_MARGIN {
+                        let d = (p[r] - o[r]).abs();
+                        assert!(d <= 1e-4 * (1.0 + o[r].abs()), "{kernel:?} t={t} [{ti},{r}]");
+                    } else {
+                        // The far entries are the copy's, or recomputed.
+                        let near = |a: f32, b: f32| (a - b).abs() <= 1e-4 * (1.0 + b.abs());
+                        assert!(
+                            near(p[r], f[r]) || near(p[r], o[r]),
+                            "{kernel:?} t={t} [{ti},{r}]"
+                        );
+                        moved += usize::from(near(p[r], f[r]) && e > 1e-3);
+                    }
+                }
+                // The spread is COARSE_SIGMAS standard deviations of the copy's error.
+                let rms = (sq / n as f64).sqrt() as f32;
+                let sigma = spread / COARSE_SIGMAS;
+                assert!(rms <= sigma * 1.3 && rms >= sigma * 0.7, "{kernel:?}: {rms} vs {sigma}");
+            }
+        }
+        // Rows of flat logits have most entries within the margin; the peaked ones do not.
+        assert!(moved > n / 2, "{kernel:?}: only {moved} far entries kept the copy's values");
     }
 }

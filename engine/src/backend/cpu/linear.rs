@@ -26,6 +26,9 @@ pub trait Linear: Send + Sync {
         let _ = exact;
         self.forward(x, t, out)
     }
+    /// This layer as a model's LM head: the same layer, or one that also keeps what makes a
+    /// large head cheaper ([`super::head::CoarseHead`]).
+    fn into_lm_head(self: Arc<Self>) -> Arc<dyn Linear>;
 }
 
 /// A linear layer with f32 weights, row-major `[out_features, in_features]`.
@@ -66,6 +69,9 @@ pub fn dot<E: super::kv_cache::KvElem>(a: &[f32], b: &[E]) -> f32 {
 }
 
 impl Linear for ExactLinear {
+    fn into_lm_head(self: Arc<Self>) -> Arc<dyn Linear> {
+        self
+    }
     fn in_features(&self) -> usize {
         self.k
     }
@@ -126,6 +132,8 @@ mod tests {
 pub struct QuantLinear {
     w: Arc<super::quant::QMatrix>,
     kernel: super::quant::QKernel,
+    /// An LM head's 4-bit copy, for steps of few rows.
+    coarse: Option<Arc<super::head::CoarseHead>>,
 }
 
 thread_local! {
@@ -167,18 +175,34 @@ pub(super) unsafe fn matmul_rows(
 impl QuantLinear {
     /// Wraps a repacked matrix; `kernel` is usually [`super::quant::QKernel::detect`].
     pub fn new(w: Arc<super::quant::QMatrix>, kernel: super::quant::QKernel) -> Self {
-        QuantLinear { w, kernel }
+        QuantLinear { w, kernel, coarse: None }
+    }
+
+    /// This layer as an LM head ([`Linear::into_lm_head`]), for the head's tests.
+    #[cfg(test)]
+    pub(super) fn into_lm_head_for_test(self) -> Arc<dyn Linear> {
+        Arc::new(self).into_lm_head()
     }
 
     /// `out = a · wᵀ` for already quantised activations.
     pub fn forward_quantized(&self, a: &super::quant::QActs, out: &mut [f32]) {
-        let (n, t) = (self.w.n, a.t);
+        matmul(self.kernel, &self.w, a, out);
+    }
+}
+
+/// `out = a · wᵀ` on `kernel`, rows of `w` spread over the CPU pool.
+fn matmul(
+    kernel: super::quant::QKernel,
+    w: &super::quant::QMatrix,
+    a: &super::quant::QActs,
+    out: &mut [f32],
+) {
+    {
+        let (n, t) = (w.n, a.t);
         debug_assert_eq!(out.len(), t * n);
         let ptr = super::pool::OutPtr(out.as_mut_ptr());
         let pool = super::pool::ThreadPool::global();
-        let chunk = row_chunk(n, self.w.k, t, pool.num_threads());
-        let kernel = self.kernel;
-        let w = &*self.w;
+        let chunk = row_chunk(n, w.k, t, pool.num_threads());
         pool.run(n.div_ceil(chunk), &|c| {
             let rows = c * chunk..((c + 1) * chunk).min(n);
             // SAFETY: tasks cover disjoint row ranges of a buffer of t × n floats.
@@ -213,6 +237,9 @@ thread_local! {
 }
 
 impl Linear for StackedLinear {
+    fn into_lm_head(self: Arc<Self>) -> Arc<dyn Linear> {
+        self
+    }
     fn in_features(&self) -> usize {
         self.parts[0].in_features()
     }
@@ -271,18 +298,38 @@ impl Linear for QuantLinear {
         true
     }
     fn forward_logits(&self, x: &[f32], t: usize, exact: &[bool], out: &mut [f32]) {
-        let two_pass = super::head::two_pass(self.kernel, self.w.n, t)
-            && exact.len() == t
-            && !exact.iter().any(|&e| e);
-        if !two_pass {
+        let approximate = t > 0 && exact.len() == t && !exact.iter().any(|&e| e);
+        let k = self.w.k;
+        if let Some(c) = self.coarse.as_ref().filter(|_| approximate) {
+            if t <= super::head::COARSE_MAX_ROWS {
+                return ACTS.with(|cell| {
+                    let mut a = cell.borrow_mut();
+                    a.quantize_for(x, t, k, self.kernel);
+                    matmul(self.kernel, &c.w, &a, out);
+                    let spread: Vec<f32> = x.chunks_exact(k).map(|row| c.spread(row)).collect();
+                    super::head::refine(self.kernel, &self.w, &a, &spread, out);
+                });
+            }
+        }
+        if !(approximate && super::head::two_pass(self.kernel, self.w.n, t)) {
             return self.forward(x, t, out);
         }
         ACTS.with(|cell| {
             let mut a = cell.borrow_mut();
-            a.quantize_for(x, t, self.w.k, self.kernel);
+            a.quantize_for(x, t, k, self.kernel);
             self.forward_quantized(&a.coarse(), out);
-            super::head::refine(self.kernel, &self.w, &a, out);
+            super::head::refine(self.kernel, &self.w, &a, &[], out);
         });
+    }
+    fn into_lm_head(self: Arc<Self>) -> Arc<dyn Linear> {
+        match super::head::CoarseHead::for_head(&self.w) {
+            Some(c) => Arc::new(QuantLinear {
+                w: self.w.clone(),
+                kernel: self.kernel,
+                coarse: Some(Arc::new(c)),
+            }),
+            None => self,
+        }
     }
 }
 
@@ -350,6 +397,9 @@ unsafe fn add_group_mins_avx2(
 }
 
 impl Linear for GroupMinLinear {
+    fn into_lm_head(self: Arc<Self>) -> Arc<dyn Linear> {
+        self
+    }
     fn in_features(&self) -> usize {
         self.values.in_features()
     }

@@ -325,7 +325,8 @@ impl CpuBackend {
         let lm_head = match (cfg.tie_word_embeddings, tied_head) {
             (true, Some(head)) => head,
             _ => load_fused(files, &[("output.weight".to_string(), cfg.vocab_size)], h, kp)?,
-        };
+        }
+        .into_lm_head();
         let kv_groups = KvGroups::for_model(cfg, opts.hybrid_kv);
         Ok(CpuBackend {
             kernel: kp,
