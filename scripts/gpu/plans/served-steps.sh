@@ -32,19 +32,10 @@ for hd in 64 128; do
     done
   done
 done
-# Qwen3-0.6B's prefill (nano-vllm's steps with prompts ran at ~36 % of the GEMM peak on an NVIDIA
-# H100 80GB HBM3 in k141: 9 steps, 0.475 s for ~137 TFLOP (142,827 prompt tokens' products at
-# 0.88 GFLOP a token, attention estimated) against k133's 795 TFLOP/s cuBLAS bf16 peak; bf16 dummy
-# weights, cuBLAS products, the flash-attention prefill kernel): the eager
-# stages of 16 x 1,024 and 32 x 512 tokens.
-for pl in "16 1024" "32 512"; do
-  timeout 200 $g bench-prefill $Q $pl > "$L/prefill-q3-${pl/ /x}.log" 2>&1
-  echo "$(el) prefill q3 $pl rc=$?"; grep -E "\] prefill |eager stages" "$L/prefill-q3-${pl/ /x}.log" | cut -c1-900
-done
 # nograph: TANDEM_MIXED_GRAPH_MAX_ROWS=64, so that the served steps with prompts (256 rows and
 # more) run eagerly and nothing is captured after start-up.
 for tag in def-1 eager-1 nograph-1 def-2 eager-2; do
-  [ $(( $(date +%s) - T0 )) -gt 420 ] && { echo "skipped $tag (time)"; continue; }
+  [ $(( $(date +%s) - T0 )) -gt 330 ] && { echo "skipped $tag (time)"; continue; }
   echo "== $tag"
   case ${tag%-*} in
     eager) CUDA_MODULE_LOADING=EAGER STEP_LOG=1 served 1 ;;
@@ -55,5 +46,15 @@ for tag in def-1 eager-1 nograph-1 def-2 eager-2; do
   f=$L/served/peer/round1-up-shared-captures.txt
   echo "mixed-step graphs captured: $(wc -l < $f), $(grep -o 'ms=[0-9.]*' $f | cut -d= -f2 | awk '{s+=$1} END {printf "%.0f ms", s}')"
   mv $L/served $L/served-$tag; mv $L/peer.log $L/peer-$tag.log
+done
+# Qwen3-0.6B's prefill (nano-vllm's steps with prompts ran at ~36 % of the GEMM peak on an NVIDIA
+# H100 80GB HBM3 in k141: 9 steps, 0.475 s for ~137 TFLOP (142,827 prompt tokens' products at
+# 0.88 GFLOP a token, attention estimated) against k133's 795 TFLOP/s cuBLAS bf16 peak; bf16 dummy
+# weights, cuBLAS products, the flash-attention prefill kernel): the eager
+# stages of 16 x 1,024 and 32 x 512 tokens.
+for pl in "16 1024" "32 512"; do
+  [ $(( $(date +%s) - T0 )) -gt 480 ] && { echo "skipped prefill $pl (time)"; continue; }
+  timeout 200 $g bench-prefill $Q $pl > "$L/prefill-q3-${pl/ /x}.log" 2>&1
+  echo "$(el) prefill q3 $pl rc=$?"; grep -E "\] prefill |eager stages" "$L/prefill-q3-${pl/ /x}.log" | cut -c1-900
 done
 finish
