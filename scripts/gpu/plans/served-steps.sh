@@ -35,7 +35,7 @@ done
 # nograph: TANDEM_MIXED_GRAPH_MAX_ROWS=64, so that the served steps with prompts (256 rows and
 # more) run eagerly and nothing is captured after start-up.
 for tag in def-1 eager-1 nograph-1 def-2 eager-2; do
-  [ $(( $(date +%s) - T0 )) -gt 330 ] && { echo "skipped $tag (time)"; continue; }
+  [ $(( $(date +%s) - T0 )) -gt ${GATE:-330} ] && { echo "skipped $tag (time)"; continue; }
   echo "== $tag"
   case ${tag%-*} in
     eager) CUDA_MODULE_LOADING=EAGER STEP_LOG=1 served 1 ;;
@@ -53,7 +53,7 @@ done
 # weights, cuBLAS products, the flash-attention prefill kernel): the eager
 # stages of 16 x 1,024 and 32 x 512 tokens.
 for pl in "16 1024" "32 512"; do
-  [ $(( $(date +%s) - T0 )) -gt 480 ] && { echo "skipped prefill $pl (time)"; continue; }
+  [ $(( $(date +%s) - T0 )) -gt $(( ${GATE:-330} + 150 )) ] && { echo "skipped prefill $pl (time)"; continue; }
   timeout 200 $g bench-prefill $Q $pl > "$L/prefill-q3-${pl/ /x}.log" 2>&1
   echo "$(el) prefill q3 $pl rc=$?"; grep -E "\] prefill |eager stages" "$L/prefill-q3-${pl/ /x}.log" | cut -c1-900
 done
