@@ -34,7 +34,7 @@ for hd in 64 128; do
 done
 # nograph: TANDEM_MIXED_GRAPH_MAX_ROWS=64, so that the served steps with prompts (256 rows and
 # more) run eagerly and nothing is captured after start-up.
-for tag in def-1 eager-1 nograph-1 def-2 eager-2; do
+for tag in def-1 nograph-1 eager-1 def-2 eager-2; do
   [ $(( $(date +%s) - T0 )) -gt ${GATE:-330} ] && { echo "skipped $tag (time)"; continue; }
   echo "== $tag"
   case ${tag%-*} in
