@@ -25,10 +25,13 @@ def main():
         return
     names = ["with prompts"] + [c[1] for c in CLASSES]
     cls = {n: dict(steps=0, prompt=0, rows=0, wall=0.0, device=0.0, between=0.0) for n in names}
-    # Each step's wall time: from the tokens of the step before (or the first launch) to its own.
-    walls, last = [], recs[0]["launched"]
+    # Each step's wall time: from the tokens of the step before (or its own launch, when the
+    # engine had nothing to run in between: the client not sending yet) to its own. The time
+    # the engine waited for work is counted apart.
+    walls, last, waited = [], recs[0]["launched"], 0.0
     for r in recs:
-        walls.append((max(r["collected"] - last, 0.0), r))
+        waited += max(r["launched"] - last, 0.0)
+        walls.append((max(r["collected"] - max(last, r["launched"]), 0.0), r))
         last = max(last, r["collected"])
     for w, r in walls:
         n = "with prompts" if r["prompt_tokens"] else next(c[1] for c in CLASSES if r["decode_rows"] <= c[0])
@@ -66,7 +69,7 @@ def main():
     if len(sys.argv) > 3:
         first, end = recs[0]["launched"], max(r["collected"] for r in recs)
         print(f"  window {t1 - t0:.3f} s: {first - t0:.3f} s before the first step, {end - first:.3f} s from it to the last "
-              f"tokens, {t1 - end:.3f} s after")
+              f"tokens ({waited:.3f} s of it with nothing to run), {t1 - end:.3f} s after")
 
 
 if __name__ == "__main__":
