@@ -6,7 +6,7 @@
 # Served rounds with the client on every core (shared) against the client and the server on
 # separate halves of the cores (split), alternating, with the step log.
 source scripts/gpu/session.sh
-for tag in shared-1 split-1 shared-2 split-2; do
+for tag in ${TAGS:-shared-1 split-1 shared-2 split-2}; do
   echo "== $tag"
   PLACEMENTS=${tag%-*} STEP_LOG=1 served 1
   grep -h "slowest" $L/served/peer/*-steps-*.txt | cut -c1-300
