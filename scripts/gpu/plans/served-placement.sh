@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Planned on 2026-12-08 and not run yet (no device started for it that stop). Needs .gpu/c/ as
+# served-steps did (tandem.xz from 4cfd381c or later, smollm2-meta.gguf, configs/). Once run,
+# move it to docs/gpu-runs/<device>-<date>-served-placement/ with its logs.
 # Why a served decode step of 129-256 rows takes ~7 % more device time than bench engine's at
 # the same rows and mean context (1.34 against 1.25 ms at contexts 96-127 on an NVIDIA H100
 # 80GB HBM3, served-steps run of 2026-12-08): the client and router sharing the host's cores
