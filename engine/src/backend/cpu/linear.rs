@@ -197,18 +197,16 @@ fn matmul(
     a: &super::quant::QActs,
     out: &mut [f32],
 ) {
-    {
-        let (n, t) = (w.n, a.t);
-        debug_assert_eq!(out.len(), t * n);
-        let ptr = super::pool::OutPtr(out.as_mut_ptr());
-        let pool = super::pool::ThreadPool::global();
-        let chunk = row_chunk(n, w.k, t, pool.num_threads());
-        pool.run(n.div_ceil(chunk), &|c| {
-            let rows = c * chunk..((c + 1) * chunk).min(n);
-            // SAFETY: tasks cover disjoint row ranges of a buffer of t × n floats.
-            unsafe { matmul_rows(kernel, w, a, rows, ptr.get()) };
-        });
-    }
+    let (n, t) = (w.n, a.t);
+    debug_assert_eq!(out.len(), t * n);
+    let ptr = super::pool::OutPtr(out.as_mut_ptr());
+    let pool = super::pool::ThreadPool::global();
+    let chunk = row_chunk(n, w.k, t, pool.num_threads());
+    pool.run(n.div_ceil(chunk), &|c| {
+        let rows = c * chunk..((c + 1) * chunk).min(n);
+        // SAFETY: tasks cover disjoint row ranges of a buffer of t × n floats.
+        unsafe { matmul_rows(kernel, w, a, rows, ptr.get()) };
+    });
 }
 
 /// Fused projections whose parts have different weight formats (e.g. a Q5_1 query next to a
