@@ -41,12 +41,16 @@ pub const REFINE_MARGIN: f32 = 8.0;
 /// i8 first pass wins (Gemma 3 270M Q4_K_M, same load and CPU: head 2.68 s in one pass on the
 /// 256-bit batch kernel, 2.37 s in two).
 pub fn two_pass(kernel: QKernel, n: usize, t: usize) -> bool {
-    static ONE_PASS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let one_pass =
-        *ONE_PASS.get_or_init(|| std::env::var("TANDEM_LM_HEAD").is_ok_and(|v| v == "one-pass"));
     let vnni_i8_tiles = kernel == QKernel::AvxVnni
         || (kernel == QKernel::Avx512Vnni && !takes_quad_layout(kernel, t));
-    n >= TWO_PASS_MIN_ROWS && t >= 2 && vnni_i8_tiles && !one_pass
+    n >= TWO_PASS_MIN_ROWS && t >= 2 && vnni_i8_tiles && !one_pass_forced()
+}
+
+/// `TANDEM_LM_HEAD=one-pass`: every head takes one pass on its own weights (no first pass on
+/// the first activation level or on a 4-bit copy).
+fn one_pass_forced() -> bool {
+    static ONE_PASS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ONE_PASS.get_or_init(|| std::env::var("TANDEM_LM_HEAD").is_ok_and(|v| v == "one-pass"))
 }
 
 /// Most logits rows a step may have for the LM head to take its 4-bit copy ([`CoarseHead`]):
@@ -82,8 +86,7 @@ impl CoarseHead {
     /// 8-bit weights, and `TANDEM_LM_HEAD` not `one-pass`.
     pub fn for_head(w: &QMatrix) -> Option<CoarseHead> {
         let wide = matches!(w.format, QFormat::Q8_0 | QFormat::Q8G16);
-        let one_pass = std::env::var("TANDEM_LM_HEAD").is_ok_and(|v| v == "one-pass");
-        (wide && w.n >= TWO_PASS_MIN_ROWS && !one_pass).then(|| CoarseHead::new(w))
+        (wide && w.n >= TWO_PASS_MIN_ROWS && !one_pass_forced()).then(|| CoarseHead::new(w))
     }
 
     /// Quantises `w` to Q4_1 blocks of 32 (each block's minimum and step, rounded to f16 first,
@@ -250,33 +253,38 @@ pub fn refine(kernel: QKernel, w: &QMatrix, a: &QActs, spread: &[f32], out: &mut
         let first_best = row_max(&chunk_max);
         let one = a.token(t);
         let mut done = 0;
-        // Recomputes the entries at or above `floor` but `skip`, returning the largest result.
-        let mut pass = |row: &mut [f32], floor: f32, skip: &[usize]| -> (Vec<usize>, f32) {
-            let (mut redone, mut best) = (Vec::new(), f32::NEG_INFINITY);
-            for (c, _) in chunk_max.iter().enumerate().filter(|(_, &m)| m >= floor) {
-                let (c0, c1) = (c * SCAN_CHUNK, ((c + 1) * SCAN_CHUNK).min(n));
-                for r in c0..c1 {
-                    if row[r] >= floor && skip.binary_search(&r).is_err() {
-                        // SAFETY: a one-token batch writes entry `r` of the `n` floats at `row`.
-                        unsafe { matmul_rows(kernel, w, &one, r..r + 1, row.as_mut_ptr()) };
-                        best = best.max(row[r]);
-                        redone.push(r);
+        // Recomputes the entries at or above `floor` but `skip` (noting them in `keep`),
+        // returning the largest result.
+        let mut pass =
+            |row: &mut [f32], floor: f32, skip: &[usize], mut keep: Option<&mut Vec<usize>>| {
+                let mut best = f32::NEG_INFINITY;
+                for (c, _) in chunk_max.iter().enumerate().filter(|(_, &m)| m >= floor) {
+                    let (c0, c1) = (c * SCAN_CHUNK, ((c + 1) * SCAN_CHUNK).min(n));
+                    for r in c0..c1 {
+                        if row[r] >= floor && skip.binary_search(&r).is_err() {
+                            // SAFETY: a one-token batch writes entry `r` of the `n` floats at `row`.
+                            unsafe { matmul_rows(kernel, w, &one, r..r + 1, row.as_mut_ptr()) };
+                            best = best.max(row[r]);
+                            done += 1;
+                            if let Some(k) = keep.as_deref_mut() {
+                                k.push(r);
+                            }
+                        }
                     }
                 }
-            }
-            done += redone.len();
-            (redone, best)
-        };
+                best
+            };
         match spread.get(t).copied().unwrap_or(0.0) {
             s if s > 0.0 => {
                 // The true best is among the entries within `2s` of the first pass's best; the
                 // entries within the margin of it lie within the margin plus `s` by the first
                 // pass. Those done first are skipped by their index: their values changed.
-                let (top, best) = pass(row, first_best - 2.0 * s, &[]);
-                pass(row, best - REFINE_MARGIN - s, &top);
+                let mut top = Vec::new();
+                let best = pass(row, first_best - 2.0 * s, &[], Some(&mut top));
+                pass(row, best - REFINE_MARGIN - s, &top, None);
             }
             _ => {
-                pass(row, first_best - REFINE_MARGIN, &[]);
+                pass(row, first_best - REFINE_MARGIN, &[], None);
             }
         }
         count.fetch_add(done, std::sync::atomic::Ordering::Relaxed);

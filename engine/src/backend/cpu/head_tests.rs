@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::super::linear::QuantLinear;
+use super::super::linear::{Linear, QuantLinear};
 use super::super::quant::tests_support::random_gguf;
 use super::super::quant::{q8_pos, scalar, QActs, QKernel, QMatrix, QK};
 use super::*;
@@ -169,7 +169,7 @@ fn the_4_bit_copy_keeps_every_likely_logit_and_its_error_within_the_spread() {
     let coarse = CoarseHead::for_head(&w).expect("a Q8_0 head of this many rows takes a copy");
     assert_eq!(coarse.w.format, QFormat::Q4_1);
     for &kernel in &QKernel::available() {
-        let lin = QuantLinear::new(Arc::new(w.clone()), kernel).into_lm_head_for_test();
+        let lin = Arc::new(QuantLinear::new(Arc::new(w.clone()), kernel)).into_lm_head();
         let mut moved = 0usize;
         for t in 1..=COARSE_MAX_ROWS {
             let x = acts(t, k, 10 + t as u64);

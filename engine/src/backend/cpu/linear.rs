@@ -178,12 +178,6 @@ impl QuantLinear {
         QuantLinear { w, kernel, coarse: None }
     }
 
-    /// This layer as an LM head ([`Linear::into_lm_head`]), for the head's tests.
-    #[cfg(test)]
-    pub(super) fn into_lm_head_for_test(self) -> Arc<dyn Linear> {
-        Arc::new(self).into_lm_head()
-    }
-
     /// `out = a · wᵀ` for already quantised activations.
     pub fn forward_quantized(&self, a: &super::quant::QActs, out: &mut [f32]) {
         matmul(self.kernel, &self.w, a, out);
